@@ -1,0 +1,153 @@
+package proxyswitch
+
+import (
+	"net/http"
+	"reflect"
+	"sync"
+	"time"
+)
+
+// Tying a lease to its request.
+//
+// Colly's ProxyFunc sees only the *http.Request that net/http hands the
+// Transport: a shallow copy of Colly's request, so nothing written into it
+// reaches Colly's callbacks, and Request.ProxyURL stays empty under Colly's
+// defaults. What the copy shares with Colly's request is its header map: the
+// map OnRequestHeaders sees through *r.Headers is the very map the ProxyFunc
+// gets as req.Header. On a redirect hop net/http builds a new map and the
+// ProxyFunc can reach the previous hop's map through req.Response.Request.
+// OnResponse and OnError see the last hop's map, or the first one when the
+// chain failed midway.
+//
+// So a binding is keyed by the identity of a header map (its address), and
+// every hop of a redirect chain is an alias of the same binding. The binding
+// keeps each map it is keyed by alive, so an address cannot be reused by a
+// new map while the key is registered. The OnRequestHeaders hook gives every
+// request a fresh map first, so two requests never share one even when the
+// caller passes one header map to many requests (Collector.Request, Retry).
+//
+// This leans on how Colly v2 and net/http behave today; the tests in
+// binding_test.go and extension_test.go pin it.
+
+// binding is the lease state of one request (one redirect chain).
+type binding struct {
+	mu      sync.Mutex
+	hdrs    []http.Header // every hop's map: keeps the keys' maps alive
+	lease   *Lease        // current lease; nil before the first hop or after failure
+	hooked  bool          // made by the hooks (released by them), not by the ProxyFunc alone
+	touched time.Time     // creation, or the last lease taken
+	done    bool          // finished: released, must not take a new lease
+	proxy   *Proxy        // the proxy of the latest lease (kept after release)
+}
+
+// registry maps header-map identities to bindings. Safe for concurrent use.
+type registry struct {
+	mu        sync.Mutex
+	m         map[uintptr]*binding
+	lastSweep time.Time
+}
+
+func headerKey(h http.Header) uintptr {
+	if h == nil {
+		return 0
+	}
+	return reflect.ValueOf(h).Pointer()
+}
+
+func (r *registry) lookup(h http.Header) *binding {
+	k := headerKey(h)
+	if k == 0 {
+		return nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.m[k]
+}
+
+// add keys b by h unless h is already taken; it reports whether it did.
+func (r *registry) add(h http.Header, b *binding) bool {
+	k := headerKey(h)
+	if k == 0 {
+		return false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.m == nil {
+		r.m = make(map[uintptr]*binding)
+	}
+	if _, taken := r.m[k]; taken {
+		return false
+	}
+	b.hdrs = append(b.hdrs, h)
+	r.m[k] = b
+	return true
+}
+
+// take removes the binding keyed by h, with all its aliases, and returns it.
+func (r *registry) take(h http.Header) *binding {
+	k := headerKey(h)
+	if k == 0 {
+		return nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	b := r.m[k]
+	if b != nil {
+		r.dropLocked(b)
+	}
+	return b
+}
+
+// drop removes b and its aliases if they are still registered.
+func (r *registry) drop(b *binding) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.dropLocked(b)
+}
+
+func (r *registry) dropLocked(b *binding) {
+	for _, h := range b.hdrs {
+		if k := headerKey(h); r.m[k] == b {
+			delete(r.m, k)
+		}
+	}
+}
+
+func (r *registry) size() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.m)
+}
+
+// sweep, at most once per interval, forgets bindings that no hook will ever
+// finish (a Colly path that skips the callbacks, such as a charset error):
+// those older than maxAge. It returns their leases for the caller to release.
+func (r *registry) sweep(now time.Time, interval, maxAge time.Duration) []*Lease {
+	r.mu.Lock()
+	if now.Sub(r.lastSweep) < interval {
+		r.mu.Unlock()
+		return nil
+	}
+	r.lastSweep = now
+	var stale []*binding
+	for _, b := range r.m {
+		if now.Sub(b.touched) > maxAge {
+			stale = append(stale, b)
+		}
+	}
+	for _, b := range stale {
+		r.dropLocked(b)
+	}
+	r.mu.Unlock()
+	var leases []*Lease
+	for _, b := range stale {
+		b.mu.Lock()
+		if b.lease != nil {
+			leases = append(leases, b.lease)
+			b.lease = nil
+		}
+		b.done = true
+		b.mu.Unlock()
+	}
+	return leases
+}

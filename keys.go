@@ -1,0 +1,41 @@
+package proxyswitch
+
+import (
+	"fmt"
+	"strings"
+)
+
+// globalSite is the scope name used when a proxy is exclusive across all
+// sites (ScopeGlobal). Host names cannot contain '*'.
+const globalSite = "*"
+
+// keyspace names the Redis keys of one pool. Every key starts with the same
+// hash tag, "{prefix:pool}", so all of them live in one Redis Cluster slot and
+// one Lua script may touch them together.
+//
+//	{prefix:pool}:proxies        hash  proxy ID -> proxy URL (the pool; no TTL)
+//	{prefix:pool}:meta           hash  shared settings ("slots"; no TTL)
+//	{prefix:pool}:sites          zset  site -> last lease (ms); TTL: idle TTL
+//	{prefix:pool}:free:<site>    zset  "<id>:<slot>" -> next free time (ms); TTL: idle TTL
+//	{prefix:pool}:lease:<site>   hash  "<id>:<slot>" -> "<token>|<expiry ms>"; TTL: idle TTL
+type keyspace struct {
+	base string // "{prefix:pool}"
+}
+
+func newKeyspace(prefix, pool string) (keyspace, error) {
+	for _, v := range []struct{ name, val string }{{"prefix", prefix}, {"pool", pool}} {
+		if v.val == "" {
+			return keyspace{}, fmt.Errorf("%w: empty %s", ErrConfig, v.name)
+		}
+		if strings.ContainsAny(v.val, "{}\r\n ") {
+			return keyspace{}, fmt.Errorf("%w: %s %q must not contain braces, spaces or line breaks", ErrConfig, v.name, v.val)
+		}
+	}
+	return keyspace{base: "{" + prefix + ":" + pool + "}"}, nil
+}
+
+func (k keyspace) proxies() string           { return k.base + ":proxies" }
+func (k keyspace) meta() string              { return k.base + ":meta" }
+func (k keyspace) sites() string             { return k.base + ":sites" }
+func (k keyspace) free(site string) string   { return k.base + ":free:" + site }
+func (k keyspace) leases(site string) string { return k.base + ":lease:" + site }

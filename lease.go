@@ -1,0 +1,248 @@
+package proxyswitch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+)
+
+// Lease is one proxy held exclusively for one site (or for all sites with
+// ScopeGlobal) until it is released or its TTL runs out. Its methods are safe
+// for concurrent use; Release is idempotent.
+type Lease struct {
+	sw     *Switch
+	scope  string // the site, or globalSite
+	proxy  *Proxy
+	member string // "<id>:<slot>" in the free set
+	token  string // owner token: only this holder can release or extend
+
+	expiry   atomic.Int64 // unix ms, Redis clock
+	released atomic.Bool
+}
+
+// Proxy returns the leased proxy.
+func (l *Lease) Proxy() *Proxy { return l.proxy }
+
+// Site returns the site the lease is exclusive for ("*" with ScopeGlobal).
+func (l *Lease) Site() string { return l.scope }
+
+// Expiry returns when the lease runs out unless extended, by Redis' clock.
+func (l *Lease) Expiry() time.Time { return time.UnixMilli(l.expiry.Load()) }
+
+// Release gives the proxy back, owner-checked: a holder whose lease expired
+// and was taken by someone else gets ErrLeaseLost and changes nothing.
+// Releasing twice is a no-op. On a Redis error the lease stays held (it will
+// expire by its TTL) and Release may be called again.
+func (l *Lease) Release(ctx context.Context) error {
+	if !l.released.CompareAndSwap(false, true) {
+		return nil
+	}
+	err := l.sw.release(ctx, l)
+	if errors.Is(err, ErrRedis) {
+		l.released.Store(false)
+	}
+	return err
+}
+
+// Extend pushes the lease's expiry to now + ttl (Redis clock); ttl <= 0 means
+// the Switch's lease TTL. It fails with ErrLeaseLost once the lease has
+// expired or been released: an expired holder can never extend the next
+// holder's lease.
+func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
+	if ttl <= 0 {
+		ttl = l.sw.cfg.leaseTTL
+	}
+	if l.released.Load() {
+		return l.lost("already released")
+	}
+	s := l.sw
+	n, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) (int64, error) {
+		return extendScript.Run(ctx, s.rdb, []string{s.keys.free(l.scope), s.keys.leases(l.scope)},
+			l.member, l.token, ttl.Milliseconds()).Int64()
+	}, nil)
+	if err != nil {
+		return redisErr("extend", err)
+	}
+	if n == 0 {
+		return l.lost("expired or taken over")
+	}
+	l.expiry.Store(n)
+	return nil
+}
+
+func (l *Lease) lost(why string) error {
+	return &ProxyError{Proxy: l.proxy.String(), Reason: "lease on " + l.scope + " lost: " + why, Err: ErrLeaseLost}
+}
+
+// Lease waits for a free proxy for site (a host name, or whatever the site
+// function returns) and leases it. It waits at most the max-wait option, or
+// until ctx ends, and then fails with ErrNoProxy. Most users never call it:
+// the ProxyFunc and the hooks installed by Attach do. It is safe for
+// concurrent use.
+func (s *Switch) Lease(ctx context.Context, site string) (*Lease, error) {
+	if s.err != nil {
+		return nil, s.err
+	}
+	return s.acquire(ctx, site, "")
+}
+
+// scopeOf maps a site to the scope a lease is exclusive for.
+func (s *Switch) scopeOf(site string) string {
+	if s.cfg.scope == ScopeGlobal {
+		return globalSite
+	}
+	return site
+}
+
+// leaseTTL is the configured TTL, stretched to cover ctx's deadline (plus a
+// second) so that a request never outlives its lease, capped at ten TTLs.
+func (s *Switch) leaseTTL(ctx context.Context) time.Duration {
+	ttl := s.cfg.leaseTTL
+	if dl, ok := ctx.Deadline(); ok {
+		if need := time.Until(dl) + time.Second; need > ttl {
+			ttl = min(need, s.cfg.maxLeaseTTL)
+		}
+	}
+	return ttl
+}
+
+// acquire leases a proxy for site, preferring proxy ID prefer when it is
+// free. While every proxy is busy it sleeps (the script's wait hint, capped
+// by a jittered exponential backoff, so it never spins on Redis) until a
+// proxy frees, the max wait passes or ctx ends.
+func (s *Switch) acquire(ctx context.Context, site, prefer string) (*Lease, error) {
+	scope := s.scopeOf(site)
+	deadline := time.Now().Add(s.cfg.maxWait)
+	backoff := s.cfg.backoffMin
+	for {
+		l, wait, err := s.tryLease(ctx, scope, prefer)
+		if l != nil || err != nil {
+			return l, err
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return nil, fmt.Errorf("%w: every proxy of pool %q stayed busy for site %s for %v", ErrNoProxy, s.cfg.pool, scope, s.cfg.maxWait)
+		}
+		d := min(wait, backoff, left)
+		d = d/2 + rand.N(d/2+1) // jitter: waiters do not wake in lockstep
+		backoff = min(2*backoff, s.cfg.backoffMax)
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, errors.Join(fmt.Errorf("%w: gave up waiting for site %s", ErrNoProxy, scope), ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
+// tryLease runs one lease attempt: a lease, or how long until a proxy frees,
+// or an error (empty pool, Redis failure, corrupt data).
+func (s *Switch) tryLease(ctx context.Context, scope, prefer string) (*Lease, time.Duration, error) {
+	token := s.newToken()
+	ttl := s.leaseTTL(ctx)
+	keys := []string{s.keys.proxies(), s.keys.free(scope), s.keys.leases(scope), s.keys.sites(), s.keys.meta()}
+	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]any, error) {
+		return leaseScript.Run(ctx, s.rdb, keys, scope, token, ttl.Milliseconds(), s.cfg.cooldown.Milliseconds(),
+			s.cfg.slots, s.cfg.idleTTL.Milliseconds(), prefer).Slice()
+	}, func(res []any, err error) {
+		// Granted after we gave up waiting for the reply: hand it back.
+		if status, _ := intAt(res, 0); err == nil && status == 1 && len(res) == 4 {
+			if member, ok := res[1].(string); ok {
+				_, _ = s.releaseMember(context.Background(), scope, member, token)
+			}
+		}
+	})
+	if err != nil {
+		if strings.HasPrefix(err.Error(), "PSCONFIG ") {
+			return nil, 0, fmt.Errorf("%w: %w: %s", ErrNoProxy, ErrConfig, strings.TrimPrefix(err.Error(), "PSCONFIG "))
+		}
+		return nil, 0, fmt.Errorf("%w: %w", ErrNoProxy, redisErr("lease", err))
+	}
+	status, _ := intAt(res, 0)
+	switch {
+	case status == -1 && len(res) == 1:
+		return nil, 0, fmt.Errorf("%w: %w: pool %q has no proxies", ErrNoProxy, ErrEmptyPool, s.cfg.pool)
+	case status == 0 && len(res) == 2:
+		wait, _ := intAt(res, 1)
+		return nil, time.Duration(max(wait, 1)) * time.Millisecond, nil
+	case status == 1 && len(res) == 4:
+		member, _ := res[1].(string)
+		raw, _ := res[2].(string)
+		expiry, ok := intAt(res, 3)
+		l := &Lease{sw: s, scope: scope, member: member, token: token}
+		l.expiry.Store(expiry)
+		p, err := s.proxyFor(raw)
+		if err != nil || !ok || member == "" {
+			// Hand the slot back rather than hold a proxy we cannot use.
+			_ = l.Release(context.WithoutCancel(ctx))
+			if err == nil {
+				err = fmt.Errorf("%w: malformed lease reply", ErrCorrupt)
+			}
+			return nil, 0, fmt.Errorf("%w: %w", ErrNoProxy, err)
+		}
+		l.proxy = p
+		return l, 0, nil
+	}
+	return nil, 0, fmt.Errorf("%w: %w: unexpected lease reply of %d items", ErrNoProxy, ErrCorrupt, len(res))
+}
+
+// release runs the owner-checked release script for l.
+func (s *Switch) release(ctx context.Context, l *Lease) error {
+	n, err := s.releaseMember(ctx, l.scope, l.member, l.token)
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return l.lost("expired and leased again")
+	}
+	return nil
+}
+
+// releaseMember releases one slot if token still owns it: 1 released, 2
+// released after expiry, 0 not the owner.
+func (s *Switch) releaseMember(ctx context.Context, scope, member, token string) (int64, error) {
+	n, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) (int64, error) {
+		return releaseScript.Run(ctx, s.rdb, []string{s.keys.free(scope), s.keys.leases(scope)},
+			member, token, s.cfg.cooldown.Milliseconds()).Int64()
+	}, nil)
+	if err != nil {
+		return 0, redisErr("release", err)
+	}
+	return n, nil
+}
+
+// proxyFor parses a proxy URL read from Redis, caching the result: an ID's
+// URL never changes, so each distinct URL is parsed and validated once.
+func (s *Switch) proxyFor(raw string) (*Proxy, error) {
+	if p, ok := s.parsed.Load(raw); ok {
+		return p.(*Proxy), nil
+	}
+	p, err := ParseProxy(raw)
+	if err != nil {
+		var pe *ProxyError
+		if errors.As(err, &pe) {
+			return nil, &ProxyError{Proxy: pe.Proxy, Reason: "stored in the pool but " + pe.Reason, Err: ErrCorrupt}
+		}
+		return nil, err
+	}
+	s.parsed.Store(raw, p)
+	return p, nil
+}
+
+func (s *Switch) newToken() string {
+	return s.tokenPrefix + strconv.FormatUint(s.tokenSeq.Add(1), 36)
+}
+
+func intAt(res []any, i int) (int64, bool) {
+	if i >= len(res) {
+		return 0, false
+	}
+	v, ok := res[i].(int64)
+	return v, ok
+}

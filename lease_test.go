@@ -1,0 +1,526 @@
+package proxyswitch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/proxyswitch/proxyswitch/internal/redistest"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func proxyURLs(n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("http://user%d:pw@127.0.%d.%d:%d", i, 1+i/250, 1+i%250, 3128)
+	}
+	return out
+}
+
+func TestEveryScriptLoads(t *testing.T) {
+	rdb := sharedClient(t)
+	for name, sc := range allScripts {
+		require.NoError(t, sc.Load(context.Background(), rdb).Err(), name)
+	}
+}
+
+func TestLeaseReleaseLRU(t *testing.T) {
+	ctx := context.Background()
+	s := newSwitch(t, sharedClient(t))
+	_, err := s.Add(ctx, proxyURLs(3)...)
+	require.NoError(t, err)
+
+	seen := map[string]bool{}
+	for range 3 {
+		l, err := s.Lease(ctx, "shop.example")
+		require.NoError(t, err)
+		seen[l.Proxy().ID()] = true
+		require.NoError(t, l.Release(ctx))
+		require.NoError(t, l.Release(ctx), "a second release is a no-op")
+	}
+	assert.Len(t, seen, 3, "least recently used first: three leases in a row use three proxies")
+
+	st, err := s.Stats(ctx, "shop.example")
+	require.NoError(t, err)
+	assert.Equal(t, SiteStats{Proxies: 3, FreeSlots: 3}, st)
+}
+
+func TestExclusivePerSite(t *testing.T) {
+	ctx := context.Background()
+	s := newSwitch(t, sharedClient(t), WithMaxWait(150*time.Millisecond))
+	_, err := s.Add(ctx, proxyURLs(2)...)
+	require.NoError(t, err)
+
+	a1, err := s.Lease(ctx, "ozon.example")
+	require.NoError(t, err)
+	a2, err := s.Lease(ctx, "ozon.example")
+	require.NoError(t, err)
+	assert.NotEqual(t, a1.Proxy().ID(), a2.Proxy().ID())
+
+	start := time.Now()
+	_, err = s.Lease(ctx, "ozon.example")
+	assert.ErrorIs(t, err, ErrNoProxy)
+	assert.NotErrorIs(t, err, ErrEmptyPool)
+	assert.GreaterOrEqual(t, time.Since(start), 140*time.Millisecond, "waited the max wait")
+
+	// Another site may use the same IPs at the same time.
+	b1, err := s.Lease(ctx, "avito.example")
+	require.NoError(t, err)
+	b2, err := s.Lease(ctx, "avito.example")
+	require.NoError(t, err)
+	assert.ElementsMatch(t, []string{a1.Proxy().ID(), a2.Proxy().ID()}, []string{b1.Proxy().ID(), b2.Proxy().ID()})
+
+	st, err := s.Stats(ctx, "ozon.example")
+	require.NoError(t, err)
+	assert.Equal(t, 2, st.Leased)
+	assert.Equal(t, 0, st.FreeSlots)
+}
+
+func TestScopeGlobal(t *testing.T) {
+	ctx := context.Background()
+	s := newSwitch(t, sharedClient(t), WithScope(ScopeGlobal), WithMaxWait(0))
+	_, err := s.Add(ctx, proxyURLs(1)...)
+	require.NoError(t, err)
+	l, err := s.Lease(ctx, "ozon.example")
+	require.NoError(t, err)
+	_, err = s.Lease(ctx, "avito.example")
+	require.ErrorIs(t, err, ErrNoProxy, "one request at a time across all sites")
+	require.NoError(t, l.Release(ctx))
+	_, err = s.Lease(ctx, "avito.example")
+	require.NoError(t, err)
+}
+
+func TestConcurrencyK(t *testing.T) {
+	ctx := context.Background()
+	s := newSwitch(t, sharedClient(t), WithConcurrency(2), WithMaxWait(0))
+	_, err := s.Add(ctx, proxyURLs(1)...)
+	require.NoError(t, err)
+	l1, err := s.Lease(ctx, "wb.example")
+	require.NoError(t, err)
+	l2, err := s.Lease(ctx, "wb.example")
+	require.NoError(t, err)
+	assert.Equal(t, l1.Proxy().ID(), l2.Proxy().ID(), "two slots of one proxy")
+	_, err = s.Lease(ctx, "wb.example")
+	require.ErrorIs(t, err, ErrNoProxy)
+
+	// A worker that disagrees on K is refused, not silently inconsistent.
+	other, err := NewSwitch(sharedClient(t), WithPrefix(s.cfg.prefix), WithConcurrency(3))
+	require.NoError(t, err)
+	_, err = other.Lease(ctx, "wb.example")
+	require.ErrorIs(t, err, ErrConfig)
+	assert.Contains(t, err.Error(), "2 concurrent requests")
+}
+
+func TestCooldownPacesAnIP(t *testing.T) {
+	ctx := context.Background()
+	const cooldown = 300 * time.Millisecond
+	s := newSwitch(t, sharedClient(t), WithCooldown(cooldown))
+	_, err := s.Add(ctx, proxyURLs(1)...)
+	require.NoError(t, err)
+	l, err := s.Lease(ctx, "ozon.example")
+	require.NoError(t, err)
+	require.NoError(t, l.Release(ctx))
+	released := time.Now()
+	_, err = s.Lease(ctx, "avito.example") // other sites are not paced
+	require.NoError(t, err)
+	l2, err := s.Lease(ctx, "ozon.example")
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, time.Since(released), cooldown-20*time.Millisecond)
+	require.NoError(t, l2.Release(ctx))
+
+	// With K=2 the cooldown also spaces two starts.
+	k := newSwitch(t, sharedClient(t), WithCooldown(cooldown), WithConcurrency(2))
+	_, err = k.Add(ctx, proxyURLs(1)...)
+	require.NoError(t, err)
+	_, err = k.Lease(ctx, "ozon.example")
+	require.NoError(t, err)
+	first := time.Now()
+	_, err = k.Lease(ctx, "ozon.example")
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, time.Since(first), cooldown-20*time.Millisecond)
+}
+
+func TestExpiredHolderCannotTouchNextHoldersLease(t *testing.T) {
+	ctx := context.Background()
+	s := newSwitch(t, sharedClient(t), WithLeaseTTL(200*time.Millisecond), WithMaxWait(0))
+	_, err := s.Add(ctx, proxyURLs(1)...)
+	require.NoError(t, err)
+
+	old, err := s.Lease(ctx, "ozon.example")
+	require.NoError(t, err)
+	_, err = s.Lease(ctx, "ozon.example")
+	require.ErrorIs(t, err, ErrNoProxy, "held")
+	time.Sleep(300 * time.Millisecond)
+
+	next, err := sibling(t, s, sharedClient(t)).Lease(ctx, "ozon.example")
+	require.NoError(t, err, "an expired lease frees the proxy by itself")
+	require.Equal(t, old.Proxy().ID(), next.Proxy().ID())
+
+	assert.ErrorIs(t, old.Extend(ctx, time.Minute), ErrLeaseLost)
+	assert.ErrorIs(t, old.Release(ctx), ErrLeaseLost)
+	_, err = s.Lease(ctx, "ozon.example")
+	require.ErrorIs(t, err, ErrNoProxy, "the next holder still holds it")
+
+	require.NoError(t, next.Extend(ctx, time.Second))
+	assert.WithinDuration(t, time.Now().Add(time.Second), next.Expiry(), 300*time.Millisecond)
+	require.NoError(t, next.Release(ctx))
+	assert.ErrorIs(t, next.Extend(ctx, 0), ErrLeaseLost, "no extension after release")
+}
+
+func TestLeaseTTLCoversRequestDeadline(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s := newSwitch(t, sharedClient(t), WithLeaseTTL(time.Second))
+	_, err := s.Add(ctx, proxyURLs(1)...)
+	require.NoError(t, err)
+	l, err := s.Lease(ctx, "ozon.example")
+	require.NoError(t, err)
+	assert.Greater(t, time.Until(l.Expiry()), 5*time.Second, "lease outlives the request's deadline")
+	assert.Less(t, time.Until(l.Expiry()), 7*time.Second)
+}
+
+func TestWaitForRelease(t *testing.T) {
+	ctx := context.Background()
+	s := newSwitch(t, sharedClient(t), WithMaxWait(5*time.Second))
+	_, err := s.Add(ctx, proxyURLs(1)...)
+	require.NoError(t, err)
+	l, err := s.Lease(ctx, "ozon.example")
+	require.NoError(t, err)
+	go func() {
+		time.Sleep(100 * time.Millisecond)
+		_ = l.Release(ctx)
+	}()
+	start := time.Now()
+	l2, err := s.Lease(ctx, "ozon.example")
+	require.NoError(t, err)
+	waited := time.Since(start)
+	assert.GreaterOrEqual(t, waited, 90*time.Millisecond)
+	assert.Less(t, waited, 500*time.Millisecond, "the waiter wakes soon after the release")
+	require.NoError(t, l2.Release(ctx))
+
+	// The request's context ends the wait early, and says so.
+	l3, err := s.Lease(ctx, "ozon.example")
+	require.NoError(t, err)
+	defer l3.Release(ctx)
+	cctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	_, err = s.Lease(cctx, "ozon.example")
+	assert.ErrorIs(t, err, ErrNoProxy)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+}
+
+func TestWaitDoesNotSpinOnRedis(t *testing.T) {
+	ctx := context.Background()
+	rdb := sharedClient(t)
+	var calls atomic.Int64
+	rdb.AddHook(countHook{&calls})
+	s := newSwitch(t, rdb, WithMaxWait(time.Second))
+	_, err := s.Add(ctx, proxyURLs(1)...)
+	require.NoError(t, err)
+	_, err = s.Lease(ctx, "ozon.example")
+	require.NoError(t, err)
+	calls.Store(0)
+	_, err = s.Lease(ctx, "ozon.example")
+	require.ErrorIs(t, err, ErrNoProxy)
+	// Backoff from 5ms to 250ms with jitter: well under 40 attempts a second.
+	assert.Less(t, calls.Load(), int64(40), "attempts in one second of waiting")
+	assert.Greater(t, calls.Load(), int64(3))
+}
+
+type countHook struct{ n *atomic.Int64 }
+
+func (h countHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h countHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error { h.n.Add(1); return next(ctx, cmd) }
+}
+func (h countHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func TestEmptyPool(t *testing.T) {
+	s := newSwitch(t, sharedClient(t))
+	start := time.Now()
+	_, err := s.Lease(context.Background(), "ozon.example")
+	require.ErrorIs(t, err, ErrNoProxy)
+	require.ErrorIs(t, err, ErrEmptyPool)
+	assert.Less(t, time.Since(start), time.Second, "an empty pool fails at once")
+}
+
+func TestRedisDown(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t, func(o *redis.Options) { o.Password = "Canary-redis-pw" })
+	s := newSwitch(t, rdb, WithRedisTimeout(500*time.Millisecond))
+	require.NoError(t, srv.Kill())
+	start := time.Now()
+	_, err := s.Lease(context.Background(), "ozon.example")
+	require.ErrorIs(t, err, ErrNoProxy)
+	require.ErrorIs(t, err, ErrRedis)
+	assert.NotContains(t, err.Error(), "Canary-redis-pw")
+	assert.Less(t, time.Since(start), 2*time.Second)
+	_, err = s.Add(context.Background(), proxyURLs(1)...)
+	require.ErrorIs(t, err, ErrRedis)
+}
+
+func TestRedisHung(t *testing.T) {
+	srv := redistest.Start(t)
+	s := newSwitch(t, srv.Client(t), WithRedisTimeout(300*time.Millisecond))
+	_, err := s.Add(context.Background(), proxyURLs(1)...)
+	require.NoError(t, err)
+	require.NoError(t, srv.Pause())
+	defer srv.Resume()
+	start := time.Now()
+	_, err = s.Lease(context.Background(), "ozon.example")
+	require.ErrorIs(t, err, ErrNoProxy)
+	require.ErrorIs(t, err, ErrRedis)
+	assert.Less(t, time.Since(start), 1500*time.Millisecond, "each round trip is bounded by its own timeout")
+}
+
+func TestCorruptPoolEntry(t *testing.T) {
+	ctx := context.Background()
+	rdb := sharedClient(t)
+	s := newSwitch(t, rdb, WithMaxWait(0))
+	require.NoError(t, rdb.HSet(ctx, s.keys.proxies(), "0123456789abcdef", "gopher://u:Canary@x:1").Err())
+	_, err := s.Lease(ctx, "ozon.example")
+	require.ErrorIs(t, err, ErrNoProxy)
+	require.ErrorIs(t, err, ErrCorrupt)
+	assert.NotContains(t, err.Error(), "Canary")
+	st, err := s.Stats(ctx, "ozon.example")
+	require.NoError(t, err)
+	assert.Equal(t, 0, st.Leased, "the unusable proxy's slot was handed back")
+	_, err = s.List(ctx)
+	require.ErrorIs(t, err, ErrCorrupt)
+
+	// A damaged lease record does not break release or lease.
+	s2 := newSwitch(t, rdb, WithMaxWait(0))
+	_, err = s2.Add(ctx, proxyURLs(1)...)
+	require.NoError(t, err)
+	l, err := s2.Lease(ctx, "ozon.example")
+	require.NoError(t, err)
+	require.NoError(t, rdb.HSet(ctx, s2.keys.leases("ozon.example"), l.member, "garbage").Err())
+	assert.ErrorIs(t, l.Release(ctx), ErrLeaseLost)
+}
+
+func TestPoolAdministration(t *testing.T) {
+	ctx := context.Background()
+	s := newSwitch(t, sharedClient(t), WithMaxWait(0))
+	urls := proxyURLs(4)
+	ch, err := s.Add(ctx, urls[:2]...)
+	require.NoError(t, err)
+	assert.Equal(t, PoolChange{Added: 2, Size: 2}, ch)
+	ch, err = s.Add(ctx, urls[:2]...)
+	require.NoError(t, err)
+	assert.Equal(t, PoolChange{Size: 2}, ch, "adding twice is a no-op")
+
+	// The site's free set exists now; later changes must reach it.
+	l, err := s.Lease(ctx, "ozon.example")
+	require.NoError(t, err)
+	require.NoError(t, l.Release(ctx))
+
+	_, err = s.Add(ctx, urls[2])
+	require.NoError(t, err)
+	_, err = s.Remove(ctx, urls[0])
+	require.NoError(t, err)
+	p1, _ := ParseProxy(urls[1])
+	ch, err = s.Remove(ctx, p1.ID()) // by ID, as List shows it
+	require.NoError(t, err)
+	assert.Equal(t, PoolChange{Removed: 1, Size: 1}, ch)
+
+	only, _ := ParseProxy(urls[2])
+	for range 3 {
+		l, err := s.Lease(ctx, "ozon.example")
+		require.NoError(t, err)
+		assert.Equal(t, only.ID(), l.Proxy().ID(), "removed proxies are never leased again")
+		require.NoError(t, l.Release(ctx))
+	}
+
+	ch, err = s.Replace(ctx, []string{urls[2], urls[3]})
+	require.NoError(t, err)
+	assert.Equal(t, PoolChange{Added: 1, Size: 2}, ch)
+	list, err := s.List(ctx)
+	require.NoError(t, err)
+	require.Len(t, list, 2)
+	for _, p := range list {
+		assert.NotContains(t, p.String(), ":pw@", "List shows redacted URLs")
+	}
+
+	// Invalid input changes nothing.
+	_, err = s.Replace(ctx, []string{urls[0], "http://u:Canary@nohost"})
+	require.ErrorIs(t, err, ErrInvalidProxy)
+	assert.NotContains(t, err.Error(), "Canary")
+	list, err = s.List(ctx)
+	require.NoError(t, err)
+	assert.Len(t, list, 2)
+
+	// A removed proxy in use stays with its holder and never comes back.
+	l, err = s.Lease(ctx, "ozon.example")
+	require.NoError(t, err)
+	_, err = s.Replace(ctx, []string{urls[0]})
+	require.NoError(t, err)
+	assert.ErrorIs(t, l.Release(ctx), ErrLeaseLost)
+	l, err = s.Lease(ctx, "ozon.example")
+	require.NoError(t, err)
+	p0, _ := ParseProxy(urls[0])
+	assert.Equal(t, p0.ID(), l.Proxy().ID())
+
+	ch, err = s.Replace(ctx, nil)
+	require.NoError(t, err)
+	assert.Equal(t, 0, ch.Size)
+	_, err = s.Lease(ctx, "avito.example")
+	require.ErrorIs(t, err, ErrEmptyPool)
+}
+
+func TestKeysShareOneSlotAndExpire(t *testing.T) {
+	ctx := context.Background()
+	rdb := sharedClient(t)
+	s := newSwitch(t, rdb, WithPool("residential"))
+	_, err := s.Add(ctx, proxyURLs(3)...)
+	require.NoError(t, err)
+	for _, site := range []string{"ozon.example", "avito.example:8443"} {
+		l, err := s.Lease(ctx, site)
+		require.NoError(t, err)
+		defer l.Release(ctx)
+	}
+	keys, err := rdb.Keys(ctx, "{"+s.cfg.prefix+":*").Result()
+	require.NoError(t, err)
+	require.Len(t, keys, 7) // proxies, meta, sites, 2 x (free, lease)
+	slot := -1
+	for _, k := range keys {
+		assert.True(t, strings.HasPrefix(k, "{"+s.cfg.prefix+":residential}:"), k)
+		ks, err := rdb.Do(ctx, "CLUSTER", "KEYSLOT", k).Int()
+		if err != nil { // not a cluster-enabled server: compute from the tag
+			ks = int(redisKeySlot(k))
+		}
+		if slot == -1 {
+			slot = ks
+		}
+		assert.Equal(t, slot, ks, k)
+		ttl, err := rdb.PTTL(ctx, k).Result()
+		require.NoError(t, err)
+		if strings.HasSuffix(k, ":proxies") || strings.HasSuffix(k, ":meta") {
+			assert.Equal(t, time.Duration(-1), ttl, "%s is configuration and lives on", k)
+		} else {
+			assert.Greater(t, ttl, time.Hour, "%s carries a TTL", k)
+		}
+	}
+}
+
+// redisKeySlot is CRC16(hash tag) mod 16384, as Redis Cluster computes it.
+func redisKeySlot(key string) uint16 {
+	if i := strings.IndexByte(key, '{'); i >= 0 {
+		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
+			key = key[i+1 : i+1+j]
+		}
+	}
+	var crc uint16
+	for _, b := range []byte(key) {
+		crc ^= uint16(b) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return crc % 16384
+}
+
+func TestBadOptions(t *testing.T) {
+	rdb := sharedClient(t)
+	for name, opt := range map[string]Option{
+		"ttl":         WithLeaseTTL(time.Millisecond),
+		"wait":        WithMaxWait(-time.Second),
+		"cooldown":    WithCooldown(-1),
+		"concurrency": WithConcurrency(0),
+		"prefix":      WithPrefix("a{b}"),
+		"pool":        WithPool(""),
+		"site func":   WithSiteFunc(nil),
+		"timeout":     WithRedisTimeout(0),
+		"idle":        WithIdleTTL(time.Second),
+		"scope":       WithScope(Scope(7)),
+	} {
+		_, err := NewSwitch(rdb, opt)
+		assert.ErrorIs(t, err, ErrConfig, name)
+	}
+	_, err := NewSwitch(nil)
+	assert.ErrorIs(t, err, ErrConfig)
+	var nilClient *redis.Client
+	_, err = NewSwitch(nilClient)
+	assert.ErrorIs(t, err, ErrConfig, "a typed nil client is caught, not dereferenced")
+
+	pf := New(rdb, WithConcurrency(-1))
+	u, err := pf(nil)
+	assert.Nil(t, u)
+	assert.ErrorIs(t, err, ErrNoProxy)
+	assert.ErrorIs(t, err, ErrConfig)
+}
+
+// TestNoTwoHoldersAtOnce is the engine-level collision test: three workers
+// with separate Redis clients, 50 goroutines each, lease and release one
+// pool for two sites as fast as they can, and an in-memory ledger checks that
+// no proxy is ever held twice for one site.
+func TestNoTwoHoldersAtOnce(t *testing.T) {
+	ctx := context.Background()
+	base := newSwitch(t, sharedClient(t), WithMaxWait(10*time.Second))
+	_, err := base.Add(ctx, proxyURLs(20)...)
+	require.NoError(t, err)
+
+	var mu sync.Mutex
+	holders := map[string]int{}
+	var collisions, leases atomic.Int64
+	var wg sync.WaitGroup
+	for w := range 3 {
+		sw := sibling(t, base, sharedClient(t))
+		for g := range 50 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				site := []string{"ozon.example", "avito.example"}[(w+g)%2]
+				for range 40 {
+					l, err := sw.Lease(ctx, site)
+					if !assert.NoError(t, err) {
+						return
+					}
+					key := site + "|" + l.Proxy().ID()
+					mu.Lock()
+					holders[key]++
+					if holders[key] > 1 {
+						collisions.Add(1)
+					}
+					mu.Unlock()
+					leases.Add(1)
+					time.Sleep(time.Duration(g%3) * time.Millisecond)
+					mu.Lock()
+					holders[key]--
+					mu.Unlock()
+					if !assert.NoError(t, l.Release(ctx)) {
+						return
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	assert.Equal(t, int64(3*50*40), leases.Load())
+	assert.Zero(t, collisions.Load(), "a proxy held twice for one site")
+	for _, site := range []string{"ozon.example", "avito.example"} {
+		st, err := base.Stats(ctx, site)
+		require.NoError(t, err)
+		assert.Zero(t, st.LeaseRecords, site)
+	}
+	t.Logf("%d leases, 0 collisions", leases.Load())
+}
+
+func TestErrorsAreMatchable(t *testing.T) {
+	_, err := ParseProxy("ftp://x:1")
+	var pe *ProxyError
+	require.True(t, errors.As(fmt.Errorf("wrapped: %w", err), &pe))
+	assert.ErrorIs(t, fmt.Errorf("wrapped: %w", err), ErrInvalidProxy)
+}

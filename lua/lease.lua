@@ -1,0 +1,96 @@
+-- lease.lua: lease the least recently used free proxy of one pool for one site.
+--
+-- KEYS[1] pool hash      id -> proxy URL
+-- KEYS[2] free zset      "<id>:<slot>" -> unix ms at which it is next available
+-- KEYS[3] lease hash     "<id>:<slot>" -> "<token>|<expiry ms>"
+-- KEYS[4] sites zset     site -> unix ms of its last lease
+-- KEYS[5] meta hash      "slots" -> concurrent requests per proxy per site
+-- ARGV[1] site (scope)   ARGV[2] owner token      ARGV[3] lease TTL ms
+-- ARGV[4] cooldown ms    ARGV[5] slots (K >= 1)   ARGV[6] idle TTL ms of site keys
+-- ARGV[7] preferred proxy id, or "" for none
+--
+-- Returns {1, member, proxy URL, expiry ms} on success,
+--         {0, wait ms}  when every proxy is busy (wait = time until the next one frees),
+--         {-1}          when the pool is empty.
+-- Time comes from the server's clock (TIME), never from a client.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl, cooldown, idle = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[6])
+
+local slots = redis.call('HGET', KEYS[5], 'slots')
+if not slots then
+  redis.call('HSET', KEYS[5], 'slots', ARGV[5])
+  slots = ARGV[5]
+elseif slots ~= ARGV[5] then
+  return redis.error_reply('PSCONFIG pool serves ' .. slots .. ' concurrent requests per proxy per site, this client asks for ' .. ARGV[5])
+end
+slots = tonumber(slots)
+
+-- First lease for this site (or its keys idled out): every proxy starts free.
+if redis.call('EXISTS', KEYS[2]) == 0 then
+  local ids = redis.call('HKEYS', KEYS[1])
+  if #ids == 0 then return {-1} end
+  local batch = {}
+  for _, id in ipairs(ids) do
+    for s = 0, slots - 1 do
+      batch[#batch + 1] = 0
+      batch[#batch + 1] = id .. ':' .. s
+    end
+    if #batch >= 4000 then
+      redis.call('ZADD', KEYS[2], unpack(batch))
+      batch = {}
+    end
+  end
+  if #batch > 0 then redis.call('ZADD', KEYS[2], unpack(batch)) end
+end
+redis.call('ZADD', KEYS[4], now, ARGV[1])
+redis.call('PEXPIRE', KEYS[4], idle)
+redis.call('PEXPIRE', KEYS[2], idle)
+
+local member, url
+-- A preferred proxy (same IP across a redirect chain or a session) wins if free.
+if ARGV[7] ~= '' then
+  for s = 0, slots - 1 do
+    local m = ARGV[7] .. ':' .. s
+    local score = redis.call('ZSCORE', KEYS[2], m)
+    if score and tonumber(score) <= now then
+      url = redis.call('HGET', KEYS[1], ARGV[7])
+      if url then member = m end
+      break
+    end
+  end
+end
+
+-- Otherwise the lowest score: free the longest, i.e. least recently used.
+-- Members whose proxy left the pool are dropped on the way (bounded loop).
+local tries = 0
+while not member do
+  local head = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+  if #head == 0 then return {-1} end
+  local score = tonumber(head[2])
+  if score > now then return {0, score - now} end
+  local id = string.match(head[1], '^(.*):%d+$')
+  url = id and redis.call('HGET', KEYS[1], id)
+  if url then
+    member = head[1]
+  else
+    redis.call('ZREM', KEYS[2], head[1])
+    tries = tries + 1
+    if tries >= 64 then return {0, 1} end
+  end
+end
+
+local expiry = now + ttl
+redis.call('ZADD', KEYS[2], expiry, member)
+redis.call('HSET', KEYS[3], member, ARGV[2] .. '|' .. expiry)
+redis.call('PEXPIRE', KEYS[3], idle)
+
+-- Pacing with K > 1: no other slot of this proxy may start before the cooldown.
+if cooldown > 0 and slots > 1 then
+  local id = string.match(member, '^(.*):%d+$')
+  for s = 0, slots - 1 do
+    local m = id .. ':' .. s
+    if m ~= member then redis.call('ZADD', KEYS[2], 'XX', 'GT', now + cooldown, m) end
+  end
+end
+return {1, member, url, expiry}

@@ -1,0 +1,29 @@
+-- release.lua: give a lease back, only if the caller still owns it.
+--
+-- KEYS[1] free zset   "<id>:<slot>" -> unix ms at which it is next available
+-- KEYS[2] lease hash  "<id>:<slot>" -> "<token>|<expiry ms>"
+-- ARGV[1] member      ARGV[2] owner token   ARGV[3] cooldown ms
+--
+-- Returns 1 released, 2 released after its expiry (nobody had taken it yet),
+--         0 not the owner (expired and leased again, or never ours): nothing changed.
+-- The proxy is next available at now + cooldown, unless something (a ban) has
+-- already pushed it further out: that is kept.
+local v = redis.call('HGET', KEYS[2], ARGV[1])
+if not v then return 0 end
+local sep = string.find(v, '|', 1, true)
+if not sep or string.sub(v, 1, sep - 1) ~= ARGV[2] then return 0 end
+local expiry = tonumber(string.sub(v, sep + 1))
+redis.call('HDEL', KEYS[2], ARGV[1])
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if score then
+  score = tonumber(score)
+  local nextfree = now + tonumber(ARGV[3])
+  if score == expiry or score < nextfree then
+    redis.call('ZADD', KEYS[1], nextfree, ARGV[1])
+  end
+end
+if expiry and expiry > now then return 1 end
+return 2

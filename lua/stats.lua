@@ -1,0 +1,29 @@
+-- stats.lua: a read-only snapshot of one pool as seen by one site.
+--
+-- KEYS[1] pool hash   id -> proxy URL
+-- KEYS[2] free zset   "<id>:<slot>" -> unix ms at which it is next available
+-- KEYS[3] lease hash  "<id>:<slot>" -> "<token>|<expiry ms>"
+--
+-- Returns {proxies in the pool, slots free now, live leases, slots tracked,
+--          slots not free (leased, cooling down or quarantined), lease records}.
+-- If the site has no free set yet every slot counts as free: -1 in "tracked".
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local size = redis.call('HLEN', KEYS[1])
+if redis.call('EXISTS', KEYS[2]) == 0 then return {size, -1, 0, -1, 0, 0} end
+local free = redis.call('ZCOUNT', KEYS[2], '-inf', now)
+local tracked = redis.call('ZCARD', KEYS[2])
+local live, records = 0, 0
+local cursor = '0'
+repeat
+  local r = redis.call('HSCAN', KEYS[3], cursor, 'COUNT', 500)
+  cursor = r[1]
+  for i = 2, #r[2], 2 do
+    records = records + 1
+    local v = r[2][i]
+    local sep = string.find(v, '|', 1, true)
+    local exp = sep and tonumber(string.sub(v, sep + 1))
+    if exp and exp > now then live = live + 1 end
+  end
+until cursor == '0'
+return {size, free, live, tracked, tracked - free, records}

@@ -1,0 +1,149 @@
+package proxyswitch
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+)
+
+// Pool administration. Every change is one Lua script, atomic across the
+// cluster, and takes effect on the next lease of every worker: no restart.
+
+// PoolChange reports what a pool update did.
+type PoolChange struct {
+	Added   int // proxies that were not in the pool before
+	Removed int // proxies taken out of the pool
+	Size    int // proxies in the pool afterwards
+}
+
+// Add validates every URL (all or nothing: one invalid URL rejects the whole
+// call) and adds the proxies not yet in the pool. Adding a proxy twice is a
+// no-op. It is safe to call while workers lease.
+func (s *Switch) Add(ctx context.Context, urls ...string) (PoolChange, error) {
+	ps, err := ParseProxies(urls)
+	if err != nil {
+		return PoolChange{}, err
+	}
+	return s.update(ctx, "add", pairs(ps))
+}
+
+// Remove takes proxies out of the pool, named by URL or by ID (Proxy.ID, as
+// List shows it). A proxy in use stays with its current holder until released;
+// it is never leased again. Unknown proxies are ignored.
+func (s *Switch) Remove(ctx context.Context, proxies ...string) (PoolChange, error) {
+	ids := make([]any, 0, len(proxies))
+	for i, v := range proxies {
+		if isProxyID(v) {
+			ids = append(ids, v)
+			continue
+		}
+		p, err := ParseProxy(v)
+		if err != nil {
+			return PoolChange{}, fmt.Errorf("proxy #%d: %w", i+1, err)
+		}
+		ids = append(ids, p.id)
+	}
+	return s.update(ctx, "remove", ids)
+}
+
+// Replace makes the pool exactly urls, atomically: workers see either the old
+// set or the new one, never a mix. Use it to reload a list from a file
+// (ReadProxies) or a provider's API at run time. Proxies kept keep their
+// state (leases, cooldowns). All URLs are validated first; on any error the
+// pool is unchanged.
+func (s *Switch) Replace(ctx context.Context, urls []string) (PoolChange, error) {
+	ps, err := ParseProxies(urls)
+	if err != nil {
+		return PoolChange{}, err
+	}
+	return s.ReplaceProxies(ctx, ps)
+}
+
+// ReplaceProxies is Replace for proxies already parsed (by ReadProxies, say).
+func (s *Switch) ReplaceProxies(ctx context.Context, ps []*Proxy) (PoolChange, error) {
+	return s.update(ctx, "replace", pairs(ps))
+}
+
+// List returns the proxies of the pool, ordered by their redacted URL.
+func (s *Switch) List(ctx context.Context) ([]*Proxy, error) {
+	if s.err != nil {
+		return nil, s.err
+	}
+	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]string, error) {
+		return listScript.Run(ctx, s.rdb, []string{s.keys.proxies()}).StringSlice()
+	}, nil)
+	if err != nil {
+		return nil, redisErr("list", err)
+	}
+	out := make([]*Proxy, 0, len(res)/2)
+	for i := 0; i+1 < len(res); i += 2 {
+		p, err := s.proxyFor(res[i+1])
+		if err != nil {
+			return nil, fmt.Errorf("pool entry %s: %w", res[i], err)
+		}
+		out = append(out, p)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].String() < out[j].String() })
+	return out, nil
+}
+
+// SiteStats is a snapshot of a pool as one site sees it.
+type SiteStats struct {
+	Proxies      int // proxies in the pool
+	FreeSlots    int // lease slots free right now (proxies x concurrency when idle)
+	Leased       int // live leases
+	BusySlots    int // slots not free: leased, cooling down or quarantined
+	LeaseRecords int // lease records in Redis, live or expired but not yet reclaimed
+}
+
+// Stats returns a snapshot of the pool for site (ignored with ScopeGlobal).
+func (s *Switch) Stats(ctx context.Context, site string) (SiteStats, error) {
+	if s.err != nil {
+		return SiteStats{}, s.err
+	}
+	scope := s.scopeOf(site)
+	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]int64, error) {
+		return statsScript.Run(ctx, s.rdb, []string{s.keys.proxies(), s.keys.free(scope), s.keys.leases(scope)}).Int64Slice()
+	}, nil)
+	if err != nil {
+		return SiteStats{}, redisErr("stats", err)
+	}
+	if len(res) != 6 {
+		return SiteStats{}, fmt.Errorf("%w: stats reply of %d items", ErrCorrupt, len(res))
+	}
+	st := SiteStats{Proxies: int(res[0]), FreeSlots: int(res[1]), Leased: int(res[2]), BusySlots: int(res[4]), LeaseRecords: int(res[5])}
+	if res[3] < 0 { // site never leased: everything is free
+		st.FreeSlots = st.Proxies * s.cfg.slots
+	}
+	return st, nil
+}
+
+func (s *Switch) update(ctx context.Context, mode string, args []any) (PoolChange, error) {
+	if s.err != nil {
+		return PoolChange{}, s.err
+	}
+	argv := append([]any{mode, s.keys.base, s.cfg.idleTTL.Milliseconds()}, args...)
+	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]int64, error) {
+		return poolUpdateScript.Run(ctx, s.rdb, []string{s.keys.proxies(), s.keys.sites(), s.keys.meta()}, argv...).Int64Slice()
+	}, nil)
+	if err != nil {
+		return PoolChange{}, redisErr("pool "+mode, err)
+	}
+	if len(res) != 3 {
+		return PoolChange{}, fmt.Errorf("%w: pool update reply of %d items", ErrCorrupt, len(res))
+	}
+	return PoolChange{Added: int(res[0]), Removed: int(res[1]), Size: int(res[2])}, nil
+}
+
+func pairs(ps []*Proxy) []any {
+	out := make([]any, 0, 2*len(ps))
+	for _, p := range ps {
+		out = append(out, p.id, p.raw())
+	}
+	return out
+}
+
+func isProxyID(v string) bool {
+	return len(v) == 16 && strings.Trim(v, "0123456789abcdef") == ""
+}

@@ -1,0 +1,292 @@
+package proxyswitch
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"reflect"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gocolly/colly/v2"
+	"github.com/redis/go-redis/v9"
+)
+
+// Every go-redis client kind fits: single node and Sentinel (*redis.Client),
+// Cluster (*redis.ClusterClient), Ring.
+var (
+	_ redis.Scripter = (*redis.Client)(nil)
+	_ redis.Scripter = (*redis.ClusterClient)(nil)
+	_ redis.Scripter = (*redis.Ring)(nil)
+	_ redis.Scripter = redis.UniversalClient(nil)
+)
+
+// Switch leases proxies from a Redis-backed pool to Colly requests. One
+// Switch serves any number of collectors and goroutines: it is safe for
+// concurrent use. It holds no connection of its own and starts no goroutine
+// of its own (a lease that must be released late is released by a goroutine
+// started at that moment), so it needs no Close; close the Redis client when
+// you are done.
+type Switch struct {
+	rdb  redis.Scripter
+	cfg  config
+	keys keyspace
+	err  error // set only in the Switch New builds from invalid options
+
+	reg          registry
+	parsed       sync.Map // proxy URL as stored -> *Proxy
+	tokenPrefix  string
+	tokenSeq     atomic.Uint64
+	warnUnhooked sync.Once
+}
+
+// NewSwitch returns a Switch leasing from the pool that opts name (by default
+// "default" under the key prefix "proxyswitch"). It does no I/O. rdb may be
+// any go-redis client: *redis.Client (single node or Sentinel failover),
+// *redis.ClusterClient or *redis.Ring. It fails with ErrConfig on a nil
+// client or an invalid option.
+func NewSwitch(rdb redis.Scripter, opts ...Option) (*Switch, error) {
+	if rdb == nil || isNilPointer(rdb) {
+		return nil, fmt.Errorf("%w: nil redis client", ErrConfig)
+	}
+	cfg := defaultConfig()
+	for _, o := range opts {
+		if o != nil {
+			o(&cfg)
+		}
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	keys, err := newKeyspace(cfg.prefix, cfg.pool)
+	if err != nil {
+		return nil, err
+	}
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return &Switch{rdb: rdb, cfg: cfg, keys: keys, tokenPrefix: hex.EncodeToString(b[:]) + "-"}, nil
+}
+
+// New returns a Colly proxy function backed by the pool in Redis:
+//
+//	c.SetProxyFunc(proxyswitch.New(rdb))
+//
+// Each request leases a free proxy for its site and the lease ends after the
+// lease TTL (30s by default). That alone never lets two requests share an IP
+// on one site, but a proxy stays taken until its request's context ends (at
+// the latest until the TTL runs out): install the release hooks with
+// Switch.Attach to give proxies back as soon as each response is in. If the
+// options are invalid, every request fails with an ErrConfig error: no
+// request ever goes out without a proxy.
+func New(rdb redis.Scripter, opts ...Option) colly.ProxyFunc {
+	s, err := NewSwitch(rdb, opts...)
+	if err != nil {
+		err = fmt.Errorf("%w: %w", ErrNoProxy, err)
+		return func(*http.Request) (*url.URL, error) { return nil, err }
+	}
+	return s.ProxyFunc
+}
+
+// Attach installs the whole extension on c: the proxy function and the hooks
+// that tie each lease to its request and release it as soon as the response
+// (or the error) is in, keep one proxy for a whole redirect chain, and fill
+// Request.ProxyURL (password redacted) for your callbacks. Call it before
+// registering your own callbacks, so that they run after the extension's.
+// Attach each collector, clones included: Collector.Clone shares the proxy
+// function but not the hooks.
+func (s *Switch) Attach(c *colly.Collector) {
+	c.SetProxyFunc(s.ProxyFunc)
+	c.OnRequestHeaders(s.onRequestHeaders)
+	c.OnResponseHeaders(s.onResponseHeaders)
+	c.OnResponse(func(r *colly.Response) { s.finish(r.Request) })
+	c.OnError(func(r *colly.Response, _ error) { s.finish(r.Request) })
+}
+
+// ProxyFunc is the proxy function Colly (and net/http) call for every hop of
+// every request. It returns a leased proxy or an error wrapping ErrNoProxy;
+// never (nil, nil), which would make Go connect directly. It is safe for
+// concurrent use.
+func (s *Switch) ProxyFunc(req *http.Request) (*url.URL, error) {
+	if s.err != nil {
+		return nil, s.err
+	}
+	if req == nil || req.URL == nil {
+		return nil, fmt.Errorf("%w: request without URL", ErrNoProxy)
+	}
+	site := s.cfg.siteFunc(req.URL)
+	if site == "" {
+		return nil, fmt.Errorf("%w: no site for URL host %q", ErrNoProxy, req.URL.Host)
+	}
+	s.sweep()
+	b := s.reg.lookup(req.Header)
+	if b == nil && req.Response != nil && req.Response.Request != nil {
+		// A redirect hop of a hooked request: the new hop joins its chain.
+		if prev := s.reg.lookup(req.Response.Request.Header); prev != nil && prev.hooked && s.reg.add(req.Header, prev) {
+			b = prev
+		}
+	}
+	if b == nil || !b.hooked {
+		return s.unhookedProxy(req, site)
+	}
+	return s.hookedProxy(req, b, site)
+}
+
+// hookedProxy serves a request whose release the hooks take care of. A
+// redirect chain keeps its lease while it stays on one site; a hop to another
+// site leases there, preferring the same proxy, and releases the old lease.
+func (s *Switch) hookedProxy(req *http.Request, b *binding, site string) (*url.URL, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.done {
+		return nil, fmt.Errorf("%w: request already finished", ErrNoProxy)
+	}
+	prefer := ""
+	if old := b.lease; old != nil {
+		if old.scope == s.scopeOf(site) {
+			return old.proxy.URL(), nil
+		}
+		prefer = old.proxy.id
+		b.lease = nil
+		s.releaseQuietly(old)
+	}
+	l, err := s.acquire(req.Context(), site, prefer)
+	if err != nil {
+		return nil, err
+	}
+	b.lease, b.proxy, b.touched = l, l.proxy, time.Now()
+	return l.proxy.URL(), nil
+}
+
+// unhookedProxy serves a request that came without the hooks (the proxy
+// function set alone, or a cloned collector). Its lease is released when the
+// hop's context ends, which under Colly's default request timeout happens as
+// soon as the response body is closed, and otherwise expires with its TTL.
+func (s *Switch) unhookedProxy(req *http.Request, site string) (*url.URL, error) {
+	s.warnUnhooked.Do(func() {
+		s.cfg.logger.Warn("proxyswitch: requests arrive without the release hooks; call Switch.Attach(collector). " +
+			"Leases are released when a request's context ends, or else expire after the lease TTL.")
+	})
+	prefer := ""
+	if req.Response != nil && req.Response.Request != nil {
+		if prev := s.reg.lookup(req.Response.Request.Header); prev != nil {
+			prev.mu.Lock()
+			if prev.proxy != nil {
+				prefer = prev.proxy.id
+			}
+			prev.mu.Unlock()
+		}
+	}
+	l, err := s.acquire(req.Context(), site, prefer)
+	if err != nil {
+		return nil, err
+	}
+	b := &binding{lease: l, proxy: l.proxy, touched: time.Now()}
+	registered := s.reg.add(req.Header, b)
+	context.AfterFunc(req.Context(), func() {
+		if registered {
+			s.reg.drop(b)
+		}
+		s.endBinding(b)
+	})
+	return l.proxy.URL(), nil
+}
+
+// onRequestHeaders runs right before Colly hands the request to net/http. It
+// gives the request a header map of its own and registers the binding the
+// ProxyFunc will fill.
+func (s *Switch) onRequestHeaders(r *colly.Request) {
+	if r.IsAbort() || r.Headers == nil {
+		return
+	}
+	h := r.Headers.Clone()
+	if h == nil {
+		h = http.Header{}
+	}
+	*r.Headers = h
+	s.reg.add(h, &binding{hooked: true, touched: time.Now()})
+}
+
+// onResponseHeaders fills Request.ProxyURL as early as Colly allows.
+func (s *Switch) onResponseHeaders(r *colly.Response) {
+	if r.Request == nil || r.Request.Headers == nil {
+		return
+	}
+	if b := s.reg.lookup(*r.Request.Headers); b != nil {
+		b.mu.Lock()
+		if b.proxy != nil {
+			r.Request.ProxyURL = b.proxy.String()
+		}
+		b.mu.Unlock()
+	}
+}
+
+// finish ends a request's binding from OnResponse or OnError: its lease is
+// released and Request.ProxyURL names the proxy (password redacted). Colly
+// may report one request twice (an OnHTML error after OnResponse); the second
+// call finds nothing to do.
+func (s *Switch) finish(r *colly.Request) {
+	if r == nil || r.Headers == nil {
+		return
+	}
+	b := s.reg.take(*r.Headers)
+	if b == nil {
+		return
+	}
+	if p := s.endBinding(b); p != nil {
+		r.ProxyURL = p.String()
+	}
+}
+
+// endBinding marks b finished, releases its lease and returns its proxy.
+func (s *Switch) endBinding(b *binding) *Proxy {
+	b.mu.Lock()
+	l, p := b.lease, b.proxy
+	b.lease, b.done = nil, true
+	b.mu.Unlock()
+	if l != nil {
+		s.releaseQuietly(l)
+	}
+	return p
+}
+
+// releaseQuietly releases l on a context of its own (the request's may be
+// over) and logs a failure: the lease then expires by its TTL.
+func (s *Switch) releaseQuietly(l *Lease) {
+	err := l.Release(context.Background())
+	switch {
+	case err == nil:
+	case errors.Is(err, ErrLeaseLost):
+		s.cfg.logger.Warn("proxyswitch: a request outlived its lease; raise the lease TTL above the request timeout",
+			"proxy", l.proxy.String(), "site", l.scope)
+	default:
+		s.cfg.logger.Warn("proxyswitch: release failed; the lease will expire by its TTL",
+			"proxy", l.proxy.String(), "site", l.scope, "err", err)
+	}
+}
+
+// sweep forgets bindings no hook will finish (a Colly path that skips the
+// callbacks) once they are older than any lease they could hold.
+func (s *Switch) sweep() {
+	maxAge := s.cfg.maxWait + s.cfg.maxLeaseTTL + time.Minute
+	if stale := s.reg.sweep(time.Now(), s.cfg.sweepInterval, maxAge); len(stale) > 0 {
+		go func() {
+			for _, l := range stale {
+				s.releaseQuietly(l)
+			}
+		}()
+	}
+}
+
+func isNilPointer(v any) bool {
+	rv := reflect.ValueOf(v)
+	switch rv.Kind() {
+	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
+		return rv.IsNil()
+	}
+	return false
+}

@@ -1,0 +1,46 @@
+package proxyswitch
+
+import (
+	_ "embed"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Every Lua script lives in its own file under lua/, headed by its KEYS and
+// ARGV. Script.Run sends EVALSHA and falls back to EVAL on NOSCRIPT, so a
+// restarted or failed-over Redis needs no manual script loading.
+var (
+	//go:embed lua/lease.lua
+	leaseLua    string
+	leaseScript = redis.NewScript(leaseLua)
+
+	//go:embed lua/release.lua
+	releaseLua    string
+	releaseScript = redis.NewScript(releaseLua)
+
+	//go:embed lua/extend.lua
+	extendLua    string
+	extendScript = redis.NewScript(extendLua)
+
+	//go:embed lua/pool_update.lua
+	poolUpdateLua    string
+	poolUpdateScript = redis.NewScript(poolUpdateLua)
+
+	//go:embed lua/list.lua
+	listLua    string
+	listScript = redis.NewScript(listLua)
+
+	//go:embed lua/stats.lua
+	statsLua    string
+	statsScript = redis.NewScript(statsLua)
+)
+
+// allScripts is every script the package runs; a test loads each one.
+var allScripts = map[string]*redis.Script{
+	"lease":       leaseScript,
+	"release":     releaseScript,
+	"extend":      extendScript,
+	"pool_update": poolUpdateScript,
+	"stats":       statsScript,
+	"list":        listScript,
+}

@@ -1,0 +1,113 @@
+package proxyswitch
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gocolly/colly/v2"
+	"github.com/redis/go-redis/v9"
+)
+
+// Worker processes: the test binary re-executed with workerEnv set runs one
+// crawler (or lease holder) against the Redis, sites and proxies of the
+// parent test, as a separate OS process with its own Redis client.
+
+const workerEnv = "PROXYSWITCH_TEST_WORKER"
+
+type workerSpec struct {
+	Mode      string   `json:"mode"` // "crawl" or "hold"
+	Redis     string   `json:"redis"`
+	Prefix    string   `json:"prefix"`
+	URLs      []string `json:"urls"`    // crawl: the URLs to visit
+	Threads   int      `json:"threads"` // crawl: parallel requests
+	LeaseTTL  string   `json:"lease_ttl"`
+	HoldSites []string `json:"hold_sites"` // hold: lease one proxy per site, then sleep
+}
+
+type workerResult struct {
+	OK, Failed int
+}
+
+func startWorker(t *testing.T, spec workerSpec) *exec.Cmd {
+	t.Helper()
+	b, err := json.Marshal(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), workerEnv+"="+string(b))
+	cmd.Stderr = os.Stderr
+	return cmd
+}
+
+func workerMain() int {
+	var spec workerSpec
+	if err := json.Unmarshal([]byte(os.Getenv(workerEnv)), &spec); err != nil {
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		return 2
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: spec.Redis})
+	defer rdb.Close()
+	ttl, _ := time.ParseDuration(spec.LeaseTTL)
+	if ttl == 0 {
+		ttl = 30 * time.Second
+	}
+	sw, err := NewSwitch(rdb, WithPrefix(spec.Prefix), WithLeaseTTL(ttl))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		return 2
+	}
+	switch spec.Mode {
+	case "hold":
+		for _, site := range spec.HoldSites {
+			if _, err := sw.Lease(context.Background(), site); err != nil {
+				fmt.Fprintln(os.Stderr, "worker:", err)
+				return 2
+			}
+		}
+		fmt.Println("held")
+		time.Sleep(time.Hour)
+		return 0
+	case "crawl":
+		c := colly.NewCollector(colly.Async(true), colly.AllowURLRevisit())
+		sw.Attach(c)
+		if err := c.Limit(&colly.LimitRule{DomainGlob: "*", Parallelism: spec.Threads}); err != nil {
+			fmt.Fprintln(os.Stderr, "worker:", err)
+			return 2
+		}
+		var res workerResult
+		var ok, failed atomic.Int64
+		c.OnResponse(func(*colly.Response) { ok.Add(1) })
+		c.OnError(func(_ *colly.Response, err error) {
+			failed.Add(1)
+			fmt.Fprintln(os.Stderr, "worker request failed:", err)
+		})
+		for _, u := range spec.URLs {
+			_ = c.Visit(u)
+		}
+		c.Wait()
+		res.OK, res.Failed = int(ok.Load()), int(failed.Load())
+		b, _ := json.Marshal(res)
+		fmt.Println(string(b))
+		return 0
+	}
+	fmt.Fprintln(os.Stderr, "worker: unknown mode", spec.Mode)
+	return 2
+}
+
+func parseWorkerResult(out []byte) (workerResult, error) {
+	var r workerResult
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	err := json.Unmarshal([]byte(lines[len(lines)-1]), &r)
+	return r, err
+}
+
+var _ = strconv.Itoa
