@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"reflect"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -35,9 +36,15 @@ type binding struct {
 	hdrs    []http.Header // every hop's map: keeps the keys' maps alive
 	lease   *Lease        // current lease; nil before the first hop or after failure
 	hooked  bool          // made by the hooks (released by them), not by the ProxyFunc alone
-	touched time.Time     // creation, or the last lease taken
+	touched atomic.Int64  // unix ns of creation or of the last lease taken
 	done    bool          // finished: released, must not take a new lease
 	proxy   *Proxy        // the proxy of the latest lease (kept after release)
+}
+
+func newBinding(hooked bool) *binding {
+	b := &binding{hooked: hooked}
+	b.touched.Store(time.Now().UnixNano())
+	return b
 }
 
 // registry maps header-map identities to bindings. Safe for concurrent use.
@@ -131,7 +138,7 @@ func (r *registry) sweep(now time.Time, interval, maxAge time.Duration) []*Lease
 	r.lastSweep = now
 	var stale []*binding
 	for _, b := range r.m {
-		if now.Sub(b.touched) > maxAge {
+		if now.Sub(time.Unix(0, b.touched.Load())) > maxAge {
 			stale = append(stale, b)
 		}
 	}

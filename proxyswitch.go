@@ -158,7 +158,8 @@ func (s *Switch) hookedProxy(req *http.Request, b *binding, site string) (*url.U
 	if err != nil {
 		return nil, err
 	}
-	b.lease, b.proxy, b.touched = l, l.proxy, time.Now()
+	b.lease, b.proxy = l, l.proxy
+	b.touched.Store(time.Now().UnixNano())
 	return l.proxy.URL(), nil
 }
 
@@ -185,7 +186,8 @@ func (s *Switch) unhookedProxy(req *http.Request, site string) (*url.URL, error)
 	if err != nil {
 		return nil, err
 	}
-	b := &binding{lease: l, proxy: l.proxy, touched: time.Now()}
+	b := newBinding(false)
+	b.lease, b.proxy = l, l.proxy
 	registered := s.reg.add(req.Header, b)
 	context.AfterFunc(req.Context(), func() {
 		if registered {
@@ -208,7 +210,7 @@ func (s *Switch) onRequestHeaders(r *colly.Request) {
 		h = http.Header{}
 	}
 	*r.Headers = h
-	s.reg.add(h, &binding{hooked: true, touched: time.Now()})
+	s.reg.add(h, newBinding(true))
 }
 
 // onResponseHeaders fills Request.ProxyURL as early as Colly allows.

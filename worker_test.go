@@ -1,12 +1,12 @@
 package proxyswitch
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -43,14 +43,15 @@ func startWorker(t *testing.T, spec workerSpec) *exec.Cmd {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), workerEnv+"="+string(b))
+	cmd.Env = append(os.Environ(), workerEnv+"=1")
+	cmd.Stdin = bytes.NewReader(b) // the spec; too long for the environment
 	cmd.Stderr = os.Stderr
 	return cmd
 }
 
 func workerMain() int {
 	var spec workerSpec
-	if err := json.Unmarshal([]byte(os.Getenv(workerEnv)), &spec); err != nil {
+	if err := json.NewDecoder(os.Stdin).Decode(&spec); err != nil {
 		fmt.Fprintln(os.Stderr, "worker:", err)
 		return 2
 	}
@@ -109,5 +110,3 @@ func parseWorkerResult(out []byte) (workerResult, error) {
 	err := json.Unmarshal([]byte(lines[len(lines)-1]), &r)
 	return r, err
 }
-
-var _ = strconv.Itoa
