@@ -1,0 +1,95 @@
+package proxyswitch_test
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"os"
+	"time"
+
+	"github.com/gocolly/colly/v2"
+	"github.com/proxyswitch/proxyswitch"
+	"github.com/redis/go-redis/v9"
+)
+
+// The one-line integration: every request leases a proxy for its site.
+func ExampleNew() {
+	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+	c := colly.NewCollector()
+	c.SetProxyFunc(proxyswitch.New(rdb))
+	_ = c.Visit("https://www.ozon.ru/")
+}
+
+// The whole extension: leases released as soon as each response is in, one
+// IP per redirect chain, Request.ProxyURL filled (password redacted).
+func ExampleSwitch_Attach() {
+	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+	sw, err := proxyswitch.NewSwitch(rdb,
+		proxyswitch.WithPool("datacenter"),
+		proxyswitch.WithCooldown(2*time.Second), // at most one request per IP per site every 2s, cluster-wide
+	)
+	if err != nil {
+		log.Fatal(err)
+	}
+	c := colly.NewCollector(colly.Async(true))
+	sw.Attach(c) // before your own callbacks
+	c.SetRequestTimeout(time.Minute)
+	c.OnResponse(func(r *colly.Response) {
+		fmt.Println(r.Request.URL, "via", r.Request.ProxyURL)
+	})
+	c.OnError(func(r *colly.Response, err error) {
+		fmt.Println(r.Request.URL, "failed:", err) // errors.Is(err, proxyswitch.ErrNoProxy) when no proxy could be had
+	})
+	_ = c.Visit("https://www.wildberries.ru/catalog/")
+	c.Wait()
+}
+
+// Loading the pool from a file, and replacing it at run time without a
+// restart: workers see the old set or the new one, never a mix.
+func ExampleSwitch_ReplaceProxies() {
+	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+	sw, err := proxyswitch.NewSwitch(rdb, proxyswitch.WithPool("residential"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	f, err := os.Open("proxies.txt") // one URL per line, # comments
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer f.Close()
+	proxies, err := proxyswitch.ReadProxies(f)
+	if err != nil {
+		log.Fatal(err) // names the line and the problem, never the password
+	}
+	change, err := sw.ReplaceProxies(context.Background(), proxies)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("+%d -%d = %d proxies\n", change.Added, change.Removed, change.Size)
+}
+
+// Leasing by hand, outside Colly.
+func ExampleSwitch_Lease() {
+	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+	sw, err := proxyswitch.NewSwitch(rdb)
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx := context.Background()
+	lease, err := sw.Lease(ctx, "www.avito.ru")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer lease.Release(ctx)
+	fmt.Println("using", lease.Proxy()) // password redacted
+}
+
+func ExampleParseProxy() {
+	p, err := proxyswitch.ParseProxy("http://shopper-7:s3cret@gw.example.net:8000")
+	fmt.Println(p, err)
+	_, err = proxyswitch.ParseProxy("ftp://shopper-7:s3cret@gw.example.net:21")
+	fmt.Println(err)
+	// Output:
+	// http://shopper-7:xxxxx@gw.example.net:8000 <nil>
+	// proxyswitch: proxy "ftp://shopper-7:xxxxx@gw.example.net:21": unsupported scheme "ftp" (want http, https, socks5 or socks5h)
+}
