@@ -1,0 +1,69 @@
+// Package storage keeps a Colly crawl's shared state in Redis, so that
+// several collectors on several servers crawl as one: a visited set in
+// which each URL is fetched once, cookies per host, and one request queue
+// that survives a crashed worker.
+//
+// One *Storage implements both of Colly's backends, storage.Storage
+// (Init, Visited, IsVisited, Cookies, SetCookies) and queue.Storage
+// (AddRequest, GetRequest, QueueSize), for every go-redis client kind
+// (single node, Sentinel, Cluster, Ring):
+//
+//	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+//	s, err := storage.New(rdb, storage.WithNamespace("shop-crawl"))
+//	if err != nil { ... }
+//	c := colly.NewCollector()
+//	if err := c.SetStorage(s); err != nil { ... } // visited set and cookies
+//	s.Attach(c)                                   // acknowledges queued requests
+//	q, err := queue.New(50, s)                    // the shared queue
+//	q.AddURL("https://example.com/")
+//	q.Run(c)
+//
+// # Visited, across processes
+//
+// Colly checks a URL with IsVisited and then calls Visited. Here Visited is
+// the atomic step (set-if-absent in Redis): when collectors race on one URL,
+// exactly one gets nil and fetches; the others get ErrAlreadyVisited and do
+// not. IsVisited only reads, so Collector.HasVisited never marks a URL.
+// WithVisitedTTL lets marks expire for re-crawls.
+//
+// # Queue, at least once
+//
+// GetRequest keeps each delivered request in flight until it is
+// acknowledged. The hooks Attach installs acknowledge it when the fetch
+// ends (OnScraped), or fail it (OnError); a request whose worker dies comes
+// back after the visibility timeout. After WithMaxDeliveries deliveries a
+// request goes to the dead-letter list (DeadLetters, Requeue). A request is
+// fetched twice only if its worker dies (or overruns the visibility timeout)
+// after fetching and before acknowledging. QueueSize counts in-flight
+// requests too, so queue.Run returns only when the whole namespace's work
+// is done.
+//
+// Requests Colly drops before sending fire no callback. Those dropped as
+// already visited are acknowledged by the visited check; those dropped by
+// URL filters, robots.txt, MaxDepth or Abort end in the dead-letter list
+// (filter before AddRequest, or call Ack). Use one Storage as both the
+// collector's storage and the queue's, so the two cooperate.
+//
+// # Redis key layout
+//
+// All keys of a namespace ns are derived from it; none is found by a glob:
+//
+//	{ns}:meta           hash    shared settings ("buckets")
+//	{ns}:cookiehosts    set     hosts that have cookies (the registry Clear reads)
+//	{ns}:c:<host>       hash    "<name>;<path>;<domain>" -> Set-Cookie line
+//	{ns}:q:ready        list    request IDs ready for delivery
+//	{ns}:q:data         hash    request ID -> serialized request
+//	{ns}:q:tries        hash    request ID -> deliveries so far
+//	{ns}:q:inflight     zset    request ID -> unix ms it comes back
+//	{ns}:q:dead         zset    request ID -> unix ms it was dead-lettered
+//	{ns}:q:why          hash    request ID -> last failure
+//	{ns}:q:seq          string  last request ID
+//	ns:v:{<bucket>}     hash    request hash -> "0" or expiry (unix ms)
+//
+// The "{ns}" keys share one Redis Cluster hash tag, so each script runs in
+// one slot; the visited buckets (65536 by default, WithVisitedBuckets) each
+// have a tag of their own and spread over all nodes.
+//
+// Time (expiry, visibility) always comes from Redis's TIME, never from a
+// client's clock. Every Redis round trip is bounded by WithRedisTimeout.
+package storage

@@ -1,0 +1,69 @@
+package storage
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Sentinel errors. Callers branch on them with errors.Is; every error the
+// package returns wraps one of them, a Redis error or a context error.
+var (
+	// ErrAlreadyVisited is returned by Visited when another collector (in
+	// this process or any other sharing the namespace) claimed the same
+	// request ID first. Colly passes it on: Visit returns it, and on a
+	// redirect it reaches OnError. It is the cross-process counterpart of
+	// Colly's *AlreadyVisitedError, which this package cannot build because
+	// Colly hands the storage only the request's hash, not its URL.
+	ErrAlreadyVisited = errors.New("proxyswitch: url already visited by another collector")
+
+	// ErrQueueEmpty is returned by GetRequest when no request is ready for
+	// delivery. Requests may still be in flight elsewhere (see QueueSize).
+	ErrQueueEmpty = errors.New("proxyswitch: no queued request is ready")
+
+	// ErrInvalidRequest means a serialized request was rejected: not
+	// Colly's JSON, a URL that is not absolute http or https, or larger than
+	// the size limit. AddRequest refuses it; GetRequest moves it to the
+	// dead-letter list.
+	ErrInvalidRequest = errors.New("proxyswitch: invalid queued request")
+
+	// ErrNotQueued means Ack or Nack was given a request that was not
+	// delivered by a Storage queue (its context carries no delivery token).
+	ErrNotQueued = errors.New("proxyswitch: request was not delivered by the queue")
+
+	// ErrNotFound means Requeue was given an ID that is not in the
+	// dead-letter list.
+	ErrNotFound = errors.New("proxyswitch: no such dead letter")
+
+	// ErrConfig means an option value is invalid, or disagrees with the
+	// value other collectors of the namespace stored in Redis.
+	ErrConfig = errors.New("proxyswitch: invalid storage configuration")
+
+	// ErrRedis marks a failed Redis round trip (connection refused, no reply
+	// within the timeout, a script error). The go-redis error is wrapped too.
+	ErrRedis = errors.New("proxyswitch: redis error")
+
+	// ErrCorrupt means a value read from Redis is not what this package
+	// writes there (a foreign or damaged key) or is larger than its limit.
+	ErrCorrupt = errors.New("proxyswitch: corrupt value in redis")
+)
+
+// corruptPrefix starts the error replies of the Lua scripts that found a
+// value they did not write.
+const corruptPrefix = "PSCORRUPT"
+
+// redisErr wraps a failed Redis call so that errors.Is(err, ErrRedis) and
+// errors.Is(err, <the go-redis or context error>) both hold; a script's
+// PSCORRUPT reply becomes ErrCorrupt instead. go-redis errors name the
+// server address and the command, never the password.
+func redisErr(op string, err error) error {
+	if strings.HasPrefix(err.Error(), corruptPrefix) {
+		return fmt.Errorf("%w: %s: %s", ErrCorrupt, op, strings.TrimSpace(strings.TrimPrefix(err.Error(), corruptPrefix)))
+	}
+	return fmt.Errorf("%w: %s: %w", ErrRedis, op, err)
+}
+
+// invalid builds an ErrInvalidRequest with a reason.
+func invalid(format string, a ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidRequest}, a...)...)
+}

@@ -1,0 +1,72 @@
+package storage
+
+import (
+	"strconv"
+	"strings"
+)
+
+// keyspace names the Redis keys of one namespace. The layout makes the key
+// sets of two namespaces disjoint without any glob: namespaces contain no
+// braces, so in "{ns}:..." the first "}" ends the namespace, and in
+// "ns:v:{b}" the only "{" does; a key of one kind never starts like a key
+// of the other ("{" versus a namespace character).
+//
+//	{ns}:meta           hash  shared settings ("buckets")
+//	{ns}:cookiehosts    set   hosts that have a cookie hash (the registry Clear reads)
+//	{ns}:c:<host>       hash  "<name>;<path>;<domain>" -> Set-Cookie line
+//	{ns}:q:seq          string  last request ID handed out
+//	{ns}:q:data         hash  request ID -> serialized Colly request
+//	{ns}:q:ready        list  request IDs ready for delivery (FIFO; retries first)
+//	{ns}:q:inflight     zset  request ID -> unix ms at which it is delivered again
+//	{ns}:q:tries        hash  request ID -> deliveries so far
+//	{ns}:q:dead         zset  request ID -> unix ms it was dead-lettered
+//	{ns}:q:why          hash  request ID -> last failure (dead letters, failed tries)
+//	ns:v:{<bucket>}     hash  8-byte request hash -> "0" (forever) or expiry (unix ms)
+//
+// Every "{ns}" key shares one Redis Cluster hash tag, so each Lua script
+// touches one slot. The visited buckets carry their own tags instead
+// ("{0}" .. "{ffff}"), so a large visited set spreads over every node.
+type keyspace struct {
+	tag     string // "{ns}"
+	visited string // "ns:v:{"
+}
+
+func newKeyspace(ns string) keyspace {
+	return keyspace{tag: "{" + ns + "}", visited: ns + ":v:{"}
+}
+
+func (k keyspace) meta() string        { return k.tag + ":meta" }
+func (k keyspace) cookieHosts() string { return k.tag + ":cookiehosts" }
+func (k keyspace) cookies(host string) string {
+	return k.tag + ":c:" + host
+}
+
+// bucket returns the key of visited bucket b.
+func (k keyspace) bucket(b uint64) string {
+	var sb strings.Builder
+	sb.Grow(len(k.visited) + 8)
+	sb.WriteString(k.visited)
+	sb.WriteString(strconv.FormatUint(b, 16))
+	sb.WriteByte('}')
+	return sb.String()
+}
+
+// queueKeys are the keys of the queue, in the order the Lua scripts take
+// them as KEYS (see lua/q_*.lua).
+type queueKeys struct {
+	ready, data, tries, inflight, dead, why, seq string
+}
+
+func (k keyspace) queue() queueKeys {
+	p := k.tag + ":q:"
+	return queueKeys{
+		ready: p + "ready", data: p + "data", tries: p + "tries",
+		inflight: p + "inflight", dead: p + "dead", why: p + "why", seq: p + "seq",
+	}
+}
+
+// all returns the queue's keys in the order every queue script takes them:
+// ready, data, tries, inflight, dead, why, seq.
+func (q queueKeys) all() []string {
+	return []string{q.ready, q.data, q.tries, q.inflight, q.dead, q.why, q.seq}
+}

@@ -1,0 +1,14 @@
+-- q_stats.lua: count the queue. Read-only.
+--
+-- KEYS (every queue script takes the same seven, in this order):
+--   KEYS[1] ready list      request IDs ready for delivery
+--   KEYS[2] data hash       ID -> serialized request
+--   KEYS[3] tries hash      ID -> deliveries so far
+--   KEYS[4] inflight zset   ID -> unix ms at which it is delivered again
+--   KEYS[5] dead zset       ID -> unix ms it was dead-lettered
+--   KEYS[6] why hash        ID -> last failure
+--   KEYS[7] seq string      last ID handed out
+--
+-- Returns {ready, in flight (running or waiting for a retry), dead}.
+-- Ready may count IDs acknowledged after a visibility timeout; q_pop drops them.
+return {redis.call('LLEN', KEYS[1]), redis.call('ZCARD', KEYS[4]), redis.call('ZCARD', KEYS[5])}

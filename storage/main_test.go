@@ -1,0 +1,68 @@
+package storage
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync/atomic"
+	"testing"
+
+	"github.com/proxyswitch/proxyswitch/internal/redistest"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+)
+
+// shared is one redis-server for the tests that need no fault injection;
+// each test works in a namespace of its own. Tests that kill, pause or
+// cluster Redis start their own servers.
+var shared *redistest.Server
+
+// redisAddr is the shared server's address, for the examples.
+var redisAddr string
+
+func TestMain(m *testing.M) {
+	if os.Getenv(workerEnv) != "" {
+		os.Exit(workerMain())
+	}
+	var err error
+	shared, err = redistest.StartProcess()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "storage tests:", err)
+		os.Exit(2)
+	}
+	redisAddr = shared.Addr()
+	code := m.Run()
+	_ = shared.Close()
+	os.Exit(code)
+}
+
+var nsSeq atomic.Int64
+
+// testNS returns a namespace no other test uses.
+func testNS() string { return fmt.Sprintf("t%d", nsSeq.Add(1)) }
+
+// client is a new client of the shared server, closed with the test.
+func client(t testing.TB) *redis.Client { return shared.Client(t) }
+
+// newStorage builds and initializes a Storage on rdb in a fresh namespace
+// (or the one given with WithNamespace in opts).
+func newStorage(t testing.TB, rdb redis.UniversalClient, opts ...Option) *Storage {
+	t.Helper()
+	s, err := New(rdb, append([]Option{WithNamespace(testNS())}, opts...)...)
+	require.NoError(t, err)
+	require.NoError(t, s.Init())
+	return s
+}
+
+// twin returns a Storage on another client in the same namespace with the
+// same options as s: another collector, as if in another process.
+func twin(t testing.TB, s *Storage, rdb redis.UniversalClient) *Storage {
+	t.Helper()
+	n, err := New(rdb, WithNamespace(s.cfg.namespace))
+	require.NoError(t, err)
+	n.cfg = s.cfg
+	require.NoError(t, n.Init())
+	return n
+}
+
+var bg = context.Background()

@@ -1,0 +1,122 @@
+package storage
+
+import (
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// pending tracks the requests this process took from the queue and has not
+// yet seen finished, by the request ID Colly will pass to IsVisited and
+// Visited for them (see requestHash). It lets the visited check tell the
+// queue's deliveries apart:
+//
+//   - a first delivery that Colly finds already visited is a duplicate:
+//     Colly drops it before sending, with no callback, so IsVisited/Visited
+//     acknowledge it on Colly's behalf;
+//   - a later delivery (its worker died, or it failed and is retried) finds
+//     the mark of its own earlier delivery, so it is let through once.
+//
+// Entries leave when their delivery is acknowledged or failed, or after the
+// visibility timeout (Colly dropped the request for another reason: a URL
+// filter, robots.txt, MaxDepth, Abort in OnRequest).
+type pending struct {
+	n       atomic.Int64 // entries; lets the visited path skip the lock
+	mu      sync.Mutex
+	byHash  map[uint64][]*delivery
+	byToken map[string]*delivery
+	adds    int
+}
+
+// delivery is one delivery of a queued request to this process.
+type delivery struct {
+	id      string    // request ID in the queue
+	number  int       // 1 for the first delivery
+	hash    uint64    // Colly's request ID for the visited check
+	at      time.Time // when it was delivered
+	claimed bool      // Visited granted it (guarded by pending.mu)
+}
+
+func (d *delivery) token() string { return d.id + ":" + strconv.Itoa(d.number) }
+
+func (p *pending) init() {
+	p.byHash = make(map[uint64][]*delivery)
+	p.byToken = make(map[string]*delivery)
+}
+
+// add records d, and every 256 adds forgets entries older than maxAge.
+func (p *pending) add(d *delivery, maxAge time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if old, ok := p.byToken[d.token()]; ok {
+		p.removeLocked(old)
+	}
+	p.byToken[d.token()] = d
+	p.byHash[d.hash] = append(p.byHash[d.hash], d)
+	p.n.Store(int64(len(p.byToken)))
+	p.adds++
+	if p.adds%256 != 0 {
+		return
+	}
+	cutoff := d.at.Add(-maxAge)
+	for _, e := range p.byToken {
+		if e.at.Before(cutoff) {
+			p.removeLocked(e)
+		}
+	}
+	p.n.Store(int64(len(p.byToken)))
+}
+
+// unclaimed returns the oldest unclaimed delivery whose visited ID is hash,
+// or nil.
+func (p *pending) unclaimed(hash uint64) *delivery {
+	if p.n.Load() == 0 {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, d := range p.byHash[hash] {
+		if !d.claimed {
+			return d
+		}
+	}
+	return nil
+}
+
+// claim marks d as granted by Visited: later visited checks of the same ID
+// (a page linking to itself, HasVisited) leave it alone.
+func (p *pending) claim(d *delivery) {
+	p.mu.Lock()
+	d.claimed = true
+	p.mu.Unlock()
+}
+
+// forget removes the delivery with token, if present.
+func (p *pending) forget(token string) {
+	if p.n.Load() == 0 {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if d, ok := p.byToken[token]; ok {
+		p.removeLocked(d)
+		p.n.Store(int64(len(p.byToken)))
+	}
+}
+
+func (p *pending) removeLocked(d *delivery) {
+	delete(p.byToken, d.token())
+	list := p.byHash[d.hash]
+	for i, e := range list {
+		if e == d {
+			list = append(list[:i], list[i+1:]...)
+			break
+		}
+	}
+	if len(list) == 0 {
+		delete(p.byHash, d.hash)
+	} else {
+		p.byHash[d.hash] = list
+	}
+}

@@ -1,0 +1,172 @@
+package storage
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"time"
+)
+
+// The queue gives at-least-once delivery. GetRequest moves a request from
+// the ready list to an in-flight set with a deadline (the visibility
+// timeout) in one script, and writes a delivery token into the request's
+// Colly context. The request leaves the queue only when that delivery is
+// acknowledged (Ack, or the hooks Attach installs); if its worker dies
+// first, the deadline passes and the next GetRequest, in any process,
+// delivers it again. After the last of WithMaxDeliveries deliveries it goes
+// to the dead-letter list, where DeadLetters shows it and Requeue brings it
+// back.
+
+// AddRequest implements Colly's queue.Storage: it validates the serialized
+// request (see ErrInvalidRequest) and appends it to the namespace's queue.
+// It is one Redis round trip.
+func (s *Storage) AddRequest(r []byte) error {
+	if _, err := checkRequest(r, s.cfg.maxRequestSize); err != nil {
+		return err
+	}
+	_, err := s.run(context.Background(), "add request", qAddScript, s.qkeys, r)
+	return err
+}
+
+// GetRequest implements Colly's queue.Storage: it delivers the next ready
+// request (requests whose visibility timeout or retry delay has passed come
+// first), marked with a delivery token in its Colly context. When nothing
+// is ready it returns ErrQueueEmpty, after waiting up to the poll interval
+// if requests are still in flight (so that Colly's queue, which asks again
+// at once, does not spin). A stored request that fails validation is moved
+// to the dead-letter list and reported as ErrInvalidRequest; Colly's queue
+// skips it.
+func (s *Storage) GetRequest() ([]byte, error) {
+	ctx := context.Background()
+	res, err := s.run(ctx, "get request", qPopScript, s.qkeys,
+		s.cfg.visibility.Milliseconds(), s.cfg.maxDeliveries, s.cfg.maxRequestSize)
+	if err != nil {
+		return nil, err
+	}
+	arr, _ := res.([]any)
+	if len(arr) == 4 && arr[0] == int64(1) {
+		id, _ := arr[1].(string)
+		n, _ := arr[2].(int64)
+		payload, _ := arr[3].(string)
+		return s.deliver(ctx, id, int(n), []byte(payload))
+	}
+	if len(arr) == 2 {
+		if wait, _ := arr[1].(int64); wait > 0 {
+			time.Sleep(min(time.Duration(wait)*time.Millisecond, s.cfg.pollInterval))
+		}
+		return nil, ErrQueueEmpty
+	}
+	return nil, fmt.Errorf("%w: unexpected reply from the queue script: %v", ErrCorrupt, res)
+}
+
+// deliver validates a popped request and stamps it with its delivery token.
+func (s *Storage) deliver(ctx context.Context, id string, n int, payload []byte) ([]byte, error) {
+	d := &delivery{id: id, number: n, at: time.Now()}
+	w, err := checkRequest(payload, s.cfg.maxRequestSize)
+	var out []byte
+	if err == nil {
+		out, err = withDelivery(payload, d.token())
+	}
+	if err != nil {
+		if _, berr := s.nack(ctx, d.token(), err.Error(), true); berr != nil {
+			err = fmt.Errorf("%w (and dead-lettering it failed: %w)", err, berr)
+		}
+		return nil, fmt.Errorf("queued request %s: %w", id, err)
+	}
+	if h, ok := requestHash(w); ok {
+		d.hash = h
+		s.pending.add(d, s.cfg.visibility)
+	}
+	return out, nil
+}
+
+// QueueSize implements Colly's queue.Storage: the requests ready plus those
+// in flight (running somewhere, or waiting for a retry). Counting the
+// in-flight ones keeps every worker's queue.Run going until the whole
+// namespace's work is done, so a request whose worker dies is still picked
+// up by a survivor. It is one Redis round trip.
+func (s *Storage) QueueSize() (int, error) {
+	st, err := s.Stats(context.Background())
+	return st.Ready + st.InFlight, err
+}
+
+// Stats counts the namespace's queue.
+type Stats struct {
+	// Ready is the number of requests waiting for delivery. It may count a
+	// few IDs acknowledged after their visibility timeout, which the next
+	// GetRequest drops.
+	Ready int
+	// InFlight is the number of requests delivered and not yet acknowledged,
+	// or failed and waiting for their retry.
+	InFlight int
+	// Dead is the number of dead letters.
+	Dead int
+}
+
+// Stats counts ready, in-flight and dead requests, in one round trip.
+func (s *Storage) Stats(ctx context.Context) (Stats, error) {
+	res, err := s.run(ctx, "queue stats", qStatsScript, s.qkeys)
+	if err != nil {
+		return Stats{}, err
+	}
+	arr, _ := res.([]any)
+	if len(arr) != 3 {
+		return Stats{}, fmt.Errorf("%w: unexpected reply from the stats script: %v", ErrCorrupt, res)
+	}
+	n := func(v any) int { i, _ := v.(int64); return int(i) }
+	return Stats{Ready: n(arr[0]), InFlight: n(arr[1]), Dead: n(arr[2])}, nil
+}
+
+// DeadLetter is a request that failed or was not acknowledged on each of
+// its deliveries, or that failed validation.
+type DeadLetter struct {
+	ID         string    // queue ID; pass it to Requeue
+	URL        string    // the request's URL ("" if the request is unreadable)
+	Request    []byte    // the serialized Colly request, as queued
+	Deliveries int       // how often it was delivered
+	Reason     string    // the last failure
+	Since      time.Time // when it was dead-lettered (Redis clock)
+}
+
+// DeadLetters returns up to count dead letters, oldest first, skipping the
+// first offset. It is one Redis round trip.
+func (s *Storage) DeadLetters(ctx context.Context, offset, count int) ([]DeadLetter, error) {
+	if offset < 0 || count <= 0 {
+		return nil, fmt.Errorf("%w: dead letters offset %d, count %d", ErrConfig, offset, count)
+	}
+	res, err := s.run(ctx, "dead letters", qDeadScript, s.qkeys, offset, offset+count-1)
+	if err != nil {
+		return nil, err
+	}
+	arr, _ := res.([]any)
+	out := make([]DeadLetter, 0, len(arr)/5)
+	for i := 0; i+4 < len(arr); i += 5 {
+		str := func(v any) string { s, _ := v.(string); return s }
+		ms, _ := strconv.ParseInt(str(arr[i+1]), 10, 64)
+		n, _ := strconv.Atoi(str(arr[i+2]))
+		dl := DeadLetter{
+			ID: str(arr[i]), Request: []byte(str(arr[i+4])), Deliveries: n,
+			Reason: str(arr[i+3]), Since: time.UnixMilli(ms),
+		}
+		var w wireRequest
+		if json.Unmarshal(dl.Request, &w) == nil {
+			dl.URL = w.URL
+		}
+		out = append(out, dl)
+	}
+	return out, nil
+}
+
+// Requeue moves a dead letter back to the end of the queue with a fresh
+// delivery count. It returns ErrNotFound if id is not a dead letter.
+func (s *Storage) Requeue(ctx context.Context, id string) error {
+	n, err := s.run(ctx, "requeue", qRequeueScript, s.qkeys, id)
+	if err != nil {
+		return err
+	}
+	if n != int64(1) {
+		return fmt.Errorf("%w: %q", ErrNotFound, id)
+	}
+	return nil
+}

@@ -1,0 +1,128 @@
+package storage
+
+import (
+	"bytes"
+	"encoding/json"
+	"hash/fnv"
+	"net/url"
+	"strings"
+
+	whatwg "github.com/nlnwa/whatwg-url/url"
+)
+
+// wireRequest is the part of Colly's serialized request
+// (colly.Request.Marshal: URL, Method, Depth, Body, ID, Ctx, Headers, Host)
+// that this package reads. encoding/json matches the names
+// case-insensitively, as Colly's UnmarshalRequest does.
+type wireRequest struct {
+	URL    string
+	Method string
+	Body   []byte
+}
+
+// checkRequest validates a serialized request before it is stored or used:
+// at most max bytes, Colly's JSON, an absolute http or https URL with a
+// host, and a method made of letters (or none: GET).
+func checkRequest(b []byte, max int) (wireRequest, error) {
+	var w wireRequest
+	if len(b) == 0 {
+		return w, invalid("empty request")
+	}
+	if len(b) > max {
+		return w, invalid("%d bytes exceed the limit of %d", len(b), max)
+	}
+	if err := json.Unmarshal(b, &w); err != nil {
+		return w, invalid("not a serialized Colly request: %v", err)
+	}
+	u, err := url.Parse(w.URL)
+	if err != nil {
+		return w, invalid("bad URL: %v", err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return w, invalid("URL scheme %q is not http or https", u.Scheme)
+	}
+	if u.Host == "" {
+		return w, invalid("URL has no host")
+	}
+	if len(w.Method) > 20 || strings.ContainsFunc(w.Method, func(r rune) bool {
+		return (r < 'A' || r > 'Z') && (r < 'a' || r > 'z')
+	}) {
+		return w, invalid("bad method %q", w.Method)
+	}
+	return w, nil
+}
+
+// Context keys this package writes into a delivered request's colly.Context.
+const (
+	// ctxDelivery holds the delivery token "<request ID>:<delivery number>".
+	ctxDelivery = "proxyswitch.storage.delivery"
+	// ctxOwner holds the colly.Request.ID of the fetch that answers for the
+	// delivery (requests visited from its callbacks share its Context).
+	ctxOwner = "proxyswitch.storage.owner"
+)
+
+// withDelivery returns the serialized request b with the delivery token in
+// its Ctx, and without an owner left over from an earlier delivery or
+// inherited from a parent request.
+func withDelivery(b []byte, token string) ([]byte, error) {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(b, &m); err != nil || m == nil {
+		return nil, invalid("not a JSON object")
+	}
+	ctx := map[string]json.RawMessage{}
+	for k, raw := range m {
+		if strings.EqualFold(k, "Ctx") {
+			if !bytes.Equal(raw, []byte("null")) {
+				if err := json.Unmarshal(raw, &ctx); err != nil {
+					return nil, invalid("Ctx is not an object: %v", err)
+				}
+			}
+			delete(m, k)
+		}
+	}
+	if ctx == nil {
+		ctx = map[string]json.RawMessage{}
+	}
+	delete(ctx, ctxOwner)
+	tok, _ := json.Marshal(token)
+	ctx[ctxDelivery] = tok
+	raw, err := json.Marshal(ctx)
+	if err != nil {
+		return nil, invalid("Ctx: %v", err)
+	}
+	m["Ctx"] = raw
+	return json.Marshal(m)
+}
+
+// collyURLParser is the parser Colly v2 uses for every URL it scrapes
+// (colly.go: urlParser).
+var collyURLParser = whatwg.NewParser(whatwg.WithPercentEncodeSinglePercentSign())
+
+// requestHash returns the request ID Colly passes to IsVisited and Visited
+// when it runs a queued request: Colly's UnmarshalRequest parses the URL,
+// Request.Do hands its String() to scrape, scrape normalizes it with the
+// WHATWG parser and net/url, and requestHash hashes the normalized URL and
+// the body with FNV-64a. TestRequestHashMatchesColly pins this against
+// Colly itself.
+func requestHash(w wireRequest) (uint64, bool) {
+	u, err := url.Parse(w.URL)
+	if err != nil {
+		return 0, false
+	}
+	wu, err := collyURLParser.Parse(u.String())
+	if err != nil {
+		return 0, false
+	}
+	parsed, err := url.Parse(wu.Href(false))
+	if err != nil {
+		return 0, false
+	}
+	norm := parsed.String()
+	if n, err := collyURLParser.Parse(norm); err == nil {
+		norm = n.String()
+	}
+	h := fnv.New64a()
+	h.Write([]byte(norm))
+	h.Write(w.Body)
+	return h.Sum64(), true
+}

@@ -1,0 +1,138 @@
+package storage
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Storage is Colly's storage.Storage (visited set, cookies) and
+// queue.Storage (request queue) on Redis, under one namespace.
+//
+// A Storage is safe for concurrent use by multiple goroutines, and any
+// number of Storages in any number of processes may share a namespace:
+// across all of them, Visited grants each request ID to exactly one caller,
+// cookie writes replace single cookies (never a host's whole set), and
+// every queued request is delivered to one worker at a time, again after
+// its visibility timeout if that worker dies, until it is acknowledged or
+// dead-lettered (at-least-once). It holds no connection of its own and
+// starts no goroutine that outlives a call; it needs no Close.
+type Storage struct {
+	rdb     redis.UniversalClient
+	cfg     config
+	keys    keyspace
+	q       queueKeys
+	qkeys   []string
+	pending pending
+	cookies cookieMemo
+}
+
+// Compile-time checks: every go-redis client kind fits.
+var (
+	_ redis.UniversalClient = (*redis.Client)(nil) // also NewFailoverClient (Sentinel)
+	_ redis.UniversalClient = (*redis.ClusterClient)(nil)
+	_ redis.UniversalClient = (*redis.Ring)(nil)
+)
+
+// New returns a Storage on rdb: a single-node, Sentinel (failover), Cluster
+// or Ring client. It does no I/O; Init (called by Collector.SetStorage and
+// queue.New) checks the namespace's shared settings.
+func New(rdb redis.UniversalClient, opts ...Option) (*Storage, error) {
+	if rdb == nil {
+		return nil, fmt.Errorf("%w: nil redis client", ErrConfig)
+	}
+	cfg := defaultConfig()
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	k := newKeyspace(cfg.namespace)
+	s := &Storage{rdb: rdb, cfg: cfg, keys: k, q: k.queue()}
+	s.qkeys = s.q.all()
+	s.pending.init()
+	s.cookies.init()
+	return s, nil
+}
+
+// Namespace returns the namespace the Storage works in.
+func (s *Storage) Namespace() string { return s.cfg.namespace }
+
+// Init implements Colly's storage.Storage and queue.Storage. It records the
+// number of visited buckets in Redis, or checks it against the one recorded
+// by the first collector of the namespace (ErrConfig if they differ, since
+// the two would look for the same URL in different buckets). It is
+// idempotent.
+func (s *Storage) Init() error {
+	want := strconv.Itoa(s.cfg.buckets)
+	got, err := s.run(context.Background(), "init", settleScript, []string{s.keys.meta()}, "buckets", want)
+	if err != nil {
+		return err
+	}
+	if str, _ := got.(string); str != want {
+		return fmt.Errorf("%w: namespace %q uses %v visited buckets, this Storage %s (see WithVisitedBuckets)",
+			ErrConfig, s.cfg.namespace, got, want)
+	}
+	return nil
+}
+
+// Clear deletes every key of the namespace: visited marks, cookies, the
+// queue with its in-flight requests and dead letters, and the recorded
+// settings. It never touches another namespace: it runs no KEYS or SCAN
+// glob, but deletes the names the layout derives from the namespace (the
+// visited buckets are a fixed, numbered set; cookie hosts are listed in a
+// registry set written in the same script as the cookies). Keys written by
+// collectors still running during Clear may survive it; stop them first.
+func (s *Storage) Clear(ctx context.Context) error {
+	buckets := s.cfg.buckets
+	recorded, err := call(ctx, s.cfg.redisTimeout, "clear", func(ctx context.Context) (string, error) {
+		return s.rdb.HGet(ctx, s.keys.meta(), "buckets").Result()
+	})
+	if err != nil && err != redis.Nil {
+		return err
+	}
+	if n, perr := strconv.Atoi(recorded); perr == nil && n > buckets && n <= maxBuckets {
+		buckets = n
+	}
+	// One UNLINK per key: the buckets live in different cluster slots.
+	const batch = 1024
+	for start := 0; start < buckets; start += batch {
+		end := min(start+batch, buckets)
+		if err := s.unlinkEach(ctx, func(add func(string)) {
+			for b := start; b < end; b++ {
+				add(s.keys.bucket(uint64(b)))
+			}
+		}); err != nil {
+			return err
+		}
+	}
+	hosts, err := call(ctx, s.cfg.redisTimeout, "clear", func(ctx context.Context) ([]string, error) {
+		return s.rdb.SMembers(ctx, s.keys.cookieHosts()).Result()
+	})
+	if err != nil {
+		return err
+	}
+	fixed := append([]string{s.keys.meta(), s.keys.cookieHosts()}, s.qkeys...)
+	return s.unlinkEach(ctx, func(add func(string)) {
+		for _, h := range hosts {
+			add(s.keys.cookies(h))
+		}
+		for _, k := range fixed {
+			add(k)
+		}
+	})
+}
+
+// unlinkEach sends one UNLINK per key that keys adds, in one pipeline.
+func (s *Storage) unlinkEach(ctx context.Context, keys func(add func(string))) error {
+	_, err := call(ctx, s.cfg.redisTimeout, "clear", func(ctx context.Context) ([]redis.Cmder, error) {
+		return s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			keys(func(k string) { p.Unlink(ctx, k) })
+			return nil
+		})
+	})
+	return err
+}

@@ -1,0 +1,90 @@
+package storage
+
+import (
+	"context"
+	"encoding/binary"
+)
+
+// Colly checks a URL with IsVisited and then, if it was not visited, calls
+// Visited, in Collector.requestCheck and (for each redirect hop) in
+// checkRedirectFunc; it also calls IsVisited alone from HasVisited and
+// HasPosted. The two calls are not atomic, so here the decision lives in
+// Visited:
+//
+//   - IsVisited only reads. It never claims, so HasVisited, HasPosted and any
+//     user code that asks never mark a URL as visited.
+//   - Visited is a set-if-absent (one Lua script). Of all the collectors that
+//     passed IsVisited for the same ID at the same time, in any process,
+//     exactly one gets nil; the others get ErrAlreadyVisited, which Colly
+//     returns from Visit (or hands to OnError on a redirect), so they do not
+//     fetch.
+//
+// The alternative, claiming inside IsVisited, would make every HasVisited
+// call mark its URL and silently drop it from the crawl.
+//
+// Requests delivered by the queue add one twist (see pending.go): a request
+// delivered again after its worker died must be fetched again although the
+// dead worker's claim is still there, and a first delivery that Colly
+// refuses as already visited must be acknowledged, since Colly fires no
+// callback for it.
+
+// IsVisited implements Colly's storage.Storage. It reports whether the
+// request ID holds a live visited mark in the namespace, and writes nothing.
+// It is one Redis round trip.
+func (s *Storage) IsVisited(requestID uint64) (bool, error) {
+	d := s.pending.unclaimed(requestID)
+	if d != nil && d.number > 1 {
+		// Redelivered: the mark is the failed delivery's own. Fetch again.
+		return false, nil
+	}
+	n, err := s.run(context.Background(), "is visited", isVisitedScript, s.visitedKey(requestID), visitedField(requestID))
+	if err != nil {
+		return false, err
+	}
+	visited := n == int64(1)
+	if visited && d != nil {
+		// Colly will refuse this delivered request before sending it and
+		// fire no callback: acknowledge it here.
+		s.dropDuplicate(d)
+	}
+	return visited, nil
+}
+
+// Visited implements Colly's storage.Storage. It claims the request ID for
+// the caller, atomically across every process sharing the namespace: nil
+// means the caller may fetch, ErrAlreadyVisited that someone else claimed
+// it first (and Colly then does not fetch). With WithVisitedTTL the mark
+// expires; an expired mark can be claimed again. It is one Redis round
+// trip.
+func (s *Storage) Visited(requestID uint64) error {
+	n, err := s.run(context.Background(), "visited", visitScript, s.visitedKey(requestID),
+		visitedField(requestID), s.cfg.visitedTTL.Milliseconds())
+	if err != nil {
+		return err
+	}
+	d := s.pending.unclaimed(requestID)
+	if n == int64(1) {
+		if d != nil {
+			s.pending.claim(d)
+		}
+		return nil
+	}
+	if d != nil && d.number > 1 {
+		s.pending.claim(d)
+		return nil
+	}
+	if d != nil {
+		s.dropDuplicate(d)
+	}
+	return ErrAlreadyVisited
+}
+
+func (s *Storage) visitedKey(id uint64) []string {
+	return []string{s.keys.bucket(id % uint64(s.cfg.buckets))}
+}
+
+func visitedField(id uint64) string {
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], id)
+	return string(b[:])
+}

@@ -1,0 +1,86 @@
+package storage
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"testing"
+	"time"
+
+	"github.com/gocolly/colly/v2"
+	"github.com/gocolly/colly/v2/queue"
+	"github.com/redis/go-redis/v9"
+)
+
+// Worker processes: the test binary re-executed with workerEnv set runs one
+// queue-driven collector against the parent test's Redis and site, as a
+// separate OS process with its own Redis client, until the namespace's
+// queue is drained.
+
+const workerEnv = "PROXYSWITCH_STORAGE_TEST_WORKER"
+
+type workerSpec struct {
+	Redis         string        `json:"redis"`
+	Namespace     string        `json:"namespace"`
+	Threads       int           `json:"threads"`
+	Visibility    time.Duration `json:"visibility"`
+	MaxDeliveries int           `json:"max_deliveries"`
+	RetryDelay    time.Duration `json:"retry_delay"`
+	PollInterval  time.Duration `json:"poll_interval"`
+}
+
+func (w workerSpec) options() []Option {
+	return []Option{
+		WithNamespace(w.Namespace), WithVisibilityTimeout(w.Visibility), WithMaxDeliveries(w.MaxDeliveries),
+		WithRetryDelay(w.RetryDelay), WithPollInterval(w.PollInterval),
+	}
+}
+
+// workerCmd returns the command of one worker process; its output goes to
+// out.
+func workerCmd(t *testing.T, spec workerSpec, out *bytes.Buffer) *exec.Cmd {
+	t.Helper()
+	b, err := json.Marshal(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), workerEnv+"=1")
+	cmd.Stdin = bytes.NewReader(b) // the spec
+	cmd.Stdout, cmd.Stderr = out, out
+	return cmd
+}
+
+func workerMain() int {
+	var spec workerSpec
+	if err := json.NewDecoder(os.Stdin).Decode(&spec); err != nil {
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		return 2
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: spec.Redis})
+	defer rdb.Close()
+	s, err := New(rdb, spec.options()...)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		return 2
+	}
+	c := colly.NewCollector() // revisits off: the visited set is shared too
+	if err := c.SetStorage(s); err != nil {
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		return 2
+	}
+	s.Attach(c)
+	q, err := queue.New(spec.Threads, s)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		return 2
+	}
+	if err := q.Run(c); err != nil {
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		return 1
+	}
+	fmt.Println("worker: queue drained")
+	return 0
+}
