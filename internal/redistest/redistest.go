@@ -244,7 +244,7 @@ func (s *Server) spawn() (*process, error) {
 		}
 		// Check the process id, not just PONG: another server may own the port
 		// if ours failed to bind it.
-		if gotPID, err := serverPID(addr, 500*time.Millisecond); err == nil && gotPID == pid {
+		if gotPID, err := serverPID(addr, s.password(), 500*time.Millisecond); err == nil && gotPID == pid {
 			return p, nil
 		}
 		if time.Now().After(deadline) {
@@ -258,8 +258,8 @@ func (s *Server) spawn() (*process, error) {
 }
 
 // serverPID asks the server at addr for its process_id (INFO server).
-func serverPID(addr string, timeout time.Duration) (int, error) {
-	info, err := command(addr, timeout, "INFO", "server")
+func serverPID(addr, password string, timeout time.Duration) (int, error) {
+	info, err := commandAuth(addr, password, timeout, "INFO", "server")
 	if err != nil {
 		return 0, err
 	}
@@ -273,6 +273,12 @@ func serverPID(addr string, timeout time.Duration) (int, error) {
 // command sends one command over a fresh connection and returns a simple
 // string or bulk string reply.
 func command(addr string, timeout time.Duration, args ...string) (string, error) {
+	return commandAuth(addr, "", timeout, args...)
+}
+
+// commandAuth is command on a server started with --requirepass password
+// ("" for none): it authenticates first.
+func commandAuth(addr, password string, timeout time.Duration, args ...string) (string, error) {
 	conn, err := net.DialTimeout("tcp", addr, timeout)
 	if err != nil {
 		return "", err
@@ -281,6 +287,17 @@ func command(addr string, timeout time.Duration, args ...string) (string, error)
 	if err := conn.SetDeadline(time.Now().Add(timeout)); err != nil {
 		return "", err
 	}
+	r := bufio.NewReader(conn)
+	if password != "" {
+		if _, err := roundTripRESP(conn, r, "AUTH", password); err != nil {
+			return "", err
+		}
+	}
+	return roundTripRESP(conn, r, args...)
+}
+
+// roundTripRESP writes one command and reads a simple string or bulk string reply.
+func roundTripRESP(conn net.Conn, r *bufio.Reader, args ...string) (string, error) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "*%d\r\n", len(args))
 	for _, a := range args {
@@ -289,7 +306,6 @@ func command(addr string, timeout time.Duration, args ...string) (string, error)
 	if _, err := io.WriteString(conn, b.String()); err != nil {
 		return "", err
 	}
-	r := bufio.NewReader(conn)
 	line, err := r.ReadString('\n')
 	if err != nil {
 		return "", err
@@ -383,13 +399,23 @@ func (s *Server) Dir() string {
 // opts may tweak the options (timeouts etc.) before the client is created.
 func (s *Server) Client(tb testing.TB, opts ...func(*redis.Options)) *redis.Client {
 	tb.Helper()
-	o := &redis.Options{Addr: s.Addr()}
+	o := &redis.Options{Addr: s.Addr(), Password: s.password()}
 	for _, f := range opts {
 		f(o)
 	}
 	c := redis.NewClient(o)
 	tb.Cleanup(func() { _ = c.Close() })
 	return c
+}
+
+// password is the --requirepass value among the extra arguments, if any.
+func (s *Server) password() string {
+	for i, a := range s.extraArgs {
+		if a == "--requirepass" && i+1 < len(s.extraArgs) {
+			return s.extraArgs[i+1]
+		}
+	}
+	return ""
 }
 
 // Running reports whether the redis-server process is alive (a paused

@@ -1,0 +1,45 @@
+package proxyswitch
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+//go:embed lua/sites.lua
+var sitesLua string
+
+var sitesScript = redis.NewScript(sitesLua)
+
+// SiteUse is one site leased from a pool, with the time of its last lease.
+type SiteUse struct {
+	Site      string
+	LastLease time.Time
+}
+
+// Sites returns the sites leased from the pool within the idle TTL, most
+// recently used first (with ScopeGlobal, the single scope "*").
+func (s *Switch) Sites(ctx context.Context) ([]SiteUse, error) {
+	if s.err != nil {
+		return nil, s.err
+	}
+	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]string, error) {
+		return sitesScript.Run(ctx, s.rdb, []string{s.keys.sites()}, s.cfg.idleTTL.Milliseconds()).StringSlice()
+	}, nil)
+	if err != nil {
+		return nil, redisErr("sites", err)
+	}
+	out := make([]SiteUse, 0, len(res)/2)
+	for i := 0; i+1 < len(res); i += 2 {
+		ms, err := strconv.ParseFloat(res[i+1], 64)
+		if err != nil {
+			return nil, fmt.Errorf("%w: site %q has score %q", ErrCorrupt, res[i], res[i+1])
+		}
+		out = append(out, SiteUse{Site: res[i], LastLease: time.UnixMilli(int64(ms))})
+	}
+	return out, nil
+}
