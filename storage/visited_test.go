@@ -83,7 +83,9 @@ type countingSite struct {
 func newCountingSite(t testing.TB, h http.HandlerFunc) *countingSite {
 	cs := &countingSite{hits: map[string]int{}}
 	if h == nil {
-		h = func(w http.ResponseWriter, r *http.Request) { fmt.Fprintf(w, "<html><body>%s</body></html>", r.URL.Path) }
+		h = func(w http.ResponseWriter, r *http.Request) {
+			fmt.Fprintf(w, "<html><body>%s</body></html>", r.URL.Path)
+		}
 	}
 	cs.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		cs.mu.Lock()

@@ -1,0 +1,141 @@
+package storage
+
+import (
+	"bytes"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gocolly/colly/v2"
+	"github.com/stretchr/testify/require"
+)
+
+// A cookie one collector receives is sent by another collector on another
+// client (another server, in production).
+func TestCookiesSharedAcrossCollectors(t *testing.T) {
+	site := newCountingSite(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/login" {
+			http.SetCookie(w, &http.Cookie{Name: "session", Value: "s3cr3t", Path: "/"})
+		}
+		fmt.Fprintf(w, "cookies: %s", r.Header.Get("Cookie"))
+	})
+	s := newStorage(t, client(t))
+	a, b := colly.NewCollector(colly.AllowURLRevisit()), colly.NewCollector(colly.AllowURLRevisit())
+	require.NoError(t, a.SetStorage(s))
+	require.NoError(t, b.SetStorage(twin(t, s, client(t))))
+	require.NoError(t, a.Visit(site.URL+"/login"))
+	var body string
+	b.OnResponse(func(r *colly.Response) { body = string(r.Body) })
+	require.NoError(t, b.Visit(site.URL+"/page"))
+	require.Equal(t, "cookies: session=s3cr3t", body)
+}
+
+// Collectors on several clients set different cookies of one host at the
+// same time, through Colly's own jar wrapper (read, merge, write back the
+// whole list): no cookie is lost.
+func TestCookiesConcurrentWritersLoseNothing(t *testing.T) {
+	const writers, each = 6, 25
+	s := newStorage(t, client(t))
+	u := "http://shop.example/"
+	var wg sync.WaitGroup
+	for w := range writers {
+		st := s
+		if w > 0 {
+			st = twin(t, s, client(t))
+		}
+		c := colly.NewCollector()
+		require.NoError(t, c.SetStorage(st))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range each {
+				ck := &http.Cookie{Name: fmt.Sprintf("w%d_%d", w, i), Value: "v", Path: "/"}
+				if err := c.SetCookies(u, []*http.Cookie{ck}); err != nil {
+					t.Error(err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	pu, _ := url.Parse(u)
+	got := s.Cookies(pu)
+	require.Equal(t, writers*each, strings.Count(got, "\n")+1, got)
+}
+
+// Colly's jar wrapper writes back the cookies it read; a value another
+// process stored in between must survive that.
+func TestCookiesWriteBackDoesNotRevert(t *testing.T) {
+	a := newStorage(t, client(t))
+	b := twin(t, a, client(t))
+	u, _ := url.Parse("http://shop.example/")
+	b.SetCookies(u, "x=old; Path=/")
+	read := a.Cookies(u) // a reads x=old
+	require.Equal(t, "x=old; Path=/", read)
+	b.SetCookies(u, "x=new; Path=/")      // b updates x
+	a.SetCookies(u, "y=1; Path=/\n"+read) // a writes back the merged list
+	require.Equal(t, "x=new; Path=/\ny=1; Path=/", a.Cookies(u))
+}
+
+// Max-Age=0 (or an Expires in the past) deletes a cookie; expired cookies
+// are pruned on read; path and domain keep same-named cookies apart.
+func TestCookiesDeleteAndExpire(t *testing.T) {
+	rdb := client(t)
+	s := newStorage(t, rdb)
+	u, _ := url.Parse("http://Shop.Example:8080/x")
+	s.SetCookies(u, "a=1; Path=/\na=2; Path=/sub\nb=1; Path=/")
+	require.Equal(t, "a=1; Path=/\na=2; Path=/sub\nb=1; Path=/", s.Cookies(u))
+	s.SetCookies(u, "a=; Path=/; Max-Age=0")
+	require.Equal(t, "a=2; Path=/sub\nb=1; Path=/", s.Cookies(u))
+
+	past := time.Now().Add(-time.Hour).UTC().Format(http.TimeFormat)
+	require.NoError(t, rdb.HSet(bg, s.keys.cookies("shop.example:8080"), "c;/;", "c=1; Path=/; Expires="+past).Err())
+	require.Equal(t, "a=2; Path=/sub\nb=1; Path=/", s.Cookies(u))
+	n, err := rdb.HLen(bg, s.keys.cookies("shop.example:8080")).Result()
+	require.NoError(t, err)
+	require.EqualValues(t, 2, n, "expired cookie not pruned")
+
+	s.SetCookies(u, "a=; Path=/sub; Max-Age=0\nb=; Path=/; Max-Age=0")
+	require.Empty(t, s.Cookies(u))
+	hosts, err := rdb.SMembers(bg, s.keys.cookieHosts()).Result()
+	require.NoError(t, err)
+	require.Empty(t, hosts, "registry keeps a host without cookies")
+}
+
+// Oversized or foreign cookie hashes are reported (logged, since Colly's
+// cookie methods return no error) and yield no cookies; bad input is
+// ignored without a panic.
+func TestCookiesBadValues(t *testing.T) {
+	rdb := client(t)
+	var log bytes.Buffer
+	s := newStorage(t, rdb, WithLogger(slog.New(slog.NewTextHandler(&log, nil))))
+	u, _ := url.Parse("http://big.example/")
+	key := s.keys.cookies("big.example")
+	require.NoError(t, rdb.HSet(bg, key, "a;/;", strings.Repeat("x", maxCookieBytes+1)).Err())
+	require.Empty(t, s.Cookies(u))
+	require.Contains(t, log.String(), "corrupt value in redis")
+
+	log.Reset()
+	require.NoError(t, rdb.Del(bg, key).Err())
+	var lines []string
+	for i := range maxCookies + 1 {
+		lines = append(lines, fmt.Sprintf("c%d=1", i))
+	}
+	s.SetCookies(u, strings.Join(lines, "\n"))
+	require.Contains(t, log.String(), "more than 1000 cookies")
+	require.Empty(t, s.Cookies(u), "a refused write wrote something")
+
+	log.Reset()
+	require.NoError(t, rdb.Set(bg, key, "not a hash", 0).Err())
+	require.Empty(t, s.Cookies(u))
+	require.Contains(t, log.String(), "WRONGTYPE")
+
+	s.SetCookies(nil, "a=1")
+	require.Empty(t, s.Cookies(nil))
+	require.Empty(t, s.Cookies(&url.URL{Path: "/no-host"}))
+	s.SetCookies(u, "\n\n;;;=\x00")
+}
