@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -228,4 +229,21 @@ func TestBucketsMismatch(t *testing.T) {
 	require.ErrorIs(t, other.Init(), ErrConfig)
 	require.NoError(t, s.Clear(bg))
 	require.NoError(t, other.Init())
+}
+
+func TestNamespaceValidation(t *testing.T) {
+	for _, ns := range []string{"", "{x}", "a}b", "a b", "tab\t", "nl\n", strings.Repeat("n", 201)} {
+		_, err := New(client(t), WithNamespace(ns))
+		require.ErrorIs(t, err, ErrConfig, "%q", ns)
+	}
+	_, err := New(nil)
+	require.ErrorIs(t, err, ErrConfig)
+	for _, o := range []Option{
+		WithVisitedTTL(-1), WithVisitedBuckets(0), WithVisitedBuckets(maxBuckets + 1),
+		WithVisibilityTimeout(time.Millisecond), WithMaxDeliveries(0), WithRetryDelay(-1),
+		WithPollInterval(0), WithMaxRequestSize(10), WithRedisTimeout(0),
+	} {
+		_, err := New(client(t), o)
+		require.ErrorIs(t, err, ErrConfig)
+	}
 }
