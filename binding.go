@@ -39,6 +39,53 @@ type binding struct {
 	touched atomic.Int64  // unix ns of creation or of the last lease taken
 	done    bool          // finished: released, must not take a new lease
 	proxy   *Proxy        // the proxy of the latest lease (kept after release)
+	calls   int           // ProxyFunc calls served: tells the transport a hop used a proxy
+	retries int           // retries through another proxy taken (transport.go)
+}
+
+// proxyCalls returns how many ProxyFunc calls b served (0 for a nil b).
+func (b *binding) proxyCalls() int {
+	if b == nil {
+		return 0
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.calls
+}
+
+// currentLease returns the lease the request holds now.
+func (b *binding) currentLease() *Lease {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.lease
+}
+
+// dropLease forgets l (ended by a ban or a failure): the next ProxyFunc call
+// for the request leases anew.
+func (b *binding) dropLease(l *Lease) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.lease == l {
+		b.lease = nil
+	}
+}
+
+// attempt returns the number of the current attempt (1 for the first proxy).
+func (b *binding) attempt() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.retries + 1
+}
+
+// takeRetry takes one retry if fewer than limit were taken.
+func (b *binding) takeRetry(limit int) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.retries >= limit {
+		return false
+	}
+	b.retries++
+	return true
 }
 
 func newBinding(hooked bool) *binding {

@@ -3,6 +3,7 @@ package proxyswitch
 import (
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // Sentinel errors. Callers branch on them with errors.Is; every error the
@@ -39,7 +40,58 @@ var (
 	// ErrCorrupt means a value read from Redis is not what this package
 	// writes there (a foreign or damaged key).
 	ErrCorrupt = errors.New("proxyswitch: corrupt value in redis")
+
+	// ErrBanned means a request was given up because the site banned the
+	// proxies tried for it (a ban status, a redirect to a challenge page, a
+	// page without its expected content or far smaller than usual) and no
+	// retry was left. The error is a *BlockedError. It reaches Colly's
+	// OnError and the error Visit returns; the banned response itself never
+	// reaches OnResponse, OnHTML or OnXML.
+	ErrBanned = errors.New("proxyswitch: banned by the site")
+
+	// ErrProxyFailed means a request was given up because the proxies tried
+	// for it failed (could not connect, refused the credentials, broke the
+	// CONNECT tunnel, answered 502, outlived the attempt timeout) and no retry
+	// was left. The error is a *BlockedError.
+	ErrProxyFailed = errors.New("proxyswitch: proxy failed")
 )
+
+// BlockedError is the error of a request given up after bans or proxy
+// failures. It wraps ErrBanned or ErrProxyFailed (after the last attempt's
+// verdict) and, when the last attempt failed in transport, that error too.
+// Proxy is redacted: no field or message carries a password.
+type BlockedError struct {
+	Site     string  // the site, as the site function names it
+	Proxy    string  // the last proxy tried, redacted
+	Verdict  Verdict // what the last attempt showed
+	Attempts int     // proxies tried for the request
+	Err      error   // the last attempt's transport error, if any
+}
+
+func (e *BlockedError) Error() string {
+	what := "banned by"
+	if e.Verdict.Kind == ProxyFailure {
+		what = "proxy failed on"
+	}
+	msg := fmt.Sprintf("proxyswitch: %s %s (%s) via %q after %d attempt(s)", what, e.Site, e.Verdict.Reason, e.Proxy, e.Attempts)
+	if e.Err != nil {
+		msg += ": " + e.Err.Error()
+	}
+	return msg
+}
+
+// Unwrap returns the sentinel (ErrBanned or ErrProxyFailed) and the
+// transport error, so errors.Is matches either.
+func (e *BlockedError) Unwrap() []error {
+	sentinel := ErrBanned
+	if e.Verdict.Kind == ProxyFailure {
+		sentinel = ErrProxyFailed
+	}
+	if e.Err == nil {
+		return []error{sentinel}
+	}
+	return []error{sentinel, e.Err}
+}
 
 // ProxyError describes a problem with one proxy. Proxy is the redacted form
 // of the URL (the password replaced by "xxxxx"), safe to log.
@@ -62,4 +114,36 @@ func (e *ProxyError) Unwrap() error { return e.Err }
 // errors.Is(err, <the go-redis or context error>) both hold.
 func redisErr(op string, err error) error {
 	return fmt.Errorf("%w: %s: %w", ErrRedis, op, err)
+}
+
+// redactedError hides a proxy's password in a transport error's message.
+// net/http does not put proxy credentials into its errors today; this keeps
+// it so should a dialer (SOCKS, a custom one) ever do.
+type redactedError struct {
+	msg string
+	err error
+}
+
+func (e *redactedError) Error() string { return e.msg }
+func (e *redactedError) Unwrap() error { return e.err }
+
+func redactErr(err error, p *Proxy) error {
+	if err == nil || p == nil || p.url.User == nil {
+		return err
+	}
+	pw, ok := p.url.User.Password()
+	if !ok || pw == "" {
+		return err
+	}
+	msg := err.Error()
+	_, escaped, _ := strings.Cut(p.url.User.String(), ":")
+	for _, secret := range []string{pw, escaped} {
+		if secret != "" {
+			msg = strings.ReplaceAll(msg, secret, "xxxxx")
+		}
+	}
+	if msg == err.Error() {
+		return err
+	}
+	return &redactedError{msg: msg, err: err}
 }

@@ -78,10 +78,16 @@ func TestCollectorWithDefaultsThroughAttach(t *testing.T) {
 // TestNoLeakOnAnyPath crawls through every way a Colly request can end:
 // success, 4xx and 5xx, same-site and cross-site redirects, timeouts, dead
 // and hanging proxies, aborts in OnRequest and OnResponseHeaders, Retry,
-// MaxBodySize, a header map shared by many requests, Async: afterwards no
-// lease is left in Redis and none in the Switch.
+// MaxBodySize, a header map shared by many requests, Async, and the ban
+// paths (403 and 503 are bans, the dead proxy a proxy failure: quarantine,
+// retry through another proxy, give up): afterwards no lease is left in
+// Redis and none in the Switch.
 func TestNoLeakOnAnyPath(t *testing.T) {
-	bed, s := bedSwitch(t, 2, 8, WithMaxWait(20*time.Second))
+	// Short quarantines: ten 403s and 503s with their retries must not take
+	// all eight proxies out of rotation for the rest of the test.
+	bed, s := bedSwitch(t, 2, 8, WithMaxWait(20*time.Second),
+		WithQuarantine(50*time.Millisecond, 400*time.Millisecond),
+		WithFailureQuarantine(50*time.Millisecond, 400*time.Millisecond))
 	bed.Proxies[6].SetMode(testbed.ProxyDead)
 	bed.Proxies[7].SetMode(testbed.ProxyHang)
 	a, b := bed.Sites[0].URL(), bed.Sites[1].URL()
@@ -142,6 +148,9 @@ func TestNoLeakOnAnyPath(t *testing.T) {
 	assert.Equal(t, int64(10), abortedReq.Load())
 	assert.Positive(t, abortedHdr.Load())
 	assert.Greater(t, oks.Load(), int64(20))
+	bans := s.BanCounts()
+	assert.Positive(t, bans[BanKey{bed.Sites[1].Host(), "http_403"}], "%v", bans)
+	assert.Positive(t, bans[BanKey{bed.Sites[0].Host(), "http_503"}], "%v", bans)
 	assertGroundTruth(t, bed)
 	assertNoLeases(t, s, bed.Sites...)
 

@@ -18,6 +18,15 @@ const globalSite = "*"
 //	{prefix:pool}:sites          zset  site -> last lease (ms); TTL: idle TTL
 //	{prefix:pool}:free:<site>    zset  "<id>:<slot>" -> next free time (ms); TTL: idle TTL
 //	{prefix:pool}:lease:<site>   hash  "<id>:<slot>" -> "<token>|<expiry ms>"; TTL: idle TTL
+//	{prefix:pool}:strikes:<site> hash  proxy ID -> "<bans in a row>|<ms of the last>"; TTL: idle TTL
+//	{prefix:pool}:fails          hash  proxy ID -> proxy failures in a row (see penalize.lua); TTL: idle TTL
+//	{prefix:pool}:quarantine     zset  proxy ID -> end (ms) of a ban on every site; TTL: max quarantine
+//	{prefix:pool}:dead           hash  proxy ID -> "<ms>|<reason>" (operator state: no TTL, until Revive)
+//
+// A ban is not a key of its own: it is the score of the proxy's slots in the
+// site's free set, pushed to the end of the quarantine, so the lease script
+// skips it with no extra lookup and it ends by itself. A dead proxy's slots
+// sit at deadScore in every free set.
 type keyspace struct {
 	base string // "{prefix:pool}"
 }
@@ -34,8 +43,12 @@ func newKeyspace(prefix, pool string) (keyspace, error) {
 	return keyspace{base: "{" + prefix + ":" + pool + "}"}, nil
 }
 
-func (k keyspace) proxies() string           { return k.base + ":proxies" }
-func (k keyspace) meta() string              { return k.base + ":meta" }
-func (k keyspace) sites() string             { return k.base + ":sites" }
-func (k keyspace) free(site string) string   { return k.base + ":free:" + site }
-func (k keyspace) leases(site string) string { return k.base + ":lease:" + site }
+func (k keyspace) proxies() string            { return k.base + ":proxies" }
+func (k keyspace) meta() string               { return k.base + ":meta" }
+func (k keyspace) sites() string              { return k.base + ":sites" }
+func (k keyspace) free(site string) string    { return k.base + ":free:" + site }
+func (k keyspace) leases(site string) string  { return k.base + ":lease:" + site }
+func (k keyspace) strikes(site string) string { return k.base + ":strikes:" + site }
+func (k keyspace) fails() string              { return k.base + ":fails" }
+func (k keyspace) quarantine() string         { return k.base + ":quarantine" }
+func (k keyspace) dead() string               { return k.base + ":dead" }

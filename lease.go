@@ -21,8 +21,10 @@ type Lease struct {
 	member string // "<id>:<slot>" in the free set
 	token  string // owner token: only this holder can release or extend
 
+	site     string       // the site it was leased for (differs from scope with ScopeGlobal)
 	expiry   atomic.Int64 // unix ms, Redis clock
 	released atomic.Bool
+	healthy  atomic.Bool // the site answered normally through it: release resets the backoff
 }
 
 // Proxy returns the leased proxy.
@@ -120,13 +122,13 @@ func (s *Switch) acquire(ctx context.Context, site, prefer string) (*Lease, erro
 	deadline := time.Now().Add(s.cfg.maxWait)
 	backoff := s.cfg.backoffMin
 	for {
-		l, wait, err := s.tryLease(ctx, scope, prefer)
+		l, wait, err := s.tryLease(ctx, site, scope, prefer)
 		if l != nil || err != nil {
 			return l, err
 		}
 		left := time.Until(deadline)
 		if left <= 0 {
-			return nil, fmt.Errorf("%w: every proxy of pool %q stayed busy for site %s for %v", ErrNoProxy, s.cfg.pool, scope, s.cfg.maxWait)
+			return nil, fmt.Errorf("%w: every proxy of pool %q stayed busy or quarantined for site %s for %v", ErrNoProxy, s.cfg.pool, scope, s.cfg.maxWait)
 		}
 		d := min(wait, backoff, left)
 		d = d/2 + rand.N(d/2+1) // jitter: waiters do not wake in lockstep
@@ -143,10 +145,11 @@ func (s *Switch) acquire(ctx context.Context, site, prefer string) (*Lease, erro
 
 // tryLease runs one lease attempt: a lease, or how long until a proxy frees,
 // or an error (empty pool, Redis failure, corrupt data).
-func (s *Switch) tryLease(ctx context.Context, scope, prefer string) (*Lease, time.Duration, error) {
+func (s *Switch) tryLease(ctx context.Context, site, scope, prefer string) (*Lease, time.Duration, error) {
 	token := s.newToken()
 	ttl := s.leaseTTL(ctx)
-	keys := []string{s.keys.proxies(), s.keys.free(scope), s.keys.leases(scope), s.keys.sites(), s.keys.meta()}
+	keys := []string{s.keys.proxies(), s.keys.free(scope), s.keys.leases(scope), s.keys.sites(), s.keys.meta(),
+		s.keys.dead(), s.keys.quarantine()}
 	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]any, error) {
 		return leaseScript.Run(ctx, s.rdb, keys, scope, token, ttl.Milliseconds(), s.cfg.cooldown.Milliseconds(),
 			s.cfg.slots, s.cfg.idleTTL.Milliseconds(), prefer).Slice()
@@ -154,7 +157,7 @@ func (s *Switch) tryLease(ctx context.Context, scope, prefer string) (*Lease, ti
 		// Granted after we gave up waiting for the reply: hand it back.
 		if status, _ := intAt(res, 0); err == nil && status == 1 && len(res) == 4 {
 			if member, ok := res[1].(string); ok {
-				_, _ = s.releaseMember(context.Background(), scope, member, token)
+				_, _ = s.releaseMember(context.Background(), scope, member, token, "")
 			}
 		}
 	})
@@ -175,7 +178,7 @@ func (s *Switch) tryLease(ctx context.Context, scope, prefer string) (*Lease, ti
 		member, _ := res[1].(string)
 		raw, _ := res[2].(string)
 		expiry, ok := intAt(res, 3)
-		l := &Lease{sw: s, scope: scope, member: member, token: token}
+		l := &Lease{sw: s, scope: scope, site: site, member: member, token: token}
 		l.expiry.Store(expiry)
 		p, err := s.proxyFor(raw)
 		if err != nil || !ok || member == "" {
@@ -192,9 +195,14 @@ func (s *Switch) tryLease(ctx context.Context, scope, prefer string) (*Lease, ti
 	return nil, 0, fmt.Errorf("%w: %w: unexpected lease reply of %d items", ErrNoProxy, ErrCorrupt, len(res))
 }
 
-// release runs the owner-checked release script for l.
+// release runs the owner-checked release script for l. If the request made
+// through l got a healthy answer, the proxy's backoff starts over.
 func (s *Switch) release(ctx context.Context, l *Lease) error {
-	n, err := s.releaseMember(ctx, l.scope, l.member, l.token)
+	reset := ""
+	if l.healthy.Load() {
+		reset = l.proxy.id
+	}
+	n, err := s.releaseMember(ctx, l.scope, l.member, l.token, reset)
 	if err != nil {
 		return err
 	}
@@ -205,11 +213,12 @@ func (s *Switch) release(ctx context.Context, l *Lease) error {
 }
 
 // releaseMember releases one slot if token still owns it: 1 released, 2
-// released after expiry, 0 not the owner.
-func (s *Switch) releaseMember(ctx context.Context, scope, member, token string) (int64, error) {
+// released after expiry, 0 not the owner. A non-empty reset names the proxy
+// whose runs of bans (on scope) and failures end.
+func (s *Switch) releaseMember(ctx context.Context, scope, member, token, reset string) (int64, error) {
+	keys := []string{s.keys.free(scope), s.keys.leases(scope), s.keys.strikes(scope), s.keys.fails()}
 	n, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) (int64, error) {
-		return releaseScript.Run(ctx, s.rdb, []string{s.keys.free(scope), s.keys.leases(scope)},
-			member, token, s.cfg.cooldown.Milliseconds()).Int64()
+		return releaseScript.Run(ctx, s.rdb, keys, member, token, s.cfg.cooldown.Milliseconds(), reset).Int64()
 	}, nil)
 	if err != nil {
 		return 0, redisErr("release", err)

@@ -3,6 +3,7 @@ package proxyswitch
 import (
 	"fmt"
 	"log/slog"
+	"net/http"
 	"net/url"
 	"strings"
 	"time"
@@ -39,6 +40,27 @@ type config struct {
 	backoffMin    time.Duration
 	backoffMax    time.Duration
 	sweepInterval time.Duration
+
+	// ban detection and quarantine (bandetect.go, ban.go, transport.go)
+	quarantine, maxQuarantine         time.Duration
+	failQuarantine, maxFailQuarantine time.Duration
+	banAllSites                       bool
+	deadAfter                         int
+	retries                           int
+	attemptTimeout                    time.Duration
+	baseTransport                     *http.Transport
+	banStatus                         map[string][]int
+	challengeURLs                     []string
+	challengeSet                      bool
+	expects                           []expectSpec
+	sizeDrop                          float64
+	classifiers                       []Classifier
+	rules                             *rules // compiled by validate
+}
+
+type expectSpec struct {
+	site, url string
+	selectors []string
 }
 
 func defaultConfig() config {
@@ -55,6 +77,14 @@ func defaultConfig() config {
 		backoffMin:    5 * time.Millisecond,
 		backoffMax:    250 * time.Millisecond,
 		sweepInterval: time.Second,
+
+		quarantine:        30 * time.Minute,
+		maxQuarantine:     12 * time.Hour,
+		failQuarantine:    time.Minute,
+		maxFailQuarantine: 30 * time.Minute,
+		deadAfter:         5,
+		retries:           2,
+		sizeDrop:          0.25,
 	}
 }
 
@@ -79,7 +109,22 @@ func (c *config) validate() error {
 		return bad("unknown scope %d", c.scope)
 	case c.siteFunc == nil:
 		return bad("nil site function")
+	case c.quarantine <= 0 || c.maxQuarantine < c.quarantine:
+		return bad("quarantine %v, max %v: want 0 < quarantine <= max", c.quarantine, c.maxQuarantine)
+	case c.failQuarantine <= 0 || c.maxFailQuarantine < c.failQuarantine:
+		return bad("failure quarantine %v, max %v: want 0 < quarantine <= max", c.failQuarantine, c.maxFailQuarantine)
+	case c.deadAfter < 0:
+		return bad("negative dead-after count %d", c.deadAfter)
+	case c.retries < 0 || c.retries > 100:
+		return bad("retries %d outside 0..100", c.retries)
+	case c.attemptTimeout < 0:
+		return bad("negative attempt timeout %v", c.attemptTimeout)
 	}
+	r, err := compileRules(c)
+	if err != nil {
+		return err
+	}
+	c.rules = r
 	if c.logger == nil {
 		c.logger = slog.Default()
 	}
@@ -149,3 +194,113 @@ func WithIdleTTL(d time.Duration) Option { return func(c *config) { c.idleTTL = 
 // DefaultSite is the default site function: the lower-cased host of the URL,
 // with its port when the URL names one ("ozon.ru", "127.0.0.1:8080").
 func DefaultSite(u *url.URL) string { return strings.ToLower(u.Host) }
+
+// Ban detection, quarantine and retries. They act through the transport that
+// Attach installs; a collector given only the proxy function (New) does not
+// classify responses. Every option below is per Switch; the quarantine, dead
+// and backoff state they produce lives in Redis and is shared by every worker
+// of the pool.
+
+// WithQuarantine sets how long a proxy banned by a site stays out of that
+// site's rotation, cluster-wide: base for a first ban, doubling for each
+// further ban in a row (no healthy answer in between), jittered by up to
+// ±15%, capped at max, and never shorter than the site's Retry-After (itself
+// capped at max). Bans live in the site's keys: a site nobody leases for
+// during the idle TTL (WithIdleTTL) forgets them. The default is 30m, at
+// most 12h.
+func WithQuarantine(base, max time.Duration) Option {
+	return func(c *config) { c.quarantine, c.maxQuarantine = base, max }
+}
+
+// WithFailureQuarantine sets how long a proxy that failed (see
+// ProxyFailure) stays out of the site's rotation: base for a first failure,
+// doubling for each further failure in a row, jittered, capped at max. The
+// default is 1m, at most 30m.
+func WithFailureQuarantine(base, max time.Duration) Option {
+	return func(c *config) { c.failQuarantine, c.maxFailQuarantine = base, max }
+}
+
+// WithBanAllSites makes a ban take the proxy out of every site's rotation,
+// sites first crawled later included, not only the banning site's. The
+// default is false.
+func WithBanAllSites(all bool) Option { return func(c *config) { c.banAllSites = all } }
+
+// WithDeadAfter sets how many proxy failures in a row (no answer from any
+// site in between) mark a proxy dead: out of every site's rotation until
+// Revive or CheckDead brings it back. Failures that only the proxy can cause
+// (it refuses connections or the credentials) count alone; others (timeouts,
+// 502s, broken tunnels) count only once they happened on two sites or more,
+// so that one site's outage never kills the pool. Zero never marks a proxy
+// dead. The default is 5.
+func WithDeadAfter(n int) Option { return func(c *config) { c.deadAfter = n } }
+
+// WithRetries sets how many times a request is sent again through another
+// proxy after a ban or a proxy failure, at most. A request whose retries run
+// out fails with a *BlockedError (ErrBanned or ErrProxyFailed). All attempts
+// share the request's own timeout. A request whose body cannot be sent again
+// (no GetBody) is not retried. The default is 2 (three proxies at most).
+func WithRetries(n int) Option { return func(c *config) { c.retries = n } }
+
+// WithAttemptTimeout bounds each attempt through one proxy, from the
+// connection to the last byte read, so that a hanging proxy is dropped
+// (ReasonProxyTimeout) and the request retried through another one within
+// its own timeout. Set it well below the collector's request timeout. Zero
+// means no bound of its own: a request that outlives its own timeout fails
+// and no proxy is blamed, as the site may be the slow one. The default is 0.
+func WithAttemptTimeout(d time.Duration) Option { return func(c *config) { c.attemptTimeout = d } }
+
+// WithBaseTransport sets the transport Attach clones for its requests (TLS
+// settings, timeouts, dialer); Attach replaces its Proxy with the Switch's
+// ProxyFunc and turns keep-alives off, as Colly's SetProxyFunc does. The
+// default is a clone of http.DefaultTransport.
+func WithBaseTransport(t *http.Transport) Option { return func(c *config) { c.baseTransport = t } }
+
+// WithBanStatus sets the HTTP status codes that mean a site bans the proxy,
+// for site (as the site function names it; "" sets the default for every
+// site without a rule of its own). No codes means none is a ban there. The
+// default is 403, 429 and 503 for every site (DefaultBanStatus).
+func WithBanStatus(site string, codes ...int) Option {
+	return func(c *config) {
+		if c.banStatus == nil {
+			c.banStatus = make(map[string][]int)
+		}
+		c.banStatus[site] = append([]int{}, codes...)
+	}
+}
+
+// WithChallengeURLs sets the regular expressions (Go syntax) that name
+// captcha, login and block pages. A request whose redirect chain ends on a
+// URL matching one of them, other than the URL it asked for, is a ban
+// (ReasonChallenge) and starts again from its first URL through another
+// proxy. The whole final URL is matched. No patterns turns the check off.
+// The default is DefaultChallengeURLs.
+func WithChallengeURLs(patterns ...string) Option {
+	return func(c *config) { c.challengeURLs, c.challengeSet = append([]string{}, patterns...), true }
+}
+
+// WithExpect names CSS selectors (goquery syntax) that every 2xx page of
+// site ("" = every site) whose request URI (path and query) matches
+// urlPattern (a Go regular expression; "" = every page) must contain. A page
+// without one of them is a soft ban (ReasonSelector): a captcha, a
+// placeholder or an empty page served with 200. Several rules may apply to
+// one page; each is checked. The default is no rule.
+func WithExpect(site, urlPattern string, selectors ...string) Option {
+	return func(c *config) {
+		c.expects = append(c.expects, expectSpec{site: site, url: urlPattern, selectors: append([]string{}, selectors...)})
+	}
+}
+
+// WithSizeDrop sets when a 2xx body is a soft ban for being small
+// (ReasonSizeDrop): when it is below ratio times the median size of the
+// latest 64 OK pages of the same site and media type. Pages are judged by
+// size once 16 of them are known. Baselines are learnt by each Switch on its
+// own (no Redis traffic). Zero turns the check off. The default is 0.25.
+func WithSizeDrop(ratio float64) Option { return func(c *config) { c.sizeDrop = ratio } }
+
+// WithClassifier adds a classifier that runs before the built-in checks: it
+// can turn a response into a ban or a proxy failure, or overrule the
+// built-in checks with OK or Neutral; with Pass it leaves the decision to
+// them. Classifiers run in the order they were added.
+func WithClassifier(f Classifier) Option {
+	return func(c *config) { c.classifiers = append(c.classifiers, f) }
+}

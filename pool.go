@@ -32,6 +32,15 @@ func (s *Switch) Add(ctx context.Context, urls ...string) (PoolChange, error) {
 // List shows it). A proxy in use stays with its current holder until released;
 // it is never leased again. Unknown proxies are ignored.
 func (s *Switch) Remove(ctx context.Context, proxies ...string) (PoolChange, error) {
+	ids, err := proxyIDs(proxies)
+	if err != nil {
+		return PoolChange{}, err
+	}
+	return s.update(ctx, "remove", ids)
+}
+
+// proxyIDs maps proxies named by URL or by ID to their IDs.
+func proxyIDs(proxies []string) ([]any, error) {
 	ids := make([]any, 0, len(proxies))
 	for i, v := range proxies {
 		if isProxyID(v) {
@@ -40,11 +49,11 @@ func (s *Switch) Remove(ctx context.Context, proxies ...string) (PoolChange, err
 		}
 		p, err := ParseProxy(v)
 		if err != nil {
-			return PoolChange{}, fmt.Errorf("proxy #%d: %w", i+1, err)
+			return nil, fmt.Errorf("proxy #%d: %w", i+1, err)
 		}
 		ids = append(ids, p.id)
 	}
-	return s.update(ctx, "remove", ids)
+	return ids, nil
 }
 
 // Replace makes the pool exactly urls, atomically: workers see either the old
@@ -84,8 +93,13 @@ func (s *Switch) List(ctx context.Context) ([]*Proxy, error) {
 		}
 		out = append(out, p)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].String() < out[j].String() })
+	sortProxies(out, func(p *Proxy) *Proxy { return p })
 	return out, nil
+}
+
+// sortProxies orders s by the redacted URL of each element's proxy.
+func sortProxies[T any](s []T, proxy func(T) *Proxy) {
+	sort.Slice(s, func(i, j int) bool { return proxy(s[i]).String() < proxy(s[j]).String() })
 }
 
 // SiteStats is a snapshot of a pool as one site sees it.
@@ -125,7 +139,8 @@ func (s *Switch) update(ctx context.Context, mode string, args []any) (PoolChang
 	}
 	argv := append([]any{mode, s.keys.base, s.cfg.idleTTL.Milliseconds()}, args...)
 	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]int64, error) {
-		return poolUpdateScript.Run(ctx, s.rdb, []string{s.keys.proxies(), s.keys.sites(), s.keys.meta()}, argv...).Int64Slice()
+		return poolUpdateScript.Run(ctx, s.rdb, []string{s.keys.proxies(), s.keys.sites(), s.keys.meta(),
+			s.keys.dead(), s.keys.fails(), s.keys.quarantine()}, argv...).Int64Slice()
 	}, nil)
 	if err != nil {
 		return PoolChange{}, redisErr("pool "+mode, err)

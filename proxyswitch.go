@@ -39,6 +39,7 @@ type Switch struct {
 	err  error // set only in the Switch New builds from invalid options
 
 	reg          registry
+	bans         banCounters
 	parsed       sync.Map // proxy URL as stored -> *Proxy
 	tokenPrefix  string
 	tokenSeq     atomic.Uint64
@@ -92,15 +93,29 @@ func New(rdb redis.Scripter, opts ...Option) colly.ProxyFunc {
 	return s.ProxyFunc
 }
 
-// Attach installs the whole extension on c: the proxy function and the hooks
-// that tie each lease to its request and release it as soon as the response
-// (or the error) is in, keep one proxy for a whole redirect chain, and fill
-// Request.ProxyURL (password redacted) for your callbacks. Call it before
-// registering your own callbacks, so that they run after the extension's.
-// Attach each collector, clones included: Collector.Clone shares the proxy
-// function but not the hooks.
+// Attach installs the whole extension on c: the proxy function, ban
+// detection with retries through other proxies, and the hooks that tie each
+// lease to its request and release it as soon as the response (or the error)
+// is in, keep one proxy for a whole redirect chain, and fill
+// Request.ProxyURL (password redacted) for your callbacks.
+//
+// Ban detection runs in a transport Attach installs with c.WithTransport (a
+// clone of WithBaseTransport's, or of http.DefaultTransport, whose Proxy is
+// ProxyFunc): every response is read (at most c.MaxBodySize) and classified
+// before Colly sees it. A ban or a proxy failure quarantines the proxy for
+// every worker of the pool and sends the request again through another
+// proxy (WithRetries); when no retry is left the request fails with a
+// *BlockedError (ErrBanned or ErrProxyFailed) through OnError and Visit. A
+// banned page therefore never reaches OnResponse, OnHTML or OnXML. Calling
+// c.WithTransport or c.SetProxyFunc after Attach replaces that transport and
+// turns ban detection off.
+//
+// Call Attach before registering your own callbacks, so that they run after
+// the extension's. Attach each collector, clones included: Collector.Clone
+// shares the transport but not the hooks, and requests without the hooks are
+// neither classified nor retried.
 func (s *Switch) Attach(c *colly.Collector) {
-	c.SetProxyFunc(s.ProxyFunc)
+	c.WithTransport(s.newTransport(c))
 	c.OnRequestHeaders(s.onRequestHeaders)
 	c.OnResponseHeaders(s.onResponseHeaders)
 	c.OnResponse(func(r *colly.Response) { s.finish(r.Request) })
@@ -145,6 +160,7 @@ func (s *Switch) hookedProxy(req *http.Request, b *binding, site string) (*url.U
 	if b.done {
 		return nil, fmt.Errorf("%w: request already finished", ErrNoProxy)
 	}
+	b.calls++
 	prefer := ""
 	if old := b.lease; old != nil {
 		if old.scope == s.scopeOf(site) {

@@ -33,6 +33,18 @@ var (
 	//go:embed lua/stats.lua
 	statsLua    string
 	statsScript = redis.NewScript(statsLua)
+
+	//go:embed lua/penalize.lua
+	penalizeLua    string
+	penalizeScript = redis.NewScript(penalizeLua)
+
+	//go:embed lua/revive.lua
+	reviveLua    string
+	reviveScript = redis.NewScript(reviveLua)
+
+	//go:embed lua/dead.lua
+	deadLua    string
+	deadScript = redis.NewScript(deadLua)
 )
 
 // allScripts is every script the package runs; a test loads each one.
@@ -43,4 +55,7 @@ var allScripts = map[string]*redis.Script{
 	"pool_update": poolUpdateScript,
 	"stats":       statsScript,
 	"list":        listScript,
+	"penalize":    penalizeScript,
+	"revive":      reviveScript,
+	"dead":        deadScript,
 }

@@ -5,6 +5,8 @@
 -- KEYS[3] lease hash     "<id>:<slot>" -> "<token>|<expiry ms>"
 -- KEYS[4] sites zset     site -> unix ms of its last lease
 -- KEYS[5] meta hash      "slots" -> concurrent requests per proxy per site
+-- KEYS[6] dead hash      id -> "<ms>|<reason>" (proxies out of every rotation)
+-- KEYS[7] quarantine zset id -> unix ms until which it is banned on every site
 -- ARGV[1] site (scope)   ARGV[2] owner token      ARGV[3] lease TTL ms
 -- ARGV[4] cooldown ms    ARGV[5] slots (K >= 1)   ARGV[6] idle TTL ms of site keys
 -- ARGV[7] preferred proxy id, or "" for none
@@ -26,14 +28,19 @@ elseif slots ~= ARGV[5] then
 end
 slots = tonumber(slots)
 
--- First lease for this site (or its keys idled out): every proxy starts free.
+-- First lease for this site (or its keys idled out): every proxy starts free,
+-- except dead ones and those banned on every site (penalize.lua).
 if redis.call('EXISTS', KEYS[2]) == 0 then
   local ids = redis.call('HKEYS', KEYS[1])
   if #ids == 0 then return {-1} end
+  local held = {}
+  local q = redis.call('ZRANGEBYSCORE', KEYS[7], '(' .. now, '+inf', 'WITHSCORES')
+  for i = 1, #q, 2 do held[q[i]] = tonumber(q[i + 1]) end
+  for _, id in ipairs(redis.call('HKEYS', KEYS[6])) do held[id] = 1e15 end
   local batch = {}
   for _, id in ipairs(ids) do
     for s = 0, slots - 1 do
-      batch[#batch + 1] = 0
+      batch[#batch + 1] = held[id] or 0
       batch[#batch + 1] = id .. ':' .. s
     end
     if #batch >= 4000 then

@@ -5,9 +5,12 @@
 -- KEYS[1] pool hash   id -> proxy URL
 -- KEYS[2] sites zset  site -> unix ms of its last lease
 -- KEYS[3] meta hash   "slots" -> concurrent requests per proxy per site
+-- KEYS[4] dead hash, KEYS[5] fails hash, KEYS[6] quarantine zset (see penalize.lua):
+--         a removed proxy leaves no ban state behind
 -- ARGV[1] mode: "add" | "remove" | "replace"
 -- ARGV[2] key prefix of the per-site keys ("{prefix:pool}"); the free set of
---         site S is ARGV[2]..":free:"..S and its lease hash ARGV[2]..":lease:"..S
+--         site S is ARGV[2]..":free:"..S, its lease hash ARGV[2]..":lease:"..S,
+--         its strikes hash ARGV[2]..":strikes:"..S
 --         (same hash tag, hence same cluster slot as KEYS)
 -- ARGV[3] idle TTL ms: sites not leased for that long are forgotten
 -- ARGV[4..] add/replace: id, URL, id, URL, ...   remove: id, id, ...
@@ -35,7 +38,11 @@ end
 
 local function remove(id)
   if redis.call('HDEL', KEYS[1], id) == 0 then return 0 end
+  redis.call('HDEL', KEYS[4], id)
+  redis.call('HDEL', KEYS[5], id)
+  redis.call('ZREM', KEYS[6], id)
   for _, s in ipairs(sites) do
+    redis.call('HDEL', base .. ':strikes:' .. s, id)
     for k = 0, slots - 1 do
       local m = id .. ':' .. k
       redis.call('ZREM', base .. ':free:' .. s, m)

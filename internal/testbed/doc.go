@@ -46,8 +46,12 @@
 //   - recorder.go, inflight.go: request recording and collision accounting.
 //   - bed.go: helpers working on groups of sites and proxies ([Bed],
 //     [TotalCollisions]).
+//   - marketplace.go: an anti-bot middleware ([Marketplace]): rate limits
+//     answered with 429 then 403, a captcha redirect for concurrent requests
+//     from one IP, and burnt IPs served placeholders, 403s, truncated pages
+//     or captchas.
 //
-// Anti-bot behaviour (rate limits, captchas, ...) is meant to be added as
-// further handlers or middlewares that are composed inside the recorder, so
-// that the recorder keeps seeing every request.
+// Anti-bot behaviour is added as middlewares composed inside the recorder
+// (NewSite(tb, name, NewMarketplace(nil))), so that the recorder keeps
+// seeing every request, refused ones included.
 package testbed

@@ -27,6 +27,8 @@ const (
 //	/                     HTML index linking /p/1 .. /p/ProductCount
 //	/p/{n}                product page (any n >= 1) after Delay:
 //	                      <div class="product" data-id="n">Product n</div>
+//	                      followed, with PageSize set, by a description
+//	                      <p class="description"> padding it to PageSize bytes
 //	/redirect?to=URL      302 to URL
 //	/redirect?n=K[&to=U]  chain of K same-site 302s (/redirect?n=K-1 ...),
 //	                      the last one to U, or /p/1 if to is absent
@@ -45,6 +47,9 @@ type ShopHandler struct {
 	// (<= 0 means DefaultProductCount). Product pages beyond it are still
 	// served, so crawls may address arbitrarily many distinct pages.
 	ProductCount int
+	// PageSize pads product pages with a description to about this many
+	// bytes (0: no padding, the page is about 80 bytes).
+	PageSize int
 
 	once    sync.Once
 	mux     *http.ServeMux
@@ -101,9 +106,19 @@ func (h *ShopHandler) product(w http.ResponseWriter, r *http.Request) {
 	if !sleepCtx(r, h.Delay) {
 		return
 	}
-	writeHTML(w, http.StatusOK, fmt.Sprintf(
-		"<html><body><div class=\"product\" data-id=\"%d\">Product %d</div></body></html>", n, n))
+	page := fmt.Sprintf("<html><body><div class=\"product\" data-id=\"%d\">Product %d</div>", n, n)
+	const tail = "</body></html>"
+	if pad := h.PageSize - len(page) - len(tail) - len(descOpen) - len(descClose); pad > 0 {
+		page += descOpen + strings.Repeat(descText, pad/len(descText)+1)[:pad] + descClose
+	}
+	writeHTML(w, http.StatusOK, page+tail)
 }
+
+const (
+	descOpen  = `<p class="description">`
+	descClose = `</p>`
+	descText  = "A fine product, described at length. "
+)
 
 func (h *ShopHandler) redirect(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()

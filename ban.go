@@ -1,0 +1,260 @@
+package proxyswitch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Acting on a verdict: quarantine, backoff, dead proxies, counters.
+//
+// A ban is one owner-checked script (lua/penalize.lua): it pushes the scores
+// of all K slots of the proxy in the site's free set to now + quarantine and
+// ends the lease. Every worker of the pool, in any process, skips the proxy
+// for that site from its next lease on, and the proxy comes back by itself
+// when the score passes. Repeat offenders (bans in a row with no healthy
+// answer in between) get a doubled, jittered quarantine; a healthy answer
+// starts the backoff over (lua/release.lua). A proxy that keeps failing is
+// marked dead: its slots go out of every site's rotation until Revive or
+// CheckDead (see WithDeadAfter for the rule).
+
+// BanKey names one counter of BanCounts.
+type BanKey struct {
+	Site   string // the site, as the site function names it
+	Reason string // the verdict's reason: "http_429", "missing_selector", "proxy_timeout"...
+}
+
+// banCounters counts verdicts acted on, in this process.
+type banCounters struct {
+	mu sync.Mutex
+	m  map[BanKey]int64
+}
+
+func (c *banCounters) add(k BanKey) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil {
+		c.m = make(map[BanKey]int64)
+	}
+	c.m[k]++
+}
+
+// BanCounts returns a snapshot of the bans and proxy failures this Switch
+// has acted on since it was made, by site and reason (proxy failures have
+// the "proxy_" reasons). The counters are in-process, like Prometheus
+// counters: each worker counts what it detected, and a monitoring system adds
+// the workers up. It is safe for concurrent use.
+func (s *Switch) BanCounts() map[BanKey]int64 {
+	s.bans.mu.Lock()
+	defer s.bans.mu.Unlock()
+	out := make(map[BanKey]int64, len(s.bans.m))
+	for k, v := range s.bans.m {
+		out[k] = v
+	}
+	return out
+}
+
+// penalty is what penalize did.
+type penalty struct {
+	quarantine time.Duration
+	until      time.Time // Redis clock
+	strikes    int       // bans (or failures) in a row, this one included
+	dead       bool
+}
+
+// penalize quarantines proxy p on site after a Ban or ProxyFailure verdict
+// and counts it. If l is p's lease for site, it ends with it (owner-checked);
+// a lease for another scope is left to the caller.
+func (s *Switch) penalize(ctx context.Context, site string, p *Proxy, l *Lease, v Verdict) (penalty, error) {
+	s.bans.add(BanKey{Site: site, Reason: v.Reason})
+	scope := s.scopeOf(site)
+	kind, base, maxq, hard := "ban", s.cfg.quarantine, s.cfg.maxQuarantine, "0"
+	if v.Kind == ProxyFailure {
+		kind, base, maxq = "fail", s.cfg.failQuarantine, s.cfg.maxFailQuarantine
+		if v.Reason == ReasonProxyConnect || v.Reason == ReasonProxyAuth {
+			hard = "1"
+		}
+	}
+	member, token := "", ""
+	if l != nil && l.scope == scope && l.released.CompareAndSwap(false, true) {
+		member, token = l.member, l.token
+	}
+	all := "0"
+	if s.cfg.banAllSites && v.Kind == Ban {
+		all = "1"
+	}
+	keys := []string{s.keys.free(scope), s.keys.leases(scope), s.keys.strikes(scope), s.keys.fails(),
+		s.keys.dead(), s.keys.sites(), s.keys.quarantine()}
+	argv := []any{kind, p.id, member, token, base.Milliseconds(), maxq.Milliseconds(),
+		min(v.RetryAfter, maxq).Milliseconds(), 850 + rand.N(301), all, s.keys.base,
+		s.cfg.idleTTL.Milliseconds(), hard, s.cfg.deadAfter, site, v.Reason, s.cfg.slots}
+	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]int64, error) {
+		return penalizeScript.Run(ctx, s.rdb, keys, argv...).Int64Slice()
+	}, nil)
+	if err != nil {
+		if member != "" {
+			l.released.Store(false) // still held: it expires by its TTL, or Release may retry
+		}
+		return penalty{}, redisErr("quarantine", err)
+	}
+	if len(res) != 5 {
+		return penalty{}, fmt.Errorf("%w: quarantine reply of %d items", ErrCorrupt, len(res))
+	}
+	pen := penalty{quarantine: time.Duration(res[0]) * time.Millisecond, until: time.UnixMilli(res[1]),
+		strikes: int(res[2]), dead: res[3] == 1}
+	if pen.dead {
+		s.cfg.logger.Warn("proxyswitch: proxy marked dead: out of every site's rotation until revived",
+			"proxy", p.String(), "site", site, "reason", v.Reason, "failures", pen.strikes)
+	} else {
+		s.cfg.logger.Debug("proxyswitch: proxy quarantined", "proxy", p.String(), "site", site,
+			"kind", v.Kind.String(), "reason", v.Reason, "for", pen.quarantine, "in_a_row", pen.strikes)
+	}
+	return pen, nil
+}
+
+// Report ends the lease with what the request made through it showed, for
+// callers of Lease who make requests themselves (Attach does this for Colly):
+//
+//   - OK or Neutral: the proxy is released and its backoff starts over;
+//   - Ban: the proxy is quarantined on the lease's site (WithQuarantine) and
+//     the lease ends;
+//   - ProxyFailure: the proxy is quarantined for the failure quarantine,
+//     counts towards being marked dead, and the lease ends;
+//   - Pass: the lease is released and nothing else happens.
+//
+// Every worker of the pool acts on it from its next lease on. Bans and
+// failures are counted in BanCounts. It is safe for concurrent use; after
+// the lease ended, a Ban or ProxyFailure report still quarantines the proxy.
+func (l *Lease) Report(ctx context.Context, v Verdict) error {
+	switch v.Kind {
+	case Ban, ProxyFailure:
+		if !validReason(v.Reason) {
+			v.Reason = ReasonCustom
+		}
+		_, err := l.sw.penalize(ctx, l.site, l.proxy, l, v)
+		return err
+	case OK, Neutral:
+		l.healthy.Store(true)
+	}
+	return l.Release(ctx)
+}
+
+// DeadProxy is a proxy marked dead.
+type DeadProxy struct {
+	Proxy  *Proxy
+	Since  time.Time // by Redis' clock
+	Reason string    // the failure that made it dead
+}
+
+// Dead lists the proxies of the pool marked dead, ordered by redacted URL.
+func (s *Switch) Dead(ctx context.Context) ([]DeadProxy, error) {
+	if s.err != nil {
+		return nil, s.err
+	}
+	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]string, error) {
+		return deadScript.Run(ctx, s.rdb, []string{s.keys.dead(), s.keys.proxies()}).StringSlice()
+	}, nil)
+	if err != nil {
+		return nil, redisErr("dead", err)
+	}
+	out := make([]DeadProxy, 0, len(res)/3)
+	for i := 0; i+2 < len(res); i += 3 {
+		p, err := s.proxyFor(res[i+1])
+		if err != nil {
+			return nil, fmt.Errorf("pool entry %s: %w", res[i], err)
+		}
+		ms, reason, _ := strings.Cut(res[i+2], "|")
+		n, _ := strconv.ParseInt(ms, 10, 64)
+		out = append(out, DeadProxy{Proxy: p, Since: time.UnixMilli(n), Reason: reason})
+	}
+	sortProxies(out, func(d DeadProxy) *Proxy { return d.Proxy })
+	return out, nil
+}
+
+// Revive brings dead proxies, named by URL or ID, back into every site's
+// rotation at once, with their failure record cleared. It returns how many
+// of them were dead. It is safe to call while workers lease.
+func (s *Switch) Revive(ctx context.Context, proxies ...string) (int, error) {
+	if s.err != nil {
+		return 0, s.err
+	}
+	ids, err := proxyIDs(proxies)
+	if err != nil || len(ids) == 0 {
+		return 0, err
+	}
+	argv := append([]any{s.keys.base, s.cfg.slots}, ids...)
+	n, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) (int64, error) {
+		return reviveScript.Run(ctx, s.rdb, []string{s.keys.dead(), s.keys.fails(), s.keys.sites()}, argv...).Int64()
+	}, nil)
+	if err != nil {
+		return 0, redisErr("revive", err)
+	}
+	return int(n), nil
+}
+
+// CheckDead is a health check: it probes every dead proxy, one after the
+// other, and revives those for which probe returns nil. It returns the
+// revived proxies. The Switch starts no goroutine of its own: call it from
+// yours, on a ticker. ProbeURL makes a probe.
+func (s *Switch) CheckDead(ctx context.Context, probe func(context.Context, *Proxy) error) ([]*Proxy, error) {
+	if probe == nil {
+		return nil, fmt.Errorf("%w: nil probe", ErrConfig)
+	}
+	dead, err := s.Dead(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var alive []*Proxy
+	for _, d := range dead {
+		if ctx.Err() != nil {
+			break
+		}
+		if probe(ctx, d.Proxy) == nil {
+			alive = append(alive, d.Proxy)
+		}
+	}
+	if len(alive) == 0 {
+		return nil, ctx.Err()
+	}
+	ids := make([]string, len(alive))
+	for i, p := range alive {
+		ids[i] = p.id
+	}
+	if _, err := s.Revive(ctx, ids...); err != nil {
+		return nil, err
+	}
+	return alive, nil
+}
+
+// ProbeURL returns a probe for CheckDead: a GET of target through the proxy,
+// within the context's deadline (10s at most), that passes when an HTTP
+// answer comes back from the site, whatever its status, other than the
+// proxy's own 407, 502 or 504.
+func ProbeURL(target string) func(context.Context, *Proxy) error {
+	return func(ctx context.Context, p *Proxy) error {
+		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		tr := &http.Transport{Proxy: http.ProxyURL(p.URL()), DisableKeepAlives: true}
+		defer tr.CloseIdleConnections()
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
+		if err != nil {
+			return fmt.Errorf("proxyswitch: probe: %w", err)
+		}
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			return redactErr(err, p)
+		}
+		resp.Body.Close()
+		switch resp.StatusCode {
+		case http.StatusProxyAuthRequired, http.StatusBadGateway, http.StatusGatewayTimeout:
+			return errors.New("proxyswitch: probe: proxy answered " + resp.Status)
+		}
+		return nil
+	}
+}

@@ -1,0 +1,278 @@
+package testbed
+
+import (
+	"bytes"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// Treatment is what a [Marketplace] serves one client IP.
+type Treatment int
+
+const (
+	// Serve passes the request to the wrapped handler: the real page.
+	Serve Treatment = iota
+	// Placeholder answers 200 with a stub page without the product (a
+	// quiet ban: the status says all is well).
+	Placeholder
+	// Forbid answers 403.
+	Forbid
+	// Truncate serves the real page cut to a tenth of its length (the
+	// product tag is still there, most of the page is not).
+	Truncate
+	// Challenge redirects (302) to the captcha page.
+	Challenge
+)
+
+func (t Treatment) String() string {
+	switch t {
+	case Serve:
+		return "serve"
+	case Placeholder:
+		return "placeholder"
+	case Forbid:
+		return "forbid"
+	case Truncate:
+		return "truncate"
+	case Challenge:
+		return "challenge"
+	}
+	return "Treatment(" + strconv.Itoa(int(t)) + ")"
+}
+
+// Decision is what a [Marketplace] did with one request.
+type Decision string
+
+// Decisions of a [Marketplace].
+const (
+	DecidedPage        Decision = "page"        // served by the wrapped handler
+	DecidedPlaceholder Decision = "placeholder" // 200 stub without the product
+	DecidedTruncated   Decision = "truncated"   // the page cut short
+	DecidedForbidden   Decision = "403"         // burnt or blocked IP
+	DecidedRateLimited Decision = "429"         // too many requests
+	DecidedCaptcha     Decision = "captcha"     // 302 to the captcha page
+	DecidedCaptchaPage Decision = "captcha_page"
+)
+
+// MarketHit is one request as a [Marketplace] judged it.
+type MarketHit struct {
+	IP       string
+	Path     string
+	Decision Decision
+	At       time.Time
+}
+
+// Pages of a [Marketplace].
+const (
+	CaptchaPath     = "/captcha"
+	PlaceholderHTML = `<html><body><div class="stub">This product is temporarily unavailable</div></body></html>`
+	CaptchaHTML     = `<html><body><form class="captcha" action="/captcha"><p>Prove you are human</p><input name="answer"></form></body></html>`
+)
+
+// Marketplace is an anti-bot layer in front of a site's handler, modelled on
+// how marketplaces treat scrapers. It is a middleware: compose it inside the
+// site's recorder, as NewSite(tb, name, NewMarketplace(nil)) does, so that
+// the recorder sees every request, refused ones included.
+//
+// Per client IP (the proxy's source IP), in this order:
+//
+//   - [CaptchaPath] serves the captcha page (200, form.captcha).
+//   - An IP given a [Treatment] by [Marketplace.Burn] gets it every time.
+//   - An IP blocked for too many 429s gets 403 until the block ends.
+//   - With CaptchaOnConcurrent, a request arriving while another from the
+//     same IP is in flight is redirected (302) to the captcha page.
+//   - With RateLimit set, a request beyond RateLimit requests from one IP
+//     within RateWindow gets 429 (with Retry-After when RetryAfter is set);
+//     after BlockAfter such answers the IP is blocked for BlockFor.
+//   - Otherwise the wrapped handler serves the page.
+//
+// Set the fields before the site serves; its methods are safe for concurrent
+// use.
+type Marketplace struct {
+	RateLimit           int           // requests per IP per RateWindow; 0: no limit
+	RateWindow          time.Duration // default 1s
+	RetryAfter          time.Duration // Retry-After of a 429, whole seconds; 0: none
+	BlockAfter          int           // 429s before the IP is blocked; 0: never
+	BlockFor            time.Duration // default 1m
+	CaptchaOnConcurrent bool          // redirect a request that overlaps another from its IP
+
+	next http.Handler
+
+	mu       sync.Mutex
+	visitors map[string]*visitor
+	treat    map[string]Treatment
+	hits     []MarketHit
+}
+
+type visitor struct {
+	recent   []time.Time // request times within the rate window
+	limited  int         // 429s answered
+	blocked  time.Time   // 403 until then
+	inFlight int
+}
+
+// NewMarketplace wraps next (nil: a [ShopHandler] with the default delay
+// whose product pages are padded to 4 KiB).
+func NewMarketplace(next http.Handler) *Marketplace {
+	if next == nil {
+		next = &ShopHandler{Delay: DefaultProductDelay, PageSize: 4 << 10}
+	}
+	return &Marketplace{next: next, visitors: map[string]*visitor{}, treat: map[string]Treatment{}}
+}
+
+// Burn gives ip a treatment for every request from now on (Serve lifts it).
+func (m *Marketplace) Burn(ip string, t Treatment) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if t == Serve {
+		delete(m.treat, ip)
+		return
+	}
+	m.treat[ip] = t
+}
+
+// Hits returns every request judged so far, in arrival order.
+func (m *Marketplace) Hits() []MarketHit {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]MarketHit(nil), m.hits...)
+}
+
+// Count returns how many requests got decision d.
+func (m *Marketplace) Count(d Decision) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := 0
+	for _, h := range m.hits {
+		if h.Decision == d {
+			n++
+		}
+	}
+	return n
+}
+
+func (m *Marketplace) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	ip := clientIP(r.RemoteAddr)
+	d, retryAfter := m.decide(ip, r)
+	switch d {
+	case DecidedCaptchaPage:
+		writeHTML(w, http.StatusOK, CaptchaHTML)
+	case DecidedPlaceholder:
+		writeHTML(w, http.StatusOK, PlaceholderHTML)
+	case DecidedForbidden:
+		writeHTML(w, http.StatusForbidden, "<html><body>Access denied</body></html>")
+	case DecidedRateLimited:
+		if retryAfter > 0 {
+			w.Header().Set("Retry-After", strconv.Itoa(int(retryAfter/time.Second)))
+		}
+		writeHTML(w, http.StatusTooManyRequests, "<html><body>Too many requests</body></html>")
+	case DecidedCaptcha:
+		w.Header().Set("Location", CaptchaPath+"?return="+url.QueryEscape(r.URL.RequestURI()))
+		w.WriteHeader(http.StatusFound)
+	case DecidedTruncated:
+		m.serve(ip, func() { truncate(w, r, m.next) })
+	default:
+		m.serve(ip, func() { m.next.ServeHTTP(w, r) })
+	}
+}
+
+// decide judges one request and records the decision.
+func (m *Marketplace) decide(ip string, r *http.Request) (Decision, time.Duration) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := time.Now()
+	d, retryAfter := m.decideLocked(ip, r, now)
+	m.hits = append(m.hits, MarketHit{IP: ip, Path: r.URL.Path, Decision: d, At: now})
+	if d == DecidedPage || d == DecidedTruncated {
+		m.visitor(ip).inFlight++ // ended by serve
+	}
+	return d, retryAfter
+}
+
+func (m *Marketplace) decideLocked(ip string, r *http.Request, now time.Time) (Decision, time.Duration) {
+	if r.URL.Path == CaptchaPath {
+		return DecidedCaptchaPage, 0
+	}
+	switch m.treat[ip] {
+	case Placeholder:
+		return DecidedPlaceholder, 0
+	case Forbid:
+		return DecidedForbidden, 0
+	case Truncate:
+		return DecidedTruncated, 0
+	case Challenge:
+		return DecidedCaptcha, 0
+	}
+	v := m.visitor(ip)
+	if now.Before(v.blocked) {
+		return DecidedForbidden, 0
+	}
+	if m.CaptchaOnConcurrent && v.inFlight > 0 {
+		return DecidedCaptcha, 0
+	}
+	if m.RateLimit > 0 {
+		window := m.RateWindow
+		if window <= 0 {
+			window = time.Second
+		}
+		keep := v.recent[:0]
+		for _, t := range v.recent {
+			if now.Sub(t) < window {
+				keep = append(keep, t)
+			}
+		}
+		v.recent = append(keep, now)
+		if len(v.recent) > m.RateLimit {
+			v.limited++
+			if m.BlockAfter > 0 && v.limited > m.BlockAfter {
+				blockFor := m.BlockFor
+				if blockFor <= 0 {
+					blockFor = time.Minute
+				}
+				v.blocked = now.Add(blockFor)
+				return DecidedForbidden, 0
+			}
+			return DecidedRateLimited, m.RetryAfter
+		}
+	}
+	return DecidedPage, 0
+}
+
+func (m *Marketplace) visitor(ip string) *visitor {
+	v := m.visitors[ip]
+	if v == nil {
+		v = &visitor{}
+		m.visitors[ip] = v
+	}
+	return v
+}
+
+// serve runs f as an in-flight request of ip.
+func (m *Marketplace) serve(ip string, f func()) {
+	defer func() {
+		m.mu.Lock()
+		m.visitor(ip).inFlight--
+		m.mu.Unlock()
+	}()
+	f()
+}
+
+// truncate serves next's answer cut to a tenth of its body, as a complete,
+// well-formed response (Content-Length matches what is sent).
+func truncate(w http.ResponseWriter, r *http.Request, next http.Handler) {
+	rec := httptest.NewRecorder()
+	next.ServeHTTP(rec, r)
+	body := rec.Body.Bytes()
+	body = bytes.Clone(body[:len(body)/10])
+	for k, vs := range rec.Header() {
+		w.Header()[k] = vs
+	}
+	w.Header().Set("Content-Length", fmt.Sprint(len(body)))
+	w.WriteHeader(rec.Code)
+	w.Write(body)
+}

@@ -1,0 +1,364 @@
+package proxyswitch
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptrace"
+	"net/url"
+	"time"
+
+	"github.com/gocolly/colly/v2"
+)
+
+// The transport Attach installs: classification and retries below Colly.
+//
+// Each hop of a request goes through the inner *http.Transport, whose Proxy
+// is the Switch's ProxyFunc, so the hop leases (or keeps) its proxy exactly
+// as without the transport. Then the response is read (at most the
+// collector's MaxBodySize; the buffered bytes replace the body Colly reads)
+// and classified (bandetect.go). On a ban or a proxy failure the proxy is
+// quarantined and its lease ended (ban.go), so the next ProxyFunc call for
+// the same request leases another proxy, and the hop is sent again (its body
+// rewound with GetBody) until a retry is left no more. A chain that ended on
+// a challenge page starts again from its first URL instead: the transport
+// answers with a 307 to that URL, which net/http and Colly follow like any
+// redirect back to the page asked for. When no retry is left the hop fails
+// with a *BlockedError: Colly reports it through OnError and Visit, never
+// through OnResponse, so a banned page never reaches the user's parsing.
+//
+// Requests that did not come through the hooks (a collector cloned without
+// Attach, or the ProxyFunc given to another client) pass through untouched,
+// as do failures to lease a proxy (ErrNoProxy: no proxy was used).
+
+// errAttemptTimeout is the cause of an attempt ended by WithAttemptTimeout.
+var errAttemptTimeout = errors.New("proxyswitch: attempt timeout")
+
+const (
+	// defaultReadLimit bounds what classification reads of a body when the
+	// collector sets no MaxBodySize (Colly then reads bodies whole): the rest
+	// is streamed to Colly unread. 10 MiB, Colly's own default.
+	defaultReadLimit = 10 << 20
+	// maxChainHops: a chain restarts from its first URL only while it is
+	// shorter than this (net/http and Colly give up at 10 hops).
+	maxChainHops = 8
+)
+
+type transport struct {
+	s     *Switch
+	inner *http.Transport
+	c     *colly.Collector // MaxBodySize is read per request, as Colly does
+}
+
+// newTransport builds the transport Attach installs on c.
+func (s *Switch) newTransport(c *colly.Collector) *transport {
+	var inner *http.Transport
+	switch dt, ok := http.DefaultTransport.(*http.Transport); {
+	case s.cfg.baseTransport != nil:
+		inner = s.cfg.baseTransport.Clone()
+	case ok:
+		inner = dt.Clone()
+	default:
+		inner = &http.Transport{}
+	}
+	inner.Proxy = s.ProxyFunc
+	inner.DisableKeepAlives = true
+	userHook := inner.OnProxyConnectResponse
+	inner.OnProxyConnectResponse = func(ctx context.Context, u *url.URL, req *http.Request, resp *http.Response) error {
+		if userHook != nil {
+			if err := userHook(ctx, u, req, resp); err != nil {
+				return err
+			}
+		}
+		if resp.StatusCode != http.StatusOK {
+			return &tunnelError{status: resp.StatusCode}
+		}
+		return nil
+	}
+	return &transport{s: s, inner: inner, c: c}
+}
+
+// RoundTrip sends one hop, through as many proxies as bans, failures and
+// the retry bound call for.
+func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	for n := 1; ; n++ {
+		a, err := t.newAttempt(req, n)
+		if err != nil {
+			return nil, err
+		}
+		before := t.s.reg.lookup(req.Header)
+		calls := before.proxyCalls()
+		resp, err := t.inner.RoundTrip(a.req)
+		b := t.s.reg.lookup(req.Header)
+		if b == nil || !b.hooked || (before == b && b.proxyCalls() == calls) || errors.Is(err, ErrNoProxy) {
+			// Not ours to judge: no hooks, or no proxy was used.
+			return a.hand(resp, err)
+		}
+		l := b.currentLease()
+		if l == nil {
+			return a.hand(resp, err)
+		}
+		again, resp, err := t.judge(req, a, b, l, resp, err)
+		if !again {
+			return resp, err
+		}
+	}
+}
+
+// judge classifies one attempt and acts on it. again means: send the hop
+// once more (the lease is gone, the next ProxyFunc call leases anew).
+func (t *transport) judge(req *http.Request, a *attempt, b *binding, l *Lease, resp *http.Response, err error) (again bool, _ *http.Response, _ error) {
+	s := t.s
+	x := &Exchange{Site: s.cfg.siteFunc(req.URL), Proxy: l.proxy, Request: req, URL: req.URL,
+		OriginURL: chainOrigin(req).URL, Err: err, Attempt: b.attempt()}
+	if err == nil {
+		x.StatusCode, x.Header = resp.StatusCode, resp.Header
+		if x.isFinal() && x.hasBody() {
+			if rerr := t.buffer(resp, x, a); rerr != nil {
+				x.Err, resp = rerr, nil
+			}
+		}
+	}
+	if x.Err != nil && callerDone(req) {
+		// The request's own deadline or cancellation: the site may be the
+		// slow one, so no proxy is blamed, and no retry could run anyway.
+		a.done()
+		return false, nil, x.Err
+	}
+	x.timedOut = x.Err != nil && a.timedOut()
+	v, cerr := s.cfg.rules.classify(x)
+	switch {
+	case cerr != nil:
+		closeBody(resp)
+		a.done()
+		return false, nil, cerr
+	case v.Kind != Ban && v.Kind != ProxyFailure:
+		if x.Err != nil {
+			a.done()
+			return false, nil, x.Err
+		}
+		if x.isFinal() {
+			l.healthy.Store(true)
+			if v.Kind == OK {
+				s.cfg.rules.learn(x)
+			}
+		}
+		resp, err := a.hand(resp, nil)
+		return false, resp, err
+	}
+	closeBody(resp)
+	a.done()
+	return t.retry(req, b, l, x, v)
+}
+
+// retry acts on a ban or a proxy failure: quarantine, then a new attempt,
+// a restart of the chain, or a *BlockedError.
+func (t *transport) retry(req *http.Request, b *binding, l *Lease, x *Exchange, v Verdict) (again bool, _ *http.Response, _ error) {
+	s := t.s
+	site := x.Site
+	if v.Reason == ReasonChallenge && req.Response != nil && req.Response.Request != nil {
+		// The site that redirected to its challenge page is the one that bans.
+		site = s.cfg.siteFunc(req.Response.Request.URL)
+	}
+	b.dropLease(l)
+	if _, err := s.penalize(context.WithoutCancel(req.Context()), site, l.proxy, l, v); err != nil {
+		s.cfg.logger.Warn("proxyswitch: quarantine failed; the proxy's lease will expire by its TTL",
+			"proxy", l.proxy.String(), "site", site, "reason", v.Reason, "err", err)
+	}
+	if l.scope != s.scopeOf(site) {
+		s.releaseQuietly(l)
+	}
+	blocked := &BlockedError{Site: site, Proxy: l.proxy.String(), Verdict: v, Attempts: x.Attempt, Err: redactErr(x.Err, l.proxy)}
+	if callerDone(req) {
+		return false, nil, blocked
+	}
+	if v.Reason == ReasonChallenge && x.Redirected() {
+		origin := chainOrigin(req)
+		if !replayable(origin) || chainLen(req) >= maxChainHops || !b.takeRetry(s.cfg.retries) {
+			return false, nil, blocked
+		}
+		return false, restartResponse(req, origin.URL), nil
+	}
+	if !replayable(req) || !b.takeRetry(s.cfg.retries) {
+		return false, nil, blocked
+	}
+	return true, nil, nil
+}
+
+// buffer reads the body for classification, at most the collector's
+// MaxBodySize (or defaultReadLimit when it sets none, streaming the rest to
+// Colly unread), and puts the bytes read back in front of Colly.
+func (t *transport) buffer(resp *http.Response, x *Exchange, a *attempt) error {
+	limit, stream := int64(defaultReadLimit), true
+	if t.c != nil && t.c.MaxBodySize > 0 {
+		limit, stream = int64(t.c.MaxBodySize), false
+	}
+	orig := resp.Body
+	raw, err := io.ReadAll(io.LimitReader(orig, limit))
+	a.stopTimer()
+	if err != nil {
+		orig.Close()
+		return err
+	}
+	x.Truncated = int64(len(raw)) == limit && resp.ContentLength != limit
+	var ok bool
+	x.Body, ok = decodeBody(resp, raw, limit)
+	x.undecoded = !ok
+	if stream && x.Truncated {
+		resp.Body = &doneBody{Reader: io.MultiReader(bytes.NewReader(raw), orig), close: orig.Close, done: a.done}
+		return nil
+	}
+	orig.Close()
+	resp.Body = io.NopCloser(bytes.NewReader(raw))
+	a.done()
+	return nil
+}
+
+// attempt is one try of a hop through one proxy.
+type attempt struct {
+	req    *http.Request // what the inner transport gets
+	ctx    context.Context
+	cancel context.CancelCauseFunc // nil without an attempt timeout
+	timer  *time.Timer             // set from GetConn, on the RoundTrip goroutine
+}
+
+// newAttempt prepares try n of req: its own context when attempts are
+// bounded (the bound starts once a proxy is leased, at GetConn), and a fresh
+// body after the first try.
+func (t *transport) newAttempt(req *http.Request, n int) (*attempt, error) {
+	a := &attempt{req: req, ctx: req.Context()}
+	if d := t.s.cfg.attemptTimeout; d > 0 {
+		a.ctx, a.cancel = context.WithCancelCause(a.ctx)
+		a.ctx = httptrace.WithClientTrace(a.ctx, &httptrace.ClientTrace{GetConn: func(string) {
+			if a.timer == nil {
+				a.timer = time.AfterFunc(d, func() { a.cancel(errAttemptTimeout) })
+			}
+		}})
+	}
+	if n == 1 && a.cancel == nil {
+		return a, nil
+	}
+	a.req = req.WithContext(a.ctx) // a shallow copy: the header map, the lease's key, stays the same
+	if n > 1 && req.Body != nil && req.Body != http.NoBody {
+		body, err := req.GetBody()
+		if err != nil {
+			a.done()
+			return nil, fmt.Errorf("proxyswitch: rewinding the request body for a retry: %w", err)
+		}
+		a.req.Body = body
+	}
+	return a, nil
+}
+
+func (a *attempt) timedOut() bool {
+	return a.cancel != nil && errors.Is(context.Cause(a.ctx), errAttemptTimeout)
+}
+
+func (a *attempt) stopTimer() {
+	if a.timer != nil {
+		a.timer.Stop()
+	}
+}
+
+// done ends the attempt's own context.
+func (a *attempt) done() {
+	a.stopTimer()
+	if a.cancel != nil {
+		a.cancel(nil)
+	}
+}
+
+// hand gives the response to the caller, ending the attempt's context when
+// its body is closed.
+func (a *attempt) hand(resp *http.Response, err error) (*http.Response, error) {
+	if resp == nil || a.cancel == nil {
+		if resp == nil {
+			a.done()
+		}
+		return resp, err
+	}
+	if _, ok := resp.Body.(*doneBody); !ok {
+		body := resp.Body
+		resp.Body = &doneBody{Reader: body, close: body.Close, done: a.done}
+	}
+	return resp, err
+}
+
+// doneBody is a response body that ends its attempt when closed.
+type doneBody struct {
+	io.Reader
+	close func() error
+	done  func()
+}
+
+func (d *doneBody) Close() error {
+	err := d.close()
+	d.done()
+	return err
+}
+
+func closeBody(resp *http.Response) {
+	if resp != nil && resp.Body != nil {
+		resp.Body.Close()
+	}
+}
+
+// callerDone reports whether the request's own deadline or cancellation
+// ended it. net/http's Client cancels a request to a RoundTripper it does not
+// know through Request.Cancel, a moment before the context's deadline shows,
+// so both are looked at.
+func callerDone(req *http.Request) bool {
+	if req.Context().Err() != nil {
+		return true
+	}
+	if dl, ok := req.Context().Deadline(); ok && !time.Now().Before(dl) {
+		return true
+	}
+	select {
+	case <-req.Cancel: //nolint:staticcheck // set by net/http's Client for our RoundTripper
+		return true
+	default:
+		return false
+	}
+}
+
+// chainOrigin is the first request of req's redirect chain.
+func chainOrigin(req *http.Request) *http.Request {
+	for req.Response != nil && req.Response.Request != nil {
+		req = req.Response.Request
+	}
+	return req
+}
+
+// chainLen is the number of hops of req's redirect chain so far.
+func chainLen(req *http.Request) int {
+	n := 1
+	for ; req.Response != nil && req.Response.Request != nil; n++ {
+		req = req.Response.Request
+	}
+	return n
+}
+
+// replayable reports whether req can be sent again.
+func replayable(req *http.Request) bool {
+	return req.Body == nil || req.Body == http.NoBody || req.GetBody != nil
+}
+
+// restartResponse is a redirect back to the first URL of the chain: net/http
+// follows it (Colly lets a chain come back to the page it asked for) and the
+// ProxyFunc leases another proxy for it.
+func restartResponse(req *http.Request, to *url.URL) *http.Response {
+	return &http.Response{
+		Status:     "307 Temporary Redirect",
+		StatusCode: http.StatusTemporaryRedirect,
+		Proto:      "HTTP/1.1",
+		ProtoMajor: 1,
+		ProtoMinor: 1,
+		Header:     http.Header{"Location": {to.String()}},
+		Body:       http.NoBody,
+		Request:    req,
+	}
+}
