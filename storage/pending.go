@@ -18,13 +18,17 @@ import (
 //   - a later delivery (its worker died, or it failed and is retried) finds
 //     the mark of its own earlier delivery, so it is let through once.
 //
-// Entries leave when their delivery is acknowledged or failed, or after the
-// visibility timeout (Colly dropped the request for another reason: a URL
-// filter, robots.txt, MaxDepth, Abort in OnRequest).
+// At most one delivery per visited ID is pending in a process (GetRequest
+// hands a second one back until the first is done), so a visited check of
+// that ID can only be about that delivery, or about a redirect or a
+// HasVisited call, which find it claimed or leave it alone. Entries leave
+// when their delivery is acknowledged or failed, or after the visibility
+// timeout (Colly dropped the request for another reason: a URL filter,
+// robots.txt, MaxDepth, Abort in OnRequest).
 type pending struct {
 	n       atomic.Int64 // entries; lets the visited path skip the lock
 	mu      sync.Mutex
-	byHash  map[uint64][]*delivery
+	byHash  map[uint64]*delivery
 	byToken map[string]*delivery
 	adds    int
 }
@@ -41,45 +45,48 @@ type delivery struct {
 func (d *delivery) token() string { return d.id + ":" + strconv.Itoa(d.number) }
 
 func (p *pending) init() {
-	p.byHash = make(map[uint64][]*delivery)
+	p.byHash = make(map[uint64]*delivery)
 	p.byToken = make(map[string]*delivery)
 }
 
-// add records d, and every 256 adds forgets entries older than maxAge.
-func (p *pending) add(d *delivery, maxAge time.Duration) {
+// add records d, unless another delivery with the same hash is pending: then
+// it reports false. Every 256 adds it forgets entries older than maxAge.
+func (p *pending) add(d *delivery, maxAge time.Duration) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if old, ok := p.byToken[d.token()]; ok {
+	cutoff := d.at.Add(-maxAge)
+	if old := p.byHash[d.hash]; old != nil {
+		if !old.at.Before(cutoff) {
+			return false
+		}
+		p.removeLocked(old)
+	}
+	if old := p.byToken[d.token()]; old != nil {
 		p.removeLocked(old)
 	}
 	p.byToken[d.token()] = d
-	p.byHash[d.hash] = append(p.byHash[d.hash], d)
-	p.n.Store(int64(len(p.byToken)))
-	p.adds++
-	if p.adds%256 != 0 {
-		return
-	}
-	cutoff := d.at.Add(-maxAge)
-	for _, e := range p.byToken {
-		if e.at.Before(cutoff) {
-			p.removeLocked(e)
+	p.byHash[d.hash] = d
+	if p.adds++; p.adds%256 == 0 {
+		for _, e := range p.byToken {
+			if e.at.Before(cutoff) {
+				p.removeLocked(e)
+			}
 		}
 	}
 	p.n.Store(int64(len(p.byToken)))
+	return true
 }
 
-// unclaimed returns the oldest unclaimed delivery whose visited ID is hash,
-// or nil.
+// unclaimed returns the pending delivery whose visited ID is hash, unless
+// Visited has granted it already; else nil.
 func (p *pending) unclaimed(hash uint64) *delivery {
 	if p.n.Load() == 0 {
 		return nil
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for _, d := range p.byHash[hash] {
-		if !d.claimed {
-			return d
-		}
+	if d := p.byHash[hash]; d != nil && !d.claimed {
+		return d
 	}
 	return nil
 }
@@ -99,7 +106,7 @@ func (p *pending) forget(token string) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if d, ok := p.byToken[token]; ok {
+	if d := p.byToken[token]; d != nil {
 		p.removeLocked(d)
 		p.n.Store(int64(len(p.byToken)))
 	}
@@ -107,16 +114,7 @@ func (p *pending) forget(token string) {
 
 func (p *pending) removeLocked(d *delivery) {
 	delete(p.byToken, d.token())
-	list := p.byHash[d.hash]
-	for i, e := range list {
-		if e == d {
-			list = append(list[:i], list[i+1:]...)
-			break
-		}
-	}
-	if len(list) == 0 {
+	if p.byHash[d.hash] == d {
 		delete(p.byHash, d.hash)
-	} else {
-		p.byHash[d.hash] = list
 	}
 }

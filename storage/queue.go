@@ -3,6 +3,7 @@ package storage
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -39,28 +40,47 @@ func (s *Storage) AddRequest(r []byte) error {
 // skips it.
 func (s *Storage) GetRequest() ([]byte, error) {
 	ctx := context.Background()
-	res, err := s.run(ctx, "get request", qPopScript, s.qkeys,
-		s.cfg.visibility.Milliseconds(), s.cfg.maxDeliveries, s.cfg.maxRequestSize)
-	if err != nil {
-		return nil, err
-	}
-	arr, _ := res.([]any)
-	if len(arr) == 4 && arr[0] == int64(1) {
+	held := false
+	for range 8 {
+		res, err := s.run(ctx, "get request", qPopScript, s.qkeys,
+			s.cfg.visibility.Milliseconds(), s.cfg.maxDeliveries, s.cfg.maxRequestSize)
+		if err != nil {
+			return nil, err
+		}
+		arr, _ := res.([]any)
+		if len(arr) == 2 {
+			wait, _ := arr[1].(int64)
+			if wait > 0 || held {
+				time.Sleep(min(time.Duration(max(wait, 1))*time.Millisecond, s.cfg.pollInterval))
+			}
+			return nil, ErrQueueEmpty
+		}
+		if len(arr) != 4 || arr[0] != int64(1) {
+			return nil, fmt.Errorf("%w: unexpected reply from the queue script: %v", ErrCorrupt, res)
+		}
 		id, _ := arr[1].(string)
 		n, _ := arr[2].(int64)
 		payload, _ := arr[3].(string)
-		return s.deliver(ctx, id, int(n), []byte(payload))
-	}
-	if len(arr) == 2 {
-		if wait, _ := arr[1].(int64); wait > 0 {
-			time.Sleep(min(time.Duration(wait)*time.Millisecond, s.cfg.pollInterval))
+		b, err := s.deliver(ctx, id, int(n), []byte(payload))
+		if err == errHeld {
+			held = true
+			continue
 		}
-		return nil, ErrQueueEmpty
+		return b, err
 	}
-	return nil, fmt.Errorf("%w: unexpected reply from the queue script: %v", ErrCorrupt, res)
+	time.Sleep(s.cfg.pollInterval)
+	return nil, ErrQueueEmpty
 }
 
+// errHeld means deliver handed a request back: this process is already
+// running another delivery of the same URL.
+var errHeld = errors.New("held back")
+
 // deliver validates a popped request and stamps it with its delivery token.
+// While this process runs another delivery with the same visited ID, the
+// new one is handed back (q_release) rather than run beside it: with two
+// such deliveries in one process, the visited check could not tell which
+// of them Colly is asking about (see pending.go).
 func (s *Storage) deliver(ctx context.Context, id string, n int, payload []byte) ([]byte, error) {
 	d := &delivery{id: id, number: n, at: time.Now()}
 	w, err := checkRequest(payload, s.cfg.maxRequestSize)
@@ -74,9 +94,16 @@ func (s *Storage) deliver(ctx context.Context, id string, n int, payload []byte)
 		}
 		return nil, fmt.Errorf("queued request %s: %w", id, err)
 	}
-	if h, ok := requestHash(w); ok {
-		d.hash = h
-		s.pending.add(d, s.cfg.visibility)
+	h, ok := requestHash(w)
+	if !ok {
+		return out, nil
+	}
+	d.hash = h
+	if !s.pending.add(d, s.cfg.visibility) {
+		if _, err := s.run(ctx, "release", qReleaseScript, s.qkeys, id, n); err != nil {
+			return nil, err
+		}
+		return nil, errHeld
 	}
 	return out, nil
 }

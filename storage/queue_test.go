@@ -314,3 +314,28 @@ func TestAckNotQueued(t *testing.T) {
 	r.Ctx.Put(ctxDelivery, 12) // not even a string
 	require.ErrorIs(t, s.Ack(r), ErrNotQueued)
 }
+
+// While a process runs one delivery of a URL, a second queue entry of the
+// same URL is handed back, not run beside it, and the hand-back does not
+// count as a delivery.
+func TestSameURLHeldBackInProcess(t *testing.T) {
+	s := newStorage(t, client(t), WithPollInterval(time.Millisecond))
+	for _, u := range []string{"http://a.example/same", "http://a.example/same", "http://a.example/other"} {
+		require.NoError(t, s.AddRequest(marshal(t, u)))
+	}
+	tok1, u1 := pop(t, s)
+	require.Equal(t, "1:1", tok1)
+	tok3, u3 := pop(t, s) // entry 2 is held back
+	require.Equal(t, "3:1", tok3)
+	require.NotEqual(t, u1, u3)
+	_, err := s.GetRequest()
+	require.ErrorIs(t, err, ErrQueueEmpty)
+	require.NoError(t, s.settle(tok1, nil))
+	tok2, u2 := pop(t, s)
+	require.Equal(t, "2:1", tok2, "the hand-backs counted as deliveries")
+	require.Equal(t, u1, u2)
+	other := twin(t, s, client(t)) // another process is not held back by this one
+	require.NoError(t, other.AddRequest(marshal(t, "http://a.example/same")))
+	tok4, _ := pop(t, other)
+	require.Equal(t, "4:1", tok4)
+}

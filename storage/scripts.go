@@ -46,6 +46,10 @@ var (
 	qNackLua    string
 	qNackScript = redis.NewScript(qNackLua)
 
+	//go:embed lua/q_release.lua
+	qReleaseLua    string
+	qReleaseScript = redis.NewScript(qReleaseLua)
+
 	//go:embed lua/q_stats.lua
 	qStatsLua    string
 	qStatsScript = redis.NewScript(qStatsLua)
@@ -70,6 +74,7 @@ var allScripts = map[string]*redis.Script{
 	"q_pop":       qPopScript,
 	"q_ack":       qAckScript,
 	"q_nack":      qNackScript,
+	"q_release":   qReleaseScript,
 	"q_stats":     qStatsScript,
 	"q_requeue":   qRequeueScript,
 	"q_dead":      qDeadScript,

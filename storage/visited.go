@@ -3,6 +3,8 @@ package storage
 import (
 	"context"
 	"encoding/binary"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // Colly checks a URL with IsVisited and then, if it was not visited, calls
@@ -30,18 +32,18 @@ import (
 
 // IsVisited implements Colly's storage.Storage. It reports whether the
 // request ID holds a live visited mark in the namespace, and writes nothing.
-// It is one Redis round trip.
+// It is one Redis round trip (HGET; a mark with an expiry takes a second,
+// a script that compares it with Redis's clock).
 func (s *Storage) IsVisited(requestID uint64) (bool, error) {
 	d := s.pending.unclaimed(requestID)
 	if d != nil && d.number > 1 {
 		// Redelivered: the mark is the failed delivery's own. Fetch again.
 		return false, nil
 	}
-	n, err := s.run(context.Background(), "is visited", isVisitedScript, s.visitedKey(requestID), visitedField(requestID))
+	visited, err := s.isVisited(requestID)
 	if err != nil {
 		return false, err
 	}
-	visited := n == int64(1)
 	if visited && d != nil {
 		// Colly will refuse this delivered request before sending it and
 		// fire no callback: acknowledge it here.
@@ -50,20 +52,39 @@ func (s *Storage) IsVisited(requestID uint64) (bool, error) {
 	return visited, nil
 }
 
+// isVisited reads the mark with HGET; only a mark with an expiry needs
+// Redis's clock, and so the script.
+func (s *Storage) isVisited(id uint64) (bool, error) {
+	ctx, key, field := context.Background(), s.visitedKey(id), visitedField(id)
+	v, err := call(ctx, s.cfg.redisTimeout, "is visited", func(ctx context.Context) (string, error) {
+		return s.rdb.HGet(ctx, key[0], field).Result()
+	})
+	switch {
+	case err == redis.Nil:
+		return false, nil
+	case err != nil:
+		return false, err
+	case v == "0":
+		return true, nil
+	}
+	n, err := s.run(ctx, "is visited", isVisitedScript, key, field)
+	return n == int64(1), err
+}
+
 // Visited implements Colly's storage.Storage. It claims the request ID for
 // the caller, atomically across every process sharing the namespace: nil
 // means the caller may fetch, ErrAlreadyVisited that someone else claimed
 // it first (and Colly then does not fetch). With WithVisitedTTL the mark
-// expires; an expired mark can be claimed again. It is one Redis round
-// trip.
+// expires; an expired mark can be claimed again. Without a TTL it is one
+// HSETNX, plus a script if a mark is present (it may carry another
+// writer's expiry); with a TTL it is one script.
 func (s *Storage) Visited(requestID uint64) error {
-	n, err := s.run(context.Background(), "visited", visitScript, s.visitedKey(requestID),
-		visitedField(requestID), s.cfg.visitedTTL.Milliseconds())
+	claimed, err := s.claim(requestID)
 	if err != nil {
 		return err
 	}
 	d := s.pending.unclaimed(requestID)
-	if n == int64(1) {
+	if claimed {
 		if d != nil {
 			s.pending.claim(d)
 		}
@@ -77,6 +98,23 @@ func (s *Storage) Visited(requestID uint64) error {
 		s.dropDuplicate(d)
 	}
 	return ErrAlreadyVisited
+}
+
+// claim sets the mark if it is absent or expired. Without a TTL of its own
+// it tries HSETNX first: one plain command for the usual case, a new URL;
+// only a present mark, which may have expired, needs the script.
+func (s *Storage) claim(id uint64) (bool, error) {
+	ctx, key, field := context.Background(), s.visitedKey(id), visitedField(id)
+	if s.cfg.visitedTTL == 0 {
+		set, err := call(ctx, s.cfg.redisTimeout, "visited", func(ctx context.Context) (bool, error) {
+			return s.rdb.HSetNX(ctx, key[0], field, "0").Result()
+		})
+		if err != nil || set {
+			return set, err
+		}
+	}
+	n, err := s.run(ctx, "visited", visitScript, key, field, s.cfg.visitedTTL.Milliseconds())
+	return n == int64(1), err
 }
 
 func (s *Storage) visitedKey(id uint64) []string {
