@@ -1,0 +1,424 @@
+package proxyswitch
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// LocalPool is an in-memory lease engine for one process, with the rules of
+// the Redis pool: a proxy is exclusive per site (or overall, ScopeGlobal)
+// with WithConcurrency slots, WithCooldown between uses, the least recently
+// used proxy first, leases that end by themselves after their TTL, owner
+// tokens (a holder whose lease ran out can neither release nor extend the
+// next holder's), and quarantines per proxy and site that end by themselves.
+//
+// It is what a server leases from while Redis is unreachable, over its own
+// share of the pool (ShareProxies over the last known member list): shares
+// do not overlap, so servers leasing locally still never use one IP at once.
+// It keeps the bans it learns (Bans) for writing back to Redis later.
+//
+// A LocalPool is safe for concurrent use by multiple goroutines. Its
+// guarantees hold within one process only. It starts no goroutine and holds
+// no resource: it needs no Close.
+type LocalPool struct {
+	cfg         config
+	tokenPrefix string
+	tokenSeq    atomic.Uint64
+	clock       func() int64 // unix ms, never going back; tests replace it
+
+	mu        sync.Mutex
+	proxies   map[string]*Proxy // the share, by ID
+	ids       []string          // the share's IDs, in the order given
+	sites     map[string]*localSite
+	bans      map[localBanKey]int64 // (scope, ID) -> end, unix ms; scope "" = every site
+	holdUntil int64                 // no lease of any proxy before this (Hold)
+	lastSweep int64
+	seq       uint64        // change counter: LRU order among equal times
+	changed   chan struct{} // closed (and replaced) when a slot frees early
+}
+
+type localBanKey struct{ scope, id string }
+
+// localSweepEvery is how often, at most, a LocalPool forgets idle sites and
+// ended bans.
+const localSweepEvery = time.Second
+
+// NewLocalPool returns an empty LocalPool that follows opts: the Switch's
+// own options, of which it heeds WithConcurrency, WithCooldown, WithScope,
+// WithLeaseTTL, WithMaxWait and WithIdleTTL (the state of a site nobody
+// leased for that long is forgotten). Give it the options the Switch has,
+// so that leases keep their rules when a server falls back to it. It fails
+// with ErrConfig on an invalid option.
+func NewLocalPool(opts ...Option) (*LocalPool, error) {
+	cfg := defaultConfig()
+	for _, o := range opts {
+		if o != nil {
+			o(&cfg)
+		}
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return newLocalPool(cfg), nil
+}
+
+// newLocalPool makes a LocalPool from a validated config (a Switch's).
+func newLocalPool(cfg config) *LocalPool {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	epoch := time.Now()
+	return &LocalPool{
+		cfg:         cfg,
+		tokenPrefix: "L" + hex.EncodeToString(b[:]) + "-",
+		clock:       func() int64 { return epoch.UnixMilli() + time.Since(epoch).Milliseconds() },
+		proxies:     map[string]*Proxy{},
+		sites:       map[string]*localSite{},
+		bans:        map[localBanKey]int64{},
+		changed:     make(chan struct{}),
+	}
+}
+
+// SetProxies makes ps the pool's share, as a Switch's Replace does for the
+// Redis pool: proxies kept keep their state (leases, cooldowns,
+// quarantines), added ones are free at once (unless held or banned),
+// removed ones are never handed out again, and a lease on one of them ends
+// quietly (its Release returns nil). Duplicates are ignored; a nil proxy
+// rejects the whole call and changes nothing.
+func (p *LocalPool) SetProxies(ps []*Proxy) (PoolChange, error) {
+	next := make(map[string]*Proxy, len(ps))
+	ids := make([]string, 0, len(ps))
+	for i, px := range ps {
+		if px == nil {
+			return PoolChange{}, fmt.Errorf("%w: nil proxy #%d", ErrConfig, i+1)
+		}
+		if _, dup := next[px.id]; !dup {
+			next[px.id] = px
+			ids = append(ids, px.id)
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := p.clock()
+	var ch PoolChange
+	for _, id := range p.ids {
+		if _, keep := next[id]; !keep {
+			ch.Removed++
+			for _, st := range p.sites {
+				st.remove(id)
+			}
+		}
+	}
+	for _, id := range ids {
+		if _, had := p.proxies[id]; !had {
+			ch.Added++
+			for scope, st := range p.sites {
+				st.add(id, p.cfg.slots, p.startLocked(scope, id, now), p.nextSeq)
+			}
+		}
+	}
+	p.proxies, p.ids = next, ids
+	ch.Size = len(ids)
+	p.signalLocked()
+	return ch, nil
+}
+
+// Len returns the number of proxies in the share.
+func (p *LocalPool) Len() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.ids)
+}
+
+// TryLease leases the least recently used free proxy for site without
+// waiting, preferring the proxy with ID prefer when it is free (a redirect
+// chain or a session keeping its IP; "" for none). ttl <= 0 means the lease
+// TTL. With every proxy busy it returns no lease, no error and how long
+// until the next one frees; with an empty share, an error wrapping
+// ErrNoProxy and ErrEmptyPool.
+func (p *LocalPool) TryLease(site, prefer string, ttl time.Duration) (*LocalLease, time.Duration, error) {
+	l, wait, _, err := p.tryLease(site, prefer, ttl)
+	return l, wait, err
+}
+
+func (p *LocalPool) tryLease(site, prefer string, ttl time.Duration) (*LocalLease, time.Duration, <-chan struct{}, error) {
+	if site == "" {
+		return nil, 0, nil, fmt.Errorf("%w: empty site", ErrNoProxy)
+	}
+	if ttl <= 0 {
+		ttl = p.cfg.leaseTTL
+	}
+	scope := p.scopeOf(site)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := p.clock()
+	p.sweepLocked(now)
+	if len(p.ids) == 0 {
+		return nil, 0, nil, fmt.Errorf("%w: %w: the local share of pool %q has no proxies", ErrNoProxy, ErrEmptyPool, p.cfg.pool)
+	}
+	st := p.siteLocked(scope, now)
+	st.lastUse = now
+	var slot *localSlot
+	for _, s := range st.slots[prefer] {
+		if s.next <= now {
+			slot = s
+			break
+		}
+	}
+	if slot == nil {
+		slot = st.free[0]
+		if slot.next > now {
+			return nil, time.Duration(slot.next-now) * time.Millisecond, p.changed, nil
+		}
+	}
+	token := p.tokenPrefix + strconv.FormatUint(p.tokenSeq.Add(1), 36)
+	slot.token, slot.expiry = token, now+ttl.Milliseconds()
+	st.setNext(slot, slot.expiry, p.nextSeq())
+	if p.cfg.cooldown > 0 && p.cfg.slots > 1 {
+		// Pacing with K > 1: no other slot of this proxy starts before the cooldown.
+		for _, s := range st.slots[slot.id] {
+			if s != slot && s.next < now+p.cfg.cooldown.Milliseconds() {
+				st.setNext(s, now+p.cfg.cooldown.Milliseconds(), p.nextSeq())
+			}
+		}
+	}
+	l := &LocalLease{pool: p, scope: scope, proxy: p.proxies[slot.id], slot: slot.n, token: token}
+	l.expiry.Store(slot.expiry)
+	return l, 0, nil, nil
+}
+
+// Lease waits for a free proxy for site and leases it for the lease TTL. It
+// waits at most the max wait, or until ctx ends, and then fails with an
+// error wrapping ErrNoProxy (and ctx's error). A release wakes a waiter at
+// once.
+func (p *LocalPool) Lease(ctx context.Context, site string) (*LocalLease, error) {
+	deadline := time.Now().Add(p.cfg.maxWait)
+	for {
+		l, wait, changed, err := p.tryLease(site, "", 0)
+		if l != nil || err != nil {
+			return l, err
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return nil, fmt.Errorf("%w: every proxy of the local share stayed busy for site %s for %v", ErrNoProxy, site, p.cfg.maxWait)
+		}
+		t := time.NewTimer(min(wait, left))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, errors.Join(fmt.Errorf("%w: gave up waiting for site %s", ErrNoProxy, site), ctx.Err())
+		case <-changed:
+			t.Stop()
+		case <-t.C:
+		}
+	}
+}
+
+// Ban quarantines the proxy with ID id on site for d: no lease of it for
+// that site before d has passed (leases for other sites go on). A ban never
+// shortens a longer one. It is recorded for Bans even if the proxy is not in
+// the share. It fails with ErrConfig on an empty ID or site or d <= 0.
+func (p *LocalPool) Ban(id, site string, d time.Duration) error {
+	if site == "" {
+		return fmt.Errorf("%w: ban without a site", ErrConfig)
+	}
+	return p.ban(id, p.scopeOf(site), d, nil)
+}
+
+// BanAllSites quarantines the proxy with ID id on every site for d, as Ban
+// does for one.
+func (p *LocalPool) BanAllSites(id string, d time.Duration) error {
+	return p.ban(id, "", d, nil)
+}
+
+// ban records and applies a quarantine; scope "" means every site. If l is
+// a live lease of the proxy on that scope, its lease record ends with it.
+func (p *LocalPool) ban(id, scope string, d time.Duration, l *LocalLease) error {
+	if id == "" || d <= 0 {
+		return fmt.Errorf("%w: ban of proxy %q for %v: want an ID and a positive duration", ErrConfig, id, d)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := p.clock()
+	until := now + d.Milliseconds()
+	k := localBanKey{scope, id}
+	p.bans[k] = max(p.bans[k], until)
+	if l != nil {
+		// The lease ends now: its slot is free when the longest ban on it ends,
+		// not when the lease would have.
+		if st, s := p.slotLocked(l); s != nil && s.token == l.token {
+			s.token, s.expiry = "", 0
+			st.setNext(s, p.startLocked(l.scope, id, now), p.nextSeq())
+		}
+	}
+	for sc, st := range p.sites {
+		if scope == "" || scope == sc {
+			st.raise(id, until, p.nextSeq) // other holders keep their leases
+		}
+	}
+	return nil
+}
+
+// LocalBan is a quarantine a LocalPool learnt, to be written back to Redis
+// when it is reachable again.
+type LocalBan struct {
+	ProxyID string
+	Site    string    // the scope banned on ("*" with ScopeGlobal); "" for every site
+	Until   time.Time // the end, by this process's clock: write back time.Until(Until)
+}
+
+// Bans returns the quarantines recorded by Ban, BanAllSites and
+// LocalLease.Ban that have not ended yet, ordered by site then proxy ID.
+func (p *LocalPool) Bans() []LocalBan {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now, wall := p.clock(), time.Now()
+	out := make([]LocalBan, 0, len(p.bans))
+	for k, until := range p.bans {
+		if until > now {
+			out = append(out, LocalBan{ProxyID: k.id, Site: k.scope, Until: wall.Add(time.Duration(until-now) * time.Millisecond)})
+		}
+	}
+	slices.SortFunc(out, func(a, b LocalBan) int {
+		if c := strings.Compare(a.Site, b.Site); c != 0 {
+			return c
+		}
+		return strings.Compare(a.ProxyID, b.ProxyID)
+	})
+	return out
+}
+
+// Hold makes every proxy of the share, on every site, wait at least d from
+// now before its next lease, including proxies and sites that come later.
+// A server that falls back from Redis calls it with the longest time a
+// lease taken from Redis by another server may still be in use, so that
+// such a lease on a proxy of this share ends before the proxy is used here.
+func (p *LocalPool) Hold(d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.holdUntil = max(p.holdUntil, p.clock()+d.Milliseconds())
+	for _, st := range p.sites {
+		for _, id := range p.ids {
+			st.raise(id, p.holdUntil, p.nextSeq)
+		}
+	}
+}
+
+// Stats returns a snapshot of the share as site sees it, with the meaning
+// Switch.Stats gives each field.
+func (p *LocalPool) Stats(site string) SiteStats {
+	scope := p.scopeOf(site)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := p.clock()
+	st := SiteStats{Proxies: len(p.ids)}
+	s, ok := p.sites[scope]
+	if !ok {
+		for _, id := range p.ids {
+			if p.startLocked(scope, id, now) <= now {
+				st.FreeSlots += p.cfg.slots
+			}
+		}
+		st.BusySlots = len(p.ids)*p.cfg.slots - st.FreeSlots
+		return st
+	}
+	for _, sl := range s.free {
+		if sl.next <= now {
+			st.FreeSlots++
+		} else {
+			st.BusySlots++
+		}
+		if sl.token != "" {
+			st.LeaseRecords++
+			if sl.live(now) {
+				st.Leased++
+			}
+		}
+	}
+	return st
+}
+
+func (p *LocalPool) scopeOf(site string) string {
+	if p.cfg.scope == ScopeGlobal {
+		return globalSite
+	}
+	return site
+}
+
+func (p *LocalPool) nextSeq() uint64 {
+	p.seq++
+	return p.seq
+}
+
+// signalLocked wakes the waiters of Lease.
+func (p *LocalPool) signalLocked() {
+	close(p.changed)
+	p.changed = make(chan struct{})
+}
+
+// startLocked is when a proxy new to a scope is first free: now, or later
+// if it is held or banned there.
+func (p *LocalPool) startLocked(scope, id string, now int64) int64 {
+	return max(now, p.holdUntil, p.bans[localBanKey{scope, id}], p.bans[localBanKey{"", id}])
+}
+
+// siteLocked returns the state of scope, building it on its first lease:
+// every proxy of the share free, in the order given, unless held or banned.
+func (p *LocalPool) siteLocked(scope string, now int64) *localSite {
+	st := p.sites[scope]
+	if st == nil {
+		st = &localSite{slots: make(map[string][]*localSlot, len(p.ids)), free: make(slotHeap, 0, len(p.ids)*p.cfg.slots)}
+		for _, id := range p.ids {
+			st.add(id, p.cfg.slots, p.startLocked(scope, id, now), p.nextSeq)
+		}
+		p.sites[scope] = st
+	}
+	return st
+}
+
+// slotLocked finds the site and slot of lease l; nil if its proxy or its
+// site is gone.
+func (p *LocalPool) slotLocked(l *LocalLease) (*localSite, *localSlot) {
+	st := p.sites[l.scope]
+	if st == nil {
+		return nil, nil
+	}
+	ss := st.slots[l.proxy.id]
+	if l.slot >= len(ss) {
+		return nil, nil
+	}
+	return st, ss[l.slot]
+}
+
+// sweepLocked, at most once per localSweepEvery, forgets ended bans and the
+// sites nobody leased for the idle TTL that hold no live lease.
+func (p *LocalPool) sweepLocked(now int64) {
+	if now-p.lastSweep < localSweepEvery.Milliseconds() {
+		return
+	}
+	p.lastSweep = now
+	for k, until := range p.bans {
+		if until <= now {
+			delete(p.bans, k)
+		}
+	}
+	for scope, st := range p.sites {
+		if now-st.lastUse < p.cfg.idleTTL.Milliseconds() {
+			continue
+		}
+		if !slices.ContainsFunc(st.free, func(s *localSlot) bool { return s.live(now) || s.next > now }) {
+			delete(p.sites, scope)
+		}
+	}
+}

@@ -1,0 +1,412 @@
+package proxyswitch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// localPool returns a LocalPool over n proxies (proxyURLsForShard) on a
+// fake clock that starts at 1,000,000 ms and moves only when told.
+func localPool(t *testing.T, n int, opts ...Option) (*LocalPool, *atomic.Int64, []*Proxy) {
+	t.Helper()
+	p, err := NewLocalPool(opts...)
+	require.NoError(t, err)
+	clock := &atomic.Int64{}
+	clock.Store(1_000_000)
+	p.clock = clock.Load
+	ps, err := ParseProxies(proxyURLsForShard(n))
+	require.NoError(t, err)
+	ch, err := p.SetProxies(ps)
+	require.NoError(t, err)
+	require.Equal(t, PoolChange{Added: n, Size: n}, ch)
+	return p, clock, ps
+}
+
+func mustLease(t *testing.T, p *LocalPool, site string) *LocalLease {
+	t.Helper()
+	l, wait, err := p.TryLease(site, "", 0)
+	require.NoError(t, err)
+	require.NotNil(t, l, "no proxy free (next in %v)", wait)
+	return l
+}
+
+func noLease(t *testing.T, p *LocalPool, site string) time.Duration {
+	t.Helper()
+	l, wait, err := p.TryLease(site, "", 0)
+	require.NoError(t, err)
+	require.Nil(t, l, "leased %v", l)
+	return wait
+}
+
+func TestLocalPoolExclusivePerSiteAndLRU(t *testing.T) {
+	p, _, ps := localPool(t, 3)
+	var held []*LocalLease
+	for range 3 {
+		held = append(held, mustLease(t, p, "ozon.ru"))
+	}
+	assert.Equal(t, ps[0].ID(), held[0].Proxy().ID(), "proxies start free in the order given")
+	assert.Equal(t, 30*time.Second, noLease(t, p, "ozon.ru"), "all busy: the wait is the time to the first expiry")
+	other := mustLease(t, p, "avito.ru")
+	assert.Equal(t, "avito.ru", other.Site(), "a proxy busy on one site serves another")
+
+	for _, l := range held {
+		require.NoError(t, l.Release())
+		require.NoError(t, l.Release(), "a second release is a no-op")
+	}
+	seen := map[string]bool{}
+	for range 3 {
+		l := mustLease(t, p, "ozon.ru")
+		seen[l.Proxy().ID()] = true
+		require.NoError(t, l.Release())
+	}
+	assert.Len(t, seen, 3, "least recently used first: three leases in a row use three proxies")
+	assert.Equal(t, SiteStats{Proxies: 3, FreeSlots: 3}, p.Stats("ozon.ru"))
+	assert.Equal(t, SiteStats{Proxies: 3, FreeSlots: 2, Leased: 1, BusySlots: 1, LeaseRecords: 1}, p.Stats("avito.ru"))
+	assert.Equal(t, SiteStats{Proxies: 3, FreeSlots: 3}, p.Stats("never.example"))
+}
+
+func TestLocalPoolScopeGlobal(t *testing.T) {
+	p, _, _ := localPool(t, 1, WithScope(ScopeGlobal))
+	l := mustLease(t, p, "ozon.ru")
+	assert.Equal(t, "*", l.Site())
+	noLease(t, p, "avito.ru")
+	require.NoError(t, l.Release())
+	mustLease(t, p, "avito.ru")
+}
+
+func TestLocalPoolConcurrencyAndPacing(t *testing.T) {
+	p, clock, _ := localPool(t, 1, WithConcurrency(2), WithCooldown(time.Second))
+	a := mustLease(t, p, "ozon.ru")
+	assert.Equal(t, time.Second, noLease(t, p, "ozon.ru"), "the second slot waits for the cooldown after a start")
+	clock.Add(1000)
+	b := mustLease(t, p, "ozon.ru")
+	assert.Equal(t, a.Proxy().ID(), b.Proxy().ID())
+	noLease(t, p, "ozon.ru")
+
+	require.NoError(t, a.Release())
+	assert.Equal(t, time.Second, noLease(t, p, "ozon.ru"), "a released slot cools down")
+	clock.Add(1000)
+	mustLease(t, p, "ozon.ru")
+}
+
+// A lease ends by itself; its late holder can then neither release nor
+// extend the next holder's lease.
+func TestLocalPoolTTLAndOwnerTokens(t *testing.T) {
+	p, clock, _ := localPool(t, 1, WithLeaseTTL(time.Second))
+	old, _, err := p.TryLease("ozon.ru", "", 0)
+	require.NoError(t, err)
+	assert.Equal(t, time.UnixMilli(1_001_000), old.Expiry())
+	clock.Add(999)
+	noLease(t, p, "ozon.ru")
+	clock.Add(1)
+	next := mustLease(t, p, "ozon.ru")
+	require.Equal(t, old.Proxy().ID(), next.Proxy().ID())
+
+	assert.ErrorIs(t, old.Extend(0), ErrLeaseLost)
+	err = old.Release()
+	require.ErrorIs(t, err, ErrLeaseLost)
+	var pe *ProxyError
+	require.True(t, errors.As(err, &pe))
+	assert.NotContains(t, err.Error(), "secret", "no password in errors")
+	noLease(t, p, "ozon.ru")
+
+	require.NoError(t, next.Extend(5*time.Second))
+	assert.Equal(t, time.UnixMilli(1_006_000), next.Expiry())
+	clock.Add(4000)
+	noLease(t, p, "ozon.ru")
+	require.NoError(t, next.Release())
+	assert.ErrorIs(t, next.Extend(0), ErrLeaseLost, "released")
+
+	// Released after its expiry, with nobody in between: fine.
+	late := mustLease(t, p, "ozon.ru")
+	clock.Add(2000)
+	require.NoError(t, late.Release())
+}
+
+func TestLocalPoolBans(t *testing.T) {
+	p, clock, ps := localPool(t, 2)
+	id := ps[0].ID()
+	require.NoError(t, p.Ban(id, "ozon.ru", 10*time.Second))
+	require.NoError(t, p.Ban(id, "ozon.ru", time.Second), "a shorter ban never shortens a longer one")
+	l := mustLease(t, p, "ozon.ru")
+	assert.Equal(t, ps[1].ID(), l.Proxy().ID(), "the banned proxy is skipped on its site")
+	assert.Equal(t, ps[0].ID(), mustLease(t, p, "avito.ru").Proxy().ID(), "and serves other sites")
+	assert.Equal(t, []LocalBan{{ProxyID: id, Site: "ozon.ru"}}, clearUntil(p.Bans()))
+	assert.Equal(t, 10*time.Second, noLease(t, p, "ozon.ru"))
+
+	// A ban caught on a lease ends it; a release after that changes nothing.
+	require.NoError(t, l.Ban(20*time.Second))
+	require.NoError(t, l.Release())
+	clock.Add(10_000)
+	assert.Equal(t, ps[0].ID(), mustLease(t, p, "ozon.ru").Proxy().ID(), "the first ban ended by itself")
+	assert.Equal(t, 10*time.Second, noLease(t, p, "ozon.ru"))
+
+	require.NoError(t, p.BanAllSites(ps[1].ID(), time.Minute))
+	assert.Equal(t, ps[0].ID(), mustLease(t, p, "new.example").Proxy().ID(), "a ban on every site holds on sites leased later too")
+	clock.Add(1000) // past localSweepEvery: the ended ban is forgotten
+	assert.Equal(t, []LocalBan{{ProxyID: ps[1].ID()}, {ProxyID: ps[1].ID(), Site: "ozon.ru"}}, clearUntil(p.Bans()))
+	bans := p.Bans()
+	assert.InDelta(t, (time.Minute - time.Second).Seconds(), time.Until(bans[0].Until).Seconds(), 1)
+
+	for _, bad := range []func() error{
+		func() error { return p.Ban("", "ozon.ru", time.Second) },
+		func() error { return p.Ban(id, "", time.Second) },
+		func() error { return p.Ban(id, "ozon.ru", 0) },
+		func() error { return p.BanAllSites(id, -time.Second) },
+	} {
+		assert.ErrorIs(t, bad(), ErrConfig)
+	}
+}
+
+func clearUntil(bs []LocalBan) []LocalBan {
+	for i := range bs {
+		bs[i].Until = time.Time{}
+	}
+	return bs
+}
+
+func TestLocalPoolPrefer(t *testing.T) {
+	p, _, ps := localPool(t, 3)
+	l, _, err := p.TryLease("ozon.ru", ps[2].ID(), 0)
+	require.NoError(t, err)
+	assert.Equal(t, ps[2].ID(), l.Proxy().ID())
+	l2, _, err := p.TryLease("ozon.ru", ps[2].ID(), 0)
+	require.NoError(t, err)
+	assert.Equal(t, ps[0].ID(), l2.Proxy().ID(), "the preferred proxy is busy: the least recently used instead")
+}
+
+func TestLocalPoolSetProxies(t *testing.T) {
+	p, _, ps := localPool(t, 3, WithCooldown(time.Minute))
+	gone := mustLease(t, p, "ozon.ru")
+	cooling := mustLease(t, p, "ozon.ru")
+	require.NoError(t, cooling.Release())
+
+	more, err := ParseProxies(proxyURLsForShard(5))
+	require.NoError(t, err)
+	ch, err := p.SetProxies(append(more[1:], more[1])) // drops ps[0], adds 3 and 4, a duplicate
+	require.NoError(t, err)
+	assert.Equal(t, PoolChange{Added: 2, Removed: 1, Size: 4}, ch)
+	assert.Equal(t, 4, p.Len())
+
+	got := map[string]bool{}
+	for range 3 {
+		got[mustLease(t, p, "ozon.ru").Proxy().ID()] = true
+	}
+	assert.Equal(t, map[string]bool{ps[2].ID(): true, more[3].ID(): true, more[4].ID(): true}, got,
+		"the removed proxy is never handed out; the kept one still cools down; added ones are free")
+	noLease(t, p, "ozon.ru")
+	require.NoError(t, gone.Release(), "the lease of a removed proxy ends quietly")
+
+	_, err = p.SetProxies([]*Proxy{ps[0], nil})
+	require.ErrorIs(t, err, ErrConfig)
+	assert.Equal(t, 4, p.Len(), "a rejected call changes nothing")
+}
+
+func TestLocalPoolHold(t *testing.T) {
+	p, clock, _ := localPool(t, 2)
+	mustLease(t, p, "ozon.ru")
+	p.Hold(2 * time.Second)
+	p.Hold(time.Second) // never shortens
+	assert.Equal(t, 2*time.Second, noLease(t, p, "avito.ru"), "sites built later are held too")
+	extra, err := ParseProxies([]string{"http://u9:secret@192.0.2.99:8080"})
+	require.NoError(t, err)
+	_, err = p.SetProxies(append(extra, p.proxiesInOrder()...))
+	require.NoError(t, err)
+	assert.Equal(t, 2*time.Second, noLease(t, p, "ozon.ru"), "proxies added later are held too")
+	clock.Add(2000)
+	mustLease(t, p, "ozon.ru")
+}
+
+func (p *LocalPool) proxiesInOrder() []*Proxy {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]*Proxy, len(p.ids))
+	for i, id := range p.ids {
+		out[i] = p.proxies[id]
+	}
+	return out
+}
+
+// Lease blocks until a release (woken at once, not polling), the max wait
+// or the context's end.
+func TestLocalPoolLeaseWaits(t *testing.T) {
+	ps, err := ParseProxies(proxyURLsForShard(1))
+	require.NoError(t, err)
+	p, err := NewLocalPool(WithMaxWait(2 * time.Second))
+	require.NoError(t, err)
+	_, err = p.SetProxies(ps)
+	require.NoError(t, err)
+	ctx := context.Background()
+
+	held, err := p.Lease(ctx, "ozon.ru")
+	require.NoError(t, err)
+	go func() {
+		time.Sleep(50 * time.Millisecond)
+		_ = held.Release()
+	}()
+	start := time.Now()
+	l, err := p.Lease(ctx, "ozon.ru")
+	require.NoError(t, err)
+	assert.Less(t, time.Since(start), time.Second, "woken by the release")
+
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Millisecond)
+	defer cancel()
+	_, err = p.Lease(cctx, "ozon.ru")
+	assert.ErrorIs(t, err, ErrNoProxy)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+
+	p.cfg.maxWait = 20 * time.Millisecond
+	_, err = p.Lease(ctx, "ozon.ru")
+	assert.ErrorIs(t, err, ErrNoProxy)
+	require.NoError(t, l.Release())
+}
+
+func TestLocalPoolBadInput(t *testing.T) {
+	_, err := NewLocalPool(WithConcurrency(0))
+	assert.ErrorIs(t, err, ErrConfig)
+	p, err := NewLocalPool(nil)
+	require.NoError(t, err, "a nil option is skipped")
+	_, _, err = p.TryLease("ozon.ru", "", 0)
+	assert.ErrorIs(t, err, ErrNoProxy)
+	assert.ErrorIs(t, err, ErrEmptyPool)
+	_, _, err = p.TryLease("", "", 0)
+	assert.ErrorIs(t, err, ErrNoProxy)
+	_, err = p.Lease(context.Background(), "ozon.ru")
+	assert.ErrorIs(t, err, ErrEmptyPool, "an empty share fails at once, no waiting")
+}
+
+// Sites nobody leased for the idle TTL are forgotten, unless a lease or a
+// cooldown is still running there.
+func TestLocalPoolForgetsIdleSites(t *testing.T) {
+	p, clock, _ := localPool(t, 2, WithIdleTTL(time.Minute), WithLeaseTTL(20*time.Second))
+	mustLease(t, p, "a.example")
+	require.NoError(t, mustLease(t, p, "b.example").Release())
+	clock.Add(61_000)
+	mustLease(t, p, "c.example") // sweeps
+	p.mu.Lock()
+	_, a := p.sites["a.example"]
+	_, b := p.sites["b.example"]
+	p.mu.Unlock()
+	assert.False(t, a, "its lease ended long ago")
+	assert.False(t, b)
+}
+
+// Many goroutines on one LocalPool: never two holders of one slot, under
+// -race, with releases, extensions, bans and expiries mixed in.
+func TestLocalPoolNoTwoHoldersAtOnce(t *testing.T) {
+	ps, err := ParseProxies(proxyURLsForShard(8))
+	require.NoError(t, err)
+	p, err := NewLocalPool(WithConcurrency(2), WithMaxWait(5*time.Second), WithLeaseTTL(time.Second))
+	require.NoError(t, err)
+	_, err = p.SetProxies(ps)
+	require.NoError(t, err)
+
+	sites := []string{"ozon.ru", "avito.ru", "wildberries.ru"}
+	var inUse sync.Map // "site|id" -> *atomic.Int32
+	var over, leases atomic.Int64
+	var wg sync.WaitGroup
+	for g := range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(g), 7))
+			for range 150 {
+				site := sites[r.IntN(len(sites))]
+				l, err := p.Lease(context.Background(), site)
+				if !assert.NoError(t, err) {
+					return
+				}
+				leases.Add(1)
+				c, _ := inUse.LoadOrStore(site+"|"+l.Proxy().ID(), new(atomic.Int32))
+				if c.(*atomic.Int32).Add(1) > 2 {
+					over.Add(1)
+				}
+				if r.IntN(4) == 0 {
+					_ = l.Extend(time.Second)
+				}
+				time.Sleep(time.Duration(r.IntN(200)) * time.Microsecond)
+				c.(*atomic.Int32).Add(-1)
+				if r.IntN(50) == 0 {
+					_ = l.Ban(time.Duration(1+r.IntN(20)) * time.Millisecond)
+				} else {
+					_ = l.Release()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	assert.Zero(t, over.Load(), "a slot had two holders at once")
+	assert.Equal(t, int64(64*150), leases.Load())
+	for _, site := range sites {
+		assert.Zero(t, p.Stats(site).Leased, site)
+	}
+}
+
+// Three servers that lost Redis build their local pools from the same last
+// known member list and pool: each hands out only its own share, so no
+// proxy serves two servers at once, and together they use the whole pool.
+func TestLocalPoolsOfThreeServersNeverShareAProxy(t *testing.T) {
+	ps, err := ParseProxies(proxyURLsForShard(60))
+	require.NoError(t, err)
+	members := []string{"crawler-2", "crawler-3", "crawler-1"} // as each learnt it: order does not matter
+	pools := map[string]*LocalPool{}
+	for _, m := range members {
+		share, err := ShareProxies(Rendezvous{}, ps, members, m)
+		require.NoError(t, err)
+		p, err := NewLocalPool(WithMaxWait(5 * time.Second))
+		require.NoError(t, err)
+		_, err = p.SetProxies(share)
+		require.NoError(t, err)
+		pools[m] = p
+	}
+
+	var owner sync.Map // proxy ID -> server that used it
+	var inUse sync.Map // "site|id" -> *atomic.Int32
+	var overlap, collisions atomic.Int64
+	var wg sync.WaitGroup
+	for server, p := range pools {
+		for g := range 20 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range 100 {
+					site := fmt.Sprintf("site%d.example", (g+i)%2)
+					l, err := p.Lease(context.Background(), site)
+					if !assert.NoError(t, err) {
+						return
+					}
+					if prev, loaded := owner.LoadOrStore(l.Proxy().ID(), server); loaded && prev != server {
+						overlap.Add(1)
+					}
+					c, _ := inUse.LoadOrStore(site+"|"+l.Proxy().ID(), new(atomic.Int32))
+					if c.(*atomic.Int32).Add(1) > 1 {
+						collisions.Add(1)
+					}
+					time.Sleep(50 * time.Microsecond)
+					c.(*atomic.Int32).Add(-1)
+					assert.NoError(t, l.Release())
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	assert.Zero(t, overlap.Load(), "a proxy was used by two servers")
+	assert.Zero(t, collisions.Load(), "one IP on one site twice at once")
+	used := 0
+	owner.Range(func(any, any) bool { used++; return true })
+	assert.Equal(t, 60, used, "the shares cover the whole pool")
+	total := 0
+	for _, p := range pools {
+		total += p.Len()
+	}
+	assert.Equal(t, 60, total)
+}

@@ -1,0 +1,89 @@
+package proxyswitch
+
+import "container/heap"
+
+// localSite is a LocalPool's state for one scope (a site, or "*" with
+// ScopeGlobal): the in-memory twin of the Redis free set and lease hash.
+// Guarded by the LocalPool's mutex.
+type localSite struct {
+	free    slotHeap                // every slot, earliest next-free time first
+	slots   map[string][]*localSlot // proxy ID -> its K slots
+	lastUse int64                   // unix ms of the last lease
+}
+
+// localSlot is one of a proxy's K concurrent uses on one scope.
+type localSlot struct {
+	id     string
+	n      int    // slot number, 0..K-1
+	next   int64  // unix ms at which it is next free: lease expiry, cooldown or quarantine end
+	seq    uint64 // order of the last change of next: among equals, the least recently used first
+	token  string // owner of the current lease record; "" for none
+	expiry int64  // unix ms at which that lease ends
+	index  int    // position in the heap
+}
+
+// slotHeap is a min-heap of slots by (next, seq).
+type slotHeap []*localSlot
+
+func (h slotHeap) Len() int { return len(h) }
+func (h slotHeap) Less(i, j int) bool {
+	if h[i].next != h[j].next {
+		return h[i].next < h[j].next
+	}
+	return h[i].seq < h[j].seq
+}
+func (h slotHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].index, h[j].index = i, j
+}
+func (h *slotHeap) Push(x any) {
+	s := x.(*localSlot)
+	s.index = len(*h)
+	*h = append(*h, s)
+}
+func (h *slotHeap) Pop() any {
+	old := *h
+	s := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	s.index = -1
+	return s
+}
+
+// add puts a proxy's K slots in, first free at next.
+func (st *localSite) add(id string, k int, next int64, seq func() uint64) {
+	ss := make([]*localSlot, k)
+	for n := range ss {
+		ss[n] = &localSlot{id: id, n: n, next: next, seq: seq()}
+		heap.Push(&st.free, ss[n])
+	}
+	st.slots[id] = ss
+}
+
+// remove takes a proxy's slots out; a lease on them can no longer be
+// released or extended, and it is never handed out again.
+func (st *localSite) remove(id string) {
+	for _, s := range st.slots[id] {
+		heap.Remove(&st.free, s.index)
+	}
+	delete(st.slots, id)
+}
+
+// setNext moves a slot's next-free time to at.
+func (st *localSite) setNext(s *localSlot, at int64, seq uint64) {
+	s.next, s.seq = at, seq
+	heap.Fix(&st.free, s.index)
+}
+
+// raise pushes every slot of id to at least at (a quarantine or a hold),
+// keeping anything already further out.
+func (st *localSite) raise(id string, at int64, seq func() uint64) {
+	for _, s := range st.slots[id] {
+		if s.next < at {
+			st.setNext(s, at, seq())
+		}
+	}
+}
+
+// live reports whether a slot holds a lease that has not ended by now.
+func (s *localSlot) live(now int64) bool { return s.token != "" && s.expiry > now }
