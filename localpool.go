@@ -40,6 +40,7 @@ type LocalPool struct {
 	ids       []string          // the share's IDs, in the order given
 	sites     map[string]*localSite
 	bans      map[localBanKey]int64 // (scope, ID) -> end, unix ms; scope "" = every site
+	reserved  map[localBanKey]int64 // (scope, ID) -> end of a lease taken elsewhere (Reserve)
 	holdUntil int64                 // no lease of any proxy before this (Hold)
 	lastSweep int64
 	seq       uint64        // change counter: LRU order among equal times
@@ -83,6 +84,7 @@ func newLocalPool(cfg config) *LocalPool {
 		proxies:     map[string]*Proxy{},
 		sites:       map[string]*localSite{},
 		bans:        map[localBanKey]int64{},
+		reserved:    map[localBanKey]int64{},
 		changed:     make(chan struct{}),
 	}
 }
@@ -296,6 +298,32 @@ func (p *LocalPool) Bans() []LocalBan {
 	return out
 }
 
+// Reserve keeps the proxy with ID id busy on site until the given time,
+// without counting it as a ban (Bans does not list it): for a lease taken
+// elsewhere that may still be in use. A server that falls back from Redis
+// reserves the proxies of its own Redis leases still running, so that its
+// local leases do not hand them out a second time. It fails with ErrConfig
+// on an empty ID or site; a time already past does nothing.
+func (p *LocalPool) Reserve(id, site string, until time.Time) error {
+	if id == "" || site == "" {
+		return fmt.Errorf("%w: reserve of proxy %q on site %q: want an ID and a site", ErrConfig, id, site)
+	}
+	d := time.Until(until)
+	if d <= 0 {
+		return nil
+	}
+	scope := p.scopeOf(site)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	end := p.clock() + d.Milliseconds()
+	k := localBanKey{scope, id}
+	p.reserved[k] = max(p.reserved[k], end)
+	if st := p.sites[scope]; st != nil {
+		st.raise(id, end, p.nextSeq)
+	}
+	return nil
+}
+
 // Hold makes every proxy of the share, on every site, wait at least d from
 // now before its next lease, including proxies and sites that come later.
 // A server that falls back from Redis calls it with the longest time a
@@ -368,9 +396,10 @@ func (p *LocalPool) signalLocked() {
 }
 
 // startLocked is when a proxy new to a scope is first free: now, or later
-// if it is held or banned there.
+// if it is held, reserved or banned there.
 func (p *LocalPool) startLocked(scope, id string, now int64) int64 {
-	return max(now, p.holdUntil, p.bans[localBanKey{scope, id}], p.bans[localBanKey{"", id}])
+	k := localBanKey{scope, id}
+	return max(now, p.holdUntil, p.bans[k], p.bans[localBanKey{"", id}], p.reserved[k])
 }
 
 // siteLocked returns the state of scope, building it on its first lease:
@@ -401,16 +430,19 @@ func (p *LocalPool) slotLocked(l *LocalLease) (*localSite, *localSlot) {
 	return st, ss[l.slot]
 }
 
-// sweepLocked, at most once per localSweepEvery, forgets ended bans and the
-// sites nobody leased for the idle TTL that hold no live lease.
+// sweepLocked, at most once per localSweepEvery, forgets ended bans and
+// reservations, and the sites nobody leased for the idle TTL that hold no
+// live lease.
 func (p *LocalPool) sweepLocked(now int64) {
 	if now-p.lastSweep < localSweepEvery.Milliseconds() {
 		return
 	}
 	p.lastSweep = now
-	for k, until := range p.bans {
-		if until <= now {
-			delete(p.bans, k)
+	for _, m := range []map[localBanKey]int64{p.bans, p.reserved} {
+		for k, until := range m {
+			if until <= now {
+				delete(m, k)
+			}
 		}
 	}
 	for scope, st := range p.sites {

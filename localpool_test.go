@@ -226,6 +226,26 @@ func TestLocalPoolHold(t *testing.T) {
 	mustLease(t, p, "ozon.ru")
 }
 
+// A proxy leased from Redis before the fallback stays busy locally until its
+// lease ends, on the sites it was leased for only, and is no ban.
+func TestLocalPoolReserve(t *testing.T) {
+	p, clock, ps := localPool(t, 2)
+	require.NoError(t, mustLease(t, p, "avito.ru").Release()) // one site built before the reservation
+	require.NoError(t, p.Reserve(ps[0].ID(), "avito.ru", time.Now().Add(5*time.Second)))
+	require.NoError(t, p.Reserve(ps[1].ID(), "ozon.ru", time.Now().Add(3*time.Second)))
+	require.NoError(t, p.Reserve(ps[1].ID(), "ozon.ru", time.Now().Add(-time.Second)), "a time past does nothing")
+	assert.Equal(t, ps[1].ID(), mustLease(t, p, "avito.ru").Proxy().ID(), "the reserved proxy is skipped")
+	assert.InDelta(t, 5, noLease(t, p, "avito.ru").Seconds(), 0.1, "until the reservation ends")
+	assert.Equal(t, ps[0].ID(), mustLease(t, p, "ozon.ru").Proxy().ID(), "a site built later skips it too")
+	assert.InDelta(t, 3, noLease(t, p, "ozon.ru").Seconds(), 0.1)
+	assert.Equal(t, ps[0].ID(), mustLease(t, p, "wildberries.ru").Proxy().ID(), "other sites are not affected")
+	assert.Empty(t, p.Bans())
+	clock.Add(3000)
+	assert.Equal(t, ps[1].ID(), mustLease(t, p, "ozon.ru").Proxy().ID())
+	assert.ErrorIs(t, p.Reserve("", "ozon.ru", time.Now().Add(time.Second)), ErrConfig)
+	assert.ErrorIs(t, p.Reserve(ps[0].ID(), "", time.Now().Add(time.Second)), ErrConfig)
+}
+
 func (p *LocalPool) proxiesInOrder() []*Proxy {
 	p.mu.Lock()
 	defer p.mu.Unlock()
