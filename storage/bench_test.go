@@ -3,6 +3,7 @@ package storage
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -26,14 +27,32 @@ func benchClient(b *testing.B) *redis.Client {
 	return shared.Client(b, func(o *redis.Options) { o.PoolSize = 64 })
 }
 
-func benchStores(b *testing.B) (ours *Storage, baseline *redisStorageBaseline) {
+// benchStore is one contender.
+type benchStore struct {
+	name string
+	s    interface {
+		visitedAPI
+		AddRequest([]byte) error
+		GetRequest() ([]byte, error)
+	}
+}
+
+// benchStores returns this package on a default client ("proxyswitch",
+// round trips on watchdog goroutines), on a client with
+// ContextTimeoutEnabled ("proxyswitch-ctx", inline), and the baseline on
+// the default client.
+func benchStores(b *testing.B) []benchStore {
 	rdb := benchClient(b)
-	ours = newStorage(b, rdb)
-	baseline = &redisStorageBaseline{Client: rdb, Prefix: testNS()}
+	ctxClient := shared.Client(b, func(o *redis.Options) { o.PoolSize = 64; o.ContextTimeoutEnabled = true })
+	baseline := &redisStorageBaseline{Client: rdb, Prefix: testNS()}
 	if err := baseline.Init(); err != nil {
 		b.Fatal(err)
 	}
-	return ours, baseline
+	return []benchStore{
+		{"proxyswitch", newStorage(b, rdb)},
+		{"proxyswitch-ctx", newStorage(b, ctxClient)},
+		{"redisstorage", baseline},
+	}
 }
 
 func reportRate(b *testing.B, start time.Time, unit string) {
@@ -43,11 +62,7 @@ func reportRate(b *testing.B, start time.Time, unit string) {
 // BenchmarkVisitedNew is Colly's check of a URL not seen before:
 // IsVisited, then Visited (ours: a read, then the atomic claim).
 func BenchmarkVisitedNew(b *testing.B) {
-	ours, baseline := benchStores(b)
-	for _, bc := range []struct {
-		name string
-		s    visitedAPI
-	}{{"proxyswitch", ours}, {"redisstorage", baseline}} {
+	for _, bc := range benchStores(b) {
 		b.Run(bc.name, func(b *testing.B) {
 			var next atomic.Uint64
 			next.Store(uint64(time.Now().UnixNano()))
@@ -76,12 +91,8 @@ func BenchmarkVisitedNew(b *testing.B) {
 // BenchmarkVisitedSeen is Colly's check of a URL already visited (most
 // links of a crawl): one IsVisited.
 func BenchmarkVisitedSeen(b *testing.B) {
-	ours, baseline := benchStores(b)
 	const seen = 4096
-	for _, bc := range []struct {
-		name string
-		s    visitedAPI
-	}{{"proxyswitch", ours}, {"redisstorage", baseline}} {
+	for _, bc := range benchStores(b) {
 		for i := range seen {
 			if err := bc.s.Visited(uint64(i)); err != nil {
 				b.Fatal(err)
@@ -109,56 +120,46 @@ func BenchmarkVisitedSeen(b *testing.B) {
 // BenchmarkQueue is one request through the queue: push, pop and (ours
 // only; the baseline has no such step) acknowledge.
 func BenchmarkQueue(b *testing.B) {
-	ours, baseline := benchStores(b)
-	req := marshal(b, "https://shop.example/catalog/item?id=12345&ref=list")
-	b.Run("proxyswitch", func(b *testing.B) {
-		b.ReportAllocs()
-		b.SetParallelism(25)
-		start := time.Now()
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				if err := ours.AddRequest(req); err != nil {
-					b.Error(err)
-					return
+	var seq atomic.Int64
+	next := func() []byte { // distinct requests, as a crawl queues them
+		return marshal(b, fmt.Sprintf("https://shop.example/catalog/item?id=%d&ref=list", seq.Add(1)))
+	}
+	for _, bc := range benchStores(b) {
+		ours, _ := bc.s.(*Storage)
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetParallelism(25)
+			start := time.Now()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if err := bc.s.AddRequest(next()); err != nil {
+						b.Error(err)
+						return
+					}
+					got, err := bc.s.GetRequest()
+					if errors.Is(err, ErrQueueEmpty) || err == redis.Nil {
+						continue // another goroutine took it
+					}
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					if ours == nil {
+						continue // LPOP: nothing to acknowledge
+					}
+					var m struct{ Ctx map[string]any }
+					if err := json.Unmarshal(got, &m); err != nil {
+						b.Error(err)
+						return
+					}
+					tok, _ := m.Ctx[ctxDelivery].(string)
+					if err := ours.settle(tok, nil); err != nil {
+						b.Error(err)
+						return
+					}
 				}
-				got, err := ours.GetRequest()
-				if errors.Is(err, ErrQueueEmpty) {
-					continue // another goroutine took it; it acks that one
-				}
-				if err != nil {
-					b.Error(err)
-					return
-				}
-				var m struct{ Ctx map[string]any }
-				if err := json.Unmarshal(got, &m); err != nil {
-					b.Error(err)
-					return
-				}
-				tok, _ := m.Ctx[ctxDelivery].(string)
-				if err := ours.settle(tok, nil); err != nil {
-					b.Error(err)
-					return
-				}
-			}
+			})
+			reportRate(b, start, "requests/s")
 		})
-		reportRate(b, start, "requests/s")
-	})
-	b.Run("redisstorage", func(b *testing.B) {
-		b.ReportAllocs()
-		b.SetParallelism(25)
-		start := time.Now()
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				if err := baseline.AddRequest(req); err != nil {
-					b.Error(err)
-					return
-				}
-				if _, err := baseline.GetRequest(); err != nil && err != redis.Nil {
-					b.Error(err)
-					return
-				}
-			}
-		})
-		reportRate(b, start, "requests/s")
-	})
+	}
 }

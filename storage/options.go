@@ -153,7 +153,10 @@ func WithPollInterval(d time.Duration) Option { return func(c *config) { c.pollI
 func WithMaxRequestSize(n int) Option { return func(c *config) { c.maxRequestSize = n } }
 
 // WithRedisTimeout bounds every single Redis round trip (go-redis retries
-// included), whatever the client's own timeouts. The default is 2s.
+// included), whatever the client's own timeouts: a client without
+// Options.ContextTimeoutEnabled ignores context deadlines, so each call then
+// runs on a watchdog goroutine; with it (on *redis.Client, *ClusterClient or
+// *Ring), calls run inline, which is cheaper. The default is 2s.
 func WithRedisTimeout(d time.Duration) Option { return func(c *config) { c.redisTimeout = d } }
 
 // WithRetryIf decides, for a delivered request that reached Colly's OnError,

@@ -18,28 +18,28 @@ import (
 //   - a later delivery (its worker died, or it failed and is retried) finds
 //     the mark of its own earlier delivery, so it is let through once.
 //
-// At most one delivery per visited ID is pending in a process (GetRequest
-// hands a second one back until the first is done), so a visited check of
-// that ID can only be about that delivery, or about a redirect or a
-// HasVisited call, which find it claimed or leave it alone. Entries leave
+// At most one delivery per visited ID is unclaimed in a process at a time
+// (GetRequest hands a second one back until the first has passed Visited or
+// is done), so a visited check that finds an unclaimed delivery can only be
+// about that one (or be a HasVisited call or a redirect check, which find it
+// visited only if Colly would refuse it anyway). Entries leave
 // when their delivery is acknowledged or failed, or after the visibility
 // timeout (Colly dropped the request for another reason: a URL filter,
 // robots.txt, MaxDepth, Abort in OnRequest).
 type pending struct {
 	n       atomic.Int64 // entries; lets the visited path skip the lock
 	mu      sync.Mutex
-	byHash  map[uint64]*delivery
-	byToken map[string]*delivery
+	byHash  map[uint64]*delivery // the unclaimed delivery of each visited ID
+	byToken map[string]*delivery // every pending delivery
 	adds    int
 }
 
 // delivery is one delivery of a queued request to this process.
 type delivery struct {
-	id      string    // request ID in the queue
-	number  int       // 1 for the first delivery
-	hash    uint64    // Colly's request ID for the visited check
-	at      time.Time // when it was delivered
-	claimed bool      // Visited granted it (guarded by pending.mu)
+	id     string    // request ID in the queue
+	number int       // 1 for the first delivery
+	hash   uint64    // Colly's request ID for the visited check
+	at     time.Time // when it was delivered
 }
 
 func (d *delivery) token() string { return d.id + ":" + strconv.Itoa(d.number) }
@@ -49,8 +49,8 @@ func (p *pending) init() {
 	p.byToken = make(map[string]*delivery)
 }
 
-// add records d, unless another delivery with the same hash is pending: then
-// it reports false. Every 256 adds it forgets entries older than maxAge.
+// add records d, unless another unclaimed delivery with the same hash is
+// pending: then it reports false. Every 256 adds it forgets entries older than maxAge.
 func (p *pending) add(d *delivery, maxAge time.Duration) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -77,25 +77,25 @@ func (p *pending) add(d *delivery, maxAge time.Duration) bool {
 	return true
 }
 
-// unclaimed returns the pending delivery whose visited ID is hash, unless
-// Visited has granted it already; else nil.
+// unclaimed returns the pending delivery whose visited ID is hash and which
+// Visited has not granted yet, or nil.
 func (p *pending) unclaimed(hash uint64) *delivery {
 	if p.n.Load() == 0 {
 		return nil
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if d := p.byHash[hash]; d != nil && !d.claimed {
-		return d
-	}
-	return nil
+	return p.byHash[hash]
 }
 
 // claim marks d as granted by Visited: later visited checks of the same ID
-// (a page linking to itself, HasVisited) leave it alone.
+// (a page linking to itself, HasVisited, another delivery of the URL) leave
+// it alone.
 func (p *pending) claim(d *delivery) {
 	p.mu.Lock()
-	d.claimed = true
+	if p.byHash[d.hash] == d {
+		delete(p.byHash, d.hash)
+	}
 	p.mu.Unlock()
 }
 

@@ -27,6 +27,7 @@ type Storage struct {
 	qkeys   []string
 	pending pending
 	cookies cookieMemo
+	inline  bool // the client bounds round trips by the context itself
 }
 
 // Compile-time checks: every go-redis client kind fits.
@@ -51,7 +52,7 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Storage, error) {
 		return nil, err
 	}
 	k := newKeyspace(cfg.namespace)
-	s := &Storage{rdb: rdb, cfg: cfg, keys: k, q: k.queue()}
+	s := &Storage{rdb: rdb, cfg: cfg, keys: k, q: k.queue(), inline: honoursDeadlines(rdb)}
 	s.qkeys = s.q.all()
 	s.pending.init()
 	s.cookies.init()
@@ -88,7 +89,7 @@ func (s *Storage) Init() error {
 // collectors still running during Clear may survive it; stop them first.
 func (s *Storage) Clear(ctx context.Context) error {
 	buckets := s.cfg.buckets
-	recorded, err := call(ctx, s.cfg.redisTimeout, "clear", func(ctx context.Context) (string, error) {
+	recorded, err := call(ctx, s.cfg.redisTimeout, s.inline, "clear", func(ctx context.Context) (string, error) {
 		return s.rdb.HGet(ctx, s.keys.meta(), "buckets").Result()
 	})
 	if err != nil && err != redis.Nil {
@@ -109,7 +110,7 @@ func (s *Storage) Clear(ctx context.Context) error {
 			return err
 		}
 	}
-	hosts, err := call(ctx, s.cfg.redisTimeout, "clear", func(ctx context.Context) ([]string, error) {
+	hosts, err := call(ctx, s.cfg.redisTimeout, s.inline, "clear", func(ctx context.Context) ([]string, error) {
 		return s.rdb.SMembers(ctx, s.keys.cookieHosts()).Result()
 	})
 	if err != nil {
@@ -128,7 +129,7 @@ func (s *Storage) Clear(ctx context.Context) error {
 
 // unlinkEach sends one UNLINK per key that keys adds, in one pipeline.
 func (s *Storage) unlinkEach(ctx context.Context, keys func(add func(string))) error {
-	_, err := call(ctx, s.cfg.redisTimeout, "clear", func(ctx context.Context) ([]redis.Cmder, error) {
+	_, err := call(ctx, s.cfg.redisTimeout, s.inline, "clear", func(ctx context.Context) ([]redis.Cmder, error) {
 		return s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			keys(func(k string) { p.Unlink(ctx, k) })
 			return nil

@@ -56,7 +56,7 @@ func (s *Storage) IsVisited(requestID uint64) (bool, error) {
 // Redis's clock, and so the script.
 func (s *Storage) isVisited(id uint64) (bool, error) {
 	ctx, key, field := context.Background(), s.visitedKey(id), visitedField(id)
-	v, err := call(ctx, s.cfg.redisTimeout, "is visited", func(ctx context.Context) (string, error) {
+	v, err := call(ctx, s.cfg.redisTimeout, s.inline, "is visited", func(ctx context.Context) (string, error) {
 		return s.rdb.HGet(ctx, key[0], field).Result()
 	})
 	switch {
@@ -106,7 +106,7 @@ func (s *Storage) Visited(requestID uint64) error {
 func (s *Storage) claim(id uint64) (bool, error) {
 	ctx, key, field := context.Background(), s.visitedKey(id), visitedField(id)
 	if s.cfg.visitedTTL == 0 {
-		set, err := call(ctx, s.cfg.redisTimeout, "visited", func(ctx context.Context) (bool, error) {
+		set, err := call(ctx, s.cfg.redisTimeout, s.inline, "visited", func(ctx context.Context) (bool, error) {
 			return s.rdb.HSetNX(ctx, key[0], field, "0").Result()
 		})
 		if err != nil || set {
