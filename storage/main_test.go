@@ -17,9 +17,6 @@ import (
 // cluster Redis start their own servers.
 var shared *redistest.Server
 
-// redisAddr is the shared server's address, for the examples.
-var redisAddr string
-
 func TestMain(m *testing.M) {
 	if os.Getenv(workerEnv) != "" {
 		os.Exit(workerMain())
@@ -30,7 +27,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "storage tests:", err)
 		os.Exit(2)
 	}
-	redisAddr = shared.Addr()
+	ExampleRedisAddr = shared.Addr()
 	code := m.Run()
 	_ = shared.Close()
 	os.Exit(code)
@@ -66,3 +63,7 @@ func twin(t testing.TB, s *Storage, rdb redis.UniversalClient) *Storage {
 }
 
 var bg = context.Background()
+
+// ExampleRedisAddr is the Redis address the examples (package storage_test)
+// use: the shared test server's.
+var ExampleRedisAddr string

@@ -127,11 +127,22 @@ func (s *Storage) Clear(ctx context.Context) error {
 	})
 }
 
-// unlinkEach sends one UNLINK per key that keys adds, in one pipeline.
+// unlinkEach deletes the keys that keys adds, in one pipeline: one UNLINK
+// per key on a Cluster or Ring client (the keys live in different slots),
+// one UNLINK for all on a single-node or Sentinel client.
 func (s *Storage) unlinkEach(ctx context.Context, keys func(add func(string))) error {
+	var all []string
+	keys(func(k string) { all = append(all, k) })
+	_, single := s.rdb.(*redis.Client)
 	_, err := call(ctx, s.cfg.redisTimeout, s.inline, "clear", func(ctx context.Context) ([]redis.Cmder, error) {
 		return s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-			keys(func(k string) { p.Unlink(ctx, k) })
+			if single {
+				p.Unlink(ctx, all...)
+				return nil
+			}
+			for _, k := range all {
+				p.Unlink(ctx, k)
+			}
 			return nil
 		})
 	})
