@@ -265,14 +265,16 @@ func TestRedeliveryBypassesOwnVisitedMark(t *testing.T) {
 }
 
 // Requests visited from a queued request's callbacks share its context;
-// their outcome must not answer for the queued request. A Retry from
-// OnError takes the delivery over.
+// their outcome must not answer for the queued request: a child's success
+// must not acknowledge the parent before the parent is done (a crash then
+// would lose it), nor a child's failure fail it. A Retry from OnError takes
+// the delivery over.
 func TestAckOwnership(t *testing.T) {
 	var flaky atomic.Int32
 	site := newCountingSite(t, func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/parent":
-			fmt.Fprint(w, `<html><body><a href="/child-fails">c</a></body></html>`)
+			fmt.Fprint(w, `<html><body><a href="/child-ok">c</a><a href="/child-fails">c</a></body></html>`)
 		case "/child-fails":
 			http.Error(w, "no", http.StatusServiceUnavailable)
 		case "/flaky":
@@ -281,6 +283,8 @@ func TestAckOwnership(t *testing.T) {
 				return
 			}
 			fmt.Fprint(w, "ok")
+		default:
+			fmt.Fprint(w, "ok")
 		}
 	})
 	s := newStorage(t, client(t), WithMaxDeliveries(1), WithRetryDelay(0), WithPollInterval(5*time.Millisecond))
@@ -288,17 +292,35 @@ func TestAckOwnership(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, q.AddURL(site.URL+"/parent"))
 	require.NoError(t, q.AddURL(site.URL+"/flaky"))
+	rdb := client(t)
+	parentInFlight := func() string { // the parent is queue ID 1
+		_, errF := rdb.ZScore(bg, s.q.inflight, "1").Result()
+		_, errD := rdb.ZScore(bg, s.q.dead, "1").Result()
+		return fmt.Sprintf("in flight: %v, dead: %v", errF == nil, errD == nil)
+	}
+	var seen []string
 	runQueue(t, s, 1, func(c *colly.Collector) {
 		c.OnHTML("a[href]", func(e *colly.HTMLElement) { _ = e.Request.Visit(e.Attr("href")) })
+		c.OnScraped(func(r *colly.Response) {
+			if strings.HasPrefix(r.Request.URL.Path, "/child") {
+				seen = append(seen, parentInFlight())
+			}
+		})
 		c.OnError(func(r *colly.Response, _ error) {
-			if r.Request.URL.Path == "/flaky" {
+			switch r.Request.URL.Path {
+			case "/flaky":
 				_ = r.Request.Retry()
+			case "/child-fails":
+				seen = append(seen, parentInFlight())
 			}
 		})
 	})
 	require.Equal(t, 1, site.count("/parent"))
+	require.Equal(t, 1, site.count("/child-ok"))
 	require.Equal(t, 1, site.count("/child-fails"))
 	require.Equal(t, 2, site.count("/flaky"))
+	want := "in flight: true, dead: false"
+	require.Equal(t, []string{want, want}, seen, "a child's outcome acknowledged or failed its parent")
 	st, err := s.Stats(bg)
 	require.NoError(t, err)
 	require.Equal(t, Stats{}, st, "a child's failure or a retried request was dead-lettered")
