@@ -174,8 +174,9 @@ func WithRetryIf(f func(r *colly.Response, err error) bool) Option {
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
 
 // DefaultRetryIf retries network errors (no response), 429 Too Many
-// Requests and 5xx answers; any other error (a 404, a redirect to a URL
-// already visited) counts as done.
+// Requests and 5xx answers; any other error counts as done: a 404, a
+// redirect to a URL another collector has, a request aborted on purpose
+// from OnRequestHeaders or OnResponseHeaders.
 func DefaultRetryIf(r *colly.Response, err error) bool {
 	if r == nil || r.StatusCode == 0 {
 		return !finalErr(err)

@@ -20,9 +20,13 @@ import (
 //
 // At most one delivery per visited ID is unclaimed in a process at a time
 // (GetRequest hands a second one back until the first has passed Visited or
-// is done), so a visited check that finds an unclaimed delivery can only be
-// about that one (or be a HasVisited call or a redirect check, which find it
-// visited only if Colly would refuse it anyway). Entries leave
+// is done), so a visited check that finds an unclaimed delivery is about
+// that one, or is a HasVisited call (which acknowledges it only if the URL
+// is visited, when Colly would refuse it anyway). One case stays
+// imprecise: a redirect that lands on the URL of a delivery waiting in this
+// process claims it on that delivery's behalf; the delivery is then refused,
+// comes back after the visibility timeout and is fetched again (a
+// duplicate, never a loss). Entries leave
 // when their delivery is acknowledged or failed, or after the visibility
 // timeout (Colly dropped the request for another reason: a URL filter,
 // robots.txt, MaxDepth, Abort in OnRequest).
