@@ -10,8 +10,8 @@ import (
 	"github.com/gocolly/colly/v2"
 )
 
-// Option configures a Storage. Options are applied in order; New reports
-// invalid values.
+// Option configures a Storage. Options are applied in order by New, which
+// reports invalid values; an Option holds no state and may be reused.
 type Option func(*config)
 
 type config struct {

@@ -118,7 +118,8 @@ func (s *Storage) QueueSize() (int, error) {
 	return st.Ready + st.InFlight, err
 }
 
-// Stats counts the namespace's queue.
+// Stats counts the namespace's queue at one moment: a plain value, a
+// snapshot that other processes may change right after.
 type Stats struct {
 	// Ready is the number of requests waiting for delivery. It may count a
 	// few IDs acknowledged after their visibility timeout, which the next
@@ -146,7 +147,8 @@ func (s *Storage) Stats(ctx context.Context) (Stats, error) {
 }
 
 // DeadLetter is a request that failed or was not acknowledged on each of
-// its deliveries, or that failed validation.
+// its deliveries, or that failed validation. It is a plain value, a copy of
+// what Redis held when DeadLetters read it.
 type DeadLetter struct {
 	ID         string    // queue ID; pass it to Requeue
 	URL        string    // the request's URL ("" if the request is unreadable)

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strconv"
 
+	"github.com/gocolly/colly/v2/queue"
+	collystorage "github.com/gocolly/colly/v2/storage"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -18,7 +20,8 @@ import (
 // every queued request is delivered to one worker at a time, again after
 // its visibility timeout if that worker dies, until it is acknowledged or
 // dead-lettered (at-least-once). It holds no connection of its own and
-// starts no goroutine that outlives a call; it needs no Close.
+// starts no long-lived goroutine (a round trip given up at its timeout
+// finishes in the background); it needs no Close.
 type Storage struct {
 	rdb     redis.UniversalClient
 	cfg     config
@@ -30,8 +33,12 @@ type Storage struct {
 	inline  bool // the client bounds round trips by the context itself
 }
 
-// Compile-time checks: every go-redis client kind fits.
+// Compile-time checks: a Storage is both of Colly's backends, and every
+// go-redis client kind fits.
 var (
+	_ collystorage.Storage = (*Storage)(nil)
+	_ queue.Storage        = (*Storage)(nil)
+
 	_ redis.UniversalClient = (*redis.Client)(nil) // also NewFailoverClient (Sentinel)
 	_ redis.UniversalClient = (*redis.ClusterClient)(nil)
 	_ redis.UniversalClient = (*redis.Ring)(nil)
