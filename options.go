@@ -40,6 +40,7 @@ type config struct {
 	backoffMin    time.Duration
 	backoffMax    time.Duration
 	sweepInterval time.Duration
+	readLimit     int64 // bytes of a body classified when the collector sets no MaxBodySize
 
 	// ban detection and quarantine (bandetect.go, ban.go, transport.go)
 	quarantine, maxQuarantine         time.Duration
@@ -77,6 +78,7 @@ func defaultConfig() config {
 		backoffMin:    5 * time.Millisecond,
 		backoffMax:    250 * time.Millisecond,
 		sweepInterval: time.Second,
+		readLimit:     defaultReadLimit,
 
 		quarantine:        30 * time.Minute,
 		maxQuarantine:     12 * time.Hour,

@@ -192,7 +192,7 @@ func (t *transport) retry(req *http.Request, b *binding, l *Lease, x *Exchange, 
 // MaxBodySize (or defaultReadLimit when it sets none, streaming the rest to
 // Colly unread), and puts the bytes read back in front of Colly.
 func (t *transport) buffer(resp *http.Response, x *Exchange, a *attempt) error {
-	limit, stream := int64(defaultReadLimit), true
+	limit, stream := t.s.cfg.readLimit, true
 	if t.c != nil && t.c.MaxBodySize > 0 {
 		limit, stream = int64(t.c.MaxBodySize), false
 	}

@@ -29,11 +29,13 @@ type workerSpec struct {
 	URLs      []string `json:"urls"`    // crawl: the URLs to visit
 	Threads   int      `json:"threads"` // crawl: parallel requests
 	LeaseTTL  string   `json:"lease_ttl"`
-	HoldSites []string `json:"hold_sites"` // hold: lease one proxy per site, then sleep
+	HoldSites []string `json:"hold_sites"` // hold: lease one proxy per site, then sleep; probe: the site
+	Until     int64    `json:"until"`      // probe: lease and release until this unix ms
 }
 
 type workerResult struct {
 	OK, Failed int
+	IDs        map[string]int // probe: leases per proxy ID
 }
 
 func startWorker(t *testing.T, spec workerSpec) *exec.Cmd {
@@ -76,6 +78,20 @@ func workerMain() int {
 		}
 		fmt.Println("held")
 		time.Sleep(time.Hour)
+		return 0
+	case "probe":
+		res := workerResult{IDs: map[string]int{}}
+		for time.Now().UnixMilli() < spec.Until {
+			l, err := sw.Lease(context.Background(), spec.HoldSites[0])
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "worker:", err)
+				return 2
+			}
+			res.IDs[l.Proxy().ID()]++
+			_ = l.Release(context.Background())
+		}
+		b, _ := json.Marshal(res)
+		fmt.Println(string(b))
 		return 0
 	case "crawl":
 		c := colly.NewCollector(colly.Async(true), colly.AllowURLRevisit())

@@ -1,0 +1,392 @@
+package proxyswitch
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/proxyswitch/proxyswitch/internal/redistest"
+	"github.com/proxyswitch/proxyswitch/internal/testbed"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// quarantineEnd reads when p's first slot on site is free again, as Redis has it.
+func quarantineEnd(t *testing.T, s *Switch, site string, p *Proxy) time.Time {
+	t.Helper()
+	score, err := sharedClient(t).ZScore(context.Background(), s.keys.free(s.scopeOf(site)), p.id+":0").Result()
+	require.NoError(t, err)
+	return time.UnixMilli(int64(score))
+}
+
+// leaseAll leases every proxy free for site right now, through a worker of
+// s's pool that does not wait, and returns their IDs; the leases are
+// released before it returns.
+func leaseAll(t *testing.T, s *Switch, site string) map[string]bool {
+	t.Helper()
+	ctx := context.Background()
+	s = sibling(t, s, sharedClient(t))
+	s.cfg.maxWait = 0
+	ids := map[string]bool{}
+	var held []*Lease
+	for {
+		l, err := s.acquire(ctx, site, "")
+		if err != nil {
+			require.ErrorIs(t, err, ErrNoProxy)
+			break
+		}
+		ids[l.Proxy().ID()] = true
+		held = append(held, l)
+	}
+	for _, l := range held {
+		require.NoError(t, l.Release(ctx))
+	}
+	return ids
+}
+
+// TestQuarantineIsClusterWide: a proxy banned through one collector is
+// leased by no other worker for that site (another collector with its own
+// Redis client, another process) until its quarantine ends, and is leased
+// again afterwards.
+func TestQuarantineIsClusterWide(t *testing.T) {
+	m := testbed.NewMarketplace(nil)
+	site, proxies, s := marketBed(t, m, false, 3, WithRetries(0), WithQuarantine(2*time.Second, 10*time.Second))
+	burnt := proxies[0]
+	m.Burn(burnt.SourceIP().String(), testbed.Forbid)
+	pb, err := ParseProxy(burnt.URL())
+	require.NoError(t, err)
+
+	c := newPageCollector(t, s)
+	var banned time.Time
+	for i := 0; banned.IsZero(); i++ {
+		require.Less(t, i, 3, "least recently used first reaches every proxy within three requests")
+		if err := c.Visit(fmt.Sprintf("%s/p/%d", site.URL(), i+1)); err != nil {
+			require.ErrorIs(t, err, ErrBanned)
+			banned = time.Now()
+		}
+	}
+	until := quarantineEnd(t, s, site.Host(), pb)
+	require.WithinDuration(t, banned.Add(2*time.Second), until, 400*time.Millisecond, "2s, jittered")
+	probeEnd := until.Add(-200 * time.Millisecond)
+
+	cmd := startWorker(t, workerSpec{Mode: "probe", Redis: shared.Addr(), Prefix: s.cfg.prefix,
+		HoldSites: []string{site.Host()}, Until: probeEnd.UnixMilli()})
+	type out struct {
+		res workerResult
+		err error
+	}
+	done := make(chan out, 1)
+	go func() {
+		b, err := cmd.Output()
+		if err != nil {
+			done <- out{err: err}
+			return
+		}
+		var r workerResult
+		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+		err = json.Unmarshal([]byte(lines[len(lines)-1]), &r)
+		done <- out{r, err}
+	}()
+	other := newPageCollector(t, sibling(t, s, sharedClient(t)))
+	pages := 0
+	for ; time.Now().Before(probeEnd); pages++ {
+		require.NoError(t, other.Visit(fmt.Sprintf("%s/p/%d", site.URL(), 100+pages)))
+	}
+	o := <-done
+	require.NoError(t, o.err)
+	assert.NotEmpty(t, o.res.IDs, "the other process leased")
+	assert.NotContains(t, o.res.IDs, pb.ID(), "the other process never got the banned proxy")
+	assert.Equal(t, pages, other.products, "the other collector got every page, none through the banned proxy")
+	for _, h := range site.Recorder().Hits() {
+		if h.ClientIP == burnt.SourceIP().String() {
+			assert.True(t, h.Start.Before(banned), "a request from the banned IP at %v, ban at %v", h.Start, banned)
+		}
+	}
+	t.Logf("during the quarantine: %d pages through another collector, %d leases in another process",
+		pages, o.res.IDs[proxyID(proxies[1])]+o.res.IDs[proxyID(proxies[2])])
+
+	time.Sleep(time.Until(until.Add(50 * time.Millisecond)))
+	assert.True(t, leaseAll(t, s, site.Host())[pb.ID()], "leased again after the quarantine")
+}
+
+func proxyID(p *testbed.Proxy) string {
+	pp, _ := ParseProxy(p.URL())
+	return pp.ID()
+}
+
+// TestBanBackoff: bans in a row double the quarantine (jittered, capped,
+// never below Retry-After), leases wait it out, and a healthy answer starts
+// the backoff over.
+func TestBanBackoff(t *testing.T) {
+	ctx := context.Background()
+	const base, maxq = 50 * time.Millisecond, 400 * time.Millisecond
+	s := newSwitch(t, sharedClient(t), WithQuarantine(base, maxq), WithMaxWait(5*time.Second))
+	_, err := s.Add(ctx, proxyURLs(1)...)
+	require.NoError(t, err)
+	const site = "shop.example"
+	ban := Verdict{Kind: Ban, Reason: "http_403"}
+	within := func(got, want time.Duration, what string) {
+		assert.GreaterOrEqual(t, got, want*85/100-time.Millisecond, what)
+		assert.LessOrEqual(t, got, min(want*115/100+time.Millisecond, maxq), what)
+	}
+
+	var last time.Time
+	var lastQ time.Duration
+	for i := range 5 {
+		l, err := s.Lease(ctx, site)
+		require.NoError(t, err)
+		if i > 0 {
+			assert.GreaterOrEqual(t, time.Since(last), lastQ-20*time.Millisecond, "the lease waited out the quarantine")
+		}
+		pen, err := s.penalize(ctx, site, l.proxy, l, ban)
+		require.NoError(t, err)
+		assert.Equal(t, i+1, pen.strikes)
+		within(pen.quarantine, min(base<<i, maxq), fmt.Sprintf("ban %d", i+1))
+		last, lastQ = time.Now(), pen.quarantine
+		assert.NoError(t, l.Release(ctx), "the ban ended the lease: releasing is a no-op")
+	}
+
+	// A healthy answer resets the backoff.
+	l, err := s.Lease(ctx, site)
+	require.NoError(t, err)
+	require.NoError(t, l.Report(ctx, Verdict{Kind: OK}))
+	l, err = s.Lease(ctx, site)
+	require.NoError(t, err)
+	pen, err := s.penalize(ctx, site, l.proxy, l, ban)
+	require.NoError(t, err)
+	assert.Equal(t, 1, pen.strikes)
+	within(pen.quarantine, base, "after a healthy answer")
+
+	// Retry-After is the least quarantine, capped by the max.
+	pen, err = s.penalize(ctx, site, l.proxy, nil, Verdict{Kind: Ban, Reason: "http_429", RetryAfter: 300 * time.Millisecond})
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, pen.quarantine, 300*time.Millisecond)
+	pen, err = s.penalize(ctx, site, l.proxy, nil, Verdict{Kind: Ban, Reason: "http_429", RetryAfter: time.Hour})
+	require.NoError(t, err)
+	assert.Equal(t, maxq, pen.quarantine)
+	assert.Equal(t, map[BanKey]int64{{site, "http_403"}: 6, {site, "http_429"}: 2}, s.BanCounts())
+}
+
+// TestDeadProxyRule pins when failures make a proxy dead (WithDeadAfter)
+// and what Dead, Revive and Remove do.
+func TestDeadProxyRule(t *testing.T) {
+	ctx := context.Background()
+	s := newSwitch(t, sharedClient(t), WithFailureQuarantine(10*time.Millisecond, 20*time.Millisecond),
+		WithQuarantine(10*time.Millisecond, 20*time.Millisecond), WithDeadAfter(3), WithMaxWait(0))
+	ps, err := ParseProxies(proxyURLs(6))
+	require.NoError(t, err)
+	_, err = s.Add(ctx, proxyURLs(6)...)
+	require.NoError(t, err)
+	for _, site := range []string{"a.example", "b.example"} { // both sites have a free set
+		leaseAll(t, s, site)
+	}
+	step := func(p *Proxy, what string) bool {
+		var v Verdict
+		site := "a.example"
+		switch what {
+		case "softA":
+			v = Verdict{Kind: ProxyFailure, Reason: ReasonProxyTimeout}
+		case "softB":
+			v, site = Verdict{Kind: ProxyFailure, Reason: ReasonProxyGateway}, "b.example"
+		case "hard":
+			v = Verdict{Kind: ProxyFailure, Reason: ReasonProxyConnect}
+		case "ban":
+			v = Verdict{Kind: Ban, Reason: "http_403"}
+		case "healthy":
+			_, err := s.releaseMember(ctx, site, "none", "none", p.id)
+			require.NoError(t, err)
+			return false
+		}
+		pen, err := s.penalize(ctx, site, p, nil, v)
+		require.NoError(t, err)
+		return pen.dead
+	}
+	for i, tc := range []struct {
+		steps []string
+		dead  bool
+	}{
+		{[]string{"softA", "softA", "softA", "softA"}, false}, // one site's timeouts: maybe the site
+		{[]string{"softA", "softB", "softA"}, true},           // failing on two sites
+		{[]string{"hard", "hard", "hard"}, true},              // refusing connections
+		{[]string{"hard", "hard", "ban", "hard"}, false},      // a ban proves the proxy works
+		{[]string{"hard", "hard", "healthy", "hard"}, false},  // so does a healthy answer
+	} {
+		dead := false
+		for _, st := range tc.steps {
+			dead = step(ps[i], st)
+		}
+		assert.Equal(t, tc.dead, dead, "%v", tc.steps)
+	}
+	list, err := s.Dead(ctx)
+	require.NoError(t, err)
+	require.Len(t, list, 2)
+	byID := map[string]DeadProxy{list[0].Proxy.ID(): list[0], list[1].Proxy.ID(): list[1]}
+	assert.Equal(t, ReasonProxyTimeout, byID[ps[1].ID()].Reason)
+	assert.Equal(t, ReasonProxyConnect, byID[ps[2].ID()].Reason)
+	assert.WithinDuration(t, time.Now(), byID[ps[2].ID()].Since, 5*time.Second)
+
+	time.Sleep(30 * time.Millisecond) // past every other quarantine
+	for _, site := range []string{"a.example", "b.example", "fresh.example"} {
+		ids := leaseAll(t, s, site)
+		assert.Len(t, ids, 4, site)
+		assert.NotContains(t, ids, ps[1].ID(), "dead on %s", site)
+		assert.NotContains(t, ids, ps[2].ID(), "dead on %s", site)
+	}
+
+	n, err := s.Revive(ctx, ps[1].URL().String(), ps[5].ID())
+	require.NoError(t, err)
+	assert.Equal(t, 1, n, "only one of them was dead")
+	assert.Contains(t, leaseAll(t, s, "fresh.example"), ps[1].ID(), "revived on every site at once")
+	assert.Contains(t, leaseAll(t, s, "a.example"), ps[1].ID())
+	_, err = s.Remove(ctx, ps[2].ID())
+	require.NoError(t, err)
+	list, err = s.Dead(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, list, "a removed proxy leaves no dead record")
+	records, err := sharedClient(t).HLen(ctx, s.keys.dead()).Result()
+	require.NoError(t, err)
+	assert.Zero(t, records)
+}
+
+// TestDeadProxyOutOfEverySiteUntilHealthCheck: a proxy that refuses
+// connections is marked dead through a crawl, stays out of every site's
+// rotation (a site crawled only later included) and comes back through
+// CheckDead once it works again.
+func TestDeadProxyOutOfEverySiteUntilHealthCheck(t *testing.T) {
+	ctx := context.Background()
+	bed := testbed.NewBed(t, 3, 4)
+	s := newSwitch(t, sharedClient(t), WithFailureQuarantine(10*time.Millisecond, 20*time.Millisecond), WithDeadAfter(3), WithRetries(3))
+	_, err := s.Add(ctx, bed.ProxyURLs()...)
+	require.NoError(t, err)
+	dead := bed.Proxies[0]
+	dead.SetMode(testbed.ProxyDead)
+	c := newPageCollector(t, s)
+	for i := range 30 {
+		require.NoError(t, c.Visit(fmt.Sprintf("%s/p/%d", bed.Sites[i%2].URL(), i+1)))
+		time.Sleep(5 * time.Millisecond) // let failure quarantines lapse
+	}
+	assert.Equal(t, 30, c.products)
+	list, err := s.Dead(ctx)
+	require.NoError(t, err)
+	require.Len(t, list, 1)
+	assert.Equal(t, proxyID(dead), list[0].Proxy.ID())
+	failures := s.BanCounts()[BanKey{bed.Sites[0].Host(), ReasonProxyConnect}] + s.BanCounts()[BanKey{bed.Sites[1].Host(), ReasonProxyConnect}]
+	assert.Equal(t, int64(3), failures, "dead after three, never tried again")
+
+	for i := range 12 {
+		require.NoError(t, c.Visit(fmt.Sprintf("%s/p/%d", bed.Sites[2].URL(), i+1)))
+	}
+	assert.Zero(t, s.BanCounts()[BanKey{bed.Sites[2].Host(), ReasonProxyConnect}],
+		"never leased on a site first crawled after it died")
+
+	probe := ProbeURL(bed.Sites[2].URL() + "/p/1")
+	revived, err := s.CheckDead(ctx, probe)
+	require.NoError(t, err)
+	assert.Empty(t, revived, "still refusing connections: still dead")
+	dead.SetMode(testbed.ProxyOK)
+	revived, err = s.CheckDead(ctx, probe)
+	require.NoError(t, err)
+	require.Len(t, revived, 1)
+	assert.Equal(t, proxyID(dead), revived[0].ID())
+	for i := range 8 {
+		require.NoError(t, c.Visit(fmt.Sprintf("%s/p/%d", bed.Sites[2].URL(), 100+i)))
+	}
+	assert.Positive(t, bed.Sites[2].Recorder().IPs()[dead.SourceIP().String()], "back in rotation")
+
+	// The probe fails on a proxy's own errors, whatever the site.
+	p502, _ := ParseProxy(bed.Proxies[1].URL())
+	bed.Proxies[1].SetMode(testbed.Proxy502)
+	assert.ErrorContains(t, probe(ctx, p502), "502")
+	_, err = s.CheckDead(ctx, nil)
+	assert.ErrorIs(t, err, ErrConfig)
+}
+
+// TestBanAllSites: with WithBanAllSites a ban takes the proxy out of every
+// site's rotation, sites first crawled later included; without it, only out
+// of the banning site's.
+func TestBanAllSites(t *testing.T) {
+	for _, all := range []bool{false, true} {
+		t.Run(fmt.Sprint("all=", all), func(t *testing.T) {
+			m := testbed.NewMarketplace(nil)
+			site, proxies, s := marketBed(t, m, false, 3, WithBanAllSites(all), WithRetries(0), WithMaxWait(0))
+			leaseAll(t, s, "b.example") // b has a free set before the ban
+			m.Burn(proxies[0].SourceIP().String(), testbed.Forbid)
+			c := newPageCollector(t, s)
+			for i := range 3 {
+				_ = c.Visit(fmt.Sprintf("%s/p/%d", site.URL(), i+1))
+			}
+			require.Len(t, s.BanCounts(), 1)
+			burnt := proxyID(proxies[0])
+			assert.NotContains(t, leaseAll(t, s, site.Host()), burnt)
+			assert.Equal(t, !all, leaseAll(t, s, "b.example")[burnt])
+			assert.Equal(t, !all, leaseAll(t, s, "c.example")[burnt], "a site first leased after the ban")
+		})
+	}
+}
+
+// TestBanPathsNeverLeakSecrets: bans, proxy failures, dead proxies and a
+// Redis that dies mid-ban, with canary passwords for the proxies and Redis:
+// neither appears in errors, logs, counters or listings.
+func TestBanPathsNeverLeakSecrets(t *testing.T) {
+	const proxyPW, redisPW = "Canary-proxy-pw", "Canary-redis-pw"
+	ctx := context.Background()
+	srv := redistest.Start(t, "--requirepass", redisPW)
+	m := testbed.NewMarketplace(nil)
+	site := testbed.NewSite(t, "market", m)
+	killer := testbed.NewSite(t, "killer", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		_ = srv.Kill() // Redis dies between the lease and the ban
+		w.WriteHeader(http.StatusForbidden)
+	}))
+	proxies := testbed.NewProxies(t, 4)
+	urls := make([]string, len(proxies))
+	for i, p := range proxies {
+		p.SetCredentials("crawler", proxyPW)
+		urls[i] = p.URL()
+	}
+	m.Burn(proxies[0].SourceIP().String(), testbed.Forbid)
+	proxies[1].SetCredentials("crawler", "another-secret") // refuses ours: 407
+	proxies[2].SetMode(testbed.ProxyDead)
+	var logs syncBuffer
+	s := newSwitch(t, srv.Client(t), WithLogger(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))),
+		WithRetries(0), WithDeadAfter(1), WithRedisTimeout(500*time.Millisecond))
+	_, err := s.Add(ctx, urls...)
+	require.NoError(t, err)
+
+	c := newPageCollector(t, s)
+	var errs []string
+	for i := range 8 {
+		if err := c.Visit(fmt.Sprintf("%s/p/%d", site.URL(), i+1)); err != nil {
+			errs = append(errs, err.Error(), fmt.Sprintf("%+v", err))
+		}
+	}
+	dead, err := s.Dead(ctx)
+	require.NoError(t, err)
+	for _, d := range dead {
+		errs = append(errs, d.Proxy.String(), d.Reason)
+	}
+	if err := c.Visit(killer.URL() + "/p/1"); err != nil {
+		errs = append(errs, err.Error())
+	}
+	if err := c.Visit(site.URL() + "/p/99"); err != nil {
+		errs = append(errs, err.Error())
+	}
+	for k := range s.BanCounts() {
+		errs = append(errs, k.Site, k.Reason)
+	}
+	reasons := map[string]bool{}
+	for k := range s.BanCounts() {
+		reasons[k.Reason] = true
+	}
+	assert.Equal(t, map[string]bool{"http_403": true, ReasonProxyAuth: true, ReasonProxyConnect: true}, reasons)
+	assert.NotEmpty(t, dead)
+	all := strings.Join(errs, "\n") + logs.String()
+	assert.Contains(t, all, "quarantine failed", "the Redis failure was logged")
+	assert.Contains(t, all, "crawler:xxxxx@", "proxies are named, redacted")
+	assert.NotContains(t, all, proxyPW)
+	assert.NotContains(t, all, redisPW)
+}

@@ -1,0 +1,179 @@
+package proxyswitch
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gocolly/colly/v2"
+	"github.com/proxyswitch/proxyswitch/internal/testbed"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestBurntProxiesCrawl is the acceptance crawl: 2,400 product pages on two
+// marketplaces, through 50 proxies of which 10 are burnt (the sites serve
+// their IPs a placeholder or a 403), by two collectors with their own Redis
+// clients, 20 parallel requests each. Every page ends with real content, no
+// placeholder reaches the user's callbacks, and once a burnt proxy is
+// banned on a site, the site never sees its IP again (the quarantine, 30
+// minutes by default, outlasts the crawl).
+func TestBurntProxiesCrawl(t *testing.T) {
+	const proxies, burnt, pages, collectors, workers = 50, 10, 2400, 2, 20
+	markets := []*testbed.Marketplace{testbed.NewMarketplace(nil), testbed.NewMarketplace(nil)}
+	var sites []*testbed.Site
+	for i, m := range markets {
+		m.CaptchaOnConcurrent = true // two requests from one IP at once would be caught
+		sites = append(sites, testbed.NewSite(t, fmt.Sprintf("market-%d", i), m))
+	}
+	ps := testbed.NewProxies(t, proxies)
+	burntIPs := map[string]bool{}
+	for i, p := range ps[:burnt] {
+		ip := p.SourceIP().String()
+		burntIPs[ip] = true
+		for _, m := range markets {
+			m.Burn(ip, []testbed.Treatment{testbed.Placeholder, testbed.Forbid}[i%2])
+		}
+	}
+	urls := make([]string, proxies)
+	for i, p := range ps {
+		urls[i] = p.URL()
+	}
+	// Retries: a request can meet each burnt proxy at most once per site
+	// (it is quarantined as soon as it is caught), so ten retries always
+	// suffice.
+	s := newSwitch(t, sharedClient(t), WithRetries(burnt), WithExpect("", `^/p/\d+$`, "div.product"))
+	_, err := s.Add(context.Background(), urls...)
+	require.NoError(t, err)
+
+	var mu sync.Mutex
+	got := map[string]int{} // URL -> product pages received
+	var placeholders, failed atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i := range collectors {
+		sw := sibling(t, s, sharedClient(t))
+		c := colly.NewCollector(colly.Async(true))
+		sw.Attach(c)
+		require.NoError(t, c.Limit(&colly.LimitRule{DomainGlob: "*", Parallelism: workers}))
+		c.OnHTML("body", func(e *colly.HTMLElement) {
+			if e.DOM.Find("div.product").Length() == 0 {
+				placeholders.Add(1)
+				return
+			}
+			mu.Lock()
+			got[e.Request.URL.String()]++
+			mu.Unlock()
+		})
+		c.OnError(func(_ *colly.Response, err error) { failed.Add(1); t.Log(err) })
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for n := i; n < pages; n += collectors {
+				require.NoError(t, c.Visit(fmt.Sprintf("%s/p/%d", sites[(n/collectors)%2].URL(), n+1)))
+			}
+			c.Wait()
+		}()
+		t.Cleanup(func() { bans := sw.BanCounts(); t.Logf("collector %d: bans %v", i, bans) })
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+
+	assert.Zero(t, failed.Load(), "requests that failed")
+	assert.Zero(t, placeholders.Load(), "placeholders that reached OnHTML")
+	assert.Len(t, got, pages, "pages with real content")
+	for u, n := range got {
+		assert.Equal(t, 1, n, u)
+	}
+	// The sites' ground truth, by client IP and time.
+	var banned, collisions int
+	for i, site := range sites {
+		byIP := map[string][]testbed.Hit{}
+		for _, h := range site.Recorder().Hits() {
+			byIP[h.ClientIP] = append(byIP[h.ClientIP], h)
+		}
+		for ip, hits := range byIP {
+			if !burntIPs[ip] {
+				continue
+			}
+			sort.Slice(hits, func(a, b int) bool { return hits[a].Start.Before(hits[b].Start) })
+			banned++
+			assert.Len(t, hits, 1, "%s: requests from burnt IP %s; after its first ban at %v, none may come during its quarantine",
+				site.Name(), ip, hits[0].End)
+		}
+		assert.Zero(t, markets[i].Count(testbed.DecidedCaptcha), "two requests from one IP at once")
+		collisions += site.Recorder().Collisions()
+		assert.Zero(t, site.Recorder().DirectHits())
+	}
+	assert.Zero(t, collisions)
+	assert.Equal(t, pages+banned, sites[0].Recorder().Count()+sites[1].Recorder().Count(),
+		"one wasted request per burnt proxy and site, no more")
+	t.Logf("%d pages in %v (%.0f pages/s); %d bans of burnt proxies (%d placeholders and %d 403s served), each the only request from its IP to its site",
+		pages, elapsed.Round(time.Millisecond), float64(pages)/elapsed.Seconds(), banned,
+		markets[0].Count(testbed.DecidedPlaceholder)+markets[1].Count(testbed.DecidedPlaceholder),
+		markets[0].Count(testbed.DecidedForbidden)+markets[1].Count(testbed.DecidedForbidden))
+	assertNoLeases(t, s, sites...)
+}
+
+// TestRetryResendsTheBody: a POST banned through one proxy goes again,
+// body and all, through another.
+func TestRetryResendsTheBody(t *testing.T) {
+	echo := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		fmt.Fprintf(w, `<html><body><div class="product">%s %s</div></body></html>`, r.Method, b)
+	})
+	m := testbed.NewMarketplace(echo)
+	site, proxies, s := marketBed(t, m, false, 2, WithRetries(1))
+	m.Burn(proxies[0].SourceIP().String(), testbed.Forbid)
+	c := newPageCollector(t, s)
+	var bodies []string
+	c.OnResponse(func(r *colly.Response) { bodies = append(bodies, string(r.Body)) })
+	for i := range 2 {
+		require.NoError(t, c.PostRaw(site.URL()+"/order", []byte(fmt.Sprintf("item=%d", i))))
+	}
+	require.Len(t, bodies, 2)
+	for i, b := range bodies {
+		assert.Contains(t, b, fmt.Sprintf("POST item=%d", i))
+	}
+	assert.Equal(t, map[BanKey]int64{{site.Host(), "http_403"}: 1}, s.BanCounts())
+}
+
+// TestRequestsWithoutHooksAreNotClassified: the proxy function alone, and a
+// clone of an attached collector (it shares the transport, not the hooks),
+// work as before: no classification, no retry, no quarantine.
+func TestRequestsWithoutHooksAreNotClassified(t *testing.T) {
+	ctx := context.Background()
+	m := testbed.NewMarketplace(nil)
+	site, proxies, s := marketBed(t, m, false, 2, WithExpect("", "", "div.product"))
+	plain := testbed.NewSite(t, "plain", nil)
+	m.Burn(proxies[0].SourceIP().String(), testbed.Placeholder)
+	attached := colly.NewCollector(colly.AllowURLRevisit())
+	s.Attach(attached)
+	alone := colly.NewCollector(colly.AllowURLRevisit())
+	alone.SetProxyFunc(s.ProxyFunc)
+	for _, c := range []*colly.Collector{alone, attached.Clone()} {
+		var placeholders int
+		c.OnResponse(func(r *colly.Response) {
+			if bytes.Equal([]byte(testbed.PlaceholderHTML), r.Body) {
+				placeholders++
+			}
+		})
+		for range 2 { // least recently used first: both proxies
+			require.NoError(t, c.Visit(site.URL()+"/p/1"))
+		}
+		assert.Equal(t, 1, placeholders, "handed over as it came")
+		assert.Equal(t, "Forbidden", c.Visit(plain.URL()+"/status/403").Error(), "Colly's own status error")
+	}
+	assert.Empty(t, s.BanCounts())
+	assert.Eventually(t, func() bool {
+		st, err := s.Stats(ctx, site.Host())
+		return err == nil && st.FreeSlots == 2
+	}, 2*time.Second, 10*time.Millisecond, "no proxy quarantined")
+}
