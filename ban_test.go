@@ -390,3 +390,58 @@ func TestBanPathsNeverLeakSecrets(t *testing.T) {
 	assert.NotContains(t, all, proxyPW)
 	assert.NotContains(t, all, redisPW)
 }
+
+// TestBanCoversEverySlotAndKeepsKeysTidy: with K slots per proxy, a ban
+// takes all of them, a slot another request holds included (it does not come
+// back when that request releases it); and the ban state lives under the
+// pool's hash tag, with TTLs, except the operator's dead list.
+func TestBanCoversEverySlotAndKeepsKeysTidy(t *testing.T) {
+	ctx := context.Background()
+	rdb := sharedClient(t)
+	const site = "ozon.example"
+	s := newSwitch(t, rdb, WithConcurrency(2), WithMaxWait(0), WithBanAllSites(true), WithDeadAfter(1),
+		WithQuarantine(300*time.Millisecond, time.Second))
+	_, err := s.Add(ctx, proxyURLs(2)...)
+	require.NoError(t, err)
+	a, err := s.Lease(ctx, site)
+	require.NoError(t, err)
+	b, err := s.Lease(ctx, site)
+	require.NoError(t, err)
+	require.Equal(t, a.Proxy().ID(), b.Proxy().ID(), "two slots of one proxy")
+	banned := a.Proxy()
+	require.NoError(t, b.Report(ctx, Verdict{Kind: Ban, Reason: "http_403"}))
+	require.NoError(t, a.Release(ctx), "the other holder's release")
+	for range 2 {
+		assert.NotContains(t, leaseAll(t, s, site), banned.ID(), "no slot of the banned proxy is free")
+	}
+	time.Sleep(400 * time.Millisecond)
+	assert.Contains(t, leaseAll(t, s, site), banned.ID(), "back after the quarantine")
+
+	// A failure that kills the other proxy, to have every kind of key.
+	l, err := s.Lease(ctx, "avito.example")
+	require.NoError(t, err)
+	for l.Proxy().ID() == banned.ID() {
+		l, err = s.Lease(ctx, "avito.example")
+		require.NoError(t, err)
+	}
+	require.NoError(t, l.Report(ctx, Verdict{Kind: ProxyFailure, Reason: ReasonProxyConnect}))
+	keys, err := rdb.Keys(ctx, "{"+s.cfg.prefix+":*").Result()
+	require.NoError(t, err)
+	kinds := map[string]bool{}
+	for _, k := range keys {
+		assert.Equal(t, redisKeySlot(keys[0]), redisKeySlot(k), k)
+		kind := strings.Split(strings.TrimPrefix(k, "{"+s.cfg.prefix+":default}:"), ":")[0]
+		kinds[kind] = true
+		ttl, err := rdb.PTTL(ctx, k).Result()
+		require.NoError(t, err)
+		switch kind {
+		case "proxies", "meta", "dead":
+			assert.Equal(t, time.Duration(-1), ttl, "%s is configuration or operator state and lives on", k)
+		default:
+			assert.Positive(t, ttl, "%s carries a TTL", k)
+		}
+	}
+	for _, kind := range []string{"strikes", "fails", "quarantine", "dead"} {
+		assert.True(t, kinds[kind], "no %s key among %v", kind, keys)
+	}
+}

@@ -232,20 +232,35 @@ func TestDetectsProxyFailures(t *testing.T) {
 		mode   testbed.ProxyMode
 		tls    bool
 		reason string
+		drop   bool // the proxy drops the connection once the request is in
 	}{
-		{testbed.Proxy407, false, ReasonProxyAuth},
-		{testbed.Proxy407, true, ReasonProxyAuth},
-		{testbed.Proxy502, false, ReasonProxyGateway},
-		{testbed.Proxy502, true, ReasonProxyTunnel},
-		{testbed.ProxyDead, false, ReasonProxyConnect},
-		{testbed.ProxyDead, true, ReasonProxyConnect},
-		{testbed.ProxyHang, false, ReasonProxyTimeout},
-		{testbed.ProxyHang, true, ReasonProxyTimeout},
+		{testbed.ProxyHang, false, ReasonProxyError, true},
+		{testbed.ProxyHang, true, ReasonProxyError, true},
+		{testbed.Proxy407, false, ReasonProxyAuth, false},
+		{testbed.Proxy407, true, ReasonProxyAuth, false},
+		{testbed.Proxy502, false, ReasonProxyGateway, false},
+		{testbed.Proxy502, true, ReasonProxyTunnel, false},
+		{testbed.ProxyDead, false, ReasonProxyConnect, false},
+		{testbed.ProxyDead, true, ReasonProxyConnect, false},
+		{testbed.ProxyHang, false, ReasonProxyTimeout, false},
+		{testbed.ProxyHang, true, ReasonProxyTimeout, false},
 	} {
-		t.Run(fmt.Sprintf("%s tls=%v", tc.mode, tc.tls), func(t *testing.T) {
+		t.Run(fmt.Sprintf("%s tls=%v drop=%v", tc.mode, tc.tls, tc.drop), func(t *testing.T) {
 			t.Parallel()
-			site, proxies, s := marketBed(t, nil, tc.tls, 2, WithRetries(1), WithAttemptTimeout(400*time.Millisecond))
+			timeout := 400 * time.Millisecond
+			if tc.drop {
+				timeout = 10 * time.Second // the drop, not the timeout, ends the attempt
+			}
+			site, proxies, s := marketBed(t, nil, tc.tls, 2, WithRetries(1), WithAttemptTimeout(timeout))
 			proxies[0].SetMode(tc.mode)
+			if tc.drop {
+				go func() {
+					for proxies[0].Requests() == 0 {
+						time.Sleep(2 * time.Millisecond)
+					}
+					proxies[0].SetMode(testbed.ProxyDead)
+				}()
+			}
 			c := newPageCollector(t, s)
 			for i := range 2 {
 				require.NoError(t, c.Visit(fmt.Sprintf("%s/p/%d", site.URL(), i+1)))

@@ -26,8 +26,9 @@
 -- ARGV[16] slots per proxy (K)
 --
 -- Backoff: the n-th ban in a row of a proxy on a site (no healthy response
--- in between; see release.lua) quarantines it for base * 2^(n-1), jittered,
--- capped at max, never less than the minimum. A ban proves the proxy itself
+-- in between, see release.lua; a run older than twice the max quarantine is
+-- forgotten) quarantines it for base * 2^(n-1), jittered, capped at max,
+-- never less than the minimum. A ban proves the proxy itself
 -- works, so it ends its run of failures. A run of failures makes the proxy
 -- dead when it is long enough and either every failure was the proxy's alone
 -- or they happened on more than one site (so one site's outage never kills
@@ -47,7 +48,7 @@ if ARGV[1] == 'ban' then
   local v = redis.call('HGET', KEYS[3], id)
   if v then
     local c, last = string.match(v, '^(%d+)|(%d+)$')
-    if c and now - tonumber(last) <= maxq then n = tonumber(c) + 1 end
+    if c and now - tonumber(last) <= 2 * maxq then n = tonumber(c) + 1 end
   end
   redis.call('HSET', KEYS[3], id, n .. '|' .. now)
   redis.call('PEXPIRE', KEYS[3], idle)
