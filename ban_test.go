@@ -162,13 +162,17 @@ func TestBanBackoff(t *testing.T) {
 	assert.Equal(t, 1, pen.strikes)
 	within(pen.quarantine, base, "after a healthy answer")
 
-	// Retry-After is the least quarantine, capped by the max.
+	// Retry-After is the least quarantine, capped by the max. (These bans
+	// come while the proxy is still quarantined, as when several requests
+	// through it meet one ban: the same offence, no doubling.)
 	pen, err = s.penalize(ctx, site, l.proxy, nil, Verdict{Kind: Ban, Reason: "http_429", RetryAfter: 300 * time.Millisecond})
 	require.NoError(t, err)
 	assert.GreaterOrEqual(t, pen.quarantine, 300*time.Millisecond)
+	assert.Equal(t, 1, pen.strikes)
 	pen, err = s.penalize(ctx, site, l.proxy, nil, Verdict{Kind: Ban, Reason: "http_429", RetryAfter: time.Hour})
 	require.NoError(t, err)
 	assert.Equal(t, maxq, pen.quarantine)
+	assert.Equal(t, 1, pen.strikes)
 	assert.Equal(t, map[BanKey]int64{{site, "http_403"}: 6, {site, "http_429"}: 2}, s.BanCounts())
 }
 

@@ -18,7 +18,7 @@ const globalSite = "*"
 //	{prefix:pool}:sites          zset  site -> last lease (ms); TTL: idle TTL
 //	{prefix:pool}:free:<site>    zset  "<id>:<slot>" -> next free time (ms); TTL: idle TTL
 //	{prefix:pool}:lease:<site>   hash  "<id>:<slot>" -> "<token>|<expiry ms>"; TTL: idle TTL
-//	{prefix:pool}:strikes:<site> hash  proxy ID -> "<bans in a row>|<ms of the last>"; TTL: idle TTL
+//	{prefix:pool}:strikes:<site> hash  proxy ID -> "<bans in a row>|<ms of the last>|<its end>"; TTL: idle TTL
 //	{prefix:pool}:fails          hash  proxy ID -> proxy failures in a row (see penalize.lua); TTL: idle TTL
 //	{prefix:pool}:quarantine     zset  proxy ID -> end (ms) of a ban on every site; TTL: max quarantine
 //	{prefix:pool}:dead           hash  proxy ID -> "<ms>|<reason>" (operator state: no TTL, until Revive)

@@ -6,7 +6,7 @@
 --
 -- KEYS[1] free zset       of the scope  "<id>:<slot>" -> unix ms at which it is next available
 -- KEYS[2] lease hash      of the scope  "<id>:<slot>" -> "<token>|<expiry ms>"
--- KEYS[3] strikes hash    of the scope  id -> "<bans in a row>|<ms of the last>"
+-- KEYS[3] strikes hash    of the scope  id -> "<bans in a row>|<ms of the last>|<its end, ms>"
 -- KEYS[4] fails hash      (pool)        id -> "<failures in a row>|<all hard 0/1>|<several sites 0/1>|<site of the first>"
 -- KEYS[5] dead hash       (pool)        id -> "<ms>|<reason>"
 -- KEYS[6] sites zset      (pool)        scope -> unix ms of its last lease
@@ -27,8 +27,9 @@
 --
 -- Backoff: the n-th ban in a row of a proxy on a site (no healthy response
 -- in between, see release.lua; a run older than twice the max quarantine is
--- forgotten) quarantines it for base * 2^(n-1), jittered, capped at max,
--- never less than the minimum. A ban proves the proxy itself
+-- forgotten; a ban met while the last one still runs is the same offence)
+-- quarantines it for base * 2^(n-1), jittered, capped at max, never less
+-- than the minimum. A ban proves the proxy itself
 -- works, so it ends its run of failures. A run of failures makes the proxy
 -- dead when it is long enough and either every failure was the proxy's alone
 -- or they happened on more than one site (so one site's outage never kills
@@ -47,11 +48,14 @@ local n, dead = 1, false
 if ARGV[1] == 'ban' then
   local v = redis.call('HGET', KEYS[3], id)
   if v then
-    local c, last = string.match(v, '^(%d+)|(%d+)$')
-    if c and now - tonumber(last) <= 2 * maxq then n = tonumber(c) + 1 end
+    local c, last, till = string.match(v, '^(%d+)|(%d+)|(%d+)$')
+    if c and now - tonumber(last) <= 2 * maxq then
+      n = tonumber(c) + 1
+      -- Still quarantined: another request through the same proxy (a slot
+      -- of WithConcurrency, a request under way) met the same ban.
+      if now < tonumber(till) then n = tonumber(c) end
+    end
   end
-  redis.call('HSET', KEYS[3], id, n .. '|' .. now)
-  redis.call('PEXPIRE', KEYS[3], idle)
   redis.call('HDEL', KEYS[4], id)
 else
   local hard, multi, first = ARGV[12], '0', ARGV[14]
@@ -78,6 +82,10 @@ q = math.floor(q * tonumber(ARGV[8]) / 1000)
 if q > maxq then q = maxq end
 if q < minq then q = minq end
 local untl = now + q
+if ARGV[1] == 'ban' then
+  redis.call('HSET', KEYS[3], id, n .. '|' .. now .. '|' .. untl)
+  redis.call('PEXPIRE', KEYS[3], idle)
+end
 if dead then
   untl = DEAD
   redis.call('HSET', KEYS[5], id, now .. '|' .. ARGV[15])
