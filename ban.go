@@ -153,6 +153,7 @@ type DeadProxy struct {
 }
 
 // Dead lists the proxies of the pool marked dead, ordered by redacted URL.
+// It is safe for concurrent use.
 func (s *Switch) Dead(ctx context.Context) ([]DeadProxy, error) {
 	if s.err != nil {
 		return nil, s.err
@@ -201,7 +202,8 @@ func (s *Switch) Revive(ctx context.Context, proxies ...string) (int, error) {
 // CheckDead is a health check: it probes every dead proxy, one after the
 // other, and revives those for which probe returns nil. It returns the
 // revived proxies. The Switch starts no goroutine of its own: call it from
-// yours, on a ticker. ProbeURL makes a probe.
+// yours, on a ticker; any number of workers may run it at once. ProbeURL
+// makes a probe.
 func (s *Switch) CheckDead(ctx context.Context, probe func(context.Context, *Proxy) error) ([]*Proxy, error) {
 	if probe == nil {
 		return nil, fmt.Errorf("%w: nil probe", ErrConfig)

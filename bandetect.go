@@ -13,10 +13,8 @@ import (
 	"net/http"
 	"net/url"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/PuerkitoBio/goquery"
@@ -209,17 +207,6 @@ func DefaultChallengeURLs() []string {
 // DefaultBanStatus returns the status codes that mean a ban on every site
 // without a rule of its own: 403, 429 and 503.
 func DefaultBanStatus() []int { return []int{403, 429, 503} }
-
-// Size baselines: per process, not shared through Redis. A baseline is a
-// statistic, not a decision the cluster must agree on: learning it locally
-// costs no Redis round trip per response, a few dozen pages warm it up, and a
-// baseline skewed in one process (by a wave of placeholders it took for
-// pages before it knew better) stays in that process.
-const (
-	baselineWindow  = 64   // the latest sizes kept per site and media type
-	baselineMinimum = 16   // sizes needed before pages are judged by size
-	baselineMaxKeys = 4096 // sites x media types learnt; more are not judged by size
-)
 
 type expectRule struct {
 	site string         // "" = every site
@@ -487,52 +474,4 @@ func decodeBody(resp *http.Response, raw []byte, limit int64) (body []byte, ok b
 		return raw, false
 	}
 	return out, true
-}
-
-// baselines are the rolling size baselines of one Switch.
-type baselines struct {
-	mu sync.Mutex
-	m  map[string]*sizeRing
-}
-
-type sizeRing struct {
-	sizes [baselineWindow]int
-	n     int // sizes recorded, at most baselineWindow
-	next  int
-}
-
-// median returns the median of the latest sizes under key, once there are
-// enough of them.
-func (b *baselines) median(key string) (int, bool) {
-	b.mu.Lock()
-	ring := b.m[key]
-	if ring == nil || ring.n < baselineMinimum {
-		b.mu.Unlock()
-		return 0, false
-	}
-	var buf [baselineWindow]int
-	s := buf[:ring.n]
-	copy(s, ring.sizes[:ring.n])
-	b.mu.Unlock()
-	slices.Sort(s)
-	return s[len(s)/2], true
-}
-
-func (b *baselines) learn(key string, size int) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	ring := b.m[key]
-	if ring == nil {
-		if len(b.m) >= baselineMaxKeys {
-			return
-		}
-		if b.m == nil {
-			b.m = make(map[string]*sizeRing)
-		}
-		ring = &sizeRing{}
-		b.m[key] = ring
-	}
-	ring.sizes[ring.next] = size
-	ring.next = (ring.next + 1) % baselineWindow
-	ring.n = min(ring.n+1, baselineWindow)
 }

@@ -243,8 +243,9 @@ func WithDeadAfter(n int) Option { return func(c *config) { c.deadAfter = n } }
 // (no GetBody) is not retried. The default is 2 (three proxies at most).
 func WithRetries(n int) Option { return func(c *config) { c.retries = n } }
 
-// WithAttemptTimeout bounds each attempt through one proxy, from the
-// connection to the last byte read, so that a hanging proxy is dropped
+// WithAttemptTimeout bounds each attempt through one proxy, from the moment
+// its proxy is leased until the body is read for classification (at most
+// MaxBodySize), so that a hanging proxy is dropped
 // (ReasonProxyTimeout) and the request retried through another one within
 // its own timeout. Set it well below the collector's request timeout. Zero
 // means no bound of its own: a request that outlives its own timeout fails

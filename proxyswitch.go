@@ -81,8 +81,11 @@ func NewSwitch(rdb redis.Scripter, opts ...Option) (*Switch, error) {
 // lease TTL (30s by default). That alone never lets two requests share an IP
 // on one site, but a proxy stays taken until its request's context ends (at
 // the latest until the TTL runs out): install the release hooks with
-// Switch.Attach to give proxies back as soon as each response is in. If the
-// options are invalid, every request fails with an ErrConfig error: no
+// Switch.Attach to give proxies back as soon as each response is in. The
+// proxy function alone does not classify responses either: ban detection,
+// quarantine and retries through other proxies come with Attach too (bans
+// other workers made still apply: a quarantined proxy is never leased). If
+// the options are invalid, every request fails with an ErrConfig error: no
 // request ever goes out without a proxy.
 func New(rdb redis.Scripter, opts ...Option) colly.ProxyFunc {
 	s, err := NewSwitch(rdb, opts...)
