@@ -449,3 +449,39 @@ func TestBanCoversEverySlotAndKeepsKeysTidy(t *testing.T) {
 		assert.True(t, kinds[kind], "no %s key among %v", kind, keys)
 	}
 }
+
+// TestBansOnRedisCluster: the ban scripts touch per-site keys they derive
+// themselves (every site's free set for an all-site ban or a dead proxy),
+// all under the pool's hash tag, so they run on a Redis Cluster too.
+func TestBansOnRedisCluster(t *testing.T) {
+	ctx := context.Background()
+	s := newSwitch(t, redistest.StartCluster(t, 3).Client(t), WithBanAllSites(true), WithDeadAfter(1), WithMaxWait(0))
+	ps, err := ParseProxies(proxyURLs(3))
+	require.NoError(t, err)
+	_, err = s.Add(ctx, proxyURLs(3)...)
+	require.NoError(t, err)
+	free := func(site string) int {
+		st, err := s.Stats(ctx, site)
+		require.NoError(t, err)
+		return st.FreeSlots
+	}
+	l, err := s.Lease(ctx, "a.example")
+	require.NoError(t, err)
+	require.NoError(t, l.Release(ctx))
+	_, err = s.penalize(ctx, "b.example", ps[0], nil, Verdict{Kind: Ban, Reason: "http_403"})
+	require.NoError(t, err)
+	_, err = s.penalize(ctx, "b.example", ps[1], nil, Verdict{Kind: ProxyFailure, Reason: ReasonProxyConnect})
+	require.NoError(t, err)
+	dead, err := s.Dead(ctx)
+	require.NoError(t, err)
+	require.Len(t, dead, 1)
+	assert.Equal(t, 1, free("a.example"), "banned on every site, the other one dead")
+	l, err = s.Lease(ctx, "c.example")
+	require.NoError(t, err)
+	assert.Equal(t, ps[2].ID(), l.Proxy().ID(), "a new site starts without them")
+	require.NoError(t, l.Report(ctx, Verdict{Kind: OK}))
+	n, err := s.Revive(ctx, ps[1].ID())
+	require.NoError(t, err)
+	assert.Equal(t, 1, n)
+	assert.Equal(t, 2, free("a.example"))
+}
