@@ -208,6 +208,20 @@ func TestDetectsSiteBans(t *testing.T) {
 		assert.Equal(t, 1, m.Count(testbed.DecidedTruncated), "and the proxy was not used again")
 	})
 
+	t.Run("a ban never reaches OnResponse, even with ParseHTTPErrorResponse", func(t *testing.T) {
+		m := testbed.NewMarketplace(nil)
+		site, proxies, s := marketBed(t, m, false, 1, WithRetries(0))
+		m.Burn(proxies[0].SourceIP().String(), testbed.Forbid)
+		c := newPageCollector(t, s, colly.ParseHTTPErrorResponse())
+		var hookErr error
+		c.OnError(func(_ *colly.Response, err error) { hookErr = err })
+		err := c.Visit(site.URL() + "/p/1")
+		require.ErrorIs(t, err, ErrBanned)
+		assert.ErrorIs(t, hookErr, ErrBanned, "OnError sees it")
+		assert.Zero(t, c.products)
+		assert.Empty(t, c.others, "the 403 page was not parsed")
+	})
+
 	t.Run("a real 404 is not a ban", func(t *testing.T) {
 		site, _, s := marketBed(t, nil, false, 1, WithRetries(3))
 		c := newPageCollector(t, s)
