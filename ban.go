@@ -108,6 +108,7 @@ func (s *Switch) penalize(ctx context.Context, site string, p *Proxy, l *Lease, 
 	}
 	pen := penalty{quarantine: time.Duration(res[0]) * time.Millisecond, until: time.UnixMilli(res[1]),
 		strikes: int(res[2]), dead: res[3] == 1}
+	s.observeQuarantine(site, p, v, pen)
 	if pen.dead {
 		s.cfg.logger.Warn("proxyswitch: proxy marked dead: out of every site's rotation until revived",
 			"proxy", p.String(), "site", site, "reason", v.Reason, "failures", pen.strikes)

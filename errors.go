@@ -41,6 +41,9 @@ var (
 	// writes there (a foreign or damaged key).
 	ErrCorrupt = errors.New("proxyswitch: corrupt value in redis")
 
+	// ErrNotInPool means an operator action named a proxy the pool does not hold.
+	ErrNotInPool = errors.New("proxyswitch: proxy not in the pool")
+
 	// ErrBanned means a request was given up because the site banned the
 	// proxies tried for it (a ban status, a redirect to a challenge page, a
 	// page without its expected content or far smaller than usual) and no

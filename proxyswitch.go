@@ -44,6 +44,7 @@ type Switch struct {
 	tokenPrefix  string
 	tokenSeq     atomic.Uint64
 	warnUnhooked sync.Once
+	observer     atomic.Pointer[observerBox] // SetObserver; nil: none
 }
 
 // NewSwitch returns a Switch leasing from the pool that opts name (by default

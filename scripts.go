@@ -58,4 +58,9 @@ var allScripts = map[string]*redis.Script{
 	"penalize":    penalizeScript,
 	"revive":      reviveScript,
 	"dead":        deadScript,
+	"sites":       sitesScript,
+	"state":       stateScript,
+	"unban":       unbanScript,
+	"drain":       drainScript,
+	"clear":       clearScript,
 }

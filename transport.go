@@ -130,6 +130,9 @@ func (t *transport) judge(req *http.Request, a *attempt, b *binding, l *Lease, r
 	}
 	x.timedOut = x.Err != nil && a.timedOut()
 	v, cerr := s.cfg.rules.classify(x)
+	if cerr == nil {
+		s.observeAttempt(x.Site, l.proxy, v, time.Since(a.start))
+	}
 	switch {
 	case cerr != nil:
 		closeBody(resp)
@@ -223,13 +226,14 @@ type attempt struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc // nil without an attempt timeout
 	timer  *time.Timer             // set from GetConn, on the RoundTrip goroutine
+	start  time.Time               // when the attempt was prepared, for the observer's latency
 }
 
 // newAttempt prepares try n of req: its own context when attempts are
 // bounded (the bound starts once a proxy is leased, at GetConn), and a fresh
 // body after the first try.
 func (t *transport) newAttempt(req *http.Request, n int) (*attempt, error) {
-	a := &attempt{req: req, ctx: req.Context()}
+	a := &attempt{req: req, ctx: req.Context(), start: time.Now()}
 	if d := t.s.cfg.attemptTimeout; d > 0 {
 		a.ctx, a.cancel = context.WithCancelCause(a.ctx)
 		a.ctx = httptrace.WithClientTrace(a.ctx, &httptrace.ClientTrace{GetConn: func(string) {

@@ -1,0 +1,128 @@
+package proxyswitch
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Operator actions: what an operator (or cmd/proxyswitch) does to one proxy
+// by hand. Each is one Lua script and takes effect for every worker from its
+// next lease on.
+
+var (
+	//go:embed lua/unban.lua
+	unbanLua    string
+	unbanScript = redis.NewScript(unbanLua)
+
+	//go:embed lua/drain.lua
+	drainLua    string
+	drainScript = redis.NewScript(drainLua)
+
+	//go:embed lua/clear.lua
+	clearLua    string
+	clearScript = redis.NewScript(clearLua)
+)
+
+// ReasonOperator is the reason of a ban an operator applied with Ban.
+const ReasonOperator = "operator"
+
+// Ban quarantines proxy (a URL or an ID, as List shows it) on site for at
+// least d, for every worker of the pool, as if the site had banned it: a
+// request already using it finishes, and it counts as an offence for the
+// backoff. It is safe for concurrent use.
+func (s *Switch) Ban(ctx context.Context, proxy, site string, d time.Duration) error {
+	p, err := s.find(ctx, proxy)
+	if err != nil {
+		return err
+	}
+	if d <= 0 {
+		return fmt.Errorf("%w: ban duration %v must be positive", ErrConfig, d)
+	}
+	_, err = s.penalize(ctx, site, p, nil, Verdict{Kind: Ban, Reason: ReasonOperator, RetryAfter: d})
+	return err
+}
+
+// Unban ends proxy's quarantine on site now and starts its backoff over. A
+// slot held by a live lease comes back when that lease ends; a dead or
+// drained proxy stays out (see Revive).
+func (s *Switch) Unban(ctx context.Context, proxy, site string) error {
+	p, err := s.find(ctx, proxy)
+	if err != nil {
+		return err
+	}
+	scope := s.scopeOf(site)
+	_, err = roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) (int64, error) {
+		return unbanScript.Run(ctx, s.rdb, []string{s.keys.free(scope), s.keys.leases(scope), s.keys.strikes(scope)},
+			p.id, s.cfg.slots).Int64()
+	}, nil)
+	if err != nil {
+		return redisErr("unban", err)
+	}
+	return nil
+}
+
+// Drain takes proxy out of every site's rotation: requests already using it
+// finish, none starts. It is listed by Dead with the reason "drained" and
+// comes back with Revive.
+func (s *Switch) Drain(ctx context.Context, proxy string) error {
+	p, err := s.find(ctx, proxy)
+	if err != nil {
+		return err
+	}
+	_, err = roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) (int64, error) {
+		return drainScript.Run(ctx, s.rdb, []string{s.keys.dead(), s.keys.sites(), s.keys.proxies()},
+			s.keys.base, s.cfg.slots, p.id).Int64()
+	}, nil)
+	if err != nil {
+		return redisErr("drain", err)
+	}
+	return nil
+}
+
+// Clear deletes every key of the pool: its proxies, settings, leases, bans,
+// dead list and members. It finds them through the pool's own registries,
+// never with a KEYS or SCAN glob, so other pools and prefixes are untouched.
+// Workers still running lease from an empty pool (ErrEmptyPool) until the
+// pool is loaded again.
+func (s *Switch) Clear(ctx context.Context) error {
+	if s.err != nil {
+		return s.err
+	}
+	_, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) (int64, error) {
+		return clearScript.Run(ctx, s.rdb, []string{s.keys.sites()}, s.keys.base,
+			":proxies", ":meta", ":fails", ":quarantine", ":dead", ":members", ":member-owners", ":sites").Int64()
+	}, nil)
+	if err != nil {
+		return redisErr("clear", err)
+	}
+	return nil
+}
+
+// find resolves a proxy named by URL or ID to the pool's entry.
+func (s *Switch) find(ctx context.Context, proxy string) (*Proxy, error) {
+	if s.err != nil {
+		return nil, s.err
+	}
+	id := proxy
+	if !isProxyID(proxy) {
+		p, err := ParseProxy(proxy)
+		if err != nil {
+			return nil, err
+		}
+		id = p.id
+	}
+	ps, err := s.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range ps {
+		if p.id == id {
+			return p, nil
+		}
+	}
+	return nil, fmt.Errorf("%w: no proxy %s in pool %q", ErrNotInPool, id, s.cfg.pool)
+}

@@ -1,0 +1,176 @@
+package proxyswitch
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gocolly/colly/v2"
+	"github.com/proxyswitch/proxyswitch/internal/testbed"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestSiteStateAndOperatorActions(t *testing.T) {
+	ctx := context.Background()
+	const site = "ozon.example"
+	s := newSwitch(t, sharedClient(t), WithCooldown(time.Minute), WithMaxWait(0))
+	urls := proxyURLs(5)
+	_, err := s.Add(ctx, urls...)
+	require.NoError(t, err)
+	ids := make([]string, len(urls))
+	for i, u := range urls {
+		p, _ := ParseProxy(u)
+		ids[i] = p.ID()
+	}
+
+	st, err := s.SiteState(ctx, site)
+	require.NoError(t, err)
+	assert.Equal(t, SiteState{Site: site, Free: 5}, st, "a site never leased: all free")
+
+	held, err := s.Lease(ctx, site) // leased
+	require.NoError(t, err)
+	cooled, err := s.Lease(ctx, site)
+	require.NoError(t, err)
+	require.NoError(t, cooled.Release(ctx)) // cooling down for a minute
+	var banned, drained string
+	for _, id := range ids {
+		if id != held.Proxy().ID() && id != cooled.Proxy().ID() {
+			if banned == "" {
+				banned = id
+			} else if drained == "" {
+				drained = id
+			}
+		}
+	}
+	require.NoError(t, s.Ban(ctx, banned, site, time.Hour))
+	require.NoError(t, s.Drain(ctx, urls[indexOf(ids, drained)])) // by URL
+
+	st, err = s.SiteState(ctx, site)
+	require.NoError(t, err)
+	assert.Equal(t, SiteState{Site: site, Free: 1, Leased: 1, Cooling: 1, Quarantined: 1, Dead: 1}, st)
+
+	dead, err := s.Dead(ctx)
+	require.NoError(t, err)
+	require.Len(t, dead, 1)
+	assert.Equal(t, "drained", dead[0].Reason)
+
+	// Only the one free proxy can be leased.
+	l, err := s.Lease(ctx, site)
+	require.NoError(t, err)
+	assert.NotContains(t, []string{banned, drained, held.Proxy().ID(), cooled.Proxy().ID()}, l.Proxy().ID())
+	_, err = s.Lease(ctx, site)
+	require.ErrorIs(t, err, ErrNoProxy)
+
+	require.NoError(t, s.Unban(ctx, banned, site))
+	n, err := s.Revive(ctx, drained)
+	require.NoError(t, err)
+	assert.Equal(t, 1, n)
+	got := map[string]bool{}
+	for range 2 {
+		l, err := s.Lease(ctx, site)
+		require.NoError(t, err)
+		got[l.Proxy().ID()] = true
+	}
+	assert.Equal(t, map[string]bool{banned: true, drained: true}, got, "unbanned and revived proxies are back")
+
+	assert.ErrorIs(t, s.Ban(ctx, "0123456789abcdef", site, time.Minute), ErrNotInPool)
+	assert.ErrorIs(t, s.Drain(ctx, "ftp://nope"), ErrInvalidProxy)
+	assert.ErrorIs(t, s.Ban(ctx, banned, site, 0), ErrConfig)
+}
+
+func indexOf(xs []string, x string) int {
+	for i, v := range xs {
+		if v == x {
+			return i
+		}
+	}
+	return -1
+}
+
+func TestClearTouchesOnlyItsPool(t *testing.T) {
+	ctx := context.Background()
+	rdb := sharedClient(t)
+	s := newSwitch(t, rdb, WithPool("a"))
+	other := sibling(t, s, rdb)
+	other.keys, _ = newKeyspace(s.cfg.prefix, "a*") // a pool whose name a glob on "a" would match
+	longer := sibling(t, s, rdb)
+	longer.keys, _ = newKeyspace(s.cfg.prefix+"x", "a")
+	for _, sw := range []*Switch{s, other, longer} {
+		_, err := sw.Add(ctx, proxyURLs(2)...)
+		require.NoError(t, err)
+		l, err := sw.Lease(ctx, "ozon.example")
+		require.NoError(t, err)
+		require.NoError(t, sw.Ban(ctx, l.Proxy().ID(), "ozon.example", time.Minute))
+	}
+	before := func(sw *Switch) int {
+		n, err := rdb.Exists(ctx, sw.keys.proxies(), sw.keys.sites(), sw.keys.free("ozon.example"),
+			sw.keys.leases("ozon.example"), sw.keys.strikes("ozon.example"), sw.keys.meta()).Result()
+		require.NoError(t, err)
+		return int(n)
+	}
+	require.Equal(t, 6, before(s))
+	require.NoError(t, s.Clear(ctx))
+	assert.Zero(t, before(s), "every key of the pool is gone")
+	keys, err := rdb.Keys(ctx, "{"+s.cfg.prefix+":a}*").Result()
+	require.NoError(t, err)
+	assert.Empty(t, keys)
+	assert.Equal(t, 6, before(other), "a pool named like a glob is untouched")
+	assert.Equal(t, 6, before(longer), "a longer prefix is untouched")
+	_, err = s.Lease(ctx, "ozon.example")
+	assert.ErrorIs(t, err, ErrEmptyPool)
+}
+
+type recordingObserver struct {
+	mu          sync.Mutex
+	attempts    map[Kind]int
+	quarantines []QuarantineEvent
+}
+
+func (o *recordingObserver) ObserveAttempt(e AttemptEvent) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.attempts == nil {
+		o.attempts = map[Kind]int{}
+	}
+	o.attempts[e.Kind]++
+}
+
+func (o *recordingObserver) ObserveQuarantine(e QuarantineEvent) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.quarantines = append(o.quarantines, e)
+}
+
+func TestObserverSeesAttemptsAndQuarantines(t *testing.T) {
+	bed, s := bedSwitch(t, 1, 4, WithQuarantine(time.Minute, time.Hour))
+	obs := &recordingObserver{}
+	s.SetObserver(obs)
+	c := colly.NewCollector(colly.AllowURLRevisit())
+	s.Attach(c)
+	for i := range 5 {
+		require.NoError(t, c.Visit(fmt.Sprintf("%s/p/%d", bed.Sites[0].URL(), i+1)))
+	}
+	_ = c.Visit(bed.Sites[0].URL() + "/status/404")
+	_ = c.Visit(bed.Sites[0].URL() + "/status/429") // a ban, retried through others until they are all banned
+	require.NoError(t, s.Ban(context.Background(), bed.ProxyURLs()[0], "elsewhere.example", time.Minute))
+
+	obs.mu.Lock()
+	defer obs.mu.Unlock()
+	assert.Equal(t, 5, obs.attempts[OK])
+	assert.Equal(t, 1, obs.attempts[Neutral])
+	assert.Equal(t, 3, obs.attempts[Ban], "the first try and two retries (WithRetries default 2)")
+	require.Len(t, obs.quarantines, 4)
+	last := obs.quarantines[3]
+	assert.Equal(t, ReasonOperator, last.Reason)
+	assert.Equal(t, "elsewhere.example", last.Site)
+	assert.GreaterOrEqual(t, last.Duration, time.Minute)
+	for _, q := range obs.quarantines {
+		assert.Len(t, q.ProxyID, 16, "IDs, never URLs")
+	}
+	s.SetObserver(nil)
+}
+
+var _ = testbed.NewSite

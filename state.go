@@ -1,0 +1,47 @@
+package proxyswitch
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+
+	"github.com/redis/go-redis/v9"
+)
+
+//go:embed lua/state.lua
+var stateLua string
+
+var stateScript = redis.NewScript(stateLua)
+
+// SiteState counts the proxy slots of a pool in each state for one site
+// (slots are proxies when the concurrency is 1).
+type SiteState struct {
+	Site        string
+	Free        int // leasable now
+	Leased      int // held by a live lease
+	Cooling     int // released, waiting out the cooldown (or an expired lease's slot)
+	Quarantined int // banned on this site (or on every site) until the quarantine ends
+	Dead        int // out of every site's rotation until revived (drained ones too)
+}
+
+// SiteState reads the state of the pool for site in one round trip. It is
+// safe for concurrent use.
+func (s *Switch) SiteState(ctx context.Context, site string) (SiteState, error) {
+	if s.err != nil {
+		return SiteState{}, s.err
+	}
+	scope := s.scopeOf(site)
+	keys := []string{s.keys.proxies(), s.keys.free(scope), s.keys.leases(scope), s.keys.strikes(scope),
+		s.keys.quarantine(), s.keys.dead(), s.keys.meta()}
+	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]int64, error) {
+		return stateScript.Run(ctx, s.rdb, keys).Int64Slice()
+	}, nil)
+	if err != nil {
+		return SiteState{}, redisErr("state", err)
+	}
+	if len(res) != 5 {
+		return SiteState{}, fmt.Errorf("%w: state reply of %d items", ErrCorrupt, len(res))
+	}
+	return SiteState{Site: site, Free: int(res[0]), Leased: int(res[1]), Cooling: int(res[2]),
+		Quarantined: int(res[3]), Dead: int(res[4])}, nil
+}
