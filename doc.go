@@ -32,6 +32,36 @@
 //
 //	_, err = sw.Replace(ctx, []string{"http://user:pass@203.0.113.7:8080", "socks5://203.0.113.8:1080"})
 //
+// # Bans
+//
+// Attach also installs a transport (below Colly, around an *http.Transport
+// whose Proxy is the Switch's) that classifies every response before Colly
+// sees it (bandetect.go): ban status codes (403, 429, 503 by default,
+// per site with WithBanStatus; Retry-After is honoured), redirects to
+// captcha, login or challenge pages (WithChallengeURLs), pages missing the
+// CSS selectors a real page has (WithExpect, checked with goquery), bodies
+// far smaller than the site's usual size (WithSizeDrop), proxy failures
+// (refused or timed-out connections, 407, failed CONNECT tunnels, a proxy's
+// 502) and your own classifier (WithClassifier). It reads no more of a body
+// than the collector's MaxBodySize.
+//
+// A ban quarantines the proxy for that site, for every worker of the pool
+// from its next lease on (WithQuarantine: 30 min, doubled with jitter for
+// repeat offenders, reset by a healthy answer); a proxy that keeps failing is
+// marked dead until Revive or CheckDead. The request is sent again through
+// another proxy (WithRetries: 2); when no retry is left it fails with a
+// *BlockedError (errors.Is ErrBanned or ErrProxyFailed) through OnError and
+// Visit. A banned page never reaches OnResponse or OnHTML. Setting another
+// transport or proxy function on the collector after Attach turns this off;
+// use WithBaseTransport for dialer or TLS settings. New alone does not
+// classify, but it respects the bans other workers recorded.
+//
+// Operators act on single proxies with Ban, Unban, Drain and Revive, read
+// the state of a site with SiteState and the dead list with Dead, and clear
+// a pool with Clear (cmd/proxyswitch does all of it from a shell). BanCounts
+// and SetObserver feed monitoring (package metrics exports Prometheus
+// metrics).
+//
 // # Failing closed
 //
 // The proxy function never returns "no proxy": Go would then connect
@@ -59,6 +89,14 @@
 //	{prefix:pool}:sites          zset  site -> time of its last lease (idle TTL)
 //	{prefix:pool}:free:<site>    zset  "<id>:<slot>" -> time it is next free, ms (idle TTL)
 //	{prefix:pool}:lease:<site>   hash  "<id>:<slot>" -> "<token>|<expiry ms>" (idle TTL)
+//	{prefix:pool}:strikes:<site> hash  proxy ID -> "<bans in a row>|<ms of the last>|<its end>" (idle TTL)
+//	{prefix:pool}:fails          hash  proxy ID -> proxy failures in a row (idle TTL)
+//	{prefix:pool}:quarantine     zset  proxy ID -> end of a ban on every site, ms (max quarantine)
+//	{prefix:pool}:dead           hash  proxy ID -> "<ms>|<reason>" (operator state: no TTL, until Revive)
+//
+// A ban is no key of its own: it is the score of the proxy's slots in the
+// site's free set, pushed to the end of the quarantine, so a lease skips it
+// with no extra lookup and it ends by itself.
 //
 // A proxy's ID is a hash of its URL, credentials included; the URL with its
 // password is stored only in the pool hash, where it must be kept to dial.
