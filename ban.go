@@ -72,7 +72,16 @@ type penalty struct {
 // and counts it. If l is p's lease for site, it ends with it (owner-checked);
 // a lease for another scope is left to the caller.
 func (s *Switch) penalize(ctx context.Context, site string, p *Proxy, l *Lease, v Verdict) (penalty, error) {
+	if l != nil && l.sw != s {
+		return l.sw.penalize(ctx, site, p, l, v) // a lease of a routed pool
+	}
 	s.bans.add(BanKey{Site: site, Reason: v.Reason})
+	if s.fb != nil {
+		if pen, done := s.fb.penalize(s, site, p, l, v); done {
+			s.observeQuarantine(site, p, v, pen)
+			return pen, nil
+		}
+	}
 	scope := s.scopeOf(site)
 	kind, base, maxq, hard := "ban", s.cfg.quarantine, s.cfg.maxQuarantine, "0"
 	if v.Kind == ProxyFailure {
@@ -94,14 +103,23 @@ func (s *Switch) penalize(ctx context.Context, site string, p *Proxy, l *Lease, 
 	argv := []any{kind, p.id, member, token, base.Milliseconds(), maxq.Milliseconds(),
 		min(v.RetryAfter, maxq).Milliseconds(), 850 + rand.N(301), all, s.keys.base,
 		s.cfg.idleTTL.Milliseconds(), hard, s.cfg.deadAfter, site, v.Reason, s.cfg.slots}
-	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]int64, error) {
+	res, err := roundTrip(ctx, s.callTimeout(), func(ctx context.Context) ([]int64, error) {
 		return penalizeScript.Run(ctx, s.rdb, keys, argv...).Int64Slice()
 	}, nil)
 	if err != nil {
 		if member != "" {
 			l.released.Store(false) // still held: it expires by its TTL, or Release may retry
 		}
+		if s.fb != nil && s.fb.trip(ctx, err) {
+			if pen, done := s.fb.penalize(s, site, p, l, v); done {
+				s.observeQuarantine(site, p, v, pen)
+				return pen, nil
+			}
+		}
 		return penalty{}, redisErr("quarantine", err)
+	}
+	if s.fb != nil && member != "" {
+		s.fb.released(l)
 	}
 	if len(res) != 5 {
 		return penalty{}, fmt.Errorf("%w: quarantine reply of %d items", ErrCorrupt, len(res))

@@ -57,6 +57,15 @@ var (
 	// CONNECT tunnel, answered 502, outlived the attempt timeout) and no retry
 	// was left. The error is a *BlockedError.
 	ErrProxyFailed = errors.New("proxyswitch: proxy failed")
+
+	// ErrNotMember means a server asked for its share of a member list it is
+	// not in (it never registered, or its heartbeat ran out).
+	ErrNotMember = errors.New("proxyswitch: not in the member list")
+
+	// ErrMemberTaken means another live process is registered under the same
+	// member ID. Two processes with one ID would compute one share and use the
+	// same proxies: give each process its own ID.
+	ErrMemberTaken = errors.New("proxyswitch: member ID held by another live process")
 )
 
 // BlockedError is the error of a request given up after bans or proxy

@@ -22,6 +22,9 @@ const globalSite = "*"
 //	{prefix:pool}:fails          hash  proxy ID -> proxy failures in a row (see penalize.lua); TTL: idle TTL
 //	{prefix:pool}:quarantine     zset  proxy ID -> end (ms) of a ban on every site; TTL: max quarantine
 //	{prefix:pool}:dead           hash  proxy ID -> "<ms>|<reason>" (operator state: no TTL, until Revive)
+//	{prefix:pool}:members        zset  member ID -> end of its registration, ms (membership.go); TTL: the last registration's end
+//	{prefix:pool}:member-owners  hash  member ID -> token of the process holding it; same TTL
+//	{prefix:pool}:modes          zset  member ID -> Redis ms at which it last leased from the broker (fallback.go); TTL: member TTL
 //
 // A ban is not a key of its own: it is the score of the proxy's slots in the
 // site's free set, pushed to the end of the quarantine, so the lease script
@@ -52,3 +55,6 @@ func (k keyspace) strikes(site string) string { return k.base + ":strikes:" + si
 func (k keyspace) fails() string              { return k.base + ":fails" }
 func (k keyspace) quarantine() string         { return k.base + ":quarantine" }
 func (k keyspace) dead() string               { return k.base + ":dead" }
+func (k keyspace) members() string            { return k.base + ":members" }
+func (k keyspace) memberOwners() string       { return k.base + ":member-owners" }
+func (k keyspace) modes() string              { return k.base + ":modes" }

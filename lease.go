@@ -21,6 +21,8 @@ type Lease struct {
 	member string // "<id>:<slot>" in the free set
 	token  string // owner token: only this holder can release or extend
 
+	local *LocalLease // taken from the local shard (fallback.go); nil for a Redis lease
+
 	site     string       // the site it was leased for (differs from scope with ScopeGlobal)
 	expiry   atomic.Int64 // unix ms, Redis clock
 	released atomic.Bool
@@ -62,8 +64,11 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if l.released.Load() {
 		return l.lost("already released")
 	}
+	if l.local != nil {
+		return l.sw.fb.extend(ctx, l, ttl)
+	}
 	s := l.sw
-	n, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) (int64, error) {
+	n, err := roundTrip(ctx, s.callTimeout(), func(ctx context.Context) (int64, error) {
 		return extendScript.Run(ctx, s.rdb, []string{s.keys.free(l.scope), s.keys.leases(l.scope)},
 			l.member, l.token, ttl.Milliseconds()).Int64()
 	}, nil)
@@ -146,11 +151,16 @@ func (s *Switch) acquire(ctx context.Context, site, prefer string) (*Lease, erro
 // tryLease runs one lease attempt: a lease, or how long until a proxy frees,
 // or an error (empty pool, Redis failure, corrupt data).
 func (s *Switch) tryLease(ctx context.Context, site, scope, prefer string) (*Lease, time.Duration, error) {
+	if s.fb != nil {
+		if l, wait, err, done := s.fb.tryLease(ctx, s, site, scope, prefer); done {
+			return l, wait, err
+		}
+	}
 	token := s.newToken()
 	ttl := s.leaseTTL(ctx)
 	keys := []string{s.keys.proxies(), s.keys.free(scope), s.keys.leases(scope), s.keys.sites(), s.keys.meta(),
 		s.keys.dead(), s.keys.quarantine()}
-	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]any, error) {
+	res, err := roundTrip(ctx, s.callTimeout(), func(ctx context.Context) ([]any, error) {
 		return leaseScript.Run(ctx, s.rdb, keys, scope, token, ttl.Milliseconds(), s.cfg.cooldown.Milliseconds(),
 			s.cfg.slots, s.cfg.idleTTL.Milliseconds(), prefer).Slice()
 	}, func(res []any, err error) {
@@ -164,6 +174,9 @@ func (s *Switch) tryLease(ctx context.Context, site, scope, prefer string) (*Lea
 	if err != nil {
 		if strings.HasPrefix(err.Error(), "PSCONFIG ") {
 			return nil, 0, fmt.Errorf("%w: %w: %s", ErrNoProxy, ErrConfig, strings.TrimPrefix(err.Error(), "PSCONFIG "))
+		}
+		if s.fb != nil && s.fb.trip(ctx, err) {
+			return s.tryLease(ctx, site, scope, prefer) // from the local shard now
 		}
 		return nil, 0, fmt.Errorf("%w: %w", ErrNoProxy, redisErr("lease", err))
 	}
@@ -190,6 +203,9 @@ func (s *Switch) tryLease(ctx context.Context, site, scope, prefer string) (*Lea
 			return nil, 0, fmt.Errorf("%w: %w", ErrNoProxy, err)
 		}
 		l.proxy = p
+		if s.fb != nil {
+			s.fb.leased(l)
+		}
 		return l, 0, nil
 	}
 	return nil, 0, fmt.Errorf("%w: %w: unexpected lease reply of %d items", ErrNoProxy, ErrCorrupt, len(res))
@@ -198,12 +214,20 @@ func (s *Switch) tryLease(ctx context.Context, site, scope, prefer string) (*Lea
 // release runs the owner-checked release script for l. If the request made
 // through l got a healthy answer, the proxy's backoff starts over.
 func (s *Switch) release(ctx context.Context, l *Lease) error {
+	if s.fb != nil {
+		if err, done := s.fb.release(ctx, l); done {
+			return err
+		}
+	}
 	reset := ""
 	if l.healthy.Load() {
 		reset = l.proxy.id
 	}
 	n, err := s.releaseMember(ctx, l.scope, l.member, l.token, reset)
 	if err != nil {
+		if s.fb != nil && s.fb.failedRelease(ctx, l, err) {
+			return nil
+		}
 		return err
 	}
 	if n == 0 {
@@ -217,7 +241,7 @@ func (s *Switch) release(ctx context.Context, l *Lease) error {
 // whose runs of bans (on scope) and failures end.
 func (s *Switch) releaseMember(ctx context.Context, scope, member, token, reset string) (int64, error) {
 	keys := []string{s.keys.free(scope), s.keys.leases(scope), s.keys.strikes(scope), s.keys.fails()}
-	n, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) (int64, error) {
+	n, err := roundTrip(ctx, s.callTimeout(), func(ctx context.Context) (int64, error) {
 		return releaseScript.Run(ctx, s.rdb, keys, member, token, s.cfg.cooldown.Milliseconds(), reset).Int64()
 	}, nil)
 	if err != nil {

@@ -399,7 +399,50 @@ func (p *LocalPool) signalLocked() {
 // if it is held, reserved or banned there.
 func (p *LocalPool) startLocked(scope, id string, now int64) int64 {
 	k := localBanKey{scope, id}
-	return max(now, p.holdUntil, p.bans[k], p.bans[localBanKey{"", id}], p.reserved[k])
+	return max(now, p.holdUntil, p.bans[k], p.bans[localBanKey{"", id}], p.reserved[k], p.reserved[localBanKey{"", id}])
+}
+
+// reserveAll keeps the proxy with ID id busy on every site until the given
+// time, without counting it as a ban: a proxy that joins the share while its
+// former owner may still use it (sharding).
+func (p *LocalPool) reserveAll(id string, until time.Time) {
+	d := time.Until(until)
+	if id == "" || d <= 0 {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	end := p.clock() + d.Milliseconds()
+	k := localBanKey{"", id}
+	p.reserved[k] = max(p.reserved[k], end)
+	for _, st := range p.sites {
+		st.raise(id, end, p.nextSeq)
+	}
+}
+
+// unreserve ends a reservation made by Reserve for the proxy with ID id on
+// scope (its lease elsewhere was released): the proxy is free there after
+// the cooldown, unless a ban, a hold or another reservation keeps it longer.
+func (p *LocalPool) unreserve(id, scope string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	k := localBanKey{scope, id}
+	if _, ok := p.reserved[k]; !ok {
+		return
+	}
+	delete(p.reserved, k)
+	st := p.sites[scope]
+	if st == nil {
+		return
+	}
+	now := p.clock()
+	next := max(p.startLocked(scope, id, now), now+p.cfg.cooldown.Milliseconds())
+	for _, s := range st.slots[id] {
+		if !s.live(now) && s.next > next {
+			st.setNext(s, next, p.nextSeq())
+		}
+	}
+	p.signalLocked()
 }
 
 // siteLocked returns the state of scope, building it on its first lease:

@@ -21,9 +21,7 @@ import (
 // tag and renews its registration with a heartbeat; the live member list is
 // what the sharding schemes split the pool by, and the list last read is
 // what a server computes its fallback shard from while Redis is out of reach.
-//
-//	{prefix:pool}:members        zset  member ID -> end of its registration, ms (TTL: the last registration's end)
-//	{prefix:pool}:member-owners  hash  member ID -> token of the process holding it (same TTL)
+// Its keys are listed in keys.go.
 
 var (
 	//go:embed lua/member_heartbeat.lua
@@ -38,18 +36,6 @@ var (
 	memberListLua    string
 	memberListScript = redis.NewScript(memberListLua)
 )
-
-// memberScripts is every membership script; a test loads each.
-var memberScripts = map[string]*redis.Script{
-	"member_heartbeat": memberHeartbeatScript,
-	"member_leave":     memberLeaveScript,
-	"member_list":      memberListScript,
-}
-
-// ErrMemberTaken means another live process is registered under the same
-// member ID. Two processes with one ID would compute one share and use the
-// same proxies: give each process its own ID.
-var ErrMemberTaken = errors.New("proxyswitch: member ID held by another live process")
 
 // maxMemberID bounds the length of a member ID, in bytes.
 const maxMemberID = 200
@@ -142,7 +128,7 @@ func NewMembership(sw *Switch, self string, opts ...MemberOption) (*Membership, 
 	_, _ = rand.Read(b[:])
 	return &Membership{
 		rdb:     sw.rdb,
-		keys:    []string{sw.keys.base + ":members", sw.keys.base + ":member-owners"},
+		keys:    []string{sw.keys.members(), sw.keys.memberOwners()},
 		self:    self,
 		token:   hex.EncodeToString(b[:]),
 		timeout: sw.cfg.redisTimeout,

@@ -13,13 +13,6 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func TestMemberScriptsLoad(t *testing.T) {
-	rdb := sharedClient(t)
-	for name, sc := range memberScripts {
-		require.NoError(t, sc.Load(context.Background(), rdb).Err(), name)
-	}
-}
-
 // newMember is a started Membership for server id of s's pool, through a
 // Redis client of its own; it is stopped with the test.
 func newMember(t *testing.T, s *Switch, rdb redis.Scripter, id string, opts ...MemberOption) *Membership {

@@ -57,6 +57,8 @@ type config struct {
 	sizeDrop                          float64
 	classifiers                       []Classifier
 	rules                             *rules // compiled by validate
+
+	fallback fallbackConfig // WithFallback, WithSharding (fallback.go)
 }
 
 type expectSpec struct {
@@ -121,6 +123,9 @@ func (c *config) validate() error {
 		return bad("retries %d outside 0..100", c.retries)
 	case c.attemptTimeout < 0:
 		return bad("negative attempt timeout %v", c.attemptTimeout)
+	}
+	if err := c.fallback.validate(); err != nil {
+		return err
 	}
 	r, err := compileRules(c)
 	if err != nil {

@@ -38,6 +38,8 @@ type Switch struct {
 	keys keyspace
 	err  error // set only in the Switch New builds from invalid options
 
+	fb *fallback // WithFallback or WithSharding (fallback.go); nil without
+
 	reg          registry
 	bans         banCounters
 	parsed       sync.Map // proxy URL as stored -> *Proxy
@@ -71,7 +73,9 @@ func NewSwitch(rdb redis.Scripter, opts ...Option) (*Switch, error) {
 	}
 	var b [6]byte
 	_, _ = rand.Read(b[:])
-	return &Switch{rdb: rdb, cfg: cfg, keys: keys, tokenPrefix: hex.EncodeToString(b[:]) + "-"}, nil
+	s := &Switch{rdb: rdb, cfg: cfg, keys: keys, tokenPrefix: hex.EncodeToString(b[:]) + "-"}
+	s.fb = newFallback(s)
+	return s, nil
 }
 
 // New returns a Colly proxy function backed by the pool in Redis:

@@ -63,4 +63,12 @@ var allScripts = map[string]*redis.Script{
 	"unban":       unbanScript,
 	"drain":       drainScript,
 	"clear":       clearScript,
+
+	"member_heartbeat": memberHeartbeatScript,
+	"member_leave":     memberLeaveScript,
+	"member_list":      memberListScript,
+
+	"fallback_probe":     fallbackProbeScript,
+	"fallback_seed":      fallbackSeedScript,
+	"fallback_writeback": fallbackWritebackScript,
 }

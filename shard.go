@@ -2,7 +2,6 @@ package proxyswitch
 
 import (
 	"cmp"
-	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -18,10 +17,6 @@ import (
 // assignment depends on nothing else: not on the order of either list, the
 // platform, the Go version or a clock. Servers that agree on the inputs
 // therefore get shares that never overlap and together cover the pool.
-
-// ErrNotMember means a server asked for its share of a member list it is
-// not in (it never registered, or its heartbeat ran out).
-var ErrNotMember = errors.New("proxyswitch: not in the member list")
 
 // Sharder assigns every proxy of a pool to exactly one member of a cluster.
 //

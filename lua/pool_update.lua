@@ -4,7 +4,8 @@
 --
 -- KEYS[1] pool hash   id -> proxy URL
 -- KEYS[2] sites zset  site -> unix ms of its last lease
--- KEYS[3] meta hash   "slots" -> concurrent requests per proxy per site
+-- KEYS[3] meta hash   "slots" -> concurrent requests per proxy per site; "version" ->
+--         count of changes; "emptied" -> 1 while the pool is empty on purpose
 -- KEYS[4] dead hash, KEYS[5] fails hash, KEYS[6] quarantine zset (see penalize.lua):
 --         a removed proxy leaves no ban state behind
 -- ARGV[1] mode: "add" | "remove" | "replace"
@@ -67,4 +68,13 @@ elseif mode == 'replace' then
 else
   return redis.error_reply('PSCONFIG unknown pool update mode ' .. mode)
 end
-return {added, removed, redis.call('HLEN', KEYS[1])}
+-- What a Switch with a fallback watches (fallback.go): a count of changes,
+-- and whether the pool was emptied on purpose (then it is never re-seeded).
+if added + removed > 0 then redis.call('HINCRBY', KEYS[3], 'version', 1) end
+local size = redis.call('HLEN', KEYS[1])
+if size == 0 then
+  redis.call('HSET', KEYS[3], 'emptied', '1')
+else
+  redis.call('HDEL', KEYS[3], 'emptied')
+end
+return {added, removed, size}

@@ -1,0 +1,409 @@
+package proxyswitch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// The hybrid fallback (WithFallback) and shared-nothing sharding
+// (WithSharding): leasing from this server's own share of the pool, kept in
+// memory (LocalPool), instead of from Redis.
+//
+// Every server registers in the pool's member list (Membership) and keeps
+// the pool it last read, minus dead proxies; from the two it precomputes
+// its share (Sharder), so that a switch costs no computation. Shares of
+// servers that agree on the two lists never overlap.
+//
+// Detection. With a fallback every lease, release and quarantine call is
+// bounded by the fallback timeout (1s by default) instead of the Redis
+// timeout, and a goroutine started by Start probes Redis every quarter of
+// it. The first call that fails for want of Redis (refused, reset, timed
+// out; not a script or data error, not the caller's own cancellation)
+// switches the Switch to its local shard; a lease call caught by the
+// failure goes on from the local shard at once.
+//
+// The switch-over window. Other servers' requests leased from Redis just
+// before it went away may still run on proxies of this server's share, and
+// nothing tells which: so the local shard starts serving only once they are
+// over. Each attempt through a proxy ends within the attempt timeout
+// (WithAttemptTimeout) when one is set, else within the lease TTL: the
+// shard is held that long (LocalPool.Hold). This server's own Redis leases
+// still running are reserved in the shard until released.
+//
+// Resume. When a probe succeeds again the Switch re-seeds a pool Redis lost
+// (an empty pool hash that no operator emptied), writes back the bans it
+// learnt, writes its local leases still running into Redis (so that no
+// other server leases their proxies), marks itself as ready and waits until
+// every server of the member list it sharded by is ready too, or has left
+// the list (at most the member TTL after Redis came back). New requests wait
+// meanwhile. Only then does it lease from Redis again: no server leases a
+// proxy from Redis while another still uses it locally.
+
+// Mode is where a Switch leases from at a given moment.
+type Mode int32
+
+const (
+	// ModeBroker leases from Redis, the central broker.
+	ModeBroker Mode = iota
+	// ModeLocal leases from this server's share of the pool, in memory:
+	// Redis is unreachable (WithFallback), or always (WithSharding).
+	ModeLocal
+	// ModeResuming means Redis is reachable again after an outage: the
+	// Switch writes its state back and waits for the other servers before
+	// leasing from Redis. Requests wait meanwhile.
+	ModeResuming
+)
+
+func (m Mode) String() string {
+	switch m {
+	case ModeBroker:
+		return "broker"
+	case ModeLocal:
+		return "local"
+	case ModeResuming:
+		return "resuming"
+	}
+	return fmt.Sprintf("Mode(%d)", int32(m))
+}
+
+// defaultFallbackTimeout bounds every Redis call of a Switch with a fallback.
+const defaultFallbackTimeout = time.Second
+
+type fallbackConfig struct {
+	self       string
+	sharder    Sharder
+	sharded    bool // WithSharding: always local
+	timeout    time.Duration
+	memberOpts []MemberOption
+	set        int // options naming a scheme: more than one is a conflict
+}
+
+// WithFallback turns on the hybrid mode: leases come from Redis, and while
+// Redis is unreachable or hangs, from this server's own share of the pool,
+// computed by sh (nil means Rendezvous{}) from the last known member list,
+// so that servers still never share an IP. self names this process in the
+// member list (unique among live processes, e.g. the host name). Bans and
+// quarantines go on locally and are written back when Redis returns; a Redis
+// that restarted empty gets the pool back. Call Start before the first
+// lease and Stop when done. Every worker of the pool must use the fallback
+// with the same sharder. See WithAttemptTimeout for how fast the switch can
+// be. The default is no fallback: a request fails with ErrNoProxy while
+// Redis is unreachable.
+func WithFallback(self string, sh Sharder) Option {
+	return func(c *config) {
+		c.fallback.self, c.fallback.sharder, c.fallback.sharded = self, sh, false
+		c.fallback.set++
+	}
+}
+
+// WithSharding turns on shared-nothing sharding: this server leases only
+// from its own share of the pool, computed by sh (Modulo{} for the static
+// modulo shard, Rendezvous{} for consistent hashing) from the live member
+// list, in memory; Redis only holds the member list and the pool. self
+// names this process in the member list. A proxy that moves to this server
+// when the member list changes is used only once its former owner can have
+// noticed (a heartbeat interval, the fallback timeout and the attempt
+// timeout or lease TTL). Bans stay with the server that learnt them. Call
+// Start before the first lease and Stop when done. The default is the
+// central broker.
+func WithSharding(self string, sh Sharder) Option {
+	return func(c *config) {
+		c.fallback.self, c.fallback.sharder, c.fallback.sharded = self, sh, true
+		c.fallback.set++
+	}
+}
+
+// WithFallbackTimeout sets, for a Switch with WithFallback or WithSharding,
+// how long a Redis call may go unanswered before the Switch counts Redis
+// as unreachable: it bounds every lease, release and quarantine call (in
+// place of WithRedisTimeout, when shorter) and the health probe, which runs
+// every quarter of it. The default is 1s.
+func WithFallbackTimeout(d time.Duration) Option {
+	return func(c *config) { c.fallback.timeout = d }
+}
+
+// WithMembership passes options (heartbeat interval, member TTL) to the
+// Membership that Start registers for WithFallback or WithSharding. The
+// default is the Membership's defaults.
+func WithMembership(opts ...MemberOption) Option {
+	return func(c *config) { c.fallback.memberOpts = append(c.fallback.memberOpts, opts...) }
+}
+
+func (fc *fallbackConfig) validate() error {
+	if fc.set == 0 {
+		if fc.timeout < 0 {
+			return fmt.Errorf("%w: negative fallback timeout %v", ErrConfig, fc.timeout)
+		}
+		return nil
+	}
+	if fc.set > 1 {
+		return fmt.Errorf("%w: WithFallback and WithSharding given together, or twice", ErrConfig)
+	}
+	if err := validMemberID(fc.self); err != nil {
+		return err
+	}
+	if fc.sharder == nil || isNilPointer(fc.sharder) {
+		fc.sharder = Rendezvous{}
+	}
+	switch {
+	case fc.timeout == 0:
+		fc.timeout = defaultFallbackTimeout
+	case fc.timeout < 20*time.Millisecond:
+		return fmt.Errorf("%w: fallback timeout %v is below 20ms", ErrConfig, fc.timeout)
+	}
+	return nil
+}
+
+// FallbackStatus is a snapshot of a Switch's fallback or sharding state.
+type FallbackStatus struct {
+	Mode    Mode
+	Since   time.Time // when the current mode began
+	Members []string  // the member list this server's share is computed from
+	Share   int       // proxies in this server's share of the Switch's pool
+	Outages int       // switches to the local shard since Start
+	// Reseeded counts the proxies written into a Redis that had lost the
+	// pool, BansWritten the local bans written back, Adopted the local
+	// leases handed over to Redis, since Start.
+	Reseeded, BansWritten, Adopted int
+}
+
+// FallbackStatus returns where the Switch leases from now and what its
+// fallback did so far. Without WithFallback or WithSharding it reports
+// ModeBroker and nothing else. It is safe for concurrent use.
+func (s *Switch) FallbackStatus() FallbackStatus {
+	f := s.fb
+	if f == nil {
+		return FallbackStatus{Mode: ModeBroker}
+	}
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	st := f.stats
+	st.Mode, st.Since = Mode(f.mode.Load()), f.since
+	if fp := f.pools[s.cfg.pool]; fp != nil {
+		fp.mu.Lock()
+		st.Members, st.Share = append([]string(nil), fp.members...), len(fp.share)
+		fp.mu.Unlock()
+	}
+	return st
+}
+
+// fallback is the state of WithFallback or WithSharding, shared by a Switch
+// and the Switches of the pools it routes to. Safe for concurrent use.
+type fallback struct {
+	s     *Switch // the Switch it was made for
+	cfg   fallbackConfig
+	hold  time.Duration // switch-over hold: the longest an attempt may run
+	every time.Duration // probe interval
+
+	mode atomic.Int32 // a Mode
+
+	mu        sync.RWMutex // write: mode changes, pools map; read: local leases
+	since     time.Time
+	pools     map[string]*fbPool
+	member    *Membership
+	memberCfg memberConfig
+	stats     FallbackStatus
+	started   bool
+	stopped   bool
+	cancel    context.CancelFunc
+	done      chan struct{}
+	kick      chan struct{} // a call failed: probe now
+
+	// resuming: the list sharded by, the Redis time Redis came back, and
+	// whether this server's state is written back (it marks itself ready)
+	tripMembers []string
+	backAt      int64
+	written     bool
+}
+
+// fbPool is the fallback state of one pool. Its fields are guarded by mu;
+// local is replaced only under the fallback's write lock.
+type fbPool struct {
+	sw *Switch
+
+	mu       sync.Mutex
+	last     []*Proxy // the pool last read, dead proxies left out
+	sig      poolSig  // what the probe said about that pool
+	readAt   time.Time
+	members  []string // the list share was computed from
+	share    []*Proxy
+	shareErr error
+	local    *LocalPool
+	redis    map[*Lease]struct{} // this Switch's live Redis leases
+	locals   map[*Lease]bool     // live local leases -> adopted by Redis
+	deferred []*Lease            // Redis leases released while local
+}
+
+// poolSig is the probe's view of a pool: a change means read it again.
+type poolSig struct{ size, version, dead int64 }
+
+// poolRefresh is how often the pool list is read again even if the probe
+// saw no change.
+const poolRefresh = 30 * time.Second
+
+// newFallback returns the fallback state for s, nil without WithFallback or
+// WithSharding. It does no I/O.
+func newFallback(s *Switch) *fallback {
+	fc := s.cfg.fallback
+	if fc.set == 0 {
+		return nil
+	}
+	mc := memberConfig{interval: time.Second, ttl: 3 * time.Second}
+	for _, o := range fc.memberOpts {
+		if o != nil {
+			o(&mc)
+		}
+	}
+	hold := s.cfg.attemptTimeout
+	if hold <= 0 {
+		hold = s.cfg.leaseTTL
+	}
+	f := &fallback{s: s, cfg: fc, hold: hold, every: max(fc.timeout/4, 5*time.Millisecond),
+		pools: map[string]*fbPool{}, memberCfg: mc, kick: make(chan struct{}, 1), since: time.Now()}
+	if fc.sharded {
+		f.mode.Store(int32(ModeLocal))
+	}
+	f.pools[s.cfg.pool] = newFbPool(s)
+	return f
+}
+
+func newFbPool(sw *Switch) *fbPool {
+	return &fbPool{sw: sw, redis: map[*Lease]struct{}{}, locals: map[*Lease]bool{}}
+}
+
+// callTimeout bounds one Redis call made for a request: the Redis timeout,
+// or the fallback timeout when shorter.
+func (s *Switch) callTimeout() time.Duration {
+	if s.fb != nil {
+		return min(s.cfg.redisTimeout, s.fb.cfg.timeout)
+	}
+	return s.cfg.redisTimeout
+}
+
+// Start registers this server in the pool's member list, reads the pool,
+// computes this server's share and starts the goroutine that probes Redis
+// and switches between the broker and the local shard. It is needed only
+// with WithFallback or WithSharding (otherwise it does nothing); until then
+// every lease fails with ErrNoProxy and ErrConfig. It fails if Redis is
+// unreachable (ErrRedis) or another live process holds the member ID
+// (ErrMemberTaken). The goroutine runs until Stop or until ctx ends.
+func (s *Switch) Start(ctx context.Context) error {
+	if s.err != nil {
+		return s.err
+	}
+	f := s.fb
+	if f == nil {
+		return nil
+	}
+	f.mu.Lock()
+	if f.started || f.stopped {
+		f.mu.Unlock()
+		return fmt.Errorf("%w: Start called twice, or after Stop", ErrConfig)
+	}
+	f.started = true
+	f.mu.Unlock()
+	m, err := NewMembership(s, f.cfg.self, f.cfg.memberOpts...)
+	if err == nil {
+		err = m.Start(ctx)
+	}
+	if err == nil {
+		f.member = m
+		err = f.refreshAll(ctx, true)
+		if err != nil {
+			_ = m.Stop(context.WithoutCancel(ctx))
+		}
+	}
+	if err != nil {
+		f.mu.Lock()
+		f.started = false
+		f.mu.Unlock()
+		return err
+	}
+	lctx, cancel := context.WithCancel(ctx)
+	f.mu.Lock()
+	f.cancel, f.done = cancel, make(chan struct{})
+	if f.cfg.sharded {
+		for _, fp := range f.pools {
+			fp.applyShare(f, true)
+		}
+		f.since = time.Now()
+	}
+	f.mu.Unlock()
+	go f.run(lctx)
+	return nil
+}
+
+// Stop ends the probe goroutine and takes this server out of the member
+// list. Leases after Stop fail with ErrNoProxy. Stop without Start, or
+// twice, does nothing.
+func (s *Switch) Stop(ctx context.Context) error {
+	f := s.fb
+	if f == nil {
+		return nil
+	}
+	f.mu.Lock()
+	if !f.started || f.stopped {
+		f.mu.Unlock()
+		return nil
+	}
+	f.stopped = true
+	cancel, done := f.cancel, f.done
+	f.mu.Unlock()
+	cancel()
+	<-done
+	return f.member.Stop(ctx)
+}
+
+// ready reports why the Switch cannot lease yet, or nil.
+func (f *fallback) ready() error {
+	switch {
+	case f.stopped:
+		return fmt.Errorf("%w: %w: the switch was stopped", ErrNoProxy, ErrConfig)
+	case !f.started || f.done == nil:
+		return fmt.Errorf("%w: %w: WithFallback and WithSharding need Switch.Start before the first lease", ErrNoProxy, ErrConfig)
+	}
+	return nil
+}
+
+// pool returns the state of sw's pool, registering it on first use.
+func (f *fallback) pool(sw *Switch) *fbPool {
+	f.mu.RLock()
+	fp := f.pools[sw.cfg.pool]
+	f.mu.RUnlock()
+	if fp != nil {
+		return fp
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if fp = f.pools[sw.cfg.pool]; fp == nil {
+		fp = newFbPool(sw)
+		f.pools[sw.cfg.pool] = fp
+	}
+	return fp
+}
+
+// isOutage reports whether err, from a Redis call made for a caller whose
+// context is still alive, means Redis is unreachable or hangs (rather than
+// a script or data error).
+func isOutage(ctx context.Context, err error) bool {
+	if err == nil || ctx.Err() != nil || errors.Is(err, redis.ErrClosed) || errors.Is(err, ErrConfig) || errors.Is(err, ErrCorrupt) {
+		return false
+	}
+	var re redis.Error
+	if errors.As(err, &re) {
+		for _, p := range []string{"LOADING", "CLUSTERDOWN", "MASTERDOWN", "TRYAGAIN", "BUSY"} {
+			if strings.HasPrefix(re.Error(), p) {
+				return true
+			}
+		}
+		return false
+	}
+	return true
+}
