@@ -1,0 +1,372 @@
+package metrics
+
+import (
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/proxyswitch/proxyswitch"
+)
+
+var (
+	_ prometheus.Collector   = (*Collector)(nil)
+	_ proxyswitch.Observer   = (*Collector)(nil)
+	_ prometheus.Collector   = (*StateCollector)(nil)
+	_ func(members []string) = (*Collector)(nil).ObserveMembers // fits proxyswitch.WithMembersChanged
+)
+
+// Label values the package makes up.
+const (
+	// OtherSite labels the sites beyond WithMaxSites.
+	OtherSite = "_other"
+	// noSite labels an event without a site (none comes from a Switch).
+	noSite = "_none"
+)
+
+const (
+	// maxPending bounds the quarantines waiting for a recovery; a
+	// quarantine beyond it is not timed.
+	maxPending = 100_000
+	// pendingTTL: a quarantine whose proxy never answered well again on its
+	// site through this server within this long is forgotten.
+	pendingTTL = 48 * time.Hour
+	// maxLabelLen bounds a site label, in bytes.
+	maxLabelLen = 200
+)
+
+var (
+	latencyBuckets    = []float64{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}
+	quarantineBuckets = []float64{1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 43200, 86400}
+)
+
+// Collector turns what one Switch sees and does in this process (attempts
+// and their verdicts, quarantines, member joins) into Prometheus metrics. It
+// reads nothing from Redis: every worker exports its own share, with its own
+// "server" label, and Prometheus adds the workers up. Pool-wide state read
+// from Redis is the StateCollector's.
+//
+// A Collector is safe for concurrent use by multiple goroutines. It starts
+// no goroutine and holds no connection: it needs no Close (to stop
+// observing, call sw.SetObserver(nil)).
+type Collector struct {
+	cfg   config
+	now   func() time.Time // the clock; tests set it
+	sites siteLabels
+
+	attempts   *prometheus.CounterVec
+	bans       *prometheus.CounterVec
+	latency    *prometheus.HistogramVec
+	quarantine *prometheus.HistogramVec
+	deadMarked *prometheus.CounterVec
+	recovery   *prometheus.HistogramVec
+
+	pendingN atomic.Int64 // len(pending), read without the lock on every attempt
+	pendMu   sync.Mutex
+	pending  map[siteProxy]time.Time // quarantines waiting for a good answer
+
+	proxies *proxyStats // nil without WithTopProxies
+	joins   joinTracker
+
+	proxySuccess, proxyLatency, proxyAttempts, trackedProxies  *prometheus.Desc
+	members, memberJoins, lastJoin, joinBanRatio, joinBanSpike *prometheus.Desc
+}
+
+type siteProxy struct{ site, proxy string }
+
+// New returns a Collector for sw and makes it sw's observer
+// (sw.SetObserver), replacing any observer set before. Register it with a
+// Prometheus registry:
+//
+//	col := metrics.New(sw, metrics.WithServer("crawler-1"))
+//	prometheus.MustRegister(col)
+//
+// Its series carry the constant labels pool (sw.Pool()) and server
+// (WithServer), so the Collectors of several pools, or of several servers,
+// never clash. New does no I/O. It panics on a nil Switch.
+func New(sw *proxyswitch.Switch, opts ...Option) *Collector {
+	if sw == nil {
+		panic("metrics: New with a nil *proxyswitch.Switch")
+	}
+	c := newCollector(sw.Pool(), newConfig(opts))
+	sw.SetObserver(c)
+	return c
+}
+
+func newCollector(pool string, cfg config) *Collector {
+	cl := prometheus.Labels{"pool": pool, "server": cfg.server}
+	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: cl}, labels)
+	}
+	histogram := func(name, help string, buckets []float64, labels ...string) *prometheus.HistogramVec {
+		return prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: name, Help: help, ConstLabels: cl, Buckets: buckets}, labels)
+	}
+	desc := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc(name, help, labels, cl)
+	}
+	c := &Collector{
+		cfg:     cfg,
+		now:     time.Now,
+		sites:   siteLabels{max: cfg.maxSites},
+		pending: make(map[siteProxy]time.Time),
+		joins:   joinTracker{window: cfg.joinWindow},
+
+		attempts: counter("proxyswitch_attempts_total",
+			"Attempts sent through a proxy and classified, by site and outcome (ok, neutral, ban, proxy_failure); a retried request counts once per attempt.",
+			"site", "outcome"),
+		bans: counter("proxyswitch_bans_total",
+			"Attempts classified as a ban or a proxy failure, by site, kind (ban, proxy_failure) and reason (http_403, missing_selector, proxy_connect...).",
+			"site", "kind", "reason"),
+		latency: histogram("proxyswitch_attempt_duration_seconds",
+			"Time from sending an attempt through a proxy to its verdict, by site.",
+			latencyBuckets, "site"),
+		quarantine: histogram("proxyswitch_quarantine_duration_seconds",
+			"Quarantines applied (site bans, proxy failures, operator bans), by site and kind, with their length.",
+			quarantineBuckets, "site", "kind"),
+		deadMarked: counter("proxyswitch_proxies_marked_dead_total",
+			"Proxies this server marked dead (out of every site's rotation until revived), by the reason of the last failure.",
+			"reason"),
+		recovery: histogram("proxyswitch_recovery_duration_seconds",
+			"Time from a proxy's quarantine on a site to its next good answer there (ok or neutral) through this server.",
+			quarantineBuckets, "site"),
+
+		proxySuccess: desc("proxyswitch_proxy_success_ratio",
+			"Share of the proxy's latest attempts (see proxyswitch_proxy_window_attempts) that were neither a ban nor a proxy failure; only the worst proxies (WithTopProxies).",
+			"proxy"),
+		proxyLatency: desc("proxyswitch_proxy_latency_seconds",
+			"Mean time to a verdict over the proxy's latest attempts; only the worst proxies (WithTopProxies).",
+			"proxy"),
+		proxyAttempts: desc("proxyswitch_proxy_window_attempts",
+			"Attempts the proxy's success ratio and latency cover (at most the proxy window); only the worst proxies (WithTopProxies).",
+			"proxy"),
+		trackedProxies: desc("proxyswitch_tracked_proxies",
+			"Proxies this server keeps a window of latest attempts for (WithTopProxies)."),
+		members: desc("proxyswitch_members",
+			"Servers in the pool's member list as this server last saw it (ObserveMembers)."),
+		memberJoins: desc("proxyswitch_member_joins_total",
+			"Servers that joined the member list since this server first saw it."),
+		lastJoin: desc("proxyswitch_last_member_join_timestamp_seconds",
+			"When this server last saw the member list grow (Unix time)."),
+		joinBanRatio: desc("proxyswitch_join_ban_ratio",
+			"Bans per attempt through this server in the join window before (window=before) and after (window=after) the member list last grew.",
+			"window"),
+		joinBanSpike: desc("proxyswitch_join_ban_spike",
+			"1 while bans spike after the member list grew (the sign that shards overlap), else 0; see the metrics package documentation for the rule."),
+	}
+	if cfg.topProxies > 0 {
+		c.proxies = &proxyStats{window: cfg.proxyWindow, m: make(map[string]*proxyWindow)}
+	}
+	return c
+}
+
+// ObserveAttempt counts one classified attempt. The Switch calls it (the
+// Collector is its Observer); it is fast, never blocks and never panics.
+func (c *Collector) ObserveAttempt(ev proxyswitch.AttemptEvent) {
+	now := c.now()
+	site := c.sites.label(ev.Site)
+	if m, err := c.attempts.GetMetricWithLabelValues(site, kindLabel(ev.Kind)); err == nil {
+		m.Inc()
+	}
+	if m, err := c.latency.GetMetricWithLabelValues(site); err == nil {
+		m.Observe(max(ev.Latency, 0).Seconds())
+	}
+	bad := ev.Kind == proxyswitch.Ban || ev.Kind == proxyswitch.ProxyFailure
+	if bad {
+		if m, err := c.bans.GetMetricWithLabelValues(site, kindLabel(ev.Kind), reasonLabel(ev.Reason)); err == nil {
+			m.Inc()
+		}
+	} else if c.pendingN.Load() > 0 {
+		c.recovered(siteProxy{ev.Site, ev.ProxyID}, site, now)
+	}
+	if c.proxies != nil {
+		c.proxies.add(ev.ProxyID, ev.Latency, bad, now)
+	}
+	c.joins.attempt(now, ev.Kind == proxyswitch.Ban)
+}
+
+// ObserveQuarantine counts one quarantine (or dead-marking) the Switch
+// applied. The Switch calls it; it is fast, never blocks and never panics.
+func (c *Collector) ObserveQuarantine(ev proxyswitch.QuarantineEvent) {
+	now := c.now()
+	site := c.sites.label(ev.Site)
+	if ev.Dead {
+		if m, err := c.deadMarked.GetMetricWithLabelValues(reasonLabel(ev.Reason)); err == nil {
+			m.Inc()
+		}
+	} else if m, err := c.quarantine.GetMetricWithLabelValues(site, kindLabel(ev.Kind)); err == nil {
+		m.Observe(max(ev.Duration, 0).Seconds())
+	}
+	// The recovery is timed from the first quarantine of a run: a ban met
+	// again while quarantined does not restart the clock.
+	k := siteProxy{ev.Site, ev.ProxyID}
+	c.pendMu.Lock()
+	if _, ok := c.pending[k]; !ok && len(c.pending) < maxPending {
+		c.pending[k] = now
+		c.pendingN.Store(int64(len(c.pending)))
+	}
+	c.pendMu.Unlock()
+}
+
+// ObserveMembers tells the Collector the pool's member list, for the
+// ban-spike signal. Wire it to the Membership of this server:
+//
+//	proxyswitch.NewMembership(sw, self, proxyswitch.WithMembersChanged(col.ObserveMembers))
+//
+// The first list is the starting point; each later list naming a server the
+// previous one did not is a join. It is safe for concurrent use.
+func (c *Collector) ObserveMembers(members []string) { c.joins.observe(members, c.now()) }
+
+func (c *Collector) recovered(k siteProxy, site string, now time.Time) {
+	c.pendMu.Lock()
+	start, ok := c.pending[k]
+	if ok {
+		delete(c.pending, k)
+		c.pendingN.Store(int64(len(c.pending)))
+	}
+	c.pendMu.Unlock()
+	if !ok {
+		return
+	}
+	if m, err := c.recovery.GetMetricWithLabelValues(site); err == nil {
+		m.Observe(max(now.Sub(start), 0).Seconds())
+	}
+}
+
+// Describe sends the descriptors of every metric the Collector exports.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, v := range c.vectors() {
+		v.Describe(ch)
+	}
+	for _, d := range []*prometheus.Desc{c.proxySuccess, c.proxyLatency, c.proxyAttempts, c.trackedProxies,
+		c.members, c.memberJoins, c.lastJoin, c.joinBanRatio, c.joinBanSpike} {
+		ch <- d
+	}
+}
+
+// Collect sends the current values. Per-proxy series are computed here:
+// scrape cost grows with the proxies tracked, never with traffic.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	now := c.now()
+	for _, v := range c.vectors() {
+		v.Collect(ch)
+	}
+	c.prunePending(now)
+	if c.proxies != nil {
+		c.collectProxies(ch, now)
+	}
+	c.collectJoins(ch, now)
+}
+
+func (c *Collector) vectors() []prometheus.Collector {
+	return []prometheus.Collector{c.attempts, c.bans, c.latency, c.quarantine, c.deadMarked, c.recovery}
+}
+
+func (c *Collector) prunePending(now time.Time) {
+	c.pendMu.Lock()
+	defer c.pendMu.Unlock()
+	for k, t := range c.pending {
+		if now.Sub(t) > pendingTTL {
+			delete(c.pending, k)
+		}
+	}
+	c.pendingN.Store(int64(len(c.pending)))
+}
+
+func (c *Collector) collectProxies(ch chan<- prometheus.Metric, now time.Time) {
+	worst, tracked := c.proxies.worst(c.cfg.topProxies, now)
+	ch <- prometheus.MustNewConstMetric(c.trackedProxies, prometheus.GaugeValue, float64(tracked))
+	for _, p := range worst {
+		ch <- prometheus.MustNewConstMetric(c.proxySuccess, prometheus.GaugeValue, p.success, p.id)
+		ch <- prometheus.MustNewConstMetric(c.proxyLatency, prometheus.GaugeValue, p.latency.Seconds(), p.id)
+		ch <- prometheus.MustNewConstMetric(c.proxyAttempts, prometheus.GaugeValue, float64(p.attempts), p.id)
+	}
+}
+
+func (c *Collector) collectJoins(ch chan<- prometheus.Metric, now time.Time) {
+	s := c.joins.snapshot(now)
+	if !s.seen {
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(c.members, prometheus.GaugeValue, float64(s.members))
+	ch <- prometheus.MustNewConstMetric(c.memberJoins, prometheus.CounterValue, float64(s.joins))
+	spike := 0.0
+	if s.spike {
+		spike = 1
+	}
+	ch <- prometheus.MustNewConstMetric(c.joinBanSpike, prometheus.GaugeValue, spike)
+	if s.joins == 0 {
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(c.lastJoin, prometheus.GaugeValue, float64(s.lastJoin.UnixMilli())/1e3)
+	ch <- prometheus.MustNewConstMetric(c.joinBanRatio, prometheus.GaugeValue, s.before.ratio(), "before")
+	ch <- prometheus.MustNewConstMetric(c.joinBanRatio, prometheus.GaugeValue, s.after.ratio(), "after")
+}
+
+// kindLabel names a verdict kind: ok, neutral, ban, proxy_failure.
+func kindLabel(k proxyswitch.Kind) string {
+	switch k {
+	case proxyswitch.OK, proxyswitch.Neutral, proxyswitch.Ban, proxyswitch.ProxyFailure:
+		return k.String()
+	}
+	return "other"
+}
+
+// reasonLabel passes the Switch's reasons (short tokens of [a-z0-9_.:-],
+// validated by the Switch) and turns anything else into "custom", so that a
+// label value is always short and valid.
+func reasonLabel(r string) string {
+	if r == "" || len(r) > 64 {
+		return proxyswitch.ReasonCustom
+	}
+	for i := 0; i < len(r); i++ {
+		switch b := r[i]; {
+		case b >= 'a' && b <= 'z', b >= '0' && b <= '9', b == '_', b == '.', b == ':', b == '-':
+		default:
+			return proxyswitch.ReasonCustom
+		}
+	}
+	return r
+}
+
+// siteLabels hands out site label values: the first max sites by name, the
+// rest OtherSite. It is safe for concurrent use.
+type siteLabels struct {
+	max   int
+	mu    sync.RWMutex
+	known map[string]string // site -> its label
+}
+
+func (s *siteLabels) label(site string) string {
+	s.mu.RLock()
+	l, ok := s.known[site]
+	s.mu.RUnlock()
+	if ok {
+		return l
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if l, ok := s.known[site]; ok {
+		return l
+	}
+	if len(s.known) >= s.max {
+		return OtherSite
+	}
+	if s.known == nil {
+		s.known = make(map[string]string)
+	}
+	l = siteValue(site)
+	s.known[site] = l
+	return l
+}
+
+// siteValue makes a site name a valid, bounded label value.
+func siteValue(site string) string {
+	if site == "" {
+		return noSite
+	}
+	if len(site) > maxLabelLen {
+		site = site[:maxLabelLen]
+	}
+	return strings.ToValidUTF8(site, "\uFFFD")
+}
