@@ -1,14 +1,22 @@
-// Command proxyswitch administers a proxyswitch pool in Redis.
+// Command proxyswitch administers a proxyswitch pool in Redis and exports
+// its state to Prometheus.
 //
 //	proxyswitch [flags] <command> [arguments]
 //
 // Commands:
 //
-//	load FILE         replace the pool with the proxies in FILE ("-" for stdin), atomically
-//	add URL...        add proxies
-//	remove ID|URL...  remove proxies
-//	list              list the proxies: ID and URL (password redacted)
-//	stats [SITE...]   a table of the pool's state per site (default: every site leased recently)
+//	load FILE                   replace the pool with the proxies in FILE ("-" for stdin), atomically
+//	add URL...                  add proxies
+//	remove ID|URL...            remove proxies
+//	list                        list the proxies: ID, URL (password redacted), state (ok, dead, drained)
+//	stats [SITE...]             a table of proxy slots by state per site (default: every site leased recently)
+//	ban ID|URL SITE [DURATION]  quarantine a proxy on a site, cluster-wide, for at least DURATION (default 1h)
+//	unban ID|URL SITE           end a proxy's quarantine on a site now
+//	drain ID|URL...             take proxies out of every site's rotation (requests under way finish)
+//	revive ID|URL...            bring dead or drained proxies back
+//	clear -yes                  delete every key of the pool (proxies, leases, bans, members)
+//	serve [-addr A] [POOL...]   serve /metrics (pool state read from Redis at each scrape) on A
+//	                            (default 127.0.0.1:9465) for POOLs (default: -pool) until interrupted
 //
 // Flags:
 //
@@ -16,6 +24,7 @@
 //	-prefix P    key prefix (default "proxyswitch")
 //	-pool NAME   pool (default "default")
 //	-timeout D   bound on each Redis round trip (default 5s)
+//	-v           log debug messages too (default: warnings and errors only, on stderr)
 //
 // Exit codes: 0 success, 1 the operation failed, 2 bad usage.
 // Passwords in proxy and Redis URLs are never printed.
@@ -27,21 +36,37 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
+	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"os/signal"
+	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/proxyswitch/proxyswitch"
+	"github.com/proxyswitch/proxyswitch/metrics"
 	"github.com/redis/go-redis/v9"
 )
 
 // EnvRedisURL names the environment variable read when -redis is not given.
 const EnvRedisURL = "PROXYSWITCH_REDIS_URL"
 
+// DefaultMetricsAddr is where serve listens unless told otherwise.
+const DefaultMetricsAddr = "127.0.0.1:9465"
+
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	// go-redis logs its dial retries straight to stderr; every failure also
+	// comes back as an error, which the command reports (or, in serve, the
+	// exporter logs once per outage).
+	redis.SetLogger(silentRedis{})
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
@@ -50,6 +75,34 @@ func main() {
 // errUsage marks a command-line mistake (exit code 2).
 var errUsage = errors.New("usage")
 
+const usage = `usage: proxyswitch [flags] <command> [arguments]
+
+commands:
+  load FILE                   replace the pool with the proxies in FILE ("-" for stdin)
+  add URL...                  add proxies
+  remove ID|URL...            remove proxies
+  list                        list the proxies with their state
+  stats [SITE...]             proxy slots by state per site
+  ban ID|URL SITE [DURATION]  quarantine a proxy on a site for at least DURATION (default 1h)
+  unban ID|URL SITE           end a proxy's quarantine on a site
+  drain ID|URL...             take proxies out of every site's rotation
+  revive ID|URL...            bring dead or drained proxies back
+  clear -yes                  delete every key of the pool
+  serve [-addr A] [POOL...]   serve /metrics on A (default ` + DefaultMetricsAddr + `)
+
+flags:`
+
+// app is what a command works with.
+type app struct {
+	rdb    *redis.Client
+	sw     *proxyswitch.Switch // the -pool pool
+	prefix string
+	opts   []proxyswitch.Option // prefix, timeout, logger: every pool's
+	logger *slog.Logger
+	stdin  io.Reader
+	out    io.Writer
+}
+
 func run(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("proxyswitch", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -57,8 +110,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	prefix := fs.String("prefix", "proxyswitch", "key prefix")
 	pool := fs.String("pool", "default", "pool name")
 	timeout := fs.Duration("timeout", 5*time.Second, "bound on each Redis round trip")
+	verbose := fs.Bool("v", false, "log debug messages too (default: warnings and errors only)")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: proxyswitch [flags] load FILE | add URL... | remove ID|URL... | list | stats [SITE...]")
+		fmt.Fprintln(stderr, usage)
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -80,15 +134,21 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		fmt.Fprintf(stderr, "proxyswitch: invalid Redis URL %s: want redis://[user:password@]host:port/db\n", redactURL(raw))
 		return 2
 	}
+	level := slog.LevelWarn
+	if *verbose {
+		level = slog.LevelDebug
+	}
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	rdb := redis.NewClient(opt)
 	defer rdb.Close()
-	sw, err := proxyswitch.NewSwitch(rdb, proxyswitch.WithPrefix(*prefix), proxyswitch.WithPool(*pool), proxyswitch.WithRedisTimeout(*timeout))
-	if err != nil {
+	a := &app{rdb: rdb, prefix: *prefix, logger: logger, stdin: stdin, out: stdout,
+		opts: []proxyswitch.Option{proxyswitch.WithPrefix(*prefix), proxyswitch.WithRedisTimeout(*timeout), proxyswitch.WithLogger(logger)}}
+	if a.sw, err = a.newSwitch(*pool); err != nil {
 		fmt.Fprintln(stderr, err)
 		return 2
 	}
 	cmd, rest := fs.Arg(0), fs.Args()[1:]
-	err = dispatch(ctx, sw, cmd, rest, stdin, stdout)
+	err = a.dispatch(ctx, cmd, rest)
 	switch {
 	case err == nil:
 		return 0
@@ -102,13 +162,18 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	}
 }
 
-func dispatch(ctx context.Context, sw *proxyswitch.Switch, cmd string, args []string, stdin io.Reader, out io.Writer) error {
+func (a *app) newSwitch(pool string) (*proxyswitch.Switch, error) {
+	return proxyswitch.NewSwitch(a.rdb, append([]proxyswitch.Option{proxyswitch.WithPool(pool)}, a.opts...)...)
+}
+
+func (a *app) dispatch(ctx context.Context, cmd string, args []string) error {
+	sw, out := a.sw, a.out
 	switch cmd {
 	case "load":
 		if len(args) != 1 {
 			return fmt.Errorf("%w: load takes one FILE (or - for stdin)", errUsage)
 		}
-		return load(ctx, sw, args[0], stdin, out)
+		return a.load(ctx, args[0])
 	case "add":
 		if len(args) == 0 {
 			return fmt.Errorf("%w: add takes proxy URLs", errUsage)
@@ -125,15 +190,53 @@ func dispatch(ctx context.Context, sw *proxyswitch.Switch, cmd string, args []st
 		if len(args) != 0 {
 			return fmt.Errorf("%w: list takes no arguments", errUsage)
 		}
-		return list(ctx, sw, out)
+		return a.list(ctx)
 	case "stats":
-		return stats(ctx, sw, args, out)
+		return a.stats(ctx, args)
+	case "ban":
+		return a.ban(ctx, args)
+	case "unban":
+		if len(args) != 2 {
+			return fmt.Errorf("%w: unban takes a proxy (ID or URL) and a SITE", errUsage)
+		}
+		if err := sw.Unban(ctx, args[0], args[1]); err != nil {
+			return err
+		}
+		_, err := fmt.Fprintf(out, "unbanned proxy %s on %s\n", proxyName(args[0]), args[1])
+		return err
+	case "drain":
+		if len(args) == 0 {
+			return fmt.Errorf("%w: drain takes proxy IDs or URLs", errUsage)
+		}
+		for _, p := range args {
+			if err := sw.Drain(ctx, p); err != nil {
+				return err
+			}
+			if _, err := fmt.Fprintf(out, "drained proxy %s\n", proxyName(p)); err != nil {
+				return err
+			}
+		}
+		return nil
+	case "revive":
+		if len(args) == 0 {
+			return fmt.Errorf("%w: revive takes proxy IDs or URLs", errUsage)
+		}
+		n, err := sw.Revive(ctx, args...)
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintf(out, "revived %d of %d proxies (the others were not dead)\n", n, len(args))
+		return err
+	case "clear":
+		return a.clear(ctx, args)
+	case "serve":
+		return a.serve(ctx, args)
 	}
 	return fmt.Errorf("%w: unknown command %q", errUsage, cmd)
 }
 
-func load(ctx context.Context, sw *proxyswitch.Switch, path string, stdin io.Reader, out io.Writer) error {
-	r := stdin
+func (a *app) load(ctx context.Context, path string) error {
+	r := a.stdin
 	if path != "-" {
 		f, err := os.Open(path)
 		if err != nil {
@@ -146,8 +249,8 @@ func load(ctx context.Context, sw *proxyswitch.Switch, path string, stdin io.Rea
 	if err != nil {
 		return err
 	}
-	ch, err := sw.ReplaceProxies(ctx, ps)
-	return report(out, ch, err)
+	ch, err := a.sw.ReplaceProxies(ctx, ps)
+	return report(a.out, ch, err)
 }
 
 func report(out io.Writer, ch proxyswitch.PoolChange, err error) error {
@@ -158,22 +261,39 @@ func report(out io.Writer, ch proxyswitch.PoolChange, err error) error {
 	return err
 }
 
-func list(ctx context.Context, sw *proxyswitch.Switch, out io.Writer) error {
-	ps, err := sw.List(ctx)
+// list prints every proxy with its pool-wide state: ok, dead (with the
+// failure that killed it) or drained, and since when.
+func (a *app) list(ctx context.Context) error {
+	ps, err := a.sw.List(ctx)
 	if err != nil {
 		return err
 	}
-	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tPROXY")
+	dead, err := a.sw.Dead(ctx)
+	if err != nil {
+		return err
+	}
+	out := make(map[string]proxyswitch.DeadProxy, len(dead))
+	for _, d := range dead {
+		out[d.Proxy.ID()] = d
+	}
+	tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tPROXY\tSTATE\tSINCE\tREASON")
 	for _, p := range ps {
-		fmt.Fprintf(tw, "%s\t%s\n", p.ID(), p)
+		state, since, reason := "ok", "-", "-"
+		if d, ok := out[p.ID()]; ok {
+			state, since, reason = "dead", d.Since.UTC().Format(time.RFC3339), d.Reason
+			if d.Reason == "drained" {
+				state, reason = "drained", "-"
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", p.ID(), p, state, since, reason)
 	}
 	return tw.Flush()
 }
 
-func stats(ctx context.Context, sw *proxyswitch.Switch, sites []string, out io.Writer) error {
+func (a *app) stats(ctx context.Context, sites []string) error {
 	if len(sites) == 0 {
-		used, err := sw.Sites(ctx)
+		used, err := a.sw.Sites(ctx)
 		if err != nil {
 			return err
 		}
@@ -181,16 +301,137 @@ func stats(ctx context.Context, sw *proxyswitch.Switch, sites []string, out io.W
 			sites = append(sites, u.Site)
 		}
 	}
-	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "SITE\tPROXIES\tFREE\tLEASED\tBUSY\t")
+	tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "SITE\tPROXIES\tFREE\tLEASED\tBUSY\tCOOLING\tQUARANTINED\tDEAD\t")
 	for _, site := range sites {
-		st, err := sw.Stats(ctx, site)
+		st, err := a.sw.Stats(ctx, site)
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t\n", site, st.Proxies, st.FreeSlots, st.Leased, st.BusySlots)
+		ss, err := a.sw.SiteState(ctx, site)
+		if err != nil {
+			return err
+		}
+		busy := ss.Leased + ss.Cooling + ss.Quarantined + ss.Dead
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t\n", site, st.Proxies, ss.Free, ss.Leased, busy, ss.Cooling, ss.Quarantined, ss.Dead)
 	}
 	return tw.Flush()
+}
+
+func (a *app) ban(ctx context.Context, args []string) error {
+	if len(args) != 2 && len(args) != 3 {
+		return fmt.Errorf("%w: ban takes a proxy (ID or URL), a SITE and optionally a DURATION", errUsage)
+	}
+	d := time.Hour
+	if len(args) == 3 {
+		var err error
+		if d, err = time.ParseDuration(args[2]); err != nil || d <= 0 {
+			return fmt.Errorf("%w: ban duration %q: want a positive duration such as 30m or 2h", errUsage, args[2])
+		}
+	}
+	if err := a.sw.Ban(ctx, args[0], args[1], d); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintf(a.out, "banned proxy %s on %s for at least %v\n", proxyName(args[0]), args[1], d)
+	return err
+}
+
+func (a *app) clear(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("clear", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	yes := fs.Bool("yes", false, "really delete")
+	if err := fs.Parse(args); err != nil || fs.NArg() != 0 {
+		return fmt.Errorf("%w: clear takes only -yes", errUsage)
+	}
+	if !*yes {
+		return fmt.Errorf("%w: clear deletes every key of pool %q under prefix %q: add -yes to do it", errUsage, a.sw.Pool(), a.prefix)
+	}
+	if err := a.sw.Clear(ctx); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintf(a.out, "cleared pool %q under prefix %q\n", a.sw.Pool(), a.prefix)
+	return err
+}
+
+// serve exports the state of the pools to Prometheus until ctx ends. It
+// reads Redis only when scraped.
+func (a *app) serve(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	addr := fs.String("addr", DefaultMetricsAddr, "listen address")
+	if err := fs.Parse(args); err != nil {
+		return fmt.Errorf("%w: serve: %v", errUsage, err)
+	}
+	pools := fs.Args()
+	if len(pools) == 0 {
+		pools = []string{a.sw.Pool()}
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	for _, pool := range pools {
+		sw, err := a.newSwitch(pool)
+		if err != nil {
+			return fmt.Errorf("%w: %w", errUsage, err)
+		}
+		if err := reg.Register(metrics.NewState(sw, metrics.WithLogger(a.logger))); err != nil {
+			return fmt.Errorf("%w: pool %q named twice", errUsage, pool)
+		}
+	}
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		return err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{
+		ErrorLog:      promLogger{a.logger},
+		ErrorHandling: promhttp.ContinueOnError,
+	}))
+	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(w, "proxyswitch exporter: metrics at /metrics")
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	if _, err := fmt.Fprintf(a.out, "serving metrics of pool %s on http://%s/metrics\n", strings.Join(pools, ", "), ln.Addr()); err != nil {
+		ln.Close()
+		return err
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	select {
+	case err := <-served:
+		return err
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		return err
+	}
+	<-served
+	return nil
+}
+
+// promLogger passes promhttp's errors (a failed write to a scraper) on as
+// warnings.
+type promLogger struct{ l *slog.Logger }
+
+func (p promLogger) Println(v ...any) {
+	p.l.Warn("proxyswitch: serving /metrics: " + strings.TrimSuffix(fmt.Sprintln(v...), "\n"))
+}
+
+type silentRedis struct{}
+
+func (silentRedis) Printf(context.Context, string, ...any) {}
+
+// proxyName names a proxy given on the command line without its password:
+// the ID, as list shows it.
+func proxyName(arg string) string {
+	if p, err := proxyswitch.ParseProxy(arg); err == nil {
+		return p.ID()
+	}
+	if len(arg) == 16 && strings.Trim(arg, "0123456789abcdef") == "" {
+		return arg
+	}
+	return "(unparseable)"
 }
 
 // redactURL hides the password of a URL that may not parse.

@@ -3,11 +3,19 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"github.com/proxyswitch/proxyswitch"
 	"github.com/proxyswitch/proxyswitch/internal/redistest"
 	"github.com/redis/go-redis/v9"
@@ -106,6 +114,308 @@ func TestCLIErrorsAndExitCodes(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			r := cli(t, tc.env, tc.stdin, tc.args...)
+			assert.Equal(t, tc.code, r.code, r.all())
+			assert.Contains(t, r.all(), tc.want)
+			assert.NotContains(t, r.all(), redisSecret)
+			assert.NotContains(t, r.all(), proxySecret)
+		})
+	}
+}
+
+// proxyIDOf is the ID list prints for url.
+func proxyIDOf(t *testing.T, url string) string {
+	t.Helper()
+	p, err := proxyswitch.ParseProxy(url)
+	require.NoError(t, err)
+	return p.ID()
+}
+
+// TestCLIOperatorCommands drives ban, unban, drain, revive, list with
+// state, stats and clear against a real redis-server with a password, and
+// checks each effect on the pool through the library.
+func TestCLIOperatorCommands(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t, "--requirepass", redisSecret)
+	env := map[string]string{EnvRedisURL: "redis://:" + redisSecret + "@" + srv.Addr() + "/0"}
+	secret := "http://u1:" + proxySecret + "@127.0.0.1:3128"
+	plain, third := "http://127.0.0.2:3128", "socks5://127.0.0.3:1080"
+	idSecret, idPlain, idThird := proxyIDOf(t, secret), proxyIDOf(t, plain), proxyIDOf(t, third)
+	var all strings.Builder
+	run := func(args ...string) result {
+		t.Helper()
+		r := cli(t, env, "", append([]string{"-v"}, args...)...)
+		all.WriteString(r.all())
+		return r
+	}
+
+	r := run("add", secret, plain, third)
+	require.Equal(t, 0, r.code, r.all())
+	r = cli(t, env, "", "-pool", "other", "add", plain)
+	require.Equal(t, 0, r.code, r.all())
+
+	rdb := srv.Client(t)
+	sw, err := proxyswitch.NewSwitch(rdb, proxyswitch.WithDeadAfter(1))
+	require.NoError(t, err)
+	// A worker kills the third proxy (a failure only the proxy can cause)
+	// and holds a lease on the second one for ozon.example.
+	leaseOf := func(site, id string) *proxyswitch.Lease {
+		t.Helper()
+		var skipped []*proxyswitch.Lease
+		defer func() {
+			for _, l := range skipped {
+				require.NoError(t, l.Release(ctx))
+			}
+		}()
+		for {
+			l, err := sw.Lease(ctx, site)
+			require.NoError(t, err)
+			if l.Proxy().ID() == id {
+				return l
+			}
+			skipped = append(skipped, l)
+		}
+	}
+	l := leaseOf("avito.example", idThird)
+	require.NoError(t, l.Report(ctx, proxyswitch.Verdict{Kind: proxyswitch.ProxyFailure, Reason: proxyswitch.ReasonProxyConnect}))
+	held := leaseOf("ozon.example", idPlain)
+	defer held.Release(ctx)
+
+	// ban by URL (with its password), for a given time.
+	r = run("ban", secret, "ozon.example", "2h")
+	require.Equal(t, 0, r.code, r.all())
+	assert.Equal(t, "banned proxy "+idSecret+" on ozon.example for at least 2h0m0s\n", r.stdout)
+	st, err := sw.SiteState(ctx, "ozon.example")
+	require.NoError(t, err)
+	assert.Equal(t, proxyswitch.SiteState{Site: "ozon.example", Leased: 1, Quarantined: 1, Dead: 1}, st)
+	r = run("stats", "ozon.example", "avito.example")
+	require.Equal(t, 0, r.code, r.all())
+	assert.Regexp(t, `SITE\s+PROXIES\s+FREE\s+LEASED\s+BUSY\s+COOLING\s+QUARANTINED\s+DEAD`, r.stdout)
+	assert.Regexp(t, `ozon\.example\s+3\s+0\s+1\s+3\s+0\s+1\s+1\s*\n`, r.stdout)
+	assert.Regexp(t, `avito\.example\s+3\s+2\s+0\s+1\s+0\s+0\s+1\s*\n`, r.stdout)
+
+	// unban by ID; the default ban time is an hour.
+	r = run("unban", idSecret, "ozon.example")
+	require.Equal(t, 0, r.code, r.all())
+	assert.Equal(t, "unbanned proxy "+idSecret+" on ozon.example\n", r.stdout)
+	st, err = sw.SiteState(ctx, "ozon.example")
+	require.NoError(t, err)
+	assert.Zero(t, st.Quarantined)
+	r = run("ban", idPlain, "ozon.example")
+	require.Equal(t, 0, r.code, r.all())
+	assert.Contains(t, r.stdout, "for at least 1h0m0s")
+	r = run("unban", idPlain, "ozon.example")
+	require.Equal(t, 0, r.code, r.all())
+
+	// drain, list with states, revive.
+	r = run("drain", plain)
+	require.Equal(t, 0, r.code, r.all())
+	assert.Equal(t, "drained proxy "+idPlain+"\n", r.stdout)
+	r = run("list")
+	require.Equal(t, 0, r.code, r.all())
+	assert.Regexp(t, `ID\s+PROXY\s+STATE\s+SINCE\s+REASON`, r.stdout)
+	assert.Regexp(t, idSecret+`\s+http://u1:xxxxx@127\.0\.0\.1:3128\s+ok\s+-\s+-`, r.stdout)
+	assert.Regexp(t, idPlain+`\s+http://127\.0\.0\.2:3128\s+drained\s+\d{4}-\d\d-\d\dT[0-9:]+Z\s+-`, r.stdout)
+	assert.Regexp(t, idThird+`\s+socks5://127\.0\.0\.3:1080\s+dead\s+\d{4}-\d\d-\d\dT[0-9:]+Z\s+proxy_connect`, r.stdout)
+	r = run("revive", idPlain, third, secret)
+	require.Equal(t, 0, r.code, r.all())
+	assert.Equal(t, "revived 2 of 3 proxies (the others were not dead)\n", r.stdout)
+	dead, err := sw.Dead(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, dead)
+
+	// clear wants -yes, and leaves other pools alone.
+	r = run("clear")
+	assert.Equal(t, 2, r.code, r.all())
+	assert.Contains(t, r.stderr, `clear deletes every key of pool "default" under prefix "proxyswitch": add -yes`)
+	require.NoError(t, held.Release(ctx))
+	r = run("clear", "-yes")
+	require.Equal(t, 0, r.code, r.all())
+	assert.Equal(t, "cleared pool \"default\" under prefix \"proxyswitch\"\n", r.stdout)
+	keys, err := rdb.Keys(ctx, "{proxyswitch:default}*").Result()
+	require.NoError(t, err)
+	assert.Empty(t, keys)
+	r = run("-pool", "other", "list")
+	require.Equal(t, 0, r.code, r.all())
+	assert.Contains(t, r.stdout, idPlain)
+
+	assert.NotContains(t, all.String(), proxySecret)
+	assert.NotContains(t, all.String(), redisSecret)
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent use.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// scrapeURL fetches a /metrics page and parses it with the Prometheus
+// text-format parser.
+func scrapeURL(t *testing.T, u string) (map[string]*dto.MetricFamily, string) {
+	t.Helper()
+	resp, err := http.Get(u)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(bytes.NewReader(body))
+	require.NoError(t, err)
+	return fams, string(body)
+}
+
+// gauge is the value of the gauge series of name with the given labels.
+func gauge(fams map[string]*dto.MetricFamily, name string, labels map[string]string) (float64, bool) {
+	for _, m := range fams[name].GetMetric() {
+		match := true
+		for k, v := range labels {
+			found := false
+			for _, l := range m.GetLabel() {
+				found = found || (l.GetName() == k && l.GetValue() == v)
+			}
+			match = match && found
+		}
+		if match {
+			return m.GetGauge().GetValue(), true
+		}
+	}
+	return 0, false
+}
+
+// TestCLIServe runs the standalone exporter for two pools, scrapes it while
+// a worker holds a lease and a proxy is banned, then with Redis gone, and
+// stops it as an interrupt would.
+func TestCLIServe(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t, "--requirepass", redisSecret)
+	env := map[string]string{EnvRedisURL: "redis://:" + redisSecret + "@" + srv.Addr() + "/0"}
+	r := cli(t, env, "http://u1:"+proxySecret+"@127.0.0.1:3128\nhttp://127.0.0.2:3128\nhttp://127.0.0.3:3128\n", "load", "-")
+	require.Equal(t, 0, r.code, r.all())
+	r = cli(t, env, "", "-pool", "residential", "add", "http://127.0.0.9:3128")
+	require.Equal(t, 0, r.code, r.all())
+	sw, err := proxyswitch.NewSwitch(srv.Client(t))
+	require.NoError(t, err)
+	l, err := sw.Lease(ctx, "ozon.example")
+	require.NoError(t, err)
+	require.NoError(t, sw.Ban(ctx, "http://127.0.0.2:3128", "ozon.example", time.Hour))
+
+	sctx, stop := context.WithCancel(ctx)
+	defer stop()
+	var out, errOut syncBuffer
+	code := make(chan int, 1)
+	go func() {
+		code <- run(sctx, []string{"serve", "-addr", "127.0.0.1:0", "default", "residential"},
+			func(k string) string { return env[k] }, strings.NewReader(""), &out, &errOut)
+	}()
+	var metricsURL string
+	require.Eventually(t, func() bool {
+		_, after, ok := strings.Cut(out.String(), " on ")
+		metricsURL = strings.TrimSpace(after)
+		return ok && strings.HasSuffix(metricsURL, "/metrics")
+	}, 10*time.Second, 10*time.Millisecond, "stdout: %q, stderr: %q", out.String(), errOut.String())
+	assert.Contains(t, out.String(), "serving metrics of pool default, residential on http://127.0.0.1:")
+
+	fams, page := scrapeURL(t, metricsURL)
+	for _, tc := range []struct {
+		name   string
+		labels map[string]string
+		want   float64
+	}{
+		{"proxyswitch_pool_proxies", map[string]string{"pool": "default"}, 3},
+		{"proxyswitch_pool_proxies", map[string]string{"pool": "residential"}, 1},
+		{"proxyswitch_state_up", map[string]string{"pool": "default"}, 1},
+		{"proxyswitch_sites", map[string]string{"pool": "default"}, 1},
+		{"proxyswitch_site_slots", map[string]string{"pool": "default", "site": "ozon.example", "state": "leased"}, 1},
+		{"proxyswitch_site_slots", map[string]string{"pool": "default", "site": "ozon.example", "state": "quarantined"}, 1},
+		{"proxyswitch_site_slots", map[string]string{"pool": "default", "site": "ozon.example", "state": "free"}, 1},
+	} {
+		v, ok := gauge(fams, tc.name, tc.labels)
+		assert.True(t, ok, "%s%v missing", tc.name, tc.labels)
+		assert.Equal(t, tc.want, v, "%s%v", tc.name, tc.labels)
+	}
+	assert.Contains(t, fams, "go_goroutines")
+	require.NoError(t, l.Release(ctx))
+
+	// Redis gone: the exporter still answers, says so, warns once.
+	require.NoError(t, srv.Kill())
+	fams, page2 := scrapeURL(t, metricsURL)
+	v, ok := gauge(fams, "proxyswitch_state_up", map[string]string{"pool": "default"})
+	assert.True(t, ok)
+	assert.Zero(t, v)
+	assert.Contains(t, errOut.String(), "level=WARN")
+
+	stop()
+	select {
+	case c := <-code:
+		assert.Equal(t, 0, c, errOut.String())
+	case <-time.After(10 * time.Second):
+		t.Fatal("serve did not stop on interrupt")
+	}
+	for _, s := range []string{page, page2, out.String(), errOut.String()} {
+		assert.NotContains(t, s, proxySecret)
+		assert.NotContains(t, s, redisSecret)
+	}
+}
+
+// TestCLISecretsOnFailurePaths runs the new commands into every failure
+// it can meet, with -v, and checks the exit codes and that no password
+// shows up.
+func TestCLISecretsOnFailurePaths(t *testing.T) {
+	srv := redistest.Start(t, "--requirepass", redisSecret)
+	good := map[string]string{EnvRedisURL: "redis://:" + redisSecret + "@" + srv.Addr() + "/0"}
+	r := cli(t, good, "", "add", "http://u1:"+proxySecret+"@127.0.0.1:3128")
+	require.Equal(t, 0, r.code, r.all())
+	dead := redistest.Start(t)
+	deadAddr := dead.Addr()
+	require.NoError(t, dead.Kill())
+	down := map[string]string{EnvRedisURL: "redis://:" + redisSecret + "@" + deadAddr + "/0"}
+	wrong := map[string]string{EnvRedisURL: "redis://:wrong-" + redisSecret + "@" + srv.Addr() + "/0"}
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer taken.Close()
+	unknown := "http://u9:" + proxySecret + "@127.0.0.9:3128"
+
+	for name, tc := range map[string]struct {
+		env  map[string]string
+		args []string
+		code int
+		want string
+	}{
+		"ban not in pool":       {good, []string{"ban", unknown, "ozon.example"}, 1, "not in the pool"},
+		"ban bad url":           {good, []string{"ban", "http://u9:" + proxySecret + "@127.0.0.9", "ozon.example"}, 1, "missing port"},
+		"ban bad duration":      {good, []string{"ban", unknown, "ozon.example", "soon"}, 2, "ban duration"},
+		"ban arity":             {good, []string{"ban", unknown}, 2, "ban takes"},
+		"unban not in pool":     {good, []string{"unban", unknown, "ozon.example"}, 1, "not in the pool"},
+		"unban arity":           {good, []string{"unban"}, 2, "unban takes"},
+		"drain not in pool":     {good, []string{"drain", unknown}, 1, "not in the pool"},
+		"drain arity":           {good, []string{"drain"}, 2, "drain takes"},
+		"revive bad url":        {good, []string{"revive", "ftp://u:" + proxySecret + "@h:1"}, 1, "unsupported scheme"},
+		"revive arity":          {good, []string{"revive"}, 2, "revive takes"},
+		"clear extra":           {good, []string{"clear", "-yes", "now"}, 2, "clear takes only -yes"},
+		"serve bad flag":        {good, []string{"serve", "-port", "1"}, 2, "serve"},
+		"serve bad pool":        {good, []string{"serve", "a b"}, 2, "spaces"},
+		"serve same pool twice": {good, []string{"serve", "x", "x"}, 2, "named twice"},
+		"serve addr taken":      {good, []string{"serve", "-addr", taken.Addr().String()}, 1, "address already in use"},
+		"ban redis down":        {down, []string{"-timeout", "300ms", "ban", unknown, "ozon.example"}, 1, "redis error"},
+		"drain wrong password":  {wrong, []string{"drain", unknown}, 1, "WRONGPASS"},
+		"clear redis down":      {down, []string{"-timeout", "300ms", "clear", "-yes"}, 1, "redis error"},
+		"list wrong password":   {wrong, []string{"list"}, 1, "WRONGPASS"},
+		"stats redis down":      {down, []string{"-timeout", "300ms", "stats", "ozon.example"}, 1, "redis error"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			r := cli(t, tc.env, "", append([]string{"-v"}, tc.args...)...)
 			assert.Equal(t, tc.code, r.code, r.all())
 			assert.Contains(t, r.all(), tc.want)
 			assert.NotContains(t, r.all(), redisSecret)
