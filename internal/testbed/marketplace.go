@@ -83,13 +83,19 @@ const (
 //
 //   - [CaptchaPath] serves the captcha page (200, form.captcha).
 //   - An IP given a [Treatment] by [Marketplace.Burn] gets it every time.
-//   - An IP blocked for too many 429s gets 403 until the block ends.
+//   - An IP blocked for too many 429s (or captchas) gets 403 until the
+//     block ends.
+//   - An IP on the Shared blacklist gets the Listed treatment.
 //   - With CaptchaOnConcurrent, a request arriving while another from the
-//     same IP is in flight is redirected (302) to the captcha page.
+//     same IP is in flight is redirected (302) to the captcha page; after
+//     BlockAfterCaptchas such redirects the IP is blocked for BlockFor.
 //   - With RateLimit set, a request beyond RateLimit requests from one IP
 //     within RateWindow gets 429 (with Retry-After when RetryAfter is set);
 //     after BlockAfter such answers the IP is blocked for BlockFor.
 //   - Otherwise the wrapped handler serves the page.
+//
+// An IP blocked here is also added to Shared, when set: marketplaces that
+// share one blacklist refuse, each in its own way, an IP any of them blocked.
 //
 // Set the fields before the site serves; its methods are safe for concurrent
 // use.
@@ -100,6 +106,9 @@ type Marketplace struct {
 	BlockAfter          int           // 429s before the IP is blocked; 0: never
 	BlockFor            time.Duration // default 1m
 	CaptchaOnConcurrent bool          // redirect a request that overlaps another from its IP
+	BlockAfterCaptchas  int           // captcha redirects before the IP is blocked; 0: never
+	Shared              *Blacklist    // a blacklist shared with other marketplaces; nil: none
+	Listed              Treatment     // what an IP on Shared gets; Serve (the zero value) means Forbid
 
 	next http.Handler
 
@@ -107,11 +116,13 @@ type Marketplace struct {
 	visitors map[string]*visitor
 	treat    map[string]Treatment
 	hits     []MarketHit
+	blocks   int
 }
 
 type visitor struct {
 	recent   []time.Time // request times within the rate window
 	limited  int         // 429s answered
+	captchas int         // captcha redirects for concurrent requests
 	blocked  time.Time   // 403 until then
 	inFlight int
 }
@@ -198,21 +209,24 @@ func (m *Marketplace) decideLocked(ip string, r *http.Request, now time.Time) (D
 	if r.URL.Path == CaptchaPath {
 		return DecidedCaptchaPage, 0
 	}
-	switch m.treat[ip] {
-	case Placeholder:
-		return DecidedPlaceholder, 0
-	case Forbid:
-		return DecidedForbidden, 0
-	case Truncate:
-		return DecidedTruncated, 0
-	case Challenge:
-		return DecidedCaptcha, 0
+	if d, ok := treated(m.treat[ip]); ok {
+		return d, 0
 	}
 	v := m.visitor(ip)
 	if now.Before(v.blocked) {
 		return DecidedForbidden, 0
 	}
+	if m.Shared.Has(ip) {
+		if d, ok := treated(m.Listed); ok {
+			return d, 0
+		}
+		return DecidedForbidden, 0
+	}
 	if m.CaptchaOnConcurrent && v.inFlight > 0 {
+		v.captchas++
+		if m.BlockAfterCaptchas > 0 && v.captchas >= m.BlockAfterCaptchas {
+			m.block(ip, v, now)
+		}
 		return DecidedCaptcha, 0
 	}
 	if m.RateLimit > 0 {
@@ -230,17 +244,47 @@ func (m *Marketplace) decideLocked(ip string, r *http.Request, now time.Time) (D
 		if len(v.recent) > m.RateLimit {
 			v.limited++
 			if m.BlockAfter > 0 && v.limited > m.BlockAfter {
-				blockFor := m.BlockFor
-				if blockFor <= 0 {
-					blockFor = time.Minute
-				}
-				v.blocked = now.Add(blockFor)
+				m.block(ip, v, now)
 				return DecidedForbidden, 0
 			}
 			return DecidedRateLimited, m.RetryAfter
 		}
 	}
 	return DecidedPage, 0
+}
+
+// treated is the decision a treatment given to an IP makes; false for Serve.
+func treated(t Treatment) (Decision, bool) {
+	switch t {
+	case Placeholder:
+		return DecidedPlaceholder, true
+	case Forbid:
+		return DecidedForbidden, true
+	case Truncate:
+		return DecidedTruncated, true
+	case Challenge:
+		return DecidedCaptcha, true
+	}
+	return "", false
+}
+
+// block blocks ip for BlockFor and lists it on the shared blacklist.
+func (m *Marketplace) block(ip string, v *visitor, now time.Time) {
+	blockFor := m.BlockFor
+	if blockFor <= 0 {
+		blockFor = time.Minute
+	}
+	v.blocked = now.Add(blockFor)
+	m.blocks++
+	m.Shared.Add(ip)
+}
+
+// Blocks returns how many times this marketplace blocked an IP (for too
+// many 429s or captchas).
+func (m *Marketplace) Blocks() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.blocks
 }
 
 func (m *Marketplace) visitor(ip string) *visitor {
@@ -275,4 +319,56 @@ func truncate(w http.ResponseWriter, r *http.Request, next http.Handler) {
 	w.Header().Set("Content-Length", fmt.Sprint(len(body)))
 	w.WriteHeader(rec.Code)
 	w.Write(body)
+}
+
+// Blacklist is a list of client IPs that several [Marketplace]s share, as
+// platforms that buy one anti-bot service or swap block lists do: an IP one
+// of them blocks is refused by all of them. A nil *Blacklist lists nothing.
+// It is safe for concurrent use.
+type Blacklist struct {
+	mu  sync.Mutex
+	ips map[string]bool
+}
+
+// NewBlacklist returns a blacklist listing ips (IPs burnt before the crawl).
+func NewBlacklist(ips ...string) *Blacklist {
+	b := &Blacklist{ips: make(map[string]bool, len(ips))}
+	for _, ip := range ips {
+		b.ips[ip] = true
+	}
+	return b
+}
+
+// Add lists ip; it reports whether ip was not listed yet.
+func (b *Blacklist) Add(ip string) bool {
+	if b == nil {
+		return false
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.ips[ip] {
+		return false
+	}
+	b.ips[ip] = true
+	return true
+}
+
+// Has reports whether ip is listed.
+func (b *Blacklist) Has(ip string) bool {
+	if b == nil {
+		return false
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.ips[ip]
+}
+
+// Len returns how many IPs are listed.
+func (b *Blacklist) Len() int {
+	if b == nil {
+		return 0
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.ips)
 }

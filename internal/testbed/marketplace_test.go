@@ -1,6 +1,7 @@
 package testbed
 
 import (
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -108,5 +109,90 @@ func TestMarketplaceBurntIPs(t *testing.T) {
 	hits := m.Hits()
 	if len(hits) != 6 || hits[1].Decision != DecidedPlaceholder || hits[1].IP != ps[0].SourceIP().String() {
 		t.Errorf("hits %+v", hits)
+	}
+}
+
+func TestMarketplaceSharedBlacklist(t *testing.T) {
+	ps := NewProxies(t, 3)
+	burnt, abuser, clean := ps[0], ps[1], ps[2]
+	shared := NewBlacklist(burnt.SourceIP().String())
+	strict := NewMarketplace(nil)
+	strict.RateLimit, strict.RateWindow, strict.BlockAfter, strict.Shared = 1, time.Minute, 1, shared
+	quiet := NewMarketplace(nil)
+	quiet.Shared, quiet.Listed = shared, Placeholder
+	a, b := NewSite(t, "strict", strict), NewSite(t, "quiet", quiet)
+
+	resp, _ := get(t, client(t, burnt.URL()), a.URL()+"/p/1")
+	wantStatus(t, resp, http.StatusForbidden) // listed before the crawl: Forbid by default
+	resp, body := get(t, client(t, burnt.URL()), b.URL()+"/p/1")
+	wantStatus(t, resp, http.StatusOK)
+	if body != PlaceholderHTML {
+		t.Errorf("listed IP on the quiet site got %q", body)
+	}
+
+	for _, want := range []int{http.StatusOK, http.StatusTooManyRequests, http.StatusForbidden} {
+		resp, _ = get(t, client(t, abuser.URL()), a.URL()+"/p/2")
+		wantStatus(t, resp, want)
+	}
+	wantInt(t, "blocks", strict.Blocks(), 1)
+	wantInt(t, "listed", shared.Len(), 2)
+	resp, body = get(t, client(t, abuser.URL()), b.URL()+"/p/2")
+	if resp.StatusCode != http.StatusOK || body != PlaceholderHTML {
+		t.Errorf("IP blocked on one site served %d %q on the other", resp.StatusCode, body)
+	}
+	resp, _ = get(t, client(t, clean.URL()), b.URL()+"/p/2")
+	wantStatus(t, resp, http.StatusOK)
+	wantInt(t, "placeholders", quiet.Count(DecidedPlaceholder), 2)
+
+	var none *Blacklist // a nil blacklist lists nothing
+	if none.Add("127.0.0.9") || none.Has("127.0.0.9") || none.Len() != 0 {
+		t.Error("nil blacklist lists something")
+	}
+}
+
+func TestMarketplaceBlockAfterCaptchas(t *testing.T) {
+	m := NewMarketplace(&ShopHandler{Delay: 300 * time.Millisecond})
+	m.CaptchaOnConcurrent, m.BlockAfterCaptchas, m.Shared = true, 1, NewBlacklist()
+	site := NewSite(t, "market", m)
+	p := NewProxy(t, SourceIP(0))
+
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		resp, _ := get(t, client(t, p.URL()), site.URL()+"/p/1")
+		wantStatus(t, resp, http.StatusOK)
+	}()
+	time.Sleep(100 * time.Millisecond)
+	resp, _ := get(t, client(t, p.URL()), site.URL()+"/p/2")
+	wantStatus(t, resp, http.StatusFound)
+	<-done
+	resp, _ = get(t, client(t, p.URL()), site.URL()+"/p/3")
+	wantStatus(t, resp, http.StatusForbidden) // blocked after one captcha
+	wantInt(t, "blocks", m.Blocks(), 1)
+	if !m.Shared.Has(p.SourceIP().String()) {
+		t.Error("blocked IP not on the shared blacklist")
+	}
+}
+
+func TestStartWithoutTB(t *testing.T) {
+	site := StartSite("shop", nil)
+	defer site.Close()
+	ps, err := StartProxies(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range ps {
+		defer p.Close()
+	}
+	resp, _ := get(t, client(t, ps[1].URL()), site.URL()+"/p/1")
+	wantStatus(t, resp, http.StatusOK)
+	if got := site.Recorder().IPs()[SourceIP(1).String()]; got != 1 {
+		t.Errorf("hits from %v = %d, want 1", SourceIP(1), got)
+	}
+	if _, err := StartProxy(net.ParseIP("10.0.0.1")); err == nil {
+		t.Error("StartProxy accepted a source IP off loopback")
+	}
+	if _, err := StartProxies(-1); err == nil {
+		t.Error("StartProxies(-1) did not fail")
 	}
 }

@@ -29,7 +29,8 @@ const (
 	// ProxyDead closes the listener and all connections (in-flight requests
 	// and tunnels included): new clients get "connection refused". Leaving
 	// this mode listens again on the same address (best effort: should the
-	// port have been taken meanwhile, SetMode reports it with tb.Errorf).
+	// port have been taken meanwhile, SetMode reports it with tb.Errorf, or
+	// the standard logger for a proxy made by [StartProxy]).
 	ProxyDead
 	// ProxyHang accepts requests and never answers until the client gives
 	// up or the proxy is closed.
@@ -80,7 +81,7 @@ var errNotLoopback = errors.New("testbed: refusing to dial non-loopback address"
 //
 // All methods are safe for concurrent use.
 type Proxy struct {
-	tb        testing.TB
+	rep       reporter
 	addr      string // "127.0.0.1:PORT", stable across ProxyDead
 	sourceIP  net.IP
 	via       string
@@ -108,24 +109,53 @@ type Proxy struct {
 
 type credentials struct{ user, pass string }
 
+// reporter is where a proxy reports trouble after it started: the test's
+// testing.TB, or the standard logger for programs ([StartProxy]).
+type reporter interface {
+	Errorf(format string, args ...any)
+	Logf(format string, args ...any)
+}
+
+// stdReporter reports through the standard logger.
+type stdReporter struct{}
+
+func (stdReporter) Errorf(format string, args ...any) { log.Printf(format, args...) }
+func (stdReporter) Logf(format string, args ...any)   { log.Printf(format, args...) }
+
 // NewProxy starts a proxy that dials targets from sourceIP, which must be an
 // IPv4 loopback address (nil means SourceIP(0) = 127.0.1.1). Avoid 127.0.0.1:
 // sites count it as a direct hit. tb.Cleanup closes the proxy.
 func NewProxy(tb testing.TB, sourceIP net.IP) *Proxy {
 	tb.Helper()
+	p, err := startProxy(tb, sourceIP)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(p.Close)
+	return p
+}
+
+// StartProxy is [NewProxy] for programs without a testing.TB (demos,
+// examples): it returns an error instead of failing a test, reports later
+// trouble through the standard logger, and the caller must Close the proxy.
+func StartProxy(sourceIP net.IP) (*Proxy, error) {
+	return startProxy(stdReporter{}, sourceIP)
+}
+
+func startProxy(rep reporter, sourceIP net.IP) (*Proxy, error) {
 	if sourceIP == nil {
 		sourceIP = SourceIP(0)
 	}
 	ip4 := sourceIP.To4()
 	if ip4 == nil || !ip4.IsLoopback() {
-		tb.Fatalf("testbed: proxy source IP %v is not an IPv4 loopback address", sourceIP)
+		return nil, fmt.Errorf("testbed: proxy source IP %v is not an IPv4 loopback address", sourceIP)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		tb.Fatalf("testbed: proxy listen: %v", err)
+		return nil, fmt.Errorf("testbed: proxy listen: %w", err)
 	}
 	p := &Proxy{
-		tb:       tb,
+		rep:      rep,
 		addr:     ln.Addr().String(),
 		sourceIP: append(net.IP(nil), ip4...),
 		via:      "1.1 testbed-proxy-" + ip4.String(),
@@ -157,8 +187,7 @@ func NewProxy(tb testing.TB, sourceIP net.IP) *Proxy {
 	p.mu.Lock()
 	p.serveLocked(ln)
 	p.mu.Unlock()
-	tb.Cleanup(p.Close)
-	return p
+	return p, nil
 }
 
 // URL returns "http://127.0.0.1:PORT", or "http://user:pass@127.0.0.1:PORT"
@@ -215,7 +244,7 @@ func (p *Proxy) SetMode(m ProxyMode) {
 	case old == ProxyDead:
 		ln, err := net.Listen("tcp", p.addr)
 		if err != nil {
-			p.tb.Errorf("testbed: proxy %s: re-listen after ProxyDead: %v", p.addr, err)
+			p.rep.Errorf("testbed: proxy %s: re-listen after ProxyDead: %v", p.addr, err)
 			return
 		}
 		p.serveLocked(ln)
@@ -286,7 +315,7 @@ func (p *Proxy) Close() {
 	select {
 	case <-finished:
 	case <-time.After(closeWait):
-		p.tb.Logf("testbed: proxy %s: handlers still running %v after Close", p.addr, closeWait)
+		p.rep.Logf("testbed: proxy %s: handlers still running %v after Close", p.addr, closeWait)
 	}
 }
 

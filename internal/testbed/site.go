@@ -32,7 +32,19 @@ func NewTLSSite(tb testing.TB, name string, h http.Handler) *Site {
 	return newSite(tb, name, h, true)
 }
 
+// StartSite is [NewSite] for programs without a testing.TB (demos,
+// examples): the caller must Close the site.
+func StartSite(name string, h http.Handler) *Site {
+	return startSite(name, h, false)
+}
+
 func newSite(tb testing.TB, name string, h http.Handler, useTLS bool) *Site {
+	s := startSite(name, h, useTLS)
+	tb.Cleanup(s.Close)
+	return s
+}
+
+func startSite(name string, h http.Handler, useTLS bool) *Site {
 	if h == nil {
 		h = DefaultHandler()
 	}
@@ -44,7 +56,6 @@ func newSite(tb testing.TB, name string, h http.Handler, useTLS bool) *Site {
 	} else {
 		s.srv.Start()
 	}
-	tb.Cleanup(s.Close)
 	return s
 }
 

@@ -33,3 +33,24 @@ func NewProxies(tb testing.TB, n int) []*Proxy {
 	}
 	return ps
 }
+
+// StartProxies is [NewProxies] for programs without a testing.TB: it starts
+// n proxies with [StartProxy]; on an error it closes those already started.
+// The caller must Close every proxy.
+func StartProxies(n int) ([]*Proxy, error) {
+	if n < 0 || n > MaxSourceIPs {
+		return nil, fmt.Errorf("testbed: StartProxies(%d): n out of range [0,%d]", n, MaxSourceIPs)
+	}
+	ps := make([]*Proxy, n)
+	for i := range ps {
+		p, err := StartProxy(SourceIP(i))
+		if err != nil {
+			for _, q := range ps[:i] {
+				q.Close()
+			}
+			return nil, err
+		}
+		ps[i] = p
+	}
+	return ps, nil
+}
