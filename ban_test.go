@@ -74,7 +74,7 @@ func TestQuarantineIsClusterWide(t *testing.T) {
 	require.WithinDuration(t, banned.Add(2*time.Second), until, 400*time.Millisecond, "2s, jittered")
 	probeEnd := until.Add(-200 * time.Millisecond)
 
-	cmd := startWorker(t, workerSpec{Mode: "probe", Redis: shared.Addr(), Prefix: s.cfg.prefix,
+	cmd := startWorker(t, workerSpec{Mode: "probe", Redis: sharedAddr(), Prefix: s.cfg.prefix,
 		HoldSites: []string{site.Host()}, Until: probeEnd.UnixMilli()})
 	type out struct {
 		res workerResult
@@ -429,8 +429,7 @@ func TestBanCoversEverySlotAndKeepsKeysTidy(t *testing.T) {
 		require.NoError(t, err)
 	}
 	require.NoError(t, l.Report(ctx, Verdict{Kind: ProxyFailure, Reason: ReasonProxyConnect}))
-	keys, err := rdb.Keys(ctx, "{"+s.cfg.prefix+":*").Result()
-	require.NoError(t, err)
+	keys := keysMatching(t, rdb, "{"+s.cfg.prefix+":*")
 	kinds := map[string]bool{}
 	for _, k := range keys {
 		assert.Equal(t, redisKeySlot(keys[0]), redisKeySlot(k), k)

@@ -30,6 +30,9 @@ func BenchmarkLease(b *testing.B) {
 const benchWorkers = 50
 
 func benchSwitch(b *testing.B, size int) {
+	if shared == nil {
+		b.Skip("single-node benchmark; the shared Redis is a cluster")
+	}
 	ctx := context.Background()
 	rdb := shared.Client(b, func(o *redis.Options) { o.PoolSize = benchWorkers })
 	s := newSwitch(b, rdb)
@@ -99,6 +102,9 @@ func (r *referenceBroker) release(ctx context.Context, p string) error {
 }
 
 func benchReference(b *testing.B, size int) {
+	if shared == nil {
+		b.Skip("single-node benchmark; the shared Redis is a cluster")
+	}
 	ctx := context.Background()
 	rdb := shared.Client(b, func(o *redis.Options) { o.PoolSize = benchWorkers })
 	r := &referenceBroker{rdb: rdb, pool: testPrefix() + ":refpool"}

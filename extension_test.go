@@ -403,7 +403,7 @@ func TestNoCollisionsAcrossProcesses(t *testing.T) {
 	results := make(chan out, procs)
 	start := time.Now()
 	for i := range procs {
-		cmd := startWorker(t, workerSpec{Mode: "crawl", Redis: shared.Addr(), Prefix: s.cfg.prefix,
+		cmd := startWorker(t, workerSpec{Mode: "crawl", Redis: sharedAddr(), Prefix: s.cfg.prefix,
 			URLs: urls[i*perProc : (i+1)*perProc], Threads: workers})
 		go func() {
 			b, err := cmd.Output()
@@ -439,7 +439,7 @@ func TestKilledWorkerLeasesComeBack(t *testing.T) {
 	_, err := s.Add(context.Background(), proxyURLs(3)...)
 	require.NoError(t, err)
 	sites := []string{"ozon.example", "ozon.example", "ozon.example", "avito.example"}
-	cmd := startWorker(t, workerSpec{Mode: "hold", Redis: shared.Addr(), Prefix: s.cfg.prefix, LeaseTTL: ttl.String(), HoldSites: sites})
+	cmd := startWorker(t, workerSpec{Mode: "hold", Redis: sharedAddr(), Prefix: s.cfg.prefix, LeaseTTL: ttl.String(), HoldSites: sites})
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	require.NoError(t, cmd.Start())

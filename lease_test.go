@@ -387,8 +387,7 @@ func TestKeysShareOneSlotAndExpire(t *testing.T) {
 		require.NoError(t, err)
 		defer l.Release(ctx)
 	}
-	keys, err := rdb.Keys(ctx, "{"+s.cfg.prefix+":*").Result()
-	require.NoError(t, err)
+	keys := keysMatching(t, rdb, "{"+s.cfg.prefix+":*")
 	require.Len(t, keys, 7) // proxies, meta, sites, 2 x (free, lease)
 	slot := -1
 	for _, k := range keys {

@@ -23,8 +23,8 @@ import (
 const workerEnv = "PROXYSWITCH_TEST_WORKER"
 
 type workerSpec struct {
-	Mode      string   `json:"mode"` // "crawl" or "hold"
-	Redis     string   `json:"redis"`
+	Mode      string   `json:"mode"`  // "crawl" or "hold"
+	Redis     string   `json:"redis"` // address, or a cluster's addresses separated by commas (sharedAddr)
 	Prefix    string   `json:"prefix"`
 	URLs      []string `json:"urls"`    // crawl: the URLs to visit
 	Threads   int      `json:"threads"` // crawl: parallel requests
@@ -57,7 +57,7 @@ func workerMain() int {
 		fmt.Fprintln(os.Stderr, "worker:", err)
 		return 2
 	}
-	rdb := redis.NewClient(&redis.Options{Addr: spec.Redis})
+	rdb := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: strings.Split(spec.Redis, ",")}) // 2+ addresses: a cluster
 	defer rdb.Close()
 	ttl, _ := time.ParseDuration(spec.LeaseTTL)
 	if ttl == 0 {

@@ -32,7 +32,7 @@ func TestKilledWorkerProcess(t *testing.T) {
 		fmt.Fprint(w, "<html><body>ok</body></html>")
 	})
 	spec := workerSpec{
-		Redis: shared.Addr(), Namespace: testNS(), Threads: 16,
+		Redis: sharedAddr(), Namespace: testNS(), Threads: 16,
 		Visibility: 2 * time.Second, MaxDeliveries: 3, RetryDelay: 200 * time.Millisecond,
 		PollInterval: 20 * time.Millisecond,
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -15,14 +16,33 @@ import (
 // shared is one redis-server for the tests that need no fault injection;
 // each test works in a namespace of its own. Tests that kill, pause or
 // cluster Redis start their own servers.
-var shared *redistest.Server
+//
+// With PROXYSWITCH_TEST_REDIS=cluster the shared Redis is a 3-master Redis
+// Cluster instead (sharedCluster) and client a *redis.ClusterClient; shared
+// then serves only the examples, which show a single-node client.
+var (
+	shared        *redistest.Server
+	sharedCluster *redistest.Cluster
+)
+
+// testRedisEnv selects the shared test Redis: "" or "single", or "cluster".
+const testRedisEnv = "PROXYSWITCH_TEST_REDIS"
 
 func TestMain(m *testing.M) {
 	if os.Getenv(workerEnv) != "" {
 		os.Exit(workerMain())
 	}
 	var err error
-	shared, err = redistest.StartProcess()
+	switch mode := os.Getenv(testRedisEnv); mode {
+	case "", "single":
+	case "cluster":
+		sharedCluster, err = redistest.StartClusterProcess(3)
+	default:
+		err = fmt.Errorf("%s=%q: want single or cluster", testRedisEnv, mode)
+	}
+	if err == nil {
+		shared, err = redistest.StartProcess()
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "storage tests:", err)
 		os.Exit(2)
@@ -30,7 +50,19 @@ func TestMain(m *testing.M) {
 	ExampleRedisAddr = shared.Addr()
 	code := m.Run()
 	_ = shared.Close()
+	if sharedCluster != nil {
+		_ = sharedCluster.Close()
+	}
 	os.Exit(code)
+}
+
+// sharedAddr is the shared Redis for worker processes: its address, or the
+// cluster's addresses separated by commas.
+func sharedAddr() string {
+	if sharedCluster != nil {
+		return strings.Join(sharedCluster.Addrs(), ",")
+	}
+	return shared.Addr()
 }
 
 var nsSeq atomic.Int64
@@ -38,8 +70,14 @@ var nsSeq atomic.Int64
 // testNS returns a namespace no other test uses.
 func testNS() string { return fmt.Sprintf("t%d", nsSeq.Add(1)) }
 
-// client is a new client of the shared server, closed with the test.
-func client(t testing.TB) *redis.Client { return shared.Client(t) }
+// client is a new client of the shared Redis (a *redis.ClusterClient in
+// cluster mode), closed with the test.
+func client(t testing.TB) redis.UniversalClient {
+	if sharedCluster != nil {
+		return sharedCluster.Client(t)
+	}
+	return shared.Client(t)
+}
 
 // newStorage builds and initializes a Storage on rdb in a fresh namespace
 // (or the one given with WithNamespace in opts).

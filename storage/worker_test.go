@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
@@ -22,7 +23,7 @@ import (
 const workerEnv = "PROXYSWITCH_STORAGE_TEST_WORKER"
 
 type workerSpec struct {
-	Redis         string        `json:"redis"`
+	Redis         string        `json:"redis"` // address, or a cluster's addresses separated by commas
 	Namespace     string        `json:"namespace"`
 	Threads       int           `json:"threads"`
 	Visibility    time.Duration `json:"visibility"`
@@ -59,7 +60,7 @@ func workerMain() int {
 		fmt.Fprintln(os.Stderr, "worker:", err)
 		return 2
 	}
-	rdb := redis.NewClient(&redis.Options{Addr: spec.Redis})
+	rdb := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: strings.Split(spec.Redis, ",")}) // 2+ addresses: a cluster
 	defer rdb.Close()
 	s, err := New(rdb, spec.options()...)
 	if err != nil {

@@ -2,6 +2,7 @@ package redistest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os/exec"
 	"strconv"
@@ -37,20 +38,49 @@ type Cluster struct {
 // their temp dirs removed at tb cleanup. Calls tb.Fatal on failure.
 func StartCluster(tb testing.TB, masters int) *Cluster {
 	tb.Helper()
+	c, err := startCluster(masters, func(s *Server) { registerCleanup(tb, s) })
+	if err != nil {
+		tb.Fatalf("redistest: %v", err)
+	}
+	return c
+}
+
+// StartClusterProcess is StartCluster without testing.TB (for a TestMain):
+// the caller must call Close.
+func StartClusterProcess(masters int) (*Cluster, error) {
+	c, err := startCluster(masters, nil)
+	if err != nil && c != nil {
+		_ = c.Close()
+	}
+	return c, err
+}
+
+// Close kills every node and removes their temp dirs.
+func (c *Cluster) Close() error {
+	var errs []error
+	for _, n := range c.Nodes {
+		errs = append(errs, n.Close())
+	}
+	return errors.Join(errs...)
+}
+
+func startCluster(masters int, started func(*Server)) (*Cluster, error) {
 	if masters < 3 {
-		tb.Fatalf("redistest: StartCluster needs at least 3 masters (redis-cli --cluster create), got %d", masters)
+		return nil, fmt.Errorf("StartCluster needs at least 3 masters (redis-cli --cluster create), got %d", masters)
 	}
 	cli, err := exec.LookPath("redis-cli")
 	if err != nil {
-		tb.Fatalf("redistest: redis-cli not found on PATH; install it (apt-get install redis-server / redis-tools)")
+		return nil, errors.New("redis-cli not found on PATH; install it (apt-get install redis-server / redis-tools)")
 	}
 	c := &Cluster{}
 	for range masters {
 		s, err := startServer(true, nil)
 		if err != nil {
-			tb.Fatalf("redistest: start cluster node: %v", err)
+			return c, fmt.Errorf("start cluster node: %w", err)
 		}
-		registerCleanup(tb, s)
+		if started != nil {
+			started(s)
+		}
 		c.Nodes = append(c.Nodes, s)
 	}
 
@@ -60,13 +90,13 @@ func StartCluster(tb testing.TB, masters int) *Cluster {
 	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
 	out, err := exec.CommandContext(ctx, cli, args...).CombinedOutput()
 	if err != nil {
-		tb.Fatalf("redistest: redis-cli %s: %v\n%s", strings.Join(args, " "), err, out)
+		return c, fmt.Errorf("redis-cli %s: %w\n%s", strings.Join(args, " "), err, out)
 	}
 
 	if err := c.waitReady(clusterReadyTimeout); err != nil {
-		tb.Fatalf("redistest: %v\nredis-cli output:\n%s", err, out)
+		return c, fmt.Errorf("%w\nredis-cli output:\n%s", err, out)
 	}
-	return c
+	return c, nil
 }
 
 // waitReady waits until every node reports cluster_state:ok, all 16384 slots
