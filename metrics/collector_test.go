@@ -306,3 +306,40 @@ func BenchmarkObserveAttempt(b *testing.B) {
 		})
 	}
 }
+
+// TestConcurrentUse feeds a Collector from many goroutines while it is
+// scraped and told of member lists (run with -race); nothing is lost.
+func TestConcurrentUse(t *testing.T) {
+	c, _ := testCollector(WithTopProxies(5), WithProxyWindow(10))
+	c.now = time.Now
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 500 {
+				k := proxyswitch.OK
+				if i%10 == 0 {
+					k = proxyswitch.Ban
+					c.ObserveQuarantine(proxyswitch.QuarantineEvent{Site: "a", ProxyID: fmt.Sprint(g), Kind: k, Duration: time.Second})
+				}
+				c.ObserveAttempt(attempt("a", fmt.Sprint(g, i%7), k, "http_429", time.Millisecond))
+			}
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := range 20 {
+			c.ObserveMembers([]string{"w1", fmt.Sprint("w", 2+i%3)})
+			scrape(t, c)
+		}
+	}()
+	wg.Wait()
+	f, _ := scrape(t, c)
+	assert.Equal(t, 4000.0, f.sum("proxyswitch_attempts_total"))
+	v, _ := f.value("proxyswitch_bans_total", "reason=http_429")
+	assert.Equal(t, 400.0, v)
+	v, _ = f.value("proxyswitch_tracked_proxies")
+	assert.Equal(t, 56.0, v)
+}

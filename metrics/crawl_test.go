@@ -364,3 +364,67 @@ func TestStateCollectorWhenRedisFails(t *testing.T) {
 	assert.NotContains(t, page+logs.String(), redisSecret)
 	assert.NotContains(t, page+logs.String(), proxySecret)
 }
+
+// TestBanSpikeAfterJoin wires the Collector to a real Membership: a second
+// server registers, the heartbeat reports the longer list, and the site
+// starts banning right then (as it would with two servers' shards
+// overlapping). The join is counted and the spike signalled, with the ban
+// shares the marketplace's own decisions give.
+func TestBanSpikeAfterJoin(t *testing.T) {
+	ctx := context.Background()
+	market := testbed.NewMarketplace(nil)
+	site := testbed.NewSite(t, "market", market)
+	proxies := testbed.NewProxies(t, 6)
+	prefix := fmt.Sprintf("m%d", prefixSeq.Add(1))
+	sw := switchOn(t, shared.Client(t), prefix, proxyswitch.WithQuarantine(time.Hour, time.Hour), proxyswitch.WithRetries(3))
+	for _, p := range proxies {
+		_, err := sw.Add(ctx, p.URL())
+		require.NoError(t, err)
+	}
+	col := New(sw, WithServer("w1"))
+	fast := []proxyswitch.MemberOption{proxyswitch.WithHeartbeat(50 * time.Millisecond), proxyswitch.WithMemberTTL(500 * time.Millisecond)}
+	m1, err := proxyswitch.NewMembership(sw, "w1", append(fast, proxyswitch.WithMembersChanged(col.ObserveMembers))...)
+	require.NoError(t, err)
+	require.NoError(t, m1.Start(ctx))
+	defer m1.Stop(ctx)
+
+	c := newCrawler(sw)
+	c.visitPages(t, site, 30) // before: no bans
+	// A second server of the same pool registers.
+	m2, err := proxyswitch.NewMembership(switchOn(t, shared.Client(t), prefix), "w2", fast...)
+	require.NoError(t, err)
+	require.NoError(t, m2.Start(ctx))
+	defer m2.Stop(ctx)
+	require.Eventually(t, func() bool {
+		f, _ := scrape(t, col)
+		v, _ := f.value("proxyswitch_member_joins_total")
+		return v == 1
+	}, 5*time.Second, 20*time.Millisecond)
+
+	hitsBefore := site.Recorder().Count()
+	for _, p := range proxies[:3] {
+		market.Burn(p.SourceIP().String(), testbed.Forbid)
+	}
+	c.visitPages(t, site, 30)
+	require.EqualValues(t, 60, c.oks.Load())
+	bans := market.Count(testbed.DecidedForbidden)
+	after := site.Recorder().Count() - hitsBefore
+	require.Equal(t, 3, bans, "each burnt proxy banned once, then quarantined")
+
+	f, _ := scrape(t, col)
+	for _, tc := range []struct {
+		name string
+		kv   []string
+		want float64
+	}{
+		{"proxyswitch_members", nil, 2},
+		{"proxyswitch_member_joins_total", nil, 1},
+		{"proxyswitch_join_ban_ratio", []string{"window=before"}, 0},
+		{"proxyswitch_join_ban_ratio", []string{"window=after"}, float64(bans) / float64(after)},
+		{"proxyswitch_join_ban_spike", nil, 1},
+	} {
+		v, ok := f.value(tc.name, tc.kv...)
+		assert.True(t, ok, tc.name)
+		assert.InDelta(t, tc.want, v, 1e-9, "%s%v", tc.name, tc.kv)
+	}
+}
