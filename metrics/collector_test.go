@@ -64,11 +64,7 @@ func TestCollectorCountsEvents(t *testing.T) {
 	c.ObserveAttempt(attempt("a.example", "p2", proxyswitch.OK, "", 0)) // not a second one
 
 	f, page := scrape(t, c)
-	for _, tc := range []struct {
-		name string
-		kv   []string
-		want float64
-	}{
+	f.expect(t, []want{
 		{"proxyswitch_attempts_total", []string{"pool=main", "server=w1", "site=a.example", "outcome=ok"}, 9},
 		{"proxyswitch_attempts_total", []string{"site=a.example", "outcome=neutral"}, 1},
 		{"proxyswitch_attempts_total", []string{"site=a.example", "outcome=ban"}, 1},
@@ -78,11 +74,7 @@ func TestCollectorCountsEvents(t *testing.T) {
 		{"proxyswitch_bans_total", []string{"site=b.example", "kind=proxy_failure", "reason=proxy_connect"}, 1},
 		{"proxyswitch_bans_total", []string{"site=b.example", "kind=ban", "reason=custom"}, 1},
 		{"proxyswitch_proxies_marked_dead_total", []string{"reason=proxy_connect"}, 1},
-	} {
-		got, ok := f.value(tc.name, tc.kv...)
-		assert.True(t, ok, "%s%v missing", tc.name, tc.kv)
-		assert.Equal(t, tc.want, got, "%s%v", tc.name, tc.kv)
-	}
+	}...)
 	n, sum, ok := f.histogram("proxyswitch_attempt_duration_seconds", "site=a.example")
 	require.True(t, ok)
 	assert.EqualValues(t, 11, n)
@@ -214,21 +206,13 @@ func TestJoinBanSpike(t *testing.T) {
 	feed(11, 0) // 30 attempts, 19 bans
 
 	f, _ := scrape(t, c)
-	for _, tc := range []struct {
-		name string
-		kv   []string
-		want float64
-	}{
+	f.expect(t, []want{
 		{"proxyswitch_members", nil, 2},
 		{"proxyswitch_member_joins_total", nil, 1},
 		{"proxyswitch_join_ban_ratio", []string{"window=before"}, 1.0 / 40},
 		{"proxyswitch_join_ban_ratio", []string{"window=after"}, 19.0 / 30},
 		{"proxyswitch_join_ban_spike", nil, 1},
-	} {
-		v, ok := f.value(tc.name, tc.kv...)
-		assert.True(t, ok, tc.name)
-		assert.InDelta(t, tc.want, v, 1e-9, "%s%v", tc.name, tc.kv)
-	}
+	}...)
 	v, _ := f.value("proxyswitch_last_member_join_timestamp_seconds")
 	assert.InDelta(t, float64(clk.now().Add(-30*time.Second).Unix()), v, 1e-3)
 

@@ -107,11 +107,7 @@ func TestScriptedCrawl(t *testing.T) {
 	}, sw.BanCounts())
 
 	f, page := scrape(t, col, state)
-	for _, tc := range []struct {
-		name string
-		kv   []string
-		want float64
-	}{
+	f.expect(t, []want{
 		{"proxyswitch_attempts_total", []string{"pool=default", "server=worker-1", "site=" + a, "outcome=ok"}, 20},
 		{"proxyswitch_attempts_total", []string{"site=" + a, "outcome=proxy_failure"}, 1},
 		{"proxyswitch_attempts_total", []string{"site=" + b, "outcome=ok"}, 20},
@@ -138,11 +134,7 @@ func TestScriptedCrawl(t *testing.T) {
 		{"proxyswitch_site_slots", []string{"site=" + b, "state=dead"}, 1},
 		{"proxyswitch_site_slots", []string{"site=" + b, "state=leased"}, 0},
 		{"proxyswitch_site_slots", []string{"site=" + b, "state=cooling"}, 0},
-	} {
-		got, ok := f.value(tc.name, tc.kv...)
-		assert.True(t, ok, "%s%v missing", tc.name, tc.kv)
-		assert.Equal(t, tc.want, got, "%s%v", tc.name, tc.kv)
-	}
+	}...)
 	// Sums over outcomes equal what the sites saw plus the failed attempts.
 	assert.Equal(t, float64(shop.Recorder().Count()+1), f.sum("proxyswitch_attempts_total", "site="+a))
 	assert.Equal(t, float64(mkt.Recorder().Count()+1), f.sum("proxyswitch_attempts_total", "site="+b))
@@ -195,22 +187,14 @@ func TestScriptedCrawl(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1, revived)
 	f, page2 := scrape(t, col, state)
-	for _, tc := range []struct {
-		name string
-		kv   []string
-		want float64
-	}{
+	f.expect(t, []want{
 		{"proxyswitch_site_slots", []string{"site=" + a, "state=quarantined"}, 1},
 		{"proxyswitch_site_slots", []string{"site=" + a, "state=dead"}, 1},
 		{"proxyswitch_site_slots", []string{"site=" + a, "state=free"}, 4},
 		{"proxyswitch_site_slots", []string{"site=" + b, "state=dead"}, 1},
 		{"proxyswitch_site_slots", []string{"site=" + b, "state=quarantined"}, 1},
 		{"proxyswitch_dead_proxies", []string{"reason=drained"}, 1},
-	} {
-		got, ok := f.value(tc.name, tc.kv...)
-		assert.True(t, ok, "%s%v missing", tc.name, tc.kv)
-		assert.Equal(t, tc.want, got, "%s%v", tc.name, tc.kv)
-	}
+	}...)
 	assert.Empty(t, f.find("proxyswitch_dead_proxies", map[string]string{"reason": "proxy_connect"}), "revived")
 	n, sum, _ = f.histogram("proxyswitch_quarantine_duration_seconds", "site="+a, "kind=ban")
 	assert.EqualValues(t, 1, n, "the operator's ban")
@@ -412,19 +396,11 @@ func TestBanSpikeAfterJoin(t *testing.T) {
 	require.Equal(t, 3, bans, "each burnt proxy banned once, then quarantined")
 
 	f, _ := scrape(t, col)
-	for _, tc := range []struct {
-		name string
-		kv   []string
-		want float64
-	}{
+	f.expect(t, []want{
 		{"proxyswitch_members", nil, 2},
 		{"proxyswitch_member_joins_total", nil, 1},
 		{"proxyswitch_join_ban_ratio", []string{"window=before"}, 0},
 		{"proxyswitch_join_ban_ratio", []string{"window=after"}, float64(bans) / float64(after)},
 		{"proxyswitch_join_ban_spike", nil, 1},
-	} {
-		v, ok := f.value(tc.name, tc.kv...)
-		assert.True(t, ok, tc.name)
-		assert.InDelta(t, tc.want, v, 1e-9, "%s%v", tc.name, tc.kv)
-	}
+	}...)
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/proxyswitch/proxyswitch"
 	"github.com/proxyswitch/proxyswitch/internal/redistest"
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -135,6 +136,24 @@ func (f families) value(name string, kv ...string) (float64, bool) {
 		return m.Untyped.GetValue(), true
 	}
 	return 0, false
+}
+
+// want is one expected series value: name{kv...} = val.
+type want struct {
+	name string
+	kv   []string
+	val  float64
+}
+
+// expect checks the scrape holds each series with its value (to 1e-9).
+func (f families) expect(t *testing.T, wants ...want) {
+	t.Helper()
+	for _, w := range wants {
+		v, ok := f.value(w.name, w.kv...)
+		if assert.True(t, ok, "%s%v missing", w.name, w.kv) {
+			assert.InDelta(t, w.val, v, 1e-9, "%s%v", w.name, w.kv)
+		}
+	}
 }
 
 // sum adds up every counter or gauge series of name matching the labels.
