@@ -2,6 +2,7 @@ package proxyswitch
 
 import (
 	"context"
+	"errors"
 	_ "embed"
 	"fmt"
 	"time"
@@ -42,7 +43,20 @@ func (s *Switch) Ban(ctx context.Context, proxy, site string, d time.Duration) e
 	if d <= 0 {
 		return fmt.Errorf("%w: ban duration %v must be positive", ErrConfig, d)
 	}
-	_, err = s.penalize(ctx, site, p, nil, Verdict{Kind: Ban, Reason: ReasonOperator, RetryAfter: d})
+	// A quarantine lives in the site's free set, which lua/lease.lua builds
+	// on a site's first lease. One lease attempt, preferring the proxy, makes
+	// sure the set exists; if it leased the proxy, the ban ends that lease.
+	l, _, err := s.tryLease(ctx, site, s.scopeOf(site), p.id)
+	if err != nil && !errors.Is(err, ErrEmptyPool) {
+		return err
+	}
+	if l != nil && l.proxy.id != p.id {
+		if err := l.Release(ctx); err != nil {
+			return err
+		}
+		l = nil
+	}
+	_, err = s.penalize(ctx, site, p, l, Verdict{Kind: Ban, Reason: ReasonOperator, RetryAfter: d})
 	return err
 }
 

@@ -81,6 +81,26 @@ func TestSiteStateAndOperatorActions(t *testing.T) {
 	assert.ErrorIs(t, s.Ban(ctx, banned, site, 0), ErrConfig)
 }
 
+func TestBanOnASiteNeverLeased(t *testing.T) {
+	ctx := context.Background()
+	s := newSwitch(t, sharedClient(t), WithMaxWait(0))
+	urls := proxyURLs(3)
+	_, err := s.Add(ctx, urls...)
+	require.NoError(t, err)
+	p, _ := ParseProxy(urls[0])
+	require.NoError(t, s.Ban(ctx, p.ID(), "fresh.example", time.Hour))
+	st, err := s.SiteState(ctx, "fresh.example")
+	require.NoError(t, err)
+	assert.Equal(t, SiteState{Site: "fresh.example", Free: 2, Quarantined: 1}, st)
+	for range 2 {
+		l, err := s.Lease(ctx, "fresh.example")
+		require.NoError(t, err)
+		assert.NotEqual(t, p.ID(), l.Proxy().ID(), "the banned proxy is never leased")
+	}
+	_, err = s.Lease(ctx, "fresh.example")
+	require.ErrorIs(t, err, ErrNoProxy)
+}
+
 func indexOf(xs []string, x string) int {
 	for i, v := range xs {
 		if v == x {
