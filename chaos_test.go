@@ -153,7 +153,7 @@ func chaos(t *testing.T, fault string) {
 	}
 	// Any request leased from Redis before the fault is over by now: from
 	// here to the end of the outage every IP serves one collector.
-	outageFrom := allLocal.Add(300 * time.Millisecond)
+	outageFrom := allLocal.Add(600 * time.Millisecond) // the attempt bound
 	time.Sleep(1500 * time.Millisecond)
 	duringOutage := bed.SiteHits()
 

@@ -13,12 +13,12 @@ import (
 )
 
 // fastFallback: a fallback tuned for tests: Redis counts as gone after
-// 300ms, heartbeats every 100ms, attempts bounded by 300ms (the switch-over
+// 300ms, heartbeats every 100ms, attempts bounded by 600ms (the switch-over
 // hold).
 func fastFallback(self string) []Option {
 	return []Option{WithFallback(self, nil), WithFallbackTimeout(300 * time.Millisecond),
 		WithMembership(WithHeartbeat(100*time.Millisecond), WithMemberTTL(time.Second)),
-		WithAttemptTimeout(300 * time.Millisecond), WithMaxWait(5 * time.Second)}
+		WithAttemptTimeout(600 * time.Millisecond), WithMaxWait(5 * time.Second)}
 }
 
 // startSwitch starts s and stops it with the test.
@@ -67,7 +67,7 @@ func TestFallbackKillAndRestartEmpty(t *testing.T) {
 	local, err := s.Lease(ctx, "shop.example")
 	took := time.Since(start)
 	require.NoError(t, err)
-	t.Logf("first lease after SIGKILL: from the local shard after %v (fallback timeout 300ms, hold 300ms)", took.Round(time.Millisecond))
+	t.Logf("first lease after SIGKILL: from the local shard after %v (fallback timeout 300ms, hold 600ms)", took.Round(time.Millisecond))
 	assert.Less(t, took, 2*time.Second)
 	require.NotNil(t, local.local)
 	assert.NotEqual(t, fromRedis.Proxy().ID(), local.Proxy().ID(), "the Redis lease still running is reserved")

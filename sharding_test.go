@@ -23,6 +23,7 @@ import (
 func TestShardingSharedNothing(t *testing.T) {
 	for name, sh := range map[string]Sharder{"modulo": Modulo{}, "rendezvous": Rendezvous{}} {
 		t.Run(name, func(t *testing.T) {
+			t.Parallel() // mostly waiting: heartbeats and hand-over holds
 			ctx := context.Background()
 			srv := redistest.Start(t)
 			bed := testbed.NewBed(t, 2, 24)
@@ -30,7 +31,7 @@ func TestShardingSharedNothing(t *testing.T) {
 			opts := func(self string) []Option {
 				return []Option{WithPrefix(prefix), WithSharding(self, sh), WithFallbackTimeout(300 * time.Millisecond),
 					WithMembership(WithHeartbeat(100*time.Millisecond), WithMemberTTL(time.Second)),
-					WithAttemptTimeout(300 * time.Millisecond), WithMaxWait(5 * time.Second)}
+					WithAttemptTimeout(time.Second), WithMaxWait(5 * time.Second)}
 			}
 			admin, err := NewSwitch(srv.Client(t), WithPrefix(prefix))
 			require.NoError(t, err)
@@ -61,6 +62,10 @@ func TestShardingSharedNothing(t *testing.T) {
 				require.Eventually(t, func() bool { return len(w.sw.FallbackStatus().Members) == 3 }, 3*time.Second, 10*time.Millisecond)
 			}
 
+			// The last to join waits until the others can have stopped using
+			// its share (they started alone, with the whole pool).
+			time.Sleep(ws[2].sw.fb.handover())
+
 			crawlCtx, stopCrawl := context.WithCancel(ctx)
 			var wg sync.WaitGroup
 			var seq atomic.Int64
@@ -83,7 +88,7 @@ func TestShardingSharedNothing(t *testing.T) {
 			stop := sync.OnceFunc(func() { stopCrawl(); wg.Wait() })
 			defer stop()
 
-			time.Sleep(800 * time.Millisecond)
+			time.Sleep(500 * time.Millisecond)
 			joinedAt := time.Now()
 			ws = append(ws, join("crawler-4"))
 			crawl(ws[3])
@@ -98,7 +103,7 @@ func TestShardingSharedNothing(t *testing.T) {
 				t.Logf("%s: %d proxies", w.name, st.Share)
 			}
 			assert.Equal(t, 24, total, "the four shares cover the pool")
-			time.Sleep(time.Until(settled) + 800*time.Millisecond)
+			time.Sleep(time.Until(settled) + 500*time.Millisecond)
 
 			require.NoError(t, srv.Kill())
 			before := bed.SiteHits()
@@ -123,9 +128,14 @@ func TestShardingSharedNothing(t *testing.T) {
 						owners[h.ClientIP][q.Get("c")] = true
 					}
 				}
+				per := map[string]int{}
 				for ip, by := range owners {
 					assert.Len(t, by, 1, "IP %s served %v", ip, by)
+					for c := range by {
+						per[c]++
+					}
 				}
+				t.Logf("IPs per collector from %v: %v", window[0].Format("15:04:05.000"), per)
 				assert.GreaterOrEqual(t, len(owners), 20)
 			}
 			t.Logf("%d hits, no collision, one collector per IP before crawler-4 joined and %v after", bed.SiteHits(), ws[3].sw.fb.handover())
