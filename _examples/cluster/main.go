@@ -1,0 +1,193 @@
+// Command cluster shows the problem proxyswitch solves and its cure, in one
+// command: three simulated servers with 50 workers each share 500 proxies
+// to crawl three fake marketplaces (modelled on Wildberries, Ozon and Avito,
+// with their anti-bot habits and a blacklist they share), first the way
+// clusters do it today (every server walks the shared proxy list on its own,
+// with Colly's round-robin switcher), then through proxyswitch, and prints
+// what each run got and what the marketplaces saw, side by side.
+//
+//	go run ./_examples/cluster                                   # embedded in-process Redis
+//	go run ./_examples/cluster -redis redis://127.0.0.1:6379/0   # a real Redis
+//
+// Everything runs on loopback: each proxy is a local forward proxy that
+// dials the marketplaces from its own address 127.0.x.y, so the
+// marketplaces tell the 500 proxies apart as real sites would, and count an
+// IP collision whenever a request arrives while another one from the same
+// IP is still in flight.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log"
+	"log/slog"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	"github.com/proxyswitch/proxyswitch/internal/devredis"
+	"github.com/proxyswitch/proxyswitch/internal/fakemarket"
+	"github.com/proxyswitch/proxyswitch/internal/testbed"
+	"github.com/redis/go-redis/v9"
+)
+
+func main() {
+	redisURL := flag.String("redis", "", "Redis URL, e.g. redis://127.0.0.1:6379/0 (default: an embedded in-process Redis)")
+	prefix := flag.String("prefix", "clusterdemo", "key prefix in Redis (the demo clears its pool before and after)")
+	servers := flag.Int("servers", 3, "simulated servers")
+	workers := flag.Int("workers", 50, "parallel requests per server")
+	nProxies := flag.Int("proxies", 500, "proxies in the shared pool")
+	burnt := flag.Int("burnt", 20, "proxies already on the marketplaces' shared blacklist")
+	categories := flag.Int("categories", 8, "categories per marketplace")
+	pages := flag.Int("pages", 5, "catalog pages per category")
+	perPage := flag.Int("per-page", 20, "products per catalog page")
+	retries := flag.Int("retries", 2, "re-sends of a refused page through another proxy")
+	only := flag.String("only", "", `run one side only: "without" or "with"`)
+	verbose := flag.Bool("v", false, "print every page given up, and why")
+	flag.Parse()
+	log.SetFlags(0)
+	if os.Getenv("GOGC") == "" {
+		// 500 proxies, 3 sites, 150 workers and an embedded Redis in one
+		// process allocate a lot: collect garbage less often.
+		debug.SetGCPercent(400)
+	}
+	if *servers < 1 || *workers < 1 || *nProxies < 1 || *nProxies > testbed.MaxSourceIPs || *burnt < 0 || *burnt > *nProxies || *retries < 0 {
+		log.Fatal("cluster: bad sizes (need servers, workers, proxies >= 1, proxies <= 64770, 0 <= burnt <= proxies, retries >= 0)")
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+
+	rs, err := devredis.Start(*redisURL)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer rs.Close()
+	if err := ping(ctx, rs); err != nil {
+		log.Fatalf("cluster: %s does not answer: %v", rs, err)
+	}
+	proxies, err := testbed.StartProxies(*nProxies)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer func() {
+		for _, p := range proxies {
+			p.Close()
+		}
+	}()
+
+	s := setup{
+		Servers: *servers,
+		Workers: *workers,
+		Market: fakemarket.Config{
+			Categories:       *categories,
+			PagesPerCategory: *pages,
+			ProductsPerPage:  *perPage,
+		},
+		Retries: *retries,
+		Prefix:  *prefix,
+		Logger:  slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
+		// Each server has its own connection to Redis, as on real machines.
+		Redis: func() redis.UniversalClient { return rs.Client() },
+	}
+	for _, p := range proxies {
+		s.Proxies = append(s.Proxies, p.URL())
+	}
+	s.Market.Burnt = burntIPs(proxies, *burnt)
+
+	fmt.Printf("%d servers x %d workers share %d proxies (%s .. %s); %d of them are already on the marketplaces' blacklist.\n",
+		*servers, *workers, *nProxies, proxies[0].SourceIP(), proxies[len(proxies)-1].SourceIP(), len(s.Market.Burnt))
+	fmt.Printf("They crawl 3 fake marketplaces (wildberries, ozon, avito): %d catalog pages, %d product pages. Redis: %s.\n\n",
+		3**categories**pages, 3**categories**pages**perPage, rs)
+
+	if *verbose {
+		s.GaveUp = func(u string, err error) { log.Printf("gave up %s: %v", u, err) }
+	}
+	bar := newProgress(os.Stderr)
+	s.Started, s.Advance = bar.start, bar.add
+	var results []outcome
+	for _, side := range []struct {
+		name string
+		run  func(context.Context, setup) (outcome, error)
+	}{{"without", runUncoordinated}, {"with", runProxyswitch}} {
+		if *only != "" && *only != side.name {
+			continue
+		}
+		out, err := side.run(ctx, s)
+		bar.finish()
+		if err != nil {
+			if errors.Is(err, context.Canceled) {
+				log.Fatal("cluster: interrupted")
+			}
+			log.Fatalf("cluster: run %s proxyswitch: %v", side.name, err)
+		}
+		results = append(results, out)
+	}
+	report(os.Stdout, results, *retries)
+}
+
+func ping(ctx context.Context, rs *devredis.Server) error {
+	rdb := rs.Client()
+	defer rdb.Close()
+	return rdb.Ping(ctx).Err()
+}
+
+// burntIPs picks n of the proxies, evenly spread over the list, whose
+// addresses the marketplaces blacklisted before the crawl.
+func burntIPs(proxies []*testbed.Proxy, n int) []string {
+	var ips []string
+	for i := 0; i < n; i++ {
+		ips = append(ips, proxies[i*len(proxies)/n].SourceIP().String())
+	}
+	return ips
+}
+
+// report prints the runs side by side, then what the numbers mean.
+func report(w *os.File, rs []outcome, retries int) {
+	row := func(label string, f func(outcome) string) {
+		fmt.Fprintf(w, "%-34s", label)
+		for _, r := range rs {
+			fmt.Fprintf(w, "%24s", f(r))
+		}
+		fmt.Fprintln(w)
+	}
+	row("", func(r outcome) string { return r.Run })
+	row("pages scraped", func(r outcome) string { return fmt.Sprintf("%d / %d", r.Scraped, r.Products) })
+	row("success rate", func(r outcome) string { return fmt.Sprintf("%.1f%%", 100*float64(r.Scraped)/float64(r.Products)) })
+	row("bans (refused answers)", func(r outcome) string { return fmt.Sprint(r.Market.Bans) })
+	row("  403 / 429 / captcha / placeholder", func(r outcome) string {
+		f := r.Market.Refused
+		return fmt.Sprintf("%d / %d / %d / %d", f["403"], f["429"], f["captcha"], f["placeholder"])
+	})
+	row("IP collisions", func(r outcome) string { return fmt.Sprint(r.Market.Collisions) })
+	row("IPs on the shared blacklist", func(r outcome) string { return fmt.Sprint(r.Market.Listed) })
+	row("requests sent", func(r outcome) string { return fmt.Sprint(r.Sent) })
+	row("load per server (pages scraped)", func(r outcome) string {
+		var parts []string
+		for _, s := range r.Servers {
+			parts = append(parts, fmt.Sprint(s.Scraped))
+		}
+		return strings.Join(parts, " / ")
+	})
+	row("time per server", func(r outcome) string {
+		var parts []string
+		for _, s := range r.Servers {
+			parts = append(parts, fmt.Sprintf("%.1fs", s.Elapsed.Seconds()))
+		}
+		return strings.Join(parts, " / ")
+	})
+	row("time", func(r outcome) string { return r.Elapsed.Round(100 * time.Millisecond).String() })
+	fmt.Fprintln(w)
+	for _, r := range rs {
+		if r.Market.Direct > 0 {
+			fmt.Fprintf(w, "%s: %d requests reached a marketplace without a proxy!\n", r.Run, r.Market.Direct)
+		}
+		if strings.HasPrefix(r.Run, "with ") {
+			fmt.Fprintf(w, "proxyswitch quarantined %d proxies on every platform; %d leases left in Redis.\n", r.Quarantined, r.LeasesLeft)
+		}
+	}
+	_ = retries
+}
