@@ -73,7 +73,12 @@ type penalty struct {
 // a lease for another scope is left to the caller.
 func (s *Switch) penalize(ctx context.Context, site string, p *Proxy, l *Lease, v Verdict) (penalty, error) {
 	if l != nil && l.sw != s {
-		return l.sw.penalize(ctx, site, p, l, v) // a lease of a routed pool
+		return l.sw.penalize(ctx, site, p, l, v) // a lease of a routed pool: its pool's keys
+	}
+	if root := s.cfg.routes.parent; root != nil {
+		// A routed pool's Switch: counted and observed where the user looks.
+		root.bans.add(BanKey{Site: site, Reason: v.Reason})
+		s.observer.Store(root.observer.Load())
 	}
 	s.bans.add(BanKey{Site: site, Reason: v.Reason})
 	if s.fb != nil {

@@ -315,7 +315,13 @@ func (s *Switch) Start(ctx context.Context) error {
 	}
 	if err == nil {
 		f.member = m
-		err = f.refreshAll(ctx, true)
+		var kids []*Switch
+		if kids, err = s.routedPools(); err == nil {
+			for _, k := range kids {
+				f.pool(k)
+			}
+			err = f.refreshAll(ctx, true)
+		}
 		if err != nil {
 			_ = m.Stop(context.WithoutCancel(ctx))
 		}

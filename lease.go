@@ -151,6 +151,9 @@ func (s *Switch) acquire(ctx context.Context, site, prefer string) (*Lease, erro
 // tryLease runs one lease attempt: a lease, or how long until a proxy frees,
 // or an error (empty pool, Redis failure, corrupt data).
 func (s *Switch) tryLease(ctx context.Context, site, scope, prefer string) (*Lease, time.Duration, error) {
+	if r := s.routeFor(ctx, site); r != nil {
+		return s.tryRoute(ctx, r, site, scope, prefer)
+	}
 	if s.fb != nil {
 		if l, wait, err, done := s.fb.tryLease(ctx, s, site, scope, prefer); done {
 			return l, wait, err

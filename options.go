@@ -59,6 +59,7 @@ type config struct {
 	rules                             *rules // compiled by validate
 
 	fallback fallbackConfig // WithFallback, WithSharding (fallback.go)
+	routes   routeConfig    // WithRoute, WithSpread (routing.go)
 }
 
 type expectSpec struct {
@@ -125,6 +126,9 @@ func (c *config) validate() error {
 		return bad("negative attempt timeout %v", c.attemptTimeout)
 	}
 	if err := c.fallback.validate(); err != nil {
+		return err
+	}
+	if err := c.routes.validate(c); err != nil {
 		return err
 	}
 	r, err := compileRules(c)
