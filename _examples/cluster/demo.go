@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -61,6 +62,12 @@ type server struct {
 	scraped atomic.Int64
 }
 
+// The names of the two runs.
+const (
+	runWithout = "without coordination"
+	runWith    = "with proxyswitch"
+)
+
 // attachFunc gives a server's collector its proxies, before any callback.
 type attachFunc func(*colly.Collector, *server) error
 
@@ -70,7 +77,7 @@ type attachFunc func(*colly.Collector, *server) error
 func runUncoordinated(ctx context.Context, s setup) (outcome, error) {
 	market := fakemarket.Start(s.Market)
 	defer market.Close()
-	return run(ctx, "without coordination", s, market, func(c *colly.Collector, srv *server) error {
+	return run(ctx, runWithout, s, market, func(c *colly.Collector, srv *server) error {
 		rr, err := proxy.RoundRobinProxySwitcher(s.Proxies...)
 		if err != nil {
 			return err
@@ -133,10 +140,10 @@ func runProxyswitch(ctx context.Context, s setup) (outcome, error) {
 		return outcome{}, err
 	}
 
-	out, err := run(ctx, "with proxyswitch", s, market, func(c *colly.Collector, srv *server) error {
+	out, err := run(ctx, runWith, s, market, func(c *colly.Collector, srv *server) error {
 		// Each server has its own Switch and Redis connection, as on its
 		// own machine.
-		sw, err := proxyswitch.NewSwitch(newClient(), append(opts, proxyswitch.WithBaseTransport(srv.base))...)
+		sw, err := proxyswitch.NewSwitch(newClient(), append(slices.Clip(opts), proxyswitch.WithBaseTransport(srv.base))...)
 		if err != nil {
 			return err
 		}

@@ -21,6 +21,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log"
 	"log/slog"
 	"os"
@@ -126,7 +127,9 @@ func main() {
 		}
 		results = append(results, out)
 	}
-	report(os.Stdout, results, *retries)
+	if !report(os.Stdout, results, *nProxies) {
+		os.Exit(1)
+	}
 }
 
 func ping(ctx context.Context, rs *devredis.Server) error {
@@ -145,15 +148,26 @@ func burntIPs(proxies []*testbed.Proxy, n int) []string {
 	return ips
 }
 
-// report prints the runs side by side, then what the numbers mean.
-func report(w *os.File, rs []outcome, retries int) {
+// report prints the runs side by side, then checks what proxyswitch
+// promises; it reports whether the promises held.
+func report(w io.Writer, rs []outcome, proxies int) bool {
 	row := func(label string, f func(outcome) string) {
-		fmt.Fprintf(w, "%-34s", label)
+		fmt.Fprintf(w, "%-36s", label)
 		for _, r := range rs {
 			fmt.Fprintf(w, "%24s", f(r))
 		}
 		fmt.Fprintln(w)
 	}
+	perServer := func(f func(serverOutcome) string) func(outcome) string {
+		return func(r outcome) string {
+			var parts []string
+			for _, s := range r.Servers {
+				parts = append(parts, f(s))
+			}
+			return strings.Join(parts, " / ")
+		}
+	}
+	fmt.Fprintln(w)
 	row("", func(r outcome) string { return r.Run })
 	row("pages scraped", func(r outcome) string { return fmt.Sprintf("%d / %d", r.Scraped, r.Products) })
 	row("success rate", func(r outcome) string { return fmt.Sprintf("%.1f%%", 100*float64(r.Scraped)/float64(r.Products)) })
@@ -163,31 +177,30 @@ func report(w *os.File, rs []outcome, retries int) {
 		return fmt.Sprintf("%d / %d / %d / %d", f["403"], f["429"], f["captcha"], f["placeholder"])
 	})
 	row("IP collisions", func(r outcome) string { return fmt.Sprint(r.Market.Collisions) })
-	row("IPs on the shared blacklist", func(r outcome) string { return fmt.Sprint(r.Market.Listed) })
+	row(fmt.Sprintf("IPs blacklisted (of %d)", proxies), func(r outcome) string { return fmt.Sprint(r.Market.Listed) })
 	row("requests sent", func(r outcome) string { return fmt.Sprint(r.Sent) })
-	row("load per server (pages scraped)", func(r outcome) string {
-		var parts []string
-		for _, s := range r.Servers {
-			parts = append(parts, fmt.Sprint(s.Scraped))
-		}
-		return strings.Join(parts, " / ")
-	})
-	row("time per server", func(r outcome) string {
-		var parts []string
-		for _, s := range r.Servers {
-			parts = append(parts, fmt.Sprintf("%.1fs", s.Elapsed.Seconds()))
-		}
-		return strings.Join(parts, " / ")
-	})
+	row("requests per server", perServer(func(s serverOutcome) string { return fmt.Sprint(s.Sent) }))
+	row("pages scraped per server", perServer(func(s serverOutcome) string { return fmt.Sprint(s.Scraped) }))
+	row("time per server", perServer(func(s serverOutcome) string { return fmt.Sprintf("%.1fs", s.Elapsed.Seconds()) }))
 	row("time", func(r outcome) string { return r.Elapsed.Round(100 * time.Millisecond).String() })
 	fmt.Fprintln(w)
-	for _, r := range rs {
-		if r.Market.Direct > 0 {
-			fmt.Fprintf(w, "%s: %d requests reached a marketplace without a proxy!\n", r.Run, r.Market.Direct)
+
+	ok := true
+	var without *outcome
+	for i, r := range rs {
+		if r.Run == runWithout {
+			without = &rs[i]
+			continue
 		}
-		if strings.HasPrefix(r.Run, "with ") {
-			fmt.Fprintf(w, "proxyswitch quarantined %d proxies on every platform; %d leases left in Redis.\n", r.Quarantined, r.LeasesLeft)
+		fmt.Fprintf(w, "proxyswitch quarantined %d proxies on every platform; %d leases left in Redis.\n", r.Quarantined, r.LeasesLeft)
+		if r.Market.Collisions > 0 || r.Market.Direct > 0 {
+			fmt.Fprintf(w, "FAILED: with proxyswitch the marketplaces saw %d IP collisions and %d requests without a proxy; want none.\n", r.Market.Collisions, r.Market.Direct)
+			ok = false
+		}
+		if without != nil && r.Market.Bans >= without.Market.Bans {
+			fmt.Fprintf(w, "FAILED: %d bans with proxyswitch, %d without; want fewer with.\n", r.Market.Bans, without.Market.Bans)
+			ok = false
 		}
 	}
-	_ = retries
+	return ok
 }
