@@ -70,6 +70,43 @@
 // ending, Redis down or hung) the request fails with an error wrapping
 // ErrNoProxy, visible in OnError and in the error Visit returns.
 //
+// # Pools by proxy type
+//
+// A Switch may lease from several pools, each loaded like its own pool
+// (WithPool): WithRoute sends a site to an ordered list of pools, falling
+// back to the next one only while the earlier ones are exhausted, and
+// UsePools does the same for one kind of request (a collector's context):
+//
+//	sw, err := proxyswitch.NewSwitch(rdb, proxyswitch.WithPool("datacenter"),
+//		proxyswitch.WithRoute("www.ozon.ru", "datacenter", "residential"))
+//	sessions := colly.NewCollector()
+//	sessions.Context = proxyswitch.UsePools(ctx, "residential", "mobile")
+//
+// A pool too hot for one Redis node is split over several slots with
+// SplitPools, SplitProxies and WithSpread.
+//
+// # When Redis goes away: the fallback, and sharding
+//
+// With WithFallback every server registers in the pool's member list
+// (Start) and keeps its own share of the pool, computed from the last known
+// member list by a Sharder (Rendezvous, consistent hashing, by default;
+// Modulo) so that shares never overlap. When Redis is unreachable or hangs
+// (every call bounded by WithFallbackTimeout, 1s) the server leases from its
+// share in memory, once the attempts other servers started through its
+// proxies are over (WithAttemptTimeout: set it, or the switch waits the
+// lease TTL); bans go on locally. When Redis answers again the server
+// re-seeds a pool Redis lost, writes its bans back, hands its running
+// leases over and, once every server has done so, leases from Redis again:
+//
+//	sw, err := proxyswitch.NewSwitch(rdb, proxyswitch.WithFallback("crawler-1", nil),
+//		proxyswitch.WithAttemptTimeout(5*time.Second))
+//	if err := sw.Start(ctx); err != nil { ... }
+//	defer sw.Stop(context.Background())
+//
+// WithSharding is the shared-nothing scheme: each server leases from its
+// own share only, always in memory, with Redis holding the member list and
+// the pool. FallbackStatus tells where a Switch leases from.
+//
 // # Waiting for a proxy
 //
 // With every proxy busy, a request waits (sleeping on the time until the
@@ -93,6 +130,9 @@
 //	{prefix:pool}:fails          hash  proxy ID -> proxy failures in a row (idle TTL)
 //	{prefix:pool}:quarantine     zset  proxy ID -> end of a ban on every site, ms (max quarantine)
 //	{prefix:pool}:dead           hash  proxy ID -> "<ms>|<reason>" (operator state: no TTL, until Revive)
+//	{prefix:pool}:members        zset  member ID -> end of its registration, ms (the last registration's end)
+//	{prefix:pool}:member-owners  hash  member ID -> token of the process holding it (same TTL)
+//	{prefix:pool}:modes          zset  member ID -> when it last leased from Redis, ms (member TTL)
 //
 // A ban is no key of its own: it is the score of the proxy's slots in the
 // site's free set, pushed to the end of the quarantine, so a lease skips it

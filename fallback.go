@@ -93,9 +93,16 @@ type fallbackConfig struct {
 // quarantines go on locally and are written back when Redis returns; a Redis
 // that restarted empty gets the pool back. Call Start before the first
 // lease and Stop when done. Every worker of the pool must use the fallback
-// with the same sharder. See WithAttemptTimeout for how fast the switch can
-// be. The default is no fallback: a request fails with ErrNoProxy while
-// Redis is unreachable.
+// with the same sharder.
+//
+// How fast: Redis counts as gone after WithFallbackTimeout (1s); then the
+// local shard waits until any attempt another server began through one of
+// its proxies is over: the attempt timeout (WithAttemptTimeout) when set,
+// otherwise the lease TTL. Set an attempt timeout to switch within seconds.
+// When Redis answers again the Switch leases from it once every server of
+// the member list has written back (at most the member TTL, 3s, for a
+// server that is gone). The default is no fallback: a request fails with
+// ErrNoProxy while Redis is unreachable.
 func WithFallback(self string, sh Sharder) Option {
 	return func(c *config) {
 		c.fallback.self, c.fallback.sharder, c.fallback.sharded = self, sh, false

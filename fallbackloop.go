@@ -136,8 +136,14 @@ func (f *fallback) refresh(ctx context.Context, res probeResult) {
 		pools = append(pools, fp)
 	}
 	f.mu.RUnlock()
+	now := time.Now()
 	for _, fp := range pools {
 		fp.mu.Lock()
+		for l := range fp.redis {
+			if l.Expiry().Before(now) { // never released (a leaked lease): over anyway
+				delete(fp.redis, l)
+			}
+		}
 		stale := fp.readAt.IsZero() || time.Since(fp.readAt) > poolRefresh || (fp.sw == f.s && fp.sig != res.sig)
 		fp.mu.Unlock()
 		if stale {

@@ -150,6 +150,20 @@ func TestRoutedCrawl(t *testing.T) {
 	assertNoLeases(t, s, bed.Sites...)
 	res, _ := s.poolSwitch("res")
 	assertNoLeases(t, res, bed.Sites...)
+
+	// A collector for one kind of request: its context routes it.
+	kind := colly.NewCollector(colly.AllowURLRevisit())
+	kind.Context = UsePools(context.Background(), "res")
+	s.Attach(kind)
+	bed.Sites[0].Recorder().Reset()
+	for i := range 6 {
+		require.NoError(t, kind.Visit(fmt.Sprintf("%s/p/%d", bed.Sites[0].URL(), i+1)))
+	}
+	assert.NotEmpty(t, bed.Sites[0].Recorder().IPs())
+	for ip := range bed.Sites[0].Recorder().IPs() {
+		assert.Contains(t, []string{"127.0.1.4", "127.0.1.5", "127.0.1.6"}, ip, "only the residential pool")
+	}
+	assertNoLeases(t, res, bed.Sites...)
 }
 
 // The fallback covers every pool a route names: each gets a local share.
