@@ -60,13 +60,8 @@ const localSweepEvery = time.Second
 // so that leases keep their rules when a server falls back to it. It fails
 // with ErrConfig on an invalid option.
 func NewLocalPool(opts ...Option) (*LocalPool, error) {
-	cfg := defaultConfig()
-	for _, o := range opts {
-		if o != nil {
-			o(&cfg)
-		}
-	}
-	if err := cfg.validate(); err != nil {
+	cfg, err := newConfig(opts)
+	if err != nil {
 		return nil, err
 	}
 	return newLocalPool(cfg), nil

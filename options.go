@@ -93,6 +93,21 @@ func defaultConfig() config {
 	}
 }
 
+// newConfig applies opts (nil ones skipped) to the defaults and validates
+// the result: what NewSwitch and NewLocalPool share.
+func newConfig(opts []Option) (config, error) {
+	cfg := defaultConfig()
+	for _, o := range opts {
+		if o != nil {
+			o(&cfg)
+		}
+	}
+	if err := cfg.validate(); err != nil {
+		return config{}, err
+	}
+	return cfg, nil
+}
+
 func (c *config) validate() error {
 	bad := func(format string, a ...any) error {
 		return fmt.Errorf("%w: "+format, append([]any{ErrConfig}, a...)...)

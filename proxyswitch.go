@@ -58,13 +58,8 @@ func NewSwitch(rdb redis.Scripter, opts ...Option) (*Switch, error) {
 	if rdb == nil || isNilPointer(rdb) {
 		return nil, fmt.Errorf("%w: nil redis client", ErrConfig)
 	}
-	cfg := defaultConfig()
-	for _, o := range opts {
-		if o != nil {
-			o(&cfg)
-		}
-	}
-	if err := cfg.validate(); err != nil {
+	cfg, err := newConfig(opts)
+	if err != nil {
 		return nil, err
 	}
 	keys, err := newKeyspace(cfg.prefix, cfg.pool)
