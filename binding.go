@@ -41,6 +41,7 @@ type binding struct {
 	proxy   *Proxy        // the proxy of the latest lease (kept after release)
 	calls   int           // ProxyFunc calls served: tells the transport a hop used a proxy
 	retries int           // retries through another proxy taken (transport.go)
+	task    *taskState    // the request's task, for its sticky session (session.go); nil for none
 }
 
 // proxyCalls returns how many ProxyFunc calls b served (0 for a nil b).

@@ -44,6 +44,12 @@ var (
 	// ErrNotInPool means an operator action named a proxy the pool does not hold.
 	ErrNotInPool = errors.New("proxyswitch: proxy not in the pool")
 
+	// ErrInvalidTask means a task ID (TaskKey, WithTaskFunc, EndSession...)
+	// is empty, longer than 256 bytes, not UTF-8 or holds control
+	// characters. A request with such a task fails with it (and ErrNoProxy)
+	// before any proxy is leased.
+	ErrInvalidTask = errors.New("proxyswitch: invalid task ID")
+
 	// ErrBanned means a request was given up because the site banned the
 	// proxies tried for it (a ban status, a redirect to a challenge page, a
 	// page without its expected content or far smaller than usual) and no

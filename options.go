@@ -59,6 +59,7 @@ type config struct {
 	rules                             *rules // compiled by validate
 
 	fallback fallbackConfig // WithFallback, WithSharding (fallback.go)
+	session  sessionConfig  // WithSession... options (session.go)
 	routes   routeConfig    // WithRoute, WithSpread (routing.go)
 }
 
@@ -141,6 +142,9 @@ func (c *config) validate() error {
 		return bad("negative attempt timeout %v", c.attemptTimeout)
 	}
 	if err := c.fallback.validate(); err != nil {
+		return err
+	}
+	if err := c.session.validate(c); err != nil {
 		return err
 	}
 	if err := c.routes.validate(c); err != nil {

@@ -38,7 +38,8 @@ type Switch struct {
 	keys keyspace
 	err  error // set only in the Switch New builds from invalid options
 
-	fb *fallback // WithFallback or WithSharding (fallback.go); nil without
+	fb   *fallback // WithFallback or WithSharding (fallback.go); nil without
+	sess sessions  // the Switch sessions lease from (session.go)
 
 	reg          registry
 	bans         banCounters
@@ -120,6 +121,7 @@ func New(rdb redis.Scripter, opts ...Option) colly.ProxyFunc {
 func (s *Switch) Attach(c *colly.Collector) {
 	c.WithTransport(s.newTransport(c))
 	c.OnRequestHeaders(s.onRequestHeaders)
+	c.OnRequestHeaders(s.sessionRequestHeaders) // the task in r.Ctx, for sticky sessions (session.go)
 	c.OnResponseHeaders(s.onResponseHeaders)
 	c.OnResponse(func(r *colly.Response) { s.finish(r.Request) })
 	c.OnError(func(r *colly.Response, _ error) { s.finish(r.Request) })
@@ -150,6 +152,9 @@ func (s *Switch) ProxyFunc(req *http.Request) (*url.URL, error) {
 	}
 	if b == nil || !b.hooked {
 		return s.unhookedProxy(req, site)
+	}
+	if b.taskState() != nil {
+		return s.sessionProxy(b, site) // a request of a task: its session's proxy (session.go)
 	}
 	return s.hookedProxy(req, b, site)
 }

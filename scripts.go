@@ -71,4 +71,9 @@ var allScripts = map[string]*redis.Script{
 	"fallback_probe":     fallbackProbeScript,
 	"fallback_seed":      fallbackSeedScript,
 	"fallback_writeback": fallbackWritebackScript,
+
+	"session_use":     sessionUseScript,
+	"session_bind":    sessionBindScript,
+	"session_end":     sessionEndScript,
+	"session_cookies": sessionCookiesScript,
 }

@@ -83,10 +83,16 @@ func (s *Switch) newTransport(c *colly.Collector) *transport {
 
 // RoundTrip sends one hop, through as many proxies as bans, failures and
 // the retry bound call for.
-func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
+func (t *transport) RoundTrip(req *http.Request) (resp *http.Response, err error) {
+	var su *sessionUse // the task's session the last attempt went through (session.go)
+	defer func() { resp, err = su.finish(resp, err) }()
 	for n := 1; ; n++ {
 		a, err := t.newAttempt(req, n)
 		if err != nil {
+			return nil, err
+		}
+		if su, err = t.s.sessionAttempt(req, a); err != nil {
+			a.done()
 			return nil, err
 		}
 		before := t.s.reg.lookup(req.Header)
@@ -167,7 +173,7 @@ func (t *transport) retry(req *http.Request, b *binding, l *Lease, x *Exchange, 
 		site = s.cfg.siteFunc(req.Response.Request.URL)
 	}
 	b.dropLease(l)
-	if _, err := s.penalize(context.WithoutCancel(req.Context()), site, l.proxy, l, v); err != nil {
+	if _, err := s.penalizeLease(context.WithoutCancel(req.Context()), b, site, l, v); err != nil {
 		s.cfg.logger.Warn("proxyswitch: quarantine failed; the proxy's lease will expire by its TTL",
 			"proxy", l.proxy.String(), "site", site, "reason", v.Reason, "err", err)
 	}

@@ -10,10 +10,13 @@
 -- ARGV[1] site (scope)   ARGV[2] owner token      ARGV[3] lease TTL ms
 -- ARGV[4] cooldown ms    ARGV[5] slots (K >= 1)   ARGV[6] idle TTL ms of site keys
 -- ARGV[7] preferred proxy id, or "" for none
+-- ARGV[8] "1": the preferred proxy or none (a sticky session reaching a new
+--         site, session.go); absent or "" for any proxy
 --
 -- Returns {1, member, proxy URL, expiry ms} on success,
 --         {0, wait ms}  when every proxy is busy (wait = time until the next one frees),
---         {-1}          when the pool is empty.
+--         {-1}          when the pool is empty,
+--         {-2}          with ARGV[8] = "1", when the preferred proxy left the pool or is dead.
 -- Time comes from the server's clock (TIME), never from a client.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -66,6 +69,18 @@ if ARGV[7] ~= '' then
       break
     end
   end
+end
+
+-- Only the preferred proxy will do: wait for its soonest slot.
+if not member and ARGV[8] == '1' then
+  if redis.call('HEXISTS', KEYS[1], ARGV[7]) == 0 then return {-2} end
+  local soonest
+  for s = 0, slots - 1 do
+    local score = redis.call('ZSCORE', KEYS[2], ARGV[7] .. ':' .. s)
+    if score and (not soonest or tonumber(score) < soonest) then soonest = tonumber(score) end
+  end
+  if not soonest or soonest >= 1e15 then return {-2} end
+  return {0, math.max(soonest - now, 1)}
 end
 
 -- Otherwise the lowest score: free the longest, i.e. least recently used.

@@ -1,0 +1,26 @@
+-- session_end.lua: end a task's session (session_lib.lua comes first): on a
+-- ban or proxy failure (retirement), or at the caller's request.
+--
+-- KEYS[1] session record  KEYS[2] pool hash
+-- ARGV[1] key prefix "{prefix:pool}"
+-- ARGV[2] session ID to end, or "" for whichever is live (and then a
+--         record this package did not write is deleted too)
+-- ARGV[3] reason    ARGV[4] site where it showed, or ""
+-- ARGV[5] cooldown ms   ARGV[6] slots per proxy (K)   ARGV[7] session TTL ms
+--
+-- Every slot the session held comes back after the cooldown (unless a ban
+-- pushed it further out), its cookie jar is deleted and the record becomes
+-- a tombstone naming it, which the task's next session reports.
+-- Returns {1, id, gen, proxy id, proxy URL or "", n, created ms, now ms} ended;
+--         {0} no such live session; {2} a corrupt record was deleted.
+local r = read_record(KEYS[1])
+if not r or (r.id and check_live(r)) then
+  if ARGV[2] ~= '' then return {0} end
+  redis.call('DEL', KEYS[1])
+  return {2}
+end
+if not r.id or (ARGV[2] ~= '' and r.id ~= ARGV[2]) then return {0} end
+local now = now_ms()
+local out = {1, r.id, r.gen, r.proxy, redis.call('HGET', KEYS[2], r.proxy) or '', r.n, r.created, now}
+end_session(KEYS[1], r, ARGV[1], ARGV[3], ARGV[4], now, tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]))
+return out

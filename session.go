@@ -1,0 +1,527 @@
+package proxyswitch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/gocolly/colly/v2"
+)
+
+// Sticky sessions: one task, one IP, its own cookies.
+//
+// A task is a flow of requests that must look like one visitor: catalog,
+// product card, cart, next page. Its requests name the task in their
+// colly.Context (TaskKey); requests made from a response with
+// Request.Visit, Post or a queue inherit the context, hence the task.
+//
+// The bridge. The ProxyFunc sees only the *http.Request net/http hands the
+// transport, never Colly's context. The OnRequestHeaders hook Attach
+// installs does see it: it reads the task (WithTaskFunc) and stores it in
+// the request's binding (binding.go), which the transport and the ProxyFunc
+// find by the request's header map.
+//
+// The session. The task's first request leases a proxy with lease.lua (the
+// one place that picks a free proxy) under the owner token "s:<session ID>"
+// and the session TTL, and session_bind.lua records the lease in the task's
+// session record, {prefix:pool}:session:<task>. Any worker of the pool can
+// then continue the session: session_use.lua checks the record and its
+// leases, renews every lease and the record to now + TTL, counts the
+// request and returns the proxy and the session's cookies, in one round
+// trip. While the session lives, its proxy's slots on each site it visited
+// stay out of rotation for everyone else (with WithConcurrency above 1, all
+// of them: one live session per IP per site); concurrent requests of the
+// task share the IP. A session nobody uses lapses after its TTL: the record
+// expires and the slots' scores pass, with no reaper. A request of the task
+// to another site leases the same proxy there (lease.lua's preferred proxy,
+// nothing else) and waits for it like any lease.
+//
+// Cookies. http.CookieJar sees only URLs, so the collector's jar cannot
+// tell tasks apart. For a request of a task the transport sets the Cookie
+// header itself (the cookies the request carried before the collector's jar
+// added its own, then the session's), and takes every Set-Cookie out of the
+// response into the session's jar in Redis ({prefix:pool}:sjar:<session
+// ID>), before net/http hands the response to the collector's jar: session
+// cookies never reach the collector's jar or a storage backend, and the
+// collector's never reach a session.
+//
+// Retirement. A ban or a proxy failure met through a session's proxy
+// quarantines the proxy as for any request (ban.go), then ends the session:
+// its other leases come back, its jar is deleted and its record becomes a
+// tombstone saying why. The request's retry, or the task's next request on
+// any worker, starts a new session with another proxy and an empty jar.
+// Limits (WithSessionMaxRequests, WithSessionMaxAge), a proxy removed from
+// the pool or marked dead, and a lease lost while the session lived retire
+// it the same way at its next use. WithSessionRetired reports each
+// retirement once, on the worker that made it; SessionOf shows the task's
+// session and what ended the one before.
+
+// TaskKey is the colly.Context key that names the task a request belongs
+// to: a string of 1 to 256 bytes (printable UTF-8). Requests whose context
+// has no task lease a proxy per request, as usual.
+const TaskKey = "proxyswitch.task"
+
+// SessionKey is the colly.Context key under which each request of a task
+// leaves a *SessionInfo of the session it went out with (read it with
+// SessionOf).
+const SessionKey = "proxyswitch.session"
+
+// Reasons a session is retired for, besides the ban and failure reasons of
+// the verdict that retired it ("http_403", "proxy_connect"...).
+const (
+	SessionMaxRequests  = "max_requests"  // it served WithSessionMaxRequests requests
+	SessionMaxAge       = "max_age"       // it grew older than WithSessionMaxAge
+	SessionProxyRemoved = "proxy_removed" // its proxy left the pool, or is dead
+	SessionProxyDead    = "proxy_dead"    // its proxy was marked dead or drained
+	SessionQuarantined  = "quarantined"   // its proxy was banned on one of its sites by someone else (an operator, another slot)
+	SessionLeaseLost    = "lease_lost"    // one of its leases was lost (the pool was cleared, say)
+	SessionEnded        = "ended"         // EndSession ended it (never reported to WithSessionRetired)
+)
+
+const (
+	// DefaultSessionTTL is how long a session lives after its last use.
+	DefaultSessionTTL = 10 * time.Minute
+	maxTaskLen        = 256
+	// maxSessionSites bounds the sites (scopes) one session holds its proxy on.
+	maxSessionSites = 16
+	// maxSessionRounds bounds the rounds one request spends on a session
+	// that other requests keep changing (a race to start one, a retirement).
+	maxSessionRounds = 8
+)
+
+// NewTaskContext returns a new colly.Context whose requests belong to task
+// (TaskKey). Pass it to Collector.Request; the requests made from their
+// responses with Request.Visit inherit it.
+func NewTaskContext(task string) *colly.Context {
+	ctx := colly.NewContext()
+	ctx.Put(TaskKey, task)
+	return ctx
+}
+
+// TaskOf returns the task ctx names, or "" for none (ctx may be nil).
+func TaskOf(ctx *colly.Context) string {
+	if ctx == nil {
+		return ""
+	}
+	task, _ := ctx.GetAny(TaskKey).(string)
+	return task
+}
+
+// SessionOf returns the session the latest request of ctx's task in this
+// process went out with, or nil (no task, or no request sent yet). Read it
+// in OnResponse or OnError: the same context may carry several requests of
+// the task at once, and each request leaves its session there as it goes.
+func SessionOf(ctx *colly.Context) *SessionInfo {
+	if ctx == nil {
+		return nil
+	}
+	info, _ := ctx.GetAny(SessionKey).(*SessionInfo)
+	return info
+}
+
+// SessionInfo describes a task's session at one request. It is a snapshot:
+// a value never changes once handed out.
+type SessionInfo struct {
+	Task       string
+	ID         string // random, new for each session of the task
+	Generation int    // the task's sessions in a row: 1 for its first, 2 after one retirement...
+	Pool       string // the pool the session leases from (WithSessionPool)
+	Proxy      string // the session's proxy, password redacted
+	Requests   int    // requests sent through the session so far, this one included
+	Started    time.Time
+	Expires    time.Time // when it lapses unless used again (Redis clock)
+	// Previous tells why the task's previous session ended, when it was
+	// retired or ended (not when it lapsed) within a TTL before this one
+	// started; nil otherwise.
+	Previous *SessionRetirement
+}
+
+// SessionRetirement tells how a session ended.
+type SessionRetirement struct {
+	Task     string
+	ID       string // the session that ended
+	Proxy    string // its proxy, password redacted (its ID if it left the pool)
+	Reason   string // a verdict's reason ("http_403"...) or one of the Session... reasons
+	Site     string // the site where the reason showed; "" for limits and EndSession
+	Requests int    // requests it served
+	Started  time.Time
+	At       time.Time // Redis clock
+}
+
+// sessionConfig holds the session options.
+type sessionConfig struct {
+	ttl         time.Duration
+	maxRequests int
+	maxAge      time.Duration
+	pool        string // WithSessionPool; "" for the Switch's own pool
+	retired     func(SessionRetirement)
+	taskFunc    func(*colly.Request) string
+}
+
+// WithSessionTTL sets how long a task's session lives after its last use;
+// every request of the task renews it. While it lives, its proxy serves no
+// one else on the sites it visited. It must not exceed the idle TTL. The
+// default is 10 minutes (DefaultSessionTTL), or the idle TTL if shorter.
+func WithSessionTTL(d time.Duration) Option { return func(c *config) { c.session.ttl = d } }
+
+// WithSessionMaxRequests retires a session once it has sent n requests
+// (every hop of a redirect chain counts); the task's next request starts a
+// new one, with another proxy and no cookies. The default is 0: no limit.
+func WithSessionMaxRequests(n int) Option { return func(c *config) { c.session.maxRequests = n } }
+
+// WithSessionMaxAge retires a session once it is older than d, counted from
+// its first request. The default is 0: no limit.
+func WithSessionMaxAge(d time.Duration) Option { return func(c *config) { c.session.maxAge = d } }
+
+// WithSessionPool makes sessions lease from another pool under the same
+// prefix and Redis, for instance residential or mobile proxies for shopper
+// flows while bulk catalog scans use the Switch's own datacenter pool:
+//
+//	sw, err := proxyswitch.NewSwitch(rdb, proxyswitch.WithPool("datacenter"),
+//		proxyswitch.WithSessionPool("residential"))
+//
+// The session pool takes every other option of the Switch, as a pool of
+// WithRoute does (its bans count in the Switch's BanCounts and reach its
+// observer). Load it with SessionPool().Replace. Sessions lease from this
+// one pool: routes (WithRoute, UsePools) apply to requests of no task only.
+// The default is the Switch's own pool.
+func WithSessionPool(pool string) Option { return func(c *config) { c.session.pool = pool } }
+
+// WithSessionRetired sets a function told of every session retired (by a
+// ban, a proxy failure, a limit, its proxy leaving the pool), once, by the
+// worker that retired it, on a request goroutine: it must be fast, must not
+// block and must not panic (a panic is recovered and logged). Sessions that
+// lapse or that EndSession ends are not reported. The default is none.
+func WithSessionRetired(f func(SessionRetirement)) Option {
+	return func(c *config) { c.session.retired = f }
+}
+
+// WithTaskFunc sets how a request names its task ("" for none); it runs in
+// the OnRequestHeaders hook Attach installs, once per request. It must be
+// fast and must not panic (a panic fails the request). The default reads
+// TaskKey from the request's colly.Context (TaskOf).
+func WithTaskFunc(f func(*colly.Request) string) Option {
+	return func(c *config) { c.session.taskFunc = f }
+}
+
+func (sc *sessionConfig) validate(c *config) error {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{ErrConfig}, a...)...)
+	}
+	if sc.ttl == 0 {
+		sc.ttl = min(DefaultSessionTTL, c.idleTTL)
+	}
+	if sc.taskFunc == nil {
+		sc.taskFunc = func(r *colly.Request) string { return TaskOf(r.Ctx) }
+	}
+	switch {
+	case sc.ttl < 100*time.Millisecond || sc.ttl > c.idleTTL:
+		return bad("session TTL %v outside 100ms..the idle TTL (%v)", sc.ttl, c.idleTTL)
+	case sc.maxRequests < 0:
+		return bad("negative max requests per session %d", sc.maxRequests)
+	case sc.maxAge < 0:
+		return bad("negative max session age %v", sc.maxAge)
+	}
+	if sc.pool != "" {
+		if _, err := newKeyspace(c.prefix, sc.pool); err != nil {
+			return fmt.Errorf("session pool: %w", err)
+		}
+	}
+	return nil
+}
+
+// sessions is the Switch's session state: the Switch sessions lease from.
+type sessions struct {
+	once sync.Once
+	sw   *Switch
+	err  error
+}
+
+// sessionSwitch returns the Switch sessions lease from: this one, or the
+// one of WithSessionPool (routing.go's pool Switch, made on first use).
+func (s *Switch) sessionSwitch() (*Switch, error) {
+	if s.err != nil {
+		return nil, s.err
+	}
+	s.sess.once.Do(func() {
+		if s.cfg.session.pool == "" || s.cfg.session.pool == s.cfg.pool {
+			s.sess.sw = s
+			return
+		}
+		s.sess.sw, s.sess.err = s.poolSwitch(s.cfg.session.pool)
+	})
+	return s.sess.sw, s.sess.err
+}
+
+// SessionPool returns the Switch sessions lease from: the Switch itself, or
+// the one WithSessionPool names (load its proxies with Replace, watch its
+// BanCounts and SiteState, set its observer). It is nil only for a Switch
+// New built from invalid options.
+func (s *Switch) SessionPool() *Switch {
+	ss, _ := s.sessionSwitch()
+	return ss
+}
+
+// Session returns the live session of task, or nil if it has none. It
+// changes nothing. It is safe for concurrent use.
+func (s *Switch) Session(ctx context.Context, task string) (*SessionInfo, error) {
+	ss, err := s.sessionSwitch()
+	if err != nil {
+		return nil, err
+	}
+	if err := checkTask(task); err != nil {
+		return nil, err
+	}
+	rep, err := ss.runUse(ctx, task, globalSite, "peek")
+	if err != nil || rep.status != useLive {
+		return nil, err
+	}
+	return rep.info, nil
+}
+
+// SessionCookies returns the cookies the live session of task would send
+// to u (the session's Set-Cookie headers never reach Colly's callbacks or
+// jar: they are kept here), or none if the task has no live session. It is
+// safe for concurrent use.
+func (s *Switch) SessionCookies(ctx context.Context, task string, u *url.URL) ([]*http.Cookie, error) {
+	ss, err := s.sessionSwitch()
+	if err != nil {
+		return nil, err
+	}
+	if err := checkTask(task); err != nil {
+		return nil, err
+	}
+	if u == nil {
+		return nil, fmt.Errorf("%w: nil URL", ErrConfig)
+	}
+	rep, err := ss.runUse(ctx, task, globalSite, "peek")
+	if err != nil || rep.status != useLive {
+		return nil, err
+	}
+	return cookiesFor(rep.jar, u, time.Now()), nil
+}
+
+// EndSession ends the live session of task at once, when the flow is done:
+// its proxy serves others again after the cooldown, and its cookies are
+// deleted. It reports whether there was a session to end. It also deletes
+// a session record this package cannot read (ErrCorrupt), which otherwise
+// fails the task's requests until it expires. It is safe for concurrent use.
+func (s *Switch) EndSession(ctx context.Context, task string) (bool, error) {
+	ss, err := s.sessionSwitch()
+	if err != nil {
+		return false, err
+	}
+	if err := checkTask(task); err != nil {
+		return false, err
+	}
+	_, ended, err := ss.endSession(ctx, task, "", SessionEnded, "")
+	return ended, err
+}
+
+// checkTask validates a task ID: 1 to 256 bytes of printable UTF-8.
+func checkTask(task string) error {
+	switch {
+	case task == "":
+		return fmt.Errorf("%w: empty task ID", ErrInvalidTask)
+	case len(task) > maxTaskLen:
+		return fmt.Errorf("%w: task ID of %d bytes (at most %d)", ErrInvalidTask, len(task), maxTaskLen)
+	case !utf8.ValidString(task):
+		return fmt.Errorf("%w: task ID is not valid UTF-8", ErrInvalidTask)
+	case strings.ContainsFunc(task, unicode.IsControl):
+		return fmt.Errorf("%w: task ID %q contains control characters", ErrInvalidTask, task)
+	}
+	return nil
+}
+
+// taskState is what the OnRequestHeaders hook learnt about a request of a
+// task; the binding (binding.go) carries it to the transport.
+type taskState struct {
+	task    string
+	err     error          // the task ID is invalid: the request fails with it
+	ctx     *colly.Context // where the request leaves its SessionInfo
+	cookies string         // the Cookie header before the collector's jar added to it
+}
+
+// taskState returns the task of the request b binds, nil for none.
+func (b *binding) taskState() *taskState {
+	if b == nil {
+		return nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.task
+}
+
+// sessionRequestHeaders is the hook that bridges Colly's context to the
+// transport: it runs after onRequestHeaders registered the request's
+// binding, and records the request's task in it.
+func (s *Switch) sessionRequestHeaders(r *colly.Request) {
+	if r.IsAbort() || r.Headers == nil {
+		return
+	}
+	task, err := s.taskOf(r)
+	if task == "" && err == nil {
+		return
+	}
+	b := s.reg.lookup(*r.Headers)
+	if b == nil {
+		return
+	}
+	if err == nil {
+		err = checkTask(task)
+	}
+	ts := &taskState{task: task, err: err, ctx: r.Ctx, cookies: strings.Join(r.Headers.Values("Cookie"), "; ")}
+	b.mu.Lock()
+	b.task = ts
+	b.mu.Unlock()
+}
+
+// taskOf runs the task function, turning a panic into an error.
+func (s *Switch) taskOf(r *colly.Request) (task string, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			task, err = "", fmt.Errorf("%w: the task function panicked: %v", ErrInvalidTask, p)
+		}
+	}()
+	return s.cfg.session.taskFunc(r), nil
+}
+
+// sessionProxy is the ProxyFunc for a request of a task: the proxy of the
+// session lease the transport installed for this hop.
+func (s *Switch) sessionProxy(b *binding, site string) (*url.URL, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.done {
+		return nil, fmt.Errorf("%w: request already finished", ErrNoProxy)
+	}
+	l := b.lease
+	if l == nil || !l.sticky() || l.scope != s.scopeOf(site) {
+		return nil, fmt.Errorf("%w: a request of task %q reached the proxy function without its session: "+
+			"sessions need the transport Attach installs (c.WithTransport or c.SetProxyFunc after Attach replace it)", ErrNoProxy, b.task.task)
+	}
+	b.calls++
+	return l.proxy.URL(), nil
+}
+
+// sticky reports whether l is a session's lease: released only with its
+// session, never by the request that used it.
+func (l *Lease) sticky() bool { return strings.HasPrefix(l.token, sessionTokenPrefix) }
+
+// sessionUse is one attempt of a request through its task's session.
+type sessionUse struct {
+	sw   *Switch // the Switch the session leases from
+	task string
+	id   string
+	url  *url.URL // the hop's URL: the default domain and path of its cookies
+}
+
+// sessionAttempt prepares one attempt of a request of a task (a no-op for
+// other requests): it takes or continues the task's session for the hop's
+// site, installs the session's lease in the binding (the ProxyFunc returns
+// its proxy), and gives the attempt a header map of its own whose Cookie
+// header holds the request's own cookies and the session's.
+func (s *Switch) sessionAttempt(req *http.Request, a *attempt) (*sessionUse, error) {
+	b := s.reg.lookup(req.Header)
+	if b == nil && req.Response != nil && req.Response.Request != nil {
+		// A redirect hop: it joins its chain, as in ProxyFunc.
+		if prev := s.reg.lookup(req.Response.Request.Header); prev.taskState() != nil && s.reg.add(req.Header, prev) {
+			b = prev
+		}
+	}
+	ts := b.taskState()
+	if ts == nil || !b.hooked {
+		return nil, nil
+	}
+	if ts.err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrNoProxy, ts.err)
+	}
+	site := s.cfg.siteFunc(req.URL)
+	if site == "" {
+		return nil, nil // the ProxyFunc fails the request
+	}
+	ss, err := s.sessionSwitch()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrNoProxy, err)
+	}
+	cur, err := ss.useSession(req.Context(), ts.task, site)
+	if err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	b.lease, b.proxy = cur.lease, cur.lease.proxy
+	b.mu.Unlock()
+
+	h := req.Header.Clone()
+	h.Del("Cookie")
+	if c := cookieHeader(ts.cookies, cookiesFor(cur.jar, req.URL, time.Now())); c != "" {
+		h.Set("Cookie", c)
+	}
+	if a.req == req {
+		a.req = req.WithContext(req.Context()) // a shallow copy: Colly's map stays as it was
+	}
+	a.req.Header = h
+	s.reg.add(h, b)
+	if ts.ctx != nil {
+		ts.ctx.Put(SessionKey, cur.info)
+	}
+	return &sessionUse{sw: ss, task: ts.task, id: cur.info.ID, url: req.URL}, nil
+}
+
+// finish stores the cookies the site set in the session's jar and takes
+// them out of the response, so that the collector's jar never sees them. A
+// failure to store them fails the request: the session would go on without
+// a cookie the site expects.
+func (u *sessionUse) finish(resp *http.Response, err error) (*http.Response, error) {
+	if u == nil || resp == nil {
+		return resp, err
+	}
+	lines := resp.Header.Values("Set-Cookie")
+	if len(lines) == 0 {
+		return resp, err
+	}
+	resp.Header.Del("Set-Cookie")
+	if serr := u.sw.storeCookies(context.Background(), u, lines, time.Now()); serr != nil {
+		closeBody(resp)
+		return nil, serr
+	}
+	return resp, err
+}
+
+// penalizeLease quarantines l's proxy after a Ban or ProxyFailure verdict,
+// as Switch.penalize does, and retires the session l belongs to, if any.
+func (s *Switch) penalizeLease(ctx context.Context, b *binding, site string, l *Lease, v Verdict) (penalty, error) {
+	ts := b.taskState()
+	if !l.sticky() || ts == nil {
+		return l.sw.penalize(ctx, site, l.proxy, l, v)
+	}
+	l.released.Store(false) // the quarantine ends the session's lease on its site (owner-checked)
+	pen, err := l.sw.penalize(ctx, site, l.proxy, l, v)
+	l.released.Store(true)
+	if _, _, rerr := l.sw.endSession(ctx, ts.task, strings.TrimPrefix(l.token, sessionTokenPrefix), v.Reason, site); rerr != nil {
+		err = errors.Join(err, rerr)
+	}
+	return pen, err
+}
+
+// reportRetired hands a retirement to WithSessionRetired's function.
+func (s *Switch) reportRetired(r SessionRetirement) {
+	s.cfg.logger.Debug("proxyswitch: session retired", "task", r.Task, "session", r.ID, "proxy", r.Proxy,
+		"reason", r.Reason, "site", r.Site, "requests", r.Requests)
+	f := s.cfg.session.retired
+	if f == nil {
+		return
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			s.cfg.logger.Warn("proxyswitch: the session retirement function panicked", "task", r.Task, "panic", fmt.Sprint(p))
+		}
+	}()
+	f(r)
+}

@@ -1,0 +1,215 @@
+package proxyswitch
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// A session's cookie jar (session.go): the storage and matching rules of
+// RFC 6265 section 5.3 and 5.4, applied in Go, on cookies kept in Redis in
+// the hash {prefix:pool}:sjar:<session ID>, one field per cookie
+// "<domain>;<path>;<name>" -> "<created ms>|<cookie as JSON>", with the
+// session record's TTL. Differences from a browser: no public suffix list
+// (a Domain attribute must name the host or a parent with a dot in it, so
+// "com" is refused but "co.uk" is not: the jar holds one task's cookies
+// only), and a cookie without an expiry lives as long as the session.
+
+const (
+	// maxSessionCookies bounds a session's jar; beyond it the oldest
+	// cookies go first.
+	maxSessionCookies = 100
+	// maxSessionCookieBytes bounds one cookie (name, value, domain and
+	// path); a larger one is dropped, as browsers do.
+	maxSessionCookieBytes = 4096
+)
+
+// jarCookie is one cookie of a session's jar.
+type jarCookie struct {
+	Name     string `json:"n"`
+	Value    string `json:"v"`
+	Quoted   bool   `json:"q,omitempty"`
+	Domain   string `json:"d"`
+	Path     string `json:"p"`
+	HostOnly bool   `json:"h,omitempty"`
+	Secure   bool   `json:"s,omitempty"`
+	Expires  int64  `json:"e,omitempty"` // unix ms; 0: lives as long as the session
+	Created  int64  `json:"c"`           // unix ms, for the order of equal paths and eviction
+}
+
+func (c *jarCookie) field() string { return c.Domain + ";" + c.Path + ";" + c.Name }
+
+// newJarCookie applies the storage rules to a cookie set by a response to
+// u: ok is false when the cookie is refused, del when it deletes the stored
+// one (expired, Max-Age <= 0).
+func newJarCookie(c *http.Cookie, u *url.URL, now time.Time) (e jarCookie, del, ok bool) {
+	host := strings.ToLower(u.Hostname())
+	if c.Name == "" || host == "" {
+		return e, false, false
+	}
+	e = jarCookie{Name: c.Name, Value: c.Value, Quoted: c.Quoted, Secure: c.Secure, Created: now.UnixMilli()}
+	switch d := strings.ToLower(strings.TrimPrefix(c.Domain, ".")); {
+	case d == "" || d == host:
+		e.Domain, e.HostOnly = host, d == ""
+	case net.ParseIP(host) == nil && strings.Contains(d, ".") && strings.HasSuffix(host, "."+d):
+		e.Domain = d
+	default:
+		return e, false, false // a domain the host cannot set cookies for
+	}
+	e.Path = c.Path
+	if !strings.HasPrefix(e.Path, "/") {
+		e.Path = defaultCookiePath(u.Path)
+	}
+	if len(e.Name)+len(e.Value)+len(e.Domain)+len(e.Path) > maxSessionCookieBytes {
+		return e, false, false
+	}
+	switch {
+	case c.MaxAge < 0:
+		return e, true, true
+	case c.MaxAge > 0:
+		e.Expires = now.Add(time.Duration(c.MaxAge) * time.Second).UnixMilli()
+	case !c.Expires.IsZero():
+		if !c.Expires.After(now) {
+			return e, true, true
+		}
+		e.Expires = c.Expires.UnixMilli()
+	}
+	return e, false, true
+}
+
+// defaultCookiePath is RFC 6265's default-path of a request path.
+func defaultCookiePath(p string) string {
+	i := strings.LastIndex(p, "/")
+	if !strings.HasPrefix(p, "/") || i <= 0 {
+		return "/"
+	}
+	return p[:i]
+}
+
+// matches reports whether c goes with a request to u (host: u's, lower-cased).
+func (c *jarCookie) matches(u *url.URL, host string, now int64) bool {
+	if c.Expires != 0 && c.Expires <= now {
+		return false
+	}
+	if c.Secure && u.Scheme != "https" && u.Scheme != "wss" {
+		return false
+	}
+	if host != c.Domain && (c.HostOnly || net.ParseIP(host) != nil || !strings.HasSuffix(host, "."+c.Domain)) {
+		return false
+	}
+	p := u.EscapedPath()
+	if p == "" {
+		p = "/"
+	}
+	return p == c.Path || (strings.HasPrefix(p, c.Path) && (strings.HasSuffix(c.Path, "/") || p[len(c.Path)] == '/'))
+}
+
+// cookiesFor returns the cookies of a jar (its stored values) to send to u,
+// longest path first, then oldest first. Values that do not parse are
+// skipped.
+func cookiesFor(values []string, u *url.URL, now time.Time) []*http.Cookie {
+	host := strings.ToLower(u.Hostname())
+	ms := now.UnixMilli()
+	var hits []jarCookie
+	for _, v := range values {
+		_, raw, ok := strings.Cut(v, "|")
+		var c jarCookie
+		if !ok || json.Unmarshal([]byte(raw), &c) != nil || c.Name == "" {
+			continue
+		}
+		if c.matches(u, host, ms) {
+			hits = append(hits, c)
+		}
+	}
+	slices.SortStableFunc(hits, func(a, b jarCookie) int {
+		if n := cmp.Compare(len(b.Path), len(a.Path)); n != 0 {
+			return n
+		}
+		return cmp.Compare(a.Created, b.Created)
+	})
+	out := make([]*http.Cookie, len(hits))
+	for i, c := range hits {
+		out[i] = &http.Cookie{Name: c.Name, Value: c.Value, Quoted: c.Quoted}
+	}
+	return out
+}
+
+// cookieHeader is the Cookie header of a request of a session: the
+// session's cookies, then the request's own (those it carried before the
+// collector's jar added to it) whose names the session does not have.
+func cookieHeader(own string, session []*http.Cookie) string {
+	names := make(map[string]bool, len(session))
+	parts := make([]string, 0, len(session))
+	for _, c := range session {
+		names[c.Name] = true
+		parts = append(parts, c.String())
+	}
+	for _, p := range strings.Split(own, ";") {
+		p = strings.TrimSpace(p)
+		name, _, _ := strings.Cut(p, "=")
+		if p != "" && !names[strings.TrimSpace(name)] {
+			parts = append(parts, p)
+		}
+	}
+	return strings.Join(parts, "; ")
+}
+
+// storeCookies stores the Set-Cookie lines of a response to u.url in the
+// jar of session u.id. A session retired meanwhile takes nothing.
+func (s *Switch) storeCookies(ctx context.Context, u *sessionUse, lines []string, now time.Time) error {
+	changes := map[string]string{} // field -> stored value, "" to delete
+	var order []string
+	for _, line := range lines {
+		c, err := http.ParseSetCookie(line)
+		if err != nil {
+			continue
+		}
+		e, del, ok := newJarCookie(c, u.url, now)
+		if !ok {
+			continue
+		}
+		f := e.field()
+		if _, seen := changes[f]; !seen {
+			order = append(order, f)
+		}
+		changes[f] = ""
+		if !del {
+			b, _ := json.Marshal(e)
+			changes[f] = strconv.FormatInt(e.Created, 10) + "|" + string(b)
+		}
+	}
+	if len(order) == 0 {
+		return nil
+	}
+	var set, del []any
+	for _, f := range order {
+		if v := changes[f]; v != "" {
+			set = append(set, f, v)
+		} else {
+			del = append(del, f)
+		}
+	}
+	args := append(append([]any{u.id, maxSessionCookies, len(set) / 2}, set...), del...)
+	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) (any, error) {
+		return sessionCookiesScript.Run(ctx, s.rdb, []string{s.keys.session(u.task), s.keys.sessionJar(u.id)}, args...).Result()
+	}, nil)
+	if err != nil {
+		return fmt.Errorf("proxyswitch: storing the cookies of task %q's session: %w", u.task, redisErr("session cookies", err))
+	}
+	if r, ok := res.([]any); ok {
+		what := "unexpected reply"
+		if len(r) == 2 {
+			what, _ = r[1].(string)
+		}
+		return fmt.Errorf("%w: session of task %q in pool %q: %s (EndSession deletes it)", ErrCorrupt, u.task, s.cfg.pool, what)
+	}
+	return nil
+}

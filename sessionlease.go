@@ -1,0 +1,358 @@
+package proxyswitch
+
+import (
+	"context"
+	crand "crypto/rand"
+	_ "embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// The Redis side of sticky sessions (session.go): the session scripts, each
+// session_lib.lua followed by its own body, so every call is one EVALSHA.
+var (
+	//go:embed lua/session_lib.lua
+	sessionLibLua string
+
+	//go:embed lua/session_use.lua
+	sessionUseLua    string
+	sessionUseScript = redis.NewScript(sessionLibLua + sessionUseLua)
+
+	//go:embed lua/session_bind.lua
+	sessionBindLua    string
+	sessionBindScript = redis.NewScript(sessionLibLua + sessionBindLua)
+
+	//go:embed lua/session_end.lua
+	sessionEndLua    string
+	sessionEndScript = redis.NewScript(sessionLibLua + sessionEndLua)
+
+	//go:embed lua/session_cookies.lua
+	sessionCookiesLua    string
+	sessionCookiesScript = redis.NewScript(sessionLibLua + sessionCookiesLua)
+)
+
+// sessionTokenPrefix starts the owner token of every session lease; other
+// tokens (newToken) never do.
+const sessionTokenPrefix = "s:"
+
+// errProxyGone: the session's proxy left the pool or is dead (lease.lua {-2}).
+var errProxyGone = errors.New("proxyswitch: the session's proxy left the pool or is dead")
+
+func (k keyspace) session(task string) string  { return k.base + ":session:" + task }
+func (k keyspace) sessionJar(id string) string { return k.base + ":sjar:" + id }
+
+// Statuses of session_use.lua.
+const (
+	useNone    = 0 // no live session
+	useLive    = 1
+	useNewSite = 2 // live, not yet on this scope
+	useCorrupt = -3
+)
+
+// useReply is session_use.lua's reply, parsed.
+type useReply struct {
+	status  int
+	retired *SessionRetirement // useNone: the session this call retired
+	info    *SessionInfo       // useLive
+	lease   *Lease             // useLive: the session's lease on the scope
+	jar     []string           // useLive: the jar's values
+	proxyID string             // useNewSite
+	id      string             // useNewSite
+	scopes  int                // useNewSite: scopes held
+}
+
+// runUse runs session_use.lua for task on scope ("use" or "peek").
+func (s *Switch) runUse(ctx context.Context, task, scope, mode string) (*useReply, error) {
+	c := &s.cfg
+	res, err := roundTrip(ctx, c.redisTimeout, func(ctx context.Context) ([]any, error) {
+		return sessionUseScript.Run(ctx, s.rdb, []string{s.keys.session(task), s.keys.proxies()},
+			s.keys.base, scope, c.session.ttl.Milliseconds(), c.session.maxRequests, c.session.maxAge.Milliseconds(),
+			c.cooldown.Milliseconds(), c.slots, c.idleTTL.Milliseconds(), mode).Slice()
+	}, nil)
+	if err != nil {
+		return nil, redisErr("session", err)
+	}
+	st, _ := intAt(res, 0)
+	rep := &useReply{status: int(st)}
+	bad := func(what string) error {
+		return fmt.Errorf("%w: session of task %q in pool %q: %s (EndSession deletes it)", ErrCorrupt, task, s.cfg.pool, what)
+	}
+	switch {
+	case st == useCorrupt && len(res) == 2:
+		what, _ := res[1].(string)
+		return nil, bad(what)
+	case st == useNone && len(res) == 11:
+		if retired, _ := intAt(res, 1); retired == 1 {
+			r := s.retirement(task, res[3:11])
+			rep.retired = &r
+		}
+		return rep, nil
+	case st == useNewSite && len(res) == 4:
+		rep.proxyID, _ = res[1].(string)
+		rep.id, _ = res[2].(string)
+		n, _ := intAt(res, 3)
+		rep.scopes = int(n)
+		return rep, nil
+	case st == useLive && len(res) >= 16:
+		raw, _ := res[1].(string)
+		p, err := s.proxyFor(raw)
+		if err != nil {
+			return nil, fmt.Errorf("session of task %q: %w", task, err)
+		}
+		id, _ := res[2].(string)
+		exp := toInt(res[6])
+		info := &SessionInfo{Task: task, ID: id, Generation: int(toInt(res[3])), Pool: s.cfg.pool, Proxy: p.String(),
+			Requests: int(toInt(res[4])), Started: time.UnixMilli(toInt(res[5])), Expires: time.UnixMilli(exp)}
+		if prev := s.retirement(task, res[8:16]); prev.ID != "" {
+			info.Previous = &prev
+		}
+		rep.info = info
+		for _, v := range res[16:] {
+			if line, ok := v.(string); ok {
+				rep.jar = append(rep.jar, line)
+			}
+		}
+		member, _ := res[7].(string)
+		l := &Lease{sw: s, scope: scope, site: scope, proxy: p, member: member, token: sessionTokenPrefix + id}
+		l.expiry.Store(exp)
+		l.released.Store(true) // never released by a request: only with the session
+		rep.lease = l
+		return rep, nil
+	}
+	return nil, bad(fmt.Sprintf("unexpected reply of %d items", len(res)))
+}
+
+// retirement reads the 8 items session_lib.lua's previous() returns.
+func (s *Switch) retirement(task string, v []any) SessionRetirement {
+	str := func(i int) string { x, _ := v[i].(string); return x }
+	r := SessionRetirement{Task: task, ID: str(0), Proxy: str(1), Reason: str(3), Site: str(4),
+		At: time.UnixMilli(toInt(v[5])), Requests: int(toInt(v[6])), Started: time.UnixMilli(toInt(v[7]))}
+	if p, err := s.proxyFor(str(2)); err == nil && str(2) != "" {
+		r.Proxy = p.String()
+	}
+	return r
+}
+
+// toInt reads an integer reply item, or one sent back as a string.
+func toInt(v any) int64 {
+	switch x := v.(type) {
+	case int64:
+		return x
+	case string:
+		n, _ := strconv.ParseInt(x, 10, 64)
+		return n
+	}
+	return 0
+}
+
+// useSession returns the live session of task on site, holding its proxy
+// there: the one there is, continued and renewed, or a new one. It waits
+// for a proxy like any lease (WithMaxWait, the request's context).
+func (s *Switch) useSession(ctx context.Context, task, site string) (*useReply, error) {
+	if s.fb != nil {
+		if m := Mode(s.fb.mode.Load()); m != ModeBroker {
+			// The session's state lives in Redis: no other place knows its IP.
+			return nil, fmt.Errorf("%w: sticky sessions need the central broker, and the Switch leases from its local shard (%v)", ErrNoProxy, m)
+		}
+	}
+	scope := s.scopeOf(site)
+	for range maxSessionRounds {
+		rep, err := s.runUse(ctx, task, scope, "use")
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrNoProxy, err)
+		}
+		switch rep.status {
+		case useLive:
+			rep.lease.site = site
+			return rep, nil
+		case useNone:
+			if rep.retired != nil {
+				s.reportRetired(*rep.retired)
+			}
+			err = s.startSession(ctx, task, site, scope)
+		case useNewSite:
+			err = s.extendSession(ctx, task, site, scope, rep)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	return nil, fmt.Errorf("%w: the session of task %q kept changing under %d tries", ErrNoProxy, task, maxSessionRounds)
+}
+
+// startSession leases a proxy for a new session of task and binds it. A
+// lost race (another request started the session first) is no error: the
+// caller looks again.
+func (s *Switch) startSession(ctx context.Context, task, site, scope string) error {
+	var b [8]byte
+	_, _ = crand.Read(b[:])
+	id := hex.EncodeToString(b[:])
+	member, expiry, err := s.sessionLease(ctx, site, scope, sessionTokenPrefix+id, "")
+	if err != nil {
+		return err
+	}
+	return s.bind(ctx, task, scope, member, id, expiry, "new")
+}
+
+// extendSession leases the session's own proxy on a scope it reaches for
+// the first time, waiting for it as for any lease. A proxy gone from the
+// pool retires the session.
+func (s *Switch) extendSession(ctx context.Context, task, site, scope string, rep *useReply) error {
+	if rep.scopes >= maxSessionSites {
+		return fmt.Errorf("%w: the session of task %q already holds its proxy on %d sites (at most %d)",
+			ErrNoProxy, task, rep.scopes, maxSessionSites)
+	}
+	member, expiry, err := s.sessionLease(ctx, site, scope, sessionTokenPrefix+rep.id, rep.proxyID)
+	if errors.Is(err, errProxyGone) {
+		_, _, err = s.endSession(ctx, task, rep.id, SessionProxyRemoved, site)
+		return err
+	}
+	if err != nil {
+		return err
+	}
+	return s.bind(ctx, task, scope, member, rep.id, expiry, "add")
+}
+
+// bind runs session_bind.lua, and releases the lease unless it was bound.
+func (s *Switch) bind(ctx context.Context, task, scope, member, id string, expiry int64, mode string) error {
+	c := &s.cfg
+	token := sessionTokenPrefix + id
+	res, err := roundTrip(ctx, c.redisTimeout, func(ctx context.Context) ([]any, error) {
+		return sessionBindScript.Run(ctx, s.rdb, []string{s.keys.session(task), s.keys.proxies()},
+			s.keys.base, scope, member, id, expiry, c.session.ttl.Milliseconds(), c.slots, c.idleTTL.Milliseconds(),
+			mode, maxSessionSites).Slice()
+	}, func(res []any, err error) { s.unbind(task, scope, member, id, res, err) })
+	if err != nil {
+		go s.unbind(task, scope, member, id, nil, err) // both are owner-checked: running twice is harmless
+		return fmt.Errorf("%w: %w", ErrNoProxy, redisErr("session bind", err))
+	}
+	if st, _ := intAt(res, 0); st == 1 {
+		return nil
+	}
+	_, _ = s.releaseMember(context.WithoutCancel(ctx), scope, member, token, "")
+	switch st, _ := intAt(res, 0); {
+	case st == -3 && len(res) == 2:
+		what, _ := res[1].(string)
+		return fmt.Errorf("%w: %w: session of task %q in pool %q: %s (EndSession deletes it)", ErrNoProxy, ErrCorrupt, task, s.cfg.pool, what)
+	case st == -4:
+		return fmt.Errorf("%w: the session of task %q already holds its proxy on %d sites", ErrNoProxy, task, maxSessionSites)
+	case st >= -2 && st <= 0:
+		return nil // the session changed meanwhile: look again
+	}
+	return fmt.Errorf("%w: %w: unexpected session bind reply", ErrNoProxy, ErrCorrupt)
+}
+
+// unbind undoes what bind may have done when its reply is lost or came too
+// late: the lease goes back, and so does a session it started (owner-checked:
+// nothing else is touched).
+func (s *Switch) unbind(task, scope, member, id string, res []any, err error) {
+	ctx := context.Background()
+	if st, _ := intAt(res, 0); err == nil && st == 1 {
+		return // bound: the task's next request uses the session
+	}
+	if err != nil {
+		_, _, _ = s.endSession(ctx, task, id, SessionEnded, "")
+	}
+	_, _ = s.releaseMember(ctx, scope, member, sessionTokenPrefix+id, "")
+}
+
+// endSession ends the live session of task (only session id, unless id is
+// "") for reason, reports a retirement (any reason but SessionEnded) and
+// says whether it ended one.
+func (s *Switch) endSession(ctx context.Context, task, id, reason, site string) (SessionRetirement, bool, error) {
+	c := &s.cfg
+	res, err := roundTrip(ctx, c.redisTimeout, func(ctx context.Context) ([]any, error) {
+		return sessionEndScript.Run(ctx, s.rdb, []string{s.keys.session(task), s.keys.proxies()},
+			s.keys.base, id, reason, site, c.cooldown.Milliseconds(), c.slots, c.session.ttl.Milliseconds()).Slice()
+	}, nil)
+	if err != nil {
+		return SessionRetirement{}, false, redisErr("session end", err)
+	}
+	st, _ := intAt(res, 0)
+	switch {
+	case st == 2:
+		return SessionRetirement{}, true, nil // a corrupt record, deleted
+	case st != 1 || len(res) != 8:
+		return SessionRetirement{}, false, nil
+	}
+	r := s.retirement(task, []any{res[1], res[3], res[4], reason, site, res[7], res[5], res[6]})
+	if reason != SessionEnded {
+		s.reportRetired(r)
+	}
+	return r, true, nil
+}
+
+// sessionLease leases a proxy for a session under its token and the
+// session TTL with lease.lua: any free proxy, or only proxy ID only. It
+// waits as acquire does, but gives up at once when only's soonest slot
+// frees after the wait would end (it is held by another session, or
+// quarantined there).
+func (s *Switch) sessionLease(ctx context.Context, site, scope, token, only string) (member string, expiry int64, err error) {
+	c := &s.cfg
+	flag := ""
+	if only != "" {
+		flag = "1"
+	}
+	keys := []string{s.keys.proxies(), s.keys.free(scope), s.keys.leases(scope), s.keys.sites(), s.keys.meta(),
+		s.keys.dead(), s.keys.quarantine()}
+	deadline := time.Now().Add(c.maxWait)
+	backoff := c.backoffMin
+	for {
+		res, err := roundTrip(ctx, c.redisTimeout, func(ctx context.Context) ([]any, error) {
+			return leaseScript.Run(ctx, s.rdb, keys, scope, token, c.session.ttl.Milliseconds(), c.cooldown.Milliseconds(),
+				c.slots, c.idleTTL.Milliseconds(), only, flag).Slice()
+		}, func(res []any, err error) {
+			if st, _ := intAt(res, 0); err == nil && st == 1 && len(res) == 4 { // granted after we gave up
+				m, _ := res[1].(string)
+				_, _ = s.releaseMember(context.Background(), scope, m, token, "")
+			}
+		})
+		if err != nil {
+			if msg, ok := strings.CutPrefix(err.Error(), "PSCONFIG "); ok {
+				return "", 0, fmt.Errorf("%w: %w: %s", ErrNoProxy, ErrConfig, msg)
+			}
+			return "", 0, fmt.Errorf("%w: %w", ErrNoProxy, redisErr("session lease", err))
+		}
+		st, _ := intAt(res, 0)
+		var wait int64
+		switch {
+		case st == 1 && len(res) == 4:
+			member, _ = res[1].(string)
+			expiry, _ = intAt(res, 3)
+			return member, expiry, nil
+		case st == -1:
+			return "", 0, fmt.Errorf("%w: %w: pool %q has no proxies", ErrNoProxy, ErrEmptyPool, c.pool)
+		case st == -2:
+			return "", 0, errProxyGone
+		case st == 0 && len(res) == 2:
+			wait, _ = intAt(res, 1)
+		default:
+			return "", 0, fmt.Errorf("%w: %w: unexpected lease reply of %d items", ErrNoProxy, ErrCorrupt, len(res))
+		}
+		left := time.Until(deadline)
+		d := min(time.Duration(max(wait, 1))*time.Millisecond, backoff, left)
+		if left <= 0 || (only != "" && time.Duration(wait)*time.Millisecond > left) {
+			what := "every proxy of pool " + strconv.Quote(c.pool) + " stayed busy or quarantined"
+			if only != "" {
+				what = "the session's proxy is held by another session or quarantined"
+			}
+			return "", 0, fmt.Errorf("%w: %s on site %s past the %v wait", ErrNoProxy, what, site, c.maxWait)
+		}
+		d = d/2 + rand.N(d/2+1)
+		backoff = min(2*backoff, c.backoffMax)
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return "", 0, errors.Join(fmt.Errorf("%w: gave up waiting for a session proxy on site %s", ErrNoProxy, site), ctx.Err())
+		case <-t.C:
+		}
+	}
+}
