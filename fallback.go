@@ -231,7 +231,7 @@ type fallback struct {
 }
 
 // fbPool is the fallback state of one pool. Its fields are guarded by mu;
-// local is replaced only under the fallback's write lock.
+// the fallback's mutex is taken first when both are.
 type fbPool struct {
 	sw *Switch
 

@@ -13,6 +13,9 @@ import (
 // tryLease serves a lease attempt from the local shard when the Switch is
 // not on the broker; done is false when the caller should lease from Redis.
 func (f *fallback) tryLease(ctx context.Context, sw *Switch, site, scope, prefer string) (l *Lease, wait time.Duration, err error, done bool) {
+	if f.cfg.sharded {
+		f.pool(sw) // a pool first named by UsePools: read at the next probe
+	}
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	if err := f.ready(); err != nil {
@@ -31,7 +34,14 @@ func (f *fallback) tryLease(ctx context.Context, sw *Switch, site, scope, prefer
 	fp.mu.Lock()
 	defer fp.mu.Unlock()
 	if fp.local == nil {
-		return nil, 0, fmt.Errorf("%w: no local share of pool %q yet", ErrNoProxy, sw.cfg.pool), true
+		if f.cfg.sharded {
+			select {
+			case f.kick <- struct{}{}:
+			default:
+			}
+			return nil, f.every, nil, true // its share comes with the next probe
+		}
+		return nil, 0, fmt.Errorf("%w: no local share of pool %q: it was never read from Redis", ErrNoProxy, sw.cfg.pool), true
 	}
 	ll, wait, _, err := fp.local.tryLease(site, prefer, sw.leaseTTL(ctx))
 	if ll == nil {

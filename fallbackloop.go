@@ -257,6 +257,9 @@ func (f *fallback) trip(ctx context.Context, err error) bool {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.member == nil || f.done == nil || f.stopped {
+		return false // not started (an operator's call), or stopped
+	}
 	if Mode(f.mode.Load()) != ModeBroker {
 		return true
 	}
