@@ -193,3 +193,44 @@ func TestFallbackBadOptions(t *testing.T) {
 	_, err := f.Lease(context.Background(), "x.example")
 	require.ErrorIs(t, err, ErrNoProxy, "after Stop")
 }
+
+// On a 3-master Redis Cluster: the master holding the pool's slot is
+// SIGKILLed and restarted empty (it keeps its slots); the Switch goes local
+// and comes back with the pool re-seeded.
+func TestFallbackOnCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a Redis Cluster")
+	}
+	ctx := context.Background()
+	cl := redistest.StartCluster(t, 3)
+	rdb := cl.Client(t)
+	s := newSwitch(t, rdb, fastFallback("crawler-1")...)
+	_, err := s.Add(ctx, proxyURLs(4)...)
+	require.NoError(t, err)
+	startSwitch(t, s)
+	master, err := rdb.MasterForKey(ctx, s.keys.proxies())
+	require.NoError(t, err)
+	var node *redistest.Server
+	for _, n := range cl.Nodes {
+		if n.Addr() == master.Options().Addr {
+			node = n
+		}
+	}
+	require.NotNil(t, node, "the pool's master %s", master.Options().Addr)
+
+	require.NoError(t, node.Kill())
+	start := time.Now()
+	l, err := s.Lease(ctx, "shop.example")
+	require.NoError(t, err)
+	require.NotNil(t, l.local)
+	t.Logf("the pool's master killed: first lease from the local shard after %v", time.Since(start).Round(time.Millisecond))
+	require.NoError(t, l.Release(ctx))
+
+	require.NoError(t, node.Restart())
+	back := waitMode(t, s, ModeBroker, 15*time.Second)
+	t.Logf("broker resumed %v after the master restarted empty (the cluster notices it first)", back.Round(time.Millisecond))
+	assert.Equal(t, 4, s.FallbackStatus().Reseeded)
+	l, err = s.Lease(ctx, "shop.example")
+	require.NoError(t, err)
+	assert.Nil(t, l.local)
+}
