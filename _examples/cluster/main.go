@@ -6,8 +6,9 @@
 // with Colly's round-robin switcher), then through proxyswitch, and prints
 // what each run got and what the marketplaces saw, side by side.
 //
-//	go run ./_examples/cluster                                   # embedded in-process Redis
-//	go run ./_examples/cluster -redis redis://127.0.0.1:6379/0   # a real Redis
+//	go run ./_examples/cluster                                   # a private redis-server if one is on PATH, else an embedded in-process Redis
+//	go run ./_examples/cluster -redis embedded                   # the embedded in-process Redis (miniredis)
+//	go run ./_examples/cluster -redis redis://127.0.0.1:6379/0   # your Redis
 //
 // Everything runs on loopback: each proxy is a local forward proxy that
 // dials the marketplaces from its own address 127.0.x.y, so the
@@ -37,7 +38,7 @@ import (
 )
 
 func main() {
-	redisURL := flag.String("redis", "", "Redis URL, e.g. redis://127.0.0.1:6379/0 (default: an embedded in-process Redis)")
+	redisURL := flag.String("redis", "", `Redis URL, e.g. redis://127.0.0.1:6379/0, or "embedded" (default: a private redis-server if one is on PATH, else an embedded in-process Redis)`)
 	prefix := flag.String("prefix", "clusterdemo", "key prefix in Redis (the demo clears its pool before and after)")
 	servers := flag.Int("servers", 3, "simulated servers")
 	workers := flag.Int("workers", 50, "parallel requests per server")

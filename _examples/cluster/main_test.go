@@ -43,7 +43,7 @@ func TestDemo(t *testing.T) {
 		t.Errorf("without coordination: %d requests reached a marketplace without a proxy", without.Market.Direct)
 	}
 
-	embedded, err := devredis.Start("")
+	embedded, err := devredis.Start(devredis.Embedded)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,29 +1,60 @@
 // Package devredis gives example programs and demos a Redis to talk to: the
-// one at a URL when the user names one, or else an embedded, in-process
-// Redis-compatible server (miniredis, which runs the same Lua scripts), so
-// that a demo needs nothing but Go installed.
+// one at a URL when the user names one; else a private redis-server, when
+// one is on PATH; else an embedded, in-process Redis-compatible server
+// (miniredis), so that a demo needs nothing but Go installed.
+//
+// miniredis runs the library's Lua scripts with gopher-lua, which differs
+// from Redis' Lua in one way that matters here: tonumber of a number
+// written with an exponent and no dot ("1e+15", as miniredis writes the
+// score of a dead proxy's slot) is nil. The scripts that read such a score
+// then fail, so on miniredis a proxy must never be marked dead or drained
+// (the demos never do that); see scripts_test.go. A real redis-server has
+// no such gap, which is why it is preferred when there is one.
 package devredis
 
 import (
 	"fmt"
+	"os/exec"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/proxyswitch/proxyswitch/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
+
+// Embedded is the URL that asks Start for the in-process miniredis even when
+// a redis-server is on PATH.
+const Embedded = "embedded"
 
 // Server is a Redis to connect to: the one at a URL, or an embedded one.
 // Its methods are safe for concurrent use.
 type Server struct {
 	opt   *redis.Options // parsed once; copied for each client
 	desc  string
-	embed *miniredis.Miniredis // nil for a URL
+	embed *miniredis.Miniredis // the embedded server, or nil
+	child *redistest.Server    // the private redis-server, or nil
 }
 
-// Start returns the server at url, or starts an embedded one when url is
-// empty. It does not check that a remote server answers; the first command
-// will. Close it when done.
+// Start returns the server at url. With url "" it starts a private
+// redis-server on a free loopback port if one is on PATH (never port 6379;
+// it dies with this process), or else the embedded one; with url Embedded,
+// the embedded one. It does not check that a remote server answers; the
+// first command will. Close it when done.
 func Start(url string) (*Server, error) {
-	if url != "" {
+	if url == "" {
+		if _, err := exec.LookPath("redis-server"); err == nil {
+			child, err := redistest.StartProcess()
+			if err != nil {
+				return nil, fmt.Errorf("start redis-server: %w", err)
+			}
+			return &Server{
+				opt:   &redis.Options{Addr: child.Addr()},
+				desc:  "a private redis-server (found on PATH) at " + child.Addr(),
+				child: child,
+			}, nil
+		}
+		url = Embedded
+	}
+	if url != Embedded {
 		opt, err := redis.ParseURL(url)
 		if err != nil {
 			// go-redis quotes no password in its parse errors, but keep it
@@ -57,15 +88,19 @@ func (s *Server) Client() *redis.Client {
 // embedded one. It never shows a password.
 func (s *Server) String() string { return s.desc }
 
-// Close stops the embedded server; it does nothing for a server at a URL.
+// Close stops the embedded server or the private redis-server; it does
+// nothing for a server at a URL.
 func (s *Server) Close() {
 	if s.embed != nil {
 		s.embed.Close()
 	}
+	if s.child != nil {
+		_ = s.child.Close()
+	}
 }
 
-// Open returns a client for url, or for a fresh embedded server when url is
-// empty, and a function that closes both. It does not check that a remote
+// Open returns a client for the server Start(url) returns, and a function
+// that closes both. It does not check that a remote
 // server answers; the first command will.
 func Open(url string) (rdb *redis.Client, desc string, closeFn func(), err error) {
 	s, err := Start(url)

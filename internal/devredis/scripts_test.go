@@ -1,0 +1,274 @@
+package devredis
+
+// The demos run proxyswitch on miniredis when no Redis URL is given and no
+// redis-server is on PATH. These tests check that every Lua script of the
+// library loads there, and that a scenario calling each of them through the
+// public API gives the same transcript on miniredis as on a real
+// redis-server, dead and drained proxies aside (see the package doc and
+// TestDeadScoreOnMiniredis).
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/proxyswitch/proxyswitch"
+	"github.com/proxyswitch/proxyswitch/internal/redistest"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestEveryScriptLoadsOnMiniredis(t *testing.T) {
+	s, err := Start(Embedded)
+	require.NoError(t, err)
+	defer s.Close()
+	rdb := s.Client()
+	defer rdb.Close()
+
+	files, err := filepath.Glob("../../lua/*.lua")
+	require.NoError(t, err)
+	require.NotEmpty(t, files)
+	for _, f := range files {
+		src, err := os.ReadFile(f)
+		require.NoError(t, err)
+		assert.NoError(t, rdb.ScriptLoad(context.Background(), string(src)).Err(), filepath.Base(f))
+	}
+}
+
+func TestKeysExpireOnMiniredis(t *testing.T) {
+	s, err := Start(Embedded)
+	require.NoError(t, err)
+	defer s.Close()
+	rdb := s.Client()
+	defer rdb.Close()
+	ctx := context.Background()
+	require.NoError(t, rdb.Set(ctx, "k", "v", 100*time.Millisecond).Err())
+	time.Sleep(200 * time.Millisecond)
+	n, err := rdb.Exists(ctx, "k").Result()
+	require.NoError(t, err)
+	assert.Zero(t, n, "a key outlived its TTL")
+}
+
+func TestScenarioSameOnMiniredisAndRedis(t *testing.T) {
+	emb, err := Start(Embedded)
+	require.NoError(t, err)
+	defer emb.Close()
+	embClient := emb.Client()
+	defer embClient.Close()
+	onMiniredis := scenario(t, embClient, false,
+		func() { emb.embed.Close() },
+		func() { emb.embed.FlushAll(); require.NoError(t, emb.embed.Restart()) })
+
+	srv := redistest.Start(t)
+	onRedis := scenario(t, srv.Client(t), false,
+		func() { require.NoError(t, srv.Kill()) },
+		func() { require.NoError(t, srv.Restart()) })
+	assert.Equal(t, onRedis, onMiniredis)
+	t.Logf("transcript:\n%s", strings.Join(onRedis, "\n"))
+
+	// The dead and drained steps, on redis-server only.
+	srv = redistest.Start(t)
+	withDead := scenario(t, srv.Client(t), true,
+		func() { require.NoError(t, srv.Kill()) },
+		func() { require.NoError(t, srv.Restart()) })
+	for _, want := range []string{"dead: p3 proxy_connect", "revive: 1 err=<nil>", "dead: p4 drained", "revive drained: 1 err=<nil>"} {
+		assert.Contains(t, withDead, want)
+	}
+}
+
+// TestDeadScoreOnMiniredis pins why dead proxies need a real Redis: the
+// scripts park a dead proxy's slots at the score 1e15, miniredis answers
+// ZSCORE with "1e+15" (as Redis 7.2 and later do too), and the tonumber of
+// gopher-lua, unlike Redis' Lua, reads no exponent without a dot. "s + 0"
+// reads it in both.
+func TestDeadScoreOnMiniredis(t *testing.T) {
+	s, err := Start(Embedded)
+	require.NoError(t, err)
+	defer s.Close()
+	rdb := s.Client()
+	defer rdb.Close()
+	got, err := rdb.Eval(context.Background(), `
+redis.call('ZADD', KEYS[1], 1e15, 'm')
+local s = redis.call('ZSCORE', KEYS[1], 'm')
+return {s, tostring(tonumber(s)), tostring(s + 0)}`, []string{"z"}).StringSlice()
+	require.NoError(t, err)
+	assert.Equal(t, []string{"1e+15", "nil", "1000000000000000"}, got)
+}
+
+// scenario runs every script of the library through the public API and
+// returns what it saw, free of times and random IDs: proxies are named by
+// their position in the pool. kill makes Redis unreachable; restartEmpty
+// brings it back without data.
+//
+// With dead false it leaves out the steps that mark a proxy dead or drain
+// it, which miniredis cannot run (TestDeadScoreOnMiniredis).
+func scenario(t *testing.T, rdb *redis.Client, dead bool, kill, restartEmpty func()) []string {
+	ctx := context.Background()
+	var out []string
+	say := func(format string, args ...any) { out = append(out, fmt.Sprintf(format, args...)) }
+
+	urls := []string{"http://127.0.0.1:9001", "http://u:secret@127.0.0.1:9002", "http://127.0.0.1:9003", "socks5://127.0.0.1:9004", "http://127.0.0.1:9005"}
+	name := map[string]string{}
+	for i, u := range urls {
+		p, err := proxyswitch.ParseProxy(u)
+		require.NoError(t, err)
+		name[p.ID()] = fmt.Sprintf("p%d", i+1)
+	}
+	names := func(ids ...string) string {
+		var ns []string
+		for _, id := range ids {
+			ns = append(ns, name[id])
+		}
+		sort.Strings(ns)
+		return strings.Join(ns, ",")
+	}
+
+	sw, err := proxyswitch.NewSwitch(rdb, proxyswitch.WithPrefix("scripts"), proxyswitch.WithMaxWait(0),
+		proxyswitch.WithDeadAfter(1), proxyswitch.WithQuarantine(time.Minute, time.Hour))
+	require.NoError(t, err)
+	require.NoError(t, sw.Clear(ctx))
+
+	// pool_update, list
+	ch, err := sw.Replace(ctx, urls[:4])
+	say("replace: %+v err=%v", ch, err)
+	ch, err = sw.Add(ctx, urls[4])
+	say("add: %+v err=%v", ch, err)
+	ch, err = sw.Remove(ctx, urls[0])
+	say("remove: %+v err=%v", ch, err)
+	list, err := sw.List(ctx)
+	var ids []string
+	for _, p := range list {
+		ids = append(ids, p.ID())
+	}
+	say("list: %s err=%v", names(ids...), err)
+
+	// lease, extend, release, stats, state
+	a, err := sw.Lease(ctx, "a.example")
+	require.NoError(t, err)
+	b, err := sw.Lease(ctx, "a.example")
+	require.NoError(t, err)
+	say("two leases on a: distinct=%v", a.Proxy().ID() != b.Proxy().ID())
+	say("extend: %v", a.Extend(ctx, time.Minute))
+	st, err := sw.Stats(ctx, "a.example")
+	say("stats a: %+v err=%v", st, err)
+	say("release: %v, again: %v", a.Release(ctx), a.Release(ctx))
+	say("extend released: %v", a.Extend(ctx, time.Minute) != nil)
+	state, err := sw.SiteState(ctx, "a.example")
+	say("state a: %+v err=%v", state, err)
+
+	// penalize (a ban reported, a proxy failure that kills), dead, revive
+	say("report ban: %v", b.Report(ctx, proxyswitch.Verdict{Kind: proxyswitch.Ban, Reason: "http_403"}))
+	state, _ = sw.SiteState(ctx, "a.example")
+	say("state a after the ban: %+v", state)
+	c, err := sw.Lease(ctx, "b.example")
+	require.NoError(t, err)
+	if dead {
+		say("report failure: %v", c.Report(ctx, proxyswitch.Verdict{Kind: proxyswitch.ProxyFailure, Reason: proxyswitch.ReasonProxyConnect}))
+		listDead(ctx, t, sw, say, name)
+		n, err := sw.Revive(ctx, c.Proxy().ID())
+		say("revive: %d err=%v", n, err)
+	} else {
+		say("release b: %v", c.Release(ctx))
+	}
+	listDead(ctx, t, sw, say, name)
+
+	// operator: ban, unban, drain (the site's free set built by the ban)
+	say("ban: %v", sw.Ban(ctx, urls[2], "c.example", time.Minute))
+	state, _ = sw.SiteState(ctx, "c.example")
+	say("state c: %+v", state)
+	say("unban: %v", sw.Unban(ctx, urls[2], "c.example"))
+	state, _ = sw.SiteState(ctx, "c.example")
+	say("state c after unban: %+v", state)
+	if dead {
+		say("drain: %v", sw.Drain(ctx, urls[3]))
+		listDead(ctx, t, sw, say, name)
+		state, _ = sw.SiteState(ctx, "c.example")
+		say("state c with a drained proxy: %+v", state)
+		n, err := sw.Revive(ctx, urls[3])
+		say("revive drained: %d err=%v", n, err)
+	}
+
+	// every proxy busy, no wait
+	var held []*proxyswitch.Lease
+	for {
+		l, err := sw.Lease(ctx, "d.example")
+		if err != nil {
+			say("lease on a full site: no proxy=%v after %d", err != nil, len(held))
+			break
+		}
+		held = append(held, l)
+	}
+	for _, l := range held {
+		require.NoError(t, l.Release(ctx))
+	}
+
+	// sites
+	sites, err := sw.Sites(ctx)
+	var sn []string
+	for _, s := range sites {
+		sn = append(sn, s.Site)
+	}
+	sort.Strings(sn)
+	say("sites: %v err=%v", sn, err)
+
+	// member_heartbeat, member_list, member_leave
+	m, err := proxyswitch.NewMembership(sw, "server-1")
+	require.NoError(t, err)
+	say("member start: %v", m.Start(ctx))
+	members, err := m.Members(ctx)
+	say("members: %v err=%v", members, err)
+	say("member stop: %v", m.Stop(ctx))
+	members, err = m.Members(ctx)
+	say("members after stop: %v err=%v", members, err)
+
+	// clear
+	say("clear: %v", sw.Clear(ctx))
+	list, err = sw.List(ctx)
+	say("list after clear: %d err=%v", len(list), err)
+
+	// fallback_probe, fallback_seed, fallback_writeback: Redis lost, a ban
+	// learnt on the local shard, Redis back empty.
+	fb, err := proxyswitch.NewSwitch(rdb, proxyswitch.WithPrefix("scripts"), proxyswitch.WithPool("fallback"),
+		proxyswitch.WithFallback("server-1", nil), proxyswitch.WithFallbackTimeout(300*time.Millisecond),
+		proxyswitch.WithMembership(proxyswitch.WithHeartbeat(100*time.Millisecond), proxyswitch.WithMemberTTL(time.Second)),
+		proxyswitch.WithAttemptTimeout(600*time.Millisecond), proxyswitch.WithMaxWait(5*time.Second))
+	require.NoError(t, err)
+	require.NoError(t, fb.Clear(ctx))
+	_, err = fb.Add(ctx, urls...)
+	require.NoError(t, err)
+	require.NoError(t, fb.Start(ctx))
+	defer fb.Stop(ctx)
+	fst := fb.FallbackStatus()
+	say("fallback: mode %v, members %v, share %d", fst.Mode, fst.Members, fst.Share)
+	kill()
+	local, err := fb.Lease(ctx, "e.example")
+	require.NoError(t, err)
+	say("lease with Redis gone: mode %v", fb.FallbackStatus().Mode)
+	say("local ban: %v", local.Report(ctx, proxyswitch.Verdict{Kind: proxyswitch.Ban, Reason: "http_403"}))
+	restartEmpty()
+	require.Eventually(t, func() bool { return fb.FallbackStatus().Mode == proxyswitch.ModeBroker }, 10*time.Second, 10*time.Millisecond)
+	fst = fb.FallbackStatus()
+	say("back: reseeded %d, bans written %d, outages %d", fst.Reseeded, fst.BansWritten, fst.Outages)
+	state, err = fb.SiteState(ctx, "e.example")
+	say("state e: %+v err=%v", state, err)
+	require.NoError(t, fb.Stop(ctx))
+	require.NoError(t, fb.Clear(ctx))
+	return out
+}
+
+// listDead says what Dead lists.
+func listDead(ctx context.Context, t *testing.T, sw *proxyswitch.Switch, say func(string, ...any), name map[string]string) {
+	t.Helper()
+	dead, err := sw.Dead(ctx)
+	require.NoError(t, err)
+	for _, d := range dead {
+		say("dead: %s %s", name[d.Proxy.ID()], d.Reason)
+	}
+	say("dead proxies: %d", len(dead))
+}
