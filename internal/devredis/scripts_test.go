@@ -10,6 +10,7 @@ package devredis
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
 	"sort"
@@ -17,8 +18,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gocolly/colly/v2"
 	"github.com/proxyswitch/proxyswitch"
 	"github.com/proxyswitch/proxyswitch/internal/redistest"
+	"github.com/proxyswitch/proxyswitch/internal/testbed"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -271,4 +274,82 @@ func listDead(ctx context.Context, t *testing.T, sw *proxyswitch.Switch, say fun
 		say("dead: %s %s", name[d.Proxy.ID()], d.Reason)
 	}
 	say("dead proxies: %d", len(dead))
+}
+
+func TestSessionsSameOnMiniredisAndRedis(t *testing.T) {
+	emb, err := Start(Embedded)
+	require.NoError(t, err)
+	defer emb.Close()
+	embClient := emb.Client()
+	defer embClient.Close()
+	onMiniredis := sessionScenario(t, embClient)
+	onRedis := sessionScenario(t, redistest.Start(t).Client(t))
+	assert.Equal(t, onRedis, onMiniredis)
+	t.Logf("transcript:\n%s", strings.Join(onRedis, "\n"))
+}
+
+// sessionScenario runs the session scripts (bind, use, cookies, end) through
+// a collector: a task's requests keep one IP and their cookies, a ban
+// retires the session and the next one leaves from another IP, EndSession
+// ends it.
+func sessionScenario(t *testing.T, rdb *redis.Client) []string {
+	ctx := context.Background()
+	var out []string
+	say := func(format string, args ...any) { out = append(out, fmt.Sprintf(format, args...)) }
+
+	guard := testbed.NewMarketplace(testbed.DefaultHandler())
+	site := testbed.NewSite(t, "shop", guard)
+	proxies := testbed.NewProxies(t, 3)
+	var urls []string
+	for _, p := range proxies {
+		urls = append(urls, p.URL())
+	}
+	var retired []string
+	sw, err := proxyswitch.NewSwitch(rdb, proxyswitch.WithPrefix("scripts"), proxyswitch.WithPool("sessions"),
+		proxyswitch.WithSessionRetired(func(r proxyswitch.SessionRetirement) { retired = append(retired, r.Reason) }))
+	require.NoError(t, err)
+	require.NoError(t, sw.Clear(ctx))
+	defer sw.Clear(ctx)
+	_, err = sw.Replace(ctx, urls)
+	require.NoError(t, err)
+	c := colly.NewCollector(colly.AllowURLRevisit())
+	sw.Attach(c)
+
+	const task = "cart-1"
+	tctx := proxyswitch.NewTaskContext(task)
+	for _, path := range []string{"/setcookie?name=sid&value=s1", "/p/1", "/setcookie?name=cart&value=c1", "/p/2"} {
+		say("GET %s: %v", path, c.Request("GET", site.URL()+path, nil, tctx, nil))
+	}
+	ips := site.Recorder().IPs()
+	say("client IPs: %d", len(ips))
+	info, err := sw.Session(ctx, task)
+	require.NoError(t, err)
+	require.NotNil(t, info)
+	say("session: generation %d, %d requests, err=%v", info.Generation, info.Requests, err)
+	u, _ := url.Parse(site.URL() + "/p/3")
+	jar, err := sw.SessionCookies(ctx, task, u)
+	var names []string
+	for _, ck := range jar {
+		names = append(names, ck.Name+"="+ck.Value)
+	}
+	sort.Strings(names)
+	say("session cookies: %v err=%v", names, err)
+
+	var first string
+	for ip := range ips {
+		first = ip
+	}
+	guard.Burn(first, testbed.Forbid)
+	say("GET after a ban: %v", c.Request("GET", site.URL()+"/p/4", nil, tctx, nil))
+	say("retired: %v", retired)
+	info, err = sw.Session(ctx, task)
+	require.NoError(t, err)
+	require.NotNil(t, info)
+	say("session: generation %d, previous %s, err=%v", info.Generation, info.Previous.Reason, err)
+	say("client IPs: %d", len(site.Recorder().IPs()))
+	ended, err := sw.EndSession(ctx, task)
+	say("end: %v err=%v", ended, err)
+	info, err = sw.Session(ctx, task)
+	say("session after end: %v err=%v", info != nil, err)
+	return out
 }

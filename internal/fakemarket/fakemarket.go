@@ -18,6 +18,13 @@
 //     Retry-After, then a block. A listed IP gets a placeholder page (200
 //     without the product: a quiet ban).
 //
+// Each platform also lets shoppers sign in and order (for sticky sessions):
+// /login?user=U signs U in and sets a session cookie bound to the client
+// IP, /cart/add?id=N puts a product in the cart, /checkout places the order.
+// A cart or checkout request without a live session cookie is redirected to
+// /login; one whose cookie was issued to another IP is taken for a stolen
+// session: 403, and the session is revoked. See [ShopStats].
+//
 // The three share one blacklist ([testbed.Blacklist]): an IP any of them
 // blocks is refused by all of them, each in its own way, and IPs burnt
 // before the crawl ([Config.Burnt]) are on it from the start. No platform
@@ -27,9 +34,14 @@ package fakemarket
 
 import (
 	"fmt"
+	"html"
+	"io"
+	"net"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/proxyswitch/proxyswitch/internal/testbed"
@@ -93,6 +105,25 @@ type Platform struct {
 
 	cfg    Config
 	markup markup
+
+	shopMu   sync.Mutex
+	sessions map[string]*shopSession // by session cookie
+	shop     ShopStats
+}
+
+// shopSession is a signed-in shopper.
+type shopSession struct {
+	user, ip string
+	cart     []int
+}
+
+// ShopStats counts what shoppers did on a platform.
+type ShopStats struct {
+	Logins    int // sessions opened
+	CartAdds  int // products put in a cart
+	Orders    int // orders placed
+	Stolen    int // requests with a session cookie from another IP than its own (403)
+	NoSession int // cart or checkout requests without a live session (redirected to /login)
 }
 
 // Host returns the platform's "127.0.0.1:PORT", the site proxyswitch leases
@@ -145,7 +176,7 @@ func Start(cfg Config) *Market {
 	cfg = cfg.withDefaults()
 	m := &Market{Blacklist: testbed.NewBlacklist(cfg.Burnt...)}
 	for _, name := range []string{"wildberries", "ozon", "avito"} {
-		p := &Platform{Name: name, cfg: cfg, markup: markups[name]}
+		p := &Platform{Name: name, cfg: cfg, markup: markups[name], sessions: map[string]*shopSession{}}
 		p.Sel = p.markup.sel
 		p.Guard = testbed.NewMarketplace(http.HandlerFunc(p.serve))
 		p.Guard.Shared = m.Blacklist
@@ -236,6 +267,8 @@ func (p *Platform) serve(w http.ResponseWriter, r *http.Request) {
 		p.catalog(w, r, parts[1])
 	case len(parts) == 2 && parts[0] == "product":
 		p.product(w, r, parts[1])
+	case r.URL.Path == "/login", r.URL.Path == "/cart/add", r.URL.Path == "/checkout":
+		p.shopping(w, r)
 	default:
 		http.NotFound(w, r)
 	}
@@ -288,6 +321,69 @@ func (p *Platform) product(w http.ResponseWriter, r *http.Request, id string) {
 	}
 	price := 100 + n%9000
 	writePage(w, pad(fmt.Sprintf(p.markup.product, p.Name, n, n, price)))
+}
+
+// Shop returns what shoppers did so far.
+func (p *Platform) Shop() ShopStats {
+	p.shopMu.Lock()
+	defer p.shopMu.Unlock()
+	return p.shop
+}
+
+// shopping serves /login, /cart/add and /checkout.
+func (p *Platform) shopping(w http.ResponseWriter, r *http.Request) {
+	ip, _, _ := net.SplitHostPort(r.RemoteAddr)
+	p.shopMu.Lock()
+	defer p.shopMu.Unlock()
+	if r.URL.Path == "/login" {
+		user := r.URL.Query().Get("user")
+		if user == "" {
+			user = "guest"
+		}
+		sid := fmt.Sprintf("%s-%d", p.Name, len(p.sessions)+1)
+		p.sessions[sid] = &shopSession{user: user, ip: ip}
+		p.shop.Logins++
+		http.SetCookie(w, &http.Cookie{Name: "sid", Value: sid, Path: "/", HttpOnly: true})
+		writePage(w, fmt.Sprintf(`<html><body><div class="account" data-user="%s">Signed in as %s</div></body></html>`, html.EscapeString(user), html.EscapeString(user)))
+		return
+	}
+	var sess *shopSession
+	sid := ""
+	if c, err := r.Cookie("sid"); err == nil {
+		sid, sess = c.Value, p.sessions[c.Value]
+	}
+	switch {
+	case sess == nil:
+		p.shop.NoSession++
+		http.Redirect(w, r, "/login?next="+url.QueryEscape(r.URL.RequestURI()), http.StatusFound)
+		return
+	case sess.ip != ip:
+		p.shop.Stolen++
+		delete(p.sessions, sid)
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		w.WriteHeader(http.StatusForbidden)
+		_, _ = io.WriteString(w, "<html><body>Your session was used from another address. Sign in again.</body></html>")
+		return
+	}
+	if r.URL.Path == "/cart/add" {
+		id, err := strconv.Atoi(r.URL.Query().Get("id"))
+		if err != nil || id < 1 {
+			http.Error(w, "bad product", http.StatusBadRequest)
+			return
+		}
+		sess.cart = append(sess.cart, id)
+		p.shop.CartAdds++
+		writePage(w, fmt.Sprintf(`<html><body><div class="cart" data-items="%d">%d items in the cart</div></body></html>`, len(sess.cart), len(sess.cart)))
+		return
+	}
+	if len(sess.cart) == 0 {
+		writePage(w, `<html><body><div class="cart" data-items="0">The cart is empty</div></body></html>`)
+		return
+	}
+	p.shop.Orders++
+	writePage(w, fmt.Sprintf(`<html><body><div class="order" data-id="%d" data-items="%d">Order %d placed for %s: %d items</div></body></html>`,
+		p.shop.Orders, len(sess.cart), p.shop.Orders, html.EscapeString(sess.user), len(sess.cart)))
+	sess.cart = nil
 }
 
 // productID numbers products so that the catalog page linking one can be

@@ -131,3 +131,43 @@ func TestAntiBot(t *testing.T) {
 		t.Errorf("stats %+v: want 6 bans and 2 listed IPs", st)
 	}
 }
+
+func TestShopping(t *testing.T) {
+	proxies := testbed.NewProxies(t, 2)
+	m := Start(Config{ProductDelay: -1})
+	t.Cleanup(m.Close)
+	avito := m.Platforms[2] // the most patient anti-bot (no concurrency check)
+	resp, doc := get(t, proxies[0], avito.URL()+"/login?user=ann")
+	if resp.StatusCode != http.StatusOK || doc.Find(".account").AttrOr("data-user", "") != "ann" {
+		t.Fatalf("login: %d %q", resp.StatusCode, doc.Text())
+	}
+	sid := resp.Cookies()[0]
+	withCookie := func(proxy *testbed.Proxy, path string) *http.Response {
+		t.Helper()
+		time.Sleep(SafeInterval)
+		pu, _ := url.Parse(proxy.URL())
+		c := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(pu)}, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+		req, _ := http.NewRequest("GET", avito.URL()+path, nil)
+		req.AddCookie(sid)
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp
+	}
+	for _, path := range []string{"/cart/add?id=1001001", "/cart/add?id=1001002", "/checkout"} {
+		if resp := withCookie(proxies[0], path); resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s: %d", path, resp.StatusCode)
+		}
+	}
+	if resp := withCookie(proxies[1], "/cart/add?id=1001003"); resp.StatusCode != http.StatusForbidden {
+		t.Errorf("a session cookie from another IP: %d, want 403", resp.StatusCode)
+	}
+	if resp := withCookie(proxies[0], "/checkout"); resp.StatusCode != http.StatusFound || !strings.HasPrefix(resp.Header.Get("Location"), "/login?next=") {
+		t.Errorf("a revoked session: %d to %q, want a redirect to /login", resp.StatusCode, resp.Header.Get("Location"))
+	}
+	if got, want := avito.Shop(), (ShopStats{Logins: 1, CartAdds: 2, Orders: 1, Stolen: 1, NoSession: 1}); got != want {
+		t.Errorf("shop stats %+v, want %+v", got, want)
+	}
+}
