@@ -33,7 +33,7 @@ import (
 
 	"github.com/proxyswitch/proxyswitch/internal/devredis"
 	"github.com/proxyswitch/proxyswitch/internal/fakemarket"
-	"github.com/proxyswitch/proxyswitch/internal/testbed"
+	"github.com/proxyswitch/proxyswitch/internal/stage"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -57,29 +57,21 @@ func main() {
 		// process allocate a lot: collect garbage less often.
 		debug.SetGCPercent(400)
 	}
-	if *servers < 1 || *workers < 1 || *nProxies < 1 || *nProxies > testbed.MaxSourceIPs || *burnt < 0 || *burnt > *nProxies || *retries < 0 {
-		log.Fatal("cluster: bad sizes (need servers, workers, proxies >= 1, proxies <= 64770, 0 <= burnt <= proxies, retries >= 0)")
+	if *servers < 1 || *workers < 1 || *retries < 0 {
+		log.Fatal("cluster: need servers, workers >= 1 and retries >= 0")
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 
-	rs, err := devredis.Start(*redisURL)
+	st, err := stage.Start(*redisURL, *nProxies, *burnt, nil) // marketplaces: fresh ones for each run
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer rs.Close()
+	defer st.Close()
+	rs, proxies := st.Redis, st.Proxies
 	if err := ping(ctx, rs); err != nil {
 		log.Fatalf("cluster: %s does not answer: %v", rs, err)
 	}
-	proxies, err := testbed.StartProxies(*nProxies)
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer func() {
-		for _, p := range proxies {
-			p.Close()
-		}
-	}()
 
 	s := setup{
 		Servers: *servers,
@@ -95,10 +87,7 @@ func main() {
 		// Each server has its own connection to Redis, as on real machines.
 		Redis: func() redis.UniversalClient { return rs.Client() },
 	}
-	for _, p := range proxies {
-		s.Proxies = append(s.Proxies, p.URL())
-	}
-	s.Market.Burnt = burntIPs(proxies, *burnt)
+	s.Proxies, s.Market.Burnt = st.ProxyURLs(), st.Burnt
 
 	fmt.Printf("%d servers x %d workers share %d proxies (%s .. %s); %d of them are already on the marketplaces' blacklist.\n",
 		*servers, *workers, *nProxies, proxies[0].SourceIP(), proxies[len(proxies)-1].SourceIP(), len(s.Market.Burnt))
@@ -137,16 +126,6 @@ func ping(ctx context.Context, rs *devredis.Server) error {
 	rdb := rs.Client()
 	defer rdb.Close()
 	return rdb.Ping(ctx).Err()
-}
-
-// burntIPs picks n of the proxies, evenly spread over the list, whose
-// addresses the marketplaces blacklisted before the crawl.
-func burntIPs(proxies []*testbed.Proxy, n int) []string {
-	var ips []string
-	for i := 0; i < n; i++ {
-		ips = append(ips, proxies[i*len(proxies)/n].SourceIP().String())
-	}
-	return ips
 }
 
 // report prints the runs side by side, then checks what proxyswitch

@@ -14,6 +14,7 @@ import (
 	"github.com/proxyswitch/proxyswitch/internal/devredis"
 	"github.com/proxyswitch/proxyswitch/internal/fakemarket"
 	"github.com/proxyswitch/proxyswitch/internal/redistest"
+	"github.com/proxyswitch/proxyswitch/internal/stage"
 	"github.com/proxyswitch/proxyswitch/internal/testbed"
 	"github.com/redis/go-redis/v9"
 )
@@ -23,7 +24,7 @@ func TestDemo(t *testing.T) {
 	s := setup{
 		Servers: 2,
 		Workers: 8,
-		Market:  fakemarket.Config{Categories: 2, PagesPerCategory: 3, ProductsPerPage: 10, Burnt: burntIPs(proxies, 3)},
+		Market:  fakemarket.Config{Categories: 2, PagesPerCategory: 3, ProductsPerPage: 10, Burnt: stage.BurntIPs(proxies, 3)},
 		Retries: 2,
 		Prefix:  "clusterdemo-test",
 		Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),

@@ -31,9 +31,8 @@ import (
 
 	"github.com/gocolly/colly/v2"
 	"github.com/proxyswitch/proxyswitch"
-	"github.com/proxyswitch/proxyswitch/internal/devredis"
 	"github.com/proxyswitch/proxyswitch/internal/fakemarket"
-	"github.com/proxyswitch/proxyswitch/internal/testbed"
+	"github.com/proxyswitch/proxyswitch/internal/stage"
 )
 
 func main() {
@@ -44,30 +43,21 @@ func main() {
 	sessions := flag.Bool("sessions", true, "give each shopper a sticky session (false: a proxy per request)")
 	flag.Parse()
 	log.SetFlags(0)
-	if *shoppers < 1 || *items < 1 || *nProxies < 1 || *nProxies > testbed.MaxSourceIPs {
-		log.Fatal("shopper: need shoppers, items, proxies >= 1")
+	if *shoppers < 1 || *items < 1 {
+		log.Fatal("shopper: need shoppers, items >= 1")
 	}
 	ctx := context.Background()
 
-	rs, err := devredis.Start(*redisURL)
+	st, err := stage.Start(*redisURL, *nProxies, 0, &fakemarket.Config{})
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer rs.Close()
-	rdb := rs.Client()
+	defer st.Close()
+	rdb := st.Redis.Client()
 	defer rdb.Close()
-	market := fakemarket.Start(fakemarket.Config{})
-	defer market.Close()
-	ozon := market.Platforms[1]
-	proxies, err := testbed.StartProxies(*nProxies)
-	if err != nil {
-		log.Fatal(err)
-	}
-	var urls []string
+	ozon := st.Market.Platforms[1]
 	exitIP := map[string]string{} // proxy URL -> the address it dials out from
-	for _, p := range proxies {
-		defer p.Close()
-		urls = append(urls, p.URL())
+	for _, p := range st.Proxies {
 		exitIP[p.URL()] = p.SourceIP().String()
 	}
 
@@ -86,14 +76,14 @@ func main() {
 		log.Fatal(err)
 	}
 	defer sw.Clear(ctx)
-	if _, err := sw.Replace(ctx, urls); err != nil {
+	if _, err := sw.Replace(ctx, st.ProxyURLs()); err != nil {
 		log.Fatal(err)
 	}
 	mode := "one sticky session per shopper"
 	if !*sessions {
 		mode = "a proxy per request, no sessions"
 	}
-	fmt.Printf("%d shoppers on %s through %d proxies (%s); Redis: %s\n\n", *shoppers, ozon.Name, *nProxies, mode, rs)
+	fmt.Printf("%d shoppers on %s through %d proxies (%s); Redis: %s\n\n", *shoppers, ozon.Name, *nProxies, mode, st.Redis)
 
 	c := colly.NewCollector(colly.AllowURLRevisit()) // a cart page is asked for again and again
 	sw.Attach(c)
@@ -130,12 +120,12 @@ func main() {
 	for _, t := range tasks {
 		fmt.Println(lines[t])
 	}
-	st := ozon.Shop()
-	ms := market.Stats()
-	fmt.Printf("\nin %v the marketplace saw %d sign-ins, %d products put in carts, %d orders;\n", time.Since(start).Round(100*time.Millisecond), st.Logins, st.CartAdds, st.Orders)
-	fmt.Printf("%d requests with a session cookie from another IP (refused as stolen), %d without a session (sent to /login),\n", st.Stolen, st.NoSession)
+	seen := ozon.Shop()
+	ms := st.Market.Stats()
+	fmt.Printf("\nin %v the marketplace saw %d sign-ins, %d products put in carts, %d orders;\n", time.Since(start).Round(100*time.Millisecond), seen.Logins, seen.CartAdds, seen.Orders)
+	fmt.Printf("%d requests with a session cookie from another IP (refused as stolen), %d without a session (sent to /login),\n", seen.Stolen, seen.NoSession)
 	fmt.Printf("%d IP collisions, %d other refusals (%v).\n", ms.Collisions, ms.Bans, ms.Refused)
-	if *sessions && st.Orders != *shoppers {
+	if *sessions && seen.Orders != *shoppers {
 		os.Exit(1)
 	}
 }

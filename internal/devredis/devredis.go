@@ -15,6 +15,8 @@ package devredis
 import (
 	"fmt"
 	"os/exec"
+	"sync"
+	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/proxyswitch/proxyswitch/internal/redistest"
@@ -28,10 +30,14 @@ const Embedded = "embedded"
 // Server is a Redis to connect to: the one at a URL, or an embedded one.
 // Its methods are safe for concurrent use.
 type Server struct {
+	url   string         // for other processes
 	opt   *redis.Options // parsed once; copied for each client
 	desc  string
 	embed *miniredis.Miniredis // the embedded server, or nil
 	child *redistest.Server    // the private redis-server, or nil
+
+	stop, done chan struct{} // the embedded server's expiry loop
+	closeOnce  sync.Once
 }
 
 // Start returns the server at url. With url "" it starts a private
@@ -47,6 +53,7 @@ func Start(url string) (*Server, error) {
 				return nil, fmt.Errorf("start redis-server: %w", err)
 			}
 			return &Server{
+				url:   child.URL(),
 				opt:   &redis.Options{Addr: child.Addr()},
 				desc:  "a private redis-server (found on PATH) at " + child.Addr(),
 				child: child,
@@ -61,20 +68,46 @@ func Start(url string) (*Server, error) {
 			// out of ours entirely.
 			return nil, fmt.Errorf("invalid Redis URL (want redis://[user:password@]host:port/db)")
 		}
-		return &Server{opt: opt, desc: "Redis at " + opt.Addr}, nil
+		return &Server{url: url, opt: opt, desc: "Redis at " + opt.Addr}, nil
 	}
 	mr, err := miniredis.Run()
 	if err != nil {
 		return nil, fmt.Errorf("start embedded Redis: %w", err)
 	}
-	// Let keys expire with the clock, as in Redis (miniredis otherwise
-	// keeps every TTL until told to fast-forward).
-	mr.ClockTTL(true)
-	return &Server{
+	s := &Server{
+		url:   "redis://" + mr.Addr() + "/0",
 		opt:   &redis.Options{Addr: mr.Addr()},
 		desc:  "embedded in-process Redis (miniredis) at " + mr.Addr(),
 		embed: mr,
-	}, nil
+		stop:  make(chan struct{}),
+		done:  make(chan struct{}),
+	}
+	go s.expire()
+	return s, nil
+}
+
+// expireEvery is how often the embedded server's TTLs are brought up to
+// the clock: keys outlive their TTL by this much at most.
+const expireEvery = 250 * time.Millisecond
+
+// expire lets the embedded server's keys expire with the clock, as in
+// Redis: miniredis keeps every TTL until told to fast-forward. (Its
+// ClockTTL mode does it on every command, sorting all keys each time, which
+// slows a crawl with a large visited set to a crawl.)
+func (s *Server) expire() {
+	defer close(s.done)
+	t := time.NewTicker(expireEvery)
+	defer t.Stop()
+	last := time.Now()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case now := <-t.C:
+			s.embed.FastForward(now.Sub(last))
+			last = now
+		}
+	}
 }
 
 // Client returns a new client to the server, with a connection pool of its
@@ -84,6 +117,11 @@ func (s *Server) Client() *redis.Client {
 	return redis.NewClient(&opt)
 }
 
+// URL returns a URL other processes can reach the server at. It holds the
+// password of a URL given to Start: hand it over privately (standard input,
+// a file), never on a command line.
+func (s *Server) URL() string { return s.url }
+
 // String describes the server for people: "Redis at host:port" or the
 // embedded one. It never shows a password.
 func (s *Server) String() string { return s.desc }
@@ -92,6 +130,8 @@ func (s *Server) String() string { return s.desc }
 // nothing for a server at a URL.
 func (s *Server) Close() {
 	if s.embed != nil {
+		s.closeOnce.Do(func() { close(s.stop) })
+		<-s.done
 		s.embed.Close()
 	}
 	if s.child != nil {

@@ -19,24 +19,38 @@ import (
 	"time"
 
 	"github.com/gocolly/colly/v2"
+	"github.com/gocolly/colly/v2/queue"
 	"github.com/proxyswitch/proxyswitch"
 	"github.com/proxyswitch/proxyswitch/internal/redistest"
 	"github.com/proxyswitch/proxyswitch/internal/testbed"
+	"github.com/proxyswitch/proxyswitch/storage"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
-func TestEveryScriptLoadsOnMiniredis(t *testing.T) {
+// embedded starts the embedded server and a client, both closed with the
+// test.
+func embedded(t *testing.T) (*Server, *redis.Client) {
+	t.Helper()
 	s, err := Start(Embedded)
 	require.NoError(t, err)
-	defer s.Close()
+	t.Cleanup(s.Close)
 	rdb := s.Client()
-	defer rdb.Close()
+	t.Cleanup(func() { _ = rdb.Close() })
+	return s, rdb
+}
+
+func TestEveryScriptLoadsOnMiniredis(t *testing.T) {
+	_, rdb := embedded(t)
 
 	files, err := filepath.Glob("../../lua/*.lua")
 	require.NoError(t, err)
 	require.NotEmpty(t, files)
+	storageFiles, err := filepath.Glob("../../storage/lua/*.lua")
+	require.NoError(t, err)
+	require.NotEmpty(t, storageFiles)
+	files = append(files, storageFiles...)
 	for _, f := range files {
 		src, err := os.ReadFile(f)
 		require.NoError(t, err)
@@ -45,25 +59,15 @@ func TestEveryScriptLoadsOnMiniredis(t *testing.T) {
 }
 
 func TestKeysExpireOnMiniredis(t *testing.T) {
-	s, err := Start(Embedded)
-	require.NoError(t, err)
-	defer s.Close()
-	rdb := s.Client()
-	defer rdb.Close()
+	_, rdb := embedded(t)
 	ctx := context.Background()
 	require.NoError(t, rdb.Set(ctx, "k", "v", 100*time.Millisecond).Err())
-	time.Sleep(200 * time.Millisecond)
-	n, err := rdb.Exists(ctx, "k").Result()
-	require.NoError(t, err)
-	assert.Zero(t, n, "a key outlived its TTL")
+	require.Eventually(t, func() bool { return rdb.Exists(ctx, "k").Val() == 0 }, 100*time.Millisecond+2*expireEvery, 10*time.Millisecond,
+		"a key outlived its TTL")
 }
 
 func TestScenarioSameOnMiniredisAndRedis(t *testing.T) {
-	emb, err := Start(Embedded)
-	require.NoError(t, err)
-	defer emb.Close()
-	embClient := emb.Client()
-	defer embClient.Close()
+	emb, embClient := embedded(t)
 	onMiniredis := scenario(t, embClient, false,
 		func() { emb.embed.Close() },
 		func() { emb.embed.FlushAll(); require.NoError(t, emb.embed.Restart()) })
@@ -91,11 +95,7 @@ func TestScenarioSameOnMiniredisAndRedis(t *testing.T) {
 // gopher-lua, unlike Redis' Lua, reads no exponent without a dot. "s + 0"
 // reads it in both.
 func TestDeadScoreOnMiniredis(t *testing.T) {
-	s, err := Start(Embedded)
-	require.NoError(t, err)
-	defer s.Close()
-	rdb := s.Client()
-	defer rdb.Close()
+	_, rdb := embedded(t)
 	got, err := rdb.Eval(context.Background(), `
 redis.call('ZADD', KEYS[1], 1e15, 'm')
 local s = redis.call('ZSCORE', KEYS[1], 'm')
@@ -277,11 +277,7 @@ func listDead(ctx context.Context, t *testing.T, sw *proxyswitch.Switch, say fun
 }
 
 func TestSessionsSameOnMiniredisAndRedis(t *testing.T) {
-	emb, err := Start(Embedded)
-	require.NoError(t, err)
-	defer emb.Close()
-	embClient := emb.Client()
-	defer embClient.Close()
+	_, embClient := embedded(t)
 	onMiniredis := sessionScenario(t, embClient)
 	onRedis := sessionScenario(t, redistest.Start(t).Client(t))
 	assert.Equal(t, onRedis, onMiniredis)
@@ -351,5 +347,55 @@ func sessionScenario(t *testing.T, rdb *redis.Client) []string {
 	say("end: %v err=%v", ended, err)
 	info, err = sw.Session(ctx, task)
 	say("session after end: %v err=%v", info != nil, err)
+	return out
+}
+
+func TestStorageSameOnMiniredisAndRedis(t *testing.T) {
+	_, embClient := embedded(t)
+	onMiniredis := storageScenario(t, embClient)
+	onRedis := storageScenario(t, redistest.Start(t).Client(t))
+	assert.Equal(t, onRedis, onMiniredis)
+	t.Logf("transcript:\n%s", strings.Join(onRedis, "\n"))
+}
+
+// storageScenario runs the storage scripts (visited set, cookies, queue
+// with acknowledgements and dead letters) through a collector and Colly's
+// queue.
+func storageScenario(t *testing.T, rdb *redis.Client) []string {
+	ctx := context.Background()
+	var out []string
+	say := func(format string, args ...any) { out = append(out, fmt.Sprintf(format, args...)) }
+	site := testbed.NewSite(t, "shop", nil)
+
+	st, err := storage.New(rdb, storage.WithNamespace("scripts-storage"), storage.WithMaxDeliveries(1))
+	require.NoError(t, err)
+	require.NoError(t, st.Clear(ctx))
+	defer st.Clear(ctx)
+	c := colly.NewCollector()
+	require.NoError(t, c.SetStorage(st))
+	st.Attach(c)
+	q, err := queue.New(2, st)
+	require.NoError(t, err)
+	for _, path := range []string{"/setcookie?name=a&value=1", "/p/1", "/p/2", "/p/1", "/status/500"} {
+		say("add %s: %v", path, q.AddURL(site.URL()+path))
+	}
+	n, err := st.QueueSize()
+	say("queue size: %d err=%v", n, err)
+	say("run: %v", q.Run(c))
+	say("site hits: %d", site.Recorder().Count())
+	u, _ := url.Parse(site.URL() + "/")
+	say("cookies: %q", st.Cookies(u))
+	dead, err := st.DeadLetters(ctx, 0, 10)
+	for _, d := range dead {
+		say("dead letter: %s after %d deliveries", strings.TrimPrefix(d.URL, site.URL()), d.Deliveries)
+	}
+	say("dead letters: %d err=%v", len(dead), err)
+	if len(dead) > 0 {
+		say("requeue: %v", st.Requeue(ctx, dead[0].ID))
+		n, err = st.QueueSize()
+		say("queue size: %d err=%v", n, err)
+	}
+	stats, err := st.Stats(ctx)
+	say("stats: %+v err=%v", stats, err)
 	return out
 }
