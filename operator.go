@@ -2,8 +2,8 @@ package proxyswitch
 
 import (
 	"context"
-	"errors"
 	_ "embed"
+	"errors"
 	"fmt"
 	"time"
 
