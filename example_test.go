@@ -93,3 +93,35 @@ func ExampleParseProxy() {
 	// http://shopper-7:xxxxx@gw.example.net:8000 <nil>
 	// proxyswitch: proxy "ftp://shopper-7:xxxxx@gw.example.net:21": unsupported scheme "ftp" (want http, https, socks5 or socks5h)
 }
+
+// A shopper flow as one visitor: every request of a task (catalog, product
+// card, cart) leaves from one IP, on any server, with the task's own
+// cookies, while catalog scans lease a datacenter IP per request.
+func ExampleNewTaskContext() {
+	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+	sw, err := proxyswitch.NewSwitch(rdb,
+		proxyswitch.WithPool("datacenter"),         // requests of no task
+		proxyswitch.WithSessionPool("residential"), // sessions
+		proxyswitch.WithSessionTTL(15*time.Minute),
+		proxyswitch.WithSessionMaxRequests(200),
+		proxyswitch.WithSessionRetired(func(r proxyswitch.SessionRetirement) {
+			log.Printf("task %s lost its IP %s (%s): it goes on with a fresh IP and no cookies", r.Task, r.Proxy, r.Reason)
+		}),
+	)
+	if err != nil {
+		log.Fatal(err)
+	}
+	c := colly.NewCollector()
+	sw.Attach(c)
+	c.OnHTML("a.product-card", func(e *colly.HTMLElement) {
+		_ = e.Request.Visit(e.Attr("href")) // inherits e.Request.Ctx: the same task, the same IP
+	})
+	c.OnResponse(func(r *colly.Response) {
+		if s := proxyswitch.SessionOf(r.Ctx); s != nil && s.Previous != nil {
+			fmt.Println("session", s.Generation, "of", s.Task, "after", s.Previous.Reason)
+		}
+	})
+	ctx := proxyswitch.NewTaskContext("shopper-42")
+	_ = c.Request("GET", "https://www.ozon.ru/category/smartfony-15502/", nil, ctx, nil)
+	_, _ = sw.EndSession(context.Background(), "shopper-42") // done: the IP serves others again
+}

@@ -2,7 +2,9 @@ package proxyswitch
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"slices"
@@ -13,7 +15,9 @@ import (
 	"time"
 
 	"github.com/gocolly/colly/v2"
+	"github.com/proxyswitch/proxyswitch/internal/redistest"
 	"github.com/proxyswitch/proxyswitch/internal/testbed"
+	"github.com/proxyswitch/proxyswitch/storage"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -33,13 +37,14 @@ import (
 //
 // An IP given to Ban gets 403 everywhere.
 type shopFlow struct {
-	mu     sync.Mutex
-	tasks  map[string]*flowVisitor
-	ips    map[string]*flowIP
-	bulk   []flowHit
-	banned map[string]bool
-	errs   []string
-	seq    int
+	sid, cart string // the names of its cookies
+	mu        sync.Mutex
+	tasks     map[string]*flowVisitor
+	ips       map[string]*flowIP
+	bulk      []flowHit
+	banned    map[string]bool
+	errs      []string
+	seq       int
 }
 
 type flowVisitor struct {
@@ -60,7 +65,7 @@ type flowHit struct {
 }
 
 func newShopFlow() *shopFlow {
-	return &shopFlow{tasks: map[string]*flowVisitor{}, ips: map[string]*flowIP{}, banned: map[string]bool{}}
+	return &shopFlow{sid: "sid", cart: "cart", tasks: map[string]*flowVisitor{}, ips: map[string]*flowIP{}, banned: map[string]bool{}}
 }
 
 func (f *shopFlow) Ban(ip string) {
@@ -89,7 +94,7 @@ func (f *shopFlow) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	task := r.URL.Query().Get("task")
 	if r.URL.Path == "/bulk" {
 		f.bulk = append(f.bulk, flowHit{ip, now})
-		if len(cookies["sid"])+len(cookies["cart"]) > 0 {
+		if len(cookies[f.sid])+len(cookies[f.cart]) > 0 {
 			f.errorf("a request of no task brought session cookies %v", cookies)
 		}
 		http.SetCookie(w, &http.Cookie{Name: "bulk", Value: "1", Path: "/"})
@@ -115,7 +120,7 @@ func (f *shopFlow) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if n := len(v.ips); n > 0 && v.ips[n-1] != ip {
 		// Another IP: a new visitor, who must not bring the old one's cookies.
-		if len(cookies["sid"])+len(cookies["cart"]) > 0 {
+		if len(cookies[f.sid])+len(cookies[f.cart]) > 0 {
 			f.errorf("task %s came from a new IP %s with the old cookies %v", task, ip, cookies)
 		} else {
 			v.fresh++
@@ -129,7 +134,7 @@ func (f *shopFlow) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	v.steps++
-	want := map[string]string{"sid": v.sid, "cart": v.cart}
+	want := map[string]string{f.sid: v.sid, f.cart: v.cart}
 	for name, val := range want {
 		got := cookies[name]
 		switch {
@@ -142,10 +147,10 @@ func (f *shopFlow) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if v.sid == "" {
 		f.seq++
 		v.sid = fmt.Sprintf("v%d", f.seq)
-		http.SetCookie(w, &http.Cookie{Name: "sid", Value: v.sid, Path: "/"})
+		http.SetCookie(w, &http.Cookie{Name: f.sid, Value: v.sid, Path: "/"})
 	}
 	v.cart = task + "-" + r.URL.Query().Get("n")
-	http.SetCookie(w, &http.Cookie{Name: "cart", Value: v.cart, Path: "/", MaxAge: 3600})
+	http.SetCookie(w, &http.Cookie{Name: f.cart, Value: v.cart, Path: "/", MaxAge: 3600})
 }
 
 // visitor returns a copy of what the shop knows of task.
@@ -413,4 +418,480 @@ func mustURL(t *testing.T, raw string) *url.URL {
 	u, err := url.Parse(raw)
 	require.NoError(t, err)
 	return u
+}
+
+// Bad input fails clearly and closed: no request leaves without its
+// session, nothing panics, and a corrupt record can be cleared.
+func TestSessionBadInput(t *testing.T) {
+	ctx := context.Background()
+	flow, site, _, s := sessionShop(t, 2)
+	c := attached(s)
+	visit := func(task string) error {
+		cctx := colly.NewContext()
+		cctx.Put(TaskKey, task)
+		return c.Request("GET", stepURL(site, "probe", 1), nil, cctx, nil)
+	}
+	for name, task := range map[string]string{
+		"huge":      strings.Repeat("x", 300),
+		"control":   "cart\n42",
+		"not utf-8": "cart\xff",
+	} {
+		err := visit(task)
+		assert.ErrorIs(t, err, ErrInvalidTask, name)
+		assert.ErrorIs(t, err, ErrNoProxy, name)
+	}
+	assert.Empty(t, flow.visitor("probe").ips, "no request with a bad task left")
+	assert.NotContains(t, visit(strings.Repeat("y", 300)).Error(), "yyyy", "a huge task ID is not echoed")
+
+	// An empty task is no task: a lease per request, no session.
+	require.NoError(t, visit(""))
+	assert.Len(t, flow.visitor("probe").ips, 1)
+	info, err := s.Session(ctx, "probe")
+	require.NoError(t, err)
+	assert.Nil(t, info)
+
+	// A task value of another type, or a task function that panics.
+	cctx := colly.NewContext()
+	cctx.Put(TaskKey, 42)
+	require.NoError(t, c.Request("GET", site.URL()+"/hello?task=int", nil, cctx, nil), "not a string: no task")
+	ps := newSwitch(t, sharedClient(t), WithTaskFunc(func(*colly.Request) string { panic("boom") }))
+	pc := attached(ps)
+	err = pc.Visit(site.URL() + "/hello?task=panic")
+	require.ErrorIs(t, err, ErrInvalidTask)
+	assert.Contains(t, err.Error(), "panicked")
+
+	// The API refuses bad task IDs too.
+	for _, task := range []string{"", strings.Repeat("z", 257)} {
+		_, err := s.Session(ctx, task)
+		assert.ErrorIs(t, err, ErrInvalidTask)
+		_, err = s.EndSession(ctx, task)
+		assert.ErrorIs(t, err, ErrInvalidTask)
+		_, err = s.SessionCookies(ctx, task, mustURL(t, site.URL()))
+		assert.ErrorIs(t, err, ErrInvalidTask)
+	}
+	_, err = s.SessionCookies(ctx, "t", nil)
+	assert.ErrorIs(t, err, ErrConfig)
+
+	// Corrupt records and jars: a clear error naming the task, then
+	// EndSession clears the record and the task goes on.
+	rdb := sharedClient(t)
+	require.NoError(t, c.Request("GET", stepURL(site, "jarred", 1), nil, NewTaskContext("jarred"), nil))
+	live, err := s.Session(ctx, "jarred")
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		name  string
+		spoil func(task string) error
+	}{
+		{"a string", func(task string) error { return rdb.Set(ctx, s.keys.session(task), "x", 0).Err() }},
+		{"bad fields", func(task string) error { return rdb.HSet(ctx, s.keys.session(task), "id", "zz!", "proxy", "p").Err() }},
+		{"bad exp", func(task string) error {
+			return rdb.HSet(ctx, s.keys.session(task), "id", "ab", "proxy", "cd", "gen", "1", "created", "1", "n", "1", "exp", "soon").Err()
+		}},
+		{"a jar of list", func(string) error {
+			jar := s.keys.sessionJar(live.ID)
+			return errors.Join(rdb.Del(ctx, jar).Err(), rdb.RPush(ctx, jar, "x").Err())
+		}},
+	} {
+		name, spoil := tc.name, tc.spoil
+		task := "corrupt-" + strings.ReplaceAll(name, " ", "-")
+		if name == "a jar of list" {
+			task = "jarred"
+		}
+		require.NoError(t, spoil(task), name)
+		err := c.Request("GET", stepURL(site, task, 1), nil, NewTaskContext(task), nil)
+		require.ErrorIs(t, err, ErrCorrupt, name)
+		require.ErrorIs(t, err, ErrNoProxy, name)
+		assert.Contains(t, err.Error(), task, name)
+		_, err = s.Session(ctx, task)
+		assert.ErrorIs(t, err, ErrCorrupt, name)
+		ended, err := s.EndSession(ctx, task)
+		require.NoError(t, err, name)
+		assert.True(t, ended, name)
+		require.NoError(t, rdb.Del(ctx, s.keys.sessionJar(live.ID)).Err())
+		require.NoError(t, c.Request("GET", stepURL(site, task+"-x", 1), nil, NewTaskContext(task), nil), name)
+		_, err = s.EndSession(ctx, task)
+		require.NoError(t, err)
+	}
+	ended, err := s.EndSession(ctx, "never-seen")
+	require.NoError(t, err)
+	assert.False(t, ended)
+}
+
+// WithSessionMaxRequests and WithSessionMaxAge retire a session: the next
+// request starts a new one, and the retirement is reported.
+func TestSessionLimits(t *testing.T) {
+	var reasons []string
+	var mu sync.Mutex
+	report := WithSessionRetired(func(r SessionRetirement) {
+		mu.Lock()
+		reasons = append(reasons, r.Reason+"/"+fmt.Sprint(r.Requests))
+		mu.Unlock()
+	})
+	flow, site, _, s := sessionShop(t, 3, WithSessionMaxRequests(3), report)
+	c := attached(s)
+	ctx := NewTaskContext("limited")
+	for n := 1; n <= 7; n++ {
+		require.NoError(t, c.Request("GET", stepURL(site, "limited", n), nil, ctx, nil))
+	}
+	v := flow.visitor("limited")
+	assert.Len(t, v.ips, 3, "three sessions of at most 3 requests each: %v", v.ips)
+	assert.Equal(t, 2, v.fresh, "each new session came without the old cookies")
+	assert.Equal(t, 3, SessionOf(ctx).Generation)
+	assert.Equal(t, 1, SessionOf(ctx).Requests)
+	assert.Equal(t, SessionMaxRequests, SessionOf(ctx).Previous.Reason)
+	mu.Lock()
+	assert.Equal(t, []string{"max_requests/3", "max_requests/3"}, reasons)
+	reasons = nil
+	mu.Unlock()
+
+	flow, site, _, s = sessionShop(t, 3, WithSessionMaxAge(300*time.Millisecond), report)
+	c = attached(s)
+	ctx = NewTaskContext("aged")
+	require.NoError(t, c.Request("GET", stepURL(site, "aged", 1), nil, ctx, nil))
+	require.NoError(t, c.Request("GET", stepURL(site, "aged", 2), nil, ctx, nil))
+	time.Sleep(400 * time.Millisecond)
+	require.NoError(t, c.Request("GET", stepURL(site, "aged", 3), nil, ctx, nil))
+	assert.Len(t, flow.visitor("aged").ips, 2)
+	mu.Lock()
+	assert.Equal(t, []string{"max_age/2"}, reasons)
+	mu.Unlock()
+	assert.Empty(t, flow.errors())
+}
+
+// A task keeps its IP across sites: its session leases the same proxy on
+// each site it reaches, waiting for it there like any lease, and fails
+// (closed) when another session holds it there.
+func TestSessionAcrossSites(t *testing.T) {
+	flowB := newShopFlow()
+	flowB.sid, flowB.cart = "b_sid", "b_cart" // both sites are 127.0.0.1: cookies ignore ports
+	siteB := testbed.NewSite(t, "shop-b", flowB)
+	flow, site, proxies, s := sessionShop(t, 2, WithMaxWait(5*time.Second))
+	c := attached(s)
+	ctx := NewTaskContext("wanderer")
+	require.NoError(t, c.Request("GET", stepURL(site, "wanderer", 1), nil, ctx, nil))
+	require.NoError(t, c.Request("GET", stepURL(siteB, "wanderer", 1), nil, ctx, nil))
+	require.NoError(t, c.Request("GET", stepURL(site, "wanderer", 2), nil, ctx, nil))
+	ip := flow.visitor("wanderer").ips
+	require.Len(t, ip, 1)
+	assert.Equal(t, ip, flowB.visitor("wanderer").ips, "one IP on both sites")
+
+	// On a third site a request of no task holds wanderer's proxy for a
+	// moment: wanderer waits for it rather than change IP.
+	flowC := newShopFlow()
+	flowC.sid, flowC.cart = "c_sid", "c_cart"
+	siteC := testbed.NewSite(t, "shop-c", flowC)
+	var held *Lease
+	for range proxies {
+		l, err := s.Lease(context.Background(), siteC.Host())
+		require.NoError(t, err)
+		if l.Proxy().URL().Host == proxyHost(t, proxies, ip[0]) {
+			held = l
+		} else {
+			defer l.Release(context.Background())
+		}
+	}
+	require.NotNil(t, held)
+	time.AfterFunc(200*time.Millisecond, func() { _ = held.Release(context.Background()) })
+	start := time.Now()
+	require.NoError(t, c.Request("GET", stepURL(siteC, "wanderer", 1), nil, ctx, nil))
+	assert.GreaterOrEqual(t, time.Since(start), 150*time.Millisecond, "it waited for its proxy")
+	assert.Equal(t, ip, flowC.visitor("wanderer").ips)
+
+	// blocker's session holds the other proxy on site B; other's session
+	// gets it on site A, then reaches site B: it waits for its proxy there,
+	// then fails rather than change IP.
+	require.NoError(t, c.Request("GET", stepURL(siteB, "blocker", 1), nil, NewTaskContext("blocker"), nil))
+	require.NoError(t, c.Request("GET", stepURL(site, "other", 1), nil, NewTaskContext("other"), nil))
+	assert.Equal(t, flowB.visitor("blocker").ips, flow.visitor("other").ips)
+	start = time.Now()
+	err := c.Request("GET", stepURL(siteB, "other", 2), nil, NewTaskContext("other"), nil)
+	require.ErrorIs(t, err, ErrNoProxy)
+	assert.Contains(t, err.Error(), "held by another session or quarantined")
+	assert.Less(t, time.Since(start), 250*time.Millisecond, "no use waiting: blocker's session holds it for minutes")
+	assert.Empty(t, flowB.visitor("other").ips, "no request left from another IP")
+	ended, err := s.EndSession(context.Background(), "blocker")
+	require.NoError(t, err)
+	require.True(t, ended)
+	require.NoError(t, c.Request("GET", stepURL(siteB, "other", 2), nil, NewTaskContext("other"), nil))
+	assert.Equal(t, flow.visitor("other").ips, flowB.visitor("other").ips)
+	assert.Empty(t, flow.errors())
+	assert.Empty(t, flowB.errors())
+}
+
+// With WithConcurrency above 1 a session still keeps its proxy to itself on
+// its sites: no other session and no request of no task shares the IP.
+func TestSessionHoldsEverySlot(t *testing.T) {
+	ctx := context.Background()
+	flow, site, _, s := sessionShop(t, 2, WithConcurrency(3), WithMaxWait(200*time.Millisecond))
+	c := attached(s)
+	require.NoError(t, c.Request("GET", stepURL(site, "first", 1), nil, NewTaskContext("first"), nil))
+	require.NoError(t, c.Request("GET", stepURL(site, "second", 1), nil, NewTaskContext("second"), nil))
+	assert.NotEqual(t, flow.visitor("first").ips, flow.visitor("second").ips)
+	err := c.Request("GET", stepURL(site, "third", 1), nil, NewTaskContext("third"), nil)
+	assert.ErrorIs(t, err, ErrNoProxy, "two proxies, two sessions: none left, whatever the concurrency")
+	err = c.Visit(site.URL() + "/bulk")
+	assert.ErrorIs(t, err, ErrNoProxy, "nor for a request of no task")
+	st, err := s.Stats(ctx, site.Host())
+	require.NoError(t, err)
+	assert.Equal(t, 2, st.Leased)
+	assert.Zero(t, st.FreeSlots)
+
+	ended, err := s.EndSession(ctx, "first")
+	require.NoError(t, err)
+	require.True(t, ended)
+	st, err = s.Stats(ctx, site.Host())
+	require.NoError(t, err)
+	assert.Equal(t, 3, st.FreeSlots, "every slot of the ended session's proxy is back")
+	require.NoError(t, c.Request("GET", stepURL(site, "third", 1), nil, NewTaskContext("third"), nil))
+	assert.Equal(t, flow.visitor("first").ips, flow.visitor("third").ips)
+}
+
+// Sessions lease from their own pool; requests of no task from the
+// Switch's; bans in the session pool count in the Switch's BanCounts.
+func TestSessionPool(t *testing.T) {
+	ctx := context.Background()
+	flow, site, dc, s := sessionShop(t, 2, WithSessionPool("residential"))
+	require.NotSame(t, s, s.SessionPool())
+	assert.Equal(t, "residential", s.SessionPool().Pool())
+	resi := testbed.NewProxies(t, 2)
+	_, err := s.SessionPool().Add(ctx, resi[0].URL())
+	require.NoError(t, err)
+	c := attached(s)
+	for n := 1; n <= 3; n++ {
+		require.NoError(t, c.Request("GET", stepURL(site, "shopper", n), nil, NewTaskContext("shopper"), nil))
+		require.NoError(t, c.Visit(site.URL()+"/bulk"))
+	}
+	assert.Equal(t, []string{resi[0].SourceIP().String()}, flow.visitor("shopper").ips)
+	flow.mu.Lock()
+	for _, h := range flow.bulk {
+		assert.Contains(t, []string{dc[0].SourceIP().String(), dc[1].SourceIP().String()}, h.ip)
+	}
+	flow.mu.Unlock()
+	info := SessionOf(NewTaskContext("x"))
+	assert.Nil(t, info)
+	got, err := s.Session(ctx, "shopper")
+	require.NoError(t, err)
+	assert.Equal(t, "residential", got.Pool)
+
+	// A ban in the session pool: counted where the user looks, and the
+	// next session comes from the session pool too.
+	_, err = s.SessionPool().Add(ctx, resi[1].URL())
+	require.NoError(t, err)
+	flow.Ban(resi[0].SourceIP().String())
+	require.NoError(t, c.Request("GET", stepURL(site, "shopper", 4), nil, NewTaskContext("shopper"), nil))
+	assert.Equal(t, []string{resi[0].SourceIP().String(), resi[1].SourceIP().String()}, flow.visitor("shopper").ips)
+	assert.Equal(t, int64(1), s.BanCounts()[BanKey{site.Host(), "http_403"}])
+	st, err := s.SessionPool().Stats(ctx, site.Host())
+	require.NoError(t, err)
+	assert.Equal(t, 1, st.Leased)
+}
+
+// Session cookies live in the session's jar only: never in the collector's
+// jar or its storage backend (storage/), whose cookies never reach a
+// session either; a Cookie header the request set itself is kept; a cookie
+// set on a redirect is sent on the next hop; and the site's Set-Cookie
+// headers do not reach the callbacks (SessionCookies shows them).
+func TestSessionCookiesAndCollyStorage(t *testing.T) {
+	ctx := context.Background()
+	var mu sync.Mutex
+	var seen []string // "path: Cookie header"
+	site := testbed.NewSite(t, "shop", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen = append(seen, r.URL.Path+": "+r.Header.Get("Cookie"))
+		mu.Unlock()
+		switch r.URL.Path {
+		case "/login": // sets the session cookie on a redirect
+			http.SetCookie(w, &http.Cookie{Name: "auth", Value: r.URL.Query().Get("who"), Path: "/"})
+			http.Redirect(w, r, "/account", http.StatusFound)
+		case "/bulk":
+			http.SetCookie(w, &http.Cookie{Name: "bulk", Value: "1", Path: "/"})
+		}
+	}))
+	bed := &testbed.Bed{Sites: []*testbed.Site{site}, Proxies: testbed.NewProxies(t, 3)}
+	s := newSwitch(t, sharedClient(t))
+	_, err := s.Add(ctx, bed.ProxyURLs()...)
+	require.NoError(t, err)
+	store, err := storage.New(sharedClient(t), storage.WithNamespace(testPrefix()))
+	require.NoError(t, err)
+	c := attached(s)
+	require.NoError(t, c.SetStorage(store))
+	var setCookies []string
+	c.OnResponse(func(r *colly.Response) { setCookies = append(setCookies, r.Headers.Values("Set-Cookie")...) })
+
+	require.NoError(t, c.Visit(site.URL()+"/bulk")) // the collector's own cookie, in storage
+	for _, who := range []string{"alice", "bob"} {
+		hdr := http.Header{"Cookie": {"region=77"}}
+		require.NoError(t, c.Request("GET", site.URL()+"/login?who="+who, nil, NewTaskContext(who), hdr))
+		require.NoError(t, c.Request("GET", site.URL()+"/cart", nil, NewTaskContext(who), nil))
+	}
+	require.NoError(t, c.Visit(site.URL()+"/bulk"))
+	mu.Lock()
+	assert.Equal(t, []string{
+		"/bulk: ",
+		"/login: region=77", "/account: auth=alice; region=77", "/cart: auth=alice",
+		"/login: region=77", "/account: auth=bob; region=77", "/cart: auth=bob",
+		"/bulk: bulk=1",
+	}, seen)
+	mu.Unlock()
+	assert.Equal(t, []string{"bulk=1; Path=/", "bulk=1; Path=/"}, setCookies, "session Set-Cookies stay out of the callbacks")
+	var names []string
+	for _, ck := range c.Cookies(site.URL() + "/") {
+		names = append(names, ck.Name)
+	}
+	assert.Equal(t, []string{"bulk"}, names, "the storage backend holds the collector's cookie only")
+	cookies, err := s.SessionCookies(ctx, "bob", mustURL(t, site.URL()+"/"))
+	require.NoError(t, err)
+	require.Len(t, cookies, 1)
+	assert.Equal(t, "auth=bob", cookies[0].String())
+}
+
+// Redis keys of sessions live under the pool's hash tag and expire with the
+// session; the jar is bounded.
+func TestSessionKeysAndBounds(t *testing.T) {
+	ctx := context.Background()
+	rdb := sharedClient(t)
+	const ttl = 5 * time.Second
+	var big []string
+	for i := range maxSessionCookies + 20 {
+		big = append(big, (&http.Cookie{Name: fmt.Sprintf("c%03d", i), Value: strings.Repeat("v", 30), Path: "/"}).String())
+	}
+	site := testbed.NewSite(t, "shop", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		for _, line := range big {
+			w.Header().Add("Set-Cookie", line)
+		}
+		w.Header().Add("Set-Cookie", "huge="+strings.Repeat("h", maxSessionCookieBytes)+"; Path=/")
+	}))
+	p := testbed.NewProxy(t, testbed.SourceIP(0))
+	s := newSwitch(t, rdb, WithSessionTTL(ttl))
+	_, err := s.Add(ctx, p.URL())
+	require.NoError(t, err)
+	c := attached(s)
+	require.NoError(t, c.Request("GET", site.URL()+"/", nil, NewTaskContext("t"), nil))
+	info, err := s.Session(ctx, "t")
+	require.NoError(t, err)
+	require.NotNil(t, info)
+	jar, err := rdb.HKeys(ctx, s.keys.sessionJar(info.ID)).Result()
+	require.NoError(t, err)
+	assert.Len(t, jar, maxSessionCookies, "the jar keeps its bound")
+	assert.NotContains(t, strings.Join(jar, ","), "huge", "an oversized cookie is dropped")
+	assert.NotContains(t, strings.Join(jar, ","), ";/;c000", "the oldest went first")
+	for _, key := range []string{s.keys.session("t"), s.keys.sessionJar(info.ID)} {
+		assert.True(t, strings.HasPrefix(key, s.keys.base+":"), key)
+		d, err := rdb.PTTL(ctx, key).Result()
+		require.NoError(t, err)
+		assert.True(t, d > 0 && d <= ttl, "%s TTL %v", key, d)
+	}
+	ended, err := s.EndSession(ctx, "t")
+	require.NoError(t, err)
+	require.True(t, ended)
+	n, err := rdb.Exists(ctx, s.keys.sessionJar(info.ID)).Result()
+	require.NoError(t, err)
+	assert.Zero(t, n, "the jar goes with the session")
+	d, err := rdb.PTTL(ctx, s.keys.session("t")).Result()
+	require.NoError(t, err)
+	assert.True(t, d > 0 && d <= ttl, "the tombstone expires too: %v", d)
+	assertNoLeases(t, s, site)
+}
+
+// Proxy and Redis passwords never reach the session's errors, logs,
+// reports or state in Redis.
+func TestSessionNeverLeaksSecrets(t *testing.T) {
+	const proxyPW, redisPW = "Canary-proxy-pw", "Canary-redis-pw"
+	ctx := context.Background()
+	srv := redistest.Start(t, "--requirepass", redisPW)
+	flow := newShopFlow()
+	site := testbed.NewSite(t, "shop", flow)
+	proxies := testbed.NewProxies(t, 3)
+	var urls []string
+	for _, p := range proxies {
+		p.SetCredentials("crawler", proxyPW)
+		urls = append(urls, p.URL())
+	}
+	var logs syncBuffer
+	var reports []string
+	rdb := srv.Client(t)
+	s := newSwitch(t, rdb, WithLogger(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))),
+		WithRedisTimeout(500*time.Millisecond), WithSessionRetired(func(r SessionRetirement) { reports = append(reports, fmt.Sprintf("%+v", r)) }))
+	_, err := s.Add(ctx, urls...)
+	require.NoError(t, err)
+	c := attached(s)
+	tctx := NewTaskContext("secretive")
+	var out []string
+	for n := 1; n <= 3; n++ {
+		require.NoError(t, c.Request("GET", stepURL(site, "secretive", n), nil, tctx, nil))
+	}
+	flow.Ban(flow.visitor("secretive").ips[0])
+	require.NoError(t, c.Request("GET", stepURL(site, "secretive", 4), nil, tctx, nil))
+	require.Len(t, reports, 1)
+	out = append(out, fmt.Sprintf("%+v", *SessionOf(tctx)), fmt.Sprintf("%+v", *SessionOf(tctx).Previous))
+	assert.Contains(t, SessionOf(tctx).Proxy, "crawler:xxxxx@")
+	keys, err := rdb.Keys(ctx, s.keys.base+"*").Result()
+	require.NoError(t, err)
+	for _, k := range keys {
+		if k == s.keys.proxies() {
+			continue // where the URL must be kept to dial
+		}
+		out = append(out, k)
+		switch rdb.Type(ctx, k).Val() {
+		case "hash":
+			for f, v := range rdb.HGetAll(ctx, k).Val() {
+				out = append(out, f, v)
+			}
+		case "zset":
+			out = append(out, rdb.ZRange(ctx, k, 0, -1).Val()...)
+		}
+	}
+	// A session while Redis is down fails closed, and says why.
+	require.NoError(t, srv.Kill())
+	err = c.Request("GET", stepURL(site, "secretive", 5), nil, tctx, nil)
+	require.ErrorIs(t, err, ErrNoProxy)
+	require.ErrorIs(t, err, ErrRedis)
+	out = append(out, err.Error(), fmt.Sprintf("%+v", err))
+	all := strings.Join(append(append(out, reports...), logs.String()), "\n")
+	assert.Contains(t, all, "crawler:xxxxx@")
+	assert.NotContains(t, all, proxyPW)
+	assert.NotContains(t, all, redisPW)
+	assert.Len(t, flow.visitor("secretive").ips, 2, "nothing left while Redis was down")
+}
+
+// Sessions on a 3-master Redis Cluster: the session scripts touch keys
+// they derive under the pool's hash tag (one slot).
+func TestSessionsOnRedisCluster(t *testing.T) {
+	cl := redistest.StartCluster(t, 3)
+	flow := newShopFlow()
+	site := testbed.NewSite(t, "shop", flow)
+	bed := &testbed.Bed{Sites: []*testbed.Site{site}, Proxies: testbed.NewProxies(t, 4)}
+	s := newSwitch(t, cl.Client(t))
+	_, err := s.Add(context.Background(), bed.ProxyURLs()...)
+	require.NoError(t, err)
+	cs := []*colly.Collector{attached(s), attached(sibling(t, s, cl.Client(t)))}
+	for k := range 3 {
+		task := fmt.Sprintf("t%d", k)
+		for n := 1; n <= 4; n++ {
+			require.NoError(t, cs[n%2].Request("GET", stepURL(site, task, n), nil, NewTaskContext(task), nil))
+		}
+		assert.Len(t, flow.visitor(task).ips, 1)
+	}
+	flow.Ban(flow.visitor("t0").ips[0])
+	require.NoError(t, cs[0].Request("GET", stepURL(site, "t0", 5), nil, NewTaskContext("t0"), nil))
+	assert.Len(t, flow.visitor("t0").ips, 2)
+	for k := range 3 {
+		ended, err := s.EndSession(context.Background(), fmt.Sprintf("t%d", k))
+		require.NoError(t, err)
+		assert.True(t, ended)
+	}
+	assert.Empty(t, flow.errors())
+	assertNoLeases(t, s, site)
+}
+
+// proxyHost returns the host:port of the proxy whose source IP is ip.
+func proxyHost(t *testing.T, proxies []*testbed.Proxy, ip string) string {
+	t.Helper()
+	for _, p := range proxies {
+		if p.SourceIP().String() == ip {
+			return mustURL(t, p.URL()).Host
+		}
+	}
+	t.Fatalf("no proxy with source IP %s", ip)
+	return ""
 }

@@ -17,7 +17,7 @@ import (
 // A session's cookie jar (session.go): the storage and matching rules of
 // RFC 6265 section 5.3 and 5.4, applied in Go, on cookies kept in Redis in
 // the hash {prefix:pool}:sjar:<session ID>, one field per cookie
-// "<domain>;<path>;<name>" -> "<created ms>|<cookie as JSON>", with the
+// "<domain>;<path>;<name>" -> "<created µs>|<cookie as JSON>", with the
 // session record's TTL. Differences from a browser: no public suffix list
 // (a Domain attribute must name the host or a parent with a dot in it, so
 // "com" is refused but "co.uk" is not: the jar holds one task's cookies
@@ -42,7 +42,7 @@ type jarCookie struct {
 	HostOnly bool   `json:"h,omitempty"`
 	Secure   bool   `json:"s,omitempty"`
 	Expires  int64  `json:"e,omitempty"` // unix ms; 0: lives as long as the session
-	Created  int64  `json:"c"`           // unix ms, for the order of equal paths and eviction
+	Created  int64  `json:"c"`           // unix µs, for the order of equal paths and eviction
 }
 
 func (c *jarCookie) field() string { return c.Domain + ";" + c.Path + ";" + c.Name }
@@ -55,7 +55,7 @@ func newJarCookie(c *http.Cookie, u *url.URL, now time.Time) (e jarCookie, del, 
 	if c.Name == "" || host == "" {
 		return e, false, false
 	}
-	e = jarCookie{Name: c.Name, Value: c.Value, Quoted: c.Quoted, Secure: c.Secure, Created: now.UnixMilli()}
+	e = jarCookie{Name: c.Name, Value: c.Value, Quoted: c.Quoted, Secure: c.Secure, Created: now.UnixMicro()}
 	switch d := strings.ToLower(strings.TrimPrefix(c.Domain, ".")); {
 	case d == "" || d == host:
 		e.Domain, e.HostOnly = host, d == ""
@@ -167,12 +167,13 @@ func cookieHeader(own string, session []*http.Cookie) string {
 func (s *Switch) storeCookies(ctx context.Context, u *sessionUse, lines []string, now time.Time) error {
 	changes := map[string]string{} // field -> stored value, "" to delete
 	var order []string
-	for _, line := range lines {
+	for i, line := range lines {
 		c, err := http.ParseSetCookie(line)
 		if err != nil {
 			continue
 		}
-		e, del, ok := newJarCookie(c, u.url, now)
+		// Cookies of one response count as set one after the other.
+		e, del, ok := newJarCookie(c, u.url, now.Add(time.Duration(i)*time.Microsecond))
 		if !ok {
 			continue
 		}

@@ -20,7 +20,7 @@ func jarOf(t *testing.T, now time.Time, from string, lines ...string) []string {
 	for i, line := range lines {
 		c, err := http.ParseSetCookie(line)
 		require.NoError(t, err, line)
-		e, del, ok := newJarCookie(c, mustURL(t, from), now.Add(time.Duration(i)*time.Millisecond))
+		e, del, ok := newJarCookie(c, mustURL(t, from), now.Add(time.Duration(i)*time.Microsecond))
 		if !ok {
 			continue
 		}

@@ -292,7 +292,7 @@ func (s *Switch) endSession(ctx context.Context, task, id, reason, site string) 
 // sessionLease leases a proxy for a session under its token and the
 // session TTL with lease.lua: any free proxy, or only proxy ID only. It
 // waits as acquire does, but gives up at once when only's soonest slot
-// frees after the wait would end (it is held by another session, or
+// cannot free before the wait would end (another session holds it, or it is
 // quarantined there).
 func (s *Switch) sessionLease(ctx context.Context, site, scope, token, only string) (member string, expiry int64, err error) {
 	c := &s.cfg
@@ -321,7 +321,7 @@ func (s *Switch) sessionLease(ctx context.Context, site, scope, token, only stri
 			return "", 0, fmt.Errorf("%w: %w", ErrNoProxy, redisErr("session lease", err))
 		}
 		st, _ := intAt(res, 0)
-		var wait int64
+		var wait, firm int64
 		switch {
 		case st == 1 && len(res) == 4:
 			member, _ = res[1].(string)
@@ -331,14 +331,15 @@ func (s *Switch) sessionLease(ctx context.Context, site, scope, token, only stri
 			return "", 0, fmt.Errorf("%w: %w: pool %q has no proxies", ErrNoProxy, ErrEmptyPool, c.pool)
 		case st == -2:
 			return "", 0, errProxyGone
-		case st == 0 && len(res) == 2:
+		case st == 0 && (len(res) == 2 || len(res) == 3):
 			wait, _ = intAt(res, 1)
+			firm, _ = intAt(res, 2)
 		default:
 			return "", 0, fmt.Errorf("%w: %w: unexpected lease reply of %d items", ErrNoProxy, ErrCorrupt, len(res))
 		}
 		left := time.Until(deadline)
 		d := min(time.Duration(max(wait, 1))*time.Millisecond, backoff, left)
-		if left <= 0 || (only != "" && time.Duration(wait)*time.Millisecond > left) {
+		if left <= 0 || (firm == 1 && time.Duration(wait)*time.Millisecond > left) {
 			what := "every proxy of pool " + strconv.Quote(c.pool) + " stayed busy or quarantined"
 			if only != "" {
 				what = "the session's proxy is held by another session or quarantined"

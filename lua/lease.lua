@@ -14,7 +14,8 @@
 --         site, session.go); absent or "" for any proxy
 --
 -- Returns {1, member, proxy URL, expiry ms} on success,
---         {0, wait ms}  when every proxy is busy (wait = time until the next one frees),
+--         {0, wait ms}  when every proxy is busy (wait = time until the next one frees;
+--                       with ARGV[8] = "1", {0, wait ms, firm}: see below),
 --         {-1}          when the pool is empty,
 --         {-2}          with ARGV[8] = "1", when the preferred proxy left the pool or is dead.
 -- Time comes from the server's clock (TIME), never from a client.
@@ -71,16 +72,23 @@ if ARGV[7] ~= '' then
   end
 end
 
--- Only the preferred proxy will do: wait for its soonest slot.
+-- Only the preferred proxy will do: wait for its soonest slot. firm is 1
+-- unless that slot is leased by a request, which may end early: a session
+-- (token "s:..."), a quarantine or a cooldown end at the score, not before.
 if not member and ARGV[8] == '1' then
   if redis.call('HEXISTS', KEYS[1], ARGV[7]) == 0 then return {-2} end
-  local soonest
+  local soonest, firm
   for s = 0, slots - 1 do
-    local score = redis.call('ZSCORE', KEYS[2], ARGV[7] .. ':' .. s)
-    if score and (not soonest or tonumber(score) < soonest) then soonest = tonumber(score) end
+    local m = ARGV[7] .. ':' .. s
+    local score = tonumber(redis.call('ZSCORE', KEYS[2], m) or '')
+    if score and (not soonest or score < soonest) then
+      soonest, firm = score, 1
+      local tok, exp = string.match(redis.call('HGET', KEYS[3], m) or '', '^(.*)|(%d+)$')
+      if tok and string.sub(tok, 1, 2) ~= 's:' and tonumber(exp) == score then firm = 0 end
+    end
   end
   if not soonest or soonest >= 1e15 then return {-2} end
-  return {0, math.max(soonest - now, 1)}
+  return {0, math.max(soonest - now, 1), firm}
 end
 
 -- Otherwise the lowest score: free the longest, i.e. least recently used.

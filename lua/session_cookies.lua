@@ -1,7 +1,7 @@
 -- session_cookies.lua: store cookies a site set in a session's jar
 -- (session_lib.lua comes first).
 --
--- KEYS[1] session record   KEYS[2] the session's jar  field -> "<created ms>|<cookie JSON>"
+-- KEYS[1] session record   KEYS[2] the session's jar  field -> "<created µs>|<cookie JSON>"
 -- ARGV[1] session ID       ARGV[2] most cookies a jar keeps
 -- ARGV[3] n: fields to set; ARGV[4 .. 3+2n] field, value pairs; the rest: fields to delete
 --

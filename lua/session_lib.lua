@@ -77,8 +77,8 @@ local function intact(base, scope, member, token, exp)
   if redis.call('HGET', base .. ':lease:' .. scope, member) ~= token .. '|' .. exp then return 'lease_lost' end
   local sc = redis.call('ZSCORE', base .. ':free:' .. scope, member)
   if not sc then return 'lease_lost' end
-  sc = tonumber(sc)
-  if sc >= DEAD then return 'proxy_dead' end
+  sc = tonumber(sc) -- nil for "1e+15" in some Lua builds: dead all the same
+  if not sc or sc >= DEAD then return 'proxy_dead' end
   if sc ~= tonumber(exp) then return 'quarantined' end
   return nil
 end
