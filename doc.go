@@ -107,6 +107,41 @@
 // own share only, always in memory, with Redis holding the member list and
 // the pool. FallbackStatus tells where a Switch leases from.
 //
+// # Sticky sessions: one task, one IP, its own cookies
+//
+// A flow that must look like one visitor (catalog, product card, cart, next
+// page) is a task: name it in the request's colly.Context (TaskKey), and
+// every request of the task, on any server, leaves from one proxy while the
+// task's session lives. Requests made from a response with Request.Visit or
+// Post inherit the context, hence the task; so do requests that travel
+// through a shared queue (storage), the task being a string in the context:
+//
+//	ctx := proxyswitch.NewTaskContext("shopper-42")
+//	c.Request("GET", catalogURL, nil, ctx, nil)
+//	c.OnHTML("a.product", func(e *colly.HTMLElement) { e.Request.Visit(e.Attr("href")) }) // same task
+//
+// The proxy function alone never sees Colly's context; the OnRequestHeaders
+// hook Attach installs does, and hands the task to the transport and the
+// proxy function through the request's binding (WithTaskFunc names tasks
+// another way). Sessions therefore need Attach.
+//
+// A session holds its proxy on every site it visits, for no one else, until
+// it lapses: WithSessionTTL (10 minutes) after its last request, with no
+// reaper. Each session keeps its own cookies in Redis: the transport sends
+// them (with the request's own Cookie header) and takes the site's
+// Set-Cookie into them, so they never reach the collector's jar or its
+// storage backend, and the collector's never reach a session. A ban or a
+// proxy failure through a session's proxy retires the session: the request's
+// retry and the task's next requests go on in a new session, with another
+// proxy and no cookies. WithSessionMaxRequests and WithSessionMaxAge retire
+// sessions too; WithSessionRetired reports every retirement, SessionOf shows
+// a request's session and what ended the one before, EndSession ends one when
+// its flow is done. WithSessionPool makes sessions lease from their own pool
+// (residential or mobile proxies, say) while requests of no task use the
+// Switch's. Sessions live in Redis only: with Redis unreachable (or under
+// WithSharding) a request of a task fails with ErrNoProxy rather than leave
+// from another IP.
+//
 // # Waiting for a proxy
 //
 // With every proxy busy, a request waits (sleeping on the time until the
@@ -133,10 +168,14 @@
 //	{prefix:pool}:members        zset  member ID -> end of its registration, ms (the last registration's end)
 //	{prefix:pool}:member-owners  hash  member ID -> token of the process holding it (same TTL)
 //	{prefix:pool}:modes          zset  member ID -> when it last leased from Redis, ms (member TTL)
+//	{prefix:pool}:session:<task> hash  a task's session: ID, proxy, slot per site, expiry, requests (session TTL)
+//	{prefix:pool}:sjar:<session> hash  "<domain>;<path>;<name>" -> the session's cookie (session TTL)
 //
 // A ban is no key of its own: it is the score of the proxy's slots in the
 // site's free set, pushed to the end of the quarantine, so a lease skips it
-// with no extra lookup and it ends by itself.
+// with no extra lookup and it ends by itself. Likewise a session's hold on
+// its proxy is the score of the proxy's slots, pushed to the session's
+// expiry by each of its requests, under the owner token "s:<session ID>".
 //
 // A proxy's ID is a hash of its URL, credentials included; the URL with its
 // password is stored only in the pool hash, where it must be kept to dial.

@@ -460,7 +460,11 @@ func (s *Switch) sessionAttempt(req *http.Request, a *attempt) (*sessionUse, err
 
 	h := req.Header.Clone()
 	h.Del("Cookie")
-	if c := cookieHeader(ts.cookies, cookiesFor(cur.jar, req.URL, time.Now())); c != "" {
+	own := ts.cookies
+	if from, to := strings.ToLower(chainOrigin(req).URL.Hostname()), strings.ToLower(req.URL.Hostname()); to != from && !strings.HasSuffix(to, "."+from) {
+		own = "" // a redirect to another domain: net/http would not forward them either
+	}
+	if c := cookieHeader(own, cookiesFor(cur.jar, req.URL, time.Now())); c != "" {
 		h.Set("Cookie", c)
 	}
 	if a.req == req {

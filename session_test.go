@@ -18,6 +18,7 @@ import (
 	"github.com/proxyswitch/proxyswitch/internal/redistest"
 	"github.com/proxyswitch/proxyswitch/internal/testbed"
 	"github.com/proxyswitch/proxyswitch/storage"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -894,4 +895,42 @@ func proxyHost(t *testing.T, proxies []*testbed.Proxy, ip string) string {
 	}
 	t.Fatalf("no proxy with source IP %s", ip)
 	return ""
+}
+
+// BenchmarkSessionUse measures the Redis side of one request of a task:
+// continuing (and renewing) a live session, with 50 workers over 1,000
+// sessions and a 3-cookie jar each, in one round trip (session_use.lua).
+//
+//	go test -run '^$' -bench BenchmarkSessionUse -benchtime 2s .
+func BenchmarkSessionUse(b *testing.B) {
+	if shared == nil {
+		b.Skip("single-node benchmark; the shared Redis is a cluster")
+	}
+	const sessions = 1000
+	ctx := context.Background()
+	s := newSwitch(b, shared.Client(b, func(o *redis.Options) { o.PoolSize = benchWorkers }))
+	_, err := s.Add(ctx, proxyURLs(sessions)...)
+	require.NoError(b, err)
+	u := &url.URL{Scheme: "https", Host: "bench.example", Path: "/"}
+	for k := range sessions {
+		task := fmt.Sprintf("t%d", k)
+		rep, err := s.useSession(ctx, task, u.Host)
+		require.NoError(b, err)
+		require.NoError(b, s.storeCookies(ctx, &sessionUse{sw: s, task: task, id: rep.info.ID, url: u},
+			[]string{"sid=1; Path=/", "cart=2; Path=/", "region=77; Path=/"}, time.Now()))
+	}
+	var seq atomic.Int64
+	b.SetParallelism(benchWorkers / max(1, runtimeProcs()))
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			task := fmt.Sprintf("t%d", seq.Add(1)%sessions)
+			rep, err := s.useSession(ctx, task, u.Host)
+			if err != nil || len(cookiesFor(rep.jar, u, time.Now())) != 3 {
+				b.Error(err)
+				return
+			}
+		}
+	})
 }
