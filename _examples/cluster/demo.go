@@ -210,7 +210,12 @@ func run(ctx context.Context, name string, s setup, market *fakemarket.Market, a
 // crawl is one server's crawler: its catalog pages, then the product pages
 // they link.
 func crawl(ctx context.Context, s setup, srv *server, market *fakemarket.Market, seeds []string, attach attachFunc) error {
-	c := colly.NewCollector(colly.Async(true), colly.StdlibContext(ctx))
+	// Each page is asked for once by construction (catalog pages dealt out,
+	// each product linked once), so Colly's revisit check is not needed. It
+	// also applies to redirect targets, and a captcha URL met a second time
+	// (a page redirected to it through two proxies in a row) would fail the
+	// request with "already visited" instead of the captcha being seen.
+	c := colly.NewCollector(colly.Async(true), colly.StdlibContext(ctx), colly.AllowURLRevisit())
 	c.SetRequestTimeout(2 * time.Minute) // the wait for a free proxy counts against it
 	if err := c.Limit(&colly.LimitRule{DomainGlob: "*", Parallelism: s.Workers}); err != nil {
 		return err
