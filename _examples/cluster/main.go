@@ -57,8 +57,11 @@ func main() {
 		// process allocate a lot: collect garbage less often.
 		debug.SetGCPercent(400)
 	}
-	if *servers < 1 || *workers < 1 || *retries < 0 {
-		log.Fatal("cluster: need servers, workers >= 1 and retries >= 0")
+	if *servers < 1 || *workers < 1 || *categories < 1 || *pages < 1 || *perPage < 1 || *retries < 0 {
+		log.Fatal("cluster: need servers, workers, categories, pages, per-page >= 1 and retries >= 0")
+	}
+	if *only != "" && *only != "without" && *only != "with" {
+		log.Fatal(`cluster: -only takes "without" or "with"`)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
