@@ -54,8 +54,9 @@ import (
 //
 // Retirement. A ban or a proxy failure met through a session's proxy
 // quarantines the proxy as for any request (ban.go), then ends the session:
-// its other leases come back, its jar is deleted and its record becomes a
-// tombstone saying why. The request's retry, or the task's next request on
+// its other leases come back once the requests of the task still under way
+// through it can be over (the lease TTL), its jar is deleted and its record
+// becomes a tombstone saying why. The request's retry, or the task's next request on
 // any worker, starts a new session with another proxy and an empty jar.
 // Limits (WithSessionMaxRequests, WithSessionMaxAge), a proxy removed from
 // the pool or marked dead, and a lease lost while the session lived retire
@@ -167,7 +168,8 @@ type sessionConfig struct {
 
 // WithSessionTTL sets how long a task's session lives after its last use;
 // every request of the task renews it. While it lives, its proxy serves no
-// one else on the sites it visited. It must not exceed the idle TTL. The
+// one else on the sites it visited. The session's own requests are not
+// paced by WithCooldown (pace a flow with Colly's LimitRule Delay). It must not exceed the idle TTL. The
 // default is 10 minutes (DefaultSessionTTL), or the idle TTL if shorter.
 func WithSessionTTL(d time.Duration) Option { return func(c *config) { c.session.ttl = d } }
 
@@ -309,8 +311,8 @@ func (s *Switch) SessionCookies(ctx context.Context, task string, u *url.URL) ([
 }
 
 // EndSession ends the live session of task at once, when the flow is done:
-// its proxy serves others again after the cooldown, and its cookies are
-// deleted. It reports whether there was a session to end. It also deletes
+// its proxy serves others again after the cooldown (so call it once the
+// task's requests are over), and its cookies are deleted. It reports whether there was a session to end. It also deletes
 // a session record this package cannot read (ErrCorrupt), which otherwise
 // fails the task's requests until it expires. It is safe for concurrent use.
 func (s *Switch) EndSession(ctx context.Context, task string) (bool, error) {

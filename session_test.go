@@ -374,7 +374,7 @@ func TestSessionRetiredOnBan(t *testing.T) {
 // A session that nobody uses for its TTL frees its proxy; a task continued
 // on another collector within the TTL keeps its IP, and each use renews it.
 func TestSessionTTL(t *testing.T) {
-	const ttl = 1500 * time.Millisecond
+	const ttl = 2 * time.Second
 	flow, site, _, s := sessionShop(t, 2, WithSessionTTL(ttl), WithMaxWait(0))
 	other := sibling(t, s, sharedClient(t))
 	c1, c2 := attached(s), attached(other)
@@ -545,12 +545,12 @@ func TestSessionLimits(t *testing.T) {
 	reasons = nil
 	mu.Unlock()
 
-	flow, site, _, s = sessionShop(t, 3, WithSessionMaxAge(300*time.Millisecond), report)
+	flow, site, _, s = sessionShop(t, 3, WithSessionMaxAge(time.Second), report)
 	c = attached(s)
 	ctx = NewTaskContext("aged")
 	require.NoError(t, c.Request("GET", stepURL(site, "aged", 1), nil, ctx, nil))
 	require.NoError(t, c.Request("GET", stepURL(site, "aged", 2), nil, ctx, nil))
-	time.Sleep(400 * time.Millisecond)
+	time.Sleep(1100 * time.Millisecond)
 	require.NoError(t, c.Request("GET", stepURL(site, "aged", 3), nil, ctx, nil))
 	assert.Len(t, flow.visitor("aged").ips, 2)
 	mu.Lock()
@@ -608,7 +608,7 @@ func TestSessionAcrossSites(t *testing.T) {
 	err := c.Request("GET", stepURL(siteB, "other", 2), nil, NewTaskContext("other"), nil)
 	require.ErrorIs(t, err, ErrNoProxy)
 	assert.Contains(t, err.Error(), "held by another session or quarantined")
-	assert.Less(t, time.Since(start), 250*time.Millisecond, "no use waiting: blocker's session holds it for minutes")
+	assert.Less(t, time.Since(start), 4*time.Second, "no use waiting out the 5s: blocker's session holds it for minutes")
 	assert.Empty(t, flowB.visitor("other").ips, "no request left from another IP")
 	ended, err := s.EndSession(context.Background(), "blocker")
 	require.NoError(t, err)
@@ -933,4 +933,24 @@ func BenchmarkSessionUse(b *testing.B) {
 			}
 		}
 	})
+}
+
+// A retired session's proxy stays out for the lease TTL: the session's other
+// requests may still be under way through it. EndSession frees it at once.
+func TestSessionRetirementWaitsForRequestsUnderWay(t *testing.T) {
+	flow, site, _, s := sessionShop(t, 1, WithSessionMaxRequests(1), WithLeaseTTL(time.Second), WithMaxWait(0))
+	c := attached(s)
+	ctx := NewTaskContext("brief")
+	require.NoError(t, c.Request("GET", stepURL(site, "brief", 1), nil, ctx, nil))
+	err := c.Request("GET", stepURL(site, "brief", 2), nil, ctx, nil)
+	require.ErrorIs(t, err, ErrNoProxy, "the retired session's proxy is not free yet")
+	time.Sleep(1500 * time.Millisecond)
+	require.NoError(t, c.Request("GET", stepURL(site, "brief", 3), nil, ctx, nil))
+	assert.Equal(t, 2, SessionOf(ctx).Generation)
+
+	ended, err := s.EndSession(context.Background(), "brief")
+	require.NoError(t, err)
+	require.True(t, ended)
+	require.NoError(t, c.Request("GET", stepURL(site, "other", 1), nil, NewTaskContext("other"), nil), "EndSession frees it at once")
+	assert.Equal(t, flow.visitor("brief").ips, flow.visitor("other").ips)
 }

@@ -74,7 +74,7 @@ func (s *Switch) runUse(ctx context.Context, task, scope, mode string) (*useRepl
 	res, err := roundTrip(ctx, c.redisTimeout, func(ctx context.Context) ([]any, error) {
 		return sessionUseScript.Run(ctx, s.rdb, []string{s.keys.session(task), s.keys.proxies()},
 			s.keys.base, scope, c.session.ttl.Milliseconds(), c.session.maxRequests, c.session.maxAge.Milliseconds(),
-			c.cooldown.Milliseconds(), c.slots, c.idleTTL.Milliseconds(), mode).Slice()
+			c.cooldown.Milliseconds(), c.slots, c.idleTTL.Milliseconds(), mode, c.leaseTTL.Milliseconds()).Slice()
 	}, nil)
 	if err != nil {
 		return nil, redisErr("session", err)
@@ -268,9 +268,13 @@ func (s *Switch) unbind(task, scope, member, id string, res []any, err error) {
 // says whether it ended one.
 func (s *Switch) endSession(ctx context.Context, task, id, reason, site string) (SessionRetirement, bool, error) {
 	c := &s.cfg
+	hold := c.leaseTTL // a retirement: the session's other requests may still be under way
+	if reason == SessionEnded {
+		hold = 0
+	}
 	res, err := roundTrip(ctx, c.redisTimeout, func(ctx context.Context) ([]any, error) {
 		return sessionEndScript.Run(ctx, s.rdb, []string{s.keys.session(task), s.keys.proxies()},
-			s.keys.base, id, reason, site, c.cooldown.Milliseconds(), c.slots, c.session.ttl.Milliseconds()).Slice()
+			s.keys.base, id, reason, site, c.cooldown.Milliseconds(), c.slots, c.session.ttl.Milliseconds(), hold.Milliseconds()).Slice()
 	}, nil)
 	if err != nil {
 		return SessionRetirement{}, false, redisErr("session end", err)

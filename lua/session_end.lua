@@ -7,9 +7,10 @@
 --         record this package did not write is deleted too)
 -- ARGV[3] reason    ARGV[4] site where it showed, or ""
 -- ARGV[5] cooldown ms   ARGV[6] slots per proxy (K)   ARGV[7] session TTL ms
+-- ARGV[8] ms the proxy stays out for the session's requests under way (0: none)
 --
--- Every slot the session held comes back after the cooldown (unless a ban
--- pushed it further out), its cookie jar is deleted and the record becomes
+-- Every slot the session held comes back after the cooldown or ARGV[8]
+-- (unless a ban pushed it further out), its cookie jar is deleted and the record becomes
 -- a tombstone naming it, which the task's next session reports.
 -- Returns {1, id, gen, proxy id, proxy URL or "", n, created ms, now ms} ended;
 --         {0} no such live session; {2} a corrupt record was deleted.
@@ -22,5 +23,5 @@ end
 if not r.id or (ARGV[2] ~= '' and r.id ~= ARGV[2]) then return {0} end
 local now = now_ms()
 local out = {1, r.id, r.gen, r.proxy, redis.call('HGET', KEYS[2], r.proxy) or '', r.n, r.created, now}
-end_session(KEYS[1], r, ARGV[1], ARGV[3], ARGV[4], now, tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]))
+end_session(KEYS[1], r, ARGV[1], ARGV[3], ARGV[4], now, tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]))
 return out

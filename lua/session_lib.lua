@@ -84,14 +84,17 @@ local function intact(base, scope, member, token, exp)
 end
 
 -- end_session ends the live session r of record key: every slot it holds
--- comes back after the cooldown (a slot pushed further out, by a ban, stays
--- out), its cookie jar goes, and with a reason the record becomes a
--- tombstone naming the session (TTL ttl), else it is deleted.
-local function end_session(key, r, base, reason, site, now, cooldown, slots, ttl)
+-- comes back after the cooldown, or after hold ms (the session's requests
+-- still under way finish first; never later than the session's expiry); a
+-- slot pushed further out, by a ban, stays out. Its cookie jar goes, and
+-- with a reason the record becomes a tombstone naming the session (TTL
+-- ttl), else it is deleted.
+local function end_session(key, r, base, reason, site, now, cooldown, slots, ttl, hold)
   local token, exp = 's:' .. r.id, tonumber(r.exp)
+  local back = math.max(math.min(now + hold, exp), now + cooldown)
   for _, h in ipairs(held(r)) do
     local fk, lk = base .. ':free:' .. h[1], base .. ':lease:' .. h[1]
-    local at = now + cooldown
+    local at = back
     local own = tonumber(redis.call('ZSCORE', fk, h[2]) or '')
     if redis.call('HGET', lk, h[2]) == token .. '|' .. r.exp then
       redis.call('HDEL', lk, h[2])

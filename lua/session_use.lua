@@ -9,6 +9,7 @@
 -- ARGV[4] max requests, 0 for no limit     ARGV[5] max age ms, 0 for none
 -- ARGV[6] cooldown ms      ARGV[7] slots per proxy (K)   ARGV[8] idle TTL ms
 -- ARGV[9] "use" (renew, count, retire if due) or "peek" (read only)
+-- ARGV[10] ms a retired session's proxy stays out for its requests under way
 --
 -- Returns
 --   {1, proxy URL, id, gen, n, created ms, exp ms, member on the scope ("" with
@@ -50,7 +51,7 @@ end
 if tonumber(r.exp) <= now then
   -- Lapsed (the record's own TTL is a hair behind): gone, like an expired key.
   if peek then return {0, 0, '0', '', '', '', '', '', '0', '0', '0'} end
-  end_session(KEYS[1], r, base, '', '', now, cooldown, slots, ttl)
+  end_session(KEYS[1], r, base, '', '', now, cooldown, slots, ttl, 0)
   r = {}
   return none(0)
 end
@@ -59,7 +60,7 @@ local url = redis.call('HGET', KEYS[2], r.proxy)
 if peek then return live(url or '', r.n, r.exp, '') end
 
 local function retire(reason, site)
-  end_session(KEYS[1], r, base, reason, site, now, cooldown, slots, ttl)
+  end_session(KEYS[1], r, base, reason, site, now, cooldown, slots, ttl, tonumber(ARGV[10]))
   r = read_record(KEYS[1])
   return none(1)
 end
