@@ -106,7 +106,8 @@ func NewTaskContext(task string) *colly.Context {
 	return ctx
 }
 
-// TaskOf returns the task ctx names, or "" for none (ctx may be nil).
+// TaskOf returns the task ctx names, or "" for none (ctx may be nil). Like
+// colly.Context itself, it is safe for concurrent use.
 func TaskOf(ctx *colly.Context) string {
 	if ctx == nil {
 		return ""
@@ -263,9 +264,9 @@ func (s *Switch) sessionSwitch() (*Switch, error) {
 }
 
 // SessionPool returns the Switch sessions lease from: the Switch itself, or
-// the one WithSessionPool names (load its proxies with Replace, watch its
-// BanCounts and SiteState, set its observer). It is nil only for a Switch
-// New built from invalid options.
+// the one WithSessionPool names (load its proxies with Replace, read its
+// Stats and SiteState; its bans count in this Switch's BanCounts and reach
+// this Switch's observer). It is safe for concurrent use.
 func (s *Switch) SessionPool() *Switch {
 	ss, _ := s.sessionSwitch()
 	return ss
