@@ -954,3 +954,36 @@ func TestSessionRetirementWaitsForRequestsUnderWay(t *testing.T) {
 	require.NoError(t, c.Request("GET", stepURL(site, "other", 1), nil, NewTaskContext("other"), nil), "EndSession frees it at once")
 	assert.Equal(t, flow.visitor("brief").ips, flow.visitor("other").ips)
 }
+
+// A task goes on in another OS process, with its own Redis client, and
+// back: one IP and one cookie jar throughout.
+func TestSessionContinuedInAnotherProcess(t *testing.T) {
+	flow, site, _, s := sessionShop(t, 4)
+	c := attached(s)
+	const task = "roaming"
+	ctx := NewTaskContext(task)
+	steps := func(from, to int) []string {
+		var urls []string
+		for n := from; n <= to; n++ {
+			urls = append(urls, stepURL(site, task, n))
+		}
+		return urls
+	}
+	for _, u := range steps(1, 3) {
+		require.NoError(t, c.Request("GET", u, nil, ctx, nil))
+	}
+	out, err := startWorker(t, workerSpec{Mode: "crawl", Redis: sharedAddr(), Prefix: s.cfg.prefix, URLs: steps(4, 6),
+		Threads: 1, Task: task}).Output()
+	require.NoError(t, err)
+	res, err := parseWorkerResult(out)
+	require.NoError(t, err)
+	assert.Equal(t, workerResult{OK: 3}, res)
+	for _, u := range steps(7, 9) {
+		require.NoError(t, c.Request("GET", u, nil, ctx, nil))
+	}
+	v := flow.visitor(task)
+	assert.Len(t, v.ips, 1, "one IP across the processes")
+	assert.Equal(t, 9, v.steps)
+	assert.Empty(t, flow.errors(), "the cookies went along")
+	assert.Equal(t, 9, SessionOf(ctx).Requests, "the other process's requests count in the same session")
+}

@@ -28,6 +28,7 @@ type workerSpec struct {
 	Prefix    string   `json:"prefix"`
 	URLs      []string `json:"urls"`    // crawl: the URLs to visit
 	Threads   int      `json:"threads"` // crawl: parallel requests
+	Task      string   `json:"task"`    // crawl: the task every URL belongs to, visited in order (session_test.go); "" for none
 	LeaseTTL  string   `json:"lease_ttl"`
 	HoldSites []string `json:"hold_sites"` // hold: lease one proxy per site, then sleep; probe: the site
 	Until     int64    `json:"until"`      // probe: lease and release until this unix ms
@@ -94,7 +95,7 @@ func workerMain() int {
 		fmt.Println(string(b))
 		return 0
 	case "crawl":
-		c := colly.NewCollector(colly.Async(true), colly.AllowURLRevisit())
+		c := colly.NewCollector(colly.Async(spec.Task == ""), colly.AllowURLRevisit())
 		sw.Attach(c)
 		if err := c.Limit(&colly.LimitRule{DomainGlob: "*", Parallelism: spec.Threads}); err != nil {
 			fmt.Fprintln(os.Stderr, "worker:", err)
@@ -108,6 +109,10 @@ func workerMain() int {
 			fmt.Fprintln(os.Stderr, "worker request failed:", err)
 		})
 		for _, u := range spec.URLs {
+			if spec.Task != "" {
+				_ = c.Request("GET", u, nil, NewTaskContext(spec.Task), nil)
+				continue
+			}
 			_ = c.Visit(u)
 		}
 		c.Wait()
