@@ -64,7 +64,9 @@ func workerMain() int {
 	if ttl == 0 {
 		ttl = 30 * time.Second
 	}
-	sw, err := NewSwitch(rdb, WithPrefix(spec.Prefix), WithLeaseTTL(ttl))
+	// A generous Redis bound: these workers test collisions and crash
+	// recovery, not timeouts, and CI machines can be loaded.
+	sw, err := NewSwitch(rdb, WithPrefix(spec.Prefix), WithLeaseTTL(ttl), WithRedisTimeout(10*time.Second))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "worker:", err)
 		return 2
