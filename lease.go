@@ -26,7 +26,8 @@ type Lease struct {
 	site     string       // the site it was leased for (differs from scope with ScopeGlobal)
 	expiry   atomic.Int64 // unix ms, Redis clock
 	released atomic.Bool
-	healthy  atomic.Bool // the site answered normally through it: release resets the backoff
+	healthy  atomic.Bool  // the site answered normally through it: release resets the backoff
+	hold     atomic.Int64 // ns: keep the proxy out at least this long after release (an abandoned request)
 }
 
 // Proxy returns the leased proxy.
@@ -226,7 +227,7 @@ func (s *Switch) release(ctx context.Context, l *Lease) error {
 	if l.healthy.Load() {
 		reset = l.proxy.id
 	}
-	n, err := s.releaseMember(ctx, l.scope, l.member, l.token, reset)
+	n, err := s.releaseMemberFor(ctx, l.scope, l.member, l.token, reset, max(s.cfg.cooldown, time.Duration(l.hold.Load())))
 	if err != nil {
 		if s.fb != nil && s.fb.failedRelease(ctx, l, err) {
 			return nil
@@ -243,9 +244,14 @@ func (s *Switch) release(ctx context.Context, l *Lease) error {
 // released after expiry, 0 not the owner. A non-empty reset names the proxy
 // whose runs of bans (on scope) and failures end.
 func (s *Switch) releaseMember(ctx context.Context, scope, member, token, reset string) (int64, error) {
+	return s.releaseMemberFor(ctx, scope, member, token, reset, s.cfg.cooldown)
+}
+
+// releaseMemberFor is releaseMember with the proxy next free after cooldown.
+func (s *Switch) releaseMemberFor(ctx context.Context, scope, member, token, reset string, cooldown time.Duration) (int64, error) {
 	keys := []string{s.keys.free(scope), s.keys.leases(scope), s.keys.strikes(scope), s.keys.fails()}
 	n, err := roundTrip(ctx, s.callTimeout(), func(ctx context.Context) (int64, error) {
-		return releaseScript.Run(ctx, s.rdb, keys, member, token, s.cfg.cooldown.Milliseconds(), reset).Int64()
+		return releaseScript.Run(ctx, s.rdb, keys, member, token, cooldown.Milliseconds(), reset).Int64()
 	}, nil)
 	if err != nil {
 		return 0, redisErr("release", err)

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/url"
 	"reflect"
@@ -124,7 +125,7 @@ func (s *Switch) Attach(c *colly.Collector) {
 	c.OnRequestHeaders(s.sessionRequestHeaders) // the task in r.Ctx, for sticky sessions (session.go)
 	c.OnResponseHeaders(s.onResponseHeaders)
 	c.OnResponse(func(r *colly.Response) { s.finish(r.Request) })
-	c.OnError(func(r *colly.Response, _ error) { s.finish(r.Request) })
+	c.OnError(func(r *colly.Response, err error) { s.finishAfter(r.Request, err) })
 }
 
 // ProxyFunc is the proxy function Colly (and net/http) call for every hop of
@@ -255,7 +256,16 @@ func (s *Switch) onResponseHeaders(r *colly.Response) {
 // released and Request.ProxyURL names the proxy (password redacted). Colly
 // may report one request twice (an OnHTML error after OnResponse); the second
 // call finds nothing to do.
-func (s *Switch) finish(r *colly.Request) {
+func (s *Switch) finish(r *colly.Request) { s.finishAfter(r, nil) }
+
+// abandonHold is how long a proxy stays out after a request that was given
+// up while the proxy may still carry it (a timeout, a cancellation, an abort
+// after the headers): the site may still be answering the abandoned request,
+// and a new one from the same IP at that moment would look like two at once.
+const abandonHold = 2 * time.Second
+
+// finishAfter is finish for a request that ended with err.
+func (s *Switch) finishAfter(r *colly.Request, err error) {
 	if r == nil || r.Headers == nil {
 		return
 	}
@@ -263,9 +273,27 @@ func (s *Switch) finish(r *colly.Request) {
 	if b == nil {
 		return
 	}
+	if abandoned(err) {
+		b.mu.Lock()
+		if b.lease != nil {
+			b.lease.hold.Store(int64(abandonHold))
+		}
+		b.mu.Unlock()
+	}
 	if p := s.endBinding(b); p != nil {
 		r.ProxyURL = p.String()
 	}
+}
+
+// abandoned reports whether err means the request was given up while it may
+// still be under way upstream.
+func abandoned(err error) bool {
+	if err == nil {
+		return false
+	}
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) ||
+		errors.Is(err, colly.ErrAbortedAfterHeaders) || (errors.As(err, &ne) && ne.Timeout())
 }
 
 // endBinding marks b finished, releases its lease and returns its proxy.
