@@ -2,9 +2,9 @@ package storage
 
 import (
 	"context"
-	"fmt"
 	"time"
 
+	"github.com/proxyswitch/proxyswitch/internal/bounded"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -18,38 +18,11 @@ import (
 // its caller gave up is either harmless or comes back through the
 // visibility timeout.
 func call[T any](ctx context.Context, timeout time.Duration, inline bool, op string, fn func(context.Context) (T, error)) (T, error) {
-	cctx, cancel := context.WithTimeout(ctx, timeout)
-	if inline {
-		defer cancel()
-		v, err := fn(cctx)
-		if err != nil && err != redis.Nil {
-			return v, redisErr(op, err)
-		}
-		return v, err
+	v, err := bounded.Call(ctx, timeout, inline, fn, nil)
+	if err != nil && err != redis.Nil {
+		return v, redisErr(op, err)
 	}
-	type result struct {
-		v   T
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		v, err := fn(cctx)
-		done <- result{v, err}
-	}()
-	defer cancel()
-	var zero T
-	select {
-	case r := <-done:
-		if r.err != nil && r.err != redis.Nil {
-			return zero, redisErr(op, r.err)
-		}
-		return r.v, r.err
-	case <-cctx.Done():
-		if err := ctx.Err(); err != nil {
-			return zero, redisErr(op, err)
-		}
-		return zero, redisErr(op, fmt.Errorf("no reply within %v: %w", timeout, cctx.Err()))
-	}
+	return v, err
 }
 
 // run runs a script through call.
@@ -60,16 +33,5 @@ func (s *Storage) run(ctx context.Context, op string, sc *redis.Script, keys []s
 }
 
 // honoursDeadlines reports whether rdb bounds its own round trips by the
-// context's deadline (Options.ContextTimeoutEnabled), so that call needs no
-// watchdog goroutine.
-func honoursDeadlines(rdb redis.UniversalClient) bool {
-	switch c := rdb.(type) {
-	case *redis.Client:
-		return c.Options().ContextTimeoutEnabled
-	case *redis.ClusterClient:
-		return c.Options().ContextTimeoutEnabled
-	case *redis.Ring:
-		return c.Options().ContextTimeoutEnabled
-	}
-	return false
-}
+// context's deadline, so that call needs no watchdog goroutine.
+func honoursDeadlines(rdb redis.UniversalClient) bool { return bounded.HonoursDeadlines(rdb) }

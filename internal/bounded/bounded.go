@@ -1,0 +1,72 @@
+// Package bounded runs one Redis round trip within a bound of its own,
+// whatever the go-redis client's settings. It is shared by the root package
+// and storage.
+package bounded
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Call runs fn with a context bounded by timeout. go-redis honours context
+// deadlines only with Options.ContextTimeoutEnabled and otherwise waits its
+// read timeout, times its retries; so unless inline says the client honours
+// them, fn runs on a goroutine of its own and Call returns as soon as the
+// bound passes, leaving fn to finish in the background. late, if non-nil,
+// then receives fn's result (so that, say, a lease granted after its caller
+// gave up is handed back, not leaked).
+//
+// On the bound it returns the caller's own context error if that context
+// ended, else "no reply within <timeout>" wrapping context.DeadlineExceeded.
+func Call[T any](ctx context.Context, timeout time.Duration, inline bool, fn func(context.Context) (T, error), late func(T, error)) (T, error) {
+	cctx, cancel := context.WithTimeout(ctx, timeout)
+	if inline {
+		defer cancel()
+		return fn(cctx)
+	}
+	type result struct {
+		v   T
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		v, err := fn(cctx)
+		done <- result{v, err}
+	}()
+	select {
+	case r := <-done:
+		cancel()
+		return r.v, r.err
+	case <-cctx.Done():
+		go func() {
+			r := <-done
+			cancel()
+			if late != nil {
+				late(r.v, r.err)
+			}
+		}()
+		var zero T
+		if ctx.Err() != nil {
+			return zero, ctx.Err()
+		}
+		return zero, fmt.Errorf("no reply within %v: %w", timeout, cctx.Err())
+	}
+}
+
+// HonoursDeadlines reports whether rdb bounds its own round trips by the
+// context's deadline (Options.ContextTimeoutEnabled), so that Call needs no
+// watchdog goroutine.
+func HonoursDeadlines(rdb any) bool {
+	switch c := rdb.(type) {
+	case *redis.Client:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.Ring:
+		return c.Options().ContextTimeoutEnabled
+	}
+	return false
+}
