@@ -76,9 +76,9 @@ func (s *Switch) penalize(ctx context.Context, site string, p *Proxy, l *Lease, 
 		return l.sw.penalize(ctx, site, p, l, v) // a lease of a routed pool: its pool's keys
 	}
 	if root := s.cfg.routes.parent; root != nil {
-		// A routed pool's Switch: counted and observed where the user looks.
+		// A routed pool's Switch: counted where the user looks (observed
+		// there too: observerOf).
 		root.bans.add(BanKey{Site: site, Reason: v.Reason})
-		s.observer.Store(root.observer.Load())
 	}
 	s.bans.add(BanKey{Site: site, Reason: v.Reason})
 	if s.fb != nil {

@@ -55,6 +55,7 @@ func (k keyspace) strikes(site string) string { return k.base + ":strikes:" + si
 func (k keyspace) fails() string              { return k.base + ":fails" }
 func (k keyspace) quarantine() string         { return k.base + ":quarantine" }
 func (k keyspace) dead() string               { return k.base + ":dead" }
+func (k keyspace) liveSessions() string       { return k.base + ":sessions" }
 func (k keyspace) members() string            { return k.base + ":members" }
 func (k keyspace) memberOwners() string       { return k.base + ":member-owners" }
 func (k keyspace) modes() string              { return k.base + ":modes" }

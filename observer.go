@@ -1,6 +1,7 @@
 package proxyswitch
 
 import (
+	"strings"
 	"time"
 )
 
@@ -15,6 +16,10 @@ type Observer interface {
 	// ObserveQuarantine is called for every quarantine or dead-marking the
 	// Switch applied, operator bans (Switch.Ban) included.
 	ObserveQuarantine(QuarantineEvent)
+	// ObserveSession is called when this process starts a sticky session
+	// and when it retires or ends one (a session that lapses, unused for its
+	// TTL, is seen by no one: count live ones with Switch.LiveSessions).
+	ObserveSession(SessionEvent)
 }
 
 // AttemptEvent is one classified attempt of a request.
@@ -34,6 +39,21 @@ type QuarantineEvent struct {
 	Dead                        bool          // the proxy was marked dead
 }
 
+// SessionEvent is a sticky session starting, or ending in this process.
+type SessionEvent struct {
+	Pool    string // the pool the session leases from (WithSessionPool)
+	ProxyID string
+	Ended   bool // false: the session started; true: it was retired or ended
+	// Site is where the session started, or where the reason that ended it
+	// showed ("" for limits and EndSession).
+	Site string
+	// Reason is why it ended: a verdict's reason ("http_403"...) or one of
+	// the Session... reasons (SessionEnded for EndSession). "" at the start.
+	Reason   string
+	Requests int           // Ended: the requests it served
+	Age      time.Duration // Ended: from its start to its end (Redis clock)
+}
+
 // observerBox lets an interface value live in an atomic.Pointer.
 type observerBox struct{ o Observer }
 
@@ -50,15 +70,44 @@ func (s *Switch) SetObserver(o Observer) {
 // Pool returns the name of the pool the Switch leases from.
 func (s *Switch) Pool() string { return s.cfg.pool }
 
-func (s *Switch) observeAttempt(site string, p *Proxy, v Verdict, latency time.Duration) {
+// observerOf returns the observer of s's events: the one of the Switch that
+// routed to s (WithRoute, WithSessionPool), else s's own; nil for none.
+func (s *Switch) observerOf() Observer {
+	if root := s.cfg.routes.parent; root != nil {
+		s = root
+	}
 	if b := s.observer.Load(); b != nil {
-		b.o.ObserveAttempt(AttemptEvent{Pool: s.cfg.pool, Site: site, ProxyID: p.id, Kind: v.Kind, Reason: v.Reason, Latency: latency})
+		return b.o
+	}
+	return nil
+}
+
+func (s *Switch) observeAttempt(site string, p *Proxy, v Verdict, latency time.Duration) {
+	if o := s.observerOf(); o != nil {
+		o.ObserveAttempt(AttemptEvent{Pool: s.cfg.pool, Site: site, ProxyID: p.id, Kind: v.Kind, Reason: v.Reason, Latency: latency})
 	}
 }
 
 func (s *Switch) observeQuarantine(site string, p *Proxy, v Verdict, pen penalty) {
-	if b := s.observer.Load(); b != nil {
-		b.o.ObserveQuarantine(QuarantineEvent{Pool: s.cfg.pool, Site: site, ProxyID: p.id, Reason: v.Reason, Kind: v.Kind,
+	if o := s.observerOf(); o != nil {
+		o.ObserveQuarantine(QuarantineEvent{Pool: s.cfg.pool, Site: site, ProxyID: p.id, Reason: v.Reason, Kind: v.Kind,
 			Duration: pen.quarantine, InARow: pen.strikes, Dead: pen.dead})
+	}
+}
+
+// observeSessionStart tells the observer of a session that started on site
+// with the proxy of member ("<id>:<slot>").
+func (s *Switch) observeSessionStart(site, member string) {
+	if o := s.observerOf(); o != nil {
+		id, _, _ := strings.Cut(member, ":")
+		o.ObserveSession(SessionEvent{Pool: s.cfg.pool, ProxyID: id, Site: site})
+	}
+}
+
+// observeSessionEnd tells the observer of a session that ended.
+func (s *Switch) observeSessionEnd(r SessionRetirement) {
+	if o := s.observerOf(); o != nil {
+		o.ObserveSession(SessionEvent{Pool: s.cfg.pool, ProxyID: r.ProxyID, Ended: true, Site: r.Site, Reason: r.Reason,
+			Requests: r.Requests, Age: max(r.At.Sub(r.Started), 0)})
 	}
 }

@@ -98,7 +98,9 @@ func (s *Switch) Drain(ctx context.Context, proxy string) error {
 }
 
 // Clear deletes every key of the pool: its proxies, settings, leases, bans,
-// dead list and members. It finds them through the pool's own registries,
+// dead list, members and the set LiveSessions counts (session records and
+// cookie jars, kept per task, lapse with their TTL; a session whose lease
+// Clear deleted retires at its next use). It finds them through the pool's own registries,
 // never with a KEYS or SCAN glob, so other pools and prefixes are untouched.
 // Workers still running lease from an empty pool (ErrEmptyPool) until the
 // pool is loaded again.
@@ -108,7 +110,7 @@ func (s *Switch) Clear(ctx context.Context) error {
 	}
 	_, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) (int64, error) {
 		return clearScript.Run(ctx, s.rdb, []string{s.keys.sites()}, s.keys.base,
-			":proxies", ":meta", ":fails", ":quarantine", ":dead", ":members", ":member-owners", ":sites").Int64()
+			":proxies", ":meta", ":fails", ":quarantine", ":dead", ":members", ":member-owners", ":sites", ":sessions").Int64()
 	}, nil)
 	if err != nil {
 		return redisErr("clear", err)

@@ -147,6 +147,13 @@ type recordingObserver struct {
 	mu          sync.Mutex
 	attempts    map[Kind]int
 	quarantines []QuarantineEvent
+	sessions    []SessionEvent
+}
+
+func (o *recordingObserver) ObserveSession(e SessionEvent) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.sessions = append(o.sessions, e)
 }
 
 func (o *recordingObserver) ObserveAttempt(e AttemptEvent) {

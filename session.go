@@ -136,6 +136,7 @@ type SessionInfo struct {
 	Generation int    // the task's sessions in a row: 1 for its first, 2 after one retirement...
 	Pool       string // the pool the session leases from (WithSessionPool)
 	Proxy      string // the session's proxy, password redacted
+	ProxyID    string // its ID (Proxy.ID): what Switch.Ban, Drain... take
 	Requests   int    // requests sent through the session so far, this one included
 	Started    time.Time
 	Expires    time.Time // when it lapses unless used again (Redis clock)
@@ -150,6 +151,7 @@ type SessionRetirement struct {
 	Task     string
 	ID       string // the session that ended
 	Proxy    string // its proxy, password redacted (its ID if it left the pool)
+	ProxyID  string // its proxy's ID (Proxy.ID)
 	Reason   string // a verdict's reason ("http_403"...) or one of the Session... reasons
 	Site     string // the site where the reason showed; "" for limits and EndSession
 	Requests int    // requests it served
@@ -311,6 +313,25 @@ func (s *Switch) SessionCookies(ctx context.Context, task string, u *url.URL) ([
 	return cookiesFor(rep.jar, u, time.Now()), nil
 }
 
+// LiveSessions counts the live sessions of the Switch's session pool (the
+// one WithSessionPool names, else its own), on every server: those started
+// and neither ended, retired nor lapsed (unused for their TTL), by Redis'
+// clock. It is one round trip, bounded by the Redis timeout, and safe for
+// concurrent use.
+func (s *Switch) LiveSessions(ctx context.Context) (int, error) {
+	ss, err := s.sessionSwitch()
+	if err != nil {
+		return 0, err
+	}
+	n, err := roundTrip(ctx, ss.cfg.redisTimeout, func(ctx context.Context) (int64, error) {
+		return sessionCountScript.Run(ctx, ss.rdb, []string{ss.keys.liveSessions()}).Int64()
+	}, nil)
+	if err != nil {
+		return 0, redisErr("live sessions", err)
+	}
+	return int(n), nil
+}
+
 // EndSession ends the live session of task at once, when the flow is done:
 // its proxy serves others again after the cooldown (so call it once the
 // task's requests are over), and its cookies are deleted. It reports whether there was a session to end. It also deletes
@@ -324,7 +345,7 @@ func (s *Switch) EndSession(ctx context.Context, task string) (bool, error) {
 	if err := checkTask(task); err != nil {
 		return false, err
 	}
-	_, ended, err := ss.endSession(ctx, task, "", SessionEnded, "")
+	_, ended, err := ss.endSession(ctx, task, "", SessionEnded, "", true)
 	return ended, err
 }
 
@@ -511,10 +532,20 @@ func (s *Switch) penalizeLease(ctx context.Context, b *binding, site string, l *
 	l.released.Store(false) // the quarantine ends the session's lease on its site (owner-checked)
 	pen, err := l.sw.penalize(ctx, site, l.proxy, l, v)
 	l.released.Store(true)
-	if _, _, rerr := l.sw.endSession(ctx, ts.task, strings.TrimPrefix(l.token, sessionTokenPrefix), v.Reason, site); rerr != nil {
+	if _, _, rerr := l.sw.endSession(ctx, ts.task, strings.TrimPrefix(l.token, sessionTokenPrefix), v.Reason, site, true); rerr != nil {
 		err = errors.Join(err, rerr)
 	}
 	return pen, err
+}
+
+// sessionEnded tells the observer of a session this process ended, and
+// WithSessionRetired's function of a retirement (any reason but
+// SessionEnded).
+func (s *Switch) sessionEnded(r SessionRetirement) {
+	s.observeSessionEnd(r)
+	if r.Reason != SessionEnded {
+		s.reportRetired(r)
+	}
 }
 
 // reportRetired hands a retirement to WithSessionRetired's function.

@@ -36,6 +36,10 @@ var (
 	//go:embed lua/session_cookies.lua
 	sessionCookiesLua    string
 	sessionCookiesScript = redis.NewScript(sessionLibLua + sessionCookiesLua)
+
+	//go:embed lua/session_count.lua
+	sessionCountLua    string
+	sessionCountScript = redis.NewScript(sessionCountLua)
 )
 
 // sessionTokenPrefix starts the owner token of every session lease; other
@@ -108,7 +112,7 @@ func (s *Switch) runUse(ctx context.Context, task, scope, mode string) (*useRepl
 		}
 		id, _ := res[2].(string)
 		exp := toInt(res[6])
-		info := &SessionInfo{Task: task, ID: id, Generation: int(toInt(res[3])), Pool: s.cfg.pool, Proxy: p.String(),
+		info := &SessionInfo{Task: task, ID: id, Generation: int(toInt(res[3])), Pool: s.cfg.pool, Proxy: p.String(), ProxyID: p.ID(),
 			Requests: int(toInt(res[4])), Started: time.UnixMilli(toInt(res[5])), Expires: time.UnixMilli(exp)}
 		if prev := s.retirement(task, res[8:16]); prev.ID != "" {
 			info.Previous = &prev
@@ -132,7 +136,7 @@ func (s *Switch) runUse(ctx context.Context, task, scope, mode string) (*useRepl
 // retirement reads the 8 items session_lib.lua's previous() returns.
 func (s *Switch) retirement(task string, v []any) SessionRetirement {
 	str := func(i int) string { x, _ := v[i].(string); return x }
-	r := SessionRetirement{Task: task, ID: str(0), Proxy: str(1), Reason: str(3), Site: str(4),
+	r := SessionRetirement{Task: task, ID: str(0), Proxy: str(1), ProxyID: str(1), Reason: str(3), Site: str(4),
 		At: time.UnixMilli(toInt(v[5])), Requests: int(toInt(v[6])), Started: time.UnixMilli(toInt(v[7]))}
 	if p, err := s.proxyFor(str(2)); err == nil && str(2) != "" {
 		r.Proxy = p.String()
@@ -174,7 +178,7 @@ func (s *Switch) useSession(ctx context.Context, task, site string) (*useReply, 
 			return rep, nil
 		case useNone:
 			if rep.retired != nil {
-				s.reportRetired(*rep.retired)
+				s.sessionEnded(*rep.retired)
 			}
 			err = s.startSession(ctx, task, site, scope)
 		case useNewSite:
@@ -198,7 +202,11 @@ func (s *Switch) startSession(ctx context.Context, task, site, scope string) err
 	if err != nil {
 		return err
 	}
-	return s.bind(ctx, task, scope, member, id, expiry, "new")
+	bound, err := s.bind(ctx, task, scope, member, id, expiry, "new")
+	if bound {
+		s.observeSessionStart(site, member)
+	}
+	return err
 }
 
 // extendSession leases the session's own proxy on a scope it reaches for
@@ -211,17 +219,19 @@ func (s *Switch) extendSession(ctx context.Context, task, site, scope string, re
 	}
 	member, expiry, err := s.sessionLease(ctx, site, scope, sessionTokenPrefix+rep.id, rep.proxyID)
 	if errors.Is(err, errProxyGone) {
-		_, _, err = s.endSession(ctx, task, rep.id, SessionProxyRemoved, site)
+		_, _, err = s.endSession(ctx, task, rep.id, SessionProxyRemoved, site, true)
 		return err
 	}
 	if err != nil {
 		return err
 	}
-	return s.bind(ctx, task, scope, member, rep.id, expiry, "add")
+	_, err = s.bind(ctx, task, scope, member, rep.id, expiry, "add")
+	return err
 }
 
-// bind runs session_bind.lua, and releases the lease unless it was bound.
-func (s *Switch) bind(ctx context.Context, task, scope, member, id string, expiry int64, mode string) error {
+// bind runs session_bind.lua, and releases the lease unless it was bound;
+// it says whether it was.
+func (s *Switch) bind(ctx context.Context, task, scope, member, id string, expiry int64, mode string) (bool, error) {
 	c := &s.cfg
 	token := sessionTokenPrefix + id
 	res, err := roundTrip(ctx, c.redisTimeout, func(ctx context.Context) ([]any, error) {
@@ -231,22 +241,22 @@ func (s *Switch) bind(ctx context.Context, task, scope, member, id string, expir
 	}, func(res []any, err error) { s.unbind(task, scope, member, id, res, err) })
 	if err != nil {
 		go s.unbind(task, scope, member, id, nil, err) // both are owner-checked: running twice is harmless
-		return fmt.Errorf("%w: %w", ErrNoProxy, redisErr("session bind", err))
+		return false, fmt.Errorf("%w: %w", ErrNoProxy, redisErr("session bind", err))
 	}
 	if st, _ := intAt(res, 0); st == 1 {
-		return nil
+		return true, nil
 	}
 	_, _ = s.releaseMember(context.WithoutCancel(ctx), scope, member, token, "")
 	switch st, _ := intAt(res, 0); {
 	case st == -3 && len(res) == 2:
 		what, _ := res[1].(string)
-		return fmt.Errorf("%w: %w: session of task %q in pool %q: %s (EndSession deletes it)", ErrNoProxy, ErrCorrupt, task, s.cfg.pool, what)
+		return false, fmt.Errorf("%w: %w: session of task %q in pool %q: %s (EndSession deletes it)", ErrNoProxy, ErrCorrupt, task, s.cfg.pool, what)
 	case st == -4:
-		return fmt.Errorf("%w: the session of task %q already holds its proxy on %d sites", ErrNoProxy, task, maxSessionSites)
+		return false, fmt.Errorf("%w: the session of task %q already holds its proxy on %d sites", ErrNoProxy, task, maxSessionSites)
 	case st >= -2 && st <= 0:
-		return nil // the session changed meanwhile: look again
+		return false, nil // the session changed meanwhile: look again
 	}
-	return fmt.Errorf("%w: %w: unexpected session bind reply", ErrNoProxy, ErrCorrupt)
+	return false, fmt.Errorf("%w: %w: unexpected session bind reply", ErrNoProxy, ErrCorrupt)
 }
 
 // unbind undoes what bind may have done when its reply is lost or came too
@@ -258,15 +268,16 @@ func (s *Switch) unbind(task, scope, member, id string, res []any, err error) {
 		return // bound: the task's next request uses the session
 	}
 	if err != nil {
-		_, _, _ = s.endSession(ctx, task, id, SessionEnded, "")
+		// Its start was never observed: neither is this end.
+		_, _, _ = s.endSession(ctx, task, id, SessionEnded, "", false)
 	}
 	_, _ = s.releaseMember(ctx, scope, member, sessionTokenPrefix+id, "")
 }
 
 // endSession ends the live session of task (only session id, unless id is
-// "") for reason, reports a retirement (any reason but SessionEnded) and
-// says whether it ended one.
-func (s *Switch) endSession(ctx context.Context, task, id, reason, site string) (SessionRetirement, bool, error) {
+// "") for reason, reports a retirement (any reason but SessionEnded), tells
+// the observer if observe, and says whether it ended one.
+func (s *Switch) endSession(ctx context.Context, task, id, reason, site string, observe bool) (SessionRetirement, bool, error) {
 	c := &s.cfg
 	hold := c.leaseTTL // a retirement: the session's other requests may still be under way
 	if reason == SessionEnded {
@@ -287,8 +298,8 @@ func (s *Switch) endSession(ctx context.Context, task, id, reason, site string) 
 		return SessionRetirement{}, false, nil
 	}
 	r := s.retirement(task, []any{res[1], res[3], res[4], reason, site, res[7], res[5], res[6]})
-	if reason != SessionEnded {
-		s.reportRetired(r)
+	if observe {
+		s.sessionEnded(r)
 	}
 	return r, true, nil
 }

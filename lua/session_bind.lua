@@ -56,6 +56,7 @@ if ARGV[9] == 'new' then
   redis.call('HSET', KEYS[1], 'id', id, 'gen', (tonumber(r.gen) or 0) + 1, 'proxy', proxy, 'created', now, 'n', 0)
 end
 redis.call('HSET', KEYS[1], 'exp', exp, 's:' .. scope, member)
+track(base, id, exp, idle, now, ARGV[9] == 'new')
 redis.call('PEXPIRE', KEYS[1], ttl)
 redis.call('PEXPIRE', base .. ':sjar:' .. id, ttl)
 return {1}

@@ -12,7 +12,8 @@
 --   rid, rproxy, rreason, rsite, rat, rn, rcreated: the task's previous
 --            session, when it was retired (a tombstone keeps only these and gen)
 -- A session's cookie jar is the hash <prefix>:sjar:<session ID>, with the
--- record's TTL.
+-- record's TTL. The zset <prefix>:sessions holds the live sessions' IDs
+-- scored by expiry (track).
 
 local DEAD = 1e15
 
@@ -83,6 +84,17 @@ local function intact(base, scope, member, token, exp)
   return nil
 end
 
+-- track puts session id, live until exp, in the pool's set of live
+-- sessions (<prefix>:sessions, a zset scored by expiry: Switch.LiveSessions
+-- counts it). With trim, sessions that lapsed unseen (no end_session ran)
+-- leave it.
+local function track(base, id, exp, idle, now, trim)
+  local k = base .. ':sessions'
+  if trim then redis.call('ZREMRANGEBYSCORE', k, '-inf', now) end
+  redis.call('ZADD', k, exp, id)
+  redis.call('PEXPIRE', k, idle)
+end
+
 -- end_session ends the live session r of record key: every slot it holds
 -- comes back after the cooldown, or after hold ms (the session's requests
 -- still under way finish first; never later than the session's expiry); a
@@ -117,6 +129,7 @@ local function end_session(key, r, base, reason, site, now, cooldown, slots, ttl
     end
   end
   redis.call('DEL', base .. ':sjar:' .. r.id, key)
+  redis.call('ZREM', base .. ':sessions', r.id)
   if reason ~= '' then
     redis.call('HSET', key, 'gen', r.gen, 'rid', r.id, 'rproxy', r.proxy, 'rreason', reason, 'rsite', site,
       'rat', now, 'rn', r.n, 'rcreated', r.created)

@@ -78,6 +78,7 @@ if not mine then return {2, r.proxy, r.id, #hs} end
 local exp = now + ttl
 for _, h in ipairs(hs) do hold(base, h[1], r.proxy, h[2], token, exp, slots, idle) end
 redis.call('HSET', KEYS[1], 'exp', exp)
+track(base, r.id, exp, idle, now, false)
 local n = redis.call('HINCRBY', KEYS[1], 'n', 1)
 redis.call('PEXPIRE', KEYS[1], ttl)
 redis.call('PEXPIRE', jar, ttl)

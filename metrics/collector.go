@@ -39,10 +39,12 @@ const (
 var (
 	latencyBuckets    = []float64{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}
 	quarantineBuckets = []float64{1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 43200, 86400}
+	sessionReqBuckets = []float64{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000}
 )
 
 // Collector turns what one Switch sees and does in this process (attempts
-// and their verdicts, quarantines, member joins) into Prometheus metrics. It
+// and their verdicts, quarantines, sticky sessions started and ended, member
+// joins) into Prometheus metrics. It
 // reads nothing from Redis: every worker exports its own share, with its own
 // "server" label, and Prometheus adds the workers up. Pool-wide state read
 // from Redis is the StateCollector's.
@@ -61,6 +63,11 @@ type Collector struct {
 	quarantine *prometheus.HistogramVec
 	deadMarked *prometheus.CounterVec
 	recovery   *prometheus.HistogramVec
+
+	sessionsStarted prometheus.Counter
+	sessionsEnded   *prometheus.CounterVec
+	sessionRequests prometheus.Histogram
+	sessionAge      prometheus.Histogram
 
 	pendingN atomic.Int64 // len(pending), read without the lock on every attempt
 	pendMu   sync.Mutex
@@ -130,6 +137,18 @@ func newCollector(pool string, cfg config) *Collector {
 		recovery: histogram("proxyswitch_recovery_duration_seconds",
 			"Time from a proxy's quarantine on a site to its next good answer there (ok or neutral) through this server.",
 			quarantineBuckets, "site"),
+
+		sessionsStarted: prometheus.NewCounter(prometheus.CounterOpts{Name: "proxyswitch_sessions_started_total",
+			Help: "Sticky sessions this server started (a task's first request, or its next one after a retirement).", ConstLabels: cl}),
+		sessionsEnded: counter("proxyswitch_sessions_ended_total",
+			"Sticky sessions this server retired or ended, by reason: a verdict's (http_403, proxy_connect...), a limit (max_requests, max_age), proxy_removed, proxy_dead, quarantined, lease_lost, or ended (EndSession). Lapsed sessions are not counted.",
+			"reason"),
+		sessionRequests: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "proxyswitch_session_requests",
+			Help:    "Requests a sticky session served, observed when this server retired or ended it.",
+			Buckets: sessionReqBuckets, ConstLabels: cl}),
+		sessionAge: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "proxyswitch_session_duration_seconds",
+			Help:    "Age of a sticky session (from its start) when this server retired or ended it.",
+			Buckets: quarantineBuckets, ConstLabels: cl}),
 
 		proxySuccess: desc("proxyswitch_proxy_success_ratio",
 			"Share of the proxy's latest attempts (see proxyswitch_proxy_window_attempts) that were neither a ban nor a proxy failure; only the worst proxies (WithTopProxies).",
@@ -208,6 +227,20 @@ func (c *Collector) ObserveQuarantine(ev proxyswitch.QuarantineEvent) {
 	c.pendMu.Unlock()
 }
 
+// ObserveSession counts a sticky session started, retired or ended. The
+// Switch calls it; it is fast, never blocks and never panics.
+func (c *Collector) ObserveSession(ev proxyswitch.SessionEvent) {
+	if !ev.Ended {
+		c.sessionsStarted.Inc()
+		return
+	}
+	if m, err := c.sessionsEnded.GetMetricWithLabelValues(reasonLabel(ev.Reason)); err == nil {
+		m.Inc()
+	}
+	c.sessionRequests.Observe(float64(max(ev.Requests, 0)))
+	c.sessionAge.Observe(max(ev.Age, 0).Seconds())
+}
+
 // ObserveMembers tells the Collector the pool's member list, for the
 // ban-spike signal. Wire it to the Membership of this server:
 //
@@ -259,7 +292,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 }
 
 func (c *Collector) vectors() []prometheus.Collector {
-	return []prometheus.Collector{c.attempts, c.bans, c.latency, c.quarantine, c.deadMarked, c.recovery}
+	return []prometheus.Collector{c.attempts, c.bans, c.latency, c.quarantine, c.deadMarked, c.recovery,
+		c.sessionsStarted, c.sessionsEnded, c.sessionRequests, c.sessionAge}
 }
 
 func (c *Collector) prunePending(now time.Time) {

@@ -100,6 +100,39 @@ func TestCollectorCountsEvents(t *testing.T) {
 	assert.Zero(t, c.pendingN.Load())
 }
 
+func TestCollectorCountsSessions(t *testing.T) {
+	c, _ := testCollector()
+	f, _ := scrape(t, c)
+	f.expect(t, want{"proxyswitch_sessions_started_total", []string{"pool=main", "server=w1"}, 0})
+	for range 4 {
+		c.ObserveSession(proxyswitch.SessionEvent{Pool: "main", Site: "a.example", ProxyID: "p1"})
+	}
+	end := func(reason string, requests int, age time.Duration) {
+		c.ObserveSession(proxyswitch.SessionEvent{Pool: "main", ProxyID: "p1", Ended: true, Reason: reason, Requests: requests, Age: age})
+	}
+	end("http_403", 12, 40*time.Second)
+	end(proxyswitch.SessionMaxRequests, 50, 2*time.Minute)
+	end(proxyswitch.SessionEnded, 3, time.Second)
+	end("Weird Reason {}", -1, -time.Second) // never a bad label, never a negative observation
+
+	f, _ = scrape(t, c)
+	f.expect(t, []want{
+		{"proxyswitch_sessions_started_total", nil, 4},
+		{"proxyswitch_sessions_ended_total", []string{"reason=http_403"}, 1},
+		{"proxyswitch_sessions_ended_total", []string{"reason=max_requests"}, 1},
+		{"proxyswitch_sessions_ended_total", []string{"reason=ended"}, 1},
+		{"proxyswitch_sessions_ended_total", []string{"reason=custom"}, 1},
+	}...)
+	n, sum, ok := f.histogram("proxyswitch_session_requests")
+	require.True(t, ok)
+	assert.EqualValues(t, 4, n)
+	assert.InDelta(t, 12+50+3, sum, 1e-9)
+	n, sum, ok = f.histogram("proxyswitch_session_duration_seconds")
+	require.True(t, ok)
+	assert.EqualValues(t, 4, n)
+	assert.InDelta(t, 40+120+1, sum, 1e-9)
+}
+
 func TestSiteLabelsAreBounded(t *testing.T) {
 	c, _ := testCollector(WithMaxSites(3))
 	for i := range 10 {
@@ -265,7 +298,7 @@ func TestObserverIsTheSwitchs(t *testing.T) {
 	for d := range ch {
 		got = append(got, d.String())
 	}
-	assert.Len(t, got, 15)
+	assert.Len(t, got, 19)
 	assert.Panics(t, func() { New(nil) })
 	assert.Panics(t, func() { NewState(nil) })
 }

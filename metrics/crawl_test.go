@@ -55,8 +55,10 @@ func proxyID(t *testing.T, p *testbed.Proxy) string {
 // TestScriptedCrawl crawls a plain shop and a marketplace through six
 // proxies with passwords: one burnt on the marketplace (403), one dead
 // (refuses connections: a proxy failure on each site, then marked dead),
-// one slow. Then an operator bans, drains and revives proxies. Every
-// scraped number is checked against the ground truth.
+// one slow. Then an operator bans, drains and revives proxies, and three
+// shopper tasks run sticky sessions on the shop (one retired by its request
+// limit, one ended, one retired by an operator's ban). Every scraped number
+// is checked against the ground truth.
 func TestScriptedCrawl(t *testing.T) {
 	ctx := context.Background()
 	shop := testbed.NewSite(t, "shop", nil)
@@ -78,7 +80,7 @@ func TestScriptedCrawl(t *testing.T) {
 	sw := newSwitch(t, proxyswitch.WithLogger(logs.logger()),
 		proxyswitch.WithQuarantine(time.Hour, 2*time.Hour),
 		proxyswitch.WithFailureQuarantine(10*time.Minute, 20*time.Minute),
-		proxyswitch.WithDeadAfter(2))
+		proxyswitch.WithDeadAfter(2), proxyswitch.WithSessionMaxRequests(3))
 	_, err := sw.Add(ctx, urls...)
 	require.NoError(t, err)
 	col := New(sw, WithServer("worker-1"), WithTopProxies(3))
@@ -201,13 +203,81 @@ func TestScriptedCrawl(t *testing.T) {
 	assert.GreaterOrEqual(t, sum, 90*60.0)
 	assert.LessOrEqual(t, sum, 2*3600.0)
 
-	for _, out := range []string{page, page2, logs.String()} {
+	page3 := scriptedSessions(t, sw, c, col, state, shop, dead)
+	for _, out := range []string{page, page2, page3, logs.String()} {
 		assert.NotContains(t, out, proxySecret)
 		assert.NotContains(t, out, redisSecret)
 	}
 	for _, p := range proxies {
-		assert.NotContains(t, page+page2, p.Addr(), "proxies are named by ID only")
+		assert.NotContains(t, page+page2+page3, p.Addr(), "proxies are named by ID only")
 	}
+}
+
+// scriptedSessions is TestScriptedCrawl's last act: sticky sessions on
+// shop, with WithSessionMaxRequests(3). Proxies 0 (banned on shop) and 1
+// (drained) are out; dead works again. The shop's recorder is the ground
+// truth: each session of a task is a run of requests from one IP.
+func scriptedSessions(t *testing.T, sw *proxyswitch.Switch, c *crawler, col *Collector, state *StateCollector,
+	shop *testbed.Site, dead *testbed.Proxy) string {
+	ctx := context.Background()
+	dead.SetMode(testbed.ProxyOK)
+	before := shop.Recorder().Count()
+	step := func(task string, n int) {
+		t.Helper()
+		u := fmt.Sprintf("%s/p/%d?task=%s", shop.URL(), n, task)
+		require.NoError(t, c.Request("GET", u, nil, proxyswitch.NewTaskContext(task), nil))
+	}
+	for n := 1; n <= 4; n++ {
+		step("cart-1", n) // a session of 3 requests, retired (max_requests), then one of 1
+	}
+	step("cart-2", 1)
+	step("cart-2", 2)
+	ended, err := sw.EndSession(ctx, "cart-2")
+	require.NoError(t, err)
+	require.True(t, ended)
+	step("cart-3", 1)
+	s3, err := sw.Session(ctx, "cart-3")
+	require.NoError(t, err)
+	require.NotNil(t, s3)
+	require.NoError(t, sw.Ban(ctx, s3.ProxyID, shop.Host(), time.Hour))
+	step("cart-3", 2) // the ban retires the session (quarantined) before the request leaves
+	live, err := sw.LiveSessions(ctx)
+	require.NoError(t, err)
+
+	// Ground truth: the runs of one IP per task at the shop.
+	runs := map[string][]int{}
+	last := map[string]string{}
+	for _, h := range shop.Recorder().Hits()[before:] {
+		task := strings.TrimPrefix(h.Query, "task=")
+		if last[task] != h.ClientIP {
+			runs[task] = append(runs[task], 0)
+			last[task] = h.ClientIP
+		}
+		runs[task][len(runs[task])-1]++
+	}
+	require.Equal(t, map[string][]int{"cart-1": {3, 1}, "cart-2": {2}, "cart-3": {1, 1}}, runs)
+	require.Equal(t, 2, live, "cart-1's and cart-3's second sessions")
+
+	f, page := scrape(t, col, state)
+	f.expect(t, []want{
+		{"proxyswitch_sessions_started_total", []string{"pool=default", "server=worker-1"}, 5},
+		{"proxyswitch_sessions_ended_total", []string{"reason=" + proxyswitch.SessionMaxRequests}, 1},
+		{"proxyswitch_sessions_ended_total", []string{"reason=" + proxyswitch.SessionEnded}, 1},
+		{"proxyswitch_sessions_ended_total", []string{"reason=" + proxyswitch.SessionQuarantined}, 1},
+		{"proxyswitch_sessions_live", []string{"pool=default"}, 2},
+		{"proxyswitch_attempts_total", []string{"site=" + shop.Host(), "outcome=ok"}, float64(20 + 8)},
+	}...)
+	assert.Equal(t, 3.0, f.sum("proxyswitch_sessions_ended_total"))
+	n, sum, ok := f.histogram("proxyswitch_session_requests")
+	require.True(t, ok)
+	assert.EqualValues(t, 3, n)
+	assert.Equal(t, float64(3+2+1), sum, "requests of the three sessions that ended")
+	n, sum, ok = f.histogram("proxyswitch_session_duration_seconds")
+	require.True(t, ok)
+	assert.EqualValues(t, 3, n)
+	assert.Greater(t, sum, 0.0)
+	assert.Less(t, sum, 60.0)
+	return page
 }
 
 // TestRecovery times a proxy's way back: banned (403) with a short

@@ -50,6 +50,8 @@ func everything(t *testing.T) families {
 	c.ObserveQuarantine(proxyswitch.QuarantineEvent{Site: "ozon.example", ProxyID: "p2", Kind: proxyswitch.ProxyFailure, Reason: "proxy_connect", Dead: true})
 	c.ObserveMembers([]string{"w1", "w2"})
 	c.ObserveAttempt(attempt("ozon.example", "p1", proxyswitch.OK, "", time.Second))
+	c.ObserveSession(proxyswitch.SessionEvent{Site: "ozon.example", ProxyID: "p1"})
+	c.ObserveSession(proxyswitch.SessionEvent{Site: "ozon.example", ProxyID: "p1", Ended: true, Reason: "http_403", Requests: 7, Age: time.Minute})
 	f, _ := scrape(t, c, NewState(sw))
 	return f
 }
@@ -126,7 +128,7 @@ func TestDashboard(t *testing.T) {
 	}
 	slices.Sort(missing)
 	assert.Empty(t, missing, "exported but not on the dashboard")
-	assert.Len(t, used, 22)
+	assert.Len(t, used, 27)
 }
 
 // balanced reports whether the brackets of a query pair up outside its

@@ -6,13 +6,14 @@
 //
 //   - Collector, one per Switch in every worker: the Switch's observer. It
 //     counts attempts and their verdicts, bans by reason, quarantines and
-//     recoveries, per-proxy health (opt-in, top-K worst), and a ban-spike
-//     signal after the member list grows. In-process, no Redis traffic:
+//     recoveries, per-proxy health (opt-in, top-K worst), sticky sessions
+//     started and ended, and a ban-spike signal after the member list
+//     grows. In-process, no Redis traffic:
 //     each worker exports its own share under its own "server" label.
 //   - StateCollector, one per pool in one process (the standalone exporter
 //     "proxyswitch serve", or a single worker): reads the pool's state from
 //     Redis at scrape time, proxies by state per site, dead and drained
-//     proxies, live servers.
+//     proxies, live servers, live sticky sessions.
 //
 // # Usage
 //
@@ -46,6 +47,10 @@
 //	proxyswitch_join_ban_spike                               gauge      once ObserveMembers was called
 //	proxyswitch_last_member_join_timestamp_seconds           gauge      after a join
 //	proxyswitch_join_ban_ratio{window}                       gauge      window: before, after; after a join
+//	proxyswitch_sessions_started_total                       counter    sticky sessions this server started
+//	proxyswitch_sessions_ended_total{reason}                 counter    retired (http_403, max_requests...) or ended (EndSession)
+//	proxyswitch_session_requests                             histogram  requests a session served, when it ended
+//	proxyswitch_session_duration_seconds                     histogram  a session's age when it ended
 //
 // StateCollector (constant label pool):
 //
@@ -54,6 +59,7 @@
 //	proxyswitch_sites                                        gauge      sites leased within the idle TTL
 //	proxyswitch_site_slots{site,state}                       gauge      state: free, leased, cooling, quarantined, dead
 //	proxyswitch_pool_members                                 gauge      servers whose heartbeat is alive
+//	proxyswitch_sessions_live                                gauge      live sticky sessions on every server
 //	proxyswitch_state_up                                     gauge      1 if the last Redis read worked
 //	proxyswitch_state_read_duration_seconds                  gauge
 //

@@ -16,7 +16,8 @@ import (
 const stateReaders = 8
 
 // StateCollector reads the state of one pool from Redis at scrape time:
-// the pool's size, dead and drained proxies, the live member list and, per
+// the pool's size, dead and drained proxies, the live member list, the
+// live sticky sessions and, per
 // site leased recently, how many proxy slots are free, leased, cooling down,
 // quarantined or dead. The numbers are cluster-wide, the same whichever
 // process reads them: run one, in the standalone exporter (proxyswitch
@@ -33,7 +34,7 @@ type StateCollector struct {
 	cfg     config
 	failing atomic.Bool // the last scrape failed (logged once per run)
 
-	poolProxies, deadProxies, sites, siteSlots, poolMembers, up, duration *prometheus.Desc
+	poolProxies, deadProxies, sites, siteSlots, poolMembers, sessions, up, duration *prometheus.Desc
 }
 
 // NewState returns a StateCollector for sw's pool. Its series carry the
@@ -65,6 +66,8 @@ func NewState(sw *proxyswitch.Switch, opts ...Option) *StateCollector {
 			"site", "state"),
 		poolMembers: desc("proxyswitch_pool_members",
 			"Servers registered in the pool's member list (heartbeat alive)."),
+		sessions: desc("proxyswitch_sessions_live",
+			"Live sticky sessions of the pool's tasks on every server (leasing from its session pool, WithSessionPool): started and not yet retired, ended or lapsed."),
 		up: desc("proxyswitch_state_up",
 			"1 if the last read of the pool's state from Redis succeeded, else 0."),
 		duration: desc("proxyswitch_state_read_duration_seconds",
@@ -74,7 +77,7 @@ func NewState(sw *proxyswitch.Switch, opts ...Option) *StateCollector {
 
 // Describe sends the descriptors of every metric the StateCollector exports.
 func (s *StateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{s.poolProxies, s.deadProxies, s.sites, s.siteSlots, s.poolMembers, s.up, s.duration} {
+	for _, d := range []*prometheus.Desc{s.poolProxies, s.deadProxies, s.sites, s.siteSlots, s.poolMembers, s.sessions, s.up, s.duration} {
 		ch <- d
 	}
 }
@@ -140,6 +143,11 @@ func (s *StateCollector) collect(ctx context.Context, gauge func(*prometheus.Des
 		for r, n := range byReason {
 			gauge(s.deadProxies, float64(n), r)
 		}
+	}
+	if n, err := s.sw.LiveSessions(ctx); err != nil {
+		errs = append(errs, err)
+	} else {
+		gauge(s.sessions, float64(n))
 	}
 	if s.members != nil {
 		if list, err := s.members.Members(ctx); err != nil {

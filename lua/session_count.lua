@@ -1,0 +1,9 @@
+-- session_count.lua: count a pool's live sessions (Switch.LiveSessions).
+--
+-- KEYS[1] live sessions zset  {prefix:pool}:sessions  session ID -> expiry ms
+--         (session_lib.lua's track)
+-- Returns the number of sessions whose expiry is after now (Redis clock).
+-- Read only: the set's lapsed entries are trimmed when sessions start.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+return redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')

@@ -1,0 +1,186 @@
+package proxyswitch
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/gocolly/colly/v2"
+	"github.com/proxyswitch/proxyswitch/internal/testbed"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// sessionTally sums an observer's session events: starts, ends by reason,
+// and the requests of the sessions that ended, by reason.
+type sessionTally struct {
+	started  int
+	ended    map[string]int
+	requests map[string][]int
+	pools    map[string]bool
+	proxies  map[string]bool // proxy IDs of the events
+}
+
+func (o *recordingObserver) tally(t *testing.T) sessionTally {
+	t.Helper()
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	st := sessionTally{ended: map[string]int{}, requests: map[string][]int{}, pools: map[string]bool{}, proxies: map[string]bool{}}
+	for _, e := range o.sessions {
+		st.pools[e.Pool] = true
+		st.proxies[e.ProxyID] = true
+		if !e.Ended {
+			st.started++
+			assert.Empty(t, e.Reason, "a start has no reason")
+			assert.NotEmpty(t, e.Site, "a start names its site")
+			continue
+		}
+		st.ended[e.Reason]++
+		st.requests[e.Reason] = append(st.requests[e.Reason], e.Requests)
+		assert.Greater(t, e.Age, time.Duration(0))
+		assert.Less(t, e.Age, time.Minute)
+	}
+	return st
+}
+
+// The observer sees every session this process starts and ends, with the
+// reason and the requests it served, whichever collector (and Redis client)
+// made the event; LiveSessions counts what is left, cluster-wide. The
+// shop's view of IP changes is the ground truth for the starts.
+func TestSessionEventsAndLiveSessions(t *testing.T) {
+	ctx := context.Background()
+	flow, site, _, s := sessionShop(t, 10, WithSessionMaxRequests(3))
+	other := sibling(t, s, sharedClient(t))
+	obs := &recordingObserver{}
+	s.SetObserver(obs)
+	other.SetObserver(obs)
+	cs := []*colly.Collector{attached(s), attached(other)}
+	step := func(task string, n int) {
+		t.Helper()
+		require.NoError(t, cs[n%2].Request("GET", stepURL(site, task, n), nil, NewTaskContext(task), nil))
+	}
+	live := func() int {
+		t.Helper()
+		n, err := other.LiveSessions(ctx)
+		require.NoError(t, err)
+		return n
+	}
+	assert.Zero(t, live())
+
+	for n := 1; n <= 7; n++ { // three sessions: 3 + 3 + 1 requests
+		step("limited", n)
+	}
+	assert.Equal(t, 1, live())
+	step("banned", 1)
+	step("banned", 2)
+	flow.Ban(flow.visitor("banned").ips[0])
+	step("banned", 3) // retired on its 403, sent again in a new session
+	step("ended", 1)
+	assert.Equal(t, 3, live())
+	ended, err := s.EndSession(ctx, "ended")
+	require.NoError(t, err)
+	require.True(t, ended)
+	assert.Equal(t, 2, live(), "limited and banned live on")
+
+	got := obs.tally(t)
+	shopSessions := 0
+	for _, task := range []string{"limited", "banned", "ended"} {
+		shopSessions += len(flow.visitor(task).ips) // a new session is a new IP (the old one is held out)
+	}
+	assert.Equal(t, 6, shopSessions)
+	assert.Equal(t, shopSessions, got.started)
+	assert.Equal(t, map[string]int{SessionMaxRequests: 2, "http_403": 1, SessionEnded: 1}, got.ended)
+	assert.Equal(t, []int{3, 3}, got.requests[SessionMaxRequests])
+	assert.Equal(t, []int{3}, got.requests["http_403"], "two steps and the banned one")
+	assert.Equal(t, []int{1}, got.requests[SessionEnded])
+	assert.Equal(t, map[string]bool{s.Pool(): true}, got.pools)
+	assert.NotContains(t, got.proxies, "")
+	endedN := 0
+	for _, n := range got.ended {
+		endedN += n
+	}
+	assert.Equal(t, got.started-endedN, live(), "started minus ended: none lapsed")
+	assert.Empty(t, flow.errors())
+
+	// Clear forgets the live sessions with the leases they held.
+	require.NoError(t, s.Clear(ctx))
+	assert.Zero(t, live())
+}
+
+// A session that lapses is seen by no one: no event, and it leaves the
+// live count when its TTL runs out; starting sessions trims it away.
+func TestLiveSessionsLapse(t *testing.T) {
+	ctx := context.Background()
+	_, site, _, s := sessionShop(t, 4, WithSessionTTL(300*time.Millisecond))
+	obs := &recordingObserver{}
+	s.SetObserver(obs)
+	c := attached(s)
+	for _, task := range []string{"a", "b", "c"} {
+		require.NoError(t, c.Request("GET", stepURL(site, task, 1), nil, NewTaskContext(task), nil))
+	}
+	n, err := s.LiveSessions(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, 3, n)
+	time.Sleep(400 * time.Millisecond)
+	n, err = s.LiveSessions(ctx)
+	require.NoError(t, err)
+	assert.Zero(t, n, "all three lapsed")
+	require.NoError(t, c.Request("GET", stepURL(site, "d", 1), nil, NewTaskContext("d"), nil))
+	n, err = s.LiveSessions(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, 1, n)
+	card, err := sharedClient(t).ZCard(ctx, s.keys.liveSessions()).Result()
+	require.NoError(t, err)
+	assert.EqualValues(t, 1, card, "the lapsed ones were trimmed when d started")
+	ttl, err := sharedClient(t).PTTL(ctx, s.keys.liveSessions()).Result()
+	require.NoError(t, err)
+	assert.Greater(t, ttl, time.Duration(0), "the set expires with the pool's idle TTL")
+	got := obs.tally(t)
+	assert.Equal(t, 4, got.started)
+	assert.Empty(t, got.ended)
+}
+
+// Sessions of WithSessionPool lease from another pool: their events reach
+// the Switch's observer with that pool's name, and LiveSessions counts
+// them there.
+func TestSessionEventsOfSessionPool(t *testing.T) {
+	ctx := context.Background()
+	flow, site, _, s := sessionShop(t, 2, WithSessionPool("residential"))
+	obs := &recordingObserver{}
+	s.SetObserver(obs)
+	resi := testbed.NewProxies(t, 2)
+	_, err := s.SessionPool().Add(ctx, resi[0].URL(), resi[1].URL())
+	require.NoError(t, err)
+	c := attached(s)
+	task := NewTaskContext("shopper")
+	for n := 1; n <= 3; n++ {
+		require.NoError(t, c.Request("GET", stepURL(site, "shopper", n), nil, task, nil))
+	}
+	info := SessionOf(task)
+	require.NotNil(t, info)
+	p0, err := ParseProxy(resi[0].URL())
+	require.NoError(t, err)
+	p1, err := ParseProxy(resi[1].URL())
+	require.NoError(t, err)
+	assert.Contains(t, []string{p0.ID(), p1.ID()}, info.ProxyID)
+	obs.mu.Lock()
+	assert.Equal(t, info.ProxyID, obs.sessions[0].ProxyID, "the start names the session's proxy")
+	obs.mu.Unlock()
+	n, err := s.LiveSessions(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, 1, n)
+	flow.Ban(flow.visitor("shopper").ips[0])
+	require.NoError(t, c.Request("GET", stepURL(site, "shopper", 4), nil, NewTaskContext("shopper"), nil))
+	got := obs.tally(t)
+	assert.Equal(t, 2, got.started)
+	assert.Equal(t, map[string]int{"http_403": 1}, got.ended)
+	assert.Equal(t, map[string]bool{"residential": true}, got.pools)
+	obs.mu.Lock()
+	q := len(obs.quarantines)
+	obs.mu.Unlock()
+	assert.Equal(t, 1, q, "the session pool's ban reached the observer too")
+	s.SetObserver(nil)
+	_, err = s.EndSession(ctx, "shopper")
+	require.NoError(t, err)
+	assert.Len(t, obs.tally(t).ended, 1, "no observer, no event")
+}
