@@ -15,6 +15,12 @@
 --
 -- Returns {now ms, pool size, pool version, dead proxies, ID, mark ms, ...}
 -- with a pair for every live member (mark -1 for none).
+
+-- num reads a number as Redis replies it (a score, false for none).
+-- Redis 7.2+ and miniredis write the DEAD score 1e15 as "1e+15"; the
+-- tonumber of gopher-lua (miniredis' Lua) reads no exponent without a dot
+-- (nil), but "+ 0" reads it in every Lua.
+local function num(s) return s and s + 0 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[3])
@@ -30,6 +36,6 @@ local out = {now, redis.call('HLEN', KEYS[3]), tonumber(redis.call('HGET', KEYS[
 for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. now, '+inf')) do
   out[#out + 1] = id
   local m = redis.call('ZSCORE', KEYS[1], id)
-  out[#out + 1] = m and tonumber(m) or -1
+  out[#out + 1] = num(m) or -1
 end
 return out

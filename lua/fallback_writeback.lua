@@ -19,6 +19,11 @@
 -- back as lease.lua builds it. Time comes from TIME.
 -- Returns {quarantines written, leases written}.
 local DEAD = 1e15
+-- num reads a number as Redis replies it (a score, false for none).
+-- Redis 7.2+ and miniredis write the DEAD score 1e15 as "1e+15"; the
+-- tonumber of gopher-lua (miniredis' Lua) reads no exponent without a dot
+-- (nil), but "+ 0" reads it in every Lua.
+local function num(s) return s and s + 0 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local base, idle, maxq = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[4])
@@ -37,7 +42,7 @@ local function free(scope)
   if redis.call('EXISTS', fk) == 0 then
     local held = {}
     local q = redis.call('ZRANGEBYSCORE', KEYS[5], '(' .. now, '+inf', 'WITHSCORES')
-    for i = 1, #q, 2 do held[q[i]] = tonumber(q[i + 1]) end
+    for i = 1, #q, 2 do held[q[i]] = num(q[i + 1]) end
     for _, id in ipairs(redis.call('HKEYS', KEYS[4])) do held[id] = DEAD end
     local batch = {}
     for _, id in ipairs(redis.call('HKEYS', KEYS[1])) do

@@ -19,6 +19,12 @@
 --         {-1}          when the pool is empty,
 --         {-2}          with ARGV[8] = "1", when the preferred proxy left the pool or is dead.
 -- Time comes from the server's clock (TIME), never from a client.
+local DEAD = 1e15 -- the score of a dead proxy's slots (penalize.lua)
+-- num reads a number as Redis replies it (a score, false for none).
+-- Redis 7.2+ and miniredis write the DEAD score 1e15 as "1e+15"; the
+-- tonumber of gopher-lua (miniredis' Lua) reads no exponent without a dot
+-- (nil), but "+ 0" reads it in every Lua.
+local function num(s) return s and s + 0 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl, cooldown, idle = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[6])
@@ -39,8 +45,8 @@ if redis.call('EXISTS', KEYS[2]) == 0 then
   if #ids == 0 then return {-1} end
   local held = {}
   local q = redis.call('ZRANGEBYSCORE', KEYS[7], '(' .. now, '+inf', 'WITHSCORES')
-  for i = 1, #q, 2 do held[q[i]] = tonumber(q[i + 1]) end
-  for _, id in ipairs(redis.call('HKEYS', KEYS[6])) do held[id] = 1e15 end
+  for i = 1, #q, 2 do held[q[i]] = num(q[i + 1]) end
+  for _, id in ipairs(redis.call('HKEYS', KEYS[6])) do held[id] = DEAD end
   local batch = {}
   for _, id in ipairs(ids) do
     for s = 0, slots - 1 do
@@ -63,8 +69,8 @@ local member, url
 if ARGV[7] ~= '' then
   for s = 0, slots - 1 do
     local m = ARGV[7] .. ':' .. s
-    local score = redis.call('ZSCORE', KEYS[2], m)
-    if score and tonumber(score) <= now then
+    local score = num(redis.call('ZSCORE', KEYS[2], m))
+    if score and score <= now then
       url = redis.call('HGET', KEYS[1], ARGV[7])
       if url then member = m end
       break
@@ -80,14 +86,14 @@ if not member and ARGV[8] == '1' then
   local soonest, firm
   for s = 0, slots - 1 do
     local m = ARGV[7] .. ':' .. s
-    local score = tonumber(redis.call('ZSCORE', KEYS[2], m) or '')
+    local score = num(redis.call('ZSCORE', KEYS[2], m))
     if score and (not soonest or score < soonest) then
       soonest, firm = score, 1
       local tok, exp = string.match(redis.call('HGET', KEYS[3], m) or '', '^(.*)|(%d+)$')
       if tok and string.sub(tok, 1, 2) ~= 's:' and tonumber(exp) == score then firm = 0 end
     end
   end
-  if not soonest or soonest >= 1e15 then return {-2} end
+  if not soonest or soonest >= DEAD then return {-2} end
   return {0, math.max(soonest - now, 1), firm}
 end
 
@@ -97,7 +103,7 @@ local tries = 0
 while not member do
   local head = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
   if #head == 0 then return {-1} end
-  local score = tonumber(head[2])
+  local score = num(head[2])
   if score > now then return {0, score - now} end
   local id = string.match(head[1], '^(.*):%d+$')
   url = id and redis.call('HGET', KEYS[1], id)

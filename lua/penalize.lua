@@ -38,6 +38,11 @@
 --
 -- Returns {quarantine ms, until ms, offences in a row, dead 0/1, lease ended 0/1}.
 local DEAD = 1e15
+-- num reads a number as Redis replies it (a score, false for none).
+-- Redis 7.2+ and miniredis write the DEAD score 1e15 as "1e+15"; the
+-- tonumber of gopher-lua (miniredis' Lua) reads no exponent without a dot
+-- (nil), but "+ 0" reads it in every Lua.
+local function num(s) return s and s + 0 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local id = ARGV[2]
@@ -113,7 +118,7 @@ local function push(fk, lk)
     local m = id .. ':' .. s
     local sc = redis.call('ZSCORE', fk, m)
     if sc then
-      sc = tonumber(sc)
+      sc = num(sc)
       if sc < untl or (fk == KEYS[1] and m == mine and sc == mineexp) then
         redis.call('ZADD', fk, untl, m)
       else

@@ -12,6 +12,11 @@
 -- when that lease expires, never earlier: no slot is ever leased twice.
 -- Returns the number of proxies that were dead and are not any more.
 local DEAD = 1e15
+-- num reads a number as Redis replies it (a score, false for none).
+-- Redis 7.2+ and miniredis write the DEAD score 1e15 as "1e+15"; the
+-- tonumber of gopher-lua (miniredis' Lua) reads no exponent without a dot
+-- (nil), but "+ 0" reads it in every Lua.
+local function num(s) return s and s + 0 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local slots = tonumber(ARGV[2])
@@ -26,8 +31,8 @@ for i = 3, #ARGV do
       local fk, lk = ARGV[1] .. ':free:' .. sc, ARGV[1] .. ':lease:' .. sc
       for s = 0, slots - 1 do
         local m = id .. ':' .. s
-        local score = redis.call('ZSCORE', fk, m)
-        if score and tonumber(score) >= DEAD then
+        local score = num(redis.call('ZSCORE', fk, m))
+        if score and score >= DEAD then
           local at = now
           local v = redis.call('HGET', lk, m)
           local exp = v and tonumber(string.match(v, '|(%d+)$'))

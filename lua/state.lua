@@ -12,6 +12,11 @@
 -- at one by one (leased first, then dead, then quarantined by a ban; the
 -- rest cool down after a release); free slots are counted with ZCOUNT.
 local DEAD = 1e15
+-- num reads a number as Redis replies it (a score, false for none).
+-- Redis 7.2+ and miniredis write the DEAD score 1e15 as "1e+15"; the
+-- tonumber of gopher-lua (miniredis' Lua) reads no exponent without a dot
+-- (nil), but "+ 0" reads it in every Lua.
+local function num(s) return s and s + 0 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local slots = tonumber(redis.call('HGET', KEYS[7], 'slots') or '1') or 1
@@ -25,7 +30,7 @@ local free = redis.call('ZCOUNT', KEYS[2], '-inf', now)
 local leased, cooling, quarantined, dead = 0, 0, 0, 0
 local busy = redis.call('ZRANGE', KEYS[2], '(' .. now, '+inf', 'BYSCORE', 'WITHSCORES')
 for i = 1, #busy, 2 do
-  local m, score = busy[i], tonumber(busy[i + 1])
+  local m, score = busy[i], num(busy[i + 1])
   local v = redis.call('HGET', KEYS[3], m)
   local exp = v and tonumber(string.match(v, '|(%d+)$'))
   if exp and exp > now then
@@ -36,7 +41,7 @@ for i = 1, #busy, 2 do
     local id = string.match(m, '^(.*):%d+$') or m
     local s = redis.call('HGET', KEYS[4], id)
     local ends = s and tonumber(string.match(s, '|(%d+)$'))
-    local all = tonumber(redis.call('ZSCORE', KEYS[5], id) or '0')
+    local all = num(redis.call('ZSCORE', KEYS[5], id)) or 0
     if (ends and ends > now) or all > now then
       quarantined = quarantined + 1
     else

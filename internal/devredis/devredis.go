@@ -5,11 +5,13 @@
 //
 // miniredis runs the library's Lua scripts with gopher-lua, which differs
 // from Redis' Lua in one way that matters here: tonumber of a number
-// written with an exponent and no dot ("1e+15", as miniredis writes the
-// score of a dead proxy's slot) is nil. The scripts that read such a score
-// then fail, so on miniredis a proxy must never be marked dead or drained
-// (the demos never do that); see scripts_test.go. A real redis-server has
-// no such gap, which is why it is preferred when there is one.
+// written with an exponent and no dot ("1e+15", as miniredis and Redis 7.2+
+// write the score of a dead proxy's slot) is nil. The scripts read scores
+// with arithmetic ("s + 0", which both Luas read) instead, or take a score
+// tonumber cannot read for a dead one (session_lib.lua), so every script,
+// dead and drained proxies included, gives the same results on both
+// (scripts_test.go). A real redis-server is still preferred when there is
+// one: it is faster.
 package devredis
 
 import (

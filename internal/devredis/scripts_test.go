@@ -4,15 +4,17 @@ package devredis
 // redis-server is on PATH. These tests check that every Lua script of the
 // library loads there, and that a scenario calling each of them through the
 // public API gives the same transcript on miniredis as on a real
-// redis-server, dead and drained proxies aside (see the package doc and
-// TestDeadScoreOnMiniredis).
+// redis-server, dead and drained proxies included (TestDeadScoreOnMiniredis
+// pins the one difference of their Lua that the scripts work around).
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -68,50 +70,105 @@ func TestKeysExpireOnMiniredis(t *testing.T) {
 
 func TestScenarioSameOnMiniredisAndRedis(t *testing.T) {
 	emb, embClient := embedded(t)
-	onMiniredis := scenario(t, embClient, false,
+	onMiniredis := scenario(t, embClient,
 		func() { emb.embed.Close() },
 		func() { emb.embed.FlushAll(); require.NoError(t, emb.embed.Restart()) })
 
 	srv := redistest.Start(t)
-	onRedis := scenario(t, srv.Client(t), false,
+	onRedis := scenario(t, srv.Client(t),
 		func() { require.NoError(t, srv.Kill()) },
 		func() { require.NoError(t, srv.Restart()) })
 	assert.Equal(t, onRedis, onMiniredis)
 	t.Logf("transcript:\n%s", strings.Join(onRedis, "\n"))
 
-	// The dead and drained steps, on redis-server only.
-	srv = redistest.Start(t)
-	withDead := scenario(t, srv.Client(t), true,
-		func() { require.NoError(t, srv.Kill()) },
-		func() { require.NoError(t, srv.Restart()) })
-	for _, want := range []string{"dead: p3 proxy_connect", "revive: 1 err=<nil>", "dead: p4 drained", "revive drained: 1 err=<nil>"} {
-		assert.Contains(t, withDead, want)
+	// The dead and drained steps did what they should, on both.
+	for _, want := range deadSteps {
+		assert.Contains(t, onRedis, want, "redis-server")
+		assert.Contains(t, onMiniredis, want, "miniredis")
 	}
 }
 
-// TestDeadScoreOnMiniredis pins why dead proxies need a real Redis: the
-// scripts park a dead proxy's slots at the score 1e15, miniredis answers
-// ZSCORE with "1e+15" (as Redis 7.2 and later do too), and the tonumber of
-// gopher-lua, unlike Redis' Lua, reads no exponent without a dot. "s + 0"
-// reads it in both.
+// deadSteps are lines the dead and drained steps of scenario must write.
+var deadSteps = []string{
+	"dead: p3 proxy_connect",
+	"state b.example with a dead proxy: {Site:b.example Free:3 Leased:0 Cooling:0 Quarantined:0 Dead:1} err=<nil>",
+	"lease all on b.example: [p2 p4 p5], p3 leased: false, then no proxy=true redis error=false",
+	"lease all on f.example: [p2 p4 p5], p3 leased: false, then no proxy=true redis error=false",
+	"ban dead: <nil>",
+	"unban dead: <nil>",
+	"state b after a ban and an unban of the dead proxy: {Site:b.example Free:3 Leased:0 Cooling:0 Quarantined:0 Dead:1} err=<nil>",
+	"revive: 1 err=<nil>",
+	"state b after revive: {Site:b.example Free:4 Leased:0 Cooling:0 Quarantined:0 Dead:0} err=<nil>",
+	"lease all on b.example: [p2 p3 p4 p5], p3 leased: true, then no proxy=true redis error=false",
+	"dead: p5 drained",
+	"state c with a drained proxy leased: {Site:c.example Free:3 Leased:1 Cooling:0 Quarantined:0 Dead:0} err=<nil>",
+	"extend drained: <nil>",
+	"release drained: <nil>",
+	"state c with a drained proxy: {Site:c.example Free:3 Leased:0 Cooling:0 Quarantined:0 Dead:1} err=<nil>",
+	"lease all on c.example: [p2 p3 p4], p5 leased: false, then no proxy=true redis error=false",
+	"revive drained: 1 err=<nil>",
+	"state c after revive: {Site:c.example Free:4 Leased:0 Cooling:0 Quarantined:0 Dead:0} err=<nil>",
+	"lease with every proxy drained: no proxy=true redis error=false",
+	"state g: {Site:g.example Free:0 Leased:0 Cooling:0 Quarantined:0 Dead:1} err=<nil>",
+}
+
+// TestDeadScoreOnMiniredis pins why the scripts read scores with their
+// helper num rather than tonumber: they park a dead proxy's slots at the
+// score 1e15, miniredis answers ZSCORE with "1e+15" (as Redis 7.2 and later
+// do too), and the tonumber of gopher-lua, unlike Redis' Lua, reads no
+// exponent without a dot. "s + 0", which num does, reads it in both.
 func TestDeadScoreOnMiniredis(t *testing.T) {
+	ctx := context.Background()
 	_, rdb := embedded(t)
-	got, err := rdb.Eval(context.Background(), `
+	got, err := rdb.Eval(ctx, `
 redis.call('ZADD', KEYS[1], 1e15, 'm')
 local s = redis.call('ZSCORE', KEYS[1], 'm')
 return {s, tostring(tonumber(s)), tostring(s + 0)}`, []string{"z"}).StringSlice()
 	require.NoError(t, err)
 	assert.Equal(t, []string{"1e+15", "nil", "1000000000000000"}, got)
+
+	// num, as the scripts define it, reads the dead score and no score on
+	// both servers.
+	num := scriptsNum(t)
+	for name, c := range map[string]*redis.Client{"miniredis": rdb, "redis-server": redistest.Start(t).Client(t)} {
+		got, err := c.Eval(ctx, num+`
+redis.call('ZADD', KEYS[1], 1e15, 'm')
+return {tostring(num(redis.call('ZSCORE', KEYS[1], 'm')) == 1e15), tostring(num(redis.call('ZSCORE', KEYS[1], 'none')))}`,
+			[]string{"z"}).StringSlice()
+		require.NoError(t, err, name)
+		assert.Equal(t, []string{"true", "false"}, got, name)
+	}
+}
+
+// scriptsNum returns the line that defines num, the same in every script of
+// lua/ that has it.
+func scriptsNum(t *testing.T) string {
+	t.Helper()
+	files, err := filepath.Glob("../../lua/*.lua")
+	require.NoError(t, err)
+	var def string
+	for _, f := range files {
+		src, err := os.ReadFile(f)
+		require.NoError(t, err)
+		for _, line := range strings.Split(string(src), "\n") {
+			if !strings.HasPrefix(line, "local function num(") {
+				continue
+			}
+			if def == "" {
+				def = line
+			}
+			assert.Equal(t, def, line, filepath.Base(f))
+		}
+	}
+	require.NotEmpty(t, def, "no script defines num")
+	return def + "\n"
 }
 
 // scenario runs every script of the library through the public API and
 // returns what it saw, free of times and random IDs: proxies are named by
 // their position in the pool. kill makes Redis unreachable; restartEmpty
 // brings it back without data.
-//
-// With dead false it leaves out the steps that mark a proxy dead or drain
-// it, which miniredis cannot run (TestDeadScoreOnMiniredis).
-func scenario(t *testing.T, rdb *redis.Client, dead bool, kill, restartEmpty func()) []string {
+func scenario(t *testing.T, rdb *redis.Client, kill, restartEmpty func()) []string {
 	ctx := context.Background()
 	var out []string
 	say := func(format string, args ...any) { out = append(out, fmt.Sprintf(format, args...)) }
@@ -165,21 +222,37 @@ func scenario(t *testing.T, rdb *redis.Client, dead bool, kill, restartEmpty fun
 	state, err := sw.SiteState(ctx, "a.example")
 	say("state a: %+v err=%v", state, err)
 
-	// penalize (a ban reported, a proxy failure that kills), dead, revive
+	// penalize (a ban reported)
 	say("report ban: %v", b.Report(ctx, proxyswitch.Verdict{Kind: proxyswitch.Ban, Reason: "http_403"}))
 	state, _ = sw.SiteState(ctx, "a.example")
 	say("state a after the ban: %+v", state)
+
+	// A proxy failure that kills (WithDeadAfter(1)); the dead proxy in
+	// Dead, in SiteState and out of every lease, on a site that knew it and
+	// on a new one; an operator's ban (a lease preferring it) and unban
+	// leave it dead; revive.
 	c, err := sw.Lease(ctx, "b.example")
 	require.NoError(t, err)
-	if dead {
-		say("report failure: %v", c.Report(ctx, proxyswitch.Verdict{Kind: proxyswitch.ProxyFailure, Reason: proxyswitch.ReasonProxyConnect}))
-		listDead(ctx, t, sw, say, name)
-		n, err := sw.Revive(ctx, c.Proxy().ID())
-		say("revive: %d err=%v", n, err)
-	} else {
-		say("release b: %v", c.Release(ctx))
-	}
+	dp := c.Proxy()
+	say("report failure of %s: %v", name[dp.ID()], c.Report(ctx, proxyswitch.Verdict{Kind: proxyswitch.ProxyFailure, Reason: proxyswitch.ReasonProxyConnect}))
 	listDead(ctx, t, sw, say, name)
+	for _, site := range []string{"a.example", "b.example"} {
+		state, err = sw.SiteState(ctx, site)
+		say("state %s with a dead proxy: %+v err=%v", site, state, err)
+	}
+	leaseAll(ctx, t, sw, say, name, "b.example", dp)
+	leaseAll(ctx, t, sw, say, name, "f.example", dp)
+	say("ban dead: %v", sw.Ban(ctx, dp.ID(), "b.example", time.Minute))
+	say("unban dead: %v", sw.Unban(ctx, dp.ID(), "b.example"))
+	state, err = sw.SiteState(ctx, "b.example")
+	say("state b after a ban and an unban of the dead proxy: %+v err=%v", state, err)
+	listDead(ctx, t, sw, say, name)
+	n, err := sw.Revive(ctx, dp.ID())
+	say("revive: %d err=%v", n, err)
+	listDead(ctx, t, sw, say, name)
+	state, err = sw.SiteState(ctx, "b.example")
+	say("state b after revive: %+v err=%v", state, err)
+	leaseAll(ctx, t, sw, say, name, "b.example", dp)
 
 	// operator: ban, unban, drain (the site's free set built by the ban)
 	say("ban: %v", sw.Ban(ctx, urls[2], "c.example", time.Minute))
@@ -188,14 +261,40 @@ func scenario(t *testing.T, rdb *redis.Client, dead bool, kill, restartEmpty fun
 	say("unban: %v", sw.Unban(ctx, urls[2], "c.example"))
 	state, _ = sw.SiteState(ctx, "c.example")
 	say("state c after unban: %+v", state)
-	if dead {
-		say("drain: %v", sw.Drain(ctx, urls[3]))
-		listDead(ctx, t, sw, say, name)
-		state, _ = sw.SiteState(ctx, "c.example")
-		say("state c with a drained proxy: %+v", state)
-		n, err := sw.Revive(ctx, urls[3])
-		say("revive drained: %d err=%v", n, err)
+
+	// drain: a proxy drained under a lease; the lease extends and releases
+	// without bringing it back; revive does.
+	d, err := sw.Lease(ctx, "c.example")
+	require.NoError(t, err)
+	dr := d.Proxy()
+	say("drain %s under a lease: %v", name[dr.ID()], sw.Drain(ctx, dr.ID()))
+	listDead(ctx, t, sw, say, name)
+	state, err = sw.SiteState(ctx, "c.example")
+	say("state c with a drained proxy leased: %+v err=%v", state, err)
+	say("extend drained: %v", d.Extend(ctx, time.Minute))
+	say("release drained: %v", d.Release(ctx))
+	state, err = sw.SiteState(ctx, "c.example")
+	say("state c with a drained proxy: %+v err=%v", state, err)
+	leaseAll(ctx, t, sw, say, name, "c.example", dr)
+	n, err = sw.Revive(ctx, dr.ID())
+	say("revive drained: %d err=%v", n, err)
+	state, err = sw.SiteState(ctx, "c.example")
+	say("state c after revive: %+v err=%v", state, err)
+
+	// A pool whose only proxy is drained: no proxy, and no Redis error.
+	one, err := proxyswitch.NewSwitch(rdb, proxyswitch.WithPrefix("scripts"), proxyswitch.WithPool("one"), proxyswitch.WithMaxWait(0))
+	require.NoError(t, err)
+	require.NoError(t, one.Clear(ctx))
+	_, err = one.Replace(ctx, urls[1:2])
+	require.NoError(t, err)
+	say("drain the only proxy: %v", one.Drain(ctx, urls[1]))
+	for i := 0; i < 2; i++ { // the site's free set built, then read
+		_, err = one.Lease(ctx, "g.example")
+		say("lease with every proxy drained: no proxy=%v redis error=%v", errors.Is(err, proxyswitch.ErrNoProxy), errors.Is(err, proxyswitch.ErrRedis))
 	}
+	state, err = one.SiteState(ctx, "g.example")
+	say("state g: %+v err=%v", state, err)
+	require.NoError(t, one.Clear(ctx))
 
 	// every proxy busy, no wait
 	var held []*proxyswitch.Lease
@@ -263,6 +362,29 @@ func scenario(t *testing.T, rdb *redis.Client, dead bool, kill, restartEmpty fun
 	require.NoError(t, fb.Stop(ctx))
 	require.NoError(t, fb.Clear(ctx))
 	return out
+}
+
+// leaseAll leases every proxy it can on site (no wait), says which and
+// whether dead was one, and releases them.
+func leaseAll(ctx context.Context, t *testing.T, sw *proxyswitch.Switch, say func(string, ...any), name map[string]string, site string, dead *proxyswitch.Proxy) {
+	t.Helper()
+	var held []*proxyswitch.Lease
+	var got []string
+	var err error
+	for len(held) < 10 {
+		var l *proxyswitch.Lease
+		if l, err = sw.Lease(ctx, site); err != nil {
+			break
+		}
+		held = append(held, l)
+		got = append(got, name[l.Proxy().ID()])
+	}
+	sort.Strings(got)
+	say("lease all on %s: %v, %s leased: %v, then no proxy=%v redis error=%v", site, got, name[dead.ID()],
+		slices.Contains(got, name[dead.ID()]), errors.Is(err, proxyswitch.ErrNoProxy), errors.Is(err, proxyswitch.ErrRedis))
+	for _, l := range held {
+		require.NoError(t, l.Release(ctx))
+	}
 }
 
 // listDead says what Dead lists.
