@@ -3,6 +3,7 @@ package proxyswitch
 import (
 	"encoding/json"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -36,6 +37,7 @@ func jarOf(t *testing.T, now time.Time, from string, lines ...string) []string {
 	for _, v := range jar {
 		out = append(out, v)
 	}
+	slices.Sort(out) // in the order stored: tests pick entries by index
 	return out
 }
 
