@@ -190,7 +190,7 @@ func (s *Switch) tryLease(ctx context.Context, site, scope, prefer string) (*Lea
 		return nil, 0, fmt.Errorf("%w: %w: pool %q has no proxies", ErrNoProxy, ErrEmptyPool, s.cfg.pool)
 	case status == 0 && len(res) == 2:
 		wait, _ := intAt(res, 1)
-		return nil, time.Duration(max(wait, 1)) * time.Millisecond, nil
+		return nil, waitHint(wait), nil
 	case status == 1 && len(res) == 4:
 		member, _ := res[1].(string)
 		raw, _ := res[2].(string)
@@ -279,6 +279,16 @@ func (s *Switch) proxyFor(raw string) (*Proxy, error) {
 
 func (s *Switch) newToken() string {
 	return s.tokenPrefix + strconv.FormatUint(s.tokenSeq.Add(1), 36)
+}
+
+// maxWaitHint bounds a script's wait hint: with every proxy dead the hint
+// is the dead score (1e15 ms) away, which would overflow a Duration.
+const maxWaitHint = 24 * time.Hour
+
+// waitHint turns a script's wait hint in milliseconds into a Duration
+// between 1ms and maxWaitHint.
+func waitHint(ms int64) time.Duration {
+	return time.Duration(min(max(ms, 1), maxWaitHint.Milliseconds())) * time.Millisecond
 }
 
 func intAt(res []any, i int) (int64, bool) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -29,6 +30,16 @@ func TestEveryScriptLoads(t *testing.T) {
 	for name, sc := range allScripts {
 		require.NoError(t, sc.Load(context.Background(), rdb).Err(), name)
 	}
+}
+
+// A wait hint of a pool whose proxies are all dead (the dead score, 1e15
+// ms away) stays a positive, bounded Duration.
+func TestWaitHintBounds(t *testing.T) {
+	assert.Equal(t, time.Millisecond, waitHint(0))
+	assert.Equal(t, time.Millisecond, waitHint(-5))
+	assert.Equal(t, 250*time.Millisecond, waitHint(250))
+	assert.Equal(t, maxWaitHint, waitHint(1e15-time.Now().UnixMilli()))
+	assert.Equal(t, maxWaitHint, waitHint(math.MaxInt64))
 }
 
 func TestLeaseReleaseLRU(t *testing.T) {

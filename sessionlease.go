@@ -353,8 +353,8 @@ func (s *Switch) sessionLease(ctx context.Context, site, scope, token, only stri
 			return "", 0, fmt.Errorf("%w: %w: unexpected lease reply of %d items", ErrNoProxy, ErrCorrupt, len(res))
 		}
 		left := time.Until(deadline)
-		d := min(time.Duration(max(wait, 1))*time.Millisecond, backoff, left)
-		if left <= 0 || (firm == 1 && time.Duration(wait)*time.Millisecond > left) {
+		d := min(waitHint(wait), backoff, left)
+		if left <= 0 || (firm == 1 && waitHint(wait) > left) {
 			what := "every proxy of pool " + strconv.Quote(c.pool) + " stayed busy or quarantined"
 			if only != "" {
 				what = "the session's proxy is held by another session or quarantined"
