@@ -38,8 +38,14 @@ import (
 //
 //  1. the user's classifiers (WithClassifier), in order;
 //  2. a transport error: a proxy failure, by kind (reasons proxy_*);
-//  3. the final URL of a redirect chain matching a challenge pattern
-//     (captcha, login, block page): a ban, "challenge_redirect";
+//  3. a redirect (a 3xx with a Location) to a URL matching a challenge
+//     pattern (captcha, login, block page), other than the URL the chain
+//     asked for: a ban of the hop that redirected, "challenge_redirect",
+//     judged before the client follows it (so the challenge page is never
+//     requested, nor marked visited by Colly's revisit check); and the
+//     final URL of a redirect chain matching a challenge pattern (one
+//     reached through a redirect this check did not see, such as one a
+//     classifier passed): the same ban;
 //  4. 407 from the proxy, 502 from a plain-HTTP proxy: a proxy failure;
 //  5. a ban status of the site (403, 429, 503 by default): "http_<code>",
 //     with Retry-After as the minimum quarantine;
@@ -104,7 +110,7 @@ type Verdict struct {
 // Reasons of the built-in checks. A ban status gives "http_<code>", such as
 // "http_403".
 const (
-	ReasonChallenge    = "challenge_redirect" // the redirect chain ended on a captcha, login or block page
+	ReasonChallenge    = "challenge_redirect" // a redirect to, or a chain ending on, a captcha, login or block page
 	ReasonSelector     = "missing_selector"   // a page without a selector it must contain (WithExpect)
 	ReasonSizeDrop     = "size_drop"          // a page far smaller than the site's usual size (WithSizeDrop)
 	ReasonProxyConnect = "proxy_connect"      // could not connect to the proxy
@@ -173,6 +179,20 @@ func (x *Exchange) isFinal() bool {
 	return true
 }
 
+// redirectTarget returns the URL a redirect sends the client to: its
+// Location resolved against this hop's URL, as net/http resolves it. It is
+// nil for a final response and for a Location that does not parse.
+func (x *Exchange) redirectTarget() *url.URL {
+	if x.isFinal() || x.URL == nil {
+		return nil
+	}
+	u, err := x.URL.Parse(x.Header.Get("Location"))
+	if err != nil {
+		return nil
+	}
+	return u
+}
+
 // hasBody reports whether the response carries a body worth checking.
 func (x *Exchange) hasBody() bool {
 	if x.Request != nil && x.Request.Method == http.MethodHead {
@@ -191,9 +211,9 @@ func (x *Exchange) mediaType() string {
 }
 
 // DefaultChallengeURLs returns the default challenge patterns (a new slice):
-// regular expressions matched, case-insensitively, against the whole final
-// URL of a redirect chain. Extend them with
-// WithChallengeURLs(append(DefaultChallengeURLs(), `mine`)...).
+// regular expressions matched, case-insensitively, against the whole URL a
+// redirect sends the client to and the whole final URL of a redirect chain.
+// Extend them with WithChallengeURLs(append(DefaultChallengeURLs(), `mine`)...).
 func DefaultChallengeURLs() []string {
 	return []string{
 		`(?i)captcha`,
@@ -342,7 +362,7 @@ func validReason(s string) bool { return reasonRE.MatchString(s) }
 func (r *rules) classifyResponse(x *Exchange) Verdict {
 	code, final := x.StatusCode, x.isFinal()
 	switch {
-	case final && x.Redirected() && r.challenged(x.URL):
+	case final && x.Redirected() && r.challenged(x.URL), !final && r.challengeRedirect(x):
 		return Verdict{Kind: Ban, Reason: ReasonChallenge}
 	case code == http.StatusProxyAuthRequired:
 		return Verdict{Kind: ProxyFailure, Reason: ReasonProxyAuth}
@@ -389,6 +409,14 @@ func (r *rules) learn(x *Exchange) {
 }
 
 func baselineKey(x *Exchange) string { return x.Site + "\x00" + x.mediaType() }
+
+// challengeRedirect reports whether x redirects to a challenge page other
+// than the URL its chain asked for (as the final-URL check spares a page
+// asked for that happens to match a pattern).
+func (r *rules) challengeRedirect(x *Exchange) bool {
+	to := x.redirectTarget()
+	return to != nil && (x.OriginURL == nil || to.String() != x.OriginURL.String()) && r.challenged(to)
+}
 
 func (r *rules) challenged(u *url.URL) bool {
 	s := u.String()

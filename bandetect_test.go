@@ -140,12 +140,12 @@ func TestDetectsSiteBans(t *testing.T) {
 		require.ErrorIs(t, err, ErrBanned)
 		assert.Equal(t, ReasonChallenge, blockedReason(t, err))
 		assert.Equal(t, 1, m.Count(testbed.DecidedCaptcha))
-		assert.Equal(t, 1, m.Count(testbed.DecidedCaptchaPage), "the chain was followed to its final URL")
+		assert.Zero(t, m.Count(testbed.DecidedCaptchaPage), "the redirect was the ban: the captcha page was never requested")
 		assert.Zero(t, c.products)
 		assert.Empty(t, c.others, "the captcha page never reached OnResponse")
 	})
 
-	t.Run("captcha redirect restarts the chain through another proxy", func(t *testing.T) {
+	t.Run("captcha redirect: the page again through another proxy", func(t *testing.T) {
 		m := testbed.NewMarketplace(nil)
 		site, proxies, s := marketBed(t, m, false, 2, WithRetries(1))
 		m.Burn(proxies[0].SourceIP().String(), testbed.Challenge)
@@ -172,8 +172,9 @@ func TestDetectsSiteBans(t *testing.T) {
 		assert.Equal(t, 1, c.products)
 		assert.Equal(t, site.URL()+"/p/9", final, "the user sees the page it asked for")
 		ips := site.Recorder().IPs()
-		assert.Equal(t, 2, ips[proxies[0].SourceIP().String()], "redirect and captcha page through the burnt proxy")
+		assert.Equal(t, 1, ips[proxies[0].SourceIP().String()], "the redirect through the burnt proxy, not the captcha page")
 		assert.Equal(t, 1, ips[proxies[1].SourceIP().String()], "the page through the good one")
+		assert.Zero(t, m.Count(testbed.DecidedCaptchaPage))
 	})
 
 	t.Run("placeholder without the product selector", func(t *testing.T) {
@@ -335,7 +336,17 @@ func TestClassify(t *testing.T) {
 		"407":                   {mk("http://a.example/p/1", 407, ""), Verdict{Kind: ProxyFailure, Reason: ReasonProxyAuth}},
 		"502 via http proxy":    {mk("http://a.example/p/1", 502, ""), Verdict{Kind: ProxyFailure, Reason: ReasonProxyGateway}},
 		"502 in a tunnel":       {mk("https://a.example/p/1", 502, ""), Verdict{Kind: Neutral}},
-		"redirect hop":          {mk("http://a.example/p/1", 302, "", "Location", "/captcha"), Verdict{Kind: Pass}},
+		"redirect hop":          {mk("http://a.example/p/1", 302, "", "Location", "/p/2"), Verdict{Kind: Pass}},
+		"redirect to captcha":   {mk("http://a.example/p/1", 302, "", "Location", "/captcha"), Verdict{Kind: Ban, Reason: ReasonChallenge}},
+		"relative to the hop":   {mk("http://a.example/p/1", 303, "", "Location", "../showcaptcha?retpath=x"), Verdict{Kind: Ban, Reason: ReasonChallenge}},
+		"captcha on another host": {mk("http://a.example/p/1", 307, "", "Location", "https://captcha.example/check?from=a"),
+			Verdict{Kind: Ban, Reason: ReasonChallenge}},
+		"redirect to login": {redirected(mk("http://a.example/p/2", 301, "", "Location", "http://a.example/login?next=/p/2"), "http://a.example/p/1"),
+			Verdict{Kind: Ban, Reason: ReasonChallenge}},
+		"redirect to a 'loginhistory' page": {mk("http://a.example/p/1", 302, "", "Location", "/loginhistory"), Verdict{Kind: Pass}},
+		"redirect back to the login asked for": {redirected(mk("http://a.example/login/", 308, "", "Location", "/login"), "http://a.example/login"),
+			Verdict{Kind: Pass}},
+		"3xx without a Location": {mk("http://a.example/captcha-info", 302, ""), Verdict{Kind: Neutral}},
 		"landed on captcha": {redirected(mk("http://a.example/showcaptcha?retpath=x", 200, "<form>"), "http://a.example/p/1"),
 			Verdict{Kind: Ban, Reason: ReasonChallenge}},
 		"captcha with a 403": {redirected(mk("http://a.example/captcha", 403, ""), "http://a.example/p/1"),

@@ -23,12 +23,18 @@ import (
 // and classified (bandetect.go). On a ban or a proxy failure the proxy is
 // quarantined and its lease ended (ban.go), so the next ProxyFunc call for
 // the same request leases another proxy, and the hop is sent again (its body
-// rewound with GetBody) until a retry is left no more. A chain that ended on
-// a challenge page starts again from its first URL instead: the transport
-// answers with a 307 to that URL, which net/http and Colly follow like any
-// redirect back to the page asked for. When no retry is left the hop fails
-// with a *BlockedError: Colly reports it through OnError and Visit, never
-// through OnResponse, so a banned page never reaches the user's parsing.
+// rewound with GetBody) until a retry is left no more. A hop redirected
+// (3xx) to a challenge page is such a ban of that hop, judged before
+// net/http follows the redirect: the hop goes again through another proxy,
+// so the challenge page is never requested and Colly never sees its URL (its
+// revisit check would refuse the same captcha URL met through a second
+// proxy as "already visited", spending no retry). A chain that ended on a
+// challenge page reached otherwise starts again from its first URL instead:
+// the transport answers with a 307 to that URL, which net/http and Colly
+// follow like any redirect back to the page asked for. When no retry is left
+// the hop fails with a *BlockedError: Colly reports it through OnError and
+// Visit, never through OnResponse, so a banned page never reaches the user's
+// parsing.
 //
 // Requests that did not come through the hooks (a collector cloned without
 // Attach, or the ProxyFunc given to another client) pass through untouched,
@@ -165,10 +171,19 @@ func (t *transport) judge(req *http.Request, a *attempt, b *binding, l *Lease, r
 
 // retry acts on a ban or a proxy failure: quarantine, then a new attempt,
 // a restart of the chain, or a *BlockedError.
+//
+// A challenge seen on a redirect (a 3xx to a challenge page: not final) is
+// the ban of the hop that redirected, on its own site, and that hop is sent
+// again like any banned hop (on a chain's first hop: from its first URL).
+// It does not restart the chain: the hops before it are URLs Colly has
+// already marked visited, which it would refuse to follow a second time.
+// Only a challenge page the chain landed on (final) restarts the chain, and
+// is blamed on the site of the hop that led to it.
 func (t *transport) retry(req *http.Request, b *binding, l *Lease, x *Exchange, v Verdict) (again bool, _ *http.Response, _ error) {
 	s := t.s
 	site := x.Site
-	if v.Reason == ReasonChallenge && req.Response != nil && req.Response.Request != nil {
+	landed := v.Reason == ReasonChallenge && x.isFinal()
+	if landed && req.Response != nil && req.Response.Request != nil {
 		// The site that redirected to its challenge page is the one that bans.
 		site = s.cfg.siteFunc(req.Response.Request.URL)
 	}
@@ -184,7 +199,7 @@ func (t *transport) retry(req *http.Request, b *binding, l *Lease, x *Exchange, 
 	if callerDone(req) {
 		return false, nil, blocked
 	}
-	if v.Reason == ReasonChallenge && x.Redirected() {
+	if landed && x.Redirected() {
 		origin := chainOrigin(req)
 		if !replayable(origin) || chainLen(req) >= maxChainHops || !b.takeRetry(s.cfg.retries) {
 			return false, nil, blocked
