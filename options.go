@@ -300,11 +300,14 @@ func WithBanStatus(site string, codes ...int) Option {
 }
 
 // WithChallengeURLs sets the regular expressions (Go syntax) that name
-// captcha, login and block pages. A request whose redirect chain ends on a
-// URL matching one of them, other than the URL it asked for, is a ban
-// (ReasonChallenge) and starts again from its first URL through another
-// proxy. The whole final URL is matched. No patterns turns the check off.
-// The default is DefaultChallengeURLs.
+// captcha, login and block pages. A redirect (3xx) whose Location, resolved
+// against the hop's URL, matches one of them is a ban (ReasonChallenge) of
+// the site that redirected: the challenge page is never requested (so
+// Colly never marks it visited) and the hop is sent again through another
+// proxy. A chain that ends on a matching URL some other way, other than
+// the URL it asked for, is a ban too and starts again from its first URL.
+// The whole URL is matched. No patterns turns the check off. The default
+// is DefaultChallengeURLs.
 func WithChallengeURLs(patterns ...string) Option {
 	return func(c *config) { c.challengeURLs, c.challengeSet = append([]string{}, patterns...), true }
 }
