@@ -64,6 +64,8 @@ var allScripts = map[string]*redis.Script{
 	"drain":       drainScript,
 	"clear":       clearScript,
 
+	"proxy_states": proxyStatesScript,
+
 	"member_heartbeat": memberHeartbeatScript,
 	"member_leave":     memberLeaveScript,
 	"member_list":      memberListScript,

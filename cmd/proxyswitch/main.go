@@ -9,6 +9,10 @@
 //	add URL...                  add proxies
 //	remove ID|URL...            remove proxies
 //	list                        list the proxies: ID, URL (password redacted), state (ok, dead, drained)
+//	list SITE                   list the proxies with their state on SITE ("*" for a pool leased with
+//	                            ScopeGlobal): free, leased (and how many of its slots), cooling,
+//	                            quarantined (noting a ban on every site), dead or drained; until
+//	                            when; bans in a row there
 //	stats [SITE...]             a table of proxy slots by state per site (default: every site leased recently)
 //	ban ID|URL SITE [DURATION]  quarantine a proxy on a site, cluster-wide, for at least DURATION (default 1h)
 //	unban ID|URL SITE           end a proxy's quarantine on a site now
@@ -46,6 +50,7 @@ import (
 	"syscall"
 	"text/tabwriter"
 	"time"
+	"unicode"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -81,7 +86,7 @@ commands:
   load FILE                   replace the pool with the proxies in FILE ("-" for stdin)
   add URL...                  add proxies
   remove ID|URL...            remove proxies
-  list                        list the proxies with their state
+  list [SITE]                 list the proxies with their state (pool-wide, or on SITE)
   stats [SITE...]             proxy slots by state per site
   ban ID|URL SITE [DURATION]  quarantine a proxy on a site for at least DURATION (default 1h)
   unban ID|URL SITE           end a proxy's quarantine on a site
@@ -101,6 +106,7 @@ type app struct {
 	logger *slog.Logger
 	stdin  io.Reader
 	out    io.Writer
+	errOut io.Writer // warnings meant for the operator
 }
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) int {
@@ -141,7 +147,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	rdb := redis.NewClient(opt)
 	defer rdb.Close()
-	a := &app{rdb: rdb, prefix: *prefix, logger: logger, stdin: stdin, out: stdout,
+	a := &app{rdb: rdb, prefix: *prefix, logger: logger, stdin: stdin, out: stdout, errOut: stderr,
 		opts: []proxyswitch.Option{proxyswitch.WithPrefix(*prefix), proxyswitch.WithRedisTimeout(*timeout), proxyswitch.WithLogger(logger)}}
 	if a.sw, err = a.newSwitch(*pool); err != nil {
 		fmt.Fprintln(stderr, err)
@@ -187,10 +193,13 @@ func (a *app) dispatch(ctx context.Context, cmd string, args []string) error {
 		ch, err := sw.Remove(ctx, args...)
 		return report(out, ch, err)
 	case "list":
-		if len(args) != 0 {
-			return fmt.Errorf("%w: list takes no arguments", errUsage)
+		switch len(args) {
+		case 0:
+			return a.list(ctx)
+		case 1:
+			return a.listSite(ctx, args[0])
 		}
-		return a.list(ctx)
+		return fmt.Errorf("%w: list takes at most one SITE", errUsage)
 	case "stats":
 		return a.stats(ctx, args)
 	case "ban":
@@ -289,6 +298,87 @@ func (a *app) list(ctx context.Context) error {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", p.ID(), p, state, since, reason)
 	}
 	return tw.Flush()
+}
+
+// timeLayout prints the times of list SITE: UTC, to the millisecond (a
+// cooldown is often shorter than a second).
+const timeLayout = "2006-01-02T15:04:05.000Z07:00"
+
+// listSite prints every proxy with its state on site, read in one round
+// trip: how many of its slots are leased, until when the state lasts, its
+// bans in a row there, and a note (a ban on every site; why and since when
+// a proxy is dead or drained).
+func (a *app) listSite(ctx context.Context, site string) error {
+	if err := checkSite(site); err != nil {
+		return err
+	}
+	ps, err := a.sw.ProxyStates(ctx, site)
+	if err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tPROXY\tSTATE\tLEASED\tUNTIL\tSTRIKES\tNOTE")
+	for _, p := range ps {
+		until, note := "-", "-"
+		if !p.Until.IsZero() {
+			until = p.Until.UTC().Format(timeLayout)
+		}
+		switch {
+		case p.BanAllSites:
+			note = "banned on every site"
+		case p.State == proxyswitch.StateDead || p.State == proxyswitch.StateDrained:
+			var why []string
+			if p.State == proxyswitch.StateDead && p.Reason != "" {
+				why = append(why, p.Reason)
+			}
+			if !p.Since.IsZero() {
+				why = append(why, "since "+p.Since.UTC().Format(time.RFC3339))
+			}
+			if len(why) > 0 {
+				note = strings.Join(why, " ")
+			}
+		}
+		slots := p.FreeSlots + p.LeasedSlots + p.CoolingSlots + p.QuarantinedSlots + p.DeadSlots
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%s\t%d\t%s\n", p.Proxy.ID(), p.Proxy, p.State, p.LeasedSlots, slots, until, p.Strikes, note)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	// A site named unlike the workers' site function names it reads as
+	// never leased: every proxy free. Say so rather than let it pass.
+	used, err := a.sw.Sites(ctx)
+	if err != nil {
+		return err
+	}
+	for _, u := range used {
+		if u.Site == site {
+			return nil
+		}
+	}
+	_, err = fmt.Fprintf(a.errOut, "proxyswitch: warning: site %q was not leased from pool %q within the idle TTL: these are the states "+
+		"its first lease would find (is it named as the workers' site function names it, host[:port] by default? stats lists the sites in use)\n",
+		site, a.sw.Pool())
+	return err
+}
+
+// checkSite rejects a SITE argument no site function returns. It never
+// echoes a URL's password.
+func checkSite(site string) error {
+	switch {
+	case site == "":
+		return fmt.Errorf("%w: empty SITE", errUsage)
+	case strings.Contains(site, "://"):
+		hint := "such as www.ozon.ru"
+		if u, err := url.Parse(site); err == nil && u.Host != "" {
+			hint = "for this URL " + strings.ToLower(u.Host)
+		}
+		return fmt.Errorf("%w: SITE %s is a URL: give the site as the workers' site function names it, by default the host[:port] (%s)",
+			errUsage, redactURL(site), hint)
+	case strings.IndexFunc(site, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) >= 0:
+		return fmt.Errorf("%w: SITE %q holds spaces or control characters: give the site as the workers' site function names it, by default the host[:port]",
+			errUsage, site)
+	}
+	return nil
 }
 
 func (a *app) stats(ctx context.Context, sites []string) error {

@@ -130,6 +130,42 @@ func proxyIDOf(t *testing.T, url string) string {
 	return p.ID()
 }
 
+// transcript runs commands with -v and keeps all they print, to check at
+// the end that no password showed up.
+type transcript struct {
+	t   *testing.T
+	env map[string]string
+	all strings.Builder
+}
+
+func (tr *transcript) run(args ...string) result {
+	tr.t.Helper()
+	r := cli(tr.t, tr.env, "", append([]string{"-v"}, args...)...)
+	tr.all.WriteString(r.all())
+	return r
+}
+
+// leaseID leases proxy id for site through sw, leasing the others it meets
+// on the way and giving them back (with sw's cooldown).
+func leaseID(t *testing.T, sw *proxyswitch.Switch, site, id string) *proxyswitch.Lease {
+	t.Helper()
+	ctx := context.Background()
+	var skipped []*proxyswitch.Lease
+	defer func() {
+		for _, l := range skipped {
+			require.NoError(t, l.Release(ctx))
+		}
+	}()
+	for {
+		l, err := sw.Lease(ctx, site)
+		require.NoError(t, err)
+		if l.Proxy().ID() == id {
+			return l
+		}
+		skipped = append(skipped, l)
+	}
+}
+
 // TestCLIOperatorCommands drives ban, unban, drain, revive, list with
 // state, stats and clear against a real redis-server with a password, and
 // checks each effect on the pool through the library.
@@ -140,13 +176,8 @@ func TestCLIOperatorCommands(t *testing.T) {
 	secret := "http://u1:" + proxySecret + "@127.0.0.1:3128"
 	plain, third := "http://127.0.0.2:3128", "socks5://127.0.0.3:1080"
 	idSecret, idPlain, idThird := proxyIDOf(t, secret), proxyIDOf(t, plain), proxyIDOf(t, third)
-	var all strings.Builder
-	run := func(args ...string) result {
-		t.Helper()
-		r := cli(t, env, "", append([]string{"-v"}, args...)...)
-		all.WriteString(r.all())
-		return r
-	}
+	tr := &transcript{t: t, env: env}
+	run := tr.run
 
 	r := run("add", secret, plain, third)
 	require.Equal(t, 0, r.code, r.all())
@@ -158,23 +189,7 @@ func TestCLIOperatorCommands(t *testing.T) {
 	require.NoError(t, err)
 	// A worker kills the third proxy (a failure only the proxy can cause)
 	// and holds a lease on the second one for ozon.example.
-	leaseOf := func(site, id string) *proxyswitch.Lease {
-		t.Helper()
-		var skipped []*proxyswitch.Lease
-		defer func() {
-			for _, l := range skipped {
-				require.NoError(t, l.Release(ctx))
-			}
-		}()
-		for {
-			l, err := sw.Lease(ctx, site)
-			require.NoError(t, err)
-			if l.Proxy().ID() == id {
-				return l
-			}
-			skipped = append(skipped, l)
-		}
-	}
+	leaseOf := func(site, id string) *proxyswitch.Lease { return leaseID(t, sw, site, id) }
 	l := leaseOf("avito.example", idThird)
 	require.NoError(t, l.Report(ctx, proxyswitch.Verdict{Kind: proxyswitch.ProxyFailure, Reason: proxyswitch.ReasonProxyConnect}))
 	held := leaseOf("ozon.example", idPlain)
@@ -238,8 +253,104 @@ func TestCLIOperatorCommands(t *testing.T) {
 	require.Equal(t, 0, r.code, r.all())
 	assert.Contains(t, r.stdout, idPlain)
 
-	assert.NotContains(t, all.String(), proxySecret)
-	assert.NotContains(t, all.String(), redisSecret)
+	assert.NotContains(t, tr.all.String(), proxySecret)
+	assert.NotContains(t, tr.all.String(), redisSecret)
+}
+
+// TestCLIListSite drives list SITE against a real redis-server with a
+// password: every state a proxy can be in on a site, k slots per proxy, a
+// ban on every site, a site never leased, and no password in any output.
+func TestCLIListSite(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t, "--requirepass", redisSecret)
+	env := map[string]string{EnvRedisURL: "redis://:" + redisSecret + "@" + srv.Addr() + "/0"}
+	secret := "http://u1:" + proxySecret + "@127.0.0.1:3128"
+	plain, dead, drained, cooled, added := "http://127.0.0.2:3128", "socks5://127.0.0.3:1080", "http://127.0.0.4:3128",
+		"http://127.0.0.5:3128", "http://u6:"+proxySecret+"@127.0.0.6:3128"
+	tr := &transcript{t: t, env: env}
+	run := tr.run
+	r := run("add", secret, plain, dead, drained, cooled)
+	require.Equal(t, 0, r.code, r.all())
+
+	rdb := srv.Client(t)
+	w, err := proxyswitch.NewSwitch(rdb, proxyswitch.WithDeadAfter(1))
+	require.NoError(t, err)
+	leaseOf := func(sw *proxyswitch.Switch, site, url string) *proxyswitch.Lease {
+		return leaseID(t, sw, site, proxyIDOf(t, url))
+	}
+	l := leaseOf(w, "avito.example", dead)
+	require.NoError(t, l.Report(ctx, proxyswitch.Verdict{Kind: proxyswitch.ProxyFailure, Reason: proxyswitch.ReasonProxyConnect}))
+	held := leaseOf(w, "ozon.example", plain)
+	defer held.Release(ctx)
+	r = run("ban", secret, "ozon.example", "2h")
+	require.Equal(t, 0, r.code, r.all())
+	r = run("drain", drained)
+	require.Equal(t, 0, r.code, r.all())
+	// The one proxy left free on ozon.example cools down for a minute.
+	cool, err := proxyswitch.NewSwitch(rdb, proxyswitch.WithCooldown(time.Minute))
+	require.NoError(t, err)
+	l, err = cool.Lease(ctx, "ozon.example")
+	require.NoError(t, err)
+	require.Equal(t, proxyIDOf(t, cooled), l.Proxy().ID())
+	require.NoError(t, l.Release(ctx))
+	r = run("add", added) // free on every site
+	require.Equal(t, 0, r.code, r.all())
+
+	r = run("list", "ozon.example")
+	require.Equal(t, 0, r.code, r.all())
+	const when = `\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z`
+	const since = `\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ`
+	assert.Regexp(t, `(?m)^ID\s+PROXY\s+STATE\s+LEASED\s+UNTIL\s+STRIKES\s+NOTE\s*$`, r.stdout)
+	for _, row := range []string{
+		proxyIDOf(t, secret) + `\s+http://u1:xxxxx@127\.0\.0\.1:3128\s+quarantined\s+0/1\s+` + when + `\s+1\s+-`,
+		proxyIDOf(t, plain) + `\s+http://127\.0\.0\.2:3128\s+leased\s+1/1\s+` + when + `\s+0\s+-`,
+		proxyIDOf(t, dead) + `\s+socks5://127\.0\.0\.3:1080\s+dead\s+0/1\s+-\s+0\s+proxy_connect since ` + since,
+		proxyIDOf(t, drained) + `\s+http://127\.0\.0\.4:3128\s+drained\s+0/1\s+-\s+0\s+since ` + since,
+		proxyIDOf(t, cooled) + `\s+http://127\.0\.0\.5:3128\s+cooling\s+0/1\s+` + when + `\s+0\s+-`,
+		proxyIDOf(t, added) + `\s+http://u6:xxxxx@127\.0\.0\.6:3128\s+free\s+0/1\s+-\s+0\s+-`,
+	} {
+		assert.Regexp(t, `(?m)^`+row+`\s*$`, r.stdout)
+	}
+	assert.Equal(t, 7, strings.Count(r.stdout, "\n"), "a header and six proxies:\n%s", r.stdout)
+	assert.Empty(t, r.stderr, "a site in use: no warning")
+	// The same slots as stats counts for the site.
+	r = run("stats", "ozon.example")
+	require.Equal(t, 0, r.code, r.all())
+	assert.Regexp(t, `ozon\.example\s+6\s+1\s+1\s+5\s+1\s+1\s+2\s*\n`, r.stdout)
+
+	// A site nobody leased: what its first lease would find, and a warning.
+	r = run("list", "fresh.example")
+	require.Equal(t, 0, r.code, r.all())
+	assert.Regexp(t, proxyIDOf(t, dead)+`\s+\S+\s+dead\s`, r.stdout)
+	assert.Regexp(t, proxyIDOf(t, secret)+`\s+\S+\s+free\s`, r.stdout, "banned on ozon.example only")
+	assert.Contains(t, r.stderr, `site "fresh.example" was not leased from pool "default" within the idle TTL`)
+
+	// Two slots per proxy, and a ban on every site, in another pool.
+	r = run("-pool", "wide", "add", secret, plain)
+	require.Equal(t, 0, r.code, r.all())
+	wide, err := proxyswitch.NewSwitch(rdb, proxyswitch.WithPool("wide"), proxyswitch.WithConcurrency(2), proxyswitch.WithBanAllSites(true))
+	require.NoError(t, err)
+	first := leaseOf(wide, "ozon.example", plain)
+	defer first.Release(ctx)
+	second := leaseOf(wide, "ozon.example", plain)
+	defer second.Release(ctx)
+	require.NoError(t, wide.Ban(ctx, secret, "avito.example", time.Hour))
+	r = run("-pool", "wide", "list", "ozon.example")
+	require.Equal(t, 0, r.code, r.all())
+	assert.Regexp(t, proxyIDOf(t, plain)+`\s+http://127\.0\.0\.2:3128\s+leased\s+2/2\s+`+when+`\s+0\s+-`, r.stdout)
+	assert.Regexp(t, proxyIDOf(t, secret)+`\s+http://u1:xxxxx@127\.0\.0\.1:3128\s+quarantined\s+0/2\s+`+when+`\s+0\s+banned on every site`, r.stdout)
+	r = run("-pool", "wide", "list", "avito.example")
+	require.Equal(t, 0, r.code, r.all())
+	assert.Regexp(t, proxyIDOf(t, secret)+`\s+\S+\s+quarantined\s+0/2\s+`+when+`\s+1\s+banned on every site`, r.stdout)
+
+	// list without a site: as before.
+	r = run("list")
+	require.Equal(t, 0, r.code, r.all())
+	assert.Regexp(t, `ID\s+PROXY\s+STATE\s+SINCE\s+REASON`, r.stdout)
+	assert.Regexp(t, proxyIDOf(t, secret)+`\s+http://u1:xxxxx@127\.0\.0\.1:3128\s+ok\s+-\s+-`, r.stdout)
+
+	assert.NotContains(t, tr.all.String(), proxySecret)
+	assert.NotContains(t, tr.all.String(), redisSecret)
 }
 
 // syncBuffer is a bytes.Buffer safe for concurrent use.
@@ -413,6 +524,13 @@ func TestCLISecretsOnFailurePaths(t *testing.T) {
 		"clear redis down":      {down, []string{"-timeout", "300ms", "clear", "-yes"}, 1, "redis error"},
 		"list wrong password":   {wrong, []string{"list"}, 1, "WRONGPASS"},
 		"stats redis down":      {down, []string{"-timeout", "300ms", "stats", "ozon.example"}, 1, "redis error"},
+		"list site is a URL":    {good, []string{"list", "https://u9:" + proxySecret + "@www.ozon.example/catalog"}, 2, "is a URL: give the site as the workers' site function names it, by default the host[:port] (for this URL www.ozon.example)"},
+		"list proxy as site":    {good, []string{"list", "http://u1:" + proxySecret + "@127.0.0.1:3128"}, 2, "http://u1:xxxxx@127.0.0.1:3128 is a URL"},
+		"list empty site":       {good, []string{"list", ""}, 2, "empty SITE"},
+		"list site with space":  {good, []string{"list", "ozon example"}, 2, `SITE "ozon example" holds spaces`},
+		"list two sites":        {good, []string{"list", "ozon.example", "avito.example"}, 2, "list takes at most one SITE"},
+		"list site redis down":  {down, []string{"-timeout", "300ms", "list", "ozon.example"}, 1, "redis error"},
+		"list site wrong pass":  {wrong, []string{"list", "ozon.example"}, 1, "WRONGPASS"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			r := cli(t, tc.env, "", append([]string{"-v"}, tc.args...)...)

@@ -1,0 +1,198 @@
+package proxyswitch
+
+import (
+	"cmp"
+	"context"
+	_ "embed"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+//go:embed lua/proxy_states.lua
+var proxyStatesLua string
+
+var proxyStatesScript = redis.NewScript(proxyStatesLua)
+
+// The states of a proxy on a site, as ProxyState.State names them.
+const (
+	StateFree        = "free"        // a slot can be leased now
+	StateLeased      = "leased"      // a request holds a slot
+	StateCooling     = "cooling"     // released, waiting out the cooldown (or an expired lease's slot)
+	StateQuarantined = "quarantined" // banned on the site (or on every site) until Until
+	StateDead        = "dead"        // out of every site's rotation until Revive
+	StateDrained     = "drained"     // taken out by Drain until Revive
+)
+
+// ProxyState is one proxy of a pool as one site sees it, read by
+// ProxyStates. Times are by Redis' clock. It is a snapshot: a value, safe
+// to share between goroutines.
+//
+// A proxy has one slot per site, or k with WithConcurrency(k), each in one
+// state; the slot counts of all proxies add up to SiteState's counts for
+// the site (on a site never leased, SiteState counts a proxy banned on every
+// site as free, and one slot per proxy until the pool's first lease fixes
+// k). State sums the slots up, the first that applies in this order:
+// dead or drained (the proxy is marked so, even while a request that
+// started before is under way), quarantined (a ban on the site or on every
+// site holds it out, even while a request that started before is under
+// way), leased (a slot is), free (a slot is), cooling.
+type ProxyState struct {
+	Proxy *Proxy // its ID and URL (String redacts the password)
+	State string // StateFree, StateLeased, StateCooling, StateQuarantined, StateDead or StateDrained
+
+	// Until is when the state ends unless something changes it: the
+	// expiry of its last live lease (leased), the end of its cooldown
+	// (cooling) or of its quarantine (quarantined), for the last of its
+	// slots in that state. Zero for free, dead and drained.
+	Until time.Time
+	// Strikes is the proxy's bans in a row on the site: the offences the
+	// quarantine backoff counts (WithQuarantine). A healthy answer through
+	// the proxy on the site or Unban sets it back to 0; it outlives the
+	// quarantine until then.
+	Strikes int
+	// BanAllSites says a quarantined proxy is held out by a ban on every
+	// site (WithBanAllSites), which may end later than a ban on this site.
+	BanAllSites bool
+	// Since and Reason say when and why a dead or drained proxy was marked
+	// ("drained", or the failure that killed it, as Dead lists them).
+	Since  time.Time
+	Reason string
+
+	FreeSlots        int // slots leasable now
+	LeasedSlots      int // slots held by a live lease
+	CoolingSlots     int // slots cooling down
+	QuarantinedSlots int // slots held out by a ban
+	DeadSlots        int // slots out of every rotation
+}
+
+// proxyStateFields is the number of items per proxy in the reply of
+// lua/proxy_states.lua.
+const proxyStateFields = 13
+
+// ProxyStates reads the state of every proxy of the pool on site, in one
+// round trip (one Lua script, bounded by WithRedisTimeout) and so at one
+// instant, ordered by redacted URL. With ScopeGlobal the site does not
+// matter and may be empty: the states are the global scope's. On a site
+// never leased (or idle past WithIdleTTL) every proxy is free but the dead
+// and drained ones, and those banned on every site, which its first lease
+// starts quarantined.
+//
+// It reads what the pool holds in Redis: not the local share of a Switch
+// that WithFallback switched over while Redis was unreachable, nor the
+// pools WithRoute sends a site to. The script walks the whole pool, so it
+// costs Redis time in proportion to the pool's size times the concurrency:
+// an operator's call, not one for every request. It is safe for concurrent
+// use. A reply that is not what the script writes fails with ErrCorrupt.
+func (s *Switch) ProxyStates(ctx context.Context, site string) ([]ProxyState, error) {
+	if s.err != nil {
+		return nil, s.err
+	}
+	if site == "" && s.cfg.scope != ScopeGlobal {
+		return nil, fmt.Errorf("%w: empty site", ErrConfig)
+	}
+	scope := s.scopeOf(site)
+	keys := []string{s.keys.proxies(), s.keys.free(scope), s.keys.leases(scope), s.keys.strikes(scope),
+		s.keys.quarantine(), s.keys.dead(), s.keys.meta()}
+	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]any, error) {
+		return proxyStatesScript.Run(ctx, s.rdb, keys, s.cfg.slots).Slice()
+	}, nil)
+	if err != nil {
+		return nil, redisErr("proxy states", err)
+	}
+	return s.parseProxyStates(res)
+}
+
+// parseProxyStates reads the reply of lua/proxy_states.lua.
+func (s *Switch) parseProxyStates(res []any) ([]ProxyState, error) {
+	r := reply{res: res}
+	now, slots, n := r.int(0), r.int(1), r.int(2)
+	if r.err != nil || slots < 1 || n < 0 || int64(len(res)-3) != n*proxyStateFields {
+		return nil, fmt.Errorf("%w: proxy states reply of %d items", ErrCorrupt, len(res))
+	}
+	out := make([]ProxyState, 0, n)
+	for i := 3; i < len(res); i += proxyStateFields {
+		id, raw, dead := r.str(i), r.str(i+1), r.str(i+2)
+		st := ProxyState{
+			Strikes:          int(r.int(i + 3)),
+			FreeSlots:        int(r.int(i + 5)),
+			LeasedSlots:      int(r.int(i + 6)),
+			CoolingSlots:     int(r.int(i + 7)),
+			QuarantinedSlots: int(r.int(i + 8)),
+			DeadSlots:        int(r.int(i + 9)),
+		}
+		allEnd, leaseUntil, coolUntil, quarUntil := r.int(i+4), r.int(i+10), r.int(i+11), r.int(i+12)
+		if r.err != nil {
+			return nil, fmt.Errorf("%w: proxy states reply: %w", ErrCorrupt, r.err)
+		}
+		counted := st.FreeSlots + st.LeasedSlots + st.CoolingSlots + st.QuarantinedSlots + st.DeadSlots
+		if min(st.Strikes, st.FreeSlots, st.LeasedSlots, st.CoolingSlots, st.QuarantinedSlots, st.DeadSlots) < 0 ||
+			int64(counted) > slots {
+			return nil, fmt.Errorf("%w: proxy states reply: %d slots of proxy %s in states, of %d", ErrCorrupt, counted, id, slots)
+		}
+		p, err := s.proxyFor(raw)
+		if err != nil {
+			return nil, fmt.Errorf("pool entry %s: %w", id, err)
+		}
+		st.Proxy = p
+		switch {
+		case dead != "":
+			ms, reason, _ := strings.Cut(dead, "|")
+			if at, err := strconv.ParseInt(ms, 10, 64); err == nil {
+				st.Since = time.UnixMilli(at)
+			}
+			st.State, st.Reason = StateDead, reason
+			if reason == "drained" {
+				st.State = StateDrained
+			}
+		case st.DeadSlots > 0:
+			st.State = StateDead
+		case quarUntil > 0:
+			st.State, st.Until, st.BanAllSites = StateQuarantined, time.UnixMilli(quarUntil), allEnd > now
+		case st.LeasedSlots > 0:
+			st.State, st.Until = StateLeased, time.UnixMilli(leaseUntil)
+		case st.FreeSlots > 0:
+			st.State = StateFree
+		case st.CoolingSlots > 0:
+			st.State, st.Until = StateCooling, time.UnixMilli(coolUntil)
+		default: // no slot tracked on the site
+			st.State = StateFree
+		}
+		out = append(out, st)
+	}
+	slices.SortFunc(out, func(a, b ProxyState) int {
+		return cmp.Or(strings.Compare(a.Proxy.String(), b.Proxy.String()), strings.Compare(a.Proxy.ID(), b.Proxy.ID()))
+	})
+	return out, nil
+}
+
+// reply reads typed items of a script's reply; the first item of the wrong
+// type (or missing) sets err, after which every read returns a zero value.
+type reply struct {
+	res []any
+	err error
+}
+
+func (r *reply) int(i int) int64 {
+	v, ok := intAt(r.res, i)
+	if !ok && r.err == nil {
+		r.err = fmt.Errorf("item %d is not an integer", i+1)
+	}
+	return v
+}
+
+func (r *reply) str(i int) string {
+	var v string
+	ok := i < len(r.res)
+	if ok {
+		v, ok = r.res[i].(string)
+	}
+	if !ok && r.err == nil {
+		r.err = fmt.Errorf("item %d is not a string", i+1)
+	}
+	return v
+}
