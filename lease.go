@@ -28,6 +28,7 @@ type Lease struct {
 	released atomic.Bool
 	healthy  atomic.Bool  // the site answered normally through it: release resets the backoff
 	hold     atomic.Int64 // ns: keep the proxy out at least this long after release (an abandoned request)
+	unused   atomic.Bool  // no request went through it (Switch.Ban's probe): released with no cooldown
 }
 
 // Proxy returns the leased proxy.
@@ -227,7 +228,11 @@ func (s *Switch) release(ctx context.Context, l *Lease) error {
 	if l.healthy.Load() {
 		reset = l.proxy.id
 	}
-	n, err := s.releaseMemberFor(ctx, l.scope, l.member, l.token, reset, max(s.cfg.cooldown, time.Duration(l.hold.Load())))
+	cooldown := max(s.cfg.cooldown, time.Duration(l.hold.Load()))
+	if l.unused.Load() {
+		cooldown = 0
+	}
+	n, err := s.releaseMemberFor(ctx, l.scope, l.member, l.token, reset, cooldown)
 	if err != nil {
 		if s.fb != nil && s.fb.failedRelease(ctx, l, err) {
 			return nil

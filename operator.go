@@ -51,6 +51,7 @@ func (s *Switch) Ban(ctx context.Context, proxy, site string, d time.Duration) e
 		return err
 	}
 	if l != nil && l.proxy.id != p.id {
+		l.unused.Store(true) // another proxy, never used: back at once, with no cooldown
 		if err := l.Release(ctx); err != nil {
 			return err
 		}

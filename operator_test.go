@@ -101,6 +101,27 @@ func TestBanOnASiteNeverLeased(t *testing.T) {
 	require.ErrorIs(t, err, ErrNoProxy)
 }
 
+// Banning a proxy that is in use leases another one for a moment (to make
+// sure the site's set exists) and hands it back untouched: no cooldown on
+// a proxy no request went through.
+func TestBanOfABusyProxyLeavesOthersFree(t *testing.T) {
+	ctx := context.Background()
+	s := newSwitch(t, sharedClient(t), WithMaxWait(0), WithCooldown(time.Minute))
+	_, err := s.Add(ctx, proxyURLs(3)...)
+	require.NoError(t, err)
+	busy, err := s.Lease(ctx, "busy.example")
+	require.NoError(t, err)
+	require.NoError(t, s.Ban(ctx, busy.Proxy().ID(), "busy.example", time.Hour))
+	st, err := s.SiteState(ctx, "busy.example")
+	require.NoError(t, err)
+	assert.Equal(t, SiteState{Site: "busy.example", Free: 2, Leased: 1}, st, "the two others are free, none cooling (a banned slot in use counts as leased)")
+	for range 2 {
+		l, err := s.Lease(ctx, "busy.example")
+		require.NoError(t, err)
+		assert.NotEqual(t, busy.Proxy().ID(), l.Proxy().ID())
+	}
+}
+
 func indexOf(xs []string, x string) int {
 	for i, v := range xs {
 		if v == x {

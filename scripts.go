@@ -78,4 +78,5 @@ var allScripts = map[string]*redis.Script{
 	"session_bind":    sessionBindScript,
 	"session_end":     sessionEndScript,
 	"session_cookies": sessionCookiesScript,
+	"session_count":   sessionCountScript,
 }
