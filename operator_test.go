@@ -122,6 +122,26 @@ func TestBanOfABusyProxyLeavesOthersFree(t *testing.T) {
 	}
 }
 
+func TestPoolConcurrency(t *testing.T) {
+	ctx := context.Background()
+	s := newSwitch(t, sharedClient(t), WithConcurrency(4))
+	_, err := s.Add(ctx, proxyURLs(2)...)
+	require.NoError(t, err)
+	k, err := s.PoolConcurrency(ctx)
+	require.NoError(t, err)
+	assert.Zero(t, k, "nothing leased yet")
+	l, err := s.Lease(ctx, "ozon.example")
+	require.NoError(t, err)
+	require.NoError(t, l.Release(ctx))
+	other := sibling(t, s, sharedClient(t)) // another worker, its own client
+	k, err = other.PoolConcurrency(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, 4, k)
+	require.NoError(t, sharedClient(t).HSet(ctx, s.keys.meta(), "slots", "four").Err())
+	_, err = s.PoolConcurrency(ctx)
+	assert.ErrorIs(t, err, ErrCorrupt)
+}
+
 func indexOf(xs []string, x string) int {
 	for i, v := range xs {
 		if v == x {

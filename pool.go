@@ -2,9 +2,13 @@ package proxyswitch
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // Pool administration. Every change is one Lua script, atomic across the
@@ -109,6 +113,36 @@ type SiteStats struct {
 	Leased       int // live leases
 	BusySlots    int // slots not free: leased, cooling down or quarantined
 	LeaseRecords int // lease records in Redis, live or expired but not yet reclaimed
+}
+
+// PoolConcurrency reads the concurrency the pool records: the
+// WithConcurrency of the Switches that lease from it (the first lease
+// records it; a Switch asking for another one gets ErrConfig), or 0 when
+// nothing leased from it yet. Tools that act on a pool they did not
+// configure (the proxyswitch command) read it to match. One round trip;
+// safe for concurrent use.
+func (s *Switch) PoolConcurrency(ctx context.Context) (int, error) {
+	if s.err != nil {
+		return 0, s.err
+	}
+	v, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) (string, error) {
+		v, err := metaGetScript.Run(ctx, s.rdb, []string{s.keys.meta()}, "slots").Text()
+		if errors.Is(err, redis.Nil) {
+			return "", nil
+		}
+		return v, err
+	}, nil)
+	if err != nil {
+		return 0, redisErr("pool concurrency", err)
+	}
+	if v == "" {
+		return 0, nil
+	}
+	k, err := strconv.Atoi(v)
+	if err != nil || k < 1 {
+		return 0, fmt.Errorf("%w: pool %q records concurrency %q", ErrCorrupt, s.cfg.pool, v)
+	}
+	return k, nil
 }
 
 // Stats returns a snapshot of the pool for site (ignored with ScopeGlobal).

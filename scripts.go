@@ -45,6 +45,10 @@ var (
 	//go:embed lua/dead.lua
 	deadLua    string
 	deadScript = redis.NewScript(deadLua)
+
+	//go:embed lua/meta_get.lua
+	metaGetLua    string
+	metaGetScript = redis.NewScript(metaGetLua)
 )
 
 // allScripts is every script the package runs; a test loads each one.
@@ -58,6 +62,7 @@ var allScripts = map[string]*redis.Script{
 	"penalize":    penalizeScript,
 	"revive":      reviveScript,
 	"dead":        deadScript,
+	"meta_get":    metaGetScript,
 	"sites":       sitesScript,
 	"state":       stateScript,
 	"unban":       unbanScript,

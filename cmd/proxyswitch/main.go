@@ -172,7 +172,31 @@ func (a *app) newSwitch(pool string) (*proxyswitch.Switch, error) {
 	return proxyswitch.NewSwitch(a.rdb, append([]proxyswitch.Option{proxyswitch.WithPool(pool)}, a.opts...)...)
 }
 
+// matchConcurrency makes a.sw act on every slot of each proxy: the pool's
+// recorded concurrency (WithConcurrency of its workers) replaces the
+// default of 1, which would ban, unban, drain or revive slot 0 only (or
+// be refused).
+func (a *app) matchConcurrency(ctx context.Context) error {
+	k, err := a.sw.PoolConcurrency(ctx)
+	if err != nil || k <= 1 {
+		return err
+	}
+	sw, err := proxyswitch.NewSwitch(a.rdb, append([]proxyswitch.Option{proxyswitch.WithPool(a.sw.Pool()),
+		proxyswitch.WithConcurrency(k)}, a.opts...)...)
+	if err != nil {
+		return err
+	}
+	a.sw = sw
+	return nil
+}
+
 func (a *app) dispatch(ctx context.Context, cmd string, args []string) error {
+	switch cmd {
+	case "ban", "unban", "drain", "revive":
+		if err := a.matchConcurrency(ctx); err != nil {
+			return err
+		}
+	}
 	sw, out := a.sw, a.out
 	switch cmd {
 	case "load":

@@ -257,6 +257,45 @@ func TestCLIOperatorCommands(t *testing.T) {
 	assert.NotContains(t, tr.all.String(), redisSecret)
 }
 
+// The operator commands act on every slot of a pool whose workers run k
+// requests per proxy at once (WithConcurrency): the CLI reads k from Redis.
+func TestCLIOperatorCommandsWithConcurrency(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t, "--requirepass", redisSecret)
+	env := map[string]string{EnvRedisURL: "redis://:" + redisSecret + "@" + srv.Addr() + "/0"}
+	tr := &transcript{t: t, env: env}
+	a, b := "http://u1:"+proxySecret+"@127.0.0.1:3128", "http://127.0.0.2:3128"
+	idA := proxyIDOf(t, a)
+	r := tr.run("add", a, b)
+	require.Equal(t, 0, r.code, r.all())
+	sw, err := proxyswitch.NewSwitch(srv.Client(t), proxyswitch.WithConcurrency(3))
+	require.NoError(t, err)
+	l, err := sw.Lease(ctx, "ozon.example") // records k = 3
+	require.NoError(t, err)
+	require.NoError(t, l.Release(ctx))
+	state := func() proxyswitch.SiteState {
+		t.Helper()
+		st, err := sw.SiteState(ctx, "ozon.example")
+		require.NoError(t, err)
+		return st
+	}
+	require.Equal(t, 6, state().Free)
+
+	r = tr.run("ban", idA, "ozon.example", "2h")
+	require.Equal(t, 0, r.code, r.all())
+	assert.Equal(t, proxyswitch.SiteState{Site: "ozon.example", Free: 3, Quarantined: 3}, state(), "all three slots")
+	r = tr.run("unban", a, "ozon.example")
+	require.Equal(t, 0, r.code, r.all())
+	assert.Equal(t, proxyswitch.SiteState{Site: "ozon.example", Free: 6}, state())
+	r = tr.run("drain", idA)
+	require.Equal(t, 0, r.code, r.all())
+	assert.Equal(t, proxyswitch.SiteState{Site: "ozon.example", Free: 3, Dead: 3}, state())
+	r = tr.run("revive", idA)
+	require.Equal(t, 0, r.code, r.all())
+	assert.Equal(t, proxyswitch.SiteState{Site: "ozon.example", Free: 6}, state())
+	assert.NotContains(t, tr.all.String(), proxySecret)
+}
+
 // TestCLIListSite drives list SITE against a real redis-server with a
 // password: every state a proxy can be in on a site, k slots per proxy, a
 // ban on every site, a site never leased, and no password in any output.
