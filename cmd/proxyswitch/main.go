@@ -13,7 +13,8 @@
 //	                            ScopeGlobal): free, leased (and how many of its slots), cooling,
 //	                            quarantined (noting a ban on every site), dead or drained; until
 //	                            when; bans in a row there
-//	stats [SITE...]             a table of proxy slots by state per site (default: every site leased recently)
+//	stats [SITE...]             a table of proxy slots by state per site (default: every site leased recently),
+//	                            and the live sticky sessions
 //	ban ID|URL SITE [DURATION]  quarantine a proxy on a site, cluster-wide, for at least DURATION (default 1h)
 //	unban ID|URL SITE           end a proxy's quarantine on a site now
 //	drain ID|URL...             take proxies out of every site's rotation (requests under way finish)
@@ -87,7 +88,7 @@ commands:
   add URL...                  add proxies
   remove ID|URL...            remove proxies
   list [SITE]                 list the proxies with their state (pool-wide, or on SITE)
-  stats [SITE...]             proxy slots by state per site
+  stats [SITE...]             proxy slots by state per site, live sticky sessions
   ban ID|URL SITE [DURATION]  quarantine a proxy on a site for at least DURATION (default 1h)
   unban ID|URL SITE           end a proxy's quarantine on a site
   drain ID|URL...             take proxies out of every site's rotation
@@ -429,7 +430,15 @@ func (a *app) stats(ctx context.Context, sites []string) error {
 		busy := ss.Leased + ss.Cooling + ss.Quarantined + ss.Dead
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t\n", site, st.Proxies, ss.Free, ss.Leased, busy, ss.Cooling, ss.Quarantined, ss.Dead)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	live, err := a.sw.LiveSessions(ctx)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(a.out, "live sticky sessions: %d\n", live)
+	return err
 }
 
 func (a *app) ban(ctx context.Context, args []string) error {

@@ -207,6 +207,7 @@ func TestCLIOperatorCommands(t *testing.T) {
 	assert.Regexp(t, `SITE\s+PROXIES\s+FREE\s+LEASED\s+BUSY\s+COOLING\s+QUARANTINED\s+DEAD`, r.stdout)
 	assert.Regexp(t, `ozon\.example\s+3\s+0\s+1\s+3\s+0\s+1\s+1\s*\n`, r.stdout)
 	assert.Regexp(t, `avito\.example\s+3\s+2\s+0\s+1\s+0\s+0\s+1\s*\n`, r.stdout)
+	assert.Contains(t, r.stdout, "\nlive sticky sessions: 0\n")
 
 	// unban by ID; the default ban time is an hour.
 	r = run("unban", idSecret, "ozon.example")
@@ -293,6 +294,16 @@ func TestCLIOperatorCommandsWithConcurrency(t *testing.T) {
 	r = tr.run("revive", idA)
 	require.Equal(t, 0, r.code, r.all())
 	assert.Equal(t, proxyswitch.SiteState{Site: "ozon.example", Free: 6}, state())
+
+	// stats counts the live sticky sessions the session scripts register
+	// (here two, one of them lapsed, written as those scripts do).
+	now := time.Now()
+	require.NoError(t, srv.Client(t).ZAdd(ctx, "{proxyswitch:default}:sessions",
+		redis.Z{Score: float64(now.Add(time.Minute).UnixMilli()), Member: "a1"},
+		redis.Z{Score: float64(now.Add(-time.Second).UnixMilli()), Member: "b2"}).Err())
+	r = tr.run("stats")
+	require.Equal(t, 0, r.code, r.all())
+	assert.Contains(t, r.stdout, "\nlive sticky sessions: 1\n")
 	assert.NotContains(t, tr.all.String(), proxySecret)
 }
 
