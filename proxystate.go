@@ -34,9 +34,7 @@ const (
 //
 // A proxy has one slot per site, or k with WithConcurrency(k), each in one
 // state; the slot counts of all proxies add up to SiteState's counts for
-// the site (on a site never leased, SiteState counts a proxy banned on every
-// site as free, and one slot per proxy until the pool's first lease fixes
-// k). State sums the slots up, the first that applies in this order:
+// the site. State sums the slots up, the first that applies in this order:
 // dead or drained (the proxy is marked so, even while a request that
 // started before is under way), quarantined (a ban on the site or on every
 // site holds it out, even while a request that started before is under

@@ -182,12 +182,10 @@ func TestProxyStatesBanAllSites(t *testing.T) {
 	assert.Equal(t, StateLeased, other[ids[1]].State)
 
 	// A site never leased starts the proxy quarantined (lease.lua), and
-	// ProxyStates says so. (SiteState counts every slot of a site never
-	// leased as free or dead, so the two are not compared here.)
-	ps, err := s.ProxyStates(ctx, "fresh.example")
-	require.NoError(t, err)
-	require.Len(t, ps, 3)
-	for _, p := range ps {
+	// ProxyStates and SiteState say so.
+	fresh := statesAgree(t, s, "fresh.example")
+	require.Len(t, fresh, 3)
+	for _, p := range fresh {
 		if p.Proxy.ID() == ids[0] {
 			assert.Equal(t, StateQuarantined, p.State)
 			assert.True(t, p.BanAllSites)
@@ -217,12 +215,10 @@ func TestProxyStatesConcurrency(t *testing.T) {
 	ids := proxyIDsOf(t, urls)
 	full, half, banned, drained, free, busyBan, cooled := ids[0], ids[1], ids[2], ids[3], ids[4], ids[5], ids[6]
 
-	// A pool never leased: k slots per proxy, as Stats counts them.
-	// (SiteState counts one per proxy until the first lease fixes k.)
-	ps, err := s.ProxyStates(ctx, site)
-	require.NoError(t, err)
-	require.Len(t, ps, 7)
-	for _, p := range ps {
+	// A pool never leased: k slots per proxy, as Stats and SiteState count them.
+	never := statesAgree(t, s, site)
+	require.Len(t, never, 7)
+	for _, p := range never {
 		assert.Equal(t, ProxyState{Proxy: p.Proxy, State: StateFree, FreeSlots: 2}, p)
 	}
 	leaseProxy(t, s, "other.example", free)
@@ -272,7 +268,7 @@ func TestProxyStatesConcurrency(t *testing.T) {
 	// A Switch configured with k=1 reads the pool's k from Redis.
 	one := sibling(t, s, rdb)
 	one.cfg.slots = 1
-	ps, err = one.ProxyStates(ctx, site)
+	ps, err := one.ProxyStates(ctx, site)
 	require.NoError(t, err)
 	require.Len(t, ps, 7)
 	for _, p := range ps {

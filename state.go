@@ -34,7 +34,7 @@ func (s *Switch) SiteState(ctx context.Context, site string) (SiteState, error) 
 	keys := []string{s.keys.proxies(), s.keys.free(scope), s.keys.leases(scope), s.keys.strikes(scope),
 		s.keys.quarantine(), s.keys.dead(), s.keys.meta()}
 	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]int64, error) {
-		return stateScript.Run(ctx, s.rdb, keys).Int64Slice()
+		return stateScript.Run(ctx, s.rdb, keys, s.cfg.slots).Int64Slice()
 	}, nil)
 	if err != nil {
 		return SiteState{}, redisErr("state", err)

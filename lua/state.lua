@@ -7,6 +7,7 @@
 -- KEYS[5] quarantine zset  id -> end (ms) of a ban on every site
 -- KEYS[6] dead hash        id -> "<ms>|<reason>"
 -- KEYS[7] meta hash        "slots" -> concurrency
+-- ARGV[1] the caller's concurrency, for a pool that has not recorded one yet
 --
 -- Returns {free, leased, cooling, quarantined, dead}. Busy slots are looked
 -- at one by one (leased first, then dead, then quarantined by a ban; the
@@ -19,12 +20,19 @@ local DEAD = 1e15
 local function num(s) return s and s + 0 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local slots = tonumber(redis.call('HGET', KEYS[7], 'slots') or '1') or 1
+local slots = tonumber(redis.call('HGET', KEYS[7], 'slots') or ARGV[1] or '1') or 1
 if redis.call('EXISTS', KEYS[2]) == 0 then
-  -- Never leased for this site: every live proxy is free.
+  -- Never leased for this site: every live proxy is free, but for those
+  -- banned on every site (the site's first lease starts them quarantined).
   local dead = redis.call('HLEN', KEYS[6])
   local size = redis.call('HLEN', KEYS[1])
-  return {math.max(size - dead, 0) * slots, 0, 0, 0, dead * slots}
+  local banned = 0
+  for _, id in ipairs(redis.call('ZRANGE', KEYS[5], '(' .. now, '+inf', 'BYSCORE')) do
+    if redis.call('HEXISTS', KEYS[1], id) == 1 and redis.call('HEXISTS', KEYS[6], id) == 0 then
+      banned = banned + 1
+    end
+  end
+  return {math.max(size - dead - banned, 0) * slots, 0, 0, banned * slots, dead * slots}
 end
 local free = redis.call('ZCOUNT', KEYS[2], '-inf', now)
 local leased, cooling, quarantined, dead = 0, 0, 0, 0
