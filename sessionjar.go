@@ -12,16 +12,19 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"golang.org/x/net/publicsuffix"
 )
 
 // A session's cookie jar (session.go): the storage and matching rules of
 // RFC 6265 section 5.3 and 5.4, applied in Go, on cookies kept in Redis in
 // the hash {prefix:pool}:sjar:<session ID>, one field per cookie
 // "<domain>;<path>;<name>" -> "<created µs>|<cookie as JSON>", with the
-// session record's TTL. Differences from a browser: no public suffix list
-// (a Domain attribute must name the host or a parent with a dot in it, so
-// "com" is refused but "co.uk" is not: the jar holds one task's cookies
-// only), and a cookie without an expiry lives as long as the session.
+// session record's TTL. A Domain attribute must name the host or a parent
+// of it that is not a public suffix (golang.org/x/net/publicsuffix, as
+// net/http/cookiejar: "co.uk" and "com" are refused, except from the host
+// of that name itself, where the cookie becomes host-only). Unlike a
+// browser, a cookie without an expiry lives as long as the session.
 
 const (
 	// maxSessionCookies bounds a session's jar; beyond it the oldest
@@ -47,6 +50,13 @@ type jarCookie struct {
 
 func (c *jarCookie) field() string { return c.Domain + ";" + c.Path + ";" + c.Name }
 
+// isPublicSuffix reports whether d is a public suffix ("com", "co.uk",
+// "github.io"), under which no site may set cookies for its neighbours.
+func isPublicSuffix(d string) bool {
+	ps, _ := publicsuffix.PublicSuffix(d)
+	return ps == d
+}
+
 // newJarCookie applies the storage rules to a cookie set by a response to
 // u: ok is false when the cookie is refused, del when it deletes the stored
 // one (expired, Max-Age <= 0).
@@ -57,9 +67,11 @@ func newJarCookie(c *http.Cookie, u *url.URL, now time.Time) (e jarCookie, del, 
 	}
 	e = jarCookie{Name: c.Name, Value: c.Value, Quoted: c.Quoted, Secure: c.Secure, Created: now.UnixMicro()}
 	switch d := strings.ToLower(strings.TrimPrefix(c.Domain, ".")); {
-	case d == "" || d == host:
-		e.Domain, e.HostOnly = host, d == ""
-	case net.ParseIP(host) == nil && strings.Contains(d, ".") && strings.HasSuffix(host, "."+d):
+	case d == "" || isPublicSuffix(d) && d == host:
+		e.Domain, e.HostOnly = host, true
+	case d == host:
+		e.Domain = host
+	case net.ParseIP(host) == nil && strings.Contains(d, ".") && strings.HasSuffix(host, "."+d) && !isPublicSuffix(d):
 		e.Domain = d
 	default:
 		return e, false, false // a domain the host cannot set cookies for

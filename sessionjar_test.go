@@ -85,6 +85,23 @@ func TestSessionJarRules(t *testing.T) {
 		assert.Equal(t, tc.want, got, tc.url)
 	}
 
+	// Public suffixes: no site sets cookies for its neighbours under one,
+	// and one served as a host gets its own cookies host-only.
+	jar = append(jarOf(t, now, "https://www.shop.co.uk/",
+		"a=1; Domain=co.uk", "b=2; Domain=shop.co.uk", "c=3; Domain=uk"),
+		jarOf(t, now, "https://alice.github.io/", "d=4; Domain=github.io", "e=5; Domain=alice.github.io")...)
+	jar = append(jar, jarOf(t, now, "https://github.io/", "f=6; Domain=github.io")...)
+	for url, want := range map[string]string{
+		"https://m.shop.co.uk/":     "b=2",
+		"https://other.co.uk/":      "",
+		"https://alice.github.io/":  "e=5",
+		"https://bob.github.io/":    "",
+		"https://github.io/":        "f=6",
+		"https://x.alice.github.io": "e=5",
+	} {
+		assert.Equal(t, want, cookieNames(cookiesFor(jar, mustURL(t, url), now)), url)
+	}
+
 	// IP hosts: a Domain attribute must be the IP itself.
 	jar = jarOf(t, now, "http://127.0.0.1:8080/", "a=1", "b=2; Domain=0.0.1", "c=3; Domain=127.0.0.1")
 	assert.Equal(t, "a=1; c=3", cookieNames(cookiesFor(jar, mustURL(t, "http://127.0.0.1:9090/x"), now)), "ports do not matter")
