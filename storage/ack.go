@@ -17,7 +17,9 @@ import (
 //   - OnRequest records which fetch owns the delivery: the first request
 //     that runs with the token. Requests visited from its callbacks share
 //     its context (colly.Request.Visit), so without this a child's outcome
-//     would answer for the parent.
+//     would answer for the parent. It also marks the delivery as running,
+//     so that it stays invisible to other workers until it settles (see
+//     renew.go).
 //   - OnScraped (the end of a successful fetch) acknowledges it.
 //   - OnError fails it (Nack: retried after the retry delay, dead-lettered
 //     after the last delivery) or, when WithRetryIf says the error is final
@@ -28,9 +30,14 @@ import (
 // A delivered request that Colly drops before sending fires none of these.
 // If it was dropped as already visited, IsVisited/Visited acknowledge it
 // (see pending.go). If it was dropped for another reason (URL filters,
-// robots.txt, MaxDepth, MaxRequests, Abort in OnRequest), it comes back
-// after the visibility timeout and, after its last delivery, lands in the
-// dead-letter list: filter before AddRequest, or call Ack yourself.
+// robots.txt, MaxDepth, MaxRequests, Abort in an OnRequest callback
+// registered before Attach), it comes back after the visibility timeout
+// and, after its last delivery, lands in the dead-letter list: filter
+// before AddRequest, or call Ack yourself. One aborted by an OnRequest
+// callback registered after Attach (or whose callbacks panic) has already
+// been marked running: it comes back only when WithMaxFetchTime ends its
+// renewal, plus up to the visibility timeout; call Ack or Nack before
+// aborting it.
 
 // ownerFailed prefixes the owner of a delivery whose fetch failed; the next
 // request that runs with the token (a Retry) takes it over.
@@ -43,12 +50,16 @@ const ownerFailed = "failed:"
 // affected (their requests carry no delivery token).
 func (s *Storage) Attach(c *colly.Collector) {
 	c.OnRequest(func(r *colly.Request) {
-		if _, ok := deliveryToken(r); !ok {
+		tok, ok := deliveryToken(r)
+		if !ok {
 			return
 		}
 		owner, _ := r.Ctx.GetAny(ctxOwner).(string)
 		if owner == "" || strings.HasPrefix(owner, ownerFailed) {
 			r.Ctx.Put(ctxOwner, strconv.FormatUint(uint64(r.ID), 10))
+			if !r.IsAbort() { // an earlier OnRequest callback aborted it
+				s.begin(r, tok)
+			}
 		}
 	})
 	c.OnScraped(func(resp *colly.Response) {

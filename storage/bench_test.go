@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gocolly/colly/v2"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -32,9 +33,14 @@ type benchStore struct {
 	name string
 	s    interface {
 		visitedAPI
-		AddRequest([]byte) error
-		GetRequest() ([]byte, error)
+		benchQueueStore
 	}
+}
+
+// benchQueueStore is the part of a queue BenchmarkQueue uses.
+type benchQueueStore interface {
+	AddRequest([]byte) error
+	GetRequest() ([]byte, error)
 }
 
 // benchStores returns this package on a default client ("proxyswitch",
@@ -120,46 +126,65 @@ func BenchmarkVisitedSeen(b *testing.B) {
 // BenchmarkQueue is one request through the queue: push, pop and (ours
 // only; the baseline has no such step) acknowledge.
 func BenchmarkQueue(b *testing.B) {
-	var seq atomic.Int64
-	next := func() []byte { // distinct requests, as a crawl queues them
-		return marshal(b, fmt.Sprintf("https://shop.example/catalog/item?id=%d&ref=list", seq.Add(1)))
-	}
 	for _, bc := range benchStores(b) {
-		ours, _ := bc.s.(*Storage)
-		b.Run(bc.name, func(b *testing.B) {
-			b.ReportAllocs()
-			b.SetParallelism(25)
-			start := time.Now()
-			b.RunParallel(func(pb *testing.PB) {
-				for pb.Next() {
-					if err := bc.s.AddRequest(next()); err != nil {
-						b.Error(err)
-						return
-					}
-					got, err := bc.s.GetRequest()
-					if errors.Is(err, ErrQueueEmpty) || err == redis.Nil {
-						continue // another goroutine took it
-					}
-					if err != nil {
-						b.Error(err)
-						return
-					}
-					if ours == nil {
-						continue // LPOP: nothing to acknowledge
-					}
-					var m struct{ Ctx map[string]any }
-					if err := json.Unmarshal(got, &m); err != nil {
-						b.Error(err)
-						return
-					}
-					tok, _ := m.Ctx[ctxDelivery].(string)
-					if err := ours.settle(tok, nil); err != nil {
-						b.Error(err)
-						return
-					}
-				}
-			})
-			reportRate(b, start, "requests/s")
-		})
+		b.Run(bc.name, func(b *testing.B) { benchQueue(b, bc.s, nil) })
 	}
+}
+
+// BenchmarkQueueRunning is BenchmarkQueue on the default client with what
+// Attach's OnRequest hook adds between pop and acknowledge: marking the
+// delivery as running (the renewer it starts ticks every 20s, so never
+// within a run). Compare it with BenchmarkQueue/proxyswitch.
+func BenchmarkQueueRunning(b *testing.B) {
+	s := newStorage(b, benchClient(b))
+	b.Run("proxyswitch", func(b *testing.B) {
+		benchQueue(b, s, func(tok string) { s.begin(&colly.Request{Ctx: colly.NewContext()}, tok) })
+	})
+}
+
+var benchSeq atomic.Int64
+
+// benchQueue runs push, pop and (for this package) mark, if not nil, and
+// acknowledge, from 50 goroutines.
+func benchQueue(b *testing.B, bs benchQueueStore, mark func(tok string)) {
+	next := func() []byte { // distinct requests, as a crawl queues them
+		return marshal(b, fmt.Sprintf("https://shop.example/catalog/item?id=%d&ref=list", benchSeq.Add(1)))
+	}
+	ours, _ := bs.(*Storage)
+	b.ReportAllocs()
+	b.SetParallelism(25)
+	start := time.Now()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if err := bs.AddRequest(next()); err != nil {
+				b.Error(err)
+				return
+			}
+			got, err := bs.GetRequest()
+			if errors.Is(err, ErrQueueEmpty) || err == redis.Nil {
+				continue // another goroutine took it
+			}
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			if ours == nil {
+				continue // LPOP: nothing to acknowledge
+			}
+			var m struct{ Ctx map[string]any }
+			if err := json.Unmarshal(got, &m); err != nil {
+				b.Error(err)
+				return
+			}
+			tok, _ := m.Ctx[ctxDelivery].(string)
+			if mark != nil {
+				mark(tok)
+			}
+			if err := ours.settle(tok, nil); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	reportRate(b, start, "requests/s")
 }

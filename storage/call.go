@@ -16,7 +16,8 @@ import (
 // leaves the command to finish in the background. Every write this package
 // makes is safe to abandon that way: a claim or a delivery that lands after
 // its caller gave up is either harmless or comes back through the
-// visibility timeout.
+// visibility timeout, and a late extension touches only a delivery still in
+// flight under its own number.
 func call[T any](ctx context.Context, timeout time.Duration, inline bool, op string, fn func(context.Context) (T, error)) (T, error) {
 	v, err := bounded.Call(ctx, timeout, inline, fn, nil)
 	if err != nil && err != redis.Nil {

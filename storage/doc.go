@@ -28,21 +28,29 @@
 //
 // # Queue, at least once
 //
-// GetRequest keeps each delivered request in flight until it is
-// acknowledged. The hooks Attach installs acknowledge it when the fetch
-// ends (OnScraped), or fail it (OnError); a request whose worker dies comes
-// back after the visibility timeout. After WithMaxDeliveries deliveries a
-// request goes to the dead-letter list (DeadLetters, Requeue). A request is
-// fetched twice only if its worker dies (or overruns the visibility timeout)
-// after fetching and before acknowledging. QueueSize counts in-flight
-// requests too, so queue.Run returns only when the whole namespace's work
-// is done.
+// GetRequest keeps each delivered request in flight, invisible to other
+// workers, until it is acknowledged. The hooks Attach installs mark it
+// running when its fetch starts (OnRequest), acknowledge it when the fetch
+// ends (OnScraped), or fail it (OnError). Until the fetch starts, the
+// visibility timeout (WithVisibilityTimeout) keeps it invisible; from then
+// on, a renewer goroutine of the Storage extends it every third of that
+// timeout, however long the fetch takes (a slow site, a wait for a free
+// proxy, retries through several proxies), for up to WithMaxFetchTime. A
+// request whose worker dies comes back within the visibility timeout.
+// After WithMaxDeliveries deliveries a request goes to the dead-letter list
+// (DeadLetters, Requeue). A request is fetched twice only if its worker
+// dies after fetching and before acknowledging, or its fetch outlasts
+// WithMaxFetchTime. QueueSize counts in-flight requests too, so queue.Run
+// returns only when the whole namespace's work is done.
 //
 // Requests Colly drops before sending fire no callback. Those dropped as
 // already visited are acknowledged by the visited check; those dropped by
 // URL filters, robots.txt, MaxDepth or Abort end in the dead-letter list
-// (filter before AddRequest, or call Ack). Use one Storage as both the
-// collector's storage and the queue's, so the two cooperate.
+// (filter before AddRequest, or call Ack). One aborted by an OnRequest
+// callback registered after Attach is already running: it comes back only
+// after WithMaxFetchTime (call Ack or Nack before aborting it). Use one
+// Storage as both the collector's storage and the queue's, so the two
+// cooperate.
 //
 // # Redis key layout
 //

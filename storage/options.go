@@ -19,6 +19,8 @@ type config struct {
 	visitedTTL     time.Duration
 	buckets        int
 	visibility     time.Duration
+	maxFetch       time.Duration // 0 until WithMaxFetchTime sets it
+	maxFetchSet    bool
 	maxDeliveries  int
 	retryDelay     time.Duration
 	pollInterval   time.Duration
@@ -50,6 +52,8 @@ const (
 	maxCookies      = 1000    // per host
 	maxCookieBytes  = 1 << 20 // per host, all cookies together
 	maxReasonLen    = 1024    // dead-letter reason
+
+	defaultMaxFetch = 10 * time.Minute
 )
 
 func (c *config) validate() error {
@@ -68,6 +72,8 @@ func (c *config) validate() error {
 		return bad("%d visited buckets is outside 1..%d", c.buckets, maxBuckets)
 	case c.visibility < 100*time.Millisecond:
 		return bad("visibility timeout %v is below 100ms", c.visibility)
+	case c.maxFetchSet && c.maxFetch < c.visibility:
+		return bad("max fetch time %v is below the visibility timeout %v", c.maxFetch, c.visibility)
 	case c.maxDeliveries < 1:
 		return bad("max deliveries %d is below 1", c.maxDeliveries)
 	case c.retryDelay < 0:
@@ -78,6 +84,9 @@ func (c *config) validate() error {
 		return bad("max request size %d is below 64 bytes", c.maxRequestSize)
 	case c.redisTimeout <= 0:
 		return bad("redis timeout %v must be positive", c.redisTimeout)
+	}
+	if !c.maxFetchSet {
+		c.maxFetch = max(defaultMaxFetch, c.visibility)
 	}
 	if c.retryIf == nil {
 		c.retryIf = DefaultRetryIf
@@ -126,12 +135,36 @@ func WithVisitedTTL(d time.Duration) Option { return func(c *config) { c.visited
 func WithVisitedBuckets(n int) Option { return func(c *config) { c.buckets = n } }
 
 // WithVisibilityTimeout sets how long a delivered request stays invisible to
-// other workers. If it is neither acknowledged nor failed by then (its worker
-// died, hung, or Colly dropped it before sending), it is delivered again. It
-// should exceed the longest time a request waits for a free Colly thread
-// plus its own run time; a request still running when it passes may be
-// fetched twice. The default is 1 minute; the minimum 100ms.
+// other workers before its fetch starts, and by how much a running fetch's
+// invisibility is extended at a time. If the request is neither
+// acknowledged nor failed by then (its worker died or hung before the
+// fetch started, or Colly dropped it before sending), it is delivered
+// again. Once the fetch that owns the delivery starts (Attach's OnRequest
+// hook), a renewer goroutine keeps it invisible, extending its deadline to
+// now + d every d/3, until the delivery is acknowledged or failed, or for
+// at most WithMaxFetchTime; a worker that dies stops renewing, so its
+// requests come back within d. So d need not cover a fetch's run time, only
+// the wait from GetRequest to the fetch's start (for a free Colly thread)
+// plus a renewal round trip; a request that waited longer than d/3 is
+// checked with Redis when it starts, and is not fetched if it was
+// delivered to another worker meanwhile. The default is 1 minute; the
+// minimum 100ms.
 func WithVisibilityTimeout(d time.Duration) Option { return func(c *config) { c.visibility = d } }
+
+// WithMaxFetchTime bounds how long a running fetch is kept invisible (see
+// WithVisibilityTimeout): d after the fetch started, the renewer stops
+// extending its delivery, which then comes back within the visibility
+// timeout unless it is acknowledged or failed first. It bounds the cost of
+// a fetch that never settles: a request aborted by the user's own
+// OnRequest callback after Attach's hook ran, a callback that panicked, a
+// request Colly dropped after it started. A fetch that legitimately runs
+// longer (a slow site, waits for a free proxy, retries through several
+// proxies) may then be fetched twice. The default is 10 minutes, or the
+// visibility timeout if that is longer; d must be at least the visibility
+// timeout.
+func WithMaxFetchTime(d time.Duration) Option {
+	return func(c *config) { c.maxFetch, c.maxFetchSet = d, true }
+}
 
 // WithMaxDeliveries sets how many times a request is delivered before it is
 // moved to the dead-letter list (failed, or not acknowledged within the

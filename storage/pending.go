@@ -26,16 +26,31 @@ import (
 // imprecise: a redirect that lands on the URL of a delivery waiting in this
 // process claims it on that delivery's behalf; the delivery is then refused,
 // comes back after the visibility timeout and is fetched again (a
-// duplicate, never a loss). Entries leave
-// when their delivery is acknowledged or failed, or after the visibility
-// timeout (Colly dropped the request for another reason: a URL filter,
-// robots.txt, MaxDepth, Abort in OnRequest).
+// duplicate, never a loss).
+//
+// pending also knows which deliveries are running: the fetch that owns one
+// has started (Attach's OnRequest hook calls start). A renewer goroutine
+// keeps those invisible in the queue (see renew.go); the first start when
+// none is alive starts it, and it exits at a tick that finds nothing
+// running.
+//
+// Entries leave when their delivery is acknowledged or failed (forget). An
+// entry whose fetch never started leaves after the visibility timeout
+// (Colly dropped the request for another reason: a URL filter, robots.txt,
+// MaxDepth, Abort in OnRequest), one whose fetch started after the max
+// fetch time (it never settled: Abort in a later OnRequest callback, a
+// panic); expired entries are purged every 256 adds.
 type pending struct {
-	n       atomic.Int64 // entries; lets the visited path skip the lock
-	mu      sync.Mutex
-	byHash  map[uint64]*delivery // the unclaimed delivery of each visited ID
-	byToken map[string]*delivery // every pending delivery
-	adds    int
+	n        atomic.Int64 // entries; lets the visited path skip the lock
+	renewers atomic.Int32 // renewer goroutines alive (0 or 1; for tests)
+	mu       sync.Mutex
+	byHash   map[uint64]*delivery // the unclaimed delivery of each visited ID
+	byToken  map[string]*delivery // every pending delivery
+	running  map[string]*delivery // the deliveries whose fetch runs, renewed
+	renewing bool                 // a renewer goroutine is alive or starting
+	adds     int
+
+	visibility, maxFetch time.Duration // the Storage's settings
 }
 
 // delivery is one delivery of a queued request to this process.
@@ -43,27 +58,44 @@ type delivery struct {
 	id     string    // request ID in the queue
 	number int       // 1 for the first delivery
 	hash   uint64    // Colly's request ID for the visited check
-	at     time.Time // when it was delivered
+	at     time.Time // when it was delivered; zero if unknown (see start)
+	// started is when the fetch that owns the delivery started, zero before.
+	started time.Time
 }
 
 func (d *delivery) token() string { return d.id + ":" + strconv.Itoa(d.number) }
 
-func (p *pending) init() {
+func (p *pending) init(visibility, maxFetch time.Duration) {
 	p.byHash = make(map[uint64]*delivery)
 	p.byToken = make(map[string]*delivery)
+	p.running = make(map[string]*delivery)
+	p.visibility, p.maxFetch = visibility, maxFetch
 }
 
-// add records d, unless another unclaimed delivery with the same hash is
-// pending: then it reports false. Every 256 adds it forgets entries older than maxAge.
-func (p *pending) add(d *delivery, maxAge time.Duration) bool {
+// expiredLocked reports whether this process no longer answers for e at
+// now: its fetch did not start within the visibility timeout, or started
+// longer than the max fetch time ago.
+func (p *pending) expiredLocked(e *delivery, now time.Time) bool {
+	if !e.started.IsZero() {
+		return now.Sub(e.started) > p.maxFetch
+	}
+	return now.Sub(e.at) > p.visibility
+}
+
+// add records d, unless another unclaimed delivery with the same hash,
+// delivered at most the visibility timeout earlier, is pending: then it
+// reports false. Every 256 adds it forgets expired entries.
+func (p *pending) add(d *delivery) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	cutoff := d.at.Add(-maxAge)
 	if old := p.byHash[d.hash]; old != nil {
-		if !old.at.Before(cutoff) {
+		if d.at.Sub(old.at) <= p.visibility {
 			return false
 		}
-		p.removeLocked(old)
+		delete(p.byHash, d.hash)
+		if p.expiredLocked(old, d.at) {
+			p.removeLocked(old)
+		}
 	}
 	if old := p.byToken[d.token()]; old != nil {
 		p.removeLocked(old)
@@ -72,7 +104,7 @@ func (p *pending) add(d *delivery, maxAge time.Duration) bool {
 	p.byHash[d.hash] = d
 	if p.adds++; p.adds%256 == 0 {
 		for _, e := range p.byToken {
-			if e.at.Before(cutoff) {
+			if p.expiredLocked(e, d.at) {
 				p.removeLocked(e)
 			}
 		}
@@ -121,4 +153,67 @@ func (p *pending) removeLocked(d *delivery) {
 	if p.byHash[d.hash] == d {
 		delete(p.byHash, d.hash)
 	}
+	if p.running[d.token()] == d {
+		delete(p.running, d.token())
+	}
+}
+
+// start marks the delivery with token tok as running from now on: the
+// fetch that owns it started (again, for a Retry after a failure). A
+// delivery this process does not hold (settled before a Retry, or one add
+// never saw) is recorded with an unknown delivery time. spawn reports that
+// no renewer is alive: the caller must start one.
+func (p *pending) start(tok string, now time.Time) (d *delivery, spawn bool, err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	d = p.byToken[tok]
+	if d == nil {
+		id, n, err := splitToken(tok)
+		if err != nil {
+			return nil, false, err
+		}
+		d = &delivery{id: id, number: n}
+		p.byToken[tok] = d
+		p.n.Store(int64(len(p.byToken)))
+	}
+	d.started = now
+	p.running[tok] = d
+	spawn = !p.renewing
+	p.renewing = true
+	return d, spawn, nil
+}
+
+// stop ends the renewal of d, if it runs; d stays pending.
+func (p *pending) stop(d *delivery) {
+	p.mu.Lock()
+	if p.running[d.token()] == d {
+		delete(p.running, d.token())
+	}
+	p.mu.Unlock()
+}
+
+// renewals returns the running deliveries to extend at now. Those whose
+// fetch started at least the max fetch time ago are forgotten instead (their
+// tokens are capped): they come back within the visibility timeout, and a
+// late acknowledgement still reaches Redis. If none is left, renewals
+// records that the renewer exits, under the lock start takes: the next
+// start spawns a new one.
+func (p *pending) renewals(now time.Time) (batch []*delivery, capped []string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for tok, d := range p.running {
+		if now.Sub(d.started) >= p.maxFetch {
+			p.removeLocked(d)
+			capped = append(capped, tok)
+			continue
+		}
+		batch = append(batch, d)
+	}
+	if len(capped) > 0 {
+		p.n.Store(int64(len(p.byToken)))
+	}
+	if len(batch) == 0 {
+		p.renewing = false
+	}
+	return batch, capped
 }

@@ -13,8 +13,9 @@ import (
 // the ready list to an in-flight set with a deadline (the visibility
 // timeout) in one script, and writes a delivery token into the request's
 // Colly context. The request leaves the queue only when that delivery is
-// acknowledged (Ack, or the hooks Attach installs); if its worker dies
-// first, the deadline passes and the next GetRequest, in any process,
+// acknowledged (Ack, or the hooks Attach installs); while its fetch runs,
+// the Storage keeps pushing the deadline back (renew.go); if its worker
+// dies first, the deadline passes and the next GetRequest, in any process,
 // delivers it again. After the last of WithMaxDeliveries deliveries it goes
 // to the dead-letter list, where DeadLetters shows it and Requeue brings it
 // back.
@@ -99,7 +100,7 @@ func (s *Storage) deliver(ctx context.Context, id string, n int, payload []byte)
 		return out, nil
 	}
 	d.hash = h
-	if !s.pending.add(d, s.cfg.visibility) {
+	if !s.pending.add(d) {
 		if _, err := s.run(ctx, "release", qReleaseScript, s.qkeys, id, n); err != nil {
 			return nil, err
 		}

@@ -175,6 +175,14 @@ func TestCorruptStoredRequests(t *testing.T) {
 // queue.New(threads, s) until the queue is drained.
 func runQueue(t testing.TB, s *Storage, threads int, setup func(*colly.Collector)) {
 	t.Helper()
+	c, q := queueCollector(t, s, threads, setup)
+	require.NoError(t, q.Run(c))
+}
+
+// queueCollector returns a fresh collector on s with Attach's hooks, then
+// setup's (if not nil), and a queue.New(threads, s) to run it.
+func queueCollector(t testing.TB, s *Storage, threads int, setup func(*colly.Collector)) (*colly.Collector, *queue.Queue) {
+	t.Helper()
 	c := colly.NewCollector()
 	require.NoError(t, c.SetStorage(s))
 	s.Attach(c)
@@ -183,7 +191,7 @@ func runQueue(t testing.TB, s *Storage, threads int, setup func(*colly.Collector
 	}
 	q, err := queue.New(threads, s)
 	require.NoError(t, err)
-	require.NoError(t, q.Run(c))
+	return c, q
 }
 
 // Through Colly's own queue: every URL fetched once, a 404 is done, a 500 is

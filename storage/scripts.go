@@ -46,6 +46,10 @@ var (
 	qNackLua    string
 	qNackScript = redis.NewScript(qNackLua)
 
+	//go:embed lua/q_extend.lua
+	qExtendLua    string
+	qExtendScript = redis.NewScript(qExtendLua)
+
 	//go:embed lua/q_release.lua
 	qReleaseLua    string
 	qReleaseScript = redis.NewScript(qReleaseLua)
@@ -74,6 +78,7 @@ var allScripts = map[string]*redis.Script{
 	"q_pop":       qPopScript,
 	"q_ack":       qAckScript,
 	"q_nack":      qNackScript,
+	"q_extend":    qExtendScript,
 	"q_release":   qReleaseScript,
 	"q_stats":     qStatsScript,
 	"q_requeue":   qRequeueScript,

@@ -19,9 +19,13 @@ import (
 // cookie writes replace single cookies (never a host's whole set), and
 // every queued request is delivered to one worker at a time, again after
 // its visibility timeout if that worker dies, until it is acknowledged or
-// dead-lettered (at-least-once). It holds no connection of its own and
-// starts no long-lived goroutine (a round trip given up at its timeout
-// finishes in the background); it needs no Close.
+// dead-lettered (at-least-once). It holds no connection of its own. While
+// fetches of its deliveries run, it keeps one renewer goroutine that
+// extends their visibility (see WithVisibilityTimeout): the first fetch to
+// start launches it, and it exits at its next tick (a third of the
+// visibility timeout) once none runs, or WithMaxFetchTime after the last
+// fetch that never settled started. A round trip given up at its timeout
+// finishes in the background. It needs no Close.
 type Storage struct {
 	rdb     redis.UniversalClient
 	cfg     config
@@ -61,7 +65,7 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Storage, error) {
 	k := newKeyspace(cfg.namespace)
 	s := &Storage{rdb: rdb, cfg: cfg, keys: k, q: k.queue(), inline: honoursDeadlines(rdb)}
 	s.qkeys = s.q.all()
-	s.pending.init()
+	s.pending.init(cfg.visibility, cfg.maxFetch)
 	s.cookies.init()
 	return s, nil
 }
