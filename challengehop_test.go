@@ -75,28 +75,6 @@ func (g *captchaGate) burntIPs() []string {
 	return append([]string(nil), g.burnt...)
 }
 
-// attemptLog records the Switch's attempt and quarantine events. The
-// embedded (nil) Observer stands for the methods this test does not expect
-// to be called.
-type attemptLog struct {
-	Observer
-	mu          sync.Mutex
-	attempts    []AttemptEvent
-	quarantines []QuarantineEvent
-}
-
-func (o *attemptLog) ObserveAttempt(e AttemptEvent) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.attempts = append(o.attempts, e)
-}
-
-func (o *attemptLog) ObserveQuarantine(e QuarantineEvent) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.quarantines = append(o.quarantines, e)
-}
-
 // TestChallengeRedirectWithoutRevisits: a page redirected to one captcha URL
 // through several proxies in a row, by a collector with Colly's default
 // revisit check (no AllowURLRevisit). The redirect is the ban: the captcha
@@ -124,7 +102,7 @@ func TestChallengeRedirectWithoutRevisits(t *testing.T) {
 			gate.setLocation(strings.Replace(tc.location, "SITE", site.URL(), 1))
 			tps := testbed.NewProxies(t, proxies)
 			s := newSwitch(t, sharedClient(t), WithRetries(burnt))
-			obs := &attemptLog{}
+			obs := &recordingObserver{}
 			s.SetObserver(obs)
 			urls := make([]string, proxies)
 			for i, p := range tps {

@@ -184,11 +184,24 @@ func TestClearTouchesOnlyItsPool(t *testing.T) {
 	assert.ErrorIs(t, err, ErrEmptyPool)
 }
 
+// recordingObserver records every event the Switch sends its observer.
 type recordingObserver struct {
 	mu          sync.Mutex
-	attempts    map[Kind]int
+	attempts    []AttemptEvent
 	quarantines []QuarantineEvent
 	sessions    []SessionEvent
+}
+
+func (o *recordingObserver) ObserveAttempt(e AttemptEvent) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.attempts = append(o.attempts, e)
+}
+
+func (o *recordingObserver) ObserveQuarantine(e QuarantineEvent) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.quarantines = append(o.quarantines, e)
 }
 
 func (o *recordingObserver) ObserveSession(e SessionEvent) {
@@ -197,19 +210,15 @@ func (o *recordingObserver) ObserveSession(e SessionEvent) {
 	o.sessions = append(o.sessions, e)
 }
 
-func (o *recordingObserver) ObserveAttempt(e AttemptEvent) {
+// attemptKinds counts the attempts by verdict kind.
+func (o *recordingObserver) attemptKinds() map[Kind]int {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if o.attempts == nil {
-		o.attempts = map[Kind]int{}
+	n := map[Kind]int{}
+	for _, e := range o.attempts {
+		n[e.Kind]++
 	}
-	o.attempts[e.Kind]++
-}
-
-func (o *recordingObserver) ObserveQuarantine(e QuarantineEvent) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.quarantines = append(o.quarantines, e)
+	return n
 }
 
 func TestObserverSeesAttemptsAndQuarantines(t *testing.T) {
@@ -225,11 +234,12 @@ func TestObserverSeesAttemptsAndQuarantines(t *testing.T) {
 	_ = c.Visit(bed.Sites[0].URL() + "/status/429") // a ban, retried through others until they are all banned
 	require.NoError(t, s.Ban(context.Background(), bed.ProxyURLs()[0], "elsewhere.example", time.Minute))
 
+	kinds := obs.attemptKinds()
 	obs.mu.Lock()
 	defer obs.mu.Unlock()
-	assert.Equal(t, 5, obs.attempts[OK])
-	assert.Equal(t, 1, obs.attempts[Neutral])
-	assert.Equal(t, 3, obs.attempts[Ban], "the first try and two retries (WithRetries default 2)")
+	assert.Equal(t, 5, kinds[OK])
+	assert.Equal(t, 1, kinds[Neutral])
+	assert.Equal(t, 3, kinds[Ban], "the first try and two retries (WithRetries default 2)")
 	require.Len(t, obs.quarantines, 4)
 	last := obs.quarantines[3]
 	assert.Equal(t, ReasonOperator, last.Reason)
