@@ -52,7 +52,8 @@ func everything(t *testing.T) families {
 	c.ObserveAttempt(attempt("ozon.example", "p1", proxyswitch.OK, "", time.Second))
 	c.ObserveSession(proxyswitch.SessionEvent{Site: "ozon.example", ProxyID: "p1"})
 	c.ObserveSession(proxyswitch.SessionEvent{Site: "ozon.example", ProxyID: "p1", Ended: true, Reason: "http_403", Requests: 7, Age: time.Minute})
-	f, _ := scrape(t, c, NewState(sw))
+	q := newQueueStorage(t, shared.Client(t), 1)
+	f, _ := scrape(t, c, NewState(sw), NewQueue(q))
 	return f
 }
 
@@ -128,7 +129,7 @@ func TestDashboard(t *testing.T) {
 	}
 	slices.Sort(missing)
 	assert.Empty(t, missing, "exported but not on the dashboard")
-	assert.Len(t, used, 27)
+	assert.Len(t, used, 29)
 }
 
 // balanced reports whether the brackets of a query pair up outside its

@@ -2,7 +2,7 @@
 // metrics (github.com/prometheus/client_golang). It lives apart from the
 // root package so that crawlers not using Prometheus do not pull it in.
 //
-// Two collectors:
+// Three collectors:
 //
 //   - Collector, one per Switch in every worker: the Switch's observer. It
 //     counts attempts and their verdicts, bans by reason, quarantines and
@@ -14,6 +14,9 @@
 //     "proxyswitch serve", or a single worker): reads the pool's state from
 //     Redis at scrape time, proxies by state per site, dead and drained
 //     proxies, live servers, live sticky sessions.
+//   - QueueCollector, one per storage namespace in that same process: the
+//     shared Colly request queue (package storage), ready, in flight and
+//     dead-lettered requests.
 //
 // # Usage
 //
@@ -62,6 +65,11 @@
 //	proxyswitch_sessions_live                                gauge      live sticky sessions on every server
 //	proxyswitch_state_up                                     gauge      1 if the last Redis read worked
 //	proxyswitch_state_read_duration_seconds                  gauge
+//
+// QueueCollector (constant label namespace):
+//
+//	proxyswitch_queue_requests{state}                        gauge      state: ready, in_flight, dead
+//	proxyswitch_queue_up                                     gauge      1 if the last Redis read worked
 //
 // An attempt is one request through one proxy: a request retried through
 // another proxy after a ban counts once per attempt. "Success" is an

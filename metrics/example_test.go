@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/proxyswitch/proxyswitch"
 	"github.com/proxyswitch/proxyswitch/metrics"
+	"github.com/proxyswitch/proxyswitch/storage"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -53,5 +54,18 @@ func ExampleNewState() {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(metrics.NewState(sw))
 	http.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	log.Fatal(http.ListenAndServe("127.0.0.1:9465", nil))
+}
+
+// The same process exports the shared Colly queue of a storage namespace:
+// requests ready, in flight and dead-lettered ("proxyswitch serve -queue").
+func ExampleNewQueue() {
+	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+	s, err := storage.New(rdb, storage.WithNamespace("ozon-crawl"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	prometheus.MustRegister(metrics.NewQueue(s))
+	http.Handle("/metrics", promhttp.Handler())
 	log.Fatal(http.ListenAndServe("127.0.0.1:9465", nil))
 }

@@ -20,7 +20,9 @@
 //	drain ID|URL...             take proxies out of every site's rotation (requests under way finish)
 //	revive ID|URL...            bring dead or drained proxies back
 //	clear -yes                  delete every key of the pool (proxies, leases, bans, members)
-//	serve [-addr A] [POOL...]   serve /metrics (pool state read from Redis at each scrape) on A
+//	serve [-addr A] [-queue NS,...] [POOL...]
+//	                            serve /metrics (pool state, and the request queues of
+//	                            storage namespaces NS, read from Redis at each scrape) on A
 //	                            (default 127.0.0.1:9465) for POOLs (default: -pool) until interrupted
 //
 // Flags:
@@ -58,6 +60,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/proxyswitch/proxyswitch"
 	"github.com/proxyswitch/proxyswitch/metrics"
+	"github.com/proxyswitch/proxyswitch/storage"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -94,20 +97,23 @@ commands:
   drain ID|URL...             take proxies out of every site's rotation
   revive ID|URL...            bring dead or drained proxies back
   clear -yes                  delete every key of the pool
-  serve [-addr A] [POOL...]   serve /metrics on A (default ` + DefaultMetricsAddr + `)
+  serve [-addr A] [-queue NS,...] [POOL...]
+                              serve /metrics on A (default ` + DefaultMetricsAddr + `); -queue adds
+                              the request queues of storage namespaces
 
 flags:`
 
 // app is what a command works with.
 type app struct {
-	rdb    *redis.Client
-	sw     *proxyswitch.Switch // the -pool pool
-	prefix string
-	opts   []proxyswitch.Option // prefix, timeout, logger: every pool's
-	logger *slog.Logger
-	stdin  io.Reader
-	out    io.Writer
-	errOut io.Writer // warnings meant for the operator
+	rdb     *redis.Client
+	sw      *proxyswitch.Switch // the -pool pool
+	prefix  string
+	opts    []proxyswitch.Option // prefix, timeout, logger: every pool's
+	timeout time.Duration        // -timeout: each Redis round trip
+	logger  *slog.Logger
+	stdin   io.Reader
+	out     io.Writer
+	errOut  io.Writer // warnings meant for the operator
 }
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) int {
@@ -149,7 +155,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	rdb := redis.NewClient(opt)
 	defer rdb.Close()
 	a := &app{rdb: rdb, prefix: *prefix, logger: logger, stdin: stdin, out: stdout, errOut: stderr,
-		opts: []proxyswitch.Option{proxyswitch.WithPrefix(*prefix), proxyswitch.WithRedisTimeout(*timeout), proxyswitch.WithLogger(logger)}}
+		opts:    []proxyswitch.Option{proxyswitch.WithPrefix(*prefix), proxyswitch.WithRedisTimeout(*timeout), proxyswitch.WithLogger(logger)},
+		timeout: *timeout}
 	if a.sw, err = a.newSwitch(*pool); err != nil {
 		fmt.Fprintln(stderr, err)
 		return 2
@@ -482,6 +489,7 @@ func (a *app) serve(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	addr := fs.String("addr", DefaultMetricsAddr, "listen address")
+	queues := fs.String("queue", "", "storage namespaces whose request queue to export, comma-separated")
 	if err := fs.Parse(args); err != nil {
 		return fmt.Errorf("%w: serve: %v", errUsage, err)
 	}
@@ -500,6 +508,19 @@ func (a *app) serve(ctx context.Context, args []string) error {
 			return fmt.Errorf("%w: pool %q named twice", errUsage, pool)
 		}
 	}
+	var namespaces []string
+	if *queues != "" {
+		namespaces = strings.Split(*queues, ",")
+	}
+	for _, ns := range namespaces {
+		st, err := storage.New(a.rdb, storage.WithNamespace(ns), storage.WithRedisTimeout(a.timeout), storage.WithLogger(a.logger))
+		if err != nil {
+			return fmt.Errorf("%w: serve -queue: %w", errUsage, err)
+		}
+		if err := reg.Register(metrics.NewQueue(st, metrics.WithLogger(a.logger))); err != nil {
+			return fmt.Errorf("%w: queue %q named twice", errUsage, ns)
+		}
+	}
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
 		return err
@@ -513,7 +534,11 @@ func (a *app) serve(ctx context.Context, args []string) error {
 		fmt.Fprintln(w, "proxyswitch exporter: metrics at /metrics")
 	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	if _, err := fmt.Fprintf(a.out, "serving metrics of pool %s on http://%s/metrics\n", strings.Join(pools, ", "), ln.Addr()); err != nil {
+	what := "pool " + strings.Join(pools, ", ")
+	if len(namespaces) > 0 {
+		what += " and queue " + strings.Join(namespaces, ", ")
+	}
+	if _, err := fmt.Fprintf(a.out, "serving metrics of %s on http://%s/metrics\n", what, ln.Addr()); err != nil {
 		ln.Close()
 		return err
 	}

@@ -13,11 +13,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gocolly/colly/v2/queue"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"github.com/proxyswitch/proxyswitch"
 	"github.com/proxyswitch/proxyswitch/internal/redistest"
+	"github.com/proxyswitch/proxyswitch/storage"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -471,13 +473,21 @@ func TestCLIServe(t *testing.T) {
 	l, err := sw.Lease(ctx, "ozon.example")
 	require.NoError(t, err)
 	require.NoError(t, sw.Ban(ctx, "http://127.0.0.2:3128", "ozon.example", time.Hour))
+	crawl, err := storage.New(srv.Client(t), storage.WithNamespace("crawl"))
+	require.NoError(t, err)
+	require.NoError(t, crawl.Init())
+	q, err := queue.New(1, crawl)
+	require.NoError(t, err)
+	for _, u := range []string{"https://www.ozon.example/p/1", "https://www.ozon.example/p/2"} {
+		require.NoError(t, q.AddURL(u))
+	}
 
 	sctx, stop := context.WithCancel(ctx)
 	defer stop()
 	var out, errOut syncBuffer
 	code := make(chan int, 1)
 	go func() {
-		code <- run(sctx, []string{"serve", "-addr", "127.0.0.1:0", "default", "residential"},
+		code <- run(sctx, []string{"serve", "-addr", "127.0.0.1:0", "-queue", "crawl", "default", "residential"},
 			func(k string) string { return env[k] }, strings.NewReader(""), &out, &errOut)
 	}()
 	var metricsURL string
@@ -486,7 +496,7 @@ func TestCLIServe(t *testing.T) {
 		metricsURL = strings.TrimSpace(after)
 		return ok && strings.HasSuffix(metricsURL, "/metrics")
 	}, 10*time.Second, 10*time.Millisecond, "stdout: %q, stderr: %q", out.String(), errOut.String())
-	assert.Contains(t, out.String(), "serving metrics of pool default, residential on http://127.0.0.1:")
+	assert.Contains(t, out.String(), "serving metrics of pool default, residential and queue crawl on http://127.0.0.1:")
 
 	fams, page := scrapeURL(t, metricsURL)
 	for _, tc := range []struct {
@@ -501,6 +511,9 @@ func TestCLIServe(t *testing.T) {
 		{"proxyswitch_site_slots", map[string]string{"pool": "default", "site": "ozon.example", "state": "leased"}, 1},
 		{"proxyswitch_site_slots", map[string]string{"pool": "default", "site": "ozon.example", "state": "quarantined"}, 1},
 		{"proxyswitch_site_slots", map[string]string{"pool": "default", "site": "ozon.example", "state": "free"}, 1},
+		{"proxyswitch_queue_requests", map[string]string{"namespace": "crawl", "state": "ready"}, 2},
+		{"proxyswitch_queue_requests", map[string]string{"namespace": "crawl", "state": "dead"}, 0},
+		{"proxyswitch_queue_up", map[string]string{"namespace": "crawl"}, 1},
 	} {
 		v, ok := gauge(fams, tc.name, tc.labels)
 		assert.True(t, ok, "%s%v missing", tc.name, tc.labels)
@@ -513,6 +526,9 @@ func TestCLIServe(t *testing.T) {
 	require.NoError(t, srv.Kill())
 	fams, page2 := scrapeURL(t, metricsURL)
 	v, ok := gauge(fams, "proxyswitch_state_up", map[string]string{"pool": "default"})
+	assert.True(t, ok)
+	assert.Zero(t, v)
+	v, ok = gauge(fams, "proxyswitch_queue_up", map[string]string{"namespace": "crawl"})
 	assert.True(t, ok)
 	assert.Zero(t, v)
 	assert.Contains(t, errOut.String(), "level=WARN")
@@ -569,6 +585,8 @@ func TestCLISecretsOnFailurePaths(t *testing.T) {
 		"serve bad pool":        {good, []string{"serve", "a b"}, 2, "spaces"},
 		"serve same pool twice": {good, []string{"serve", "x", "x"}, 2, "named twice"},
 		"serve addr taken":      {good, []string{"serve", "-addr", taken.Addr().String()}, 1, "address already in use"},
+		"serve bad queue":       {good, []string{"serve", "-queue", "a{b"}, 2, "braces"},
+		"serve queue twice":     {good, []string{"serve", "-queue", "q,q"}, 2, `queue "q" named twice`},
 		"ban redis down":        {down, []string{"-timeout", "300ms", "ban", unknown, "ozon.example"}, 1, "redis error"},
 		"drain wrong password":  {wrong, []string{"drain", unknown}, 1, "WRONGPASS"},
 		"clear redis down":      {down, []string{"-timeout", "300ms", "clear", "-yes"}, 1, "redis error"},
