@@ -19,7 +19,7 @@ import (
 // quarantineEnd reads when p's first slot on site is free again, as Redis has it.
 func quarantineEnd(t *testing.T, s *Switch, site string, p *Proxy) time.Time {
 	t.Helper()
-	score, err := sharedClient(t).ZScore(context.Background(), s.keys.free(s.scopeOf(site)), p.id+":0").Result()
+	score, err := shared.Client(t).ZScore(context.Background(), s.keys.free(s.scopeOf(site)), p.id+":0").Result()
 	require.NoError(t, err)
 	return time.UnixMilli(int64(score))
 }
@@ -30,7 +30,7 @@ func quarantineEnd(t *testing.T, s *Switch, site string, p *Proxy) time.Time {
 func leaseAll(t *testing.T, s *Switch, site string) map[string]bool {
 	t.Helper()
 	ctx := context.Background()
-	s = sibling(t, s, sharedClient(t))
+	s = sibling(t, s, shared.Client(t))
 	s.cfg.maxWait = 0
 	ids := map[string]bool{}
 	var held []*Lease
@@ -74,7 +74,7 @@ func TestQuarantineIsClusterWide(t *testing.T) {
 	require.WithinDuration(t, banned.Add(2*time.Second), until, 400*time.Millisecond, "2s, jittered")
 	probeEnd := until.Add(-200 * time.Millisecond)
 
-	cmd := startWorker(t, workerSpec{Mode: "probe", Redis: sharedAddr(), Prefix: s.cfg.prefix,
+	cmd := startWorker(t, workerSpec{Mode: "probe", Redis: shared.Addr(), Prefix: s.cfg.prefix,
 		HoldSites: []string{site.Host()}, Until: probeEnd.UnixMilli()})
 	type out struct {
 		res workerResult
@@ -92,7 +92,7 @@ func TestQuarantineIsClusterWide(t *testing.T) {
 		err = json.Unmarshal([]byte(lines[len(lines)-1]), &r)
 		done <- out{r, err}
 	}()
-	other := newPageCollector(t, sibling(t, s, sharedClient(t)))
+	other := newPageCollector(t, sibling(t, s, shared.Client(t)))
 	pages := 0
 	for ; time.Now().Before(probeEnd); pages++ {
 		require.NoError(t, other.Visit(fmt.Sprintf("%s/p/%d", site.URL(), 100+pages)))
@@ -125,7 +125,7 @@ func proxyID(p *testbed.Proxy) string {
 func TestBanBackoff(t *testing.T) {
 	ctx := context.Background()
 	const base, maxq = 50 * time.Millisecond, 400 * time.Millisecond
-	s := newSwitch(t, sharedClient(t), WithQuarantine(base, maxq), WithMaxWait(5*time.Second))
+	s := newSwitch(t, shared.Client(t), WithQuarantine(base, maxq), WithMaxWait(5*time.Second))
 	_, err := s.Add(ctx, proxyURLs(1)...)
 	require.NoError(t, err)
 	const site = "shop.example"
@@ -180,7 +180,7 @@ func TestBanBackoff(t *testing.T) {
 // and what Dead, Revive and Remove do.
 func TestDeadProxyRule(t *testing.T) {
 	ctx := context.Background()
-	s := newSwitch(t, sharedClient(t), WithFailureQuarantine(10*time.Millisecond, 20*time.Millisecond),
+	s := newSwitch(t, shared.Client(t), WithFailureQuarantine(10*time.Millisecond, 20*time.Millisecond),
 		WithQuarantine(10*time.Millisecond, 20*time.Millisecond), WithDeadAfter(3), WithMaxWait(0))
 	ps, err := ParseProxies(proxyURLs(6))
 	require.NoError(t, err)
@@ -252,7 +252,7 @@ func TestDeadProxyRule(t *testing.T) {
 	list, err = s.Dead(ctx)
 	require.NoError(t, err)
 	assert.Empty(t, list, "a removed proxy leaves no dead record")
-	records, err := sharedClient(t).HLen(ctx, s.keys.dead()).Result()
+	records, err := shared.Client(t).HLen(ctx, s.keys.dead()).Result()
 	require.NoError(t, err)
 	assert.Zero(t, records)
 }
@@ -264,7 +264,7 @@ func TestDeadProxyRule(t *testing.T) {
 func TestDeadProxyOutOfEverySiteUntilHealthCheck(t *testing.T) {
 	ctx := context.Background()
 	bed := testbed.NewBed(t, 3, 4)
-	s := newSwitch(t, sharedClient(t), WithFailureQuarantine(10*time.Millisecond, 20*time.Millisecond), WithDeadAfter(3), WithRetries(3))
+	s := newSwitch(t, shared.Client(t), WithFailureQuarantine(10*time.Millisecond, 20*time.Millisecond), WithDeadAfter(3), WithRetries(3))
 	_, err := s.Add(ctx, bed.ProxyURLs()...)
 	require.NoError(t, err)
 	dead := bed.Proxies[0]
@@ -401,7 +401,7 @@ func TestBanPathsNeverLeakSecrets(t *testing.T) {
 // pool's hash tag, with TTLs, except the operator's dead list.
 func TestBanCoversEverySlotAndKeepsKeysTidy(t *testing.T) {
 	ctx := context.Background()
-	rdb := sharedClient(t)
+	rdb := shared.Client(t)
 	const site = "ozon.example"
 	s := newSwitch(t, rdb, WithConcurrency(2), WithMaxWait(0), WithBanAllSites(true), WithDeadAfter(1),
 		WithQuarantine(300*time.Millisecond, time.Second))

@@ -36,7 +36,7 @@ func marketBed(t *testing.T, m *testbed.Marketplace, useTLS bool, n int, opts ..
 		site = testbed.NewSite(t, "market", m)
 	}
 	proxies := testbed.NewProxies(t, n)
-	s := newSwitch(t, sharedClient(t), opts...)
+	s := newSwitch(t, shared.Client(t), opts...)
 	urls := make([]string, n)
 	for i, p := range proxies {
 		urls[i] = p.URL()
@@ -291,7 +291,7 @@ func TestDetectsProxyFailures(t *testing.T) {
 // TestClassify covers the built-in checks and the classifier chain on
 // exchanges made up in memory.
 func TestClassify(t *testing.T) {
-	s := newSwitch(t, sharedClient(t),
+	s := newSwitch(t, shared.Client(t),
 		WithBanStatus("lenient.example", 429),
 		WithExpect("shop.example", `^/item/`, "div.item"),
 		WithClassifier(func(x *Exchange) Verdict {
@@ -406,7 +406,7 @@ func TestClassify(t *testing.T) {
 	assert.Equal(t, Neutral, verdict(mk("http://big.example/p/3", 404, "")).Kind, "only 2xx pages are sized")
 
 	// A panicking classifier fails the request, it does not crash the crawler.
-	sp := newSwitch(t, sharedClient(t), WithClassifier(func(*Exchange) Verdict { panic("boom") }))
+	sp := newSwitch(t, shared.Client(t), WithClassifier(func(*Exchange) Verdict { panic("boom") }))
 	_, err := sp.cfg.rules.classify(mk("http://a.example/", 200, ""))
 	assert.ErrorContains(t, err, "classifier panicked")
 }
@@ -495,7 +495,7 @@ func (ioNopCloser) Close() error { return nil }
 
 // TestBadBanOptions: every bad rule is a clear ErrConfig, never a panic.
 func TestBadBanOptions(t *testing.T) {
-	rdb := sharedClient(t)
+	rdb := shared.Client(t)
 	for name, tc := range map[string]struct {
 		opt  Option
 		says string

@@ -30,11 +30,11 @@ func BenchmarkLease(b *testing.B) {
 const benchWorkers = 50
 
 func benchSwitch(b *testing.B, size int) {
-	if shared == nil {
+	if shared.Server == nil {
 		b.Skip("single-node benchmark; the shared Redis is a cluster")
 	}
 	ctx := context.Background()
-	rdb := shared.Client(b, func(o *redis.Options) { o.PoolSize = benchWorkers })
+	rdb := shared.Server.Client(b, func(o *redis.Options) { o.PoolSize = benchWorkers })
 	s := newSwitch(b, rdb)
 	for i := 0; i < size; i += 10_000 {
 		_, err := s.Add(ctx, proxyURLs(size)[i:min(i+10_000, size)]...)
@@ -102,11 +102,11 @@ func (r *referenceBroker) release(ctx context.Context, p string) error {
 }
 
 func benchReference(b *testing.B, size int) {
-	if shared == nil {
+	if shared.Server == nil {
 		b.Skip("single-node benchmark; the shared Redis is a cluster")
 	}
 	ctx := context.Background()
-	rdb := shared.Client(b, func(o *redis.Options) { o.PoolSize = benchWorkers })
+	rdb := shared.Server.Client(b, func(o *redis.Options) { o.PoolSize = benchWorkers })
 	r := &referenceBroker{rdb: rdb, pool: testPrefix() + ":refpool"}
 	urls := proxyURLs(size)
 	for i := 0; i < size; i += 10_000 {

@@ -101,7 +101,7 @@ func TestChallengeRedirectWithoutRevisits(t *testing.T) {
 			site := testbed.NewSite(t, "shop", gate)
 			gate.setLocation(strings.Replace(tc.location, "SITE", site.URL(), 1))
 			tps := testbed.NewProxies(t, proxies)
-			s := newSwitch(t, sharedClient(t), WithRetries(burnt))
+			s := newSwitch(t, shared.Client(t), WithRetries(burnt))
 			obs := &recordingObserver{}
 			s.SetObserver(obs)
 			urls := make([]string, proxies)
@@ -208,7 +208,7 @@ func TestChallengeRedirectRetriesRunOut(t *testing.T) {
 	gate := &captchaGate{n: 3, location: testbed.CaptchaPath}
 	site := testbed.NewSite(t, "shop", gate)
 	tps := testbed.NewProxies(t, 4)
-	s := newSwitch(t, sharedClient(t), WithRetries(1))
+	s := newSwitch(t, shared.Client(t), WithRetries(1))
 	urls := make([]string, len(tps))
 	for i, p := range tps {
 		urls[i] = p.URL()

@@ -29,7 +29,7 @@ import (
 func bedSwitch(t *testing.T, sites, proxies int, opts ...Option) (*testbed.Bed, *Switch) {
 	t.Helper()
 	bed := testbed.NewBed(t, sites, proxies)
-	s := newSwitch(t, sharedClient(t), opts...)
+	s := newSwitch(t, shared.Client(t), opts...)
 	_, err := s.Add(context.Background(), bed.ProxyURLs()...)
 	require.NoError(t, err)
 	return bed, s
@@ -201,7 +201,7 @@ func TestProxyURLIsFilledWithoutPassword(t *testing.T) {
 	for _, p := range bed.Proxies {
 		p.SetCredentials("crawler", secret)
 	}
-	s := newSwitch(t, sharedClient(t))
+	s := newSwitch(t, shared.Client(t))
 	_, err := s.Add(context.Background(), bed.ProxyURLs()...)
 	require.NoError(t, err)
 	var logs bytes.Buffer
@@ -232,7 +232,7 @@ func TestFailClosed(t *testing.T) {
 
 	t.Run("empty pool", func(t *testing.T) {
 		c := colly.NewCollector()
-		newSwitch(t, sharedClient(t)).Attach(c)
+		newSwitch(t, shared.Client(t)).Attach(c)
 		err, hookErr := visit(t, c)
 		assert.ErrorIs(t, err, ErrNoProxy)
 		assert.ErrorIs(t, err, ErrEmptyPool)
@@ -267,13 +267,13 @@ func TestFailClosed(t *testing.T) {
 	})
 	t.Run("invalid options", func(t *testing.T) {
 		c := colly.NewCollector()
-		c.SetProxyFunc(New(sharedClient(t), WithLeaseTTL(-1)))
+		c.SetProxyFunc(New(shared.Client(t), WithLeaseTTL(-1)))
 		err, _ := visit(t, c)
 		assert.ErrorIs(t, err, ErrNoProxy)
 		assert.ErrorIs(t, err, ErrConfig)
 	})
 	t.Run("all proxies busy", func(t *testing.T) {
-		s := newSwitch(t, sharedClient(t), WithMaxWait(200*time.Millisecond))
+		s := newSwitch(t, shared.Client(t), WithMaxWait(200*time.Millisecond))
 		_, err := s.Add(context.Background(), testbed.NewProxy(t, testbed.SourceIP(0)).URL())
 		require.NoError(t, err)
 		l, err := s.Lease(context.Background(), site.Host())
@@ -293,7 +293,7 @@ func TestFailClosed(t *testing.T) {
 func TestProxyFuncAloneWarnsOnceAndReleases(t *testing.T) {
 	bed := testbed.NewBed(t, 1, 3)
 	var logs syncBuffer
-	s := newSwitch(t, sharedClient(t), WithLogger(slog.New(slog.NewTextHandler(&logs, nil))), WithLeaseTTL(time.Second))
+	s := newSwitch(t, shared.Client(t), WithLogger(slog.New(slog.NewTextHandler(&logs, nil))), WithLeaseTTL(time.Second))
 	_, err := s.Add(context.Background(), bed.ProxyURLs()...)
 	require.NoError(t, err)
 
@@ -362,7 +362,7 @@ func TestNoCollisionsAcrossCollectors(t *testing.T) {
 	var ok, failed atomic.Int64
 	var wg sync.WaitGroup
 	for i := range collectors {
-		sw := sibling(t, s, sharedClient(t))
+		sw := sibling(t, s, shared.Client(t))
 		c := colly.NewCollector(colly.Async(true), colly.AllowURLRevisit())
 		sw.Attach(c)
 		c.SetRequestTimeout(30 * time.Second)
@@ -403,7 +403,7 @@ func TestNoCollisionsAcrossProcesses(t *testing.T) {
 	results := make(chan out, procs)
 	start := time.Now()
 	for i := range procs {
-		cmd := startWorker(t, workerSpec{Mode: "crawl", Redis: sharedAddr(), Prefix: s.cfg.prefix,
+		cmd := startWorker(t, workerSpec{Mode: "crawl", Redis: shared.Addr(), Prefix: s.cfg.prefix,
 			URLs: urls[i*perProc : (i+1)*perProc], Threads: workers})
 		go func() {
 			b, err := cmd.Output()
@@ -435,11 +435,11 @@ func TestNoCollisionsAcrossProcesses(t *testing.T) {
 // proxies can be leased again within the lease TTL plus a second.
 func TestKilledWorkerLeasesComeBack(t *testing.T) {
 	const ttl = 2 * time.Second
-	s := newSwitch(t, sharedClient(t), WithMaxWait(0), WithLeaseTTL(ttl))
+	s := newSwitch(t, shared.Client(t), WithMaxWait(0), WithLeaseTTL(ttl))
 	_, err := s.Add(context.Background(), proxyURLs(3)...)
 	require.NoError(t, err)
 	sites := []string{"ozon.example", "ozon.example", "ozon.example", "avito.example"}
-	cmd := startWorker(t, workerSpec{Mode: "hold", Redis: sharedAddr(), Prefix: s.cfg.prefix, LeaseTTL: ttl.String(), HoldSites: sites})
+	cmd := startWorker(t, workerSpec{Mode: "hold", Redis: shared.Addr(), Prefix: s.cfg.prefix, LeaseTTL: ttl.String(), HoldSites: sites})
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	require.NoError(t, cmd.Start())
@@ -470,9 +470,9 @@ func TestKilledWorkerLeasesComeBack(t *testing.T) {
 
 func TestErrNoProxyThroughCollyWrapping(t *testing.T) {
 	c := colly.NewCollector()
-	c.SetProxyFunc(New(sharedClient(t), WithPrefix(testPrefix())))
+	c.SetProxyFunc(New(shared.Client(t), WithPrefix(testPrefix())))
 	err := c.Visit(testbed.NewSite(t, "x", nil).URL())
 	require.Error(t, err)
 	assert.True(t, errors.Is(err, ErrNoProxy) && errors.Is(err, ErrEmptyPool), err.Error())
-	var _ redis.Scripter = sharedClient(t)
+	var _ redis.Scripter = shared.Client(t)
 }

@@ -170,7 +170,7 @@ func (e proxyRedisError) Error() string { return string(e) }
 func (proxyRedisError) RedisError()     {}
 
 func TestFallbackBadOptions(t *testing.T) {
-	rdb := sharedClient(t)
+	rdb := shared.Client(t)
 	for name, opts := range map[string][]Option{
 		"no member ID":     {WithFallback("", nil)},
 		"space in ID":      {WithSharding("crawler 1", Modulo{})},

@@ -26,7 +26,7 @@ func proxyURLs(n int) []string {
 }
 
 func TestEveryScriptLoads(t *testing.T) {
-	rdb := sharedClient(t)
+	rdb := shared.Client(t)
 	for name, sc := range allScripts {
 		require.NoError(t, sc.Load(context.Background(), rdb).Err(), name)
 	}
@@ -44,7 +44,7 @@ func TestWaitHintBounds(t *testing.T) {
 
 func TestLeaseReleaseLRU(t *testing.T) {
 	ctx := context.Background()
-	s := newSwitch(t, sharedClient(t))
+	s := newSwitch(t, shared.Client(t))
 	_, err := s.Add(ctx, proxyURLs(3)...)
 	require.NoError(t, err)
 
@@ -65,7 +65,7 @@ func TestLeaseReleaseLRU(t *testing.T) {
 
 func TestExclusivePerSite(t *testing.T) {
 	ctx := context.Background()
-	s := newSwitch(t, sharedClient(t), WithMaxWait(150*time.Millisecond))
+	s := newSwitch(t, shared.Client(t), WithMaxWait(150*time.Millisecond))
 	_, err := s.Add(ctx, proxyURLs(2)...)
 	require.NoError(t, err)
 
@@ -96,7 +96,7 @@ func TestExclusivePerSite(t *testing.T) {
 
 func TestScopeGlobal(t *testing.T) {
 	ctx := context.Background()
-	s := newSwitch(t, sharedClient(t), WithScope(ScopeGlobal), WithMaxWait(0))
+	s := newSwitch(t, shared.Client(t), WithScope(ScopeGlobal), WithMaxWait(0))
 	_, err := s.Add(ctx, proxyURLs(1)...)
 	require.NoError(t, err)
 	l, err := s.Lease(ctx, "ozon.example")
@@ -110,7 +110,7 @@ func TestScopeGlobal(t *testing.T) {
 
 func TestConcurrencyK(t *testing.T) {
 	ctx := context.Background()
-	s := newSwitch(t, sharedClient(t), WithConcurrency(2), WithMaxWait(0))
+	s := newSwitch(t, shared.Client(t), WithConcurrency(2), WithMaxWait(0))
 	_, err := s.Add(ctx, proxyURLs(1)...)
 	require.NoError(t, err)
 	l1, err := s.Lease(ctx, "wb.example")
@@ -122,7 +122,7 @@ func TestConcurrencyK(t *testing.T) {
 	require.ErrorIs(t, err, ErrNoProxy)
 
 	// A worker that disagrees on K is refused, not silently inconsistent.
-	other, err := NewSwitch(sharedClient(t), WithPrefix(s.cfg.prefix), WithConcurrency(3))
+	other, err := NewSwitch(shared.Client(t), WithPrefix(s.cfg.prefix), WithConcurrency(3))
 	require.NoError(t, err)
 	_, err = other.Lease(ctx, "wb.example")
 	require.ErrorIs(t, err, ErrConfig)
@@ -132,7 +132,7 @@ func TestConcurrencyK(t *testing.T) {
 func TestCooldownPacesAnIP(t *testing.T) {
 	ctx := context.Background()
 	const cooldown = 300 * time.Millisecond
-	s := newSwitch(t, sharedClient(t), WithCooldown(cooldown))
+	s := newSwitch(t, shared.Client(t), WithCooldown(cooldown))
 	_, err := s.Add(ctx, proxyURLs(1)...)
 	require.NoError(t, err)
 	l, err := s.Lease(ctx, "ozon.example")
@@ -147,7 +147,7 @@ func TestCooldownPacesAnIP(t *testing.T) {
 	require.NoError(t, l2.Release(ctx))
 
 	// With K=2 the cooldown also spaces two starts.
-	k := newSwitch(t, sharedClient(t), WithCooldown(cooldown), WithConcurrency(2))
+	k := newSwitch(t, shared.Client(t), WithCooldown(cooldown), WithConcurrency(2))
 	_, err = k.Add(ctx, proxyURLs(1)...)
 	require.NoError(t, err)
 	_, err = k.Lease(ctx, "ozon.example")
@@ -160,7 +160,7 @@ func TestCooldownPacesAnIP(t *testing.T) {
 
 func TestExpiredHolderCannotTouchNextHoldersLease(t *testing.T) {
 	ctx := context.Background()
-	s := newSwitch(t, sharedClient(t), WithLeaseTTL(200*time.Millisecond), WithMaxWait(0))
+	s := newSwitch(t, shared.Client(t), WithLeaseTTL(200*time.Millisecond), WithMaxWait(0))
 	_, err := s.Add(ctx, proxyURLs(1)...)
 	require.NoError(t, err)
 
@@ -170,7 +170,7 @@ func TestExpiredHolderCannotTouchNextHoldersLease(t *testing.T) {
 	require.ErrorIs(t, err, ErrNoProxy, "held")
 	time.Sleep(300 * time.Millisecond)
 
-	next, err := sibling(t, s, sharedClient(t)).Lease(ctx, "ozon.example")
+	next, err := sibling(t, s, shared.Client(t)).Lease(ctx, "ozon.example")
 	require.NoError(t, err, "an expired lease frees the proxy by itself")
 	require.Equal(t, old.Proxy().ID(), next.Proxy().ID())
 
@@ -188,7 +188,7 @@ func TestExpiredHolderCannotTouchNextHoldersLease(t *testing.T) {
 func TestLeaseTTLCoversRequestDeadline(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	s := newSwitch(t, sharedClient(t), WithLeaseTTL(time.Second))
+	s := newSwitch(t, shared.Client(t), WithLeaseTTL(time.Second))
 	_, err := s.Add(ctx, proxyURLs(1)...)
 	require.NoError(t, err)
 	l, err := s.Lease(ctx, "ozon.example")
@@ -199,7 +199,7 @@ func TestLeaseTTLCoversRequestDeadline(t *testing.T) {
 
 func TestWaitForRelease(t *testing.T) {
 	ctx := context.Background()
-	s := newSwitch(t, sharedClient(t), WithMaxWait(5*time.Second))
+	s := newSwitch(t, shared.Client(t), WithMaxWait(5*time.Second))
 	_, err := s.Add(ctx, proxyURLs(1)...)
 	require.NoError(t, err)
 	l, err := s.Lease(ctx, "ozon.example")
@@ -229,7 +229,7 @@ func TestWaitForRelease(t *testing.T) {
 
 func TestWaitDoesNotSpinOnRedis(t *testing.T) {
 	ctx := context.Background()
-	rdb := sharedClient(t)
+	rdb := shared.Client(t)
 	var calls atomic.Int64
 	rdb.AddHook(countHook{&calls})
 	s := newSwitch(t, rdb, WithMaxWait(time.Second))
@@ -256,7 +256,7 @@ func (h countHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 }
 
 func TestEmptyPool(t *testing.T) {
-	s := newSwitch(t, sharedClient(t))
+	s := newSwitch(t, shared.Client(t))
 	start := time.Now()
 	_, err := s.Lease(context.Background(), "ozon.example")
 	require.ErrorIs(t, err, ErrNoProxy)
@@ -295,7 +295,7 @@ func TestRedisHung(t *testing.T) {
 
 func TestCorruptPoolEntry(t *testing.T) {
 	ctx := context.Background()
-	rdb := sharedClient(t)
+	rdb := shared.Client(t)
 	s := newSwitch(t, rdb, WithMaxWait(0))
 	require.NoError(t, rdb.HSet(ctx, s.keys.proxies(), "0123456789abcdef", "gopher://u:Canary@x:1").Err())
 	_, err := s.Lease(ctx, "ozon.example")
@@ -320,7 +320,7 @@ func TestCorruptPoolEntry(t *testing.T) {
 
 func TestPoolAdministration(t *testing.T) {
 	ctx := context.Background()
-	s := newSwitch(t, sharedClient(t), WithMaxWait(0))
+	s := newSwitch(t, shared.Client(t), WithMaxWait(0))
 	urls := proxyURLs(4)
 	ch, err := s.Add(ctx, urls[:2]...)
 	require.NoError(t, err)
@@ -389,7 +389,7 @@ func TestPoolAdministration(t *testing.T) {
 
 func TestKeysShareOneSlotAndExpire(t *testing.T) {
 	ctx := context.Background()
-	rdb := sharedClient(t)
+	rdb := shared.Client(t)
 	s := newSwitch(t, rdb, WithPool("residential"))
 	_, err := s.Add(ctx, proxyURLs(3)...)
 	require.NoError(t, err)
@@ -443,7 +443,7 @@ func redisKeySlot(key string) uint16 {
 }
 
 func TestBadOptions(t *testing.T) {
-	rdb := sharedClient(t)
+	rdb := shared.Client(t)
 	for name, opt := range map[string]Option{
 		"ttl":         WithLeaseTTL(time.Millisecond),
 		"wait":        WithMaxWait(-time.Second),
@@ -478,7 +478,7 @@ func TestBadOptions(t *testing.T) {
 // no proxy is ever held twice for one site.
 func TestNoTwoHoldersAtOnce(t *testing.T) {
 	ctx := context.Background()
-	base := newSwitch(t, sharedClient(t), WithMaxWait(10*time.Second))
+	base := newSwitch(t, shared.Client(t), WithMaxWait(10*time.Second))
 	_, err := base.Add(ctx, proxyURLs(20)...)
 	require.NoError(t, err)
 
@@ -487,7 +487,7 @@ func TestNoTwoHoldersAtOnce(t *testing.T) {
 	var collisions, leases atomic.Int64
 	var wg sync.WaitGroup
 	for w := range 3 {
-		sw := sibling(t, base, sharedClient(t))
+		sw := sibling(t, base, shared.Client(t))
 		for g := range 50 {
 			wg.Add(1)
 			go func() {

@@ -30,11 +30,11 @@ var fastBeat = []MemberOption{WithHeartbeat(50 * time.Millisecond), WithMemberTT
 // Several servers, each with its own client, see one sorted live list.
 func TestMembershipLiveList(t *testing.T) {
 	ctx := context.Background()
-	s := newSwitch(t, sharedClient(t))
+	s := newSwitch(t, shared.Client(t))
 	ms := []*Membership{
-		newMember(t, s, sharedClient(t), "crawler-b", fastBeat...),
-		newMember(t, s, sharedClient(t), "crawler-c", fastBeat...),
-		newMember(t, s, sharedClient(t), "crawler-a", fastBeat...),
+		newMember(t, s, shared.Client(t), "crawler-b", fastBeat...),
+		newMember(t, s, shared.Client(t), "crawler-c", fastBeat...),
+		newMember(t, s, shared.Client(t), "crawler-a", fastBeat...),
 	}
 	want := []string{"crawler-a", "crawler-b", "crawler-c"}
 	for _, m := range ms {
@@ -53,7 +53,7 @@ func TestMembershipLiveList(t *testing.T) {
 	}, 2*time.Second, 10*time.Millisecond)
 
 	// Another pool has its own list.
-	other, err := NewMembership(newSwitch(t, sharedClient(t)), "crawler-a")
+	other, err := NewMembership(newSwitch(t, shared.Client(t)), "crawler-a")
 	require.NoError(t, err)
 	got, err := other.Members(ctx)
 	require.NoError(t, err)
@@ -66,20 +66,20 @@ func TestMembershipLiveList(t *testing.T) {
 // A server that stops heartbeating (crashed: no goodbye) drops out of the
 // others' lists after the TTL; one that stops cleanly drops out at once.
 func TestMembershipDropsSilentMember(t *testing.T) {
-	s := newSwitch(t, sharedClient(t))
+	s := newSwitch(t, shared.Client(t))
 	var mu sync.Mutex
 	var seen [][]string
-	a := newMember(t, s, sharedClient(t), "a", append(fastBeat, WithMembersChanged(func(l []string) {
+	a := newMember(t, s, shared.Client(t), "a", append(fastBeat, WithMembersChanged(func(l []string) {
 		mu.Lock()
 		seen = append(seen, l)
 		mu.Unlock()
 	}))...)
 
 	crashCtx, crash := context.WithCancel(context.Background())
-	b, err := NewMembership(sibling(t, s, sharedClient(t)), "b", fastBeat...)
+	b, err := NewMembership(sibling(t, s, shared.Client(t)), "b", fastBeat...)
 	require.NoError(t, err)
 	require.NoError(t, b.Start(crashCtx))
-	c := newMember(t, s, sharedClient(t), "c", fastBeat...)
+	c := newMember(t, s, shared.Client(t), "c", fastBeat...)
 	require.Eventually(t, func() bool { l, _ := a.LastKnown(); return len(l) == 3 }, time.Second, 5*time.Millisecond)
 
 	crash()
@@ -119,9 +119,9 @@ func contains(l []string, s string) bool {
 // Two live processes can never hold one ID: they would use one share.
 func TestMembershipIDTaken(t *testing.T) {
 	ctx := context.Background()
-	s := newSwitch(t, sharedClient(t))
-	first := newMember(t, s, sharedClient(t), "crawler-1", fastBeat...)
-	second, err := NewMembership(sibling(t, s, sharedClient(t)), "crawler-1", fastBeat...)
+	s := newSwitch(t, shared.Client(t))
+	first := newMember(t, s, shared.Client(t), "crawler-1", fastBeat...)
+	second, err := NewMembership(sibling(t, s, shared.Client(t)), "crawler-1", fastBeat...)
 	require.NoError(t, err)
 	err = second.Start(ctx)
 	require.ErrorIs(t, err, ErrMemberTaken)
@@ -177,9 +177,9 @@ func TestMembershipSurvivesRedisOutage(t *testing.T) {
 // registration.
 func TestMembershipKeys(t *testing.T) {
 	ctx := context.Background()
-	rdb := sharedClient(t)
+	rdb := shared.Client(t)
 	s := newSwitch(t, rdb)
-	m := newMember(t, s, sharedClient(t), "a", WithHeartbeat(time.Second), WithMemberTTL(3*time.Second))
+	m := newMember(t, s, shared.Client(t), "a", WithHeartbeat(time.Second), WithMemberTTL(3*time.Second))
 	for _, k := range m.keys {
 		assert.True(t, strings.HasPrefix(k, s.keys.base+":"), k)
 		ttl, err := rdb.PTTL(ctx, k).Result()
@@ -205,7 +205,7 @@ func TestMembershipOnCluster(t *testing.T) {
 }
 
 func TestMembershipBadInput(t *testing.T) {
-	s := newSwitch(t, sharedClient(t))
+	s := newSwitch(t, shared.Client(t))
 	for name, tc := range map[string]struct {
 		sw   *Switch
 		id   string

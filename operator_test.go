@@ -16,7 +16,7 @@ import (
 func TestSiteStateAndOperatorActions(t *testing.T) {
 	ctx := context.Background()
 	const site = "ozon.example"
-	s := newSwitch(t, sharedClient(t), WithCooldown(time.Minute), WithMaxWait(0))
+	s := newSwitch(t, shared.Client(t), WithCooldown(time.Minute), WithMaxWait(0))
 	urls := proxyURLs(5)
 	_, err := s.Add(ctx, urls...)
 	require.NoError(t, err)
@@ -83,7 +83,7 @@ func TestSiteStateAndOperatorActions(t *testing.T) {
 
 func TestBanOnASiteNeverLeased(t *testing.T) {
 	ctx := context.Background()
-	s := newSwitch(t, sharedClient(t), WithMaxWait(0))
+	s := newSwitch(t, shared.Client(t), WithMaxWait(0))
 	urls := proxyURLs(3)
 	_, err := s.Add(ctx, urls...)
 	require.NoError(t, err)
@@ -106,7 +106,7 @@ func TestBanOnASiteNeverLeased(t *testing.T) {
 // a proxy no request went through.
 func TestBanOfABusyProxyLeavesOthersFree(t *testing.T) {
 	ctx := context.Background()
-	s := newSwitch(t, sharedClient(t), WithMaxWait(0), WithCooldown(time.Minute))
+	s := newSwitch(t, shared.Client(t), WithMaxWait(0), WithCooldown(time.Minute))
 	_, err := s.Add(ctx, proxyURLs(3)...)
 	require.NoError(t, err)
 	busy, err := s.Lease(ctx, "busy.example")
@@ -124,7 +124,7 @@ func TestBanOfABusyProxyLeavesOthersFree(t *testing.T) {
 
 func TestPoolConcurrency(t *testing.T) {
 	ctx := context.Background()
-	s := newSwitch(t, sharedClient(t), WithConcurrency(4))
+	s := newSwitch(t, shared.Client(t), WithConcurrency(4))
 	_, err := s.Add(ctx, proxyURLs(2)...)
 	require.NoError(t, err)
 	k, err := s.PoolConcurrency(ctx)
@@ -133,11 +133,11 @@ func TestPoolConcurrency(t *testing.T) {
 	l, err := s.Lease(ctx, "ozon.example")
 	require.NoError(t, err)
 	require.NoError(t, l.Release(ctx))
-	other := sibling(t, s, sharedClient(t)) // another worker, its own client
+	other := sibling(t, s, shared.Client(t)) // another worker, its own client
 	k, err = other.PoolConcurrency(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, 4, k)
-	require.NoError(t, sharedClient(t).HSet(ctx, s.keys.meta(), "slots", "four").Err())
+	require.NoError(t, shared.Client(t).HSet(ctx, s.keys.meta(), "slots", "four").Err())
 	_, err = s.PoolConcurrency(ctx)
 	assert.ErrorIs(t, err, ErrCorrupt)
 }
@@ -153,7 +153,7 @@ func indexOf(xs []string, x string) int {
 
 func TestClearTouchesOnlyItsPool(t *testing.T) {
 	ctx := context.Background()
-	rdb := sharedClient(t)
+	rdb := shared.Client(t)
 	s := newSwitch(t, rdb, WithPool("a"))
 	other := sibling(t, s, rdb)
 	other.keys, _ = newKeyspace(s.cfg.prefix, "a*") // a pool whose name a glob on "a" would match

@@ -64,7 +64,7 @@ func proxyIDsOf(t *testing.T, urls []string) []string {
 func TestProxyStatesEveryState(t *testing.T) {
 	ctx := context.Background()
 	const site = "ozon.example"
-	rdb := sharedClient(t)
+	rdb := shared.Client(t)
 	s := newSwitch(t, rdb, WithCooldown(time.Minute), WithMaxWait(0), WithDeadAfter(1),
 		WithQuarantine(20*time.Millisecond, 12*time.Hour))
 	urls := proxyURLs(8)
@@ -160,7 +160,7 @@ func TestProxyStatesEveryState(t *testing.T) {
 
 func TestProxyStatesBanAllSites(t *testing.T) {
 	ctx := context.Background()
-	rdb := sharedClient(t)
+	rdb := shared.Client(t)
 	s := newSwitch(t, rdb, WithMaxWait(0), WithBanAllSites(true))
 	urls := proxyURLs(3)
 	_, err := s.Add(ctx, urls...)
@@ -205,7 +205,7 @@ func TestProxyStatesBanAllSites(t *testing.T) {
 func TestProxyStatesConcurrency(t *testing.T) {
 	ctx := context.Background()
 	const site = "wb.example"
-	rdb := sharedClient(t)
+	rdb := shared.Client(t)
 	s := newSwitch(t, rdb, WithConcurrency(2), WithMaxWait(0))
 	paced := sibling(t, s, rdb)
 	paced.cfg.cooldown = time.Minute // a worker with a cooldown: pacing holds a proxy's other slot
@@ -278,7 +278,7 @@ func TestProxyStatesConcurrency(t *testing.T) {
 
 func TestProxyStatesScopeGlobal(t *testing.T) {
 	ctx := context.Background()
-	rdb := sharedClient(t)
+	rdb := shared.Client(t)
 	s := newSwitch(t, rdb, WithScope(ScopeGlobal), WithMaxWait(0))
 	urls := proxyURLs(2)
 	_, err := s.Add(ctx, urls...)
@@ -312,7 +312,7 @@ func TestProxyStatesScopeGlobal(t *testing.T) {
 
 func TestProxyStatesEmptyPoolAndErrors(t *testing.T) {
 	ctx := context.Background()
-	rdb := sharedClient(t)
+	rdb := shared.Client(t)
 	s := newSwitch(t, rdb)
 	ps, err := s.ProxyStates(ctx, "ozon.example")
 	require.NoError(t, err)
@@ -331,7 +331,7 @@ func TestProxyStatesEmptyPoolAndErrors(t *testing.T) {
 func TestProxyStatesCorrupt(t *testing.T) {
 	ctx := context.Background()
 	const site = "ozon.example"
-	rdb := sharedClient(t)
+	rdb := shared.Client(t)
 	s := newSwitch(t, rdb, WithCooldown(time.Minute), WithMaxWait(0))
 	urls := proxyURLs(3)
 	_, err := s.Add(ctx, urls...)
@@ -356,7 +356,7 @@ func TestProxyStatesCorrupt(t *testing.T) {
 }
 
 func TestParseProxyStatesRejectsMalformedReplies(t *testing.T) {
-	s := newSwitch(t, sharedClient(t))
+	s := newSwitch(t, shared.Client(t))
 	good := []any{int64(1000), int64(1), int64(1),
 		"0123456789abcdef", "http://127.0.0.1:3128", "", int64(0), int64(0),
 		int64(1), int64(0), int64(0), int64(0), int64(0), int64(0), int64(0), int64(0)}

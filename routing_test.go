@@ -25,7 +25,7 @@ func loadPool(t *testing.T, s *Switch, name string, urls []string) {
 func TestRoutesWithOrderedFallback(t *testing.T) {
 	ctx := context.Background()
 	all := proxyURLs(6)
-	s := newSwitch(t, sharedClient(t), WithPool("datacenter"), WithMaxWait(0),
+	s := newSwitch(t, shared.Client(t), WithPool("datacenter"), WithMaxWait(0),
 		WithRoute("shop.example", "datacenter", "residential"),
 		WithRoute("avito.example", "residential"),
 		WithRoute("cheap.example", "nothing-here", "datacenter"))
@@ -88,9 +88,9 @@ func TestRoutesWithOrderedFallback(t *testing.T) {
 	_, err = s.Lease(UsePools(ctx, "nothing-here"), "other.example")
 	require.ErrorIs(t, err, ErrEmptyPool)
 
-	_, err = NewSwitch(sharedClient(t), WithRoute("x.example"))
+	_, err = NewSwitch(shared.Client(t), WithRoute("x.example"))
 	require.ErrorIs(t, err, ErrConfig, "a route without pools")
-	_, err = NewSwitch(sharedClient(t), WithRoute("x.example", "bad pool"))
+	_, err = NewSwitch(shared.Client(t), WithRoute("x.example", "bad pool"))
 	require.ErrorIs(t, err, ErrConfig)
 }
 
@@ -98,7 +98,7 @@ func TestRoutesWithOrderedFallback(t *testing.T) {
 func TestSpreadOverSplitPools(t *testing.T) {
 	ctx := context.Background()
 	parts := SplitPools("hot", 3)
-	s := newSwitch(t, sharedClient(t), WithMaxWait(0), WithSpread("", parts...))
+	s := newSwitch(t, shared.Client(t), WithMaxWait(0), WithSpread("", parts...))
 	ps, err := ParseProxies(proxyURLs(60))
 	require.NoError(t, err)
 	dealt := SplitProxies(ps, 3)
@@ -134,7 +134,7 @@ func TestSpreadOverSplitPools(t *testing.T) {
 // has proxies spill into the second, never two at once on one IP.
 func TestRoutedCrawl(t *testing.T) {
 	bed := testbed.NewBed(t, 1, 6)
-	s := newSwitch(t, sharedClient(t), WithPool("dc"), WithRoute("", "dc", "res"))
+	s := newSwitch(t, shared.Client(t), WithPool("dc"), WithRoute("", "dc", "res"))
 	loadPool(t, s, "dc", bed.ProxyURLs()[:3])
 	loadPool(t, s, "res", bed.ProxyURLs()[3:])
 	c := colly.NewCollector(colly.Async(true), colly.AllowURLRevisit())

@@ -50,7 +50,7 @@ func (o *recordingObserver) tally(t *testing.T) sessionTally {
 func TestSessionEventsAndLiveSessions(t *testing.T) {
 	ctx := context.Background()
 	flow, site, _, s := sessionShop(t, 10, WithSessionMaxRequests(3))
-	other := sibling(t, s, sharedClient(t))
+	other := sibling(t, s, shared.Client(t))
 	obs := &recordingObserver{}
 	s.SetObserver(obs)
 	other.SetObserver(obs)
@@ -129,10 +129,10 @@ func TestLiveSessionsLapse(t *testing.T) {
 	n, err = s.LiveSessions(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, 1, n)
-	card, err := sharedClient(t).ZCard(ctx, s.keys.liveSessions()).Result()
+	card, err := shared.Client(t).ZCard(ctx, s.keys.liveSessions()).Result()
 	require.NoError(t, err)
 	assert.EqualValues(t, 1, card, "the lapsed ones were trimmed when d started")
-	ttl, err := sharedClient(t).PTTL(ctx, s.keys.liveSessions()).Result()
+	ttl, err := shared.Client(t).PTTL(ctx, s.keys.liveSessions()).Result()
 	require.NoError(t, err)
 	assert.Greater(t, ttl, time.Duration(0), "the set expires with the pool's idle TTL")
 	got := obs.tally(t)

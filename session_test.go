@@ -178,7 +178,7 @@ func sessionShop(t *testing.T, n int, opts ...Option) (*shopFlow, *testbed.Site,
 	flow := newShopFlow()
 	site := testbed.NewSite(t, "shop", flow)
 	bed := &testbed.Bed{Sites: []*testbed.Site{site}, Proxies: testbed.NewProxies(t, n)}
-	s := newSwitch(t, sharedClient(t), opts...)
+	s := newSwitch(t, shared.Client(t), opts...)
 	_, err := s.Add(context.Background(), bed.ProxyURLs()...)
 	require.NoError(t, err)
 	return flow, site, bed.Proxies, s
@@ -204,7 +204,7 @@ func stepURL(site *testbed.Site, task string, n int) string {
 func TestSessions100x20AcrossThreeCollectors(t *testing.T) {
 	const tasks, steps, extra = 100, 20, 12
 	flow, site, _, s0 := sessionShop(t, tasks+extra, WithMaxWait(20*time.Second))
-	sws := []*Switch{s0, sibling(t, s0, sharedClient(t)), sibling(t, s0, sharedClient(t))}
+	sws := []*Switch{s0, sibling(t, s0, shared.Client(t)), sibling(t, s0, shared.Client(t))}
 	cs := make([]*colly.Collector, len(sws))
 	var failed atomic.Int64
 	for i, sw := range sws {
@@ -317,7 +317,7 @@ func TestSessionRetiredOnBan(t *testing.T) {
 		retired = append(retired, r)
 		mu.Unlock()
 	}))
-	other := sibling(t, s, sharedClient(t))
+	other := sibling(t, s, shared.Client(t))
 	cs := []*colly.Collector{attached(s), attached(other)}
 	const task = "cart-42"
 	ctx := NewTaskContext(task)
@@ -376,7 +376,7 @@ func TestSessionRetiredOnBan(t *testing.T) {
 func TestSessionTTL(t *testing.T) {
 	const ttl = 2 * time.Second
 	flow, site, _, s := sessionShop(t, 2, WithSessionTTL(ttl), WithMaxWait(0))
-	other := sibling(t, s, sharedClient(t))
+	other := sibling(t, s, shared.Client(t))
 	c1, c2 := attached(s), attached(other)
 	visit := func(c *colly.Collector, task string, n int) error {
 		return c.Request("GET", stepURL(site, task, n), nil, NewTaskContext(task), nil)
@@ -455,7 +455,7 @@ func TestSessionBadInput(t *testing.T) {
 	cctx := colly.NewContext()
 	cctx.Put(TaskKey, 42)
 	require.NoError(t, c.Request("GET", site.URL()+"/hello?task=int", nil, cctx, nil), "not a string: no task")
-	ps := newSwitch(t, sharedClient(t), WithTaskFunc(func(*colly.Request) string { panic("boom") }))
+	ps := newSwitch(t, shared.Client(t), WithTaskFunc(func(*colly.Request) string { panic("boom") }))
 	pc := attached(ps)
 	err = pc.Visit(site.URL() + "/hello?task=panic")
 	require.ErrorIs(t, err, ErrInvalidTask)
@@ -475,7 +475,7 @@ func TestSessionBadInput(t *testing.T) {
 
 	// Corrupt records and jars: a clear error naming the task, then
 	// EndSession clears the record and the task goes on.
-	rdb := sharedClient(t)
+	rdb := shared.Client(t)
 	require.NoError(t, c.Request("GET", stepURL(site, "jarred", 1), nil, NewTaskContext("jarred"), nil))
 	live, err := s.Session(ctx, "jarred")
 	require.NoError(t, err)
@@ -709,10 +709,10 @@ func TestSessionCookiesAndCollyStorage(t *testing.T) {
 		}
 	}))
 	bed := &testbed.Bed{Sites: []*testbed.Site{site}, Proxies: testbed.NewProxies(t, 3)}
-	s := newSwitch(t, sharedClient(t))
+	s := newSwitch(t, shared.Client(t))
 	_, err := s.Add(ctx, bed.ProxyURLs()...)
 	require.NoError(t, err)
-	store, err := storage.New(sharedClient(t), storage.WithNamespace(testPrefix()))
+	store, err := storage.New(shared.Client(t), storage.WithNamespace(testPrefix()))
 	require.NoError(t, err)
 	c := attached(s)
 	require.NoError(t, c.SetStorage(store))
@@ -750,7 +750,7 @@ func TestSessionCookiesAndCollyStorage(t *testing.T) {
 // session; the jar is bounded.
 func TestSessionKeysAndBounds(t *testing.T) {
 	ctx := context.Background()
-	rdb := sharedClient(t)
+	rdb := shared.Client(t)
 	const ttl = 5 * time.Second
 	var big []string
 	for i := range maxSessionCookies + 20 {
@@ -903,12 +903,12 @@ func proxyHost(t *testing.T, proxies []*testbed.Proxy, ip string) string {
 //
 //	go test -run '^$' -bench BenchmarkSessionUse -benchtime 2s .
 func BenchmarkSessionUse(b *testing.B) {
-	if shared == nil {
+	if shared.Server == nil {
 		b.Skip("single-node benchmark; the shared Redis is a cluster")
 	}
 	const sessions = 1000
 	ctx := context.Background()
-	s := newSwitch(b, shared.Client(b, func(o *redis.Options) { o.PoolSize = benchWorkers }))
+	s := newSwitch(b, shared.Server.Client(b, func(o *redis.Options) { o.PoolSize = benchWorkers }))
 	_, err := s.Add(ctx, proxyURLs(sessions)...)
 	require.NoError(b, err)
 	u := &url.URL{Scheme: "https", Host: "bench.example", Path: "/"}
@@ -972,7 +972,7 @@ func TestSessionContinuedInAnotherProcess(t *testing.T) {
 	for _, u := range steps(1, 3) {
 		require.NoError(t, c.Request("GET", u, nil, ctx, nil))
 	}
-	out, err := startWorker(t, workerSpec{Mode: "crawl", Redis: sharedAddr(), Prefix: s.cfg.prefix, URLs: steps(4, 6),
+	out, err := startWorker(t, workerSpec{Mode: "crawl", Redis: shared.Addr(), Prefix: s.cfg.prefix, URLs: steps(4, 6),
 		Threads: 1, Task: task}).Output()
 	require.NoError(t, err)
 	res, err := parseWorkerResult(out)

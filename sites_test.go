@@ -11,8 +11,8 @@ import (
 
 func TestSites(t *testing.T) {
 	ctx := context.Background()
-	s := newSwitch(t, sharedClient(t))
-	require.NoError(t, sitesScript.Load(ctx, sharedClient(t)).Err())
+	s := newSwitch(t, shared.Client(t))
+	require.NoError(t, sitesScript.Load(ctx, shared.Client(t)).Err())
 	none, err := s.Sites(ctx)
 	require.NoError(t, err)
 	assert.Empty(t, none)

@@ -49,7 +49,7 @@ func TestBurntProxiesCrawl(t *testing.T) {
 	// Retries: a request can meet each burnt proxy at most once per site
 	// (it is quarantined as soon as it is caught), so ten retries always
 	// suffice.
-	s := newSwitch(t, sharedClient(t), WithRetries(burnt), WithExpect("", `^/p/\d+$`, "div.product"))
+	s := newSwitch(t, shared.Client(t), WithRetries(burnt), WithExpect("", `^/p/\d+$`, "div.product"))
 	_, err := s.Add(context.Background(), urls...)
 	require.NoError(t, err)
 
@@ -59,7 +59,7 @@ func TestBurntProxiesCrawl(t *testing.T) {
 	var wg sync.WaitGroup
 	start := time.Now()
 	for i := range collectors {
-		sw := sibling(t, s, sharedClient(t))
+		sw := sibling(t, s, shared.Client(t))
 		c := colly.NewCollector(colly.Async(true))
 		sw.Attach(c)
 		require.NoError(t, c.Limit(&colly.LimitRule{DomainGlob: "*", Parallelism: workers}))

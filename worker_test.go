@@ -1,7 +1,6 @@
 package proxyswitch
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -13,7 +12,8 @@ import (
 	"time"
 
 	"github.com/gocolly/colly/v2"
-	"github.com/redis/go-redis/v9"
+	"github.com/proxyswitch/proxyswitch/internal/redistest"
+	"github.com/proxyswitch/proxyswitch/internal/reexec"
 )
 
 // Worker processes: the test binary re-executed with workerEnv set runs one
@@ -24,7 +24,7 @@ const workerEnv = "PROXYSWITCH_TEST_WORKER"
 
 type workerSpec struct {
 	Mode      string   `json:"mode"`  // "crawl" or "hold"
-	Redis     string   `json:"redis"` // address, or a cluster's addresses separated by commas (sharedAddr)
+	Redis     string   `json:"redis"` // shared.Addr(): an address, or a cluster's addresses separated by commas
 	Prefix    string   `json:"prefix"`
 	URLs      []string `json:"urls"`    // crawl: the URLs to visit
 	Threads   int      `json:"threads"` // crawl: parallel requests
@@ -39,26 +39,18 @@ type workerResult struct {
 	IDs        map[string]int // probe: leases per proxy ID
 }
 
+// startWorker returns the command of one worker process; its standard
+// error goes to the test's.
 func startWorker(t *testing.T, spec workerSpec) *exec.Cmd {
 	t.Helper()
-	b, err := json.Marshal(spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), workerEnv+"=1")
-	cmd.Stdin = bytes.NewReader(b) // the spec; too long for the environment
+	cmd := reexec.Command(t, workerEnv, spec)
 	cmd.Stderr = os.Stderr
 	return cmd
 }
 
-func workerMain() int {
-	var spec workerSpec
-	if err := json.NewDecoder(os.Stdin).Decode(&spec); err != nil {
-		fmt.Fprintln(os.Stderr, "worker:", err)
-		return 2
-	}
-	rdb := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: strings.Split(spec.Redis, ",")}) // 2+ addresses: a cluster
+// workerMain is a worker process (TestMain runs it through reexec.Main).
+func workerMain(spec workerSpec) int {
+	rdb := redistest.NewClient(spec.Redis)
 	defer rdb.Close()
 	ttl, _ := time.ParseDuration(spec.LeaseTTL)
 	if ttl == 0 {

@@ -25,7 +25,7 @@ type visitedAPI interface {
 }
 
 func benchClient(b *testing.B) *redis.Client {
-	return shared.Client(b, func(o *redis.Options) { o.PoolSize = 64 })
+	return single.Client(b, func(o *redis.Options) { o.PoolSize = 64 })
 }
 
 // benchStore is one contender.
@@ -49,7 +49,7 @@ type benchQueueStore interface {
 // the default client.
 func benchStores(b *testing.B) []benchStore {
 	rdb := benchClient(b)
-	ctxClient := shared.Client(b, func(o *redis.Options) { o.PoolSize = 64; o.ContextTimeoutEnabled = true })
+	ctxClient := single.Client(b, func(o *redis.Options) { o.PoolSize = 64; o.ContextTimeoutEnabled = true })
 	baseline := &redisStorageBaseline{Client: rdb, Prefix: testNS()}
 	if err := baseline.Init(); err != nil {
 		b.Fatal(err)

@@ -24,10 +24,10 @@ func TestCookiesSharedAcrossCollectors(t *testing.T) {
 		}
 		fmt.Fprintf(w, "cookies: %s", r.Header.Get("Cookie"))
 	})
-	s := newStorage(t, client(t))
+	s := newStorage(t, shared.Client(t))
 	a, b := colly.NewCollector(colly.AllowURLRevisit()), colly.NewCollector(colly.AllowURLRevisit())
 	require.NoError(t, a.SetStorage(s))
-	require.NoError(t, b.SetStorage(twin(t, s, client(t))))
+	require.NoError(t, b.SetStorage(twin(t, s, shared.Client(t))))
 	require.NoError(t, a.Visit(site.URL+"/login"))
 	var body string
 	b.OnResponse(func(r *colly.Response) { body = string(r.Body) })
@@ -40,13 +40,13 @@ func TestCookiesSharedAcrossCollectors(t *testing.T) {
 // whole list): no cookie is lost.
 func TestCookiesConcurrentWritersLoseNothing(t *testing.T) {
 	const writers, each = 6, 25
-	s := newStorage(t, client(t))
+	s := newStorage(t, shared.Client(t))
 	u := "http://shop.example/"
 	var wg sync.WaitGroup
 	for w := range writers {
 		st := s
 		if w > 0 {
-			st = twin(t, s, client(t))
+			st = twin(t, s, shared.Client(t))
 		}
 		c := colly.NewCollector()
 		require.NoError(t, c.SetStorage(st))
@@ -70,8 +70,8 @@ func TestCookiesConcurrentWritersLoseNothing(t *testing.T) {
 // Colly's jar wrapper writes back the cookies it read; a value another
 // process stored in between must survive that.
 func TestCookiesWriteBackDoesNotRevert(t *testing.T) {
-	a := newStorage(t, client(t))
-	b := twin(t, a, client(t))
+	a := newStorage(t, shared.Client(t))
+	b := twin(t, a, shared.Client(t))
 	u, _ := url.Parse("http://shop.example/")
 	b.SetCookies(u, "x=old; Path=/")
 	read := a.Cookies(u) // a reads x=old
@@ -84,7 +84,7 @@ func TestCookiesWriteBackDoesNotRevert(t *testing.T) {
 // Max-Age=0 (or an Expires in the past) deletes a cookie; expired cookies
 // are pruned on read; path and domain keep same-named cookies apart.
 func TestCookiesDeleteAndExpire(t *testing.T) {
-	rdb := client(t)
+	rdb := shared.Client(t)
 	s := newStorage(t, rdb)
 	u, _ := url.Parse("http://Shop.Example:8080/x")
 	s.SetCookies(u, "a=1; Path=/\na=2; Path=/sub\nb=1; Path=/")
@@ -110,7 +110,7 @@ func TestCookiesDeleteAndExpire(t *testing.T) {
 // cookie methods return no error) and yield no cookies; bad input is
 // ignored without a panic.
 func TestCookiesBadValues(t *testing.T) {
-	rdb := client(t)
+	rdb := shared.Client(t)
 	var log bytes.Buffer
 	s := newStorage(t, rdb, WithLogger(slog.New(slog.NewTextHandler(&log, nil))))
 	u, _ := url.Parse("http://big.example/")

@@ -23,7 +23,7 @@ func TestThreeCollectorsFetchEachURLOnce(t *testing.T) {
 	for i := range list {
 		list[i] = fmt.Sprintf("%s/p/%d", site.URL(), i+1)
 	}
-	base := newStorage(t, client(t))
+	base := newStorage(t, shared.Client(t))
 
 	var fetched, failed, won, refused atomic.Int64
 	var wg sync.WaitGroup
@@ -31,7 +31,7 @@ func TestThreeCollectorsFetchEachURLOnce(t *testing.T) {
 	for i := range cs {
 		s := base
 		if i > 0 {
-			s = twin(t, base, client(t))
+			s = twin(t, base, shared.Client(t))
 		}
 		c := colly.NewCollector(colly.Async(true))
 		require.NoError(t, c.Limit(&colly.LimitRule{DomainGlob: "*", Parallelism: parallel}))

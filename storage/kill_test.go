@@ -32,11 +32,11 @@ func TestKilledWorkerProcess(t *testing.T) {
 		fmt.Fprint(w, "<html><body>ok</body></html>")
 	})
 	spec := workerSpec{
-		Redis: sharedAddr(), Namespace: testNS(), Threads: 16,
+		Redis: shared.Addr(), Namespace: testNS(), Threads: 16,
 		Visibility: 2 * time.Second, MaxDeliveries: 3, RetryDelay: 200 * time.Millisecond,
 		PollInterval: 20 * time.Millisecond,
 	}
-	s := newStorage(t, client(t), spec.options()...)
+	s := newStorage(t, shared.Client(t), spec.options()...)
 	q, err := queue.New(1, s)
 	require.NoError(t, err)
 	require.NoError(t, q.AddURL(site.URL+"/poison"))

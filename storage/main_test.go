@@ -4,80 +4,56 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"strings"
 	"sync/atomic"
 	"testing"
 
 	"github.com/proxyswitch/proxyswitch/internal/redistest"
+	"github.com/proxyswitch/proxyswitch/internal/reexec"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 )
 
-// shared is one redis-server for the tests that need no fault injection;
-// each test works in a namespace of its own. Tests that kill, pause or
-// cluster Redis start their own servers.
+// shared is the Redis of the tests that need no fault injection, each in
+// a namespace of its own: one redis-server, or with
+// PROXYSWITCH_TEST_REDIS=cluster a 3-master Redis Cluster (shared.Client
+// then a *redis.ClusterClient). Tests that kill, pause or cluster Redis
+// start their own servers.
 //
-// With PROXYSWITCH_TEST_REDIS=cluster the shared Redis is a 3-master Redis
-// Cluster instead (sharedCluster) and client a *redis.ClusterClient; shared
-// then serves only the examples, which show a single-node client.
+// single is a redis-server for the examples, which show a single-node
+// client, and the benchmarks: shared.Server, or in cluster mode one of its
+// own.
 var (
-	shared        *redistest.Server
-	sharedCluster *redistest.Cluster
+	shared *redistest.Shared
+	single *redistest.Server
 )
 
-// testRedisEnv selects the shared test Redis: "" or "single", or "cluster".
-const testRedisEnv = "PROXYSWITCH_TEST_REDIS"
-
 func TestMain(m *testing.M) {
-	if os.Getenv(workerEnv) != "" {
-		os.Exit(workerMain())
-	}
+	reexec.Main(workerEnv, workerMain) // a worker process (worker_test.go) exits here
 	var err error
-	switch mode := os.Getenv(testRedisEnv); mode {
-	case "", "single":
-	case "cluster":
-		sharedCluster, err = redistest.StartClusterProcess(3)
-	default:
-		err = fmt.Errorf("%s=%q: want single or cluster", testRedisEnv, mode)
-	}
+	shared, err = redistest.StartSharedFromEnv()
 	if err == nil {
-		shared, err = redistest.StartProcess()
+		single = shared.Server
+		if single == nil {
+			single, err = redistest.StartProcess()
+		}
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "storage tests:", err)
 		os.Exit(2)
 	}
-	ExampleRedisAddr = shared.Addr()
+	ExampleRedisAddr = single.Addr()
 	code := m.Run()
 	_ = shared.Close()
-	if sharedCluster != nil {
-		_ = sharedCluster.Close()
+	if single != shared.Server {
+		_ = single.Close()
 	}
 	os.Exit(code)
-}
-
-// sharedAddr is the shared Redis for worker processes: its address, or the
-// cluster's addresses separated by commas.
-func sharedAddr() string {
-	if sharedCluster != nil {
-		return strings.Join(sharedCluster.Addrs(), ",")
-	}
-	return shared.Addr()
 }
 
 var nsSeq atomic.Int64
 
 // testNS returns a namespace no other test uses.
 func testNS() string { return fmt.Sprintf("t%d", nsSeq.Add(1)) }
-
-// client is a new client of the shared Redis (a *redis.ClusterClient in
-// cluster mode), closed with the test.
-func client(t testing.TB) redis.UniversalClient {
-	if sharedCluster != nil {
-		return sharedCluster.Client(t)
-	}
-	return shared.Client(t)
-}
 
 // newStorage builds and initializes a Storage on rdb in a fresh namespace
 // (or the one given with WithNamespace in opts).

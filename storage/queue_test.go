@@ -37,7 +37,7 @@ func pop(t testing.TB, s *Storage) (token string, url string) {
 }
 
 func TestAddRequestValidation(t *testing.T) {
-	s := newStorage(t, client(t), WithMaxRequestSize(200))
+	s := newStorage(t, shared.Client(t), WithMaxRequestSize(200))
 	for name, b := range map[string][]byte{
 		"empty":       nil,
 		"not json":    []byte("{oops"),
@@ -61,7 +61,7 @@ func TestAddRequestValidation(t *testing.T) {
 // A delivery that is not acknowledged comes back after the visibility
 // timeout; the old token is then stale and changes nothing.
 func TestRedeliveryAfterVisibilityTimeout(t *testing.T) {
-	s := newStorage(t, client(t), WithVisibilityTimeout(200*time.Millisecond), WithPollInterval(10*time.Millisecond))
+	s := newStorage(t, shared.Client(t), WithVisibilityTimeout(200*time.Millisecond), WithPollInterval(10*time.Millisecond))
 	require.NoError(t, s.AddRequest(marshal(t, "http://a.example/1")))
 	tok1, u := pop(t, s)
 	require.Equal(t, "http://a.example/1", u)
@@ -72,7 +72,7 @@ func TestRedeliveryAfterVisibilityTimeout(t *testing.T) {
 	require.Equal(t, Stats{InFlight: 1}, st)
 
 	time.Sleep(250 * time.Millisecond)
-	other := twin(t, s, client(t)) // another worker picks it up
+	other := twin(t, s, shared.Client(t)) // another worker picks it up
 	tok2, u := pop(t, other)
 	require.Equal(t, "http://a.example/1", u)
 	require.NotEqual(t, tok1, tok2)
@@ -89,7 +89,7 @@ func TestRedeliveryAfterVisibilityTimeout(t *testing.T) {
 // Failing a request on each delivery dead-letters it; Requeue brings it
 // back with a fresh count.
 func TestDeadLetterAndRequeue(t *testing.T) {
-	s := newStorage(t, client(t), WithMaxDeliveries(3), WithRetryDelay(0), WithPollInterval(time.Millisecond))
+	s := newStorage(t, shared.Client(t), WithMaxDeliveries(3), WithRetryDelay(0), WithPollInterval(time.Millisecond))
 	require.NoError(t, s.AddRequest(marshal(t, "http://a.example/poison")))
 	for i := 1; i <= 3; i++ {
 		tok, _ := pop(t, s)
@@ -129,7 +129,7 @@ func TestDeadLetterAndRequeue(t *testing.T) {
 // Values that this package did not write are dead-lettered on delivery,
 // never handed to Colly and never a panic.
 func TestCorruptStoredRequests(t *testing.T) {
-	rdb := client(t)
+	rdb := shared.Client(t)
 	s := newStorage(t, rdb, WithMaxRequestSize(1000))
 	plant := func(id, payload string) {
 		require.NoError(t, rdb.HSet(bg, s.q.data, id, payload).Err())
@@ -208,7 +208,7 @@ func TestQueueWithColly(t *testing.T) {
 			fmt.Fprint(w, "ok")
 		}
 	})
-	s := newStorage(t, client(t), WithMaxDeliveries(3), WithRetryDelay(10*time.Millisecond),
+	s := newStorage(t, shared.Client(t), WithMaxDeliveries(3), WithRetryDelay(10*time.Millisecond),
 		WithPollInterval(5*time.Millisecond), WithVisibilityTimeout(time.Minute))
 	q, err := queue.New(1, s)
 	require.NoError(t, err)
@@ -242,7 +242,7 @@ func TestQueueWithColly(t *testing.T) {
 // a separate duplicate entry of a visited URL is not.
 func TestRedeliveryBypassesOwnVisitedMark(t *testing.T) {
 	site := newCountingSite(t, nil)
-	dead := newStorage(t, client(t), WithVisibilityTimeout(150*time.Millisecond), WithPollInterval(5*time.Millisecond))
+	dead := newStorage(t, shared.Client(t), WithVisibilityTimeout(150*time.Millisecond), WithPollInterval(5*time.Millisecond))
 	q, err := queue.New(1, dead)
 	require.NoError(t, err)
 	require.NoError(t, q.AddURL(site.URL+"/a"))
@@ -264,7 +264,7 @@ func TestRedeliveryBypassesOwnVisitedMark(t *testing.T) {
 	require.NoError(t, q.AddURL(site.URL+"/a")) // a duplicate entry, added later
 	time.Sleep(200 * time.Millisecond)
 
-	survivor := twin(t, dead, client(t))
+	survivor := twin(t, dead, shared.Client(t))
 	runQueue(t, survivor, 2, nil)
 	require.Equal(t, 1, site.count("/a"), "redelivery not fetched, or duplicate fetched")
 	st, err := survivor.Stats(bg)
@@ -295,12 +295,12 @@ func TestAckOwnership(t *testing.T) {
 			fmt.Fprint(w, "ok")
 		}
 	})
-	s := newStorage(t, client(t), WithMaxDeliveries(1), WithRetryDelay(0), WithPollInterval(5*time.Millisecond))
+	s := newStorage(t, shared.Client(t), WithMaxDeliveries(1), WithRetryDelay(0), WithPollInterval(5*time.Millisecond))
 	q, err := queue.New(1, s)
 	require.NoError(t, err)
 	require.NoError(t, q.AddURL(site.URL+"/parent"))
 	require.NoError(t, q.AddURL(site.URL+"/flaky"))
-	rdb := client(t)
+	rdb := shared.Client(t)
 	parentInFlight := func() string { // the parent is queue ID 1
 		_, errF := rdb.ZScore(bg, s.q.inflight, "1").Result()
 		_, errD := rdb.ZScore(bg, s.q.dead, "1").Result()
@@ -335,7 +335,7 @@ func TestAckOwnership(t *testing.T) {
 }
 
 func TestAckNotQueued(t *testing.T) {
-	s := newStorage(t, client(t))
+	s := newStorage(t, shared.Client(t))
 	r := &colly.Request{Ctx: colly.NewContext()}
 	require.ErrorIs(t, s.Ack(r), ErrNotQueued)
 	require.ErrorIs(t, s.Nack(r, nil), ErrNotQueued)
@@ -349,7 +349,7 @@ func TestAckNotQueued(t *testing.T) {
 // same URL is handed back, not run beside it, and the hand-back does not
 // count as a delivery.
 func TestSameURLHeldBackInProcess(t *testing.T) {
-	s := newStorage(t, client(t), WithPollInterval(time.Millisecond))
+	s := newStorage(t, shared.Client(t), WithPollInterval(time.Millisecond))
 	for _, u := range []string{"http://a.example/same", "http://a.example/same", "http://a.example/other"} {
 		require.NoError(t, s.AddRequest(marshal(t, u)))
 	}
@@ -364,7 +364,7 @@ func TestSameURLHeldBackInProcess(t *testing.T) {
 	tok2, u2 := pop(t, s)
 	require.Equal(t, "2:1", tok2, "the hand-backs counted as deliveries")
 	require.Equal(t, u1, u2)
-	other := twin(t, s, client(t)) // another process is not held back by this one
+	other := twin(t, s, shared.Client(t)) // another process is not held back by this one
 	require.NoError(t, other.AddRequest(marshal(t, "http://a.example/same")))
 	tok4, _ := pop(t, other)
 	require.Equal(t, "4:1", tok4)

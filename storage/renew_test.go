@@ -50,11 +50,11 @@ func TestSlowFetchesFetchedOnce(t *testing.T) {
 		time.Sleep(time.Second)
 		fmt.Fprint(w, "<html><body>slow</body></html>")
 	})
-	base := newStorage(t, client(t), WithVisibilityTimeout(300*time.Millisecond),
+	base := newStorage(t, shared.Client(t), WithVisibilityTimeout(300*time.Millisecond),
 		WithPollInterval(10*time.Millisecond), WithMaxDeliveries(10))
 	stores := []*Storage{base}
 	for range collectors - 1 {
-		stores = append(stores, twin(t, base, client(t)))
+		stores = append(stores, twin(t, base, shared.Client(t)))
 	}
 	for i := range urls {
 		require.NoError(t, base.AddRequest(marshal(t, fmt.Sprintf("%s/p/%d", site.URL, i))))
@@ -159,8 +159,8 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 func TestRenewerLifecycle(t *testing.T) {
 	const vis = 150 * time.Millisecond
 	first, second := newGate(t), newGate(t)
-	s := newStorage(t, client(t), WithVisibilityTimeout(vis), WithPollInterval(5*time.Millisecond), WithRetryDelay(0))
-	other := twin(t, s, client(t))
+	s := newStorage(t, shared.Client(t), WithVisibilityTimeout(vis), WithPollInterval(5*time.Millisecond), WithRetryDelay(0))
+	other := twin(t, s, shared.Client(t))
 	renewers := func() int32 { return s.pending.renewers.Load() }
 	for _, u := range []string{first.URL + "/a", first.URL + "/b", second.URL + "/c"} {
 		require.NoError(t, s.AddRequest(marshal(t, u)))
@@ -230,7 +230,7 @@ func TestAbortedFetchComesBackAfterMaxFetchTime(t *testing.T) {
 	const vis, maxFetch = 300 * time.Millisecond, time.Second
 	site := newCountingSite(t, nil)
 	logs := &logRecorder{}
-	s := newStorage(t, client(t), WithVisibilityTimeout(vis), WithMaxFetchTime(maxFetch),
+	s := newStorage(t, shared.Client(t), WithVisibilityTimeout(vis), WithMaxFetchTime(maxFetch),
 		WithPollInterval(10*time.Millisecond), WithLogger(slog.New(logs)))
 	require.NoError(t, s.AddRequest(marshal(t, site.URL+"/aborted-once")))
 	var mu sync.Mutex
@@ -267,8 +267,8 @@ func TestAbortedFetchComesBackAfterMaxFetchTime(t *testing.T) {
 func TestLateStart(t *testing.T) {
 	const vis = 150 * time.Millisecond
 	site := newCountingSite(t, nil)
-	s := newStorage(t, client(t), WithVisibilityTimeout(vis), WithPollInterval(5*time.Millisecond))
-	other := twin(t, s, client(t))
+	s := newStorage(t, shared.Client(t), WithVisibilityTimeout(vis), WithPollInterval(5*time.Millisecond))
+	other := twin(t, s, shared.Client(t))
 	require.NoError(t, s.AddRequest(marshal(t, site.URL+"/taken")))
 	require.NoError(t, s.AddRequest(marshal(t, site.URL+"/kept")))
 
@@ -334,7 +334,7 @@ func TestRenewerRedisErrors(t *testing.T) {
 // q_extend pushes only the deliveries still in flight under their own
 // number, never moves a deadline earlier, and tells dead ones apart.
 func TestExtendScript(t *testing.T) {
-	rdb := client(t)
+	rdb := shared.Client(t)
 	s := newStorage(t, rdb, WithVisibilityTimeout(time.Second), WithMaxDeliveries(1), WithRetryDelay(time.Hour))
 	for _, p := range []string{"/a", "/b", "/c", "/d"} {
 		require.NoError(t, s.AddRequest(marshal(t, "http://a.example"+p)))
@@ -368,7 +368,7 @@ func TestExtendScript(t *testing.T) {
 }
 
 func TestMaxFetchTimeOption(t *testing.T) {
-	rdb := client(t)
+	rdb := shared.Client(t)
 	for _, opts := range [][]Option{
 		{WithMaxFetchTime(0)},
 		{WithMaxFetchTime(-time.Second)},

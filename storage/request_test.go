@@ -43,7 +43,7 @@ func TestRequestHashMatchesColly(t *testing.T) {
 	spy := &spyStorage{ids: map[uint64]bool{}}
 	c := colly.NewCollector(colly.AllowedDomains(base.Hostname()))
 	require.NoError(t, c.SetStorage(spy))
-	qs := newStorage(t, client(t), WithPollInterval(5*time.Millisecond))
+	qs := newStorage(t, shared.Client(t), WithPollInterval(5*time.Millisecond))
 	qs.Attach(c)
 	q, err := queue.New(2, qs)
 	require.NoError(t, err)

@@ -12,7 +12,7 @@ import (
 // Every script compiles on a real Redis, every file under lua/ is one the
 // package runs, and every file opens with its KEYS and ARGV.
 func TestScriptsLoad(t *testing.T) {
-	rdb := client(t)
+	rdb := shared.Client(t)
 	for name, sc := range allScripts {
 		require.NoError(t, sc.Load(bg, rdb).Err(), name)
 	}

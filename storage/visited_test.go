@@ -20,13 +20,13 @@ import (
 // one of them wins each ID, the rest get ErrAlreadyVisited.
 func TestVisitedClaimsOnce(t *testing.T) {
 	const ids, clients, perClient = 500, 4, 8
-	base := newStorage(t, client(t), WithVisitedBuckets(64))
+	base := newStorage(t, shared.Client(t), WithVisitedBuckets(64))
 	var wins [ids]atomic.Int32
 	var wg sync.WaitGroup
 	for c := range clients {
 		s := base
 		if c > 0 {
-			s = twin(t, base, client(t))
+			s = twin(t, base, shared.Client(t))
 		}
 		for g := range perClient {
 			wg.Add(1)
@@ -61,7 +61,7 @@ func TestVisitedClaimsOnce(t *testing.T) {
 
 // IsVisited never claims: asking any number of times leaves the ID free.
 func TestIsVisitedNeverClaims(t *testing.T) {
-	s := newStorage(t, client(t))
+	s := newStorage(t, shared.Client(t))
 	for range 5 {
 		v, err := s.IsVisited(42)
 		require.NoError(t, err)
@@ -118,7 +118,7 @@ func (cs *countingSite) total() (hits, distinct int) {
 // until then.
 func TestHasVisitedDoesNotMark(t *testing.T) {
 	site := newCountingSite(t, nil)
-	s := newStorage(t, client(t))
+	s := newStorage(t, shared.Client(t))
 	c := colly.NewCollector()
 	require.NoError(t, c.SetStorage(s))
 	u := site.URL + "/page"
@@ -129,7 +129,7 @@ func TestHasVisitedDoesNotMark(t *testing.T) {
 		require.False(t, v)
 	}
 	other := colly.NewCollector()
-	require.NoError(t, other.SetStorage(twin(t, s, client(t))))
+	require.NoError(t, other.SetStorage(twin(t, s, shared.Client(t))))
 	v, err := other.HasVisited(u)
 	require.NoError(t, err)
 	require.False(t, v, "HasVisited on one collector marked the URL for another")
@@ -154,10 +154,10 @@ func TestVisitedRedirectTarget(t *testing.T) {
 		}
 		fmt.Fprint(w, "ok")
 	})
-	s := newStorage(t, client(t))
+	s := newStorage(t, shared.Client(t))
 	a, b := colly.NewCollector(), colly.NewCollector()
 	require.NoError(t, a.SetStorage(s))
-	require.NoError(t, b.SetStorage(twin(t, s, client(t))))
+	require.NoError(t, b.SetStorage(twin(t, s, shared.Client(t))))
 	require.NoError(t, a.Visit(site.URL+"/target"))
 	var redirectErr error
 	b.OnError(func(_ *colly.Response, err error) { redirectErr = err })
@@ -170,8 +170,8 @@ func TestVisitedRedirectTarget(t *testing.T) {
 // With a TTL the mark expires (Redis's clock) and the URL may be claimed
 // again; a writer without TTL respects an expiring mark too.
 func TestVisitedTTL(t *testing.T) {
-	s := newStorage(t, client(t), WithVisitedTTL(300*time.Millisecond))
-	plain := twin(t, s, client(t))
+	s := newStorage(t, shared.Client(t), WithVisitedTTL(300*time.Millisecond))
+	plain := twin(t, s, shared.Client(t))
 	plain.cfg.visitedTTL = 0
 
 	require.NoError(t, s.Visited(7))
@@ -190,7 +190,7 @@ func TestVisitedTTL(t *testing.T) {
 
 // Expired marks are reclaimed by sampling as new marks are written.
 func TestVisitedTTLReclaims(t *testing.T) {
-	rdb := client(t)
+	rdb := shared.Client(t)
 	s := newStorage(t, rdb, WithVisitedTTL(20*time.Millisecond), WithVisitedBuckets(1))
 	for i := range 100 {
 		require.NoError(t, s.Visited(uint64(i)))
@@ -208,7 +208,7 @@ func TestVisitedTTLReclaims(t *testing.T) {
 
 // A foreign value in a bucket is an error, not a panic and not a verdict.
 func TestVisitedCorrupt(t *testing.T) {
-	rdb := client(t)
+	rdb := shared.Client(t)
 	s := newStorage(t, rdb, WithVisitedBuckets(1))
 	require.NoError(t, rdb.HSet(bg, s.keys.bucket(0), visitedField(9), "not-a-number").Err())
 	_, err := s.IsVisited(9)
@@ -223,8 +223,8 @@ func TestVisitedCorrupt(t *testing.T) {
 
 // All collectors of a namespace must agree on the bucket count.
 func TestBucketsMismatch(t *testing.T) {
-	s := newStorage(t, client(t), WithVisitedBuckets(16))
-	other, err := New(client(t), WithNamespace(s.Namespace()), WithVisitedBuckets(32))
+	s := newStorage(t, shared.Client(t), WithVisitedBuckets(16))
+	other, err := New(shared.Client(t), WithNamespace(s.Namespace()), WithVisitedBuckets(32))
 	require.NoError(t, err)
 	require.ErrorIs(t, other.Init(), ErrConfig)
 	require.NoError(t, s.Clear(bg))
@@ -233,7 +233,7 @@ func TestBucketsMismatch(t *testing.T) {
 
 func TestNamespaceValidation(t *testing.T) {
 	for _, ns := range []string{"", "{x}", "a}b", "a b", "tab\t", "nl\n", strings.Repeat("n", 201)} {
-		_, err := New(client(t), WithNamespace(ns))
+		_, err := New(shared.Client(t), WithNamespace(ns))
 		require.ErrorIs(t, err, ErrConfig, "%q", ns)
 	}
 	_, err := New(nil)
@@ -243,7 +243,7 @@ func TestNamespaceValidation(t *testing.T) {
 		WithVisibilityTimeout(time.Millisecond), WithMaxDeliveries(0), WithRetryDelay(-1),
 		WithPollInterval(0), WithMaxRequestSize(10), WithRedisTimeout(0),
 	} {
-		_, err := New(client(t), o)
+		_, err := New(shared.Client(t), o)
 		require.ErrorIs(t, err, ErrConfig)
 	}
 }

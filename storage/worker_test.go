@@ -2,17 +2,16 @@ package storage
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/gocolly/colly/v2"
 	"github.com/gocolly/colly/v2/queue"
-	"github.com/redis/go-redis/v9"
+	"github.com/proxyswitch/proxyswitch/internal/redistest"
+	"github.com/proxyswitch/proxyswitch/internal/reexec"
 )
 
 // Worker processes: the test binary re-executed with workerEnv set runs one
@@ -43,24 +42,14 @@ func (w workerSpec) options() []Option {
 // out.
 func workerCmd(t *testing.T, spec workerSpec, out *bytes.Buffer) *exec.Cmd {
 	t.Helper()
-	b, err := json.Marshal(spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), workerEnv+"=1")
-	cmd.Stdin = bytes.NewReader(b) // the spec
+	cmd := reexec.Command(t, workerEnv, spec)
 	cmd.Stdout, cmd.Stderr = out, out
 	return cmd
 }
 
-func workerMain() int {
-	var spec workerSpec
-	if err := json.NewDecoder(os.Stdin).Decode(&spec); err != nil {
-		fmt.Fprintln(os.Stderr, "worker:", err)
-		return 2
-	}
-	rdb := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: strings.Split(spec.Redis, ",")}) // 2+ addresses: a cluster
+// workerMain is a worker process (TestMain runs it through reexec.Main).
+func workerMain(spec workerSpec) int {
+	rdb := redistest.NewClient(spec.Redis)
 	defer rdb.Close()
 	s, err := New(rdb, spec.options()...)
 	if err != nil {
