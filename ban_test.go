@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/proxyswitch/proxyswitch/internal/redistest"
 	"github.com/proxyswitch/proxyswitch/internal/testbed"
+	"github.com/proxyswitch/proxyswitch/internal/testlog"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -355,8 +355,8 @@ func TestBanPathsNeverLeakSecrets(t *testing.T) {
 	m.Burn(proxies[0].SourceIP().String(), testbed.Forbid)
 	proxies[1].SetCredentials("crawler", "another-secret") // refuses ours: 407
 	proxies[2].SetMode(testbed.ProxyDead)
-	var logs syncBuffer
-	s := newSwitch(t, srv.Client(t), WithLogger(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))),
+	var logs testlog.Buffer
+	s := newSwitch(t, srv.Client(t), WithLogger(logs.Logger()),
 		WithRetries(0), WithDeadAfter(1), WithRedisTimeout(500*time.Millisecond))
 	_, err := s.Add(ctx, urls...)
 	require.NoError(t, err)

@@ -17,6 +17,7 @@ import (
 	"github.com/gocolly/colly/v2"
 	"github.com/proxyswitch/proxyswitch/internal/redistest"
 	"github.com/proxyswitch/proxyswitch/internal/testbed"
+	"github.com/proxyswitch/proxyswitch/internal/testlog"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -292,7 +293,7 @@ func TestFailClosed(t *testing.T) {
 
 func TestProxyFuncAloneWarnsOnceAndReleases(t *testing.T) {
 	bed := testbed.NewBed(t, 1, 3)
-	var logs syncBuffer
+	var logs testlog.Buffer
 	s := newSwitch(t, shared.Client(t), WithLogger(slog.New(slog.NewTextHandler(&logs, nil))), WithLeaseTTL(time.Second))
 	_, err := s.Add(context.Background(), bed.ProxyURLs()...)
 	require.NoError(t, err)
@@ -324,23 +325,6 @@ func TestProxyFuncAloneWarnsOnceAndReleases(t *testing.T) {
 	st, err := s.Stats(context.Background(), bed.Sites[0].Host())
 	require.NoError(t, err)
 	assert.Zero(t, st.Leased, "no proxy is held longer than the lease TTL")
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // crawlURLs returns n product URLs spread round-robin over the sites.

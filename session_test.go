@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"net/url"
 	"slices"
@@ -17,6 +16,7 @@ import (
 	"github.com/gocolly/colly/v2"
 	"github.com/proxyswitch/proxyswitch/internal/redistest"
 	"github.com/proxyswitch/proxyswitch/internal/testbed"
+	"github.com/proxyswitch/proxyswitch/internal/testlog"
 	"github.com/proxyswitch/proxyswitch/storage"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
@@ -808,10 +808,10 @@ func TestSessionNeverLeaksSecrets(t *testing.T) {
 		p.SetCredentials("crawler", proxyPW)
 		urls = append(urls, p.URL())
 	}
-	var logs syncBuffer
+	var logs testlog.Buffer
 	var reports []string
 	rdb := srv.Client(t)
-	s := newSwitch(t, rdb, WithLogger(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))),
+	s := newSwitch(t, rdb, WithLogger(logs.Logger()),
 		WithRedisTimeout(500*time.Millisecond), WithSessionRetired(func(r SessionRetirement) { reports = append(reports, fmt.Sprintf("%+v", r)) }))
 	_, err := s.Add(ctx, urls...)
 	require.NoError(t, err)

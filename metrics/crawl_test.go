@@ -12,6 +12,7 @@ import (
 	"github.com/proxyswitch/proxyswitch"
 	"github.com/proxyswitch/proxyswitch/internal/redistest"
 	"github.com/proxyswitch/proxyswitch/internal/testbed"
+	"github.com/proxyswitch/proxyswitch/internal/testlog"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -76,15 +77,15 @@ func TestScriptedCrawl(t *testing.T) {
 	market.Burn(burnt.SourceIP().String(), testbed.Forbid)
 	dead.SetMode(testbed.ProxyDead)
 
-	logs := &logBuffer{}
-	sw := newSwitch(t, proxyswitch.WithLogger(logs.logger()),
+	var logs testlog.Buffer
+	sw := newSwitch(t, proxyswitch.WithLogger(logs.Logger()),
 		proxyswitch.WithQuarantine(time.Hour, 2*time.Hour),
 		proxyswitch.WithFailureQuarantine(10*time.Minute, 20*time.Minute),
 		proxyswitch.WithDeadAfter(2), proxyswitch.WithSessionMaxRequests(3))
 	_, err := sw.Add(ctx, urls...)
 	require.NoError(t, err)
 	col := New(sw, WithServer("worker-1"), WithTopProxies(3))
-	state := NewState(sw, WithLogger(logs.logger()))
+	state := NewState(sw, WithLogger(logs.Logger()))
 	m, err := proxyswitch.NewMembership(sw, "worker-1", proxyswitch.WithMembersChanged(col.ObserveMembers))
 	require.NoError(t, err)
 	require.NoError(t, m.Start(ctx))
@@ -385,9 +386,9 @@ func TestStateCollectorWhenRedisFails(t *testing.T) {
 	_, err := sw.Add(ctx, "http://u:"+proxySecret+"@127.0.0.1:3128")
 	require.NoError(t, err)
 
-	logs := &logBuffer{}
+	var logs testlog.Buffer
 	wrong := shared.Client(t, func(o *redis.Options) { o.Password = "wrong-" + redisSecret })
-	bad := NewState(switchOn(t, wrong, prefix, proxyswitch.WithRedisTimeout(time.Second)), WithLogger(logs.logger()))
+	bad := NewState(switchOn(t, wrong, prefix, proxyswitch.WithRedisTimeout(time.Second)), WithLogger(logs.Logger()))
 	for range 3 {
 		f, page := scrape(t, bad)
 		v, ok := f.value("proxyswitch_state_up")
@@ -398,7 +399,7 @@ func TestStateCollectorWhenRedisFails(t *testing.T) {
 	}
 	assert.Equal(t, 1, strings.Count(logs.String(), "level=WARN"), logs.String())
 
-	good := NewState(sw, WithLogger(logs.logger()))
+	good := NewState(sw, WithLogger(logs.Logger()))
 	f, _ := scrape(t, good)
 	v, _ := f.value("proxyswitch_state_up")
 	assert.Equal(t, 1.0, v)
@@ -409,7 +410,7 @@ func TestStateCollectorWhenRedisFails(t *testing.T) {
 	gone := srv.Client(t)
 	require.NoError(t, srv.Kill())
 	down := NewState(switchOn(t, gone, prefix, proxyswitch.WithRedisTimeout(200*time.Millisecond)),
-		WithLogger(logs.logger()), WithScrapeTimeout(time.Second))
+		WithLogger(logs.Logger()), WithScrapeTimeout(time.Second))
 	start := time.Now()
 	f, page := scrape(t, down)
 	assert.Less(t, time.Since(start), 5*time.Second)

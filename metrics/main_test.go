@@ -1,16 +1,13 @@
 package metrics
 
 import (
-	"bytes"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"sort"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -202,27 +199,4 @@ func pairs(kv []string) map[string]string {
 		out[k] = v
 	}
 	return out
-}
-
-// logBuffer is a debug-level slog logger writing to a buffer that is safe
-// for concurrent use.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-func (b *logBuffer) logger() *slog.Logger {
-	return slog.New(slog.NewTextHandler(b, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }

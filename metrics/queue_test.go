@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/gocolly/colly/v2/queue"
+	"github.com/proxyswitch/proxyswitch/internal/testlog"
 	"github.com/proxyswitch/proxyswitch/storage"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
@@ -75,8 +76,8 @@ func TestQueueCollectorWhenRedisFails(t *testing.T) {
 	t.Cleanup(func() { _ = dead.Close() })
 	s, err := storage.New(dead, storage.WithNamespace("down"), storage.WithRedisTimeout(200*time.Millisecond))
 	require.NoError(t, err)
-	logs := &logBuffer{}
-	col := NewQueue(s, WithLogger(logs.logger()), WithScrapeTimeout(300*time.Millisecond))
+	var logs testlog.Buffer
+	col := NewQueue(s, WithLogger(logs.Logger()), WithScrapeTimeout(300*time.Millisecond))
 	for range 3 {
 		f, page := scrape(t, col)
 		f.expect(t, want{"proxyswitch_queue_up", []string{"namespace=down"}, 0})

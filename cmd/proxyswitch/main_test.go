@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,6 +18,7 @@ import (
 	"github.com/prometheus/common/model"
 	"github.com/proxyswitch/proxyswitch"
 	"github.com/proxyswitch/proxyswitch/internal/redistest"
+	"github.com/proxyswitch/proxyswitch/internal/testlog"
 	"github.com/proxyswitch/proxyswitch/storage"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
@@ -405,24 +405,6 @@ func TestCLIListSite(t *testing.T) {
 	assert.NotContains(t, tr.all.String(), redisSecret)
 }
 
-// syncBuffer is a bytes.Buffer safe for concurrent use.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // scrapeURL fetches a /metrics page and parses it with the Prometheus
 // text-format parser.
 func scrapeURL(t *testing.T, u string) (map[string]*dto.MetricFamily, string) {
@@ -484,7 +466,7 @@ func TestCLIServe(t *testing.T) {
 
 	sctx, stop := context.WithCancel(ctx)
 	defer stop()
-	var out, errOut syncBuffer
+	var out, errOut testlog.Buffer
 	code := make(chan int, 1)
 	go func() {
 		code <- run(sctx, []string{"serve", "-addr", "127.0.0.1:0", "-queue", "crawl", "default", "residential"},
