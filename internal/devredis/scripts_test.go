@@ -398,12 +398,19 @@ func listDead(ctx context.Context, t *testing.T, sw *proxyswitch.Switch, say fun
 	say("dead proxies: %d", len(dead))
 }
 
-func TestSessionsSameOnMiniredisAndRedis(t *testing.T) {
+// sameTranscript runs scenario on the embedded server and on a fresh
+// redis-server and checks that both give the same transcript.
+func sameTranscript(t *testing.T, scenario func(*testing.T, *redis.Client) []string) {
+	t.Helper()
 	_, embClient := embedded(t)
-	onMiniredis := sessionScenario(t, embClient)
-	onRedis := sessionScenario(t, redistest.Start(t).Client(t))
+	onMiniredis := scenario(t, embClient)
+	onRedis := scenario(t, redistest.Start(t).Client(t))
 	assert.Equal(t, onRedis, onMiniredis)
 	t.Logf("transcript:\n%s", strings.Join(onRedis, "\n"))
+}
+
+func TestSessionsSameOnMiniredisAndRedis(t *testing.T) {
+	sameTranscript(t, sessionScenario)
 }
 
 // sessionScenario runs the session scripts (bind, use, cookies, end) through
@@ -473,11 +480,7 @@ func sessionScenario(t *testing.T, rdb *redis.Client) []string {
 }
 
 func TestStorageSameOnMiniredisAndRedis(t *testing.T) {
-	_, embClient := embedded(t)
-	onMiniredis := storageScenario(t, embClient)
-	onRedis := storageScenario(t, redistest.Start(t).Client(t))
-	assert.Equal(t, onRedis, onMiniredis)
-	t.Logf("transcript:\n%s", strings.Join(onRedis, "\n"))
+	sameTranscript(t, storageScenario)
 }
 
 // storageScenario runs the storage scripts (visited set, cookies, queue
