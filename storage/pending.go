@@ -135,6 +135,26 @@ func (p *pending) claim(d *delivery) {
 	p.mu.Unlock()
 }
 
+// reopen is called when the delivery of request id numbered n will not be
+// fetched because the request was delivered again. If this process holds
+// that later delivery, the visited check may have granted the earlier one
+// on its behalf (two deliveries of one URL in a process cannot be told
+// apart there): it is made unclaimed again, so its own visited check lets
+// it through.
+func (p *pending) reopen(id string, n int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var later *delivery
+	for _, e := range p.byToken {
+		if e.id == id && e.number > n && e.hash != 0 && (later == nil || e.number > later.number) {
+			later = e
+		}
+	}
+	if later != nil && p.byHash[later.hash] == nil {
+		p.byHash[later.hash] = later
+	}
+}
+
 // forget removes the delivery with token, if present.
 func (p *pending) forget(token string) {
 	if p.n.Load() == 0 {

@@ -64,6 +64,7 @@ func (s *Storage) begin(r *colly.Request, tok string) {
 		s.pending.stop(d)
 	case codes[0] == extendGone:
 		s.pending.forget(tok)
+		s.pending.reopen(d.id, d.number)
 		r.Abort()
 		s.cfg.logger.Info("proxyswitch: not fetching a queued request delivered again while it waited",
 			"namespace", s.cfg.namespace, "url", r.URL.Redacted(), "delivery", tok)

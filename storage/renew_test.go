@@ -14,6 +14,7 @@ import (
 	"github.com/gocolly/colly/v2"
 	"github.com/proxyswitch/proxyswitch/internal/redistest"
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -392,4 +393,29 @@ func TestMaxFetchTimeOption(t *testing.T) {
 		require.Equal(t, c.want, s.cfg.maxFetch)
 		require.Equal(t, c.want, s.pending.maxFetch)
 	}
+}
+
+// Two deliveries of one request in one process: the visited check granted
+// the earlier (superseded) one on behalf of the later, which is claimed.
+// When the earlier one is dropped, reopen makes the later one unclaimed
+// again, so its own visited check lets it through; nothing else changes.
+func TestReopenLaterDelivery(t *testing.T) {
+	var p pending
+	p.init(time.Second, time.Minute)
+	now := time.Now()
+	later := &delivery{id: "7", number: 2, hash: 0xabc, at: now}
+	require.True(t, p.add(later))
+	p.claim(later) // granted when the earlier delivery asked
+	require.Nil(t, p.unclaimed(0xabc))
+	p.reopen("8", 1) // another request: nothing
+	assert.Nil(t, p.unclaimed(0xabc))
+	p.reopen("7", 2) // not earlier than the one held: nothing
+	assert.Nil(t, p.unclaimed(0xabc))
+	p.reopen("7", 1)
+	assert.Same(t, later, p.unclaimed(0xabc))
+	other := &delivery{id: "9", number: 1, hash: 0xabc, at: now}
+	p.claim(later)
+	p.byHash[0xabc] = other // the hash taken meanwhile: left alone
+	p.reopen("7", 1)
+	assert.Same(t, other, p.unclaimed(0xabc))
 }
