@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gocolly/colly/v2"
+	"github.com/gocolly/colly/v2/queue"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -187,4 +188,41 @@ func benchQueue(b *testing.B, bs benchQueueStore, mark func(tok string)) {
 		}
 	})
 	reportRate(b, start, "requests/s")
+}
+
+// BenchmarkSeed queues 1,000 URLs: one by one through Colly's
+// queue.AddURL (one round trip each), or with AddURLs (two script calls).
+// One op is one URL.
+func BenchmarkSeed(b *testing.B) {
+	const batch = 1000
+	urls := make([]string, batch)
+	for i := range urls {
+		urls[i] = fmt.Sprintf("https://shop.example/catalog/item?id=%d&ref=list", i)
+	}
+	b.Run("queue.AddURL", func(b *testing.B) {
+		s := newStorage(b, benchClient(b))
+		q, err := queue.New(1, s)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		start := time.Now()
+		for i := 0; i < b.N; i++ {
+			if err := q.AddURL(urls[i%batch]); err != nil {
+				b.Fatal(err)
+			}
+		}
+		reportRate(b, start, "urls/s")
+	})
+	b.Run("AddURLs", func(b *testing.B) {
+		s := newStorage(b, benchClient(b))
+		b.ReportAllocs()
+		start := time.Now()
+		for done := 0; done < b.N; done += batch {
+			if _, err := s.AddURLs(bg, urls[:min(batch, b.N-done)]...); err != nil {
+				b.Fatal(err)
+			}
+		}
+		reportRate(b, start, "urls/s")
+	})
 }

@@ -16,6 +16,7 @@
 //	s.Attach(c)                                   // acknowledges queued requests
 //	q, err := queue.New(50, s)                    // the shared queue
 //	q.AddURL("https://example.com/")
+//	s.AddURLs(ctx, seeds...)                      // many URLs, one round trip per 500
 //	q.Run(c)
 //
 // # Visited, across processes

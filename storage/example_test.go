@@ -123,3 +123,46 @@ func Example_queue() {
 	// dead letter: /broken after 2 deliveries: Internal Server Error
 	// after requeue: ready 1, dead 0
 }
+
+// Seeding the queue with many URLs at once: one round trip per 500, every
+// URL checked before any is queued.
+func ExampleStorage_AddURLs() {
+	srv, hits := site()
+	defer srv.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr()})
+	defer rdb.Close()
+	s, err := storage.New(rdb, storage.WithNamespace("example-seed"))
+	if err != nil {
+		panic(err)
+	}
+	ctx := context.Background()
+	defer s.Clear(ctx)
+
+	seeds := make([]string, 1200)
+	for i := range seeds {
+		seeds[i] = fmt.Sprintf("%s/item/%d", srv.URL, i)
+	}
+	if _, err := s.AddURLs(ctx, srv.URL+"/item/1", "mailto:someone@example.com"); err != nil {
+		fmt.Println("refused:", errors.Is(err, storage.ErrInvalidRequest))
+	}
+	n, err := s.AddURLs(ctx, seeds...)
+	if err != nil {
+		panic(err)
+	}
+	c := colly.NewCollector()
+	if err := c.SetStorage(s); err != nil {
+		panic(err)
+	}
+	s.Attach(c)
+	q, err := queue.New(8, s)
+	if err != nil {
+		panic(err)
+	}
+	if err := q.Run(c); err != nil {
+		panic(err)
+	}
+	fmt.Printf("queued %d, fetched %d\n", n, hits.Load())
+	// Output:
+	// refused: true
+	// queued 1200, fetched 1200
+}

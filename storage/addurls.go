@@ -1,0 +1,67 @@
+package storage
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+
+	"github.com/gocolly/colly/v2"
+)
+
+// addBatch bounds the requests one AddURLs script call carries.
+const addBatch = 500
+
+// AddURLs queues a GET request for each URL, as Colly's queue.AddURL does
+// for one, in far fewer round trips: one script call per 500 URLs, each
+// batch added atomically and in order. Every URL is checked first (an
+// absolute http or https URL with a host, within WithMaxRequestSize once
+// serialized); if one fails, nothing is queued and the error names it. If
+// Redis fails midway, the batches before the failure stay queued: n says
+// how many URLs were. It is safe for concurrent use.
+func (s *Storage) AddURLs(ctx context.Context, urls ...string) (n int, err error) {
+	reqs := make([]any, 0, len(urls))
+	for i, raw := range urls {
+		b, err := marshalGet(raw)
+		if err == nil {
+			_, err = checkRequest(b, s.cfg.maxRequestSize)
+		}
+		if err != nil {
+			return 0, fmt.Errorf("URL %d of %d%s: %w", i+1, len(urls), redacted(raw), err)
+		}
+		reqs = append(reqs, b)
+	}
+	for len(reqs) > 0 {
+		batch := reqs[:min(addBatch, len(reqs))]
+		if _, err := s.run(ctx, "add requests", qAddScript, s.qkeys, batch...); err != nil {
+			return n, err
+		}
+		n += len(batch)
+		reqs = reqs[len(batch):]
+	}
+	return n, nil
+}
+
+// marshalGet serializes a GET request for raw the way Colly's queue.AddURL
+// does: the URL normalized by the WHATWG parser Colly uses.
+func marshalGet(raw string) ([]byte, error) {
+	// The parsers' errors quote the URL, password and all: not passed on.
+	u, err := collyURLParser.Parse(raw)
+	if err != nil {
+		return nil, invalid("not a valid URL")
+	}
+	u2, err := url.Parse(u.Href(false))
+	if err != nil {
+		return nil, invalid("not a valid URL")
+	}
+	return (&colly.Request{URL: u2, Method: "GET"}).Marshal()
+}
+
+// redacted names raw in an error, password masked: " (URL)", or "" when
+// it does not parse.
+func redacted(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return ""
+	}
+	return " (" + u.Redacted() + ")"
+}
