@@ -54,11 +54,52 @@ type SessionEvent struct {
 	Age      time.Duration // Ended: from its start to its end (Redis clock)
 }
 
+// Observers returns an Observer that hands every event to each of os in
+// turn (nil ones are skipped), for a Switch watched by more than one (the
+// metrics Collector and your own, say): SetObserver(Observers(col, mine)).
+// It returns nil for none, and the observer itself for one.
+func Observers(os ...Observer) Observer {
+	var fan multiObserver
+	for _, o := range os {
+		if o != nil {
+			fan = append(fan, o)
+		}
+	}
+	switch len(fan) {
+	case 0:
+		return nil
+	case 1:
+		return fan[0]
+	}
+	return fan
+}
+
+type multiObserver []Observer
+
+func (m multiObserver) ObserveAttempt(e AttemptEvent) {
+	for _, o := range m {
+		o.ObserveAttempt(e)
+	}
+}
+
+func (m multiObserver) ObserveQuarantine(e QuarantineEvent) {
+	for _, o := range m {
+		o.ObserveQuarantine(e)
+	}
+}
+
+func (m multiObserver) ObserveSession(e SessionEvent) {
+	for _, o := range m {
+		o.ObserveSession(e)
+	}
+}
+
 // observerBox lets an interface value live in an atomic.Pointer.
 type observerBox struct{ o Observer }
 
 // SetObserver makes o receive the Switch's events from now on; nil removes
-// it. There is one observer at a time. It is safe for concurrent use.
+// it. There is one observer at a time (Observers combines several). It is
+// safe for concurrent use.
 func (s *Switch) SetObserver(o Observer) {
 	if o == nil {
 		s.observer.Store(nil)

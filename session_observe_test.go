@@ -184,3 +184,30 @@ func TestSessionEventsOfSessionPool(t *testing.T) {
 	require.NoError(t, err)
 	assert.Len(t, obs.tally(t).ended, 1, "no observer, no event")
 }
+
+// Observers fans every event out: both observers see the same sessions,
+// attempts and quarantines.
+func TestObserversFanOut(t *testing.T) {
+	assert.Nil(t, Observers())
+	assert.Nil(t, Observers(nil, nil))
+	one := &recordingObserver{}
+	assert.Same(t, one, Observers(nil, one))
+
+	flow, site, _, s := sessionShop(t, 3)
+	a, b := &recordingObserver{}, &recordingObserver{}
+	s.SetObserver(Observers(a, nil, b))
+	c := attached(s)
+	task := NewTaskContext("fan")
+	require.NoError(t, c.Request("GET", stepURL(site, "fan", 1), nil, task, nil))
+	flow.Ban(flow.visitor("fan").ips[0])
+	require.NoError(t, c.Request("GET", stepURL(site, "fan", 2), nil, task, nil))
+	for _, o := range []*recordingObserver{a, b} {
+		got := o.tally(t)
+		assert.Equal(t, 2, got.started)
+		assert.Equal(t, map[string]int{"http_403": 1}, got.ended)
+		assert.Equal(t, map[Kind]int{OK: 2, Ban: 1}, o.attemptKinds())
+		o.mu.Lock()
+		assert.Len(t, o.quarantines, 1)
+		o.mu.Unlock()
+	}
+}

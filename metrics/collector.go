@@ -83,8 +83,9 @@ type Collector struct {
 type siteProxy struct{ site, proxy string }
 
 // New returns a Collector for sw and makes it sw's observer
-// (sw.SetObserver), replacing any observer set before. Register it with a
-// Prometheus registry:
+// (sw.SetObserver), replacing any observer set before (to keep one of your
+// own too: sw.SetObserver(proxyswitch.Observers(col, yours))). Register it
+// with a Prometheus registry:
 //
 //	col := metrics.New(sw, metrics.WithServer("crawler-1"))
 //	prometheus.MustRegister(col)
