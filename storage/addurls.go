@@ -16,8 +16,9 @@ const addBatch = 500
 // batch added atomically and in order. Every URL is checked first (an
 // absolute http or https URL with a host, within WithMaxRequestSize once
 // serialized); if one fails, nothing is queued and the error names it. If
-// Redis fails midway, the batches before the failure stay queued: n says
-// how many URLs were. It is safe for concurrent use.
+// Redis fails midway, or a batch would exceed WithMaxQueued (ErrQueueFull),
+// the batches before stay queued: n says how many URLs were. It is safe for
+// concurrent use.
 func (s *Storage) AddURLs(ctx context.Context, urls ...string) (n int, err error) {
 	reqs := make([]any, 0, len(urls))
 	for i, raw := range urls {
@@ -32,7 +33,7 @@ func (s *Storage) AddURLs(ctx context.Context, urls ...string) (n int, err error
 	}
 	for len(reqs) > 0 {
 		batch := reqs[:min(addBatch, len(reqs))]
-		if _, err := s.run(ctx, "add requests", qAddScript, s.qkeys, batch...); err != nil {
+		if err := s.add(ctx, "add requests", batch); err != nil {
 			return n, err
 		}
 		n += len(batch)

@@ -125,3 +125,47 @@ func TestAddURLsConcurrent(t *testing.T) {
 		last[k] = i
 	}
 }
+
+// WithMaxQueued: adding past the limit queues nothing and says so; an
+// acknowledged request frees its place, a dead letter takes none.
+func TestMaxQueued(t *testing.T) {
+	s := newStorage(t, shared.Client(t), WithMaxQueued(5), WithMaxDeliveries(1),
+		WithVisibilityTimeout(100*time.Millisecond), WithPollInterval(time.Millisecond))
+	n, err := s.AddURLs(bg, "https://shop.example/1", "https://shop.example/2", "https://shop.example/3")
+	require.NoError(t, err)
+	require.Equal(t, 3, n)
+	require.NoError(t, s.AddRequest(marshal(t, "https://shop.example/4")))
+	n, err = s.AddURLs(bg, "https://shop.example/5", "https://shop.example/6")
+	require.ErrorIs(t, err, ErrQueueFull)
+	assert.Zero(t, n, "all or none")
+	assert.Contains(t, err.Error(), "limit of 5")
+	require.NoError(t, s.AddRequest(marshal(t, "https://shop.example/5")))
+	require.ErrorIs(t, s.AddRequest(marshal(t, "https://shop.example/6")), ErrQueueFull)
+
+	// In flight counts; acknowledged frees a place.
+	b, err := s.GetRequest()
+	require.NoError(t, err)
+	require.ErrorIs(t, s.AddRequest(marshal(t, "https://shop.example/6")), ErrQueueFull)
+	require.NoError(t, s.Ack(requestOf(t, b)))
+	require.NoError(t, s.AddRequest(marshal(t, "https://shop.example/6")))
+
+	// A dead letter takes no place.
+	_, err = s.GetRequest() // never acknowledged: dead after its one delivery
+	require.NoError(t, err)
+	time.Sleep(150 * time.Millisecond)
+	_, err = s.GetRequest()
+	require.NoError(t, err)
+	st, err := s.Stats(bg)
+	require.NoError(t, err)
+	require.Equal(t, 1, st.Dead)
+	require.NoError(t, s.AddRequest(marshal(t, "https://shop.example/7")))
+	require.ErrorIs(t, s.AddRequest(marshal(t, "https://shop.example/8")), ErrQueueFull)
+
+	// Colly's queue passes the error on.
+	q, err := queue.New(1, s)
+	require.NoError(t, err)
+	assert.ErrorIs(t, q.AddURL("https://shop.example/9"), ErrQueueFull)
+
+	_, err = New(shared.Client(t), WithMaxQueued(-1))
+	assert.ErrorIs(t, err, ErrConfig)
+}

@@ -27,6 +27,11 @@ var (
 	// dead-letter list.
 	ErrInvalidRequest = errors.New("proxyswitch: invalid queued request")
 
+	// ErrQueueFull means AddRequest or AddURLs would take the queue past
+	// WithMaxQueued requests (ready or in flight): nothing of that call (or
+	// batch) was queued. Retry once workers have drained some.
+	ErrQueueFull = errors.New("proxyswitch: the request queue is full")
+
 	// ErrNotQueued means Ack or Nack was given a request that was not
 	// delivered by a Storage queue (its context carries no delivery token).
 	ErrNotQueued = errors.New("proxyswitch: request was not delivered by the queue")

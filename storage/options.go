@@ -25,6 +25,7 @@ type config struct {
 	retryDelay     time.Duration
 	pollInterval   time.Duration
 	maxRequestSize int
+	maxQueued      int
 	redisTimeout   time.Duration
 	retryIf        func(*colly.Response, error) bool
 	logger         *slog.Logger
@@ -82,6 +83,8 @@ func (c *config) validate() error {
 		return bad("poll interval %v is below 1ms", c.pollInterval)
 	case c.maxRequestSize < 64:
 		return bad("max request size %d is below 64 bytes", c.maxRequestSize)
+	case c.maxQueued < 0:
+		return bad("negative max queued requests %d", c.maxQueued)
 	case c.redisTimeout <= 0:
 		return bad("redis timeout %v must be positive", c.redisTimeout)
 	}
@@ -184,6 +187,15 @@ func WithPollInterval(d time.Duration) Option { return func(c *config) { c.pollI
 // context) in bytes; larger ones are refused by AddRequest and dead-lettered
 // by GetRequest. The default is 1 MiB.
 func WithMaxRequestSize(n int) Option { return func(c *config) { c.maxRequestSize = n } }
+
+// WithMaxQueued bounds the requests the namespace's queue holds at once,
+// ready or in flight (dead letters do not count): AddRequest and AddURLs
+// beyond it get ErrQueueFull and queue nothing, so a crawl that discovers
+// links faster than it fetches them cannot fill Redis' memory. Colly's
+// queue.AddURL and AddRequest return the error to the caller. Requeue of a
+// dead letter is not refused. The limit is checked by each adding process
+// with its own setting. The default is 0: no limit.
+func WithMaxQueued(n int) Option { return func(c *config) { c.maxQueued = n } }
 
 // WithRedisTimeout bounds every single Redis round trip (go-redis retries
 // included), whatever the client's own timeouts: a client without

@@ -21,14 +21,26 @@ import (
 // back.
 
 // AddRequest implements Colly's queue.Storage: it validates the serialized
-// request (see ErrInvalidRequest) and appends it to the namespace's queue.
-// It is one Redis round trip.
+// request (see ErrInvalidRequest) and appends it to the namespace's queue,
+// unless the queue holds WithMaxQueued requests already (ErrQueueFull). It
+// is one Redis round trip.
 func (s *Storage) AddRequest(r []byte) error {
 	if _, err := checkRequest(r, s.cfg.maxRequestSize); err != nil {
 		return err
 	}
-	_, err := s.run(context.Background(), "add request", qAddScript, s.qkeys, r)
-	return err
+	return s.add(context.Background(), "add request", []any{r})
+}
+
+// add runs q_add.lua for reqs, in order and all or none.
+func (s *Storage) add(ctx context.Context, op string, reqs []any) error {
+	res, err := s.run(ctx, op, qAddScript, s.qkeys, append([]any{s.cfg.maxQueued}, reqs...)...)
+	if err != nil {
+		return err
+	}
+	if res == int64(-1) {
+		return fmt.Errorf("%w: %d requests would exceed the limit of %d (WithMaxQueued)", ErrQueueFull, len(reqs), s.cfg.maxQueued)
+	}
+	return nil
 }
 
 // GetRequest implements Colly's queue.Storage: it delivers the next ready
