@@ -204,7 +204,7 @@ func TestScriptedCrawl(t *testing.T) {
 	assert.GreaterOrEqual(t, sum, 90*60.0)
 	assert.LessOrEqual(t, sum, 2*3600.0)
 
-	page3 := scriptedSessions(t, sw, c, col, state, shop, dead)
+	page3 := scriptedSessions(t, sw, c, col, state, shop, proxies[0], dead)
 	for _, out := range []string{page, page2, page3, logs.String()} {
 		assert.NotContains(t, out, proxySecret)
 		assert.NotContains(t, out, redisSecret)
@@ -215,13 +215,16 @@ func TestScriptedCrawl(t *testing.T) {
 }
 
 // scriptedSessions is TestScriptedCrawl's last act: sticky sessions on
-// shop, with WithSessionMaxRequests(3). Proxies 0 (banned on shop) and 1
-// (drained) are out; dead works again. The shop's recorder is the ground
-// truth: each session of a task is a run of requests from one IP.
+// shop, with WithSessionMaxRequests(3). The operator drains the dead proxy
+// (revived in Redis, still refusing connections) and unbans proxy 0 on the
+// shop: with proxy 1 drained, the sessions have proxies 0, 2, 3 and 4. The
+// shop's recorder is the ground truth: each session of a task is a run of
+// requests from one IP.
 func scriptedSessions(t *testing.T, sw *proxyswitch.Switch, c *crawler, col *Collector, state *StateCollector,
-	shop *testbed.Site, dead *testbed.Proxy) string {
+	shop *testbed.Site, unban, dead *testbed.Proxy) string {
 	ctx := context.Background()
-	dead.SetMode(testbed.ProxyOK)
+	require.NoError(t, sw.Drain(ctx, proxyID(t, dead)))
+	require.NoError(t, sw.Unban(ctx, proxyID(t, unban), shop.Host()))
 	before := shop.Recorder().Count()
 	step := func(task string, n int) {
 		t.Helper()

@@ -242,7 +242,13 @@ func (p *Proxy) SetMode(m ProxyMode) {
 		}
 		p.closeConnsLocked()
 	case old == ProxyDead:
+		// The port may be held for a moment by a socket of another test
+		// (an outgoing connection's ephemeral port): try for a second.
 		ln, err := net.Listen("tcp", p.addr)
+		for i := 0; err != nil && i < 40; i++ {
+			time.Sleep(25 * time.Millisecond)
+			ln, err = net.Listen("tcp", p.addr)
+		}
 		if err != nil {
 			p.rep.Errorf("testbed: proxy %s: re-listen after ProxyDead: %v", p.addr, err)
 			return
