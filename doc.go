@@ -57,10 +57,11 @@
 // classify, but it respects the bans other workers recorded.
 //
 // Operators act on single proxies with Ban, Unban, Drain and Revive, read
-// the state of a site with SiteState and the dead list with Dead, and clear
-// a pool with Clear (cmd/proxyswitch does all of it from a shell). BanCounts
-// and SetObserver feed monitoring (package metrics exports Prometheus
-// metrics).
+// the state of a site with SiteState (slot counts) or ProxyStates (each
+// proxy), the dead list with Dead, and clear a pool with Clear
+// (cmd/proxyswitch does all of it from a shell). BanCounts, LiveSessions and
+// SetObserver (Observers for several) feed monitoring (package metrics
+// exports Prometheus metrics).
 //
 // # Failing closed
 //
@@ -136,7 +137,9 @@
 // proxy and no cookies. WithSessionMaxRequests and WithSessionMaxAge retire
 // sessions too; WithSessionRetired reports every retirement, SessionOf shows
 // a request's session and what ended the one before, EndSession ends one when
-// its flow is done. WithSessionPool makes sessions lease from their own pool
+// its flow is done, LiveSessions counts the live ones on every server, and
+// the observer sees each session start and end. WithSessionPool makes
+// sessions lease from their own pool
 // (residential or mobile proxies, say) while requests of no task use the
 // Switch's. Sessions live in Redis only: with Redis unreachable (or under
 // WithSharding) a request of a task fails with ErrNoProxy rather than leave
@@ -170,6 +173,7 @@
 //	{prefix:pool}:modes          zset  member ID -> when it last leased from Redis, ms (member TTL)
 //	{prefix:pool}:session:<task> hash  a task's session: ID, proxy, slot per site, expiry, requests (session TTL)
 //	{prefix:pool}:sjar:<session> hash  "<domain>;<path>;<name>" -> the session's cookie (session TTL)
+//	{prefix:pool}:sessions       zset  session ID -> its expiry, ms: the live sessions (idle TTL)
 //
 // A ban is no key of its own: it is the score of the proxy's slots in the
 // site's free set, pushed to the end of the quarantine, so a lease skips it
