@@ -139,11 +139,10 @@
 // a request's session and what ended the one before, EndSession ends one when
 // its flow is done, LiveSessions counts the live ones on every server, and
 // the observer sees each session start and end. WithSessionPool makes
-// sessions lease from their own pool
-// (residential or mobile proxies, say) while requests of no task use the
-// Switch's. Sessions live in Redis only: with Redis unreachable (or under
-// WithSharding) a request of a task fails with ErrNoProxy rather than leave
-// from another IP.
+// sessions lease from their own pool (residential or mobile proxies, say)
+// while requests of no task use the Switch's. Sessions live in Redis only:
+// with Redis unreachable (or under WithSharding) a request of a task fails
+// with ErrNoProxy rather than leave from another IP.
 //
 // # Waiting for a proxy
 //
