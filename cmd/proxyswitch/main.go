@@ -20,6 +20,11 @@
 //	drain ID|URL...             take proxies out of every site's rotation (requests under way finish)
 //	revive ID|URL...            bring dead or drained proxies back
 //	clear -yes                  delete every key of the pool (proxies, leases, bans, members)
+//	queue NS [stats|dead [N]|requeue ID...]
+//	                            the request queue of storage namespace NS (package storage):
+//	                            ready, in flight and dead counts; the oldest N dead letters
+//	                            (default 20: ID, URL with password redacted, deliveries,
+//	                            since, reason); move dead letters back into the queue
 //	serve [-addr A] [-queue NS,...] [POOL...]
 //	                            serve /metrics (pool state, and the request queues of
 //	                            storage namespaces NS, read from Redis at each scrape) on A
@@ -97,6 +102,9 @@ commands:
   drain ID|URL...             take proxies out of every site's rotation
   revive ID|URL...            bring dead or drained proxies back
   clear -yes                  delete every key of the pool
+  queue NS [stats|dead [N]|requeue ID...]
+                              the request queue of storage namespace NS: counts,
+                              the oldest N dead letters (default 20), requeue dead letters
   serve [-addr A] [-queue NS,...] [POOL...]
                               serve /metrics on A (default ` + DefaultMetricsAddr + `); -queue adds
                               the request queues of storage namespaces
@@ -272,6 +280,8 @@ func (a *app) dispatch(ctx context.Context, cmd string, args []string) error {
 		return a.clear(ctx, args)
 	case "serve":
 		return a.serve(ctx, args)
+	case "queue":
+		return a.queue(ctx, args)
 	}
 	return fmt.Errorf("%w: unknown command %q", errUsage, cmd)
 }

@@ -591,3 +591,66 @@ func TestCLISecretsOnFailurePaths(t *testing.T) {
 		})
 	}
 }
+
+// TestCLIQueue drives queue NS against a real redis-server with a password:
+// counts, dead letters (URL passwords redacted), requeue, and the usage
+// errors.
+func TestCLIQueue(t *testing.T) {
+	srv := redistest.Start(t, "--requirepass", redisSecret)
+	env := map[string]string{EnvRedisURL: "redis://:" + redisSecret + "@" + srv.Addr() + "/0"}
+	tr := &transcript{t: t, env: env}
+	s, err := storage.New(srv.Client(t), storage.WithNamespace("crawl"), storage.WithMaxDeliveries(1),
+		storage.WithVisibilityTimeout(100*time.Millisecond), storage.WithPollInterval(time.Millisecond))
+	require.NoError(t, err)
+	urls := []string{"https://u1:" + proxySecret + "@www.ozon.example/p/1", "https://www.ozon.example/p/2", "https://www.ozon.example/p/3"}
+	_, err = s.AddURLs(context.Background(), urls...)
+	require.NoError(t, err)
+
+	r := tr.run("queue", "crawl")
+	require.Equal(t, 0, r.code, r.all())
+	assert.Equal(t, "ready 3, in flight 0, dead 0\n", r.stdout)
+	for range urls { // delivered, never acknowledged: their one delivery is spent
+		_, err := s.GetRequest()
+		require.NoError(t, err)
+	}
+	time.Sleep(150 * time.Millisecond)
+	_, err = s.GetRequest() // buries them
+	require.ErrorIs(t, err, storage.ErrQueueEmpty)
+	r = tr.run("queue", "crawl", "stats")
+	require.Equal(t, 0, r.code, r.all())
+	assert.Equal(t, "ready 0, in flight 0, dead 3\n", r.stdout)
+
+	r = tr.run("queue", "crawl", "dead", "2")
+	require.Equal(t, 0, r.code, r.all())
+	assert.Regexp(t, `ID\s+URL\s+DELIVERIES\s+SINCE\s+REASON`, r.stdout)
+	assert.Regexp(t, `\n1\s+https://u1:xxxxx@www\.ozon\.example/p/1\s+1\s+\d{4}-\d\d-\d\dT[0-9:]+Z\s+not acknowledged`, r.stdout)
+	assert.Equal(t, 3, strings.Count(r.stdout, "\n"), "a header and two rows")
+
+	r = tr.run("queue", "crawl", "requeue", "1", "3")
+	require.Equal(t, 0, r.code, r.all())
+	assert.Equal(t, "requeued 1\nrequeued 3\n", r.stdout)
+	r = tr.run("queue", "crawl")
+	assert.Equal(t, "ready 2, in flight 0, dead 1\n", r.stdout)
+	r = tr.run("queue", "crawl", "requeue", "1")
+	assert.Equal(t, 1, r.code)
+	assert.Contains(t, r.stderr, `"1" is not a dead letter of namespace "crawl"`)
+
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"queue"}, "queue takes a storage NAMESPACE"},
+		{[]string{"queue", "a{b"}, "braces"},
+		{[]string{"queue", "crawl", "stats", "x"}, "takes no arguments"},
+		{[]string{"queue", "crawl", "dead", "0"}, "want a count from 1 to"},
+		{[]string{"queue", "crawl", "dead", "1", "2"}, "at most a count"},
+		{[]string{"queue", "crawl", "requeue"}, "takes dead-letter IDs"},
+		{[]string{"queue", "crawl", "purge"}, `queue NS "purge"`},
+	} {
+		r := tr.run(tc.args...)
+		assert.Equal(t, 2, r.code, "%v: %s", tc.args, r.all())
+		assert.Contains(t, r.stderr, tc.want, tc.args)
+	}
+	assert.NotContains(t, tr.all.String(), proxySecret)
+	assert.NotContains(t, tr.all.String(), redisSecret)
+}
