@@ -48,6 +48,7 @@ type Switch struct {
 	tokenPrefix  string
 	tokenSeq     atomic.Uint64
 	warnUnhooked sync.Once
+	warnedRoute  atomic.Bool                 // warnRouteIgnored said it
 	observer     atomic.Pointer[observerBox] // SetObserver; nil: none
 }
 

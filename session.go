@@ -195,7 +195,9 @@ func WithSessionMaxAge(d time.Duration) Option { return func(c *config) { c.sess
 // The session pool takes every other option of the Switch, as a pool of
 // WithRoute does (its bans count in the Switch's BanCounts and reach its
 // observer). Load it with SessionPool().Replace. Sessions lease from this
-// one pool: routes (WithRoute, UsePools) apply to requests of no task only.
+// one pool: routes (WithRoute, UsePools) apply to requests of no task only
+// (without WithSessionPool, a task's request to a routed site logs a
+// warning once).
 // The default is the Switch's own pool.
 func WithSessionPool(pool string) Option { return func(c *config) { c.session.pool = pool } }
 
@@ -474,6 +476,7 @@ func (s *Switch) sessionAttempt(req *http.Request, a *attempt) (*sessionUse, err
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrNoProxy, err)
 	}
+	s.warnRouteIgnored(req.Context(), site)
 	cur, err := ss.useSession(req.Context(), ts.task, site)
 	if err != nil {
 		return nil, err
@@ -536,6 +539,25 @@ func (s *Switch) penalizeLease(ctx context.Context, b *binding, site string, l *
 		err = errors.Join(err, rerr)
 	}
 	return pen, err
+}
+
+// warnRouteIgnored tells the logger, once per Switch, that a request of a
+// task goes to a site routed to other pools (WithRoute, UsePools) while no
+// WithSessionPool names the sessions' pool: sessions lease from the
+// Switch's own pool, which may not be what the route meant (residential
+// proxies for a shop, say).
+func (s *Switch) warnRouteIgnored(ctx context.Context, site string) {
+	if s.cfg.session.pool != "" || s.warnedRoute.Load() {
+		return
+	}
+	r := s.routeFor(ctx, site)
+	if r == nil || (len(r.pools) == 1 && r.pools[0] == s.cfg.pool) {
+		return
+	}
+	if s.warnedRoute.CompareAndSwap(false, true) {
+		s.cfg.logger.Warn("proxyswitch: requests of a task lease from the session pool, not from their route's pools; "+
+			"name the sessions' pool with WithSessionPool", "site", site, "route", r.pools, "session_pool", s.cfg.pool)
+	}
 }
 
 // sessionEnded tells the observer of a session this process ended, and

@@ -2,11 +2,13 @@ package proxyswitch
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/gocolly/colly/v2"
 	"github.com/proxyswitch/proxyswitch/internal/testbed"
+	"github.com/proxyswitch/proxyswitch/internal/testlog"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -209,5 +211,40 @@ func TestObserversFanOut(t *testing.T) {
 		o.mu.Lock()
 		assert.Len(t, o.quarantines, 1)
 		o.mu.Unlock()
+	}
+}
+
+// Sessions lease from the session pool whatever a site's route says; a
+// task's request to a routed site says so once, unless WithSessionPool
+// names the sessions' pool.
+func TestSessionWarnsRouteIgnored(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		opts func(site string) []Option
+		warn int
+	}{
+		{"routed, no session pool", func(site string) []Option { return []Option{WithRoute(site, "residential")} }, 1},
+		{"routed, session pool", func(site string) []Option {
+			return []Option{WithRoute(site, "residential"), WithSessionPool("residential")}
+		}, 0},
+		{"no route", func(string) []Option { return nil }, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			logs := &testlog.Buffer{}
+			flow := newShopFlow()
+			site := testbed.NewSite(t, "shop", flow)
+			proxies := testbed.NewProxies(t, 2)
+			s := newSwitch(t, shared.Client(t), append(tc.opts(site.Host()), WithLogger(logs.Logger()))...)
+			for _, sw := range []*Switch{s, s.SessionPool()} {
+				_, err := sw.Add(context.Background(), proxies[0].URL(), proxies[1].URL())
+				require.NoError(t, err)
+			}
+			c := attached(s)
+			for n := 1; n <= 3; n++ {
+				require.NoError(t, c.Request("GET", stepURL(site, "routed", n), nil, NewTaskContext("routed"), nil))
+			}
+			assert.Equal(t, tc.warn, strings.Count(logs.String(), "not from their route's pools"), logs.String())
+			assert.Empty(t, flow.errors())
+		})
 	}
 }
