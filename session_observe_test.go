@@ -113,7 +113,7 @@ func TestSessionEventsAndLiveSessions(t *testing.T) {
 // live count when its TTL runs out; starting sessions trims it away.
 func TestLiveSessionsLapse(t *testing.T) {
 	ctx := context.Background()
-	_, site, _, s := sessionShop(t, 4, WithSessionTTL(300*time.Millisecond))
+	_, site, _, s := sessionShop(t, 4, WithSessionTTL(1500*time.Millisecond))
 	obs := &recordingObserver{}
 	s.SetObserver(obs)
 	c := attached(s)
@@ -123,7 +123,7 @@ func TestLiveSessionsLapse(t *testing.T) {
 	n, err := s.LiveSessions(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, 3, n)
-	time.Sleep(400 * time.Millisecond)
+	time.Sleep(1600 * time.Millisecond)
 	n, err = s.LiveSessions(ctx)
 	require.NoError(t, err)
 	assert.Zero(t, n, "all three lapsed")
