@@ -2,29 +2,12 @@ package proxyswitch
 
 import (
 	"context"
-	_ "embed"
 	"fmt"
 	"slices"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // The fallback's goroutine: probe, switch over, resume (see fallback.go).
-
-var (
-	//go:embed lua/fallback_probe.lua
-	fallbackProbeLua    string
-	fallbackProbeScript = redis.NewScript(fallbackProbeLua)
-
-	//go:embed lua/fallback_seed.lua
-	fallbackSeedLua    string
-	fallbackSeedScript = redis.NewScript(fallbackSeedLua)
-
-	//go:embed lua/fallback_writeback.lua
-	fallbackWritebackLua    string
-	fallbackWritebackScript = redis.NewScript(fallbackWritebackLua)
-)
 
 // resumeWait is what a lease waits between looks while the Switch resumes.
 const resumeWait = 20 * time.Millisecond

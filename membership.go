@@ -3,7 +3,6 @@ package proxyswitch
 import (
 	"context"
 	"crypto/rand"
-	_ "embed"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -22,20 +21,6 @@ import (
 // what the sharding schemes split the pool by, and the list last read is
 // what a server computes its fallback shard from while Redis is out of reach.
 // Its keys are listed in keys.go.
-
-var (
-	//go:embed lua/member_heartbeat.lua
-	memberHeartbeatLua    string
-	memberHeartbeatScript = redis.NewScript(memberHeartbeatLua)
-
-	//go:embed lua/member_leave.lua
-	memberLeaveLua    string
-	memberLeaveScript = redis.NewScript(memberLeaveLua)
-
-	//go:embed lua/member_list.lua
-	memberListLua    string
-	memberListScript = redis.NewScript(memberListLua)
-)
 
 // maxMemberID bounds the length of a member ID, in bytes.
 const maxMemberID = 200

@@ -2,31 +2,14 @@ package proxyswitch
 
 import (
 	"context"
-	_ "embed"
 	"errors"
 	"fmt"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // Operator actions: what an operator (or cmd/proxyswitch) does to one proxy
 // by hand. Each is one Lua script and takes effect for every worker from its
 // next lease on.
-
-var (
-	//go:embed lua/unban.lua
-	unbanLua    string
-	unbanScript = redis.NewScript(unbanLua)
-
-	//go:embed lua/drain.lua
-	drainLua    string
-	drainScript = redis.NewScript(drainLua)
-
-	//go:embed lua/clear.lua
-	clearLua    string
-	clearScript = redis.NewScript(clearLua)
-)
 
 // ReasonOperator is the reason of a ban an operator applied with Ban.
 const ReasonOperator = "operator"

@@ -3,20 +3,12 @@ package proxyswitch
 import (
 	"cmp"
 	"context"
-	_ "embed"
 	"fmt"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
-
-//go:embed lua/proxy_states.lua
-var proxyStatesLua string
-
-var proxyStatesScript = redis.NewScript(proxyStatesLua)
 
 // The states of a proxy on a site, as ProxyState.State names them.
 const (

@@ -3,7 +3,6 @@ package proxyswitch
 import (
 	"context"
 	crand "crypto/rand"
-	_ "embed"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -11,35 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/redis/go-redis/v9"
-)
-
-// The Redis side of sticky sessions (session.go): the session scripts, each
-// session_lib.lua followed by its own body, so every call is one EVALSHA.
-var (
-	//go:embed lua/session_lib.lua
-	sessionLibLua string
-
-	//go:embed lua/session_use.lua
-	sessionUseLua    string
-	sessionUseScript = redis.NewScript(sessionLibLua + sessionUseLua)
-
-	//go:embed lua/session_bind.lua
-	sessionBindLua    string
-	sessionBindScript = redis.NewScript(sessionLibLua + sessionBindLua)
-
-	//go:embed lua/session_end.lua
-	sessionEndLua    string
-	sessionEndScript = redis.NewScript(sessionLibLua + sessionEndLua)
-
-	//go:embed lua/session_cookies.lua
-	sessionCookiesLua    string
-	sessionCookiesScript = redis.NewScript(sessionLibLua + sessionCookiesLua)
-
-	//go:embed lua/session_count.lua
-	sessionCountLua    string
-	sessionCountScript = redis.NewScript(sessionCountLua)
 )
 
 // sessionTokenPrefix starts the owner token of every session lease; other

@@ -2,18 +2,10 @@ package proxyswitch
 
 import (
 	"context"
-	_ "embed"
 	"fmt"
 	"strconv"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
-
-//go:embed lua/sites.lua
-var sitesLua string
-
-var sitesScript = redis.NewScript(sitesLua)
 
 // SiteUse is one site leased from a pool, with the time of its last lease.
 type SiteUse struct {

@@ -2,16 +2,8 @@ package proxyswitch
 
 import (
 	"context"
-	_ "embed"
 	"fmt"
-
-	"github.com/redis/go-redis/v9"
 )
-
-//go:embed lua/state.lua
-var stateLua string
-
-var stateScript = redis.NewScript(stateLua)
 
 // SiteState counts the proxy slots of a pool in each state for one site
 // (slots are proxies when the concurrency is 1).
