@@ -83,9 +83,6 @@ func (s *Storage) Attach(c *colly.Collector) {
 
 // owned returns the delivery token of r if r is the fetch that owns it.
 func (s *Storage) owned(r *colly.Request) (string, bool) {
-	if r == nil || r.Ctx == nil {
-		return "", false
-	}
 	tok, ok := deliveryToken(r)
 	if !ok {
 		return "", false

@@ -32,7 +32,3 @@ func (s *Storage) run(ctx context.Context, op string, sc *redis.Script, keys []s
 		return sc.Run(ctx, s.rdb, keys, args...).Result()
 	})
 }
-
-// honoursDeadlines reports whether rdb bounds its own round trips by the
-// context's deadline, so that call needs no watchdog goroutine.
-func honoursDeadlines(rdb redis.UniversalClient) bool { return bounded.HonoursDeadlines(rdb) }

@@ -41,7 +41,7 @@ import (
 // fetch time (it never settled: Abort in a later OnRequest callback, a
 // panic); expired entries are purged every 256 adds.
 type pending struct {
-	n        atomic.Int64 // entries; lets the visited path skip the lock
+	n        atomic.Int64 // len(byToken), kept by putLocked and removeLocked; lets the visited path skip the lock
 	renewers atomic.Int32 // renewer goroutines alive (0 or 1; for tests)
 	mu       sync.Mutex
 	byHash   map[uint64]*delivery // the unclaimed delivery of each visited ID
@@ -97,10 +97,11 @@ func (p *pending) add(d *delivery) bool {
 			p.removeLocked(old)
 		}
 	}
-	if old := p.byToken[d.token()]; old != nil {
+	tok := d.token()
+	if old := p.byToken[tok]; old != nil {
 		p.removeLocked(old)
 	}
-	p.byToken[d.token()] = d
+	p.putLocked(tok, d)
 	p.byHash[d.hash] = d
 	if p.adds++; p.adds%256 == 0 {
 		for _, e := range p.byToken {
@@ -109,7 +110,6 @@ func (p *pending) add(d *delivery) bool {
 			}
 		}
 	}
-	p.n.Store(int64(len(p.byToken)))
 	return true
 }
 
@@ -164,17 +164,23 @@ func (p *pending) forget(token string) {
 	defer p.mu.Unlock()
 	if d := p.byToken[token]; d != nil {
 		p.removeLocked(d)
-		p.n.Store(int64(len(p.byToken)))
 	}
 }
 
+func (p *pending) putLocked(tok string, d *delivery) {
+	p.byToken[tok] = d
+	p.n.Store(int64(len(p.byToken)))
+}
+
 func (p *pending) removeLocked(d *delivery) {
-	delete(p.byToken, d.token())
+	tok := d.token()
+	delete(p.byToken, tok)
+	p.n.Store(int64(len(p.byToken)))
 	if p.byHash[d.hash] == d {
 		delete(p.byHash, d.hash)
 	}
-	if p.running[d.token()] == d {
-		delete(p.running, d.token())
+	if p.running[tok] == d {
+		delete(p.running, tok)
 	}
 }
 
@@ -193,8 +199,7 @@ func (p *pending) start(tok string, now time.Time) (d *delivery, spawn bool, err
 			return nil, false, err
 		}
 		d = &delivery{id: id, number: n}
-		p.byToken[tok] = d
-		p.n.Store(int64(len(p.byToken)))
+		p.putLocked(tok, d)
 	}
 	d.started = now
 	p.running[tok] = d
@@ -228,9 +233,6 @@ func (p *pending) renewals(now time.Time) (batch []*delivery, capped []string) {
 			continue
 		}
 		batch = append(batch, d)
-	}
-	if len(capped) > 0 {
-		p.n.Store(int64(len(p.byToken)))
 	}
 	if len(batch) == 0 {
 		p.renewing = false

@@ -7,6 +7,7 @@ import (
 
 	"github.com/gocolly/colly/v2/queue"
 	collystorage "github.com/gocolly/colly/v2/storage"
+	"github.com/proxyswitch/proxyswitch/internal/bounded"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -63,7 +64,7 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Storage, error) {
 		return nil, err
 	}
 	k := newKeyspace(cfg.namespace)
-	s := &Storage{rdb: rdb, cfg: cfg, keys: k, q: k.queue(), inline: honoursDeadlines(rdb)}
+	s := &Storage{rdb: rdb, cfg: cfg, keys: k, q: k.queue(), inline: bounded.HonoursDeadlines(rdb)}
 	s.qkeys = s.q.all()
 	s.pending.init(cfg.visibility, cfg.maxFetch)
 	s.cookies.init()
@@ -113,11 +114,11 @@ func (s *Storage) Clear(ctx context.Context) error {
 	const batch = 1024
 	for start := 0; start < buckets; start += batch {
 		end := min(start+batch, buckets)
-		if err := s.unlinkEach(ctx, func(add func(string)) {
-			for b := start; b < end; b++ {
-				add(s.keys.bucket(uint64(b)))
-			}
-		}); err != nil {
+		keys := make([]string, 0, end-start)
+		for b := start; b < end; b++ {
+			keys = append(keys, s.keys.bucket(uint64(b)))
+		}
+		if err := s.unlinkEach(ctx, keys); err != nil {
 			return err
 		}
 	}
@@ -127,31 +128,26 @@ func (s *Storage) Clear(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	fixed := append([]string{s.keys.meta(), s.keys.cookieHosts()}, s.qkeys...)
-	return s.unlinkEach(ctx, func(add func(string)) {
-		for _, h := range hosts {
-			add(s.keys.cookies(h))
-		}
-		for _, k := range fixed {
-			add(k)
-		}
-	})
+	keys := make([]string, 0, len(hosts)+2+len(s.qkeys))
+	for _, h := range hosts {
+		keys = append(keys, s.keys.cookies(h))
+	}
+	keys = append(keys, s.keys.meta(), s.keys.cookieHosts())
+	return s.unlinkEach(ctx, append(keys, s.qkeys...))
 }
 
-// unlinkEach deletes the keys that keys adds, in one pipeline: one UNLINK
-// per key on a Cluster or Ring client (the keys live in different slots),
-// one UNLINK for all on a single-node or Sentinel client.
-func (s *Storage) unlinkEach(ctx context.Context, keys func(add func(string))) error {
-	var all []string
-	keys(func(k string) { all = append(all, k) })
+// unlinkEach deletes keys in one pipeline: one UNLINK per key on a Cluster
+// or Ring client (the keys live in different slots), one UNLINK for all on
+// a single-node or Sentinel client.
+func (s *Storage) unlinkEach(ctx context.Context, keys []string) error {
 	_, single := s.rdb.(*redis.Client)
 	_, err := call(ctx, s.cfg.redisTimeout, s.inline, "clear", func(ctx context.Context) ([]redis.Cmder, error) {
 		return s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			if single {
-				p.Unlink(ctx, all...)
+				p.Unlink(ctx, keys...)
 				return nil
 			}
-			for _, k := range all {
+			for _, k := range keys {
 				p.Unlink(ctx, k)
 			}
 			return nil
