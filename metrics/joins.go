@@ -68,12 +68,13 @@ func (j *joinTracker) attempt(now time.Time, ban bool) {
 		*b = joinBucket{idx: idx}
 	}
 	b.attempts++
-	if j.joins > 0 && now.Sub(j.lastJoin) < j.window {
+	afterJoin := j.joins > 0 && now.Sub(j.lastJoin) < j.window
+	if afterJoin {
 		j.after.attempts++
 	}
 	if ban {
 		b.bans++
-		if j.joins > 0 && now.Sub(j.lastJoin) < j.window {
+		if afterJoin {
 			j.after.bans++
 		}
 	}

@@ -6,8 +6,8 @@ import (
 	"time"
 )
 
-// Option configures a Collector or a StateCollector. Each option says which
-// of the two it applies to; the other ignores it. Out-of-range values fall
+// Option configures a Collector, a StateCollector or a QueueCollector. Each
+// option says which it applies to; the others ignore it. Out-of-range values fall
 // back to the default.
 type Option func(*config)
 
@@ -99,11 +99,11 @@ func WithMaxSites(n int) Option { return func(c *config) { c.maxSites = n } }
 // compared with the ban share in this long after. The default is 1m.
 func WithJoinWindow(d time.Duration) Option { return func(c *config) { c.joinWindow = d } }
 
-// WithScrapeTimeout bounds the Redis reads of one StateCollector scrape.
-// The default is 10s.
+// WithScrapeTimeout bounds the Redis reads of one StateCollector or
+// QueueCollector scrape. The default is 10s.
 func WithScrapeTimeout(d time.Duration) Option { return func(c *config) { c.scrapeTimeout = d } }
 
-// WithLogger sets where a StateCollector logs a failed read of Redis (a
-// warning, once per run of failures; never a password). The default is
-// slog.Default().
+// WithLogger sets where a StateCollector or a QueueCollector logs a failed
+// read of Redis (a warning, once per run of failures; never a password).
+// The default is slog.Default().
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }

@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"context"
+	"log/slog"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -23,9 +24,9 @@ var _ prometheus.Collector = (*QueueCollector)(nil)
 //
 // A QueueCollector is safe for concurrent use; it starts no goroutine.
 type QueueCollector struct {
-	s       *storage.Storage
-	cfg     config
-	failing atomic.Bool // the last scrape failed (logged once per run)
+	s      *storage.Storage
+	cfg    config
+	health readHealth
 
 	requests, up *prometheus.Desc
 }
@@ -59,15 +60,8 @@ func (q *QueueCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), q.cfg.scrapeTimeout)
 	defer cancel()
 	st, err := q.s.Stats(ctx)
-	up := 1.0
-	if err != nil {
-		up = 0
-		if !q.failing.Swap(true) {
-			q.cfg.logger.Warn("proxyswitch metrics: reading the queue from Redis failed",
-				"namespace", q.s.Namespace(), "err", err)
-		}
-	} else {
-		q.failing.Store(false)
+	up, _ := q.health.report(q.cfg.logger, err, "proxyswitch metrics: reading the queue from Redis failed", "namespace", q.s.Namespace())
+	if err == nil {
 		for _, v := range []struct {
 			state string
 			n     int
@@ -76,4 +70,25 @@ func (q *QueueCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(q.up, prometheus.GaugeValue, up)
+}
+
+// readHealth gives the "up" gauge of a collector that reads Redis at
+// scrape time (StateCollector, QueueCollector) and logs a failed read once
+// per run of failures. It is safe for concurrent use.
+type readHealth struct {
+	failing atomic.Bool // the last scrape failed
+}
+
+// report returns the up gauge's value for a scrape whose read returned err
+// (1 for nil, else 0). A failure that starts a run is logged as a warning:
+// msg, then attrs and the error. recovered tells that err is nil and ends
+// a run of failures.
+func (h *readHealth) report(logger *slog.Logger, err error, msg string, attrs ...any) (up float64, recovered bool) {
+	if err != nil {
+		if !h.failing.Swap(true) {
+			logger.Warn(msg, append(attrs, "err", err)...)
+		}
+		return 0, false
+	}
+	return 1, h.failing.Swap(false)
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"sort"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -32,7 +31,7 @@ type StateCollector struct {
 	sw      *proxyswitch.Switch
 	members *proxyswitch.Membership // reads the member list; never registers
 	cfg     config
-	failing atomic.Bool // the last scrape failed (logged once per run)
+	health  readHealth
 
 	poolProxies, deadProxies, sites, siteSlots, poolMembers, sessions, up, duration *prometheus.Desc
 }
@@ -91,14 +90,8 @@ func (s *StateCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
 	err := s.collect(ctx, gauge)
-	up := 1.0
-	if err != nil {
-		up = 0
-		if !s.failing.Swap(true) {
-			s.cfg.logger.Warn("proxyswitch metrics: reading the pool state from Redis failed",
-				"pool", s.sw.Pool(), "err", err)
-		}
-	} else if s.failing.Swap(false) {
+	up, recovered := s.health.report(s.cfg.logger, err, "proxyswitch metrics: reading the pool state from Redis failed", "pool", s.sw.Pool())
+	if recovered {
 		s.cfg.logger.Debug("proxyswitch metrics: reading the pool state from Redis works again", "pool", s.sw.Pool())
 	}
 	gauge(s.up, up)
