@@ -262,18 +262,12 @@ func newFallback(s *Switch) *fallback {
 	if fc.set == 0 {
 		return nil
 	}
-	mc := memberConfig{interval: time.Second, ttl: 3 * time.Second}
-	for _, o := range fc.memberOpts {
-		if o != nil {
-			o(&mc)
-		}
-	}
 	hold := s.cfg.attemptTimeout
 	if hold <= 0 {
 		hold = s.cfg.leaseTTL
 	}
 	f := &fallback{s: s, cfg: fc, hold: hold, every: max(fc.timeout/4, 5*time.Millisecond),
-		pools: map[string]*fbPool{}, memberCfg: mc, kick: make(chan struct{}, 1), since: time.Now()}
+		pools: map[string]*fbPool{}, memberCfg: newMemberConfig(fc.memberOpts), kick: make(chan struct{}, 1), since: time.Now()}
 	if fc.sharded {
 		f.mode.Store(int32(ModeLocal))
 	}

@@ -97,12 +97,7 @@ func NewMembership(sw *Switch, self string, opts ...MemberOption) (*Membership, 
 	if err := validMemberID(self); err != nil {
 		return nil, err
 	}
-	cfg := memberConfig{interval: time.Second, ttl: 3 * time.Second}
-	for _, o := range opts {
-		if o != nil {
-			o(&cfg)
-		}
-	}
+	cfg := newMemberConfig(opts)
 	switch {
 	case cfg.interval <= 0:
 		return nil, fmt.Errorf("%w: heartbeat interval %v must be positive", ErrConfig, cfg.interval)
@@ -120,6 +115,18 @@ func NewMembership(sw *Switch, self string, opts ...MemberOption) (*Membership, 
 		logger:  sw.cfg.logger,
 		cfg:     cfg,
 	}, nil
+}
+
+// newMemberConfig applies opts to the defaults: a heartbeat every second,
+// a member TTL of 3s.
+func newMemberConfig(opts []MemberOption) memberConfig {
+	cfg := memberConfig{interval: time.Second, ttl: 3 * time.Second}
+	for _, o := range opts {
+		if o != nil {
+			o(&cfg)
+		}
+	}
+	return cfg
 }
 
 func validMemberID(id string) error {
@@ -238,7 +245,7 @@ func (m *Membership) Members(ctx context.Context) ([]string, error) {
 	if err != nil {
 		return nil, redisErr("member list", err)
 	}
-	now, ok := replyInt(res, 0)
+	now, ok := intAt(res, 0)
 	if !ok {
 		return nil, fmt.Errorf("%w: malformed member list reply", ErrCorrupt)
 	}
@@ -268,8 +275,8 @@ func (m *Membership) beat(ctx context.Context) error {
 	if err != nil {
 		return redisErr("heartbeat", err)
 	}
-	status, ok1 := replyInt(res, 0)
-	at, ok2 := replyInt(res, 1)
+	status, ok1 := intAt(res, 0)
+	at, ok2 := intAt(res, 1)
 	switch {
 	case ok1 && ok2 && status == 0 && len(res) == 2:
 		return fmt.Errorf("%w: %q is registered until %s", ErrMemberTaken, m.self, time.UnixMilli(at).UTC().Format(time.RFC3339Nano))
@@ -321,12 +328,4 @@ func memberIDs(vals []any) ([]string, error) {
 	}
 	slices.Sort(out)
 	return out, nil
-}
-
-func replyInt(res []any, i int) (int64, bool) {
-	if i >= len(res) {
-		return 0, false
-	}
-	v, ok := res[i].(int64)
-	return v, ok
 }
