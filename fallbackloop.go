@@ -113,12 +113,7 @@ func (f *fallback) probe(ctx context.Context, m string) (probeResult, error) {
 // refresh re-reads the pools whose probe signature changed (or that were
 // read long ago) and recomputes the shares whose inputs changed.
 func (f *fallback) refresh(ctx context.Context, res probeResult) {
-	f.mu.RLock()
-	pools := make([]*fbPool, 0, len(f.pools))
-	for _, fp := range f.pools {
-		pools = append(pools, fp)
-	}
-	f.mu.RUnlock()
+	pools := f.poolList()
 	now := time.Now()
 	for _, fp := range pools {
 		fp.mu.Lock()
@@ -146,14 +141,25 @@ func (f *fallback) refresh(ctx context.Context, res probeResult) {
 	}
 }
 
-// refreshAll reads every pool and computes the shares (Start).
-func (f *fallback) refreshAll(ctx context.Context, must bool) error {
+// poolList returns the pools the fallback knows.
+func (f *fallback) poolList() []*fbPool {
 	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.poolListLocked()
+}
+
+// poolListLocked is poolList for a caller that holds f.mu.
+func (f *fallback) poolListLocked() []*fbPool {
 	pools := make([]*fbPool, 0, len(f.pools))
 	for _, fp := range f.pools {
 		pools = append(pools, fp)
 	}
-	f.mu.RUnlock()
+	return pools
+}
+
+// refreshAll reads every pool and computes the shares (Start).
+func (f *fallback) refreshAll(ctx context.Context, must bool) error {
+	pools := f.poolList()
 	for _, fp := range pools {
 		if err := fp.read(ctx); err != nil && must {
 			return err
@@ -196,12 +202,8 @@ func (fp *fbPool) applyShare(f *fallback, handover bool) {
 	if fp.share != nil && slices.Equal(fp.members, members) && (fp.local != nil || !handover) {
 		return
 	}
-	share, err := ShareProxies(f.cfg.sharder, fp.last, members, f.cfg.self)
-	if err != nil {
-		share = []*Proxy{}
-	}
 	old := fp.share
-	fp.share, fp.shareErr, fp.members = share, err, members
+	share, err := fp.cutShareLocked(f, members)
 	if err != nil {
 		f.s.cfg.logger.Warn("proxyswitch: no share of the pool for this server", "pool", fp.sw.cfg.pool, "member", f.cfg.self, "err", err)
 	}
@@ -280,11 +282,19 @@ func (fp *fbPool) applyShareLocked(f *fallback, members []string) {
 	if fp.share != nil && slices.Equal(fp.members, members) {
 		return
 	}
+	_, _ = fp.cutShareLocked(f, members)
+}
+
+// cutShareLocked computes this server's share of the pool last read for
+// members (empty, with the error, when there is none). The caller holds
+// fp.mu.
+func (fp *fbPool) cutShareLocked(f *fallback, members []string) ([]*Proxy, error) {
 	share, err := ShareProxies(f.cfg.sharder, fp.last, members, f.cfg.self)
 	if err != nil {
 		share = []*Proxy{}
 	}
 	fp.share, fp.shareErr, fp.members = share, err, members
+	return share, err
 }
 
 // beginResume runs when a probe succeeds in local mode: no new local lease
@@ -298,10 +308,7 @@ func (f *fallback) beginResume(ctx context.Context, res probeResult) {
 	}
 	f.mode.Store(int32(ModeResuming))
 	f.since, f.backAt, f.written = time.Now(), res.now, false
-	pools := make([]*fbPool, 0, len(f.pools))
-	for _, fp := range f.pools {
-		pools = append(pools, fp)
-	}
+	pools := f.poolListLocked()
 	f.mu.Unlock()
 	f.s.cfg.logger.Info("proxyswitch: Redis reachable again; writing back before leasing from it", "pool", f.s.cfg.pool, "member", f.cfg.self)
 

@@ -303,20 +303,32 @@ func (p *LocalPool) Reserve(id, site string, until time.Time) error {
 	if id == "" || site == "" {
 		return fmt.Errorf("%w: reserve of proxy %q on site %q: want an ID and a site", ErrConfig, id, site)
 	}
+	p.reserve(id, p.scopeOf(site), until)
+	return nil
+}
+
+// reserve records a reservation of the proxy with ID id on scope ("" for
+// every site) until the given time, and applies it; a time already past
+// does nothing.
+func (p *LocalPool) reserve(id, scope string, until time.Time) {
 	d := time.Until(until)
 	if d <= 0 {
-		return nil
+		return
 	}
-	scope := p.scopeOf(site)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	end := p.clock() + d.Milliseconds()
 	k := localBanKey{scope, id}
 	p.reserved[k] = max(p.reserved[k], end)
-	if st := p.sites[scope]; st != nil {
+	if scope != "" {
+		if st := p.sites[scope]; st != nil {
+			st.raise(id, end, p.nextSeq)
+		}
+		return
+	}
+	for _, st := range p.sites {
 		st.raise(id, end, p.nextSeq)
 	}
-	return nil
 }
 
 // Hold makes every proxy of the share, on every site, wait at least d from
@@ -401,17 +413,8 @@ func (p *LocalPool) startLocked(scope, id string, now int64) int64 {
 // time, without counting it as a ban: a proxy that joins the share while its
 // former owner may still use it (sharding).
 func (p *LocalPool) reserveAll(id string, until time.Time) {
-	d := time.Until(until)
-	if id == "" || d <= 0 {
-		return
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	end := p.clock() + d.Milliseconds()
-	k := localBanKey{"", id}
-	p.reserved[k] = max(p.reserved[k], end)
-	for _, st := range p.sites {
-		st.raise(id, end, p.nextSeq)
+	if id != "" {
+		p.reserve(id, "", until)
 	}
 }
 

@@ -213,11 +213,12 @@ func (s *Switch) bind(ctx context.Context, task, scope, member, id string, expir
 		go s.unbind(task, scope, member, id, nil, err) // both are owner-checked: running twice is harmless
 		return false, fmt.Errorf("%w: %w", ErrNoProxy, redisErr("session bind", err))
 	}
-	if st, _ := intAt(res, 0); st == 1 {
+	st, _ := intAt(res, 0)
+	if st == 1 {
 		return true, nil
 	}
 	_, _ = s.releaseMember(context.WithoutCancel(ctx), scope, member, token, "")
-	switch st, _ := intAt(res, 0); {
+	switch {
 	case st == -3 && len(res) == 2:
 		what, _ := res[1].(string)
 		return false, fmt.Errorf("%w: %w: session of task %q in pool %q: %s (EndSession deletes it)", ErrNoProxy, ErrCorrupt, task, s.cfg.pool, what)
