@@ -37,7 +37,7 @@ import (
 )
 
 func main() {
-	redisURL := flag.String("redis", "", `Redis URL, or "embedded" (default: a private redis-server if one is on PATH, else an embedded in-process Redis)`)
+	redisURL := stage.RedisFlag()
 	nProxies := flag.Int("proxies", 100, "proxies in the pool")
 	burnt := flag.Int("burnt", 8, "proxies already on the marketplaces' blacklist")
 	workers := flag.Int("workers", 30, "parallel requests")

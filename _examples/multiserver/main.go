@@ -71,7 +71,7 @@ const (
 
 func main() {
 	worker := flag.Bool("worker", false, "run as a worker (started by the parent)")
-	redisURL := flag.String("redis", "", `Redis URL, or "embedded" (default: a private redis-server if one is on PATH, else an embedded in-process Redis)`)
+	redisURL := stage.RedisFlag()
 	servers := flag.Int("servers", 3, "worker processes")
 	workers := flag.Int("workers", 20, "parallel requests per worker process")
 	nProxies := flag.Int("proxies", 150, "proxies in the pool")

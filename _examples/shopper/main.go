@@ -36,7 +36,7 @@ import (
 )
 
 func main() {
-	redisURL := flag.String("redis", "", `Redis URL, or "embedded" (default: a private redis-server if one is on PATH, else an embedded in-process Redis)`)
+	redisURL := stage.RedisFlag()
 	shoppers := flag.Int("shoppers", 20, "shoppers, each with a flow of its own")
 	items := flag.Int("items", 3, "products each shopper puts in the cart")
 	nProxies := flag.Int("proxies", 30, "proxies in the pool")

@@ -6,12 +6,19 @@
 package stage
 
 import (
+	"flag"
 	"fmt"
 
 	"github.com/proxyswitch/proxyswitch/internal/devredis"
 	"github.com/proxyswitch/proxyswitch/internal/fakemarket"
 	"github.com/proxyswitch/proxyswitch/internal/testbed"
 )
+
+// RedisFlag defines the examples' -redis flag on the command line's flag
+// set: the redisURL to give Start.
+func RedisFlag() *string {
+	return flag.String("redis", "", `Redis URL, or "embedded" (default: a private redis-server if one is on PATH, else an embedded in-process Redis)`)
+}
 
 // Stage is what an example runs against. Close it when done.
 type Stage struct {
