@@ -152,12 +152,15 @@ type Exchange struct {
 	doc        *goquery.Document
 	docErr     error
 	parsed     bool
+	sizeKey    string // baselineKey, once computed
 }
 
 // Redirected reports whether the request got here through redirects to
 // another URL.
 func (x *Exchange) Redirected() bool {
-	return x.OriginURL != nil && x.URL != nil && x.URL.String() != x.OriginURL.String()
+	// The same *url.URL (a chain's first hop) is no redirect: spare the two
+	// String calls on the transport's per-attempt path.
+	return x.OriginURL != nil && x.URL != nil && x.URL != x.OriginURL && x.URL.String() != x.OriginURL.String()
 }
 
 // Document parses Body as HTML, once, for goquery.
@@ -246,15 +249,12 @@ type rules struct {
 }
 
 func compileRules(c *config) (*rules, error) {
-	bad := func(format string, a ...any) error {
-		return fmt.Errorf("%w: "+format, append([]any{ErrConfig}, a...)...)
-	}
 	r := &rules{status: map[string]map[int]bool{}, sizeDrop: c.sizeDrop}
 	r.status[""] = codeSet(DefaultBanStatus())
 	for site, codes := range c.banStatus {
 		for _, code := range codes {
 			if code < 100 || code > 599 {
-				return nil, bad("ban status %d for site %q is not an HTTP status code", code, site)
+				return nil, configErr("ban status %d for site %q is not an HTTP status code", code, site)
 			}
 		}
 		r.status[site] = codeSet(codes)
@@ -266,7 +266,7 @@ func compileRules(c *config) (*rules, error) {
 	for _, p := range patterns {
 		re, err := regexp.Compile(p)
 		if err != nil {
-			return nil, bad("challenge URL pattern %q: %v", p, err)
+			return nil, configErr("challenge URL pattern %q: %v", p, err)
 		}
 		r.challenge = append(r.challenge, re)
 	}
@@ -275,28 +275,28 @@ func compileRules(c *config) (*rules, error) {
 		if e.url != "" {
 			re, err := regexp.Compile(e.url)
 			if err != nil {
-				return nil, bad("expected-content URL pattern %q: %v", e.url, err)
+				return nil, configErr("expected-content URL pattern %q: %v", e.url, err)
 			}
 			rule.url = re
 		}
 		if len(e.selectors) == 0 {
-			return nil, bad("expected content for site %q, URL %q names no selector", e.site, e.url)
+			return nil, configErr("expected content for site %q, URL %q names no selector", e.site, e.url)
 		}
 		for _, sel := range e.selectors {
 			cs, err := cascadia.Compile(sel)
 			if err != nil {
-				return nil, bad("CSS selector %q: %v", sel, err)
+				return nil, configErr("CSS selector %q: %v", sel, err)
 			}
 			rule.sels = append(rule.sels, cs)
 		}
 		r.expects = append(r.expects, rule)
 	}
 	if c.sizeDrop < 0 || c.sizeDrop >= 1 {
-		return nil, bad("size drop ratio %v is outside [0, 1)", c.sizeDrop)
+		return nil, configErr("size drop ratio %v is outside [0, 1)", c.sizeDrop)
 	}
 	for _, cl := range c.classifiers {
 		if cl == nil {
-			return nil, bad("nil classifier")
+			return nil, configErr("nil classifier")
 		}
 	}
 	r.classifiers = c.classifiers
@@ -394,7 +394,7 @@ func (r *rules) classifyResponse(x *Exchange) Verdict {
 		}
 	}
 	if r.sizeDrop > 0 {
-		if med, ok := r.sizes.median(baselineKey(x)); ok && float64(len(x.Body)) < r.sizeDrop*float64(med) {
+		if med, ok := r.sizes.median(x.baselineKey()); ok && float64(len(x.Body)) < r.sizeDrop*float64(med) {
 			return Verdict{Kind: Ban, Reason: ReasonSizeDrop}
 		}
 	}
@@ -404,11 +404,18 @@ func (r *rules) classifyResponse(x *Exchange) Verdict {
 // learn feeds an OK page's size into its site's baseline.
 func (r *rules) learn(x *Exchange) {
 	if r.sizeDrop > 0 && x.StatusCode >= 200 && x.StatusCode <= 299 && x.hasBody() && !x.undecoded {
-		r.sizes.learn(baselineKey(x), len(x.Body))
+		r.sizes.learn(x.baselineKey(), len(x.Body))
 	}
 }
 
-func baselineKey(x *Exchange) string { return x.Site + "\x00" + x.mediaType() }
+// baselineKey names x's size baseline, its site and media type, computed
+// once: classifyResponse judges by it and learn feeds it.
+func (x *Exchange) baselineKey() string {
+	if x.sizeKey == "" {
+		x.sizeKey = x.Site + "\x00" + x.mediaType()
+	}
+	return x.sizeKey
+}
 
 // challengeRedirect reports whether x redirects to a challenge page other
 // than the URL its chain asked for (as the final-URL check spares a page

@@ -128,6 +128,11 @@ func (e *ProxyError) Error() string {
 
 func (e *ProxyError) Unwrap() error { return e.Err }
 
+// configErr is an ErrConfig error whose message says what is wrong.
+func configErr(format string, a ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrConfig}, a...)...)
+}
+
 // redisErr wraps a failed Redis call so that errors.Is(err, ErrRedis) and
 // errors.Is(err, <the go-redis or context error>) both hold.
 func redisErr(op string, err error) error {

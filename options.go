@@ -1,7 +1,6 @@
 package proxyswitch
 
 import (
-	"fmt"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -110,36 +109,33 @@ func newConfig(opts []Option) (config, error) {
 }
 
 func (c *config) validate() error {
-	bad := func(format string, a ...any) error {
-		return fmt.Errorf("%w: "+format, append([]any{ErrConfig}, a...)...)
-	}
 	switch {
 	case c.leaseTTL < 100*time.Millisecond:
-		return bad("lease TTL %v is below 100ms", c.leaseTTL)
+		return configErr("lease TTL %v is below 100ms", c.leaseTTL)
 	case c.maxWait < 0:
-		return bad("negative max wait %v", c.maxWait)
+		return configErr("negative max wait %v", c.maxWait)
 	case c.cooldown < 0:
-		return bad("negative cooldown %v", c.cooldown)
+		return configErr("negative cooldown %v", c.cooldown)
 	case c.redisTimeout <= 0:
-		return bad("redis timeout %v must be positive", c.redisTimeout)
+		return configErr("redis timeout %v must be positive", c.redisTimeout)
 	case c.idleTTL < time.Minute || c.idleTTL < 2*c.leaseTTL:
-		return bad("idle TTL %v must be at least a minute and twice the lease TTL", c.idleTTL)
+		return configErr("idle TTL %v must be at least a minute and twice the lease TTL", c.idleTTL)
 	case c.slots < 1 || c.slots > 1000:
-		return bad("concurrency %d per proxy per site is outside 1..1000", c.slots)
+		return configErr("concurrency %d per proxy per site is outside 1..1000", c.slots)
 	case c.scope != ScopeSite && c.scope != ScopeGlobal:
-		return bad("unknown scope %d", c.scope)
+		return configErr("unknown scope %d", c.scope)
 	case c.siteFunc == nil:
-		return bad("nil site function")
+		return configErr("nil site function")
 	case c.quarantine <= 0 || c.maxQuarantine < c.quarantine:
-		return bad("quarantine %v, max %v: want 0 < quarantine <= max", c.quarantine, c.maxQuarantine)
+		return configErr("quarantine %v, max %v: want 0 < quarantine <= max", c.quarantine, c.maxQuarantine)
 	case c.failQuarantine <= 0 || c.maxFailQuarantine < c.failQuarantine:
-		return bad("failure quarantine %v, max %v: want 0 < quarantine <= max", c.failQuarantine, c.maxFailQuarantine)
+		return configErr("failure quarantine %v, max %v: want 0 < quarantine <= max", c.failQuarantine, c.maxFailQuarantine)
 	case c.deadAfter < 0:
-		return bad("negative dead-after count %d", c.deadAfter)
+		return configErr("negative dead-after count %d", c.deadAfter)
 	case c.retries < 0 || c.retries > 100:
-		return bad("retries %d outside 0..100", c.retries)
+		return configErr("retries %d outside 0..100", c.retries)
 	case c.attemptTimeout < 0:
-		return bad("negative attempt timeout %v", c.attemptTimeout)
+		return configErr("negative attempt timeout %v", c.attemptTimeout)
 	}
 	if err := c.fallback.validate(); err != nil {
 		return err
