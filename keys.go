@@ -59,3 +59,8 @@ func (k keyspace) liveSessions() string       { return k.base + ":sessions" }
 func (k keyspace) members() string            { return k.base + ":members" }
 func (k keyspace) memberOwners() string       { return k.base + ":member-owners" }
 func (k keyspace) modes() string              { return k.base + ":modes" }
+
+// states are the KEYS of lua/state.lua and lua/proxy_states.lua for scope.
+func (k keyspace) states(scope string) []string {
+	return []string{k.proxies(), k.free(scope), k.leases(scope), k.strikes(scope), k.quarantine(), k.dead(), k.meta()}
+}

@@ -1,10 +1,11 @@
 package proxyswitch
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -101,9 +102,13 @@ func (s *Switch) List(ctx context.Context) ([]*Proxy, error) {
 	return out, nil
 }
 
-// sortProxies orders s by the redacted URL of each element's proxy.
+// sortProxies orders s by the redacted URL of each element's proxy, then by
+// its ID (two proxies differing only in their passwords look the same).
 func sortProxies[T any](s []T, proxy func(T) *Proxy) {
-	sort.Slice(s, func(i, j int) bool { return proxy(s[i]).String() < proxy(s[j]).String() })
+	slices.SortFunc(s, func(a, b T) int {
+		pa, pb := proxy(a), proxy(b)
+		return cmp.Or(strings.Compare(pa.String(), pb.String()), strings.Compare(pa.id, pb.id))
+	})
 }
 
 // SiteStats is a snapshot of a pool as one site sees it.

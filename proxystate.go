@@ -1,10 +1,8 @@
 package proxyswitch
 
 import (
-	"cmp"
 	"context"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -86,10 +84,8 @@ func (s *Switch) ProxyStates(ctx context.Context, site string) ([]ProxyState, er
 		return nil, fmt.Errorf("%w: empty site", ErrConfig)
 	}
 	scope := s.scopeOf(site)
-	keys := []string{s.keys.proxies(), s.keys.free(scope), s.keys.leases(scope), s.keys.strikes(scope),
-		s.keys.quarantine(), s.keys.dead(), s.keys.meta()}
 	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]any, error) {
-		return proxyStatesScript.Run(ctx, s.rdb, keys, s.cfg.slots).Slice()
+		return proxyStatesScript.Run(ctx, s.rdb, s.keys.states(scope), s.cfg.slots).Slice()
 	}, nil)
 	if err != nil {
 		return nil, redisErr("proxy states", err)
@@ -154,9 +150,7 @@ func (s *Switch) parseProxyStates(res []any) ([]ProxyState, error) {
 		}
 		out = append(out, st)
 	}
-	slices.SortFunc(out, func(a, b ProxyState) int {
-		return cmp.Or(strings.Compare(a.Proxy.String(), b.Proxy.String()), strings.Compare(a.Proxy.ID(), b.Proxy.ID()))
-	})
+	sortProxies(out, func(st ProxyState) *Proxy { return st.Proxy })
 	return out, nil
 }
 

@@ -23,10 +23,8 @@ func (s *Switch) SiteState(ctx context.Context, site string) (SiteState, error) 
 		return SiteState{}, s.err
 	}
 	scope := s.scopeOf(site)
-	keys := []string{s.keys.proxies(), s.keys.free(scope), s.keys.leases(scope), s.keys.strikes(scope),
-		s.keys.quarantine(), s.keys.dead(), s.keys.meta()}
 	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]int64, error) {
-		return stateScript.Run(ctx, s.rdb, keys, s.cfg.slots).Int64Slice()
+		return stateScript.Run(ctx, s.rdb, s.keys.states(scope), s.cfg.slots).Int64Slice()
 	}, nil)
 	if err != nil {
 		return SiteState{}, redisErr("state", err)

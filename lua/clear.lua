@@ -3,8 +3,8 @@
 -- touched).
 --
 -- KEYS[1] sites zset  scope -> unix ms of its last lease
+-- KEYS[2..] the other pool-wide keys to delete (pool hash, meta hash, ...)
 -- ARGV[1] key prefix "{prefix:pool}"
--- ARGV[2..] the pool-wide key suffixes to delete (":proxies", ":meta", ...)
 --
 -- Per-site keys are ARGV[1]..":free:"..S, ":lease:"..S and ":strikes:"..S.
 -- Returns the number of keys deleted.
@@ -12,7 +12,7 @@ local n = 0
 for _, sc in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
   n = n + redis.call('DEL', ARGV[1] .. ':free:' .. sc, ARGV[1] .. ':lease:' .. sc, ARGV[1] .. ':strikes:' .. sc)
 end
-for i = 2, #ARGV do
-  n = n + redis.call('DEL', ARGV[1] .. ARGV[i])
+for i = 1, #KEYS do
+  n = n + redis.call('DEL', KEYS[i])
 end
 return n
