@@ -184,8 +184,16 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	}
 }
 
-func (a *app) newSwitch(pool string) (*proxyswitch.Switch, error) {
-	return proxyswitch.NewSwitch(a.rdb, append([]proxyswitch.Option{proxyswitch.WithPool(pool)}, a.opts...)...)
+// newSwitch returns a Switch on pool with the flags' options (a.opts) and
+// opts.
+func (a *app) newSwitch(pool string, opts ...proxyswitch.Option) (*proxyswitch.Switch, error) {
+	return proxyswitch.NewSwitch(a.rdb, append(append([]proxyswitch.Option{proxyswitch.WithPool(pool)}, opts...), a.opts...)...)
+}
+
+// newStorage returns the Storage of namespace ns with the flags' timeout
+// and logger.
+func (a *app) newStorage(ns string) (*storage.Storage, error) {
+	return storage.New(a.rdb, storage.WithNamespace(ns), storage.WithRedisTimeout(a.timeout), storage.WithLogger(a.logger))
 }
 
 // matchConcurrency makes a.sw act on every slot of each proxy: the pool's
@@ -197,8 +205,7 @@ func (a *app) matchConcurrency(ctx context.Context) error {
 	if err != nil || k <= 1 {
 		return err
 	}
-	sw, err := proxyswitch.NewSwitch(a.rdb, append([]proxyswitch.Option{proxyswitch.WithPool(a.sw.Pool()),
-		proxyswitch.WithConcurrency(k)}, a.opts...)...)
+	sw, err := a.newSwitch(a.sw.Pool(), proxyswitch.WithConcurrency(k))
 	if err != nil {
 		return err
 	}
@@ -433,19 +440,24 @@ func (a *app) stats(ctx context.Context, sites []string) error {
 			sites = append(sites, u.Site)
 		}
 	}
-	tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "SITE\tPROXIES\tFREE\tLEASED\tBUSY\tCOOLING\tQUARANTINED\tDEAD\t")
-	for _, site := range sites {
-		st, err := a.sw.Stats(ctx, site)
+	// The pool's size is the same on every site: read it once.
+	var proxies int
+	if len(sites) > 0 {
+		st, err := a.sw.Stats(ctx, sites[0])
 		if err != nil {
 			return err
 		}
+		proxies = st.Proxies
+	}
+	tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "SITE\tPROXIES\tFREE\tLEASED\tBUSY\tCOOLING\tQUARANTINED\tDEAD\t")
+	for _, site := range sites {
 		ss, err := a.sw.SiteState(ctx, site)
 		if err != nil {
 			return err
 		}
 		busy := ss.Leased + ss.Cooling + ss.Quarantined + ss.Dead
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t\n", site, st.Proxies, ss.Free, ss.Leased, busy, ss.Cooling, ss.Quarantined, ss.Dead)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t\n", site, proxies, ss.Free, ss.Leased, busy, ss.Cooling, ss.Quarantined, ss.Dead)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -523,7 +535,7 @@ func (a *app) serve(ctx context.Context, args []string) error {
 		namespaces = strings.Split(*queues, ",")
 	}
 	for _, ns := range namespaces {
-		st, err := storage.New(a.rdb, storage.WithNamespace(ns), storage.WithRedisTimeout(a.timeout), storage.WithLogger(a.logger))
+		st, err := a.newStorage(ns)
 		if err != nil {
 			return fmt.Errorf("%w: serve -queue: %w", errUsage, err)
 		}

@@ -20,7 +20,7 @@ func (a *app) queue(ctx context.Context, args []string) error {
 	if len(args) == 0 {
 		return fmt.Errorf("%w: queue takes a storage NAMESPACE, then stats (the default), dead [N] or requeue ID...", errUsage)
 	}
-	s, err := storage.New(a.rdb, storage.WithNamespace(args[0]), storage.WithRedisTimeout(a.timeout), storage.WithLogger(a.logger))
+	s, err := a.newStorage(args[0])
 	if err != nil {
 		return fmt.Errorf("%w: %w", errUsage, err)
 	}
