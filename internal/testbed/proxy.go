@@ -288,15 +288,6 @@ func (p *Proxy) Hosts() map[string]int {
 	return copyMap(p.hosts)
 }
 
-// ResetStats clears Requests, Hosts, Collisions and MaxConcurrentPerHost.
-func (p *Proxy) ResetStats() {
-	p.requests.Store(0)
-	p.statMu.Lock()
-	defer p.statMu.Unlock()
-	clear(p.hosts)
-	p.fl.resetStats()
-}
-
 // Close stops the proxy, closes all client and upstream connections
 // (including hung requests and tunnels) and waits briefly for handlers to
 // return. It is safe to call more than once.
