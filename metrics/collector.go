@@ -184,8 +184,8 @@ func newCollector(pool string, cfg config) *Collector {
 // Collector is its Observer); it is fast, never blocks and never panics.
 func (c *Collector) ObserveAttempt(ev proxyswitch.AttemptEvent) {
 	now := c.now()
-	site := c.sites.label(ev.Site)
-	if m, err := c.attempts.GetMetricWithLabelValues(site, kindLabel(ev.Kind)); err == nil {
+	site, kind := c.sites.label(ev.Site), kindLabel(ev.Kind)
+	if m, err := c.attempts.GetMetricWithLabelValues(site, kind); err == nil {
 		m.Inc()
 	}
 	if m, err := c.latency.GetMetricWithLabelValues(site); err == nil {
@@ -193,7 +193,7 @@ func (c *Collector) ObserveAttempt(ev proxyswitch.AttemptEvent) {
 	}
 	bad := ev.Kind == proxyswitch.Ban || ev.Kind == proxyswitch.ProxyFailure
 	if bad {
-		if m, err := c.bans.GetMetricWithLabelValues(site, kindLabel(ev.Kind), reasonLabel(ev.Reason)); err == nil {
+		if m, err := c.bans.GetMetricWithLabelValues(site, kind, reasonLabel(ev.Reason)); err == nil {
 			m.Inc()
 		}
 	} else if c.pendingN.Load() > 0 {
