@@ -60,6 +60,11 @@ func (k keyspace) members() string            { return k.base + ":members" }
 func (k keyspace) memberOwners() string       { return k.base + ":member-owners" }
 func (k keyspace) modes() string              { return k.base + ":modes" }
 
+// lease is the KEYS of lua/lease.lua for scope.
+func (k keyspace) lease(scope string) []string {
+	return []string{k.proxies(), k.free(scope), k.leases(scope), k.sites(), k.meta(), k.dead(), k.quarantine()}
+}
+
 // states are the KEYS of lua/state.lua and lua/proxy_states.lua for scope.
 func (k keyspace) states(scope string) []string {
 	return []string{k.proxies(), k.free(scope), k.leases(scope), k.strikes(scope), k.quarantine(), k.dead(), k.meta()}

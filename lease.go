@@ -138,15 +138,23 @@ func (s *Switch) acquire(ctx context.Context, site, prefer string) (*Lease, erro
 			return nil, fmt.Errorf("%w: every proxy of pool %q stayed busy or quarantined for site %s for %v", ErrNoProxy, s.cfg.pool, scope, s.cfg.maxWait)
 		}
 		d := min(wait, backoff, left)
-		d = d/2 + rand.N(d/2+1) // jitter: waiters do not wake in lockstep
 		backoff = min(2*backoff, s.cfg.backoffMax)
-		t := time.NewTimer(d)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !pause(ctx, d) {
 			return nil, errors.Join(fmt.Errorf("%w: gave up waiting for site %s", ErrNoProxy, scope), ctx.Err())
-		case <-t.C:
 		}
+	}
+}
+
+// pause sleeps for d jittered down to d/2 to d, so that waiters do not wake
+// in lockstep. It reports false if ctx ended first.
+func pause(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d/2 + rand.N(d/2+1))
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
 	}
 }
 
@@ -163,22 +171,13 @@ func (s *Switch) tryLease(ctx context.Context, site, scope, prefer string) (*Lea
 	}
 	token := s.newToken()
 	ttl := s.leaseTTL(ctx)
-	keys := []string{s.keys.proxies(), s.keys.free(scope), s.keys.leases(scope), s.keys.sites(), s.keys.meta(),
-		s.keys.dead(), s.keys.quarantine()}
 	res, err := roundTrip(ctx, s.callTimeout(), func(ctx context.Context) ([]any, error) {
-		return leaseScript.Run(ctx, s.rdb, keys, scope, token, ttl.Milliseconds(), s.cfg.cooldown.Milliseconds(),
+		return leaseScript.Run(ctx, s.rdb, s.keys.lease(scope), scope, token, ttl.Milliseconds(), s.cfg.cooldown.Milliseconds(),
 			s.cfg.slots, s.cfg.idleTTL.Milliseconds(), prefer).Slice()
-	}, func(res []any, err error) {
-		// Granted after we gave up waiting for the reply: hand it back.
-		if status, _ := intAt(res, 0); err == nil && status == 1 && len(res) == 4 {
-			if member, ok := res[1].(string); ok {
-				_, _ = s.releaseMember(context.Background(), scope, member, token, "")
-			}
-		}
-	})
+	}, s.releaseLate(scope, token))
 	if err != nil {
-		if strings.HasPrefix(err.Error(), "PSCONFIG ") {
-			return nil, 0, fmt.Errorf("%w: %w: %s", ErrNoProxy, ErrConfig, strings.TrimPrefix(err.Error(), "PSCONFIG "))
+		if err, ok := leaseConfigErr(err); ok {
+			return nil, 0, err
 		}
 		if s.fb != nil && s.fb.trip(ctx, err) {
 			return s.tryLease(ctx, site, scope, prefer) // from the local shard now
@@ -214,6 +213,28 @@ func (s *Switch) tryLease(ctx context.Context, site, scope, prefer string) (*Lea
 		return l, 0, nil
 	}
 	return nil, 0, fmt.Errorf("%w: %w: unexpected lease reply of %d items", ErrNoProxy, ErrCorrupt, len(res))
+}
+
+// releaseLate hands back a lease of lua/lease.lua granted (to token, on
+// scope) after its caller gave up waiting for the reply: roundTrip's late.
+func (s *Switch) releaseLate(scope, token string) func([]any, error) {
+	return func(res []any, err error) {
+		if status, _ := intAt(res, 0); err == nil && status == 1 && len(res) == 4 {
+			if member, ok := res[1].(string); ok {
+				_, _ = s.releaseMember(context.Background(), scope, member, token, "")
+			}
+		}
+	}
+}
+
+// leaseConfigErr turns lua/lease.lua's PSCONFIG error (the pool records
+// another concurrency) into an ErrNoProxy and ErrConfig error.
+func leaseConfigErr(err error) (error, bool) {
+	msg, ok := strings.CutPrefix(err.Error(), "PSCONFIG ")
+	if !ok {
+		return nil, false
+	}
+	return fmt.Errorf("%w: %w: %s", ErrNoProxy, ErrConfig, msg), true
 }
 
 // release runs the owner-checked release script for l. If the request made

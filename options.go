@@ -25,21 +25,20 @@ const (
 )
 
 type config struct {
-	prefix, pool  string
-	leaseTTL      time.Duration
-	maxLeaseTTL   time.Duration
-	maxWait       time.Duration
-	cooldown      time.Duration
-	redisTimeout  time.Duration
-	idleTTL       time.Duration
-	scope         Scope
-	slots         int
-	siteFunc      func(*url.URL) string
-	logger        *slog.Logger
-	backoffMin    time.Duration
-	backoffMax    time.Duration
-	sweepInterval time.Duration
-	readLimit     int64 // bytes of a body classified when the collector sets no MaxBodySize
+	prefix, pool string
+	leaseTTL     time.Duration
+	maxLeaseTTL  time.Duration
+	maxWait      time.Duration
+	cooldown     time.Duration
+	redisTimeout time.Duration
+	idleTTL      time.Duration
+	scope        Scope
+	slots        int
+	siteFunc     func(*url.URL) string
+	logger       *slog.Logger
+	backoffMin   time.Duration
+	backoffMax   time.Duration
+	readLimit    int64 // bytes of a body classified when the collector sets no MaxBodySize
 
 	// ban detection and quarantine (bandetect.go, ban.go, transport.go)
 	quarantine, maxQuarantine         time.Duration
@@ -69,19 +68,18 @@ type expectSpec struct {
 
 func defaultConfig() config {
 	return config{
-		prefix:        "proxyswitch",
-		pool:          "default",
-		leaseTTL:      30 * time.Second,
-		maxWait:       30 * time.Second,
-		redisTimeout:  2 * time.Second,
-		idleTTL:       24 * time.Hour,
-		scope:         ScopeSite,
-		slots:         1,
-		siteFunc:      DefaultSite,
-		backoffMin:    5 * time.Millisecond,
-		backoffMax:    250 * time.Millisecond,
-		sweepInterval: time.Second,
-		readLimit:     defaultReadLimit,
+		prefix:       "proxyswitch",
+		pool:         "default",
+		leaseTTL:     30 * time.Second,
+		maxWait:      30 * time.Second,
+		redisTimeout: 2 * time.Second,
+		idleTTL:      24 * time.Hour,
+		scope:        ScopeSite,
+		slots:        1,
+		siteFunc:     DefaultSite,
+		backoffMin:   5 * time.Millisecond,
+		backoffMax:   250 * time.Millisecond,
+		readLimit:    defaultReadLimit,
 
 		quarantine:        30 * time.Minute,
 		maxQuarantine:     12 * time.Hour,

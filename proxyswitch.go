@@ -324,11 +324,14 @@ func (s *Switch) releaseQuietly(l *Lease) {
 	}
 }
 
+// sweepInterval is how often, at most, sweep looks for stale bindings.
+const sweepInterval = time.Second
+
 // sweep forgets bindings no hook will finish (a Colly path that skips the
 // callbacks) once they are older than any lease they could hold.
 func (s *Switch) sweep() {
 	maxAge := s.cfg.maxWait + s.cfg.maxLeaseTTL + time.Minute
-	if stale := s.reg.sweep(time.Now(), s.cfg.sweepInterval, maxAge); len(stale) > 0 {
+	if stale := s.reg.sweep(time.Now(), sweepInterval, maxAge); len(stale) > 0 {
 		go func() {
 			for _, l := range stale {
 				s.releaseQuietly(l)
