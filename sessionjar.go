@@ -117,7 +117,7 @@ func (c *jarCookie) matches(u *url.URL, host string, now int64) bool {
 	if host != c.Domain && (c.HostOnly || net.ParseIP(host) != nil || !strings.HasSuffix(host, "."+c.Domain)) {
 		return false
 	}
-	p := u.EscapedPath()
+	p := u.Path // decoded, as the default path is (and as net/http/cookiejar matches)
 	if p == "" {
 		p = "/"
 	}

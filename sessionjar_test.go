@@ -102,6 +102,10 @@ func TestSessionJarRules(t *testing.T) {
 		assert.Equal(t, want, cookieNames(cookiesFor(jar, mustURL(t, url), now)), url)
 	}
 
+	// A percent-encoded path: the default path and the match agree.
+	jar = jarOf(t, now, "https://shop.example/caf%C3%A9/menu", "a=1")
+	assert.Equal(t, "a=1", cookieNames(cookiesFor(jar, mustURL(t, "https://shop.example/caf%C3%A9/dessert"), now)))
+
 	// IP hosts: a Domain attribute must be the IP itself.
 	jar = jarOf(t, now, "http://127.0.0.1:8080/", "a=1", "b=2; Domain=0.0.1", "c=3; Domain=127.0.0.1")
 	assert.Equal(t, "a=1; c=3", cookieNames(cookiesFor(jar, mustURL(t, "http://127.0.0.1:9090/x"), now)), "ports do not matter")

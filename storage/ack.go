@@ -184,7 +184,8 @@ func (s *Storage) dropDuplicate(d *delivery) {
 func splitToken(tok string) (string, int, error) {
 	id, num, ok := strings.Cut(tok, ":")
 	n, err := strconv.Atoi(num)
-	if !ok || id == "" || err != nil || n < 1 {
+	if !ok || id == "" || err != nil || n < 1 || strconv.Itoa(n) != num { // only the form token() writes
+
 		return "", 0, fmt.Errorf("%w: bad delivery token %q", ErrNotQueued, tok)
 	}
 	return id, n, nil

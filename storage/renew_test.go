@@ -419,3 +419,17 @@ func TestReopenLaterDelivery(t *testing.T) {
 	p.reopen("7", 1)
 	assert.Same(t, other, p.unclaimed(0xabc))
 }
+
+// Only the token form this package writes is a delivery token: another
+// spelling of the same number would be filed under one key and removed
+// under another, and never leave pending.
+func TestSplitTokenCanonical(t *testing.T) {
+	id, n, err := splitToken("5:12")
+	require.NoError(t, err)
+	assert.Equal(t, "5", id)
+	assert.Equal(t, 12, n)
+	for _, bad := range []string{"5:01", "5:+1", "5:0", ":1", "5", "5:x", "5: 1"} {
+		_, _, err := splitToken(bad)
+		assert.ErrorIs(t, err, ErrNotQueued, bad)
+	}
+}
