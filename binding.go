@@ -61,6 +61,14 @@ func (b *binding) currentLease() *Lease {
 	return b.lease
 }
 
+// lastProxy returns the proxy of the request's latest lease (nil before
+// the first one).
+func (b *binding) lastProxy() *Proxy {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.proxy
+}
+
 // dropLease forgets l (ended by a ban or a failure): the next ProxyFunc call
 // for the request leases anew.
 func (b *binding) dropLease(l *Lease) {

@@ -201,11 +201,9 @@ func (s *Switch) unhookedProxy(req *http.Request, site string) (*url.URL, error)
 	prefer := ""
 	if req.Response != nil && req.Response.Request != nil {
 		if prev := s.reg.lookup(req.Response.Request.Header); prev != nil {
-			prev.mu.Lock()
-			if prev.proxy != nil {
-				prefer = prev.proxy.id
+			if p := prev.lastProxy(); p != nil {
+				prefer = p.id
 			}
-			prev.mu.Unlock()
 		}
 	}
 	l, err := s.acquire(req.Context(), site, prefer)
@@ -245,11 +243,9 @@ func (s *Switch) onResponseHeaders(r *colly.Response) {
 		return
 	}
 	if b := s.reg.lookup(*r.Request.Headers); b != nil {
-		b.mu.Lock()
-		if b.proxy != nil {
-			r.Request.ProxyURL = b.proxy.String()
+		if p := b.lastProxy(); p != nil {
+			r.Request.ProxyURL = p.String()
 		}
-		b.mu.Unlock()
 	}
 }
 
