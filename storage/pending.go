@@ -77,7 +77,8 @@ func (p *pending) init(visibility, maxFetch time.Duration) {
 // longer than the max fetch time ago.
 func (p *pending) expiredLocked(e *delivery, now time.Time) bool {
 	if !e.started.IsZero() {
-		return now.Sub(e.started) > p.maxFetch
+		// A running delivery is the renewer's to cap (and to log).
+		return p.running[e.token()] != e && now.Sub(e.started) > p.maxFetch
 	}
 	return now.Sub(e.at) > p.visibility
 }
