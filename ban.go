@@ -190,9 +190,9 @@ func (s *Switch) Dead(ctx context.Context) ([]DeadProxy, error) {
 	}
 	out := make([]DeadProxy, 0, len(res)/3)
 	for i := 0; i+2 < len(res); i += 3 {
-		p, err := s.proxyFor(res[i+1])
+		p, err := s.poolEntry(res[i], res[i+1])
 		if err != nil {
-			return nil, fmt.Errorf("pool entry %s: %w", res[i], err)
+			return nil, err
 		}
 		ms, reason, _ := strings.Cut(res[i+2], "|")
 		n, _ := strconv.ParseInt(ms, 10, 64)

@@ -303,6 +303,16 @@ func (s *Switch) proxyFor(raw string) (*Proxy, error) {
 	return p, nil
 }
 
+// poolEntry is proxyFor for the URL of pool entry id, as a script that
+// walks the pool returns it; the error names the entry.
+func (s *Switch) poolEntry(id, raw string) (*Proxy, error) {
+	p, err := s.proxyFor(raw)
+	if err != nil {
+		return nil, fmt.Errorf("pool entry %s: %w", id, err)
+	}
+	return p, nil
+}
+
 func (s *Switch) newToken() string {
 	return s.tokenPrefix + strconv.FormatUint(s.tokenSeq.Add(1), 36)
 }

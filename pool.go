@@ -92,9 +92,9 @@ func (s *Switch) List(ctx context.Context) ([]*Proxy, error) {
 	}
 	out := make([]*Proxy, 0, len(res)/2)
 	for i := 0; i+1 < len(res); i += 2 {
-		p, err := s.proxyFor(res[i+1])
+		p, err := s.poolEntry(res[i], res[i+1])
 		if err != nil {
-			return nil, fmt.Errorf("pool entry %s: %w", res[i], err)
+			return nil, err
 		}
 		out = append(out, p)
 	}

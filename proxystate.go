@@ -120,9 +120,9 @@ func (s *Switch) parseProxyStates(res []any) ([]ProxyState, error) {
 			int64(counted) > slots {
 			return nil, fmt.Errorf("%w: proxy states reply: %d slots of proxy %s in states, of %d", ErrCorrupt, counted, id, slots)
 		}
-		p, err := s.proxyFor(raw)
+		p, err := s.poolEntry(id, raw)
 		if err != nil {
-			return nil, fmt.Errorf("pool entry %s: %w", id, err)
+			return nil, err
 		}
 		st.Proxy = p
 		switch {
