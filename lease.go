@@ -195,18 +195,20 @@ func (s *Switch) tryLease(ctx context.Context, site, scope, prefer string) (*Lea
 		member, _ := res[1].(string)
 		raw, _ := res[2].(string)
 		expiry, ok := intAt(res, 3)
-		l := &Lease{sw: s, scope: scope, site: site, member: member, token: token}
-		l.expiry.Store(expiry)
 		p, err := s.proxyFor(raw)
 		if err != nil || !ok || member == "" {
-			// Hand the slot back rather than hold a proxy we cannot use.
-			_ = l.Release(context.WithoutCancel(ctx))
+			// Hand the slot back rather than hold a proxy we cannot use
+			// (owner-checked: by member and token, as no Lease is made).
+			if member != "" {
+				_, _ = s.releaseMember(context.WithoutCancel(ctx), scope, member, token, "")
+			}
 			if err == nil {
 				err = fmt.Errorf("%w: malformed lease reply", ErrCorrupt)
 			}
 			return nil, 0, fmt.Errorf("%w: %w", ErrNoProxy, err)
 		}
-		l.proxy = p
+		l := &Lease{sw: s, scope: scope, site: site, member: member, token: token, proxy: p}
+		l.expiry.Store(expiry)
 		if s.fb != nil {
 			s.fb.leased(l)
 		}

@@ -94,7 +94,7 @@ func (s *Switch) Clear(ctx context.Context) error {
 	}
 	_, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) (int64, error) {
 		return clearScript.Run(ctx, s.rdb, []string{s.keys.sites(), s.keys.proxies(), s.keys.meta(), s.keys.fails(),
-			s.keys.quarantine(), s.keys.dead(), s.keys.members(), s.keys.memberOwners(), s.keys.liveSessions()},
+			s.keys.quarantine(), s.keys.dead(), s.keys.members(), s.keys.memberOwners(), s.keys.modes(), s.keys.liveSessions()},
 			s.keys.base).Int64()
 	}, nil)
 	if err != nil {
