@@ -6,9 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strconv"
-	"strings"
 	"time"
 )
 
@@ -286,23 +284,17 @@ func (s *Switch) sessionLease(ctx context.Context, site, scope, token, only stri
 	if only != "" {
 		flag = "1"
 	}
-	keys := []string{s.keys.proxies(), s.keys.free(scope), s.keys.leases(scope), s.keys.sites(), s.keys.meta(),
-		s.keys.dead(), s.keys.quarantine()}
+	keys := s.keys.lease(scope)
 	deadline := time.Now().Add(c.maxWait)
 	backoff := c.backoffMin
 	for {
 		res, err := roundTrip(ctx, c.redisTimeout, func(ctx context.Context) ([]any, error) {
 			return leaseScript.Run(ctx, s.rdb, keys, scope, token, c.session.ttl.Milliseconds(), c.cooldown.Milliseconds(),
 				c.slots, c.idleTTL.Milliseconds(), only, flag).Slice()
-		}, func(res []any, err error) {
-			if st, _ := intAt(res, 0); err == nil && st == 1 && len(res) == 4 { // granted after we gave up
-				m, _ := res[1].(string)
-				_, _ = s.releaseMember(context.Background(), scope, m, token, "")
-			}
-		})
+		}, s.releaseLate(scope, token))
 		if err != nil {
-			if msg, ok := strings.CutPrefix(err.Error(), "PSCONFIG "); ok {
-				return "", 0, fmt.Errorf("%w: %w: %s", ErrNoProxy, ErrConfig, msg)
+			if cerr, ok := leaseConfigErr(err); ok {
+				return "", 0, cerr
 			}
 			return "", 0, fmt.Errorf("%w: %w", ErrNoProxy, redisErr("session lease", err))
 		}
@@ -332,14 +324,9 @@ func (s *Switch) sessionLease(ctx context.Context, site, scope, token, only stri
 			}
 			return "", 0, fmt.Errorf("%w: %s on site %s past the %v wait", ErrNoProxy, what, site, c.maxWait)
 		}
-		d = d/2 + rand.N(d/2+1)
 		backoff = min(2*backoff, c.backoffMax)
-		t := time.NewTimer(d)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !pause(ctx, d) {
 			return "", 0, errors.Join(fmt.Errorf("%w: gave up waiting for a session proxy on site %s", ErrNoProxy, site), ctx.Err())
-		case <-t.C:
 		}
 	}
 }
