@@ -12,94 +12,94 @@ import (
 var (
 	//go:embed lua/lease.lua
 	leaseLua    string
-	leaseScript = redis.NewScript(leaseLua)
+	leaseScript = newScript(leaseLua)
 
 	//go:embed lua/release.lua
 	releaseLua    string
-	releaseScript = redis.NewScript(releaseLua)
+	releaseScript = newScript(releaseLua)
 
 	//go:embed lua/extend.lua
 	extendLua    string
-	extendScript = redis.NewScript(extendLua)
+	extendScript = newScript(extendLua)
 
 	//go:embed lua/pool_update.lua
 	poolUpdateLua    string
-	poolUpdateScript = redis.NewScript(poolUpdateLua)
+	poolUpdateScript = newScript(poolUpdateLua)
 
 	//go:embed lua/list.lua
 	listLua    string
-	listScript = redis.NewScript(listLua)
+	listScript = newScript(listLua)
 
 	//go:embed lua/stats.lua
 	statsLua    string
-	statsScript = redis.NewScript(statsLua)
+	statsScript = newScript(statsLua)
 
 	//go:embed lua/penalize.lua
 	penalizeLua    string
-	penalizeScript = redis.NewScript(penalizeLua)
+	penalizeScript = newScript(penalizeLua)
 
 	//go:embed lua/revive.lua
 	reviveLua    string
-	reviveScript = redis.NewScript(reviveLua)
+	reviveScript = newScript(reviveLua)
 
 	//go:embed lua/dead.lua
 	deadLua    string
-	deadScript = redis.NewScript(deadLua)
+	deadScript = newScript(deadLua)
 
 	//go:embed lua/meta_get.lua
 	metaGetLua    string
-	metaGetScript = redis.NewScript(metaGetLua)
+	metaGetScript = newScript(metaGetLua)
 
 	//go:embed lua/sites.lua
 	sitesLua    string
-	sitesScript = redis.NewScript(sitesLua)
+	sitesScript = newScript(sitesLua)
 
 	//go:embed lua/state.lua
 	stateLua    string
-	stateScript = redis.NewScript(stateLua)
+	stateScript = newScript(stateLua)
 
 	//go:embed lua/proxy_states.lua
 	proxyStatesLua    string
-	proxyStatesScript = redis.NewScript(proxyStatesLua)
+	proxyStatesScript = newScript(proxyStatesLua)
 
 	// Operator actions (operator.go).
 	//go:embed lua/unban.lua
 	unbanLua    string
-	unbanScript = redis.NewScript(unbanLua)
+	unbanScript = newScript(unbanLua)
 
 	//go:embed lua/drain.lua
 	drainLua    string
-	drainScript = redis.NewScript(drainLua)
+	drainScript = newScript(drainLua)
 
 	//go:embed lua/clear.lua
 	clearLua    string
-	clearScript = redis.NewScript(clearLua)
+	clearScript = newScript(clearLua)
 
 	// Membership (membership.go).
 	//go:embed lua/member_heartbeat.lua
 	memberHeartbeatLua    string
-	memberHeartbeatScript = redis.NewScript(memberHeartbeatLua)
+	memberHeartbeatScript = newScript(memberHeartbeatLua)
 
 	//go:embed lua/member_leave.lua
 	memberLeaveLua    string
-	memberLeaveScript = redis.NewScript(memberLeaveLua)
+	memberLeaveScript = newScript(memberLeaveLua)
 
 	//go:embed lua/member_list.lua
 	memberListLua    string
-	memberListScript = redis.NewScript(memberListLua)
+	memberListScript = newScript(memberListLua)
 
 	// The fallback (fallbackloop.go).
 	//go:embed lua/fallback_probe.lua
 	fallbackProbeLua    string
-	fallbackProbeScript = redis.NewScript(fallbackProbeLua)
+	fallbackProbeScript = newScript(fallbackProbeLua)
 
 	//go:embed lua/fallback_seed.lua
 	fallbackSeedLua    string
-	fallbackSeedScript = redis.NewScript(fallbackSeedLua)
+	fallbackSeedScript = newScript(fallbackSeedLua)
 
 	//go:embed lua/fallback_writeback.lua
 	fallbackWritebackLua    string
-	fallbackWritebackScript = redis.NewScript(fallbackWritebackLua)
+	fallbackWritebackScript = newScript(fallbackWritebackLua)
 
 	// Sticky sessions (sessionlease.go): each session script is
 	// session_lib.lua followed by its own body, so every call is one EVALSHA.
@@ -108,24 +108,31 @@ var (
 
 	//go:embed lua/session_use.lua
 	sessionUseLua    string
-	sessionUseScript = redis.NewScript(sessionLibLua + sessionUseLua)
+	sessionUseScript = newScript(sessionLibLua + sessionUseLua)
 
 	//go:embed lua/session_bind.lua
 	sessionBindLua    string
-	sessionBindScript = redis.NewScript(sessionLibLua + sessionBindLua)
+	sessionBindScript = newScript(sessionLibLua + sessionBindLua)
 
 	//go:embed lua/session_end.lua
 	sessionEndLua    string
-	sessionEndScript = redis.NewScript(sessionLibLua + sessionEndLua)
+	sessionEndScript = newScript(sessionLibLua + sessionEndLua)
 
 	//go:embed lua/session_cookies.lua
 	sessionCookiesLua    string
-	sessionCookiesScript = redis.NewScript(sessionLibLua + sessionCookiesLua)
+	sessionCookiesScript = newScript(sessionLibLua + sessionCookiesLua)
 
 	//go:embed lua/session_count.lua
 	sessionCountLua    string
-	sessionCountScript = redis.NewScript(sessionCountLua)
+	sessionCountScript = newScript(sessionCountLua)
 )
+
+//go:embed lua/lib.lua
+var libLua string
+
+// newScript makes a script of body with lib.lua (DEAD, now_ms, num) in
+// front of it.
+func newScript(body string) *redis.Script { return redis.NewScript(libLua + body) }
 
 // allScripts is every script the package runs; a test loads each one.
 var allScripts = map[string]*redis.Script{

@@ -11,9 +11,7 @@
 -- ARGV[3..] proxy ids
 --
 -- Returns the number of proxies drained (those in the pool).
-local DEAD = 1e15
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local sites = redis.call('ZRANGE', KEYS[2], 0, -1)
 local n = 0
 for i = 3, #ARGV do

@@ -7,18 +7,12 @@
 -- Returns the new expiry (unix ms), or 0 if the caller no longer owns a live
 -- lease (expired, released, or leased by someone else): nothing changed.
 
--- num reads a number as Redis replies it (a score, false for none).
--- Redis 7.2+ and miniredis write the DEAD score 1e15 as "1e+15"; the
--- tonumber of gopher-lua (miniredis' Lua) reads no exponent without a dot
--- (nil), but "+ 0" reads it in every Lua.
-local function num(s) return s and s + 0 end
 local v = redis.call('HGET', KEYS[2], ARGV[1])
 if not v then return 0 end
 local sep = string.find(v, '|', 1, true)
 if not sep or string.sub(v, 1, sep - 1) ~= ARGV[2] then return 0 end
 local expiry = tonumber(string.sub(v, sep + 1))
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 if not expiry or expiry <= now then return 0 end
 
 local newexp = now + tonumber(ARGV[3])

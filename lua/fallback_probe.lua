@@ -16,13 +16,7 @@
 -- Returns {now ms, pool size, pool version, dead proxies, ID, mark ms, ...}
 -- with a pair for every live member (mark -1 for none).
 
--- num reads a number as Redis replies it (a score, false for none).
--- Redis 7.2+ and miniredis write the DEAD score 1e15 as "1e+15"; the
--- tonumber of gopher-lua (miniredis' Lua) reads no exponent without a dot
--- (nil), but "+ 0" reads it in every Lua.
-local function num(s) return s and s + 0 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local ttl = tonumber(ARGV[3])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - ttl)
 if ARGV[2] == '1' then

@@ -18,14 +18,7 @@
 -- skipped. A scope whose free set is gone (Redis restarted empty) gets it
 -- back as lease.lua builds it. Time comes from TIME.
 -- Returns {quarantines written, leases written}.
-local DEAD = 1e15
--- num reads a number as Redis replies it (a score, false for none).
--- Redis 7.2+ and miniredis write the DEAD score 1e15 as "1e+15"; the
--- tonumber of gopher-lua (miniredis' Lua) reads no exponent without a dot
--- (nil), but "+ 0" reads it in every Lua.
-local function num(s) return s and s + 0 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local base, idle, maxq = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[4])
 local slots = redis.call('HGET', KEYS[3], 'slots')
 if not slots then

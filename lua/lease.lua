@@ -19,14 +19,7 @@
 --         {-1}          when the pool is empty,
 --         {-2}          with ARGV[8] = "1", when the preferred proxy left the pool or is dead.
 -- Time comes from the server's clock (TIME), never from a client.
-local DEAD = 1e15 -- the score of a dead proxy's slots (penalize.lua)
--- num reads a number as Redis replies it (a score, false for none).
--- Redis 7.2+ and miniredis write the DEAD score 1e15 as "1e+15"; the
--- tonumber of gopher-lua (miniredis' Lua) reads no exponent without a dot
--- (nil), but "+ 0" reads it in every Lua.
-local function num(s) return s and s + 0 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local ttl, cooldown, idle = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[6])
 
 local slots = redis.call('HGET', KEYS[5], 'slots')

@@ -10,8 +10,7 @@
 --         process holds the ID and is live: nothing changed.
 -- Both keys expire with the last live registration, so a pool whose servers
 -- all stopped leaves nothing behind. Time comes from the server (TIME).
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 
 local stale = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
 for _, id in ipairs(stale) do

@@ -4,8 +4,7 @@
 --
 -- Returns {now ms, ID, ID, ...}: the members whose registration has not
 -- ended by the server's clock (TIME), in no particular order.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local out = {now}
 for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')) do out[#out + 1] = id end
 return out

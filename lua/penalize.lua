@@ -37,14 +37,7 @@
 -- new sites start it there too (lease.lua), until revive.lua.
 --
 -- Returns {quarantine ms, until ms, offences in a row, dead 0/1, lease ended 0/1}.
-local DEAD = 1e15
--- num reads a number as Redis replies it (a score, false for none).
--- Redis 7.2+ and miniredis write the DEAD score 1e15 as "1e+15"; the
--- tonumber of gopher-lua (miniredis' Lua) reads no exponent without a dot
--- (nil), but "+ 0" reads it in every Lua.
-local function num(s) return s and s + 0 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local id = ARGV[2]
 local base, maxq, minq = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local idle = tonumber(ARGV[11])

@@ -17,8 +17,7 @@
 -- ARGV[4..] add/replace: id, URL, id, URL, ...   remove: id, id, ...
 --
 -- Returns {added, removed, size after}.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local mode, base, idle = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local slots = tonumber(redis.call('HGET', KEYS[3], 'slots') or '1')
 

@@ -31,12 +31,8 @@
 --
 -- Values of the hashes are read digits only, so a damaged one counts as
 -- absent.
-local DEAD = 1e15
--- Scores are read with "+ 0", not tonumber: a dead slot's may come as
--- "1e+15", which gopher-lua's tonumber (miniredis) cannot read.
-local function num(s) return s and s + 0 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- Scores are read with num (lib.lua), not tonumber.
+local now = now_ms()
 local slots = tonumber(redis.call('HGET', KEYS[7], 'slots') or ARGV[1]) or 1
 
 local function pairs_of(flat, f)

@@ -11,14 +11,7 @@
 -- A slot still held by a live lease (taken before the proxy died) comes back
 -- when that lease expires, never earlier: no slot is ever leased twice.
 -- Returns the number of proxies that were dead and are not any more.
-local DEAD = 1e15
--- num reads a number as Redis replies it (a score, false for none).
--- Redis 7.2+ and miniredis write the DEAD score 1e15 as "1e+15"; the
--- tonumber of gopher-lua (miniredis' Lua) reads no exponent without a dot
--- (nil), but "+ 0" reads it in every Lua.
-local function num(s) return s and s + 0 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local slots = tonumber(ARGV[2])
 local sites = redis.call('ZRANGE', KEYS[3], 0, -1)
 local revived = 0

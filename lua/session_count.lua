@@ -4,6 +4,5 @@
 --         (session_lib.lua's track)
 -- Returns the number of sessions whose expiry is after now (Redis clock).
 -- Read only: the set's lapsed entries are trimmed when sessions start.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 return redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')

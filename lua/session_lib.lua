@@ -13,14 +13,7 @@
 --            session, when it was retired (a tombstone keeps only these and gen)
 -- A session's cookie jar is the hash <prefix>:sjar:<session ID>, with the
 -- record's TTL. The zset <prefix>:sessions holds the live sessions' IDs
--- scored by expiry (track).
-
-local DEAD = 1e15
-
-local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
+-- scored by expiry (track). DEAD and now_ms come from lib.lua.
 
 -- read_record returns the record at key as a table ({} if there is none),
 -- or nil and what is wrong with the key.

@@ -4,6 +4,5 @@
 -- ARGV[1] idle TTL ms: sites idle for longer are left out
 --
 -- Returns the flat list site, last-lease ms, site, last-lease ms, ...
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 return redis.call('ZRANGE', KEYS[1], '+inf', now - tonumber(ARGV[1]), 'BYSCORE', 'REV', 'WITHSCORES')

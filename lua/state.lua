@@ -12,14 +12,7 @@
 -- Returns {free, leased, cooling, quarantined, dead}. Busy slots are looked
 -- at one by one (leased first, then dead, then quarantined by a ban; the
 -- rest cool down after a release); free slots are counted with ZCOUNT.
-local DEAD = 1e15
--- num reads a number as Redis replies it (a score, false for none).
--- Redis 7.2+ and miniredis write the DEAD score 1e15 as "1e+15"; the
--- tonumber of gopher-lua (miniredis' Lua) reads no exponent without a dot
--- (nil), but "+ 0" reads it in every Lua.
-local function num(s) return s and s + 0 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local slots = tonumber(redis.call('HGET', KEYS[7], 'slots') or ARGV[1] or '1') or 1
 if redis.call('EXISTS', KEYS[2]) == 0 then
   -- Never leased for this site: every live proxy is free, but for those

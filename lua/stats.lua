@@ -7,8 +7,7 @@
 -- Returns {proxies in the pool, slots free now, live leases, slots tracked,
 --          slots not free (leased, cooling down or quarantined), lease records}.
 -- If the site has no free set yet every slot counts as free: -1 in "tracked".
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local size = redis.call('HLEN', KEYS[1])
 if redis.call('EXISTS', KEYS[2]) == 0 then return {size, -1, 0, -1, 0, 0} end
 local free = redis.call('ZCOUNT', KEYS[2], '-inf', now)

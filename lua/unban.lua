@@ -8,14 +8,7 @@
 -- A slot held by a live lease comes back when that lease ends, never
 -- earlier; a dead proxy stays dead (Revive brings it back). Its backoff
 -- starts over. Returns the number of slots made free.
-local DEAD = 1e15
--- num reads a number as Redis replies it (a score, false for none).
--- Redis 7.2+ and miniredis write the DEAD score 1e15 as "1e+15"; the
--- tonumber of gopher-lua (miniredis' Lua) reads no exponent without a dot
--- (nil), but "+ 0" reads it in every Lua.
-local function num(s) return s and s + 0 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 redis.call('HDEL', KEYS[3], ARGV[1])
 local freed = 0
 for s = 0, tonumber(ARGV[2]) - 1 do
