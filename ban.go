@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net/http"
 	"strconv"
 	"strings"
@@ -60,85 +59,21 @@ func (s *Switch) BanCounts() map[BanKey]int64 {
 	return out
 }
 
-// penalty is what penalize did.
-type penalty struct {
-	quarantine time.Duration
-	until      time.Time // Redis clock
-	strikes    int       // bans (or failures) in a row, this one included
-	dead       bool
-}
-
-// penalize quarantines proxy p on site after a Ban or ProxyFailure verdict
-// and counts it. If l is p's lease for site, it ends with it (owner-checked);
-// a lease for another scope is left to the caller.
+// penalize quarantines proxy p on site after a Ban or ProxyFailure verdict,
+// counts it and tells the observer. If l is p's lease for site, it ends
+// with it (owner-checked); a lease for another scope is left to the caller.
+// The quarantine happens where l came from, or in the Switch's own pool.
 func (s *Switch) penalize(ctx context.Context, site string, p *Proxy, l *Lease, v Verdict) (penalty, error) {
-	if l != nil && l.sw != s {
-		return l.sw.penalize(ctx, site, p, l, v) // a lease of a routed pool: its pool's keys
-	}
-	if root := s.cfg.routes.parent; root != nil {
-		// A routed pool's Switch: counted where the user looks (observed
-		// there too: observerOf).
-		root.bans.add(BanKey{Site: site, Reason: v.Reason})
-	}
 	s.bans.add(BanKey{Site: site, Reason: v.Reason})
-	if s.fb != nil {
-		if pen, done := s.fb.penalize(s, site, p, l, v); done {
-			s.observeQuarantine(site, p, v, pen)
-			return pen, nil
-		}
+	be := backend(s.own)
+	if l != nil {
+		be = l.be
 	}
-	scope := s.scopeOf(site)
-	kind, base, maxq, hard := "ban", s.cfg.quarantine, s.cfg.maxQuarantine, "0"
-	if v.Kind == ProxyFailure {
-		kind, base, maxq = "fail", s.cfg.failQuarantine, s.cfg.maxFailQuarantine
-		if v.Reason == ReasonProxyConnect || v.Reason == ReasonProxyAuth {
-			hard = "1"
-		}
-	}
-	member, token := "", ""
-	if l != nil && l.scope == scope && l.released.CompareAndSwap(false, true) {
-		member, token = l.member, l.token
-	}
-	all := "0"
-	if s.cfg.banAllSites && v.Kind == Ban {
-		all = "1"
-	}
-	keys := []string{s.keys.free(scope), s.keys.leases(scope), s.keys.strikes(scope), s.keys.fails(),
-		s.keys.dead(), s.keys.sites(), s.keys.quarantine()}
-	argv := []any{kind, p.id, member, token, base.Milliseconds(), maxq.Milliseconds(),
-		min(v.RetryAfter, maxq).Milliseconds(), 850 + rand.N(301), all, s.keys.base,
-		s.cfg.idleTTL.Milliseconds(), hard, s.cfg.deadAfter, site, v.Reason, s.cfg.slots}
-	res, err := roundTrip(ctx, s.callTimeout(), func(ctx context.Context) ([]int64, error) {
-		return penalizeScript.Run(ctx, s.rdb, keys, argv...).Int64Slice()
-	}, nil)
+	pen, err := be.penalize(ctx, site, p, l, v)
 	if err != nil {
-		if member != "" {
-			l.released.Store(false) // still held: it expires by its TTL, or Release may retry
-		}
-		if s.fb != nil && s.fb.trip(ctx, err) {
-			if pen, done := s.fb.penalize(s, site, p, l, v); done {
-				s.observeQuarantine(site, p, v, pen)
-				return pen, nil
-			}
-		}
-		return penalty{}, redisErr("quarantine", err)
+		return pen, err
 	}
-	if s.fb != nil && member != "" {
-		s.fb.released(l)
-	}
-	if len(res) != 5 {
-		return penalty{}, fmt.Errorf("%w: quarantine reply of %d items", ErrCorrupt, len(res))
-	}
-	pen := penalty{quarantine: time.Duration(res[0]) * time.Millisecond, until: time.UnixMilli(res[1]),
-		strikes: int(res[2]), dead: res[3] == 1}
-	s.observeQuarantine(site, p, v, pen)
-	if pen.dead {
-		s.cfg.logger.Warn("proxyswitch: proxy marked dead: out of every site's rotation until revived",
-			"proxy", p.String(), "site", site, "reason", v.Reason, "failures", pen.strikes)
-	} else {
-		s.cfg.logger.Debug("proxyswitch: proxy quarantined", "proxy", p.String(), "site", site,
-			"kind", v.Kind.String(), "reason", v.Reason, "for", pen.quarantine, "in_a_row", pen.strikes)
-	}
+	s.observeQuarantine(be.pool(), site, p, v, pen)
 	return pen, nil
 }
 
@@ -178,19 +113,18 @@ type DeadProxy struct {
 
 // Dead lists the proxies of the pool marked dead, ordered by redacted URL.
 // It is safe for concurrent use.
-func (s *Switch) Dead(ctx context.Context) ([]DeadProxy, error) {
-	if s.err != nil {
-		return nil, s.err
-	}
-	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]string, error) {
-		return deadScript.Run(ctx, s.rdb, []string{s.keys.dead(), s.keys.proxies()}).StringSlice()
+func (s *Switch) Dead(ctx context.Context) ([]DeadProxy, error) { return s.own.redis().dead(ctx) }
+
+func (rp *redisPool) dead(ctx context.Context) ([]DeadProxy, error) {
+	res, err := roundTrip(ctx, rp.cfg.redisTimeout, func(ctx context.Context) ([]string, error) {
+		return deadScript.Run(ctx, rp.rdb, []string{rp.keys.dead(), rp.keys.proxies()}).StringSlice()
 	}, nil)
 	if err != nil {
 		return nil, redisErr("dead", err)
 	}
 	out := make([]DeadProxy, 0, len(res)/3)
 	for i := 0; i+2 < len(res); i += 3 {
-		p, err := s.poolEntry(res[i], res[i+1])
+		p, err := rp.sw.poolEntry(res[i], res[i+1])
 		if err != nil {
 			return nil, err
 		}
@@ -206,9 +140,6 @@ func (s *Switch) Dead(ctx context.Context) ([]DeadProxy, error) {
 // rotation at once, with their failure record cleared. It returns how many
 // of them were dead. It is safe to call while workers lease.
 func (s *Switch) Revive(ctx context.Context, proxies ...string) (int, error) {
-	if s.err != nil {
-		return 0, s.err
-	}
 	ids, err := proxyIDs(proxies)
 	if err != nil || len(ids) == 0 {
 		return 0, err

@@ -202,7 +202,7 @@ func TestDeadProxyRule(t *testing.T) {
 		case "ban":
 			v = Verdict{Kind: Ban, Reason: "http_403"}
 		case "healthy":
-			_, err := s.releaseMember(ctx, site, "none", "none", p.id)
+			_, err := s.own.redis().releaseMember(ctx, site, "none", "none", p.id)
 			require.NoError(t, err)
 			return false
 		}

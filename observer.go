@@ -111,44 +111,40 @@ func (s *Switch) SetObserver(o Observer) {
 // Pool returns the name of the pool the Switch leases from.
 func (s *Switch) Pool() string { return s.cfg.pool }
 
-// observerOf returns the observer of s's events: the one of the Switch that
-// routed to s (WithRoute, WithSessionPool), else s's own; nil for none.
+// observerOf returns the Switch's observer, nil for none.
 func (s *Switch) observerOf() Observer {
-	if root := s.cfg.routes.parent; root != nil {
-		s = root
-	}
 	if b := s.observer.Load(); b != nil {
 		return b.o
 	}
 	return nil
 }
 
-func (s *Switch) observeAttempt(site string, p *Proxy, v Verdict, latency time.Duration) {
+func (s *Switch) observeAttempt(pool, site string, p *Proxy, v Verdict, latency time.Duration) {
 	if o := s.observerOf(); o != nil {
-		o.ObserveAttempt(AttemptEvent{Pool: s.cfg.pool, Site: site, ProxyID: p.id, Kind: v.Kind, Reason: v.Reason, Latency: latency})
+		o.ObserveAttempt(AttemptEvent{Pool: pool, Site: site, ProxyID: p.id, Kind: v.Kind, Reason: v.Reason, Latency: latency})
 	}
 }
 
-func (s *Switch) observeQuarantine(site string, p *Proxy, v Verdict, pen penalty) {
+func (s *Switch) observeQuarantine(pool, site string, p *Proxy, v Verdict, pen penalty) {
 	if o := s.observerOf(); o != nil {
-		o.ObserveQuarantine(QuarantineEvent{Pool: s.cfg.pool, Site: site, ProxyID: p.id, Reason: v.Reason, Kind: v.Kind,
+		o.ObserveQuarantine(QuarantineEvent{Pool: pool, Site: site, ProxyID: p.id, Reason: v.Reason, Kind: v.Kind,
 			Duration: pen.quarantine, InARow: pen.strikes, Dead: pen.dead})
 	}
 }
 
 // observeSessionStart tells the observer of a session that started on site
 // with the proxy of member ("<id>:<slot>").
-func (s *Switch) observeSessionStart(site, member string) {
+func (s *Switch) observeSessionStart(pool, site, member string) {
 	if o := s.observerOf(); o != nil {
 		id, _, _ := strings.Cut(member, ":")
-		o.ObserveSession(SessionEvent{Pool: s.cfg.pool, ProxyID: id, Site: site})
+		o.ObserveSession(SessionEvent{Pool: pool, ProxyID: id, Site: site})
 	}
 }
 
 // observeSessionEnd tells the observer of a session that ended.
-func (s *Switch) observeSessionEnd(r SessionRetirement) {
+func (s *Switch) observeSessionEnd(pool string, r SessionRetirement) {
 	if o := s.observerOf(); o != nil {
-		o.ObserveSession(SessionEvent{Pool: s.cfg.pool, ProxyID: r.ProxyID, Ended: true, Site: r.Site, Reason: r.Reason,
+		o.ObserveSession(SessionEvent{Pool: pool, ProxyID: r.ProxyID, Ended: true, Site: r.Site, Reason: r.Reason,
 			Requests: r.Requests, Age: max(r.At.Sub(r.Started), 0)})
 	}
 }

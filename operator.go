@@ -29,7 +29,7 @@ func (s *Switch) Ban(ctx context.Context, proxy, site string, d time.Duration) e
 	// A quarantine lives in the site's free set, which lua/lease.lua builds
 	// on a site's first lease. One lease attempt, preferring the proxy, makes
 	// sure the set exists; if it leased the proxy, the ban ends that lease.
-	l, _, err := s.tryLease(ctx, site, s.scopeOf(site), p.id)
+	l, _, err := s.own.tryLease(ctx, site, s.scopeOf(site), p.id)
 	if err != nil && !errors.Is(err, ErrEmptyPool) {
 		return err
 	}
@@ -89,9 +89,6 @@ func (s *Switch) Drain(ctx context.Context, proxy string) error {
 // Workers still running lease from an empty pool (ErrEmptyPool) until the
 // pool is loaded again.
 func (s *Switch) Clear(ctx context.Context) error {
-	if s.err != nil {
-		return s.err
-	}
 	_, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) (int64, error) {
 		return clearScript.Run(ctx, s.rdb, []string{s.keys.sites(), s.keys.proxies(), s.keys.meta(), s.keys.fails(),
 			s.keys.quarantine(), s.keys.dead(), s.keys.members(), s.keys.memberOwners(), s.keys.modes(), s.keys.liveSessions()},
@@ -105,9 +102,6 @@ func (s *Switch) Clear(ctx context.Context) error {
 
 // find resolves a proxy named by URL or ID to the pool's entry.
 func (s *Switch) find(ctx context.Context, proxy string) (*Proxy, error) {
-	if s.err != nil {
-		return nil, s.err
-	}
 	id := proxy
 	if !isProxyID(proxy) {
 		p, err := ParseProxy(proxy)

@@ -156,9 +156,11 @@ func TestClearTouchesOnlyItsPool(t *testing.T) {
 	rdb := shared.Client(t)
 	s := newSwitch(t, rdb, WithPool("a"))
 	other := sibling(t, s, rdb)
-	other.keys, _ = newKeyspace(s.cfg.prefix, "a*") // a pool whose name a glob on "a" would match
+	other.cfg.pool = "a*" // a pool whose name a glob on "a" would match
+	require.NoError(t, other.build())
 	longer := sibling(t, s, rdb)
-	longer.keys, _ = newKeyspace(s.cfg.prefix+"x", "a")
+	longer.cfg.prefix += "x"
+	require.NoError(t, longer.build())
 	for _, sw := range []*Switch{s, other, longer} {
 		_, err := sw.Add(ctx, proxyURLs(2)...)
 		require.NoError(t, err)

@@ -92,7 +92,7 @@ func defaultConfig() config {
 }
 
 // newConfig applies opts (nil ones skipped) to the defaults and validates
-// the result: what NewSwitch and NewLocalPool share.
+// the result: what NewSwitch and newLocalPoolWith share.
 func newConfig(opts []Option) (config, error) {
 	cfg := defaultConfig()
 	for _, o := range opts {

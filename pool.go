@@ -80,19 +80,18 @@ func (s *Switch) ReplaceProxies(ctx context.Context, ps []*Proxy) (PoolChange, e
 }
 
 // List returns the proxies of the pool, ordered by their redacted URL.
-func (s *Switch) List(ctx context.Context) ([]*Proxy, error) {
-	if s.err != nil {
-		return nil, s.err
-	}
-	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]string, error) {
-		return listScript.Run(ctx, s.rdb, []string{s.keys.proxies()}).StringSlice()
+func (s *Switch) List(ctx context.Context) ([]*Proxy, error) { return s.own.redis().list(ctx) }
+
+func (rp *redisPool) list(ctx context.Context) ([]*Proxy, error) {
+	res, err := roundTrip(ctx, rp.cfg.redisTimeout, func(ctx context.Context) ([]string, error) {
+		return listScript.Run(ctx, rp.rdb, []string{rp.keys.proxies()}).StringSlice()
 	}, nil)
 	if err != nil {
 		return nil, redisErr("list", err)
 	}
 	out := make([]*Proxy, 0, len(res)/2)
 	for i := 0; i+1 < len(res); i += 2 {
-		p, err := s.poolEntry(res[i], res[i+1])
+		p, err := rp.sw.poolEntry(res[i], res[i+1])
 		if err != nil {
 			return nil, err
 		}
@@ -127,9 +126,6 @@ type SiteStats struct {
 // configure (the proxyswitch command) read it to match. One round trip;
 // safe for concurrent use.
 func (s *Switch) PoolConcurrency(ctx context.Context) (int, error) {
-	if s.err != nil {
-		return 0, s.err
-	}
 	v, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) (string, error) {
 		v, err := metaGetScript.Run(ctx, s.rdb, []string{s.keys.meta()}, "slots").Text()
 		if errors.Is(err, redis.Nil) {
@@ -152,9 +148,6 @@ func (s *Switch) PoolConcurrency(ctx context.Context) (int, error) {
 
 // Stats returns a snapshot of the pool for site (ignored with ScopeGlobal).
 func (s *Switch) Stats(ctx context.Context, site string) (SiteStats, error) {
-	if s.err != nil {
-		return SiteStats{}, s.err
-	}
 	scope := s.scopeOf(site)
 	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]int64, error) {
 		return statsScript.Run(ctx, s.rdb, []string{s.keys.proxies(), s.keys.free(scope), s.keys.leases(scope)}).Int64Slice()
@@ -173,9 +166,6 @@ func (s *Switch) Stats(ctx context.Context, site string) (SiteStats, error) {
 }
 
 func (s *Switch) update(ctx context.Context, mode string, args []any) (PoolChange, error) {
-	if s.err != nil {
-		return PoolChange{}, s.err
-	}
 	argv := append([]any{mode, s.keys.base, s.cfg.idleTTL.Milliseconds()}, args...)
 	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]int64, error) {
 		return poolUpdateScript.Run(ctx, s.rdb, []string{s.keys.proxies(), s.keys.sites(), s.keys.meta(),

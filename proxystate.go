@@ -77,9 +77,6 @@ const proxyStateFields = 13
 // an operator's call, not one for every request. It is safe for concurrent
 // use. A reply that is not what the script writes fails with ErrCorrupt.
 func (s *Switch) ProxyStates(ctx context.Context, site string) ([]ProxyState, error) {
-	if s.err != nil {
-		return nil, s.err
-	}
 	if site == "" && s.cfg.scope != ScopeGlobal {
 		return nil, fmt.Errorf("%w: empty site", ErrConfig)
 	}

@@ -31,7 +31,7 @@ func TestRoutesWithOrderedFallback(t *testing.T) {
 		WithRoute("cheap.example", "nothing-here", "datacenter"))
 	loadPool(t, s, "datacenter", all[:2])
 	loadPool(t, s, "residential", all[2:4])
-	pool := func(l *Lease) string { return l.sw.cfg.pool }
+	pool := func(l *Lease) string { return l.be.pool() }
 
 	var held []*Lease
 	for range 2 {
@@ -116,7 +116,7 @@ func TestSpreadOverSplitPools(t *testing.T) {
 	for range 30 {
 		l, err := s.Lease(ctx, "shop.example")
 		require.NoError(t, err)
-		per[l.sw.cfg.pool]++
+		per[l.be.pool()]++
 	}
 	t.Logf("30 leases over the parts: %v", per)
 	for _, part := range parts {
@@ -182,7 +182,7 @@ func TestFallbackCoversRoutedPools(t *testing.T) {
 		l, err := s.Lease(ctx, "shop.example")
 		require.NoError(t, err)
 		require.NotNil(t, l.local)
-		per[l.sw.cfg.pool]++
+		per[l.be.pool()]++
 	}
 	assert.Equal(t, map[string]int{"dc": 2, "res": 2}, per)
 }

@@ -151,7 +151,7 @@ func TestSessionEventsOfSessionPool(t *testing.T) {
 	obs := &recordingObserver{}
 	s.SetObserver(obs)
 	resi := testbed.NewProxies(t, 2)
-	_, err := s.SessionPool().Add(ctx, resi[0].URL(), resi[1].URL())
+	_, err := s.sessionSwitch(t).Add(ctx, resi[0].URL(), resi[1].URL())
 	require.NoError(t, err)
 	c := attached(s)
 	task := NewTaskContext("shopper")
@@ -235,7 +235,7 @@ func TestSessionWarnsRouteIgnored(t *testing.T) {
 			site := testbed.NewSite(t, "shop", flow)
 			proxies := testbed.NewProxies(t, 2)
 			s := newSwitch(t, shared.Client(t), append(tc.opts(site.Host()), WithLogger(logs.Logger()))...)
-			for _, sw := range []*Switch{s, s.SessionPool()} {
+			for _, sw := range []*Switch{s, s.sessionSwitch(t)} {
 				_, err := sw.Add(context.Background(), proxies[0].URL(), proxies[1].URL())
 				require.NoError(t, err)
 			}

@@ -49,7 +49,7 @@ func Share(sh Sharder, ids, members []string, self string) ([]string, error) {
 
 // ShareProxies is Share for parsed proxies: the proxies of ps that member
 // self owns, in the order of ps. A server that lost Redis builds its local
-// pool from it (see LocalPool).
+// pool from it (see localPool).
 func ShareProxies(sh Sharder, ps []*Proxy, members []string, self string) ([]*Proxy, error) {
 	ids := make([]string, len(ps))
 	for i, p := range ps {

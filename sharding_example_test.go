@@ -48,8 +48,8 @@ func ExamplePartition() {
 	// Output: 90
 }
 
-// A server registers in its pool's member list, and leases from its own
-// share in memory while Redis is unreachable.
+// A server registers in its pool's member list, and computes its own share
+// of the pool from the last lists it read.
 func ExampleMembership() {
 	ctx := context.Background()
 	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
@@ -70,24 +70,17 @@ func ExampleMembership() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	ids := make([]string, len(pool))
+	for i, p := range pool {
+		ids[i] = p.ID()
+	}
 
-	// Later, Redis is gone: shard by the last lists read.
+	// Later, Redis is gone: shard by the last lists read. (WithFallback
+	// does this, and leases from the share, by itself.)
 	members, _ := m.LastKnown()
-	mine, err := proxyswitch.ShareProxies(proxyswitch.Rendezvous{}, pool, members, m.Self())
+	mine, err := proxyswitch.Share(proxyswitch.Rendezvous{}, ids, members, m.Self())
 	if err != nil {
 		log.Fatal(err)
 	}
-	local, err := proxyswitch.NewLocalPool(proxyswitch.WithPool("datacenter"))
-	if err != nil {
-		log.Fatal(err)
-	}
-	if _, err := local.SetProxies(mine); err != nil {
-		log.Fatal(err)
-	}
-	lease, err := local.Lease(ctx, "www.ozon.ru")
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer lease.Release()
-	fmt.Println("via", lease.Proxy()) // password redacted
+	fmt.Println("my share:", len(mine), "of", len(ids), "proxies")
 }

@@ -48,7 +48,7 @@ func TestShardingSharedNothing(t *testing.T) {
 				sw, err := NewSwitch(srv.Client(t), opts(name)...)
 				require.NoError(t, err)
 				startSwitch(t, sw)
-				require.Equal(t, ModeLocal, sw.FallbackStatus().Mode)
+				require.Equal(t, modeLocal.String(), sw.FallbackStatus().Mode)
 				c := colly.NewCollector(colly.AllowURLRevisit())
 				sw.Attach(c)
 				c.OnError(func(_ *colly.Response, err error) { failed.Add(1); t.Logf("%s: %v", name, err) })

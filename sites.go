@@ -16,9 +16,6 @@ type SiteUse struct {
 // Sites returns the sites leased from the pool within the idle TTL, most
 // recently used first (with ScopeGlobal, the single scope "*").
 func (s *Switch) Sites(ctx context.Context) ([]SiteUse, error) {
-	if s.err != nil {
-		return nil, s.err
-	}
 	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]string, error) {
 		return sitesScript.Run(ctx, s.rdb, []string{s.keys.sites()}, s.cfg.idleTTL.Milliseconds()).StringSlice()
 	}, nil)

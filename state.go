@@ -19,9 +19,6 @@ type SiteState struct {
 // SiteState reads the state of the pool for site in one round trip. It is
 // safe for concurrent use.
 func (s *Switch) SiteState(ctx context.Context, site string) (SiteState, error) {
-	if s.err != nil {
-		return SiteState{}, s.err
-	}
 	scope := s.scopeOf(site)
 	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]int64, error) {
 		return stateScript.Run(ctx, s.rdb, s.keys.states(scope), s.cfg.slots).Int64Slice()

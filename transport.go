@@ -143,7 +143,7 @@ func (t *transport) judge(req *http.Request, a *attempt, b *binding, l *Lease, r
 	x.timedOut = x.Err != nil && a.timedOut()
 	v, cerr := s.cfg.rules.classify(x)
 	if cerr == nil {
-		s.observeAttempt(x.Site, l.proxy, v, time.Since(a.start))
+		s.observeAttempt(l.be.pool(), x.Site, l.proxy, v, time.Since(a.start))
 	}
 	switch {
 	case cerr != nil:

@@ -354,7 +354,7 @@ func scenario(t *testing.T, rdb *redis.Client, kill, restartEmpty func()) []stri
 	say("lease with Redis gone: mode %v", fb.FallbackStatus().Mode)
 	say("local ban: %v", local.Report(ctx, proxyswitch.Verdict{Kind: proxyswitch.Ban, Reason: "http_403"}))
 	restartEmpty()
-	require.Eventually(t, func() bool { return fb.FallbackStatus().Mode == proxyswitch.ModeBroker }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return fb.FallbackStatus().Mode == "broker" }, 10*time.Second, 10*time.Millisecond)
 	fst = fb.FallbackStatus()
 	say("back: reseeded %d, bans written %d, outages %d", fst.Reseeded, fst.BansWritten, fst.Outages)
 	state, err = fb.SiteState(ctx, "e.example")
