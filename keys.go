@@ -29,7 +29,7 @@ const globalSite = "*"
 // A ban is not a key of its own: it is the score of the proxy's slots in the
 // site's free set, pushed to the end of the quarantine, so the lease script
 // skips it with no extra lookup and it ends by itself. A dead proxy's slots
-// sit at deadScore in every free set.
+// sit at DEAD (lib.lua) in every free set.
 type keyspace struct {
 	base string // "{prefix:pool}"
 }
@@ -63,6 +63,12 @@ func (k keyspace) modes() string              { return k.base + ":modes" }
 // lease is the KEYS of lua/lease.lua for scope.
 func (k keyspace) lease(scope string) []string {
 	return []string{k.proxies(), k.free(scope), k.leases(scope), k.sites(), k.meta(), k.dead(), k.quarantine()}
+}
+
+// sessionKeys are the KEYS of lua/session_use.lua and lua/session_end.lua
+// for task; lua/session_bind.lua takes the session's jar after them.
+func (k keyspace) sessionKeys(task string) []string {
+	return []string{k.session(task), k.proxies(), k.liveSessions()}
 }
 
 // states are the KEYS of lua/state.lua and lua/proxy_states.lua for scope.

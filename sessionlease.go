@@ -44,7 +44,7 @@ type useReply struct {
 func (s *Switch) runUse(ctx context.Context, task, scope, mode string) (*useReply, error) {
 	c := &s.cfg
 	res, err := roundTrip(ctx, c.redisTimeout, func(ctx context.Context) ([]any, error) {
-		return sessionUseScript.Run(ctx, s.rdb, []string{s.keys.session(task), s.keys.proxies()},
+		return sessionUseScript.Run(ctx, s.rdb, s.keys.sessionKeys(task),
 			s.keys.base, scope, c.session.ttl.Milliseconds(), c.session.maxRequests, c.session.maxAge.Milliseconds(),
 			c.cooldown.Milliseconds(), c.slots, c.idleTTL.Milliseconds(), mode, c.leaseTTL.Milliseconds()).Slice()
 	}, nil)
@@ -203,7 +203,7 @@ func (s *Switch) bind(ctx context.Context, task, scope, member, id string, expir
 	c := &s.cfg
 	token := sessionTokenPrefix + id
 	res, err := roundTrip(ctx, c.redisTimeout, func(ctx context.Context) ([]any, error) {
-		return sessionBindScript.Run(ctx, s.rdb, []string{s.keys.session(task), s.keys.proxies()},
+		return sessionBindScript.Run(ctx, s.rdb, append(s.keys.sessionKeys(task), s.keys.sessionJar(id)),
 			s.keys.base, scope, member, id, expiry, c.session.ttl.Milliseconds(), c.slots, c.idleTTL.Milliseconds(),
 			mode, maxSessionSites).Slice()
 	}, func(res []any, err error) { s.unbind(task, scope, member, id, res, err) })
@@ -253,7 +253,7 @@ func (s *Switch) endSession(ctx context.Context, task, id, reason, site string, 
 		hold = 0
 	}
 	res, err := roundTrip(ctx, c.redisTimeout, func(ctx context.Context) ([]any, error) {
-		return sessionEndScript.Run(ctx, s.rdb, []string{s.keys.session(task), s.keys.proxies()},
+		return sessionEndScript.Run(ctx, s.rdb, s.keys.sessionKeys(task),
 			s.keys.base, id, reason, site, c.cooldown.Milliseconds(), c.slots, c.session.ttl.Milliseconds(), hold.Milliseconds()).Slice()
 	}, nil)
 	if err != nil {
