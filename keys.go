@@ -3,6 +3,8 @@ package proxyswitch
 import (
 	"fmt"
 	"strings"
+
+	"github.com/proxyswitch/proxyswitch/internal/engine"
 )
 
 // globalSite is the scope name used when a proxy is exclusive across all
@@ -72,6 +74,7 @@ func (k keyspace) sessionKeys(task string) []string {
 }
 
 // states are the KEYS of lua/state.lua and lua/proxy_states.lua for scope.
-func (k keyspace) states(scope string) []string {
-	return []string{k.proxies(), k.free(scope), k.leases(scope), k.strikes(scope), k.quarantine(), k.dead(), k.meta()}
+func (k keyspace) states(scope string) engine.StateKeys {
+	return engine.StateKeys{Pool: k.proxies(), Free: k.free(scope), Lease: k.leases(scope), Strikes: k.strikes(scope),
+		Quarantine: k.quarantine(), Dead: k.dead(), Meta: k.meta()}
 }

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/proxyswitch/proxyswitch/internal/engine"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -85,7 +86,7 @@ func (s *Switch) List(ctx context.Context) ([]*Proxy, error) {
 		return nil, s.err
 	}
 	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]string, error) {
-		return listScript.Run(ctx, s.rdb, []string{s.keys.proxies()}).StringSlice()
+		return engine.List{Pool: s.keys.proxies()}.Run(ctx, s.rdb).StringSlice()
 	}, nil)
 	if err != nil {
 		return nil, redisErr("list", err)
@@ -131,7 +132,7 @@ func (s *Switch) PoolConcurrency(ctx context.Context) (int, error) {
 		return 0, s.err
 	}
 	v, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) (string, error) {
-		v, err := metaGetScript.Run(ctx, s.rdb, []string{s.keys.meta()}, "slots").Text()
+		v, err := engine.MetaGet{Meta: s.keys.meta(), Field: "slots"}.Run(ctx, s.rdb).Text()
 		if errors.Is(err, redis.Nil) {
 			return "", nil
 		}
@@ -157,7 +158,7 @@ func (s *Switch) Stats(ctx context.Context, site string) (SiteStats, error) {
 	}
 	scope := s.scopeOf(site)
 	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]int64, error) {
-		return statsScript.Run(ctx, s.rdb, []string{s.keys.proxies(), s.keys.free(scope), s.keys.leases(scope)}).Int64Slice()
+		return engine.Stats{Pool: s.keys.proxies(), Free: s.keys.free(scope), Lease: s.keys.leases(scope)}.Run(ctx, s.rdb).Int64Slice()
 	}, nil)
 	if err != nil {
 		return SiteStats{}, redisErr("stats", err)
@@ -176,10 +177,13 @@ func (s *Switch) update(ctx context.Context, mode string, args []any) (PoolChang
 	if s.err != nil {
 		return PoolChange{}, s.err
 	}
-	argv := append([]any{mode, s.keys.base, s.cfg.idleTTL.Milliseconds()}, args...)
+	call := engine.PoolUpdate{
+		Pool: s.keys.proxies(), Sites: s.keys.sites(), Meta: s.keys.meta(),
+		Dead: s.keys.dead(), Fails: s.keys.fails(), Quarantine: s.keys.quarantine(),
+		Mode: mode, Prefix: s.keys.base, IdleTTL: s.cfg.idleTTL, Entries: args,
+	}
 	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]int64, error) {
-		return poolUpdateScript.Run(ctx, s.rdb, []string{s.keys.proxies(), s.keys.sites(), s.keys.meta(),
-			s.keys.dead(), s.keys.fails(), s.keys.quarantine()}, argv...).Int64Slice()
+		return call.Run(ctx, s.rdb).Int64Slice()
 	}, nil)
 	if err != nil {
 		return PoolChange{}, redisErr("pool "+mode, err)

@@ -6,26 +6,16 @@ import "github.com/proxyswitch/proxyswitch/internal/engine"
 // KEYS and ARGV; the engine builds each into a *redis.Script (lib.lua and
 // the libraries it includes first). engine.Root.Script panics at init for a
 // name with no file, and the engine's tests check that every file is a
-// script and loads on a real Redis.
+// script and loads on a real Redis. The scripts of pool.go, operator.go,
+// state.go, sites.go and proxystate.go are called through the engine's
+// typed calls (engine.List, engine.PoolUpdate, ...) instead.
 var (
-	leaseScript       = engine.Root.Script("lease")
-	releaseScript     = engine.Root.Script("release")
-	extendScript      = engine.Root.Script("extend")
-	poolUpdateScript  = engine.Root.Script("pool_update")
-	listScript        = engine.Root.Script("list")
-	statsScript       = engine.Root.Script("stats")
-	penalizeScript    = engine.Root.Script("penalize")
-	reviveScript      = engine.Root.Script("revive")
-	deadScript        = engine.Root.Script("dead")
-	metaGetScript     = engine.Root.Script("meta_get")
-	sitesScript       = engine.Root.Script("sites")
-	stateScript       = engine.Root.Script("state")
-	proxyStatesScript = engine.Root.Script("proxy_states")
-
-	// Operator actions (operator.go).
-	unbanScript = engine.Root.Script("unban")
-	drainScript = engine.Root.Script("drain")
-	clearScript = engine.Root.Script("clear")
+	leaseScript    = engine.Root.Script("lease")
+	releaseScript  = engine.Root.Script("release")
+	extendScript   = engine.Root.Script("extend")
+	penalizeScript = engine.Root.Script("penalize")
+	reviveScript   = engine.Root.Script("revive")
+	deadScript     = engine.Root.Script("dead")
 
 	// Membership (membership.go).
 	memberHeartbeatScript = engine.Root.Script("member_heartbeat")
