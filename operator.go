@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/proxyswitch/proxyswitch/internal/engine"
 )
 
 // Operator actions: what an operator (or cmd/proxyswitch) does to one proxy
@@ -54,8 +56,8 @@ func (s *Switch) Unban(ctx context.Context, proxy, site string) error {
 	}
 	scope := s.scopeOf(site)
 	_, err = roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) (int64, error) {
-		return unbanScript.Run(ctx, s.rdb, []string{s.keys.free(scope), s.keys.leases(scope), s.keys.strikes(scope)},
-			p.id, s.cfg.slots).Int64()
+		return engine.Unban{Free: s.keys.free(scope), Lease: s.keys.leases(scope), Strikes: s.keys.strikes(scope),
+			Proxy: p.id, Slots: s.cfg.slots}.Run(ctx, s.rdb).Int64()
 	}, nil)
 	if err != nil {
 		return redisErr("unban", err)
@@ -72,8 +74,8 @@ func (s *Switch) Drain(ctx context.Context, proxy string) error {
 		return err
 	}
 	_, err = roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) (int64, error) {
-		return drainScript.Run(ctx, s.rdb, []string{s.keys.dead(), s.keys.sites(), s.keys.proxies()},
-			s.keys.base, s.cfg.slots, p.id).Int64()
+		return engine.Drain{Dead: s.keys.dead(), Sites: s.keys.sites(), Pool: s.keys.proxies(),
+			Prefix: s.keys.base, Slots: s.cfg.slots, Proxies: []string{p.id}}.Run(ctx, s.rdb).Int64()
 	}, nil)
 	if err != nil {
 		return redisErr("drain", err)
@@ -90,9 +92,9 @@ func (s *Switch) Drain(ctx context.Context, proxy string) error {
 // pool is loaded again.
 func (s *Switch) Clear(ctx context.Context) error {
 	_, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) (int64, error) {
-		return clearScript.Run(ctx, s.rdb, []string{s.keys.sites(), s.keys.proxies(), s.keys.meta(), s.keys.fails(),
+		return engine.Clear{Sites: s.keys.sites(), Others: []string{s.keys.proxies(), s.keys.meta(), s.keys.fails(),
 			s.keys.quarantine(), s.keys.dead(), s.keys.members(), s.keys.memberOwners(), s.keys.modes(), s.keys.liveSessions()},
-			s.keys.base).Int64()
+			Prefix: s.keys.base}.Run(ctx, s.rdb).Int64()
 	}, nil)
 	if err != nil {
 		return redisErr("clear", err)

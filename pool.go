@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/proxyswitch/proxyswitch/internal/engine"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -84,7 +85,7 @@ func (s *Switch) List(ctx context.Context) ([]*Proxy, error) { return s.own.redi
 
 func (rp *redisPool) list(ctx context.Context) ([]*Proxy, error) {
 	res, err := roundTrip(ctx, rp.cfg.redisTimeout, func(ctx context.Context) ([]string, error) {
-		return listScript.Run(ctx, rp.rdb, []string{rp.keys.proxies()}).StringSlice()
+		return engine.List{Pool: rp.keys.proxies()}.Run(ctx, rp.rdb).StringSlice()
 	}, nil)
 	if err != nil {
 		return nil, redisErr("list", err)
@@ -127,7 +128,7 @@ type SiteStats struct {
 // safe for concurrent use.
 func (s *Switch) PoolConcurrency(ctx context.Context) (int, error) {
 	v, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) (string, error) {
-		v, err := metaGetScript.Run(ctx, s.rdb, []string{s.keys.meta()}, "slots").Text()
+		v, err := engine.MetaGet{Meta: s.keys.meta(), Field: "slots"}.Run(ctx, s.rdb).Text()
 		if errors.Is(err, redis.Nil) {
 			return "", nil
 		}
@@ -150,7 +151,7 @@ func (s *Switch) PoolConcurrency(ctx context.Context) (int, error) {
 func (s *Switch) Stats(ctx context.Context, site string) (SiteStats, error) {
 	scope := s.scopeOf(site)
 	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]int64, error) {
-		return statsScript.Run(ctx, s.rdb, []string{s.keys.proxies(), s.keys.free(scope), s.keys.leases(scope)}).Int64Slice()
+		return engine.Stats{Pool: s.keys.proxies(), Free: s.keys.free(scope), Lease: s.keys.leases(scope)}.Run(ctx, s.rdb).Int64Slice()
 	}, nil)
 	if err != nil {
 		return SiteStats{}, redisErr("stats", err)
@@ -166,10 +167,13 @@ func (s *Switch) Stats(ctx context.Context, site string) (SiteStats, error) {
 }
 
 func (s *Switch) update(ctx context.Context, mode string, args []any) (PoolChange, error) {
-	argv := append([]any{mode, s.keys.base, s.cfg.idleTTL.Milliseconds()}, args...)
+	call := engine.PoolUpdate{
+		Pool: s.keys.proxies(), Sites: s.keys.sites(), Meta: s.keys.meta(),
+		Dead: s.keys.dead(), Fails: s.keys.fails(), Quarantine: s.keys.quarantine(),
+		Mode: mode, Prefix: s.keys.base, IdleTTL: s.cfg.idleTTL, Entries: args,
+	}
 	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]int64, error) {
-		return poolUpdateScript.Run(ctx, s.rdb, []string{s.keys.proxies(), s.keys.sites(), s.keys.meta(),
-			s.keys.dead(), s.keys.fails(), s.keys.quarantine()}, argv...).Int64Slice()
+		return call.Run(ctx, s.rdb).Int64Slice()
 	}, nil)
 	if err != nil {
 		return PoolChange{}, redisErr("pool "+mode, err)

@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/proxyswitch/proxyswitch/internal/engine"
 )
 
 // The states of a proxy on a site, as ProxyState.State names them.
@@ -82,7 +84,7 @@ func (s *Switch) ProxyStates(ctx context.Context, site string) ([]ProxyState, er
 	}
 	scope := s.scopeOf(site)
 	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]any, error) {
-		return proxyStatesScript.Run(ctx, s.rdb, s.keys.states(scope), s.cfg.slots).Slice()
+		return engine.ProxyStates{StateKeys: s.keys.states(scope), Slots: s.cfg.slots}.Run(ctx, s.rdb).Slice()
 	}, nil)
 	if err != nil {
 		return nil, redisErr("proxy states", err)

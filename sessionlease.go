@@ -44,7 +44,7 @@ type useReply struct {
 func (p *redisPool) runUse(ctx context.Context, task, scope, mode string) (*useReply, error) {
 	c := p.cfg
 	res, err := roundTrip(ctx, c.redisTimeout, func(ctx context.Context) ([]any, error) {
-		return sessionUseScript.Run(ctx, p.rdb, []string{p.keys.session(task), p.keys.proxies()},
+		return sessionUseScript.Run(ctx, p.rdb, p.keys.sessionKeys(task),
 			p.keys.base, scope, c.session.ttl.Milliseconds(), c.session.maxRequests, c.session.maxAge.Milliseconds(),
 			c.cooldown.Milliseconds(), c.slots, c.idleTTL.Milliseconds(), mode, c.leaseTTL.Milliseconds()).Slice()
 	}, nil)
@@ -197,7 +197,7 @@ func (p *redisPool) bind(ctx context.Context, task, scope, member, id string, ex
 	c := p.cfg
 	token := sessionTokenPrefix + id
 	res, err := roundTrip(ctx, c.redisTimeout, func(ctx context.Context) ([]any, error) {
-		return sessionBindScript.Run(ctx, p.rdb, []string{p.keys.session(task), p.keys.proxies()},
+		return sessionBindScript.Run(ctx, p.rdb, append(p.keys.sessionKeys(task), p.keys.sessionJar(id)),
 			p.keys.base, scope, member, id, expiry, c.session.ttl.Milliseconds(), c.slots, c.idleTTL.Milliseconds(),
 			mode, maxSessionSites).Slice()
 	}, func(res []any, err error) { p.unbind(task, scope, member, id, res, err) })
@@ -247,7 +247,7 @@ func (p *redisPool) endSession(ctx context.Context, task, id, reason, site strin
 		hold = 0
 	}
 	res, err := roundTrip(ctx, c.redisTimeout, func(ctx context.Context) ([]any, error) {
-		return sessionEndScript.Run(ctx, p.rdb, []string{p.keys.session(task), p.keys.proxies()},
+		return sessionEndScript.Run(ctx, p.rdb, p.keys.sessionKeys(task),
 			p.keys.base, id, reason, site, c.cooldown.Milliseconds(), c.slots, c.session.ttl.Milliseconds(), hold.Milliseconds()).Slice()
 	}, nil)
 	if err != nil {

@@ -11,9 +11,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/url"
-	"os"
-	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -23,6 +22,7 @@ import (
 	"github.com/gocolly/colly/v2"
 	"github.com/gocolly/colly/v2/queue"
 	"github.com/proxyswitch/proxyswitch"
+	"github.com/proxyswitch/proxyswitch/internal/engine"
 	"github.com/proxyswitch/proxyswitch/internal/redistest"
 	"github.com/proxyswitch/proxyswitch/internal/testbed"
 	"github.com/proxyswitch/proxyswitch/storage"
@@ -46,17 +46,11 @@ func embedded(t *testing.T) (*Server, *redis.Client) {
 func TestEveryScriptLoadsOnMiniredis(t *testing.T) {
 	_, rdb := embedded(t)
 
-	files, err := filepath.Glob("../../lua/*.lua")
-	require.NoError(t, err)
-	require.NotEmpty(t, files)
-	storageFiles, err := filepath.Glob("../../storage/lua/*.lua")
-	require.NoError(t, err)
-	require.NotEmpty(t, storageFiles)
-	files = append(files, storageFiles...)
-	for _, f := range files {
-		src, err := os.ReadFile(f)
-		require.NoError(t, err)
-		assert.NoError(t, rdb.ScriptLoad(context.Background(), string(src)).Err(), filepath.Base(f))
+	for _, r := range []*engine.Registry{engine.Root, engine.Storage} {
+		require.NotEmpty(t, r.Names())
+		for name, sc := range r.All() {
+			assert.NoError(t, sc.Load(context.Background(), rdb).Err(), "%s/%s", r.Dir(), name)
+		}
 	}
 }
 
@@ -140,28 +134,19 @@ return {tostring(num(redis.call('ZSCORE', KEYS[1], 'm')) == 1e15), tostring(num(
 	}
 }
 
-// scriptsNum returns the line that defines num, the same in every script of
-// lua/ that has it.
+// scriptsNum returns the line of lib.lua (in front of every script) that
+// defines num.
 func scriptsNum(t *testing.T) string {
 	t.Helper()
-	files, err := filepath.Glob("../../lua/*.lua")
+	src, err := fs.ReadFile(engine.FS(), "lua/"+engine.LibFile)
 	require.NoError(t, err)
-	var def string
-	for _, f := range files {
-		src, err := os.ReadFile(f)
-		require.NoError(t, err)
-		for _, line := range strings.Split(string(src), "\n") {
-			if !strings.HasPrefix(line, "local function num(") {
-				continue
-			}
-			if def == "" {
-				def = line
-			}
-			assert.Equal(t, def, line, filepath.Base(f))
+	for line := range strings.Lines(string(src)) {
+		if strings.HasPrefix(line, "local function num(") {
+			return line
 		}
 	}
-	require.NotEmpty(t, def, "no script defines num")
-	return def + "\n"
+	t.Fatal("lib.lua defines no num")
+	return ""
 }
 
 // scenario runs every script of the library through the public API and

@@ -1,6 +1,7 @@
--- session_lib.lua: helpers shared by the session scripts. sessionlease.go
--- puts this file in front of each session_*.lua before loading it, so every
--- script stays one EVALSHA; it runs nothing by itself.
+-- session_lib.lua: helpers shared by the session scripts. The engine
+-- (internal/engine) puts this file (after lib.lua) in front of each script
+-- whose header says "-- include: session_lib.lua", so every script stays one
+-- EVALSHA; it runs nothing by itself.
 --
 -- A session record (hash, TTL: the session TTL, renewed by each use):
 --   id       session ID (hex); absent once the session ended (a tombstone)
@@ -13,7 +14,13 @@
 --            session, when it was retired (a tombstone keeps only these and gen)
 -- A session's cookie jar is the hash <prefix>:sjar:<session ID>, with the
 -- record's TTL. The zset <prefix>:sessions holds the live sessions' IDs
--- scored by expiry (track). DEAD and now_ms come from lib.lua.
+-- scored by expiry (track); the scripts take it as KEYS[3]. DEAD and now_ms
+-- come from lib.lua.
+--
+-- Why a key prefix (<prefix>, checked by lib.lua's pool_prefix) and not
+-- KEYS: the free set and lease hash of every scope a session holds are
+-- named by the scopes in its record, and its jar by the session ID in it,
+-- which only the script reads.
 
 -- read_record returns the record at key as a table ({} if there is none),
 -- or nil and what is wrong with the key.
@@ -78,23 +85,23 @@ local function intact(base, scope, member, token, exp)
 end
 
 -- track puts session id, live until exp, in the pool's set of live
--- sessions (<prefix>:sessions, a zset scored by expiry: Switch.LiveSessions
+-- sessions k (<prefix>:sessions, a zset scored by expiry: Switch.LiveSessions
 -- counts it). With trim, sessions that lapsed unseen (no end_session ran)
 -- leave it.
-local function track(base, id, exp, idle, now, trim)
-  local k = base .. ':sessions'
+local function track(k, id, exp, idle, now, trim)
   if trim then redis.call('ZREMRANGEBYSCORE', k, '-inf', now) end
   redis.call('ZADD', k, exp, id)
   redis.call('PEXPIRE', k, idle)
 end
 
--- end_session ends the live session r of record key: every slot it holds
+-- end_session ends the live session r of record key (base: the pool's key
+-- prefix, sessions: its set of live sessions): every slot it holds
 -- comes back after the cooldown, or after hold ms (the session's requests
 -- still under way finish first; never later than the session's expiry); a
 -- slot pushed further out, by a ban, stays out. Its cookie jar goes, and
 -- with a reason the record becomes a tombstone naming the session (TTL
 -- ttl), else it is deleted.
-local function end_session(key, r, base, reason, site, now, cooldown, slots, ttl, hold)
+local function end_session(key, r, base, sessions, reason, site, now, cooldown, slots, ttl, hold)
   local token, exp = 's:' .. r.id, tonumber(r.exp)
   local back = math.max(math.min(now + hold, exp), now + cooldown)
   for _, h in ipairs(held(r)) do
@@ -122,7 +129,7 @@ local function end_session(key, r, base, reason, site, now, cooldown, slots, ttl
     end
   end
   redis.call('DEL', base .. ':sjar:' .. r.id, key)
-  redis.call('ZREM', base .. ':sessions', r.id)
+  redis.call('ZREM', sessions, r.id)
   if reason ~= '' then
     redis.call('HSET', key, 'gen', r.gen, 'rid', r.id, 'rproxy', r.proxy, 'rreason', reason, 'rsite', site,
       'rat', now, 'rn', r.n, 'rcreated', r.created)

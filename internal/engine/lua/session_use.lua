@@ -1,10 +1,14 @@
 -- session_use.lua: use a task's sticky session for one request on one scope
 -- (session_lib.lua comes first).
+-- include: session_lib.lua
 --
 -- KEYS[1] session record  {prefix:pool}:session:<task>
 -- KEYS[2] pool hash       id -> proxy URL
--- ARGV[1] key prefix "{prefix:pool}" (per-scope keys and jars are derived
---         from it: same hash tag, same cluster slot)
+-- KEYS[3] live sessions zset  session ID -> expiry ms
+-- ARGV[1] key prefix "{prefix:pool}": the per-scope keys of the scopes the
+--         session holds and its jar are derived from it, since only the
+--         record names them (see session_lib.lua; same hash tag as KEYS,
+--         checked)
 -- ARGV[2] scope            ARGV[3] session TTL ms
 -- ARGV[4] max requests, 0 for no limit     ARGV[5] max age ms, 0 for none
 -- ARGV[6] cooldown ms      ARGV[7] slots per proxy (K)   ARGV[8] idle TTL ms
@@ -21,7 +25,9 @@
 --      or the one there was just retired (limits, lost lease, proxy banned,
 --      dead or removed); gen counts the task's sessions so far;
 --   {-3, what}  the record or the jar is not what this package writes.
-local base, scope, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local base, badbase = pool_prefix(ARGV[1])
+if not base then return redis.error_reply(badbase) end
+local scope, ttl = ARGV[2], tonumber(ARGV[3])
 local maxn, maxage, cooldown = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local slots, idle, peek = tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9] == 'peek'
 local now = now_ms()
@@ -51,7 +57,7 @@ end
 if tonumber(r.exp) <= now then
   -- Lapsed (the record's own TTL is a hair behind): gone, like an expired key.
   if peek then return {0, 0, '0', '', '', '', '', '', '0', '0', '0'} end
-  end_session(KEYS[1], r, base, '', '', now, cooldown, slots, ttl, 0)
+  end_session(KEYS[1], r, base, KEYS[3], '', '', now, cooldown, slots, ttl, 0)
   r = {}
   return none(0)
 end
@@ -60,7 +66,7 @@ local url = redis.call('HGET', KEYS[2], r.proxy)
 if peek then return live(url or '', r.n, r.exp, '') end
 
 local function retire(reason, site)
-  end_session(KEYS[1], r, base, reason, site, now, cooldown, slots, ttl, tonumber(ARGV[10]))
+  end_session(KEYS[1], r, base, KEYS[3], reason, site, now, cooldown, slots, ttl, tonumber(ARGV[10]))
   r = read_record(KEYS[1])
   return none(1)
 end
@@ -78,7 +84,7 @@ if not mine then return {2, r.proxy, r.id, #hs} end
 local exp = now + ttl
 for _, h in ipairs(hs) do hold(base, h[1], r.proxy, h[2], token, exp, slots, idle) end
 redis.call('HSET', KEYS[1], 'exp', exp)
-track(base, r.id, exp, idle, now, false)
+track(KEYS[3], r.id, exp, idle, now, false)
 local n = redis.call('HINCRBY', KEYS[1], 'n', 1)
 redis.call('PEXPIRE', KEYS[1], ttl)
 redis.call('PEXPIRE', jar, ttl)

@@ -18,7 +18,9 @@
 -- ARGV[8]  jitter, permille (850..1150)
 -- ARGV[9]  "1": ban on every site, not only on this scope
 -- ARGV[10] key prefix "{prefix:pool}": the free set of scope S is ARGV[10]..":free:"..S,
---          its lease hash ARGV[10]..":lease:"..S (same hash tag, hence same cluster slot)
+--          its lease hash ARGV[10]..":lease:"..S (same hash tag, hence same cluster slot;
+--          checked). Why a prefix and not KEYS: a ban on every site and a
+--          dead proxy reach the sites of KEYS[6], read here, atomically.
 -- ARGV[11] idle TTL ms of the bookkeeping hashes
 -- ARGV[12] fail: "1" when only the proxy can be at fault (could not connect, refused credentials)
 -- ARGV[13] fail: failures in a row that make a proxy dead; "0" = never
@@ -37,6 +39,8 @@
 -- new sites start it there too (lease.lua), until revive.lua.
 --
 -- Returns {quarantine ms, until ms, offences in a row, dead 0/1, lease ended 0/1}.
+local pool, badpool = pool_prefix(ARGV[10])
+if not pool then return redis.error_reply(badpool) end
 local now = now_ms()
 local id = ARGV[2]
 local base, maxq, minq = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
@@ -125,7 +129,7 @@ end
 push(KEYS[1], KEYS[2])
 if dead or ARGV[9] == '1' then
   for _, sc in ipairs(redis.call('ZRANGE', KEYS[6], 0, -1)) do
-    push(ARGV[10] .. ':free:' .. sc, ARGV[10] .. ':lease:' .. sc)
+    push(pool .. ':free:' .. sc, pool .. ':lease:' .. sc)
   end
   if not dead then
     redis.call('ZREMRANGEBYSCORE', KEYS[7], '-inf', now)

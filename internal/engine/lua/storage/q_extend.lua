@@ -21,8 +21,7 @@
 -- A delivery is touched only while the tries count still equals its number,
 -- so one that came back and went to another worker is never extended.
 -- Time comes from the server's clock (TIME).
-local t = redis.call('TIME')
-local deadline = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[1])
+local deadline = now_ms() + tonumber(ARGV[1])
 local out = {}
 for i = 2, #ARGV - 1, 2 do
   local id, n = ARGV[i], ARGV[i + 1]

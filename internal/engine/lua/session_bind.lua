@@ -2,9 +2,15 @@
 -- comes first). The lease was taken by lease.lua with the session's token
 -- "s:<id>" and the session TTL; "new" starts the session with it, "add"
 -- gives a live session its proxy on one more scope.
+-- include: session_lib.lua
 --
 -- KEYS[1] session record  KEYS[2] pool hash
--- ARGV[1] key prefix "{prefix:pool}"   ARGV[2] scope   ARGV[3] member "<id>:<slot>"
+-- KEYS[3] live sessions zset  session ID -> expiry ms
+-- KEYS[4] the session's cookie jar (ARGV[4]'s)
+-- ARGV[1] key prefix "{prefix:pool}": the per-scope keys of the scopes the
+--         session holds are derived from it, since only the record names
+--         them (see session_lib.lua; same hash tag as KEYS, checked)
+-- ARGV[2] scope   ARGV[3] member "<id>:<slot>"
 -- ARGV[4] session ID       ARGV[5] the lease's expiry ms (lease.lua's reply)
 -- ARGV[6] session TTL ms   ARGV[7] slots per proxy (K)  ARGV[8] idle TTL ms
 -- ARGV[9] "new" or "add"   ARGV[10] most scopes one session may hold
@@ -18,7 +24,9 @@
 --   {-3, what} the record is not what this package writes;
 --   {-4} the session already holds ARGV[10] scopes.
 -- On anything but {1} the caller releases the lease (release.lua).
-local base, scope, member, id = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local base, badbase = pool_prefix(ARGV[1])
+if not base then return redis.error_reply(badbase) end
+local scope, member, id = ARGV[2], ARGV[3], ARGV[4]
 local ttl, slots, idle = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local token = 's:' .. id
 local now = now_ms()
@@ -56,7 +64,7 @@ if ARGV[9] == 'new' then
   redis.call('HSET', KEYS[1], 'id', id, 'gen', (tonumber(r.gen) or 0) + 1, 'proxy', proxy, 'created', now, 'n', 0)
 end
 redis.call('HSET', KEYS[1], 'exp', exp, 's:' .. scope, member)
-track(base, id, exp, idle, now, ARGV[9] == 'new')
+track(KEYS[3], id, exp, idle, now, ARGV[9] == 'new')
 redis.call('PEXPIRE', KEYS[1], ttl)
-redis.call('PEXPIRE', base .. ':sjar:' .. id, ttl)
+redis.call('PEXPIRE', KEYS[4], ttl)
 return {1}

@@ -9,17 +9,13 @@
 -- of the bucket are sampled and expired ones removed, so marks of URLs that
 -- are never crawled again do not pile up.
 local now
-local function clock()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
 
 local v = redis.call('HGET', KEYS[1], ARGV[1])
 if v then
   if v == '0' then return 0 end
   local expiry = tonumber(v)
   if not expiry then return redis.error_reply('PSCORRUPT visited mark is not a number') end
-  now = clock()
+  now = now_ms()
   if expiry > now then return 0 end
 end
 
@@ -28,7 +24,7 @@ if ttl <= 0 then
   redis.call('HSET', KEYS[1], ARGV[1], '0')
   return 1
 end
-now = now or clock()
+now = now or now_ms()
 redis.call('HSET', KEYS[1], ARGV[1], string.format('%.0f', now + ttl))
 local sample = redis.call('HRANDFIELD', KEYS[1], 4, 'WITHVALUES')
 for i = 1, #sample, 2 do

@@ -15,8 +15,7 @@
 --         0 stale (delivered again since, acknowledged, or already dead): nothing changed.
 if redis.call('HGET', KEYS[3], ARGV[1]) ~= ARGV[2] then return 0 end
 if not redis.call('ZSCORE', KEYS[4], ARGV[1]) then return 0 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 redis.call('HSET', KEYS[6], ARGV[1], ARGV[3])
 if ARGV[6] == '1' or tonumber(ARGV[2]) >= tonumber(ARGV[5]) then
   redis.call('ZREM', KEYS[4], ARGV[1])

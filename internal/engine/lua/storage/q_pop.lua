@@ -17,8 +17,7 @@
 -- back to the head of the ready list, or go to the dead-letter list after
 -- their last delivery. IDs whose request was acknowledged meanwhile are
 -- dropped on the way. Time comes from the server's clock (TIME).
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local vis, maxd, maxb = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 
 local function bury(id, reason)

@@ -10,7 +10,12 @@
 -- ARGV[2] slots per proxy (K)
 -- ARGV[3..] proxy ids
 --
+-- Why a prefix and not KEYS: the free sets are those of every site in
+-- KEYS[2], read here, atomically. The prefix must be KEYS[1]'s hash tag
+-- (lib.lua's pool_prefix), so every key stays in the pool's cluster slot.
 -- Returns the number of proxies drained (those in the pool).
+local base, badbase = pool_prefix(ARGV[1])
+if not base then return redis.error_reply(badbase) end
 local now = now_ms()
 local sites = redis.call('ZRANGE', KEYS[2], 0, -1)
 local n = 0
@@ -20,7 +25,7 @@ for i = 3, #ARGV do
     n = n + 1
     redis.call('HSET', KEYS[1], id, now .. '|drained')
     for _, sc in ipairs(sites) do
-      local fk = ARGV[1] .. ':free:' .. sc
+      local fk = base .. ':free:' .. sc
       for s = 0, tonumber(ARGV[2]) - 1 do
         redis.call('ZADD', fk, 'XX', DEAD, id .. ':' .. s)
       end

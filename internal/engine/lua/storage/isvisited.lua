@@ -9,7 +9,5 @@ if not v then return 0 end
 if v == '0' then return 1 end
 local expiry = tonumber(v)
 if not expiry then return redis.error_reply('PSCORRUPT visited mark is not a number') end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-if expiry > now then return 1 end
+if expiry > now_ms() then return 1 end
 return 0

@@ -8,9 +8,14 @@
 -- ARGV[2] slots per proxy (K)
 -- ARGV[3..] proxy ids
 --
+-- Why a prefix and not KEYS: the free sets and lease hashes are those of
+-- every site in KEYS[3], read here, atomically. The prefix must be KEYS[1]'s
+-- hash tag (lib.lua's pool_prefix), so every key stays in the pool's slot.
 -- A slot still held by a live lease (taken before the proxy died) comes back
 -- when that lease expires, never earlier: no slot is ever leased twice.
 -- Returns the number of proxies that were dead and are not any more.
+local base, badbase = pool_prefix(ARGV[1])
+if not base then return redis.error_reply(badbase) end
 local now = now_ms()
 local slots = tonumber(ARGV[2])
 local sites = redis.call('ZRANGE', KEYS[3], 0, -1)
@@ -21,7 +26,7 @@ for i = 3, #ARGV do
     revived = revived + 1
     redis.call('HDEL', KEYS[2], id)
     for _, sc in ipairs(sites) do
-      local fk, lk = ARGV[1] .. ':free:' .. sc, ARGV[1] .. ':lease:' .. sc
+      local fk, lk = base .. ':free:' .. sc, base .. ':lease:' .. sc
       for s = 0, slots - 1 do
         local m = id .. ':' .. s
         local score = num(redis.call('ZSCORE', fk, m))

@@ -8,7 +8,9 @@
 -- KEYS[4] dead hash        id -> "<ms>|<reason>"
 -- KEYS[5] quarantine zset  id -> unix ms until which it is banned on every site
 -- ARGV[1] key prefix "{prefix:pool}": the free set of scope S is ARGV[1]..":free:"..S,
---         its lease hash ARGV[1]..":lease:"..S (same hash tag as KEYS)
+--         its lease hash ARGV[1]..":lease:"..S (same hash tag as KEYS; checked).
+--         Why a prefix and not KEYS: a ban on every site ("" scope) reaches
+--         the sites of KEYS[2], read here, atomically.
 -- ARGV[2] idle TTL ms     ARGV[3] slots (K) of the writer     ARGV[4] max quarantine ms
 -- ARGV[5..] entries of five:
 --   "ban",   scope ("" for every site), proxy id, "",    ms left
@@ -19,7 +21,9 @@
 -- back as lease.lua builds it. Time comes from TIME.
 -- Returns {quarantines written, leases written}.
 local now = now_ms()
-local base, idle, maxq = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[4])
+local base, badbase = pool_prefix(ARGV[1])
+if not base then return redis.error_reply(badbase) end
+local idle, maxq = tonumber(ARGV[2]), tonumber(ARGV[4])
 local slots = redis.call('HGET', KEYS[3], 'slots')
 if not slots then
   redis.call('HSET', KEYS[3], 'slots', ARGV[3])

@@ -1,5 +1,6 @@
 -- session_cookies.lua: store cookies a site set in a session's jar
 -- (session_lib.lua comes first).
+-- include: session_lib.lua
 --
 -- KEYS[1] session record   KEYS[2] the session's jar  field -> "<created µs>|<cookie JSON>"
 -- ARGV[1] session ID       ARGV[2] most cookies a jar keeps

@@ -12,13 +12,17 @@
 -- ARGV[2] key prefix of the per-site keys ("{prefix:pool}"); the free set of
 --         site S is ARGV[2]..":free:"..S, its lease hash ARGV[2]..":lease:"..S,
 --         its strikes hash ARGV[2]..":strikes:"..S
---         (same hash tag, hence same cluster slot as KEYS)
+--         (same hash tag, hence same cluster slot as KEYS; checked)
+--         Why a prefix and not KEYS: the sites are those of KEYS[2], read
+--         here, atomically, with the change.
 -- ARGV[3] idle TTL ms: sites not leased for that long are forgotten
 -- ARGV[4..] add/replace: id, URL, id, URL, ...   remove: id, id, ...
 --
 -- Returns {added, removed, size after}.
 local now = now_ms()
-local mode, base, idle = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local base, badbase = pool_prefix(ARGV[2])
+if not base then return redis.error_reply(badbase) end
+local mode, idle = ARGV[1], tonumber(ARGV[3])
 local slots = tonumber(redis.call('HGET', KEYS[3], 'slots') or '1')
 
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - idle)
