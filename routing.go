@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/proxyswitch/proxyswitch/shard"
 )
 
 // Pools by proxy type: datacenter IPs for bulk catalog scans, residential or
@@ -91,7 +93,7 @@ func SplitProxies(ps []*Proxy, n int) [][]*Proxy {
 		return out
 	}
 	for _, p := range ps {
-		i := shardHash(p.id) % uint64(n)
+		i := shard.Hash(p.id) % uint64(n)
 		out[i] = append(out[i], p)
 	}
 	return out
