@@ -89,11 +89,12 @@
 // # When Redis goes away: the fallback, and sharding
 //
 // With WithFallback every server registers in the pool's member list
-// (Start) and keeps its own share of the pool, computed from the last known
-// member list by a Sharder (Rendezvous, consistent hashing, by default;
-// Modulo) so that shares never overlap. When Redis is unreachable or hangs
-// (every call bounded by WithFallbackTimeout, 1s) the server leases from its
-// share in memory, once the attempts other servers started through its
+// (Start; heartbeat and TTL set by WithHeartbeat and WithMemberTTL) and
+// keeps its own share of the pool, computed from the last known member list
+// by a sharder of package shard (shard.Rendezvous, consistent hashing, by
+// default; shard.Modulo) so that shares never overlap. When Redis is
+// unreachable or hangs (every call bounded by WithFallbackTimeout, 1s) the
+// server leases from its share in memory, once the attempts other servers started through its
 // proxies are over (WithAttemptTimeout: set it, or the switch waits the
 // lease TTL); bans go on locally. When Redis answers again the server
 // re-seeds a pool Redis lost, writes its bans back, hands its running

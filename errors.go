@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/proxyswitch/proxyswitch/shard"
 )
 
 // Sentinel errors. Callers branch on them with errors.Is; every error the
@@ -30,8 +32,9 @@ var (
 	ErrLeaseLost = errors.New("proxyswitch: lease lost (expired or taken over)")
 
 	// ErrConfig means an option value or a setting shared through Redis is
-	// invalid or disagrees with the one other workers of the pool use.
-	ErrConfig = errors.New("proxyswitch: invalid configuration")
+	// invalid or disagrees with the one other workers of the pool use, or
+	// that a sharder got bad input. It is shard.ErrConfig, the same value.
+	ErrConfig = shard.ErrConfig
 
 	// ErrRedis marks a failed Redis round trip (connection refused, timeout,
 	// a script error). The underlying go-redis error is wrapped too.
@@ -65,8 +68,9 @@ var (
 	ErrProxyFailed = errors.New("proxyswitch: proxy failed")
 
 	// ErrNotMember means a server asked for its share of a member list it is
-	// not in (it never registered, or its heartbeat ran out).
-	ErrNotMember = errors.New("proxyswitch: not in the member list")
+	// not in (it never registered, or its heartbeat ran out). It is
+	// shard.ErrNotMember, the same value.
+	ErrNotMember = shard.ErrNotMember
 
 	// ErrMemberTaken means another live process is registered under the same
 	// member ID. Two processes with one ID would compute one share and use the

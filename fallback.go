@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/proxyswitch/proxyswitch/shard"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -18,7 +19,7 @@ import (
 //
 // Every server registers in the pool's member list (Membership) and keeps
 // the pool it last read, minus dead proxies; from the two it precomputes
-// its share (Sharder), so that a switch costs no computation. Shares of
+// its share (shard.Sharder), so that a switch costs no computation. Shares of
 // servers that agree on the two lists never overlap.
 //
 // Detection. With a fallback every lease, release and quarantine call is
@@ -77,17 +78,16 @@ func (m leaseMode) String() string {
 const defaultFallbackTimeout = time.Second
 
 type fallbackConfig struct {
-	self       string
-	sharder    Sharder
-	sharded    bool // WithSharding: always local
-	timeout    time.Duration
-	memberOpts []MemberOption
-	set        int // options naming a scheme: more than one is a conflict
+	self    string
+	sharder shard.Sharder
+	sharded bool // WithSharding: always local
+	timeout time.Duration
+	set     int // options naming a scheme: more than one is a conflict
 }
 
 // WithFallback turns on the hybrid mode: leases come from Redis, and while
 // Redis is unreachable or hangs, from this server's own share of the pool,
-// computed by sh (nil means Rendezvous{}) from the last known member list,
+// computed by sh (nil means shard.Rendezvous{}) from the last known member list,
 // so that servers still never share an IP. self names this process in the
 // member list (unique among live processes, e.g. the host name). Bans and
 // quarantines go on locally and are written back when Redis returns; a Redis
@@ -103,7 +103,7 @@ type fallbackConfig struct {
 // the member list has written back (at most the member TTL, 3s, for a
 // server that is gone). The default is no fallback: a request fails with
 // ErrNoProxy while Redis is unreachable.
-func WithFallback(self string, sh Sharder) Option {
+func WithFallback(self string, sh shard.Sharder) Option {
 	return func(c *config) {
 		c.fallback.self, c.fallback.sharder, c.fallback.sharded = self, sh, false
 		c.fallback.set++
@@ -111,8 +111,8 @@ func WithFallback(self string, sh Sharder) Option {
 }
 
 // WithSharding turns on shared-nothing sharding: this server leases only
-// from its own share of the pool, computed by sh (Modulo{} for the static
-// modulo shard, Rendezvous{} for consistent hashing) from the live member
+// from its own share of the pool, computed by sh (shard.Modulo{} for the static
+// modulo shard, shard.Rendezvous{} for consistent hashing) from the live member
 // list, in memory; Redis only holds the member list and the pool. self
 // names this process in the member list. A proxy that moves to this server
 // when the member list changes is used only once its former owner can have
@@ -120,7 +120,7 @@ func WithFallback(self string, sh Sharder) Option {
 // timeout or lease TTL). Bans stay with the server that learnt them. Call
 // Start before the first lease and Stop when done. The default is the
 // central broker.
-func WithSharding(self string, sh Sharder) Option {
+func WithSharding(self string, sh shard.Sharder) Option {
 	return func(c *config) {
 		c.fallback.self, c.fallback.sharder, c.fallback.sharded = self, sh, true
 		c.fallback.set++
@@ -134,13 +134,6 @@ func WithSharding(self string, sh Sharder) Option {
 // every quarter of it. The default is 1s.
 func WithFallbackTimeout(d time.Duration) Option {
 	return func(c *config) { c.fallback.timeout = d }
-}
-
-// WithMembership passes options (heartbeat interval, member TTL) to the
-// Membership that Start registers for WithFallback or WithSharding. The
-// default is the Membership's defaults.
-func WithMembership(opts ...MemberOption) Option {
-	return func(c *config) { c.fallback.memberOpts = append(c.fallback.memberOpts, opts...) }
 }
 
 func (fc *fallbackConfig) validate() error {
@@ -157,7 +150,7 @@ func (fc *fallbackConfig) validate() error {
 		return err
 	}
 	if fc.sharder == nil || isNilPointer(fc.sharder) {
-		fc.sharder = Rendezvous{}
+		fc.sharder = shard.Rendezvous{}
 	}
 	switch {
 	case fc.timeout == 0:
@@ -273,7 +266,7 @@ func newFallback(s *Switch) *fallback {
 		hold = s.cfg.leaseTTL
 	}
 	f := &fallback{s: s, cfg: fc, hold: hold, every: max(fc.timeout/4, 5*time.Millisecond),
-		pools: map[string]*fbPool{}, memberCfg: newMemberConfig(fc.memberOpts), kick: make(chan struct{}, 1), since: time.Now()}
+		pools: map[string]*fbPool{}, memberCfg: s.cfg.member, kick: make(chan struct{}, 1), since: time.Now()}
 	if fc.sharded {
 		f.mode.Store(int32(modeLocal))
 	}
@@ -303,7 +296,7 @@ func (s *Switch) Start(ctx context.Context) error {
 	}
 	f.started = true
 	f.mu.Unlock()
-	m, err := NewMembership(s, f.cfg.self, f.cfg.memberOpts...)
+	m, err := NewMembership(s, f.cfg.self)
 	if err == nil {
 		err = m.Start(ctx)
 	}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/proxyswitch/proxyswitch/internal/redistest"
+	"github.com/proxyswitch/proxyswitch/shard"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -17,7 +18,7 @@ import (
 // hold).
 func fastFallback(self string) []Option {
 	return []Option{WithFallback(self, nil), WithFallbackTimeout(300 * time.Millisecond),
-		WithMembership(WithHeartbeat(100*time.Millisecond), WithMemberTTL(time.Second)),
+		WithHeartbeat(100 * time.Millisecond), WithMemberTTL(time.Second),
 		WithAttemptTimeout(600 * time.Millisecond), WithMaxWait(5 * time.Second)}
 }
 
@@ -173,7 +174,7 @@ func TestFallbackBadOptions(t *testing.T) {
 	rdb := shared.Client(t)
 	for name, opts := range map[string][]Option{
 		"no member ID":     {WithFallback("", nil)},
-		"space in ID":      {WithSharding("crawler 1", Modulo{})},
+		"space in ID":      {WithSharding("crawler 1", shard.Modulo{})},
 		"both schemes":     {WithFallback("a", nil), WithSharding("a", nil)},
 		"tiny timeout":     {WithFallback("a", nil), WithFallbackTimeout(time.Millisecond)},
 		"negative timeout": {WithFallbackTimeout(-time.Second)},

@@ -289,7 +289,7 @@ func (fp *fbPool) applyShareLocked(f *fallback, members []string) {
 // members (empty, with the error, when there is none). The caller holds
 // fp.mu.
 func (fp *fbPool) cutShareLocked(f *fallback, members []string) ([]*Proxy, error) {
-	share, err := ShareProxies(f.cfg.sharder, fp.last, members, f.cfg.self)
+	share, err := shareProxies(f.cfg.sharder, fp.last, members, f.cfg.self)
 	if err != nil {
 		share = []*Proxy{}
 	}

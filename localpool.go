@@ -22,7 +22,7 @@ import (
 // next holder's), and quarantines per proxy and site that end by themselves.
 //
 // It is what a server leases from while Redis is unreachable, over its own
-// share of the pool (ShareProxies over the last known member list): shares
+// share of the pool (shard.Share over the last known member list): shares
 // do not overlap, so servers leasing locally still never use one IP at once.
 // It keeps the bans it learns (Bans) for writing back to Redis later.
 //

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/proxyswitch/proxyswitch/shard"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -380,7 +381,7 @@ func TestLocalPoolsOfThreeServersNeverShareAProxy(t *testing.T) {
 	members := []string{"crawler-2", "crawler-3", "crawler-1"} // as each learnt it: order does not matter
 	pools := map[string]*localPool{}
 	for _, m := range members {
-		share, err := ShareProxies(Rendezvous{}, ps, members, m)
+		share, err := shareProxies(shard.Rendezvous{}, ps, members, m)
 		require.NoError(t, err)
 		p, err := newLocalPoolWith(WithMaxWait(5 * time.Second))
 		require.NoError(t, err)

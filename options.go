@@ -57,6 +57,7 @@ type config struct {
 	rules                             *rules // compiled by validate
 
 	fallback fallbackConfig // WithFallback, WithSharding (fallback.go)
+	member   memberConfig   // WithHeartbeat, WithMemberTTL, WithMembersChanged (membership.go)
 	session  sessionConfig  // WithSession... options (session.go)
 	routes   routeConfig    // WithRoute, WithSpread (routing.go)
 }
@@ -88,6 +89,8 @@ func defaultConfig() config {
 		deadAfter:         5,
 		retries:           2,
 		sizeDrop:          0.25,
+
+		member: defaultMemberConfig(),
 	}
 }
 
@@ -95,15 +98,20 @@ func defaultConfig() config {
 // the result: what NewSwitch and newLocalPoolWith share.
 func newConfig(opts []Option) (config, error) {
 	cfg := defaultConfig()
-	for _, o := range opts {
-		if o != nil {
-			o(&cfg)
-		}
-	}
+	cfg.apply(opts)
 	if err := cfg.validate(); err != nil {
 		return config{}, err
 	}
 	return cfg, nil
+}
+
+// apply applies opts in order, skipping nil ones.
+func (c *config) apply(opts []Option) {
+	for _, o := range opts {
+		if o != nil {
+			o(c)
+		}
+	}
 }
 
 func (c *config) validate() error {
@@ -134,6 +142,9 @@ func (c *config) validate() error {
 		return configErr("retries %d outside 0..100", c.retries)
 	case c.attemptTimeout < 0:
 		return configErr("negative attempt timeout %v", c.attemptTimeout)
+	}
+	if err := c.member.validate(); err != nil {
+		return err
 	}
 	if err := c.fallback.validate(); err != nil {
 		return err

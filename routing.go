@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"slices"
+
+	"github.com/proxyswitch/proxyswitch/shard"
 )
 
 // Pools by proxy type: datacenter IPs for bulk catalog scans, residential or
@@ -85,7 +87,7 @@ func SplitProxies(ps []*Proxy, n int) [][]*Proxy {
 		return out
 	}
 	for _, p := range ps {
-		i := shardHash(p.id) % uint64(n)
+		i := shard.Hash(p.id) % uint64(n)
 		out[i] = append(out[i], p)
 	}
 	return out

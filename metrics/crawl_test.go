@@ -440,7 +440,7 @@ func TestBanSpikeAfterJoin(t *testing.T) {
 		require.NoError(t, err)
 	}
 	col := New(sw, WithServer("w1"))
-	fast := []proxyswitch.MemberOption{proxyswitch.WithHeartbeat(50 * time.Millisecond), proxyswitch.WithMemberTTL(500 * time.Millisecond)}
+	fast := []proxyswitch.Option{proxyswitch.WithHeartbeat(50 * time.Millisecond), proxyswitch.WithMemberTTL(500 * time.Millisecond)}
 	m1, err := proxyswitch.NewMembership(sw, "w1", append(fast, proxyswitch.WithMembersChanged(col.ObserveMembers))...)
 	require.NoError(t, err)
 	require.NoError(t, m1.Start(ctx))

@@ -1,4 +1,4 @@
-package proxyswitch
+package shard
 
 import (
 	"fmt"

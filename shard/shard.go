@@ -1,22 +1,28 @@
-package proxyswitch
+package shard
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"math"
+	"reflect"
 	"slices"
 	"strings"
 )
 
-// Sharding: splitting one pool between the servers of a cluster without
-// asking anyone, so that a server can lease from its own share while Redis
-// is out of reach and still never use a proxy another server uses.
-//
-// Every server computes the whole assignment from the same two inputs (the
-// proxy IDs of the pool and the member list) and keeps its own part. The
-// assignment depends on nothing else: not on the order of either list, the
-// platform, the Go version or a clock. Servers that agree on the inputs
-// therefore get shares that never overlap and together cover the pool.
+// Sentinel errors. Callers branch on them with errors.Is. Package
+// proxyswitch exports the same values as proxyswitch.ErrConfig and
+// proxyswitch.ErrNotMember.
+var (
+	// ErrConfig means the input of a sharder is invalid: no members, an
+	// empty or duplicate proxy ID or member name, a nil Sharder, a setting
+	// out of range, or a Sharder whose answer breaks its contract.
+	ErrConfig = errors.New("proxyswitch: invalid configuration")
+
+	// ErrNotMember means a server asked for its share of a member list it is
+	// not in (it never registered, or its heartbeat ran out).
+	ErrNotMember = errors.New("proxyswitch: not in the member list")
+)
 
 // Sharder assigns every proxy of a pool to exactly one member of a cluster.
 //
@@ -25,14 +31,18 @@ import (
 // of members, never on their order, so that every server computes the same
 // assignment. ids and members must each be free of empty strings and
 // duplicates; an implementation reports bad input with an error wrapping
-// ErrConfig, never a panic. Implementations must be safe for concurrent use.
+// ErrConfig, never a panic, and must not modify either slice.
+// Implementations must be safe for concurrent use. Modulo and Rendezvous
+// are the implementations of this package.
 type Sharder interface {
 	Assign(ids, members []string) ([]int, error)
 }
 
 // Share returns the IDs of ids that member self owns under sh, in the order
 // of ids. It fails with ErrNotMember if self is not one of members, and
-// with ErrConfig on bad input.
+// with ErrConfig on bad input (a nil sh included). It does not modify ids or
+// members, and is safe for concurrent use whenever sh is (every Sharder of
+// this package is).
 func Share(sh Sharder, ids, members []string, self string) ([]string, error) {
 	owner, me, err := assignFor(sh, ids, members, self)
 	if err != nil {
@@ -47,38 +57,19 @@ func Share(sh Sharder, ids, members []string, self string) ([]string, error) {
 	return out, nil
 }
 
-// ShareProxies is Share for parsed proxies: the proxies of ps that member
-// self owns, in the order of ps. A server that lost Redis builds its local
-// pool from it (see localPool).
-func ShareProxies(sh Sharder, ps []*Proxy, members []string, self string) ([]*Proxy, error) {
-	ids := make([]string, len(ps))
-	for i, p := range ps {
-		if p == nil {
-			return nil, fmt.Errorf("%w: nil proxy #%d", ErrConfig, i+1)
-		}
-		ids[i] = p.id
-	}
-	owner, me, err := assignFor(sh, ids, members, self)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]*Proxy, 0, len(ps)/len(members)+1)
-	for i, o := range owner {
-		if o == me {
-			out = append(out, ps[i])
-		}
-	}
-	return out, nil
-}
-
 // Partition splits ids between keys (sites or task types) under sh, so that
 // no proxy ever serves two keys: the per-site scheme, which keeps one IP
 // from showing up on marketplaces that share their blacklists. It returns
-// every key's part (an empty slice for a key that got nothing). Split a
-// key's part again between servers with Share:
+// every key's part (an empty slice for a key that got nothing), each in the
+// order of ids. keys must be free of empty strings and duplicates, like a
+// member list; bad input fails with ErrConfig. Split a key's part again
+// between servers with Share:
 //
-//	parts, err := proxyswitch.Partition(proxyswitch.Rendezvous{}, ids, []string{"ozon.ru", "wildberries.ru"})
-//	mine, err := proxyswitch.Share(proxyswitch.Rendezvous{}, parts["ozon.ru"], members, self)
+//	parts, err := shard.Partition(shard.Rendezvous{}, ids, []string{"ozon.ru", "wildberries.ru"})
+//	mine, err := shard.Share(shard.Rendezvous{}, parts["ozon.ru"], members, self)
+//
+// Like Share it does not modify its inputs and is safe for concurrent use
+// whenever sh is.
 func Partition(sh Sharder, ids, keys []string) (map[string][]string, error) {
 	owner, _, err := assignFor(sh, ids, keys, "")
 	if err != nil {
@@ -97,7 +88,7 @@ func Partition(sh Sharder, ids, keys []string) (map[string][]string, error) {
 // assignFor runs sh and checks its answer; me is the index of self in
 // members (-1 when self is "").
 func assignFor(sh Sharder, ids, members []string, self string) (owner []int, me int, err error) {
-	if sh == nil || isNilPointer(sh) {
+	if isNil(sh) {
 		return nil, 0, fmt.Errorf("%w: nil sharder", ErrConfig)
 	}
 	me = -1
@@ -122,7 +113,7 @@ func assignFor(sh Sharder, ids, members []string, self string) (owner []int, me 
 }
 
 // Modulo is the static modulo shard: with the members sorted by name, the
-// proxy with ID p goes to member number hash(p) mod n. It is perfectly
+// proxy with ID p goes to member number Hash(p) mod n. It is perfectly
 // simple and evenly loaded on average, but a change in the number of members
 // moves almost the whole pool (3 to 4 servers: 75%), so it suits a cluster
 // of fixed size. It is a stateless value, safe for concurrent use.
@@ -142,11 +133,25 @@ func (Modulo) Assign(ids, members []string) ([]int, error) {
 	return owner, nil
 }
 
+// isNil reports whether sh is nil, or a typed nil (pointer, func, map...)
+// whose Assign could not run.
+func isNil(sh Sharder) bool {
+	if sh == nil {
+		return true
+	}
+	switch v := reflect.ValueOf(sh); v.Kind() {
+	case reflect.Pointer, reflect.Func, reflect.Map, reflect.Slice, reflect.Chan, reflect.Interface:
+		return v.IsNil()
+	default:
+		return false
+	}
+}
+
 // shardMember is a member in canonical (name) order.
 type shardMember struct {
 	name  string
 	index int    // position in the caller's list
-	hash  uint64 // shardHash(name)
+	hash  uint64 // Hash(name)
 }
 
 // canonicalInput validates both lists and puts them in canonical order: the
@@ -173,7 +178,7 @@ func canonicalMembers(members []string) ([]shardMember, error) {
 		if m == "" {
 			return nil, fmt.Errorf("%w: empty member name (#%d)", ErrConfig, i+1)
 		}
-		out[i] = shardMember{name: m, index: i, hash: shardHash(m)}
+		out[i] = shardMember{name: m, index: i, hash: Hash(m)}
 	}
 	slices.SortFunc(out, func(a, b shardMember) int { return strings.Compare(a.name, b.name) })
 	for i := 1; i < len(out); i++ {
@@ -196,7 +201,7 @@ func canonicalIDs(ids []string) ([]uint64, []int32, error) {
 		if id == "" {
 			return nil, nil, fmt.Errorf("%w: empty proxy ID (#%d)", ErrConfig, i+1)
 		}
-		hs[i] = shardHash(id)
+		hs[i] = Hash(id)
 	}
 	// Bucket by the top bits of the hash (hashes are uniform: a bucket holds
 	// an index or two), then sort each bucket by hash and ID.
@@ -226,10 +231,14 @@ func canonicalIDs(ids []string) ([]uint64, []int32, error) {
 	return hs, order, nil
 }
 
-// shardHash is the hash every server must compute alike: 64-bit FNV-1a of
-// s, then the MurmurHash3 finalizer for avalanche. It is part of the
-// cluster's contract: changing it reshuffles every share.
-func shardHash(s string) uint64 {
+// Hash is the hash every server of a cluster must compute alike, for proxy
+// IDs and member names: 64-bit FNV-1a of s, then the MurmurHash3 64-bit
+// finalizer for avalanche. Modulo and Rendezvous are built on it, and
+// package proxyswitch deals proxies out to split pools with it
+// (SplitProxies). It is part of the cluster's contract, pinned by tests:
+// changing it reshuffles every share. It is a pure function, safe for
+// concurrent use.
+func Hash(s string) uint64 {
 	h := uint64(14695981039346656037)
 	for i := 0; i < len(s); i++ {
 		h ^= uint64(s[i])
