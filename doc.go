@@ -60,7 +60,7 @@
 // the state of a site with SiteState (slot counts) or ProxyStates (each
 // proxy), the dead list with Dead, and clear a pool with Clear
 // (cmd/proxyswitch does all of it from a shell). BanCounts, LiveSessions and
-// SetObserver (Observers for several) feed monitoring (package metrics
+// SetObserver (one or several observers) feed monitoring (package metrics
 // exports Prometheus metrics).
 //
 // # Failing closed

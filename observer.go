@@ -54,11 +54,9 @@ type SessionEvent struct {
 	Age      time.Duration // Ended: from its start to its end (Redis clock)
 }
 
-// Observers returns an Observer that hands every event to each of os in
-// turn (nil ones are skipped), for a Switch watched by more than one (the
-// metrics Collector and your own, say): SetObserver(Observers(col, mine)).
-// It returns nil for none, and the observer itself for one.
-func Observers(os ...Observer) Observer {
+// observers returns an Observer that hands every event to each of os in
+// turn (nil ones are skipped); nil for none, the observer itself for one.
+func observers(os ...Observer) Observer {
 	var fan multiObserver
 	for _, o := range os {
 		if o != nil {
@@ -97,10 +95,12 @@ func (m multiObserver) ObserveSession(e SessionEvent) {
 // observerBox lets an interface value live in an atomic.Pointer.
 type observerBox struct{ o Observer }
 
-// SetObserver makes o receive the Switch's events from now on; nil removes
-// it. There is one observer at a time (Observers combines several). It is
-// safe for concurrent use.
-func (s *Switch) SetObserver(o Observer) {
+// SetObserver makes os receive the Switch's events from now on, each event
+// handed to each of them in turn (the metrics Collector and your own, say:
+// SetObserver(col, mine)); nil ones are skipped. It replaces the observers
+// set before; none removes them. It is safe for concurrent use.
+func (s *Switch) SetObserver(os ...Observer) {
+	o := observers(os...)
 	if o == nil {
 		s.observer.Store(nil)
 		return

@@ -106,9 +106,8 @@ func NewTaskContext(task string) *colly.Context {
 	return ctx
 }
 
-// TaskOf returns the task ctx names, or "" for none (ctx may be nil). Like
-// colly.Context itself, it is safe for concurrent use.
-func TaskOf(ctx *colly.Context) string {
+// taskOf returns the task ctx names, or "" for none (ctx may be nil).
+func taskOfCtx(ctx *colly.Context) string {
 	if ctx == nil {
 		return ""
 	}
@@ -226,7 +225,7 @@ func (sc *sessionConfig) validate(c *config) error {
 		sc.ttl = min(DefaultSessionTTL, c.idleTTL)
 	}
 	if sc.taskFunc == nil {
-		sc.taskFunc = func(r *colly.Request) string { return TaskOf(r.Ctx) }
+		sc.taskFunc = func(r *colly.Request) string { return taskOfCtx(r.Ctx) }
 	}
 	switch {
 	case sc.ttl < 100*time.Millisecond || sc.ttl > c.idleTTL:

@@ -187,17 +187,17 @@ func TestSessionEventsOfSessionPool(t *testing.T) {
 	assert.Len(t, obs.tally(t).ended, 1, "no observer, no event")
 }
 
-// Observers fans every event out: both observers see the same sessions,
+// SetObserver with several fans every event out: both observers see the same sessions,
 // attempts and quarantines.
 func TestObserversFanOut(t *testing.T) {
-	assert.Nil(t, Observers())
-	assert.Nil(t, Observers(nil, nil))
+	assert.Nil(t, observers())
+	assert.Nil(t, observers(nil, nil))
 	one := &recordingObserver{}
-	assert.Same(t, one, Observers(nil, one))
+	assert.Same(t, one, observers(nil, one))
 
 	flow, site, _, s := sessionShop(t, 3)
 	a, b := &recordingObserver{}, &recordingObserver{}
-	s.SetObserver(Observers(a, nil, b))
+	s.SetObserver(a, nil, b)
 	c := attached(s)
 	task := NewTaskContext("fan")
 	require.NoError(t, c.Request("GET", stepURL(site, "fan", 1), nil, task, nil))

@@ -84,7 +84,7 @@ type siteProxy struct{ site, proxy string }
 
 // New returns a Collector for sw and makes it sw's observer
 // (sw.SetObserver), replacing any observer set before (to keep one of your
-// own too: sw.SetObserver(proxyswitch.Observers(col, yours))). Register it
+// own too: sw.SetObserver(col, yours)). Register it
 // with a Prometheus registry:
 //
 //	col := metrics.New(sw, metrics.WithServer("crawler-1"))
