@@ -106,7 +106,7 @@ func NewTaskContext(task string) *colly.Context {
 	return ctx
 }
 
-// taskOf returns the task ctx names, or "" for none (ctx may be nil).
+// taskOfCtx returns the task ctx names, or "" for none (ctx may be nil).
 func taskOfCtx(ctx *colly.Context) string {
 	if ctx == nil {
 		return ""
@@ -212,7 +212,7 @@ func WithSessionRetired(f func(SessionRetirement)) Option {
 // WithTaskFunc sets how a request names its task ("" for none); it runs in
 // the OnRequestHeaders hook Attach installs, once per request. It must be
 // fast and must not panic (a panic fails the request). The default reads
-// TaskKey from the request's colly.Context (TaskOf).
+// TaskKey from the request's colly.Context (its TaskKey value).
 func WithTaskFunc(f func(*colly.Request) string) Option {
 	return func(c *config) { c.session.taskFunc = f }
 }
