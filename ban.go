@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/proxyswitch/proxyswitch/ban"
 )
 
 // Acting on a verdict: quarantine, backoff, dead proxies, counters.
@@ -71,7 +73,7 @@ type penalty struct {
 // penalize quarantines proxy p on site after a Ban or ProxyFailure verdict
 // and counts it. If l is p's lease for site, it ends with it (owner-checked);
 // a lease for another scope is left to the caller.
-func (s *Switch) penalize(ctx context.Context, site string, p *Proxy, l *Lease, v Verdict) (penalty, error) {
+func (s *Switch) penalize(ctx context.Context, site string, p *Proxy, l *Lease, v ban.Verdict) (penalty, error) {
 	if l != nil && l.sw != s {
 		return l.sw.penalize(ctx, site, p, l, v) // a lease of a routed pool: its pool's keys
 	}
@@ -89,9 +91,9 @@ func (s *Switch) penalize(ctx context.Context, site string, p *Proxy, l *Lease, 
 	}
 	scope := s.scopeOf(site)
 	kind, base, maxq, hard := "ban", s.cfg.quarantine, s.cfg.maxQuarantine, "0"
-	if v.Kind == ProxyFailure {
+	if v.Kind == ban.ProxyFailure {
 		kind, base, maxq = "fail", s.cfg.failQuarantine, s.cfg.maxFailQuarantine
-		if v.Reason == ReasonProxyConnect || v.Reason == ReasonProxyAuth {
+		if v.Reason == ban.ReasonProxyConnect || v.Reason == ban.ReasonProxyAuth {
 			hard = "1"
 		}
 	}
@@ -100,7 +102,7 @@ func (s *Switch) penalize(ctx context.Context, site string, p *Proxy, l *Lease, 
 		member, token = l.member, l.token
 	}
 	all := "0"
-	if s.cfg.banAllSites && v.Kind == Ban {
+	if s.cfg.banAllSites && v.Kind == ban.Ban {
 		all = "1"
 	}
 	keys := []string{s.keys.free(scope), s.keys.leases(scope), s.keys.strikes(scope), s.keys.fails(),
@@ -155,15 +157,15 @@ func (s *Switch) penalize(ctx context.Context, site string, p *Proxy, l *Lease, 
 // Every worker of the pool acts on it from its next lease on. Bans and
 // failures are counted in BanCounts. It is safe for concurrent use; after
 // the lease ended, a Ban or ProxyFailure report still quarantines the proxy.
-func (l *Lease) Report(ctx context.Context, v Verdict) error {
+func (l *Lease) Report(ctx context.Context, v ban.Verdict) error {
 	switch v.Kind {
-	case Ban, ProxyFailure:
-		if !validReason(v.Reason) {
-			v.Reason = ReasonCustom
+	case ban.Ban, ban.ProxyFailure:
+		if !ban.ValidReason(v.Reason) {
+			v.Reason = ban.ReasonCustom
 		}
 		_, err := l.sw.penalize(ctx, l.site, l.proxy, l, v)
 		return err
-	case OK, Neutral:
+	case ban.OK, ban.Neutral:
 		l.healthy.Store(true)
 	}
 	return l.Release(ctx)

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/proxyswitch/proxyswitch/ban"
 )
 
 // Leasing through the fallback (see fallback.go): the hooks lease.go and
@@ -153,7 +155,7 @@ func (f *fallback) extend(ctx context.Context, l *Lease, ttl time.Duration) erro
 // penalize quarantines p on site in the local shard when the Switch is off
 // the broker or l came from the local shard. handled is false when the
 // caller should quarantine in Redis.
-func (f *fallback) penalize(sw *Switch, site string, p *Proxy, l *Lease, v Verdict) (pen penalty, handled bool) {
+func (f *fallback) penalize(sw *Switch, site string, p *Proxy, l *Lease, v ban.Verdict) (pen penalty, handled bool) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	fp := f.pools[sw.cfg.pool]
@@ -180,7 +182,7 @@ func (f *fallback) penalize(sw *Switch, site string, p *Proxy, l *Lease, v Verdi
 	}
 	c := sw.cfg
 	d, maxq := c.quarantine, c.maxQuarantine
-	if v.Kind == ProxyFailure {
+	if v.Kind == ban.ProxyFailure {
 		d, maxq = c.failQuarantine, c.maxFailQuarantine
 	}
 	d = max(d, min(v.RetryAfter, maxq))
@@ -195,7 +197,7 @@ func (f *fallback) penalize(sw *Switch, site string, p *Proxy, l *Lease, v Verdi
 	default:
 		_ = lp.Ban(p.id, site, d)
 	}
-	if c.banAllSites && v.Kind == Ban {
+	if c.banAllSites && v.Kind == ban.Ban {
 		_ = lp.BanAllSites(p.id, d)
 	}
 	until := time.Now().Add(d)
