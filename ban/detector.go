@@ -19,10 +19,12 @@ import (
 )
 
 // Rules configure the built-in checks of a Detector. Start from
-// DefaultRules: the zero Rules has no ban status, no challenge pattern, no
-// expected content and no size check, so that only transport errors, a
-// proxy's 407 and a plain-HTTP proxy's 502 are judged (besides the
-// classifiers).
+// DefaultRules, whose values are the "Default" of each field below: the zero
+// Rules has no ban status, no challenge pattern, no expected content and no
+// size check, so that only transport errors, a proxy's 407 and a plain-HTTP
+// proxy's 502 are judged (besides the classifiers). proxyswitch's ban
+// options (WithBanStatus, WithChallengeURLs, WithExpect, WithSizeDrop,
+// WithClassifier) set these fields.
 type Rules struct {
 	// BanStatus maps a site (as the site function names it) to the HTTP
 	// status codes that mean the site bans the proxy; the entry "" is for

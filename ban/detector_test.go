@@ -158,3 +158,62 @@ func TestParseRetryAfter(t *testing.T) {
 		assert.Equal(t, want, parseRetryAfter(in, now), in)
 	}
 }
+
+// TestNewDetectorErrors: every bad rule is an error naming it, never a
+// panic; the zero Rules and rules with every check off are fine.
+func TestNewDetectorErrors(t *testing.T) {
+	for name, tc := range map[string]struct {
+		r    Rules
+		says string
+	}{
+		"regexp":         {Rules{ChallengeURLs: []string{`(unclosed`}}, `challenge URL pattern "(unclosed"`},
+		"expect regexp":  {Rules{Expect: []Expect{{URL: `[z-a]`, Selectors: []string{"div"}}}}, `expected-content URL pattern "[z-a]"`},
+		"selector":       {Rules{Expect: []Expect{{Selectors: []string{"div[[["}}}}, `CSS selector "div[[["`},
+		"no selector":    {Rules{Expect: []Expect{{Site: "shop", URL: "/p/"}}}, "names no selector"},
+		"status":         {Rules{BanStatus: map[string][]int{"": {403, 1000}}}, "ban status 1000"},
+		"ratio":          {Rules{SizeDrop: 1.5}, "size drop ratio 1.5"},
+		"negative ratio": {Rules{SizeDrop: -0.1}, "size drop ratio -0.1"},
+		"classifier":     {Rules{Classifiers: []Classifier{nil}}, "nil classifier"},
+	} {
+		var err error
+		require.NotPanics(t, func() { _, err = NewDetector(tc.r) }, name)
+		assert.ErrorContains(t, err, tc.says, name)
+	}
+	for _, r := range []Rules{{}, DefaultRules(), {BanStatus: map[string][]int{"x.example": nil}}} {
+		_, err := NewDetector(r)
+		assert.NoError(t, err)
+	}
+}
+
+// TestZeroRules: without rules only the proxy's own failures are judged.
+func TestZeroRules(t *testing.T) {
+	d, err := NewDetector(Rules{})
+	require.NoError(t, err)
+	u, _ := url.Parse("http://a.example/captcha")
+	for code, want := range map[int]Verdict{
+		200: {Kind: OK},
+		403: {Kind: Neutral},
+		407: {Kind: ProxyFailure, Reason: ReasonProxyAuth},
+		502: {Kind: ProxyFailure, Reason: ReasonProxyGateway},
+	} {
+		v, err := d.Classify(&Exchange{Site: u.Host, URL: u, OriginURL: u, StatusCode: code, Header: http.Header{}})
+		require.NoError(t, err)
+		assert.Equal(t, want, v, code)
+	}
+}
+
+func TestKindAndReasons(t *testing.T) {
+	for k, want := range map[Kind]string{Pass: "pass", OK: "ok", Neutral: "neutral", Ban: "ban", ProxyFailure: "proxy_failure", 9: "Kind(9)"} {
+		assert.Equal(t, want, k.String())
+	}
+	assert.Equal(t, "http_451", StatusReason(451))
+	for _, r := range []string{ReasonChallenge, ReasonSelector, ReasonSizeDrop, ReasonProxyConnect, ReasonProxyAuth,
+		ReasonProxyTunnel, ReasonProxyGateway, ReasonProxyTimeout, ReasonProxyError, ReasonCustom, StatusReason(403)} {
+		assert.True(t, ValidReason(r), r)
+	}
+	for _, r := range []string{"", "Has Spaces", "UPPER", strings.Repeat("x", 65), "ü"} {
+		assert.False(t, ValidReason(r), r)
+	}
+	assert.Equal(t, "proxyswitch: proxy refused the CONNECT tunnel: 407 Proxy Authentication Required",
+		(&TunnelError{StatusCode: 407}).Error())
+}

@@ -115,6 +115,7 @@ type TunnelError struct {
 	StatusCode int // the proxy's answer to the CONNECT
 }
 
+// Error says the proxy refused the tunnel, with its status.
 func (e *TunnelError) Error() string {
 	return fmt.Sprintf("proxyswitch: proxy refused the CONNECT tunnel: %d %s", e.StatusCode, http.StatusText(e.StatusCode))
 }

@@ -47,6 +47,7 @@ func (k Kind) String() string {
 
 // Verdict is the classification of one response.
 type Verdict struct {
+	// Kind is what the response says about the proxy.
 	Kind Kind
 	// Reason is a short code for counters and errors, such as "http_429" or
 	// "missing_selector" (the Reason... constants). A Ban or ProxyFailure
