@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/proxyswitch/proxyswitch/ban"
 	"sync/atomic"
 	"time"
 )
@@ -32,9 +33,9 @@ type backend interface {
 	release(ctx context.Context, l *Lease) error
 	// extend pushes l's expiry to now + ttl, owner-checked.
 	extend(ctx context.Context, l *Lease, ttl time.Duration) error
-	// penalize quarantines p on site after a Ban or ProxyFailure verdict,
+	// penalize quarantines p on site after a ban.Ban or ban.ProxyFailure verdict,
 	// ending l with it when l is p's lease there.
-	penalize(ctx context.Context, site string, p *Proxy, l *Lease, v Verdict) (penalty, error)
+	penalize(ctx context.Context, site string, p *Proxy, l *Lease, v ban.Verdict) (penalty, error)
 	// broker returns the Redis pool for a request that only Redis can
 	// serve (a sticky session), or an error wrapping ErrNoProxy while the
 	// backend leases from elsewhere.
@@ -140,7 +141,7 @@ func (r *router) release(ctx context.Context, l *Lease) error { return l.be.rele
 func (r *router) extend(ctx context.Context, l *Lease, ttl time.Duration) error {
 	return l.be.extend(ctx, l, ttl)
 }
-func (r *router) penalize(ctx context.Context, site string, p *Proxy, l *Lease, v Verdict) (penalty, error) {
+func (r *router) penalize(ctx context.Context, site string, p *Proxy, l *Lease, v ban.Verdict) (penalty, error) {
 	if l != nil {
 		return l.be.penalize(ctx, site, p, l, v)
 	}

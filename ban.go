@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/proxyswitch/proxyswitch/ban"
 )
 
 // Acting on a verdict: quarantine, backoff, dead proxies, counters.
@@ -59,11 +61,11 @@ func (s *Switch) BanCounts() map[BanKey]int64 {
 	return out
 }
 
-// penalize quarantines proxy p on site after a Ban or ProxyFailure verdict,
+// penalize quarantines proxy p on site after a ban.Ban or ban.ProxyFailure verdict,
 // counts it and tells the observer. If l is p's lease for site, it ends
 // with it (owner-checked); a lease for another scope is left to the caller.
 // The quarantine happens where l came from, or in the Switch's own pool.
-func (s *Switch) penalize(ctx context.Context, site string, p *Proxy, l *Lease, v Verdict) (penalty, error) {
+func (s *Switch) penalize(ctx context.Context, site string, p *Proxy, l *Lease, v ban.Verdict) (penalty, error) {
 	s.bans.add(BanKey{Site: site, Reason: v.Reason})
 	be := backend(s.own)
 	if l != nil {
@@ -80,25 +82,25 @@ func (s *Switch) penalize(ctx context.Context, site string, p *Proxy, l *Lease, 
 // Report ends the lease with what the request made through it showed, for
 // callers of Lease who make requests themselves (Attach does this for Colly):
 //
-//   - OK or Neutral: the proxy is released and its backoff starts over;
-//   - Ban: the proxy is quarantined on the lease's site (WithQuarantine) and
+//   - ban.OK or ban.Neutral: the proxy is released and its backoff starts over;
+//   - ban.Ban: the proxy is quarantined on the lease's site (WithQuarantine) and
 //     the lease ends;
-//   - ProxyFailure: the proxy is quarantined for the failure quarantine,
+//   - ban.ProxyFailure: the proxy is quarantined for the failure quarantine,
 //     counts towards being marked dead, and the lease ends;
-//   - Pass: the lease is released and nothing else happens.
+//   - ban.Pass: the lease is released and nothing else happens.
 //
 // Every worker of the pool acts on it from its next lease on. Bans and
 // failures are counted in BanCounts. It is safe for concurrent use; after
-// the lease ended, a Ban or ProxyFailure report still quarantines the proxy.
-func (l *Lease) Report(ctx context.Context, v Verdict) error {
+// the lease ended, a ban.Ban or ban.ProxyFailure report still quarantines the proxy.
+func (l *Lease) Report(ctx context.Context, v ban.Verdict) error {
 	switch v.Kind {
-	case Ban, ProxyFailure:
-		if !validReason(v.Reason) {
-			v.Reason = ReasonCustom
+	case ban.Ban, ban.ProxyFailure:
+		if !ban.ValidReason(v.Reason) {
+			v.Reason = ban.ReasonCustom
 		}
 		_, err := l.sw.penalize(ctx, l.site, l.proxy, l, v)
 		return err
-	case OK, Neutral:
+	case ban.OK, ban.Neutral:
 		l.healthy.Store(true)
 	}
 	return l.Release(ctx)

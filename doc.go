@@ -36,14 +36,16 @@
 //
 // Attach also installs a transport (below Colly, around an *http.Transport
 // whose Proxy is the Switch's) that classifies every response before Colly
-// sees it (bandetect.go): ban status codes (403, 429, 503 by default,
+// sees it (package ban): ban status codes (403, 429, 503 by default,
 // per site with WithBanStatus; Retry-After is honoured), redirects to
 // captcha, login or challenge pages (WithChallengeURLs), pages missing the
 // CSS selectors a real page has (WithExpect, checked with goquery), bodies
 // far smaller than the site's usual size (WithSizeDrop), proxy failures
 // (refused or timed-out connections, 407, failed CONNECT tunnels, a proxy's
-// 502) and your own classifier (WithClassifier). It reads no more of a body
-// than the collector's MaxBodySize.
+// 502) and your own classifier (WithClassifier, a ban.Classifier: a
+// classifier needs only package ban, which holds Exchange, Verdict and the
+// Reason constants). It reads no more of a body than the collector's
+// MaxBodySize.
 //
 // A ban quarantines the proxy for that site, for every worker of the pool
 // from its next lease on (WithQuarantine: 30 min, doubled with jitter for

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/proxyswitch/proxyswitch/shard"
+	"github.com/proxyswitch/proxyswitch/ban"
 )
 
 // Sentinel errors. Callers branch on them with errors.Is; every error the
@@ -83,16 +84,16 @@ var (
 // verdict) and, when the last attempt failed in transport, that error too.
 // Proxy is redacted: no field or message carries a password.
 type BlockedError struct {
-	Site     string  // the site, as the site function names it
-	Proxy    string  // the last proxy tried, redacted
-	Verdict  Verdict // what the last attempt showed
-	Attempts int     // proxies tried for the request
-	Err      error   // the last attempt's transport error, if any
+	Site     string      // the site, as the site function names it
+	Proxy    string      // the last proxy tried, redacted
+	Verdict  ban.Verdict // what the last attempt showed
+	Attempts int         // proxies tried for the request
+	Err      error       // the last attempt's transport error, if any
 }
 
 func (e *BlockedError) Error() string {
 	what := "banned by"
-	if e.Verdict.Kind == ProxyFailure {
+	if e.Verdict.Kind == ban.ProxyFailure {
 		what = "proxy failed on"
 	}
 	msg := fmt.Sprintf("proxyswitch: %s %s (%s) via %q after %d attempt(s)", what, e.Site, e.Verdict.Reason, e.Proxy, e.Attempts)
@@ -106,7 +107,7 @@ func (e *BlockedError) Error() string {
 // transport error, so errors.Is matches either.
 func (e *BlockedError) Unwrap() []error {
 	sentinel := ErrBanned
-	if e.Verdict.Kind == ProxyFailure {
+	if e.Verdict.Kind == ban.ProxyFailure {
 		sentinel = ErrProxyFailed
 	}
 	if e.Err == nil {

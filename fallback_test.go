@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/proxyswitch/proxyswitch/ban"
 	"github.com/proxyswitch/proxyswitch/internal/redistest"
 	"github.com/proxyswitch/proxyswitch/shard"
 	"github.com/redis/go-redis/v9"
@@ -75,7 +76,7 @@ func TestFallbackKillAndRestartEmpty(t *testing.T) {
 	assert.Equal(t, modeLocal.String(), s.FallbackStatus().Mode)
 
 	banned := local.Proxy().ID()
-	require.NoError(t, local.Report(ctx, Verdict{Kind: Ban, Reason: "http_403"}))
+	require.NoError(t, local.Report(ctx, ban.Verdict{Kind: ban.Ban, Reason: "http_403"}))
 	held, err := s.Lease(ctx, "shop.example")
 	require.NoError(t, err)
 	require.NotNil(t, held.local)

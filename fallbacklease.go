@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/proxyswitch/proxyswitch/ban"
 )
 
 // An fbPool is the backend of a pool with a fallback (see fallback.go): it
@@ -62,7 +64,7 @@ func (fp *fbPool) release(ctx context.Context, l *Lease) error {
 
 // penalize quarantines in the local shard off the broker or for a local
 // lease, else in Redis.
-func (fp *fbPool) penalize(ctx context.Context, site string, p *Proxy, l *Lease, v Verdict) (penalty, error) {
+func (fp *fbPool) penalize(ctx context.Context, site string, p *Proxy, l *Lease, v ban.Verdict) (penalty, error) {
 	if pen, done := fp.penalizeLocal(site, p, l, v); done {
 		return pen, nil
 	}
@@ -204,7 +206,7 @@ func (fp *fbPool) extend(ctx context.Context, l *Lease, ttl time.Duration) error
 // penalizeLocal quarantines p on site in the local shard when the Switch
 // is off the broker or l came from the local shard. handled is false when
 // the caller should quarantine in Redis.
-func (fp *fbPool) penalizeLocal(site string, p *Proxy, l *Lease, v Verdict) (pen penalty, handled bool) {
+func (fp *fbPool) penalizeLocal(site string, p *Proxy, l *Lease, v ban.Verdict) (pen penalty, handled bool) {
 	f := fp.f
 	f.mu.RLock()
 	defer f.mu.RUnlock()
@@ -228,7 +230,7 @@ func (fp *fbPool) penalizeLocal(site string, p *Proxy, l *Lease, v Verdict) (pen
 	}
 	c := fp.rp.cfg
 	d, maxq := c.quarantine, c.maxQuarantine
-	if v.Kind == ProxyFailure {
+	if v.Kind == ban.ProxyFailure {
 		d, maxq = c.failQuarantine, c.maxFailQuarantine
 	}
 	d = max(d, min(v.RetryAfter, maxq))
@@ -243,7 +245,7 @@ func (fp *fbPool) penalizeLocal(site string, p *Proxy, l *Lease, v Verdict) (pen
 	default:
 		_ = lp.Ban(p.id, site, d)
 	}
-	if c.banAllSites && v.Kind == Ban {
+	if c.banAllSites && v.Kind == ban.Ban {
 		_ = lp.BanAllSites(p.id, d)
 	}
 	until := time.Now().Add(d)

@@ -3,6 +3,8 @@ package proxyswitch
 import (
 	"strings"
 	"time"
+
+	"github.com/proxyswitch/proxyswitch/ban"
 )
 
 // Observer receives what the Switch sees and does, as it happens, for
@@ -25,7 +27,7 @@ type Observer interface {
 // AttemptEvent is one classified attempt of a request.
 type AttemptEvent struct {
 	Pool, Site, ProxyID string
-	Kind                Kind          // OK, Neutral, Ban or ProxyFailure
+	Kind                ban.Kind      // ban.OK, ban.Neutral, ban.Ban or ban.ProxyFailure
 	Reason              string        // the verdict's reason ("" for OK)
 	Latency             time.Duration // from sending the attempt to its verdict
 }
@@ -33,7 +35,7 @@ type AttemptEvent struct {
 // QuarantineEvent is one quarantine applied to a proxy on a site.
 type QuarantineEvent struct {
 	Pool, Site, ProxyID, Reason string
-	Kind                        Kind          // Ban or ProxyFailure
+	Kind                        ban.Kind      // ban.Ban or ban.ProxyFailure
 	Duration                    time.Duration // the quarantine applied
 	InARow                      int           // offences in a row, this one included
 	Dead                        bool          // the proxy was marked dead
@@ -119,13 +121,13 @@ func (s *Switch) observerOf() Observer {
 	return nil
 }
 
-func (s *Switch) observeAttempt(pool, site string, p *Proxy, v Verdict, latency time.Duration) {
+func (s *Switch) observeAttempt(pool, site string, p *Proxy, v ban.Verdict, latency time.Duration) {
 	if o := s.observerOf(); o != nil {
 		o.ObserveAttempt(AttemptEvent{Pool: pool, Site: site, ProxyID: p.id, Kind: v.Kind, Reason: v.Reason, Latency: latency})
 	}
 }
 
-func (s *Switch) observeQuarantine(pool, site string, p *Proxy, v Verdict, pen penalty) {
+func (s *Switch) observeQuarantine(pool, site string, p *Proxy, v ban.Verdict, pen penalty) {
 	if o := s.observerOf(); o != nil {
 		o.ObserveQuarantine(QuarantineEvent{Pool: pool, Site: site, ProxyID: p.id, Reason: v.Reason, Kind: v.Kind,
 			Duration: pen.quarantine, InARow: pen.strikes, Dead: pen.dead})

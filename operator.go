@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/proxyswitch/proxyswitch/internal/engine"
+	"github.com/proxyswitch/proxyswitch/ban"
 )
 
 // Operator actions: what an operator (or cmd/proxyswitch) does to one proxy
@@ -42,7 +43,7 @@ func (s *Switch) Ban(ctx context.Context, proxy, site string, d time.Duration) e
 		}
 		l = nil
 	}
-	_, err = s.penalize(ctx, site, p, l, Verdict{Kind: Ban, Reason: ReasonOperator, RetryAfter: d})
+	_, err = s.penalize(ctx, site, p, l, ban.Verdict{Kind: ban.Ban, Reason: ReasonOperator, RetryAfter: d})
 	return err
 }
 

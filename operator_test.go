@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/gocolly/colly/v2"
+	"github.com/proxyswitch/proxyswitch/ban"
 	"github.com/proxyswitch/proxyswitch/internal/testbed"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -213,10 +214,10 @@ func (o *recordingObserver) ObserveSession(e SessionEvent) {
 }
 
 // attemptKinds counts the attempts by verdict kind.
-func (o *recordingObserver) attemptKinds() map[Kind]int {
+func (o *recordingObserver) attemptKinds() map[ban.Kind]int {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	n := map[Kind]int{}
+	n := map[ban.Kind]int{}
 	for _, e := range o.attempts {
 		n[e.Kind]++
 	}
@@ -239,9 +240,9 @@ func TestObserverSeesAttemptsAndQuarantines(t *testing.T) {
 	kinds := obs.attemptKinds()
 	obs.mu.Lock()
 	defer obs.mu.Unlock()
-	assert.Equal(t, 5, kinds[OK])
-	assert.Equal(t, 1, kinds[Neutral])
-	assert.Equal(t, 3, kinds[Ban], "the first try and two retries (WithRetries default 2)")
+	assert.Equal(t, 5, kinds[ban.OK])
+	assert.Equal(t, 1, kinds[ban.Neutral])
+	assert.Equal(t, 3, kinds[ban.Ban], "the first try and two retries (WithRetries default 2)")
 	require.Len(t, obs.quarantines, 4)
 	last := obs.quarantines[3]
 	assert.Equal(t, ReasonOperator, last.Reason)

@@ -3,6 +3,7 @@ package proxyswitch
 import (
 	"context"
 	"fmt"
+	"github.com/proxyswitch/proxyswitch/ban"
 	"math/rand/v2"
 	"time"
 
@@ -162,15 +163,15 @@ func (p *redisPool) extendMember(ctx context.Context, l *Lease, ttl time.Duratio
 }
 
 // penalize runs lua/penalize.lua: p's slots on site's scope (every site with
-// WithBanAllSites and a Ban) wait out the quarantine, its run of bans or
+// WithBanAllSites and a ban.Ban) wait out the quarantine, its run of bans or
 // failures grows, and l ends if it is p's lease on that scope.
-func (p *redisPool) penalize(ctx context.Context, site string, px *Proxy, l *Lease, v Verdict) (penalty, error) {
+func (p *redisPool) penalize(ctx context.Context, site string, px *Proxy, l *Lease, v ban.Verdict) (penalty, error) {
 	c, k := p.cfg, p.keys
 	scope := p.sw.scopeOf(site)
 	kind, base, maxq, hard := "ban", c.quarantine, c.maxQuarantine, "0"
-	if v.Kind == ProxyFailure {
+	if v.Kind == ban.ProxyFailure {
 		kind, base, maxq = "fail", c.failQuarantine, c.maxFailQuarantine
-		if v.Reason == ReasonProxyConnect || v.Reason == ReasonProxyAuth {
+		if v.Reason == ban.ReasonProxyConnect || v.Reason == ban.ReasonProxyAuth {
 			hard = "1"
 		}
 	}
@@ -179,7 +180,7 @@ func (p *redisPool) penalize(ctx context.Context, site string, px *Proxy, l *Lea
 		member, token = l.member, l.token
 	}
 	all := "0"
-	if c.banAllSites && v.Kind == Ban {
+	if c.banAllSites && v.Kind == ban.Ban {
 		all = "1"
 	}
 	keys := []string{k.free(scope), k.leases(scope), k.strikes(scope), k.fails(), k.dead(), k.sites(), k.quarantine()}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/gocolly/colly/v2"
+	"github.com/proxyswitch/proxyswitch/ban"
 	"github.com/proxyswitch/proxyswitch/internal/redistest"
 	"github.com/proxyswitch/proxyswitch/internal/testbed"
 	"github.com/stretchr/testify/assert"
@@ -50,7 +51,7 @@ func TestRoutesWithOrderedFallback(t *testing.T) {
 	assert.Equal(t, "datacenter", pool(l), "back to the first pool as soon as it has a proxy")
 
 	// A quarantine through a routed lease lands in its pool.
-	require.NoError(t, held[2].Report(ctx, Verdict{Kind: Ban, Reason: "http_403"}))
+	require.NoError(t, held[2].Report(ctx, ban.Verdict{Kind: ban.Ban, Reason: "http_403"}))
 	res, _ := s.poolSwitch("residential")
 	st, err := res.Stats(ctx, "shop.example")
 	require.NoError(t, err)

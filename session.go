@@ -13,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/gocolly/colly/v2"
+	"github.com/proxyswitch/proxyswitch/ban"
 )
 
 // Sticky sessions: one task, one IP, its own cookies.
@@ -528,7 +529,7 @@ func (u *sessionUse) finish(resp *http.Response, err error) (*http.Response, err
 
 // penalizeLease quarantines l's proxy after a Ban or ProxyFailure verdict,
 // as Switch.penalize does, and retires the session l belongs to, if any.
-func (s *Switch) penalizeLease(ctx context.Context, b *binding, site string, l *Lease, v Verdict) (penalty, error) {
+func (s *Switch) penalizeLease(ctx context.Context, b *binding, site string, l *Lease, v ban.Verdict) (penalty, error) {
 	ts := b.taskState()
 	if !l.sticky() || ts == nil {
 		return s.penalize(ctx, site, l.proxy, l, v)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/gocolly/colly/v2"
+	"github.com/proxyswitch/proxyswitch/ban"
 	"github.com/proxyswitch/proxyswitch/internal/testbed"
 	"github.com/proxyswitch/proxyswitch/internal/testlog"
 	"github.com/stretchr/testify/assert"
@@ -207,7 +208,7 @@ func TestObserversFanOut(t *testing.T) {
 		got := o.tally(t)
 		assert.Equal(t, 2, got.started)
 		assert.Equal(t, map[string]int{"http_403": 1}, got.ended)
-		assert.Equal(t, map[Kind]int{OK: 2, Ban: 1}, o.attemptKinds())
+		assert.Equal(t, map[ban.Kind]int{ban.OK: 2, ban.Ban: 1}, o.attemptKinds())
 		o.mu.Lock()
 		assert.Len(t, o.quarantines, 1)
 		o.mu.Unlock()

@@ -23,6 +23,7 @@ import (
 	"github.com/gocolly/colly/v2/queue"
 	"github.com/proxyswitch/proxyswitch"
 	"github.com/proxyswitch/proxyswitch/internal/engine"
+	"github.com/proxyswitch/proxyswitch/ban"
 	"github.com/proxyswitch/proxyswitch/internal/redistest"
 	"github.com/proxyswitch/proxyswitch/internal/testbed"
 	"github.com/proxyswitch/proxyswitch/storage"
@@ -208,7 +209,7 @@ func scenario(t *testing.T, rdb *redis.Client, kill, restartEmpty func()) []stri
 	say("state a: %+v err=%v", state, err)
 
 	// penalize (a ban reported)
-	say("report ban: %v", b.Report(ctx, proxyswitch.Verdict{Kind: proxyswitch.Ban, Reason: "http_403"}))
+	say("report ban: %v", b.Report(ctx, ban.Verdict{Kind: ban.Ban, Reason: "http_403"}))
 	state, _ = sw.SiteState(ctx, "a.example")
 	say("state a after the ban: %+v", state)
 
@@ -219,7 +220,7 @@ func scenario(t *testing.T, rdb *redis.Client, kill, restartEmpty func()) []stri
 	c, err := sw.Lease(ctx, "b.example")
 	require.NoError(t, err)
 	dp := c.Proxy()
-	say("report failure of %s: %v", name[dp.ID()], c.Report(ctx, proxyswitch.Verdict{Kind: proxyswitch.ProxyFailure, Reason: proxyswitch.ReasonProxyConnect}))
+	say("report failure of %s: %v", name[dp.ID()], c.Report(ctx, ban.Verdict{Kind: ban.ProxyFailure, Reason: ban.ReasonProxyConnect}))
 	listDead(ctx, t, sw, say, name)
 	for _, site := range []string{"a.example", "b.example"} {
 		state, err = sw.SiteState(ctx, site)
@@ -337,7 +338,7 @@ func scenario(t *testing.T, rdb *redis.Client, kill, restartEmpty func()) []stri
 	local, err := fb.Lease(ctx, "e.example")
 	require.NoError(t, err)
 	say("lease with Redis gone: mode %v", fb.FallbackStatus().Mode)
-	say("local ban: %v", local.Report(ctx, proxyswitch.Verdict{Kind: proxyswitch.Ban, Reason: "http_403"}))
+	say("local ban: %v", local.Report(ctx, ban.Verdict{Kind: ban.Ban, Reason: "http_403"}))
 	restartEmpty()
 	require.Eventually(t, func() bool { return fb.FallbackStatus().Mode == "broker" }, 10*time.Second, 10*time.Millisecond)
 	fst = fb.FallbackStatus()

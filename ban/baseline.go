@@ -1,4 +1,4 @@
-package proxyswitch
+package ban
 
 import (
 	"slices"
@@ -19,7 +19,7 @@ const (
 	baselineMaxKeys = 4096 // sites x media types learnt; more are not judged by size
 )
 
-// baselines are the rolling size baselines of one Switch.
+// baselines are the rolling size baselines of one Detector.
 type baselines struct {
 	mu sync.Mutex
 	m  map[string]*sizeRing
