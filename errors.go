@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/proxyswitch/proxyswitch/shard"
 	"github.com/proxyswitch/proxyswitch/ban"
+	"github.com/proxyswitch/proxyswitch/shard"
 )
 
 // Sentinel errors. Callers branch on them with errors.Is; every error the

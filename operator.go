@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/proxyswitch/proxyswitch/internal/engine"
 	"github.com/proxyswitch/proxyswitch/ban"
+	"github.com/proxyswitch/proxyswitch/internal/engine"
 )
 
 // Operator actions: what an operator (or cmd/proxyswitch) does to one proxy
