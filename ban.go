@@ -106,25 +106,20 @@ func (l *Lease) Report(ctx context.Context, v ban.Verdict) error {
 	return l.Release(ctx)
 }
 
-// DeadProxy is a proxy marked dead.
-type DeadProxy struct {
-	Proxy  *Proxy
-	Since  time.Time // by Redis' clock
-	Reason string    // the failure that made it dead
-}
-
-// Dead lists the proxies of the pool marked dead, ordered by redacted URL.
+// Dead lists the proxies of the pool marked dead or drained, ordered by
+// redacted URL: each with its State (StateDead or StateDrained), Since (by
+// Redis' clock) and Reason ("drained", or the failure that made it dead).
 // It is safe for concurrent use.
-func (s *Switch) Dead(ctx context.Context) ([]DeadProxy, error) { return s.own.redis().dead(ctx) }
+func (s *Switch) Dead(ctx context.Context) ([]ProxyState, error) { return s.own.redis().dead(ctx) }
 
-func (rp *redisPool) dead(ctx context.Context) ([]DeadProxy, error) {
+func (rp *redisPool) dead(ctx context.Context) ([]ProxyState, error) {
 	res, err := roundTrip(ctx, rp.cfg.redisTimeout, func(ctx context.Context) ([]string, error) {
 		return deadScript.Run(ctx, rp.rdb, []string{rp.keys.dead(), rp.keys.proxies()}).StringSlice()
 	}, nil)
 	if err != nil {
 		return nil, redisErr("dead", err)
 	}
-	out := make([]DeadProxy, 0, len(res)/3)
+	out := make([]ProxyState, 0, len(res)/3)
 	for i := 0; i+2 < len(res); i += 3 {
 		p, err := rp.sw.poolEntry(res[i], res[i+1])
 		if err != nil {
@@ -132,9 +127,13 @@ func (rp *redisPool) dead(ctx context.Context) ([]DeadProxy, error) {
 		}
 		ms, reason, _ := strings.Cut(res[i+2], "|")
 		n, _ := strconv.ParseInt(ms, 10, 64)
-		out = append(out, DeadProxy{Proxy: p, Since: time.UnixMilli(n), Reason: reason})
+		state := StateDead
+		if reason == "drained" {
+			state = StateDrained
+		}
+		out = append(out, ProxyState{Proxy: p, State: state, Since: time.UnixMilli(n), Reason: reason})
 	}
-	sortProxies(out, func(d DeadProxy) *Proxy { return d.Proxy })
+	sortProxies(out, func(d ProxyState) *Proxy { return d.Proxy })
 	return out, nil
 }
 

@@ -230,7 +230,7 @@ func TestDeadProxyRule(t *testing.T) {
 	list, err := s.Dead(ctx)
 	require.NoError(t, err)
 	require.Len(t, list, 2)
-	byID := map[string]DeadProxy{list[0].Proxy.ID(): list[0], list[1].Proxy.ID(): list[1]}
+	byID := map[string]ProxyState{list[0].Proxy.ID(): list[0], list[1].Proxy.ID(): list[1]}
 	assert.Equal(t, ban.ReasonProxyTimeout, byID[ps[1].ID()].Reason)
 	assert.Equal(t, ban.ReasonProxyConnect, byID[ps[2].ID()].Reason)
 	assert.WithinDuration(t, time.Now(), byID[ps[2].ID()].Since, 5*time.Second)

@@ -128,18 +128,18 @@ func TestPoolConcurrency(t *testing.T) {
 	s := newSwitch(t, shared.Client(t), WithConcurrency(4))
 	_, err := s.Add(ctx, proxyURLs(2)...)
 	require.NoError(t, err)
-	k, err := s.PoolConcurrency(ctx)
+	st, err := s.Stats(ctx, "ozon.example")
 	require.NoError(t, err)
-	assert.Zero(t, k, "nothing leased yet")
+	assert.Zero(t, st.Concurrency, "nothing leased yet")
 	l, err := s.Lease(ctx, "ozon.example")
 	require.NoError(t, err)
 	require.NoError(t, l.Release(ctx))
 	other := sibling(t, s, shared.Client(t)) // another worker, its own client
-	k, err = other.PoolConcurrency(ctx)
+	st, err = other.Stats(ctx, "avito.example")
 	require.NoError(t, err)
-	assert.Equal(t, 4, k)
+	assert.Equal(t, 4, st.Concurrency)
 	require.NoError(t, shared.Client(t).HSet(ctx, s.keys.meta(), "slots", "four").Err())
-	_, err = s.PoolConcurrency(ctx)
+	_, err = s.Stats(ctx, "ozon.example")
 	assert.ErrorIs(t, err, ErrCorrupt)
 }
 

@@ -69,7 +69,7 @@ func defaultConfig() config {
 		idleTTL:      24 * time.Hour,
 		scope:        ScopeSite,
 		slots:        1,
-		siteFunc:     DefaultSite,
+		siteFunc:     defaultSite,
 		backoffMin:   5 * time.Millisecond,
 		backoffMax:   250 * time.Millisecond,
 		readLimit:    defaultReadLimit,
@@ -201,7 +201,8 @@ func WithConcurrency(k int) Option { return func(c *config) { c.slots = k } }
 // WithSiteFunc sets how a request URL maps to the site a lease is exclusive
 // for, e.g. to treat "www.ozon.ru" and "api.ozon.ru" as one site. The
 // function must be fast, must not block and must not panic. The default is
-// DefaultSite.
+// the lower-cased host of the URL, with its port when the URL names one
+// ("ozon.ru", "127.0.0.1:8080").
 func WithSiteFunc(f func(*url.URL) string) Option { return func(c *config) { c.siteFunc = f } }
 
 // WithLogger sets where the Switch logs. It logs warnings (a missing hook, a
@@ -218,9 +219,8 @@ func WithRedisTimeout(d time.Duration) Option { return func(c *config) { c.redis
 // TTL. The default is 24h.
 func WithIdleTTL(d time.Duration) Option { return func(c *config) { c.idleTTL = d } }
 
-// DefaultSite is the default site function: the lower-cased host of the URL,
-// with its port when the URL names one ("ozon.ru", "127.0.0.1:8080").
-func DefaultSite(u *url.URL) string { return strings.ToLower(u.Host) }
+// defaultSite is the default site function (WithSiteFunc).
+func defaultSite(u *url.URL) string { return strings.ToLower(u.Host) }
 
 // Ban detection, quarantine and retries. They act through the transport that
 // Attach installs; a collector given only the proxy function (New) does not

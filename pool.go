@@ -118,15 +118,16 @@ type SiteStats struct {
 	Leased       int // live leases
 	BusySlots    int // slots not free: leased, cooling down or quarantined
 	LeaseRecords int // lease records in Redis, live or expired but not yet reclaimed
+	// Concurrency is the concurrency the pool records: the WithConcurrency
+	// of the Switches that lease from it (the first lease records it; a
+	// Switch asking for another one gets ErrConfig), or 0 when nothing
+	// leased from it yet. Tools that act on a pool they did not configure
+	// (the proxyswitch command) read it to match.
+	Concurrency int
 }
 
-// PoolConcurrency reads the concurrency the pool records: the
-// WithConcurrency of the Switches that lease from it (the first lease
-// records it; a Switch asking for another one gets ErrConfig), or 0 when
-// nothing leased from it yet. Tools that act on a pool they did not
-// configure (the proxyswitch command) read it to match. One round trip;
-// safe for concurrent use.
-func (s *Switch) PoolConcurrency(ctx context.Context) (int, error) {
+// poolConcurrency reads the concurrency the pool records (SiteStats).
+func (s *Switch) poolConcurrency(ctx context.Context) (int, error) {
 	v, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) (string, error) {
 		v, err := engine.MetaGet{Meta: s.keys.meta(), Field: "slots"}.Run(ctx, s.rdb).Text()
 		if errors.Is(err, redis.Nil) {
@@ -147,7 +148,8 @@ func (s *Switch) PoolConcurrency(ctx context.Context) (int, error) {
 	return k, nil
 }
 
-// Stats returns a snapshot of the pool for site (ignored with ScopeGlobal).
+// Stats returns a snapshot of the pool for site (ignored with ScopeGlobal):
+// two round trips, safe for concurrent use.
 func (s *Switch) Stats(ctx context.Context, site string) (SiteStats, error) {
 	scope := s.scopeOf(site)
 	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]int64, error) {
@@ -163,7 +165,8 @@ func (s *Switch) Stats(ctx context.Context, site string) (SiteStats, error) {
 	if res[3] < 0 { // site never leased: everything is free
 		st.FreeSlots = st.Proxies * s.cfg.slots
 	}
-	return st, nil
+	st.Concurrency, err = s.poolConcurrency(ctx)
+	return st, err
 }
 
 func (s *Switch) update(ctx context.Context, mode string, args []any) (PoolChange, error) {
