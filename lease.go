@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/proxyswitch/proxyswitch/internal/engine"
 )
 
 // Lease is one proxy held exclusively for one site (or for all sites with
@@ -197,10 +199,5 @@ func waitHint(ms int64) time.Duration {
 	return time.Duration(min(max(ms, 1), maxWaitHint.Milliseconds())) * time.Millisecond
 }
 
-func intAt(res []any, i int) (int64, bool) {
-	if i >= len(res) {
-		return 0, false
-	}
-	v, ok := res[i].(int64)
-	return v, ok
-}
+// intAt returns element i of a script's reply if it is an integer.
+func intAt(res []any, i int) (int64, bool) { return engine.IntAt(res, i) }
