@@ -37,9 +37,6 @@ type Lease struct {
 // Proxy returns the leased proxy.
 func (l *Lease) Proxy() *Proxy { return l.proxy }
 
-// Site returns the site the lease is exclusive for ("*" with ScopeGlobal).
-func (l *Lease) Site() string { return l.scope }
-
 // Expiry returns when the lease runs out unless extended, by Redis' clock.
 func (l *Lease) Expiry() time.Time { return time.UnixMilli(l.expiry.Load()) }
 
