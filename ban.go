@@ -15,13 +15,13 @@ import (
 
 // Acting on a verdict: quarantine, backoff, dead proxies, counters.
 //
-// A ban is one owner-checked script (lua/penalize.lua): it pushes the scores
+// A ban is one owner-checked script (penalize.lua): it pushes the scores
 // of all K slots of the proxy in the site's free set to now + quarantine and
 // ends the lease. Every worker of the pool, in any process, skips the proxy
 // for that site from its next lease on, and the proxy comes back by itself
 // when the score passes. Repeat offenders (bans in a row with no healthy
 // answer in between) get a doubled, jittered quarantine; a healthy answer
-// starts the backoff over (lua/release.lua). A proxy that keeps failing is
+// starts the backoff over (release.lua). A proxy that keeps failing is
 // marked dead: its slots go out of every site's rotation until Revive or
 // CheckDead (see WithDeadAfter for the rule).
 

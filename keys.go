@@ -57,18 +57,18 @@ func (k keyspace) members() string            { return k.base + ":members" }
 func (k keyspace) memberOwners() string       { return k.base + ":member-owners" }
 func (k keyspace) modes() string              { return k.base + ":modes" }
 
-// lease is the KEYS of lua/lease.lua for scope.
+// lease is the KEYS of lease.lua for scope.
 func (k keyspace) lease(scope string) []string {
 	return []string{k.proxies(), k.free(scope), k.leases(scope), k.sites(), k.meta(), k.dead(), k.quarantine()}
 }
 
-// sessionKeys are the KEYS of lua/session_use.lua and lua/session_end.lua
-// for task; lua/session_bind.lua takes the session's jar after them.
+// sessionKeys are the KEYS of session_use.lua and session_end.lua
+// for task; session_bind.lua takes the session's jar after them.
 func (k keyspace) sessionKeys(task string) []string {
 	return []string{k.session(task), k.proxies(), k.liveSessions()}
 }
 
-// states are the KEYS of lua/state.lua and lua/proxy_states.lua for scope.
+// states are the KEYS of state.lua and proxy_states.lua for scope.
 func (k keyspace) states(scope string) engine.StateKeys {
 	return engine.StateKeys{Pool: k.proxies(), Free: k.free(scope), Lease: k.leases(scope), Strikes: k.strikes(scope),
 		Quarantine: k.quarantine(), Dead: k.dead(), Meta: k.meta()}

@@ -144,7 +144,7 @@ func pause(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// leaseConfigErr turns lua/lease.lua's PSCONFIG error (the pool records
+// leaseConfigErr turns lease.lua's PSCONFIG error (the pool records
 // another concurrency) into an ErrNoProxy and ErrConfig error.
 func leaseConfigErr(err error) (error, bool) {
 	msg, ok := strings.CutPrefix(err.Error(), "PSCONFIG ")

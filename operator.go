@@ -29,7 +29,7 @@ func (s *Switch) Ban(ctx context.Context, proxy, site string, d time.Duration) e
 	if d <= 0 {
 		return fmt.Errorf("%w: ban duration %v must be positive", ErrConfig, d)
 	}
-	// A quarantine lives in the site's free set, which lua/lease.lua builds
+	// A quarantine lives in the site's free set, which lease.lua builds
 	// on a site's first lease. One lease attempt, preferring the proxy, makes
 	// sure the set exists; if it leased the proxy, the ban ends that lease.
 	l, _, err := s.own.tryLease(ctx, site, s.scopeOf(site), p.id)

@@ -61,7 +61,7 @@ type ProxyState struct {
 }
 
 // proxyStateFields is the number of items per proxy in the reply of
-// lua/proxy_states.lua.
+// proxy_states.lua.
 const proxyStateFields = 13
 
 // ProxyStates reads the state of every proxy of the pool on site, in one
@@ -92,7 +92,7 @@ func (s *Switch) ProxyStates(ctx context.Context, site string) ([]ProxyState, er
 	return s.parseProxyStates(res)
 }
 
-// parseProxyStates reads the reply of lua/proxy_states.lua.
+// parseProxyStates reads the reply of proxy_states.lua.
 func (s *Switch) parseProxyStates(res []any) ([]ProxyState, error) {
 	r := reply{res: res}
 	now, slots, n := r.int(0), r.int(1), r.int(2)

@@ -11,7 +11,7 @@ import (
 )
 
 // redisPool is one pool in Redis, the central broker: its keys and the
-// scripts of the lease path (lua/lease.lua, release.lua, extend.lua,
+// scripts of the lease path (lease.lua, release.lua, extend.lua,
 // penalize.lua). The Switch's own pool is one; WithRoute, UsePools and
 // WithSessionPool make one per pool they name, with the Switch's options.
 // Safe for concurrent use.
@@ -40,7 +40,7 @@ func (p *redisPool) pool() string                { return p.name }
 func (p *redisPool) broker() (*redisPool, error) { return p, nil }
 func (p *redisPool) redis() *redisPool           { return p }
 
-// tryLease runs lua/lease.lua once.
+// tryLease runs lease.lua once.
 func (p *redisPool) tryLease(ctx context.Context, site, scope, prefer string) (*Lease, time.Duration, error) {
 	token := p.sw.newToken()
 	ttl := p.sw.leaseTTL(ctx)
@@ -84,7 +84,7 @@ func (p *redisPool) tryLease(ctx context.Context, site, scope, prefer string) (*
 	return nil, 0, fmt.Errorf("%w: %w: unexpected lease reply of %d items", ErrNoProxy, ErrCorrupt, len(res))
 }
 
-// releaseLate hands back a lease of lua/lease.lua granted (to token, on
+// releaseLate hands back a lease of lease.lua granted (to token, on
 // scope) after its caller gave up waiting for the reply: roundTrip's late.
 func (p *redisPool) releaseLate(scope, token string) func([]any, error) {
 	return func(res []any, err error) {
@@ -149,7 +149,7 @@ func (p *redisPool) extend(ctx context.Context, l *Lease, ttl time.Duration) err
 	return nil
 }
 
-// extendMember runs lua/extend.lua for l's slot and token: the new expiry,
+// extendMember runs extend.lua for l's slot and token: the new expiry,
 // or 0 when the slot is no longer l's.
 func (p *redisPool) extendMember(ctx context.Context, l *Lease, ttl time.Duration) (int64, error) {
 	n, err := roundTrip(ctx, p.timeout, func(ctx context.Context) (int64, error) {
@@ -162,7 +162,7 @@ func (p *redisPool) extendMember(ctx context.Context, l *Lease, ttl time.Duratio
 	return n, nil
 }
 
-// penalize runs lua/penalize.lua: p's slots on site's scope (every site with
+// penalize runs penalize.lua: p's slots on site's scope (every site with
 // WithBanAllSites and a ban.Ban) wait out the quarantine, its run of bans or
 // failures grows, and l ends if it is p's lease on that scope.
 func (p *redisPool) penalize(ctx context.Context, site string, px *Proxy, l *Lease, v ban.Verdict) (penalty, error) {

@@ -194,7 +194,8 @@ func WithSessionMaxAge(d time.Duration) Option { return func(c *config) { c.sess
 //
 // The session pool takes every other option of the Switch, as a pool of
 // WithRoute does (its bans count in the Switch's BanCounts and reach its
-// observer). Load it with SessionPool().Replace. Sessions lease from this
+// observer). Load it as any pool, through a Switch of its own:
+// NewSwitch(rdb, WithPool("residential")).Replace. Sessions lease from this
 // one pool: routes (WithRoute, UsePools) apply to requests of no task only
 // (without WithSessionPool, a task's request to a routed site logs a
 // warning once).
