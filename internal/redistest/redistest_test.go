@@ -237,7 +237,8 @@ func TestConcurrentStarts(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make([]error, n)
 	for i := range n {
-		wg.Go(func() { servers[i], errs[i] = StartProcess() })
+		wg.Add(1)
+		go func() { defer wg.Done(); servers[i], errs[i] = StartProcess() }()
 	}
 	wg.Wait()
 	for i, s := range servers {

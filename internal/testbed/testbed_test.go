@@ -146,7 +146,9 @@ func TestConcurrentRequestsThroughOneProxyCollide(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make(chan error, n)
 	for i := range n {
-		wg.Go(func() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
 			resp, err := c.Get(fmt.Sprintf("%s/p/%d", site.URL(), i+1))
 			if err != nil {
 				errs <- err
@@ -154,7 +156,7 @@ func TestConcurrentRequestsThroughOneProxyCollide(t *testing.T) {
 			}
 			io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
-		})
+		}()
 	}
 	wg.Wait()
 	close(errs)
@@ -235,7 +237,9 @@ func TestLeaseHandoffNoFalsePositives(t *testing.T) {
 	var mu sync.Mutex
 	var firstErr error
 	for range nWorkers {
-		wg.Go(func() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
 			for i := range jobs {
 				s := rand.IntN(nSites)
 				pi := <-pools[s] // lease (proxy, site)
@@ -251,7 +255,7 @@ func TestLeaseHandoffNoFalsePositives(t *testing.T) {
 					mu.Unlock()
 				}
 			}
-		})
+		}()
 	}
 	wg.Wait()
 	if firstErr != nil {
@@ -709,11 +713,13 @@ func TestRecorderCountsCollisionsPerIP(t *testing.T) {
 		<-release
 	}))
 	serve := func(remote string, wg *sync.WaitGroup) {
-		wg.Go(func() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
 			req := httptest.NewRequest(http.MethodGet, "/", nil)
 			req.RemoteAddr = remote
 			h.ServeHTTP(httptest.NewRecorder(), req)
-		})
+		}()
 	}
 	var wg sync.WaitGroup
 	for _, remote := range []string{"127.0.1.1:1000", "127.0.1.1:1001", "127.0.1.1:1002", "127.0.1.2:1000"} {

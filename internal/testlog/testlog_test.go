@@ -11,12 +11,14 @@ func TestBufferConcurrentWrites(t *testing.T) {
 	var b Buffer
 	var wg sync.WaitGroup
 	for i := range 8 {
-		wg.Go(func() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
 			for range 100 {
 				fmt.Fprintf(&b, "w%d\n", i)
 				_ = b.String()
 			}
-		})
+		}()
 	}
 	wg.Wait()
 	if n := strings.Count(b.String(), "\n"); n != 800 {
