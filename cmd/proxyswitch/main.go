@@ -14,7 +14,8 @@
 //	                            quarantined (noting a ban on every site), dead or drained; until
 //	                            when; bans in a row there
 //	stats [SITE...]             a table of proxy slots by state per site (default: every site leased recently),
-//	                            and the live sticky sessions
+//	                            and the live sticky sessions; BUSY is every slot not FREE
+//	                            (LEASED + COOLING + QUARANTINED + DEAD, drained included)
 //	ban ID|URL SITE [DURATION]  quarantine a proxy on a site, cluster-wide, for at least DURATION (default 1h)
 //	unban ID|URL SITE           end a proxy's quarantine on a site now
 //	drain ID|URL...             take proxies out of every site's rotation (requests under way finish)
@@ -37,6 +38,9 @@
 //	-pool NAME   pool (default "default")
 //	-timeout D   bound on each Redis round trip (default 5s)
 //	-v           log debug messages too (default: warnings and errors only, on stderr)
+//
+// -h prints this help (exit code 0); a usage mistake prints one line about
+// it and the usage line (exit code 2).
 //
 // Exit codes: 0 success, 1 the operation failed, 2 bad usage.
 // Passwords in proxy and Redis URLs are never printed.
@@ -89,6 +93,9 @@ func main() {
 // errUsage marks a command-line mistake (exit code 2).
 var errUsage = errors.New("usage")
 
+// usageLine is what a usage mistake prints after saying what it was.
+const usageLine = "usage: proxyswitch [flags] <command> [arguments] (proxyswitch -h for help)"
+
 const usage = `usage: proxyswitch [flags] <command> [arguments]
 
 commands:
@@ -96,7 +103,8 @@ commands:
   add URL...                  add proxies
   remove ID|URL...            remove proxies
   list [SITE]                 list the proxies with their state (pool-wide, or on SITE)
-  stats [SITE...]             proxy slots by state per site, live sticky sessions
+  stats [SITE...]             proxy slots by state per site, live sticky sessions;
+                              BUSY = slots not FREE (LEASED+COOLING+QUARANTINED+DEAD)
   ban ID|URL SITE [DURATION]  quarantine a proxy on a site for at least DURATION (default 1h)
   unban ID|URL SITE           end a proxy's quarantine on a site
   drain ID|URL...             take proxies out of every site's rotation
@@ -132,15 +140,22 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	pool := fs.String("pool", "default", "pool name")
 	timeout := fs.Duration("timeout", 5*time.Second, "bound on each Redis round trip")
 	verbose := fs.Bool("v", false, "log debug messages too (default: warnings and errors only)")
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, usage)
-		fs.PrintDefaults()
-	}
+	// The flag package prints what was wrong with a flag: then a short
+	// usage line follows; the whole help only for an explicit -h.
+	fs.Usage = func() {}
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(stdout, usage)
+			fs.SetOutput(stdout)
+			fs.PrintDefaults()
+			return 0
+		}
+		fmt.Fprintln(stderr, usageLine)
 		return 2
 	}
 	if fs.NArg() == 0 {
-		fs.Usage()
+		fmt.Fprintln(stderr, "proxyswitch: no command")
+		fmt.Fprintln(stderr, usageLine)
 		return 2
 	}
 	raw := *redisURL
@@ -166,7 +181,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		opts:    []proxyswitch.Option{proxyswitch.WithPrefix(*prefix), proxyswitch.WithRedisTimeout(*timeout), proxyswitch.WithLogger(logger)},
 		timeout: *timeout}
 	if a.sw, err = a.newSwitch(*pool); err != nil {
-		fmt.Fprintln(stderr, err)
+		fmt.Fprintln(stderr, "proxyswitch:", message(err))
 		return 2
 	}
 	cmd, rest := fs.Arg(0), fs.Args()[1:]
@@ -175,13 +190,19 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	case err == nil:
 		return 0
 	case errors.Is(err, errUsage):
-		fmt.Fprintln(stderr, "proxyswitch:", err)
-		fs.Usage()
+		fmt.Fprintln(stderr, "proxyswitch:", message(err))
+		fmt.Fprintln(stderr, usageLine)
 		return 2
 	default:
-		fmt.Fprintf(stderr, "proxyswitch: %s (Redis %s): %v\n", cmd, opt.Addr, err)
+		fmt.Fprintf(stderr, "proxyswitch: %s (Redis %s): %s\n", cmd, opt.Addr, message(err))
 		return 1
 	}
+}
+
+// message is err's text without the "proxyswitch: " prefixes of the
+// library's errors: the CLI prints its own once.
+func message(err error) string {
+	return strings.ReplaceAll(err.Error(), "proxyswitch: ", "")
 }
 
 // newSwitch returns a Switch on pool with the flags' options (a.opts) and
@@ -239,7 +260,15 @@ func (a *app) dispatch(ctx context.Context, cmd string, args []string) error {
 			return fmt.Errorf("%w: remove takes proxy IDs or URLs", errUsage)
 		}
 		ch, err := sw.Remove(ctx, args...)
-		return report(out, ch, err)
+		if err != nil {
+			return err
+		}
+		msg := fmt.Sprintf("removed %d of %d proxies", ch.Removed, len(args))
+		if ch.Removed < len(args) {
+			msg += " (the others were not in the pool)"
+		}
+		_, err = fmt.Fprintf(out, "%s, pool size %d\n", msg, ch.Size)
+		return err
 	case "list":
 		switch len(args) {
 		case 0:
@@ -256,11 +285,7 @@ func (a *app) dispatch(ctx context.Context, cmd string, args []string) error {
 		if len(args) != 2 {
 			return fmt.Errorf("%w: unban takes a proxy (ID or URL) and a SITE", errUsage)
 		}
-		if err := sw.Unban(ctx, args[0], args[1]); err != nil {
-			return err
-		}
-		_, err := fmt.Fprintf(out, "unbanned proxy %s on %s\n", proxyName(args[0]), args[1])
-		return err
+		return a.unban(ctx, args[0], args[1])
 	case "drain":
 		if len(args) == 0 {
 			return fmt.Errorf("%w: drain takes proxy IDs or URLs", errUsage)
@@ -282,7 +307,14 @@ func (a *app) dispatch(ctx context.Context, cmd string, args []string) error {
 		if err != nil {
 			return err
 		}
-		_, err = fmt.Fprintf(out, "revived %d of %d proxies (the others were not dead)\n", n, len(args))
+		switch {
+		case n == len(args):
+			_, err = fmt.Fprintf(out, "revived %d of %d proxies\n", n, len(args))
+		case n == 0:
+			_, err = fmt.Fprintf(out, "revived 0 of %d proxies (none was dead or drained)\n", len(args))
+		default:
+			_, err = fmt.Fprintf(out, "revived %d of %d proxies (the others were neither dead nor drained)\n", n, len(args))
+		}
 		return err
 	case "clear":
 		return a.clear(ctx, args)
@@ -463,6 +495,11 @@ func (a *app) stats(ctx context.Context, sites []string) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	if len(sites) > 0 {
+		if _, err := fmt.Fprintln(a.out, "(slots: one per proxy, or k with WithConcurrency(k); BUSY = every slot not FREE: LEASED + COOLING + QUARANTINED + DEAD)"); err != nil {
+			return err
+		}
+	}
 	live, err := a.sw.LiveSessions(ctx)
 	if err != nil {
 		return err
@@ -486,6 +523,37 @@ func (a *app) ban(ctx context.Context, args []string) error {
 		return err
 	}
 	_, err := fmt.Fprintf(a.out, "banned proxy %s on %s for at least %v\n", proxyName(args[0]), args[1], d)
+	return err
+}
+
+// unban ends proxy's quarantine on site, and says whether it was
+// quarantined there: Unban does not tell, so the proxy's state on the site
+// is read first.
+func (a *app) unban(ctx context.Context, proxy, site string) error {
+	if err := checkSite(site); err != nil {
+		return err
+	}
+	states, err := a.sw.ProxyStates(ctx, site)
+	if err != nil {
+		return err
+	}
+	id := proxyName(proxy)
+	var before *proxyswitch.ProxyState
+	for i := range states {
+		if states[i].Proxy.ID() == id {
+			before = &states[i]
+		}
+	}
+	// Unban also starts the proxy's backoff over (its strikes on the site),
+	// quarantined or not.
+	if err := a.sw.Unban(ctx, proxy, site); err != nil {
+		return err
+	}
+	if before != nil && before.QuarantinedSlots == 0 {
+		_, err = fmt.Fprintf(a.out, "proxy %s was not quarantined on %s (%s): nothing to unban\n", id, site, before.State)
+		return err
+	}
+	_, err = fmt.Fprintf(a.out, "unbanned proxy %s on %s\n", id, site)
 	return err
 }
 

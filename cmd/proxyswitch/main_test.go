@@ -83,7 +83,7 @@ func TestCLIEndToEnd(t *testing.T) {
 	require.NoError(t, err)
 	r = cli(t, env, "", "remove", p.ID())
 	require.Equal(t, 0, r.code, r.all())
-	assert.Equal(t, "added 0, removed 1, pool size 1\n", r.stdout)
+	assert.Equal(t, "removed 1 of 1 proxies, pool size 1\n", r.stdout)
 
 	r = cli(t, nil, "", "-redis", url, "add", "http://u2:"+proxySecret+"@127.0.0.9:1")
 	require.Equal(t, 0, r.code, r.all())
@@ -237,7 +237,7 @@ func TestCLIOperatorCommands(t *testing.T) {
 	assert.Regexp(t, idThird+`\s+socks5://127\.0\.0\.3:1080\s+dead\s+\d{4}-\d\d-\d\dT[0-9:]+Z\s+proxy_connect`, r.stdout)
 	r = run("revive", idPlain, third, secret)
 	require.Equal(t, 0, r.code, r.all())
-	assert.Equal(t, "revived 2 of 3 proxies (the others were not dead)\n", r.stdout)
+	assert.Equal(t, "revived 2 of 3 proxies (the others were neither dead nor drained)\n", r.stdout)
 	dead, err := sw.Dead(ctx)
 	require.NoError(t, err)
 	assert.Empty(t, dead)
