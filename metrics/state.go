@@ -117,6 +117,11 @@ func (s *StateCollector) collect(ctx context.Context, gauge func(*prometheus.Des
 			}
 		}
 	}
+	// Once the scrape's time is up, every further read would fail the
+	// same way: answer with what was read.
+	if ctx.Err() != nil {
+		return errors.Join(append(errs, ctx.Err())...)
+	}
 	if n, err := s.poolSize(ctx, used); err != nil {
 		errs = append(errs, err)
 	} else {

@@ -26,10 +26,13 @@
 //	                            ready, in flight and dead counts; the oldest N dead letters
 //	                            (default 20: ID, URL with password redacted, deliveries,
 //	                            since, reason); move dead letters back into the queue
-//	serve [-addr A] [-queue NS,...] [POOL...]
+//	serve [-addr A] [-queue NS,...] [-scrape-timeout D] [POOL...]
 //	                            serve /metrics (pool state, and the request queues of
 //	                            storage namespaces NS, read from Redis at each scrape) on A
-//	                            (default 127.0.0.1:9465) for POOLs (default: -pool) until interrupted
+//	                            (default 127.0.0.1:9465) for POOLs (default: -pool) until interrupted;
+//	                            a scrape's Redis reads take at most D (default 700ms), so it
+//	                            answers within a second even with Redis down (then
+//	                            proxyswitch_state_up is 0)
 //
 // Flags:
 //
@@ -79,6 +82,11 @@ const EnvRedisURL = "PROXYSWITCH_REDIS_URL"
 // DefaultMetricsAddr is where serve listens unless told otherwise.
 const DefaultMetricsAddr = "127.0.0.1:9465"
 
+// DefaultScrapeTimeout bounds the Redis reads of one scrape of serve, so
+// that it answers (with proxyswitch_state_up 0 when Redis is down) well
+// within Prometheus' scrape timeout.
+const DefaultScrapeTimeout = 700 * time.Millisecond
+
 func main() {
 	// go-redis logs its dial retries straight to stderr; every failure also
 	// comes back as an error, which the command reports (or, in serve, the
@@ -113,15 +121,17 @@ commands:
   queue NS [stats|dead [N]|requeue ID...]
                               the request queue of storage namespace NS: counts,
                               the oldest N dead letters (default 20), requeue dead letters
-  serve [-addr A] [-queue NS,...] [POOL...]
+  serve [-addr A] [-queue NS,...] [-scrape-timeout D] [POOL...]
                               serve /metrics on A (default ` + DefaultMetricsAddr + `); -queue adds
-                              the request queues of storage namespaces
+                              the request queues of storage namespaces; D bounds a scrape's
+                              Redis reads (default 700ms)
 
 flags:`
 
 // app is what a command works with.
 type app struct {
 	rdb     *redis.Client
+	ropt    *redis.Options      // rdb's, from -redis
 	sw      *proxyswitch.Switch // the -pool pool
 	prefix  string
 	opts    []proxyswitch.Option // prefix, timeout, logger: every pool's
@@ -177,7 +187,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	rdb := redis.NewClient(opt)
 	defer rdb.Close()
-	a := &app{rdb: rdb, prefix: *prefix, logger: logger, stdin: stdin, out: stdout, errOut: stderr,
+	a := &app{rdb: rdb, ropt: opt, prefix: *prefix, logger: logger, stdin: stdin, out: stdout, errOut: stderr,
 		opts:    []proxyswitch.Option{proxyswitch.WithPrefix(*prefix), proxyswitch.WithRedisTimeout(*timeout), proxyswitch.WithLogger(logger)},
 		timeout: *timeout}
 	if a.sw, err = a.newSwitch(*pool); err != nil {
@@ -581,13 +591,29 @@ func (a *app) serve(ctx context.Context, args []string) error {
 	fs.SetOutput(io.Discard)
 	addr := fs.String("addr", DefaultMetricsAddr, "listen address")
 	queues := fs.String("queue", "", "storage namespaces whose request queue to export, comma-separated")
+	scrapeTimeout := fs.Duration("scrape-timeout", DefaultScrapeTimeout, "bound on the Redis reads of one scrape")
 	if err := fs.Parse(args); err != nil {
 		return fmt.Errorf("%w: serve: %v", errUsage, err)
+	}
+	if *scrapeTimeout <= 0 {
+		return fmt.Errorf("%w: serve: -scrape-timeout must be positive", errUsage)
 	}
 	pools := fs.Args()
 	if len(pools) == 0 {
 		pools = []string{a.sw.Pool()}
 	}
+	// A client whose dialling and retries cannot outlast a scrape: with
+	// Redis down, one refused (or timed out) dial per read, no retry loop;
+	// the next scrape tries again.
+	o := *a.ropt
+	if o.DialTimeout <= 0 || o.DialTimeout > *scrapeTimeout {
+		o.DialTimeout = *scrapeTimeout
+	}
+	o.DialerRetries = 1
+	o.MaxRetries = -1 // no retries
+	a.rdb = redis.NewClient(&o)
+	defer a.rdb.Close()
+	mopts := []metrics.Option{metrics.WithLogger(a.logger), metrics.WithScrapeTimeout(*scrapeTimeout)}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, pool := range pools {
@@ -595,7 +621,7 @@ func (a *app) serve(ctx context.Context, args []string) error {
 		if err != nil {
 			return fmt.Errorf("%w: %w", errUsage, err)
 		}
-		if err := reg.Register(metrics.NewState(sw, metrics.WithLogger(a.logger))); err != nil {
+		if err := reg.Register(metrics.NewState(sw, mopts...)); err != nil {
 			return fmt.Errorf("%w: pool %q named twice", errUsage, pool)
 		}
 	}
@@ -608,7 +634,7 @@ func (a *app) serve(ctx context.Context, args []string) error {
 		if err != nil {
 			return fmt.Errorf("%w: serve -queue: %w", errUsage, err)
 		}
-		if err := reg.Register(metrics.NewQueue(st, metrics.WithLogger(a.logger))); err != nil {
+		if err := reg.Register(metrics.NewQueue(st, mopts...)); err != nil {
 			return fmt.Errorf("%w: queue %q named twice", errUsage, ns)
 		}
 	}

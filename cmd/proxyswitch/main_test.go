@@ -505,9 +505,20 @@ func TestCLIServe(t *testing.T) {
 	assert.Contains(t, fams, "go_goroutines")
 	require.NoError(t, l.Release(ctx))
 
-	// Redis gone: the exporter still answers, says so, warns once.
+	// Redis gone: the exporter still answers, within a second (the first
+	// scrape finds the pooled connections broken, the next ones dial), says
+	// so, warns once.
 	require.NoError(t, srv.Kill())
-	fams, page2 := scrapeURL(t, metricsURL)
+	var page2 string
+	for i := range 3 {
+		start := time.Now()
+		fams, page2 = scrapeURL(t, metricsURL)
+		took := time.Since(start)
+		assert.Less(t, took, time.Second, "scrape %d with Redis down", i+1)
+		v, ok := gauge(fams, "proxyswitch_state_up", map[string]string{"pool": "residential"})
+		assert.True(t, ok)
+		assert.Zero(t, v, "scrape %d", i+1)
+	}
 	v, ok := gauge(fams, "proxyswitch_state_up", map[string]string{"pool": "default"})
 	assert.True(t, ok)
 	assert.Zero(t, v)
