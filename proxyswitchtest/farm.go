@@ -25,7 +25,7 @@ func SourceIP(i int) net.IP {
 // real proxies apart. Proxies is not changed after the start; the methods
 // are safe for concurrent use.
 type Farm struct {
-	Proxies []*Proxy
+	Proxies []*Proxy // the i-th dials out from SourceIP(i)
 }
 
 // NewFarm starts n proxies with distinct source IPs SourceIP(0) ..

@@ -30,6 +30,8 @@ const (
 	Challenge
 )
 
+// String returns the treatment's name: "serve", "placeholder", "forbid",
+// "truncate" or "challenge".
 func (t Treatment) String() string {
 	switch t {
 	case Serve:
@@ -62,10 +64,10 @@ const (
 
 // GuardHit is one request as a [Guard] judged it.
 type GuardHit struct {
-	IP       string
-	Path     string
-	Decision Decision
-	At       time.Time
+	IP       string    // the client IP
+	Path     string    // r.URL.Path
+	Decision Decision  // what the guard did
+	At       time.Time // when the request arrived
 }
 
 // Pages of a [Guard].
@@ -168,6 +170,8 @@ func (m *Guard) Count(d Decision) int {
 	return n
 }
 
+// ServeHTTP judges the request and answers it: a refusal, or the wrapped
+// handler's page.
 func (m *Guard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ip := clientIP(r.RemoteAddr)
 	d, retryAfter := m.decide(ip, r)

@@ -95,12 +95,13 @@ type Selectors struct {
 	Price string // the product's price on its page
 }
 
-// Platform is one fake marketplace. Its methods are safe for concurrent use.
+// Platform is one fake marketplace. Its fields are set by [StartMarket] and
+// not changed after; its methods are safe for concurrent use.
 type Platform struct {
-	Name  string
-	Sel   Selectors
-	Site  *Site
-	Guard *Guard // its anti-bot layer: counts of what it refused
+	Name  string    // "wildberries", "ozon" or "avito"
+	Sel   Selectors // its markup
+	Site  *Site     // the site serving it: its recorder counts requests and IP collisions
+	Guard *Guard    // its anti-bot layer: counts of what it refused
 
 	cfg    MarketConfig
 	markup markup
@@ -164,13 +165,16 @@ func (p *Platform) catalogURL(category, page int) string {
 	return fmt.Sprintf("%s/catalog/%d?page=%d", p.URL(), category, page)
 }
 
-// Market is the three platforms and the blacklist they share.
+// Market is the three platforms and the blacklist they share. Its fields
+// are not changed after the start; its methods are safe for concurrent use.
 type Market struct {
 	Platforms []*Platform // wildberries, ozon, avito
-	Blacklist *Blacklist
+	Blacklist *Blacklist  // shared by the three: an IP one blocks, all refuse
 }
 
-// StartMarket starts the three platforms on loopback. Close them when done.
+// StartMarket starts the three platforms on loopback, each on a free port,
+// sized by cfg (zero fields take the defaults: [DefaultCategories] and the
+// others). Close the market when done.
 func StartMarket(cfg MarketConfig) *Market {
 	cfg = cfg.withDefaults()
 	m := &Market{Blacklist: NewBlacklist(cfg.Burnt...)}

@@ -43,6 +43,7 @@ const (
 	Proxy502
 )
 
+// String returns the mode's name: "ok", "dead", "hang", "slow", "407" or "502".
 func (m ProxyMode) String() string {
 	switch m {
 	case ProxyOK:

@@ -42,7 +42,7 @@ type Redis struct {
 	child *redistest.Server    // the private redis-server, or nil
 
 	stop, done chan struct{} // the embedded server's expiry loop
-	closeOnce  sync.Once
+	closeOnce  sync.Once     // Close
 }
 
 // StartRedis returns a Redis according to arg:
@@ -145,14 +145,17 @@ func (s *Redis) URL() string { return s.url }
 func (s *Redis) String() string { return s.desc }
 
 // Close stops the embedded server or the private redis-server; it does
-// nothing for a server at a URL.
+// nothing for a server at a URL. Clients must not be used after it. It may
+// be called more than once.
 func (s *Redis) Close() {
-	if s.embed != nil {
-		s.closeOnce.Do(func() { close(s.stop) })
-		<-s.done
-		s.embed.Close()
-	}
-	if s.child != nil {
-		_ = s.child.Close()
-	}
+	s.closeOnce.Do(func() {
+		if s.embed != nil {
+			close(s.stop)
+			<-s.done
+			s.embed.Close()
+		}
+		if s.child != nil {
+			_ = s.child.Close()
+		}
+	})
 }

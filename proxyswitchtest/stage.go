@@ -24,8 +24,8 @@ type StageConfig struct {
 // when asked, the fake marketplaces. Its fields are not changed after the
 // start.
 type Stage struct {
-	Redis  *Redis
-	Farm   *Farm
+	Redis  *Redis   // started by StartRedis(StageConfig.Redis)
+	Farm   *Farm    // StageConfig.Proxies proxies
 	Burnt  []string // source IPs of the proxies on the blacklist before the crawl
 	Market *Market  // nil unless StageConfig.Market was set
 }
