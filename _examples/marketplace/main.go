@@ -8,9 +8,10 @@
 //	go run ./_examples/marketplace -redis server                    # a private redis-server from PATH
 //	go run ./_examples/marketplace -redis redis://127.0.0.1:6379/0  # your Redis
 //
-// The marketplaces defend themselves (proxyswitchtest.StartMarket): rate limits per
-// IP, a captcha for two requests at once from one IP, placeholder pages,
-// and a blacklist they share, on which some of the proxies already are.
+// The marketplaces (proxyswitchtest.StartMarket) defend themselves: rate
+// limits per IP, a captcha for two requests at once from one IP,
+// placeholder pages, and a blacklist they share, on which some of the
+// proxies already are.
 // proxyswitch paces every IP under the rate limits (WithCooldown), never
 // sends two requests from one IP to one site at once, recognises each kind
 // of refusal (status codes, the captcha redirect, pages without the
