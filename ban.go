@@ -4,12 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net/http"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/proxyswitch/proxyswitch/ban"
 )
 
 // Acting on a verdict: quarantine, backoff, dead proxies, counters.
@@ -60,145 +61,79 @@ func (s *Switch) BanCounts() map[BanKey]int64 {
 	return out
 }
 
-// penalty is what penalize did.
-type penalty struct {
-	quarantine time.Duration
-	until      time.Time // Redis clock
-	strikes    int       // bans (or failures) in a row, this one included
-	dead       bool
-}
-
-// penalize quarantines proxy p on site after a Ban or ProxyFailure verdict
-// and counts it. If l is p's lease for site, it ends with it (owner-checked);
-// a lease for another scope is left to the caller.
-func (s *Switch) penalize(ctx context.Context, site string, p *Proxy, l *Lease, v Verdict) (penalty, error) {
-	if l != nil && l.sw != s {
-		return l.sw.penalize(ctx, site, p, l, v) // a lease of a routed pool: its pool's keys
-	}
-	if root := s.cfg.routes.parent; root != nil {
-		// A routed pool's Switch: counted where the user looks (observed
-		// there too: observerOf).
-		root.bans.add(BanKey{Site: site, Reason: v.Reason})
-	}
+// penalize quarantines proxy p on site after a ban.Ban or ban.ProxyFailure verdict,
+// counts it and tells the observer. If l is p's lease for site, it ends
+// with it (owner-checked); a lease for another scope is left to the caller.
+// The quarantine happens where l came from, or in the Switch's own pool.
+func (s *Switch) penalize(ctx context.Context, site string, p *Proxy, l *Lease, v ban.Verdict) (penalty, error) {
 	s.bans.add(BanKey{Site: site, Reason: v.Reason})
-	if s.fb != nil {
-		if pen, done := s.fb.penalize(s, site, p, l, v); done {
-			s.observeQuarantine(site, p, v, pen)
-			return pen, nil
-		}
+	be := backend(s.own)
+	if l != nil {
+		be = l.be
 	}
-	scope := s.scopeOf(site)
-	kind, base, maxq, hard := "ban", s.cfg.quarantine, s.cfg.maxQuarantine, "0"
-	if v.Kind == ProxyFailure {
-		kind, base, maxq = "fail", s.cfg.failQuarantine, s.cfg.maxFailQuarantine
-		if v.Reason == ReasonProxyConnect || v.Reason == ReasonProxyAuth {
-			hard = "1"
-		}
-	}
-	member, token := "", ""
-	if l != nil && l.scope == scope && l.released.CompareAndSwap(false, true) {
-		member, token = l.member, l.token
-	}
-	all := "0"
-	if s.cfg.banAllSites && v.Kind == Ban {
-		all = "1"
-	}
-	keys := []string{s.keys.free(scope), s.keys.leases(scope), s.keys.strikes(scope), s.keys.fails(),
-		s.keys.dead(), s.keys.sites(), s.keys.quarantine()}
-	argv := []any{kind, p.id, member, token, base.Milliseconds(), maxq.Milliseconds(),
-		min(v.RetryAfter, maxq).Milliseconds(), 850 + rand.N(301), all, s.keys.base,
-		s.cfg.idleTTL.Milliseconds(), hard, s.cfg.deadAfter, site, v.Reason, s.cfg.slots}
-	res, err := roundTrip(ctx, s.callTimeout(), func(ctx context.Context) ([]int64, error) {
-		return penalizeScript.Run(ctx, s.rdb, keys, argv...).Int64Slice()
-	}, nil)
+	pen, err := be.penalize(ctx, site, p, l, v)
 	if err != nil {
-		if member != "" {
-			l.released.Store(false) // still held: it expires by its TTL, or Release may retry
-		}
-		if s.fb != nil && s.fb.trip(ctx, err) {
-			if pen, done := s.fb.penalize(s, site, p, l, v); done {
-				s.observeQuarantine(site, p, v, pen)
-				return pen, nil
-			}
-		}
-		return penalty{}, redisErr("quarantine", err)
+		return pen, err
 	}
-	if s.fb != nil && member != "" {
-		s.fb.released(l)
-	}
-	if len(res) != 5 {
-		return penalty{}, fmt.Errorf("%w: quarantine reply of %d items", ErrCorrupt, len(res))
-	}
-	pen := penalty{quarantine: time.Duration(res[0]) * time.Millisecond, until: time.UnixMilli(res[1]),
-		strikes: int(res[2]), dead: res[3] == 1}
-	s.observeQuarantine(site, p, v, pen)
-	if pen.dead {
-		s.cfg.logger.Warn("proxyswitch: proxy marked dead: out of every site's rotation until revived",
-			"proxy", p.String(), "site", site, "reason", v.Reason, "failures", pen.strikes)
-	} else {
-		s.cfg.logger.Debug("proxyswitch: proxy quarantined", "proxy", p.String(), "site", site,
-			"kind", v.Kind.String(), "reason", v.Reason, "for", pen.quarantine, "in_a_row", pen.strikes)
-	}
+	s.observeQuarantine(be.pool(), site, p, v, pen)
 	return pen, nil
 }
 
 // Report ends the lease with what the request made through it showed, for
 // callers of Lease who make requests themselves (Attach does this for Colly):
 //
-//   - OK or Neutral: the proxy is released and its backoff starts over;
-//   - Ban: the proxy is quarantined on the lease's site (WithQuarantine) and
+//   - ban.OK or ban.Neutral: the proxy is released and its backoff starts over;
+//   - ban.Ban: the proxy is quarantined on the lease's site (WithQuarantine) and
 //     the lease ends;
-//   - ProxyFailure: the proxy is quarantined for the failure quarantine,
+//   - ban.ProxyFailure: the proxy is quarantined for the failure quarantine,
 //     counts towards being marked dead, and the lease ends;
-//   - Pass: the lease is released and nothing else happens.
+//   - ban.Pass: the lease is released and nothing else happens.
 //
 // Every worker of the pool acts on it from its next lease on. Bans and
 // failures are counted in BanCounts. It is safe for concurrent use; after
-// the lease ended, a Ban or ProxyFailure report still quarantines the proxy.
-func (l *Lease) Report(ctx context.Context, v Verdict) error {
+// the lease ended, a ban.Ban or ban.ProxyFailure report still quarantines the proxy.
+func (l *Lease) Report(ctx context.Context, v ban.Verdict) error {
 	switch v.Kind {
-	case Ban, ProxyFailure:
-		if !validReason(v.Reason) {
-			v.Reason = ReasonCustom
+	case ban.Ban, ban.ProxyFailure:
+		if !ban.ValidReason(v.Reason) {
+			v.Reason = ban.ReasonCustom
 		}
 		_, err := l.sw.penalize(ctx, l.site, l.proxy, l, v)
 		return err
-	case OK, Neutral:
+	case ban.OK, ban.Neutral:
 		l.healthy.Store(true)
 	}
 	return l.Release(ctx)
 }
 
-// DeadProxy is a proxy marked dead.
-type DeadProxy struct {
-	Proxy  *Proxy
-	Since  time.Time // by Redis' clock
-	Reason string    // the failure that made it dead
-}
-
-// Dead lists the proxies of the pool marked dead, ordered by redacted URL.
+// Dead lists the proxies of the pool marked dead or drained, ordered by
+// redacted URL: each with its State (StateDead or StateDrained), Since (by
+// Redis' clock) and Reason ("drained", or the failure that made it dead).
 // It is safe for concurrent use.
-func (s *Switch) Dead(ctx context.Context) ([]DeadProxy, error) {
-	if s.err != nil {
-		return nil, s.err
-	}
-	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]string, error) {
-		return deadScript.Run(ctx, s.rdb, []string{s.keys.dead(), s.keys.proxies()}).StringSlice()
+func (s *Switch) Dead(ctx context.Context) ([]ProxyState, error) { return s.own.redis().dead(ctx) }
+
+func (rp *redisPool) dead(ctx context.Context) ([]ProxyState, error) {
+	res, err := roundTrip(ctx, rp.cfg.redisTimeout, func(ctx context.Context) ([]string, error) {
+		return deadScript.Run(ctx, rp.rdb, []string{rp.keys.dead(), rp.keys.proxies()}).StringSlice()
 	}, nil)
 	if err != nil {
 		return nil, redisErr("dead", err)
 	}
-	out := make([]DeadProxy, 0, len(res)/3)
+	out := make([]ProxyState, 0, len(res)/3)
 	for i := 0; i+2 < len(res); i += 3 {
-		p, err := s.poolEntry(res[i], res[i+1])
+		p, err := rp.sw.poolEntry(res[i], res[i+1])
 		if err != nil {
 			return nil, err
 		}
 		ms, reason, _ := strings.Cut(res[i+2], "|")
 		n, _ := strconv.ParseInt(ms, 10, 64)
-		out = append(out, DeadProxy{Proxy: p, Since: time.UnixMilli(n), Reason: reason})
+		state := StateDead
+		if reason == "drained" {
+			state = StateDrained
+		}
+		out = append(out, ProxyState{Proxy: p, State: state, Since: time.UnixMilli(n), Reason: reason})
 	}
-	sortProxies(out, func(d DeadProxy) *Proxy { return d.Proxy })
+	sortProxies(out, func(d ProxyState) *Proxy { return d.Proxy })
 	return out, nil
 }
 
@@ -206,9 +141,6 @@ func (s *Switch) Dead(ctx context.Context) ([]DeadProxy, error) {
 // rotation at once, with their failure record cleared. It returns how many
 // of them were dead. It is safe to call while workers lease.
 func (s *Switch) Revive(ctx context.Context, proxies ...string) (int, error) {
-	if s.err != nil {
-		return 0, s.err
-	}
 	ids, err := proxyIDs(proxies)
 	if err != nil || len(ids) == 0 {
 		return 0, err

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/proxyswitch/proxyswitch/ban"
 	"github.com/proxyswitch/proxyswitch/internal/redistest"
 	"github.com/proxyswitch/proxyswitch/internal/testbed"
 	"github.com/proxyswitch/proxyswitch/internal/testlog"
@@ -129,7 +130,7 @@ func TestBanBackoff(t *testing.T) {
 	_, err := s.Add(ctx, proxyURLs(1)...)
 	require.NoError(t, err)
 	const site = "shop.example"
-	ban := Verdict{Kind: Ban, Reason: "http_403"}
+	ban403 := ban.Verdict{Kind: ban.Ban, Reason: "http_403"}
 	within := func(got, want time.Duration, what string) {
 		assert.GreaterOrEqual(t, got, want*85/100-time.Millisecond, what)
 		assert.LessOrEqual(t, got, min(want*115/100+time.Millisecond, maxq), what)
@@ -143,7 +144,7 @@ func TestBanBackoff(t *testing.T) {
 		if i > 0 {
 			assert.GreaterOrEqual(t, time.Since(last), lastQ-20*time.Millisecond, "the lease waited out the quarantine")
 		}
-		pen, err := s.penalize(ctx, site, l.proxy, l, ban)
+		pen, err := s.penalize(ctx, site, l.proxy, l, ban403)
 		require.NoError(t, err)
 		assert.Equal(t, i+1, pen.strikes)
 		within(pen.quarantine, min(base<<i, maxq), fmt.Sprintf("ban %d", i+1))
@@ -154,10 +155,10 @@ func TestBanBackoff(t *testing.T) {
 	// A healthy answer resets the backoff.
 	l, err := s.Lease(ctx, site)
 	require.NoError(t, err)
-	require.NoError(t, l.Report(ctx, Verdict{Kind: OK}))
+	require.NoError(t, l.Report(ctx, ban.Verdict{Kind: ban.OK}))
 	l, err = s.Lease(ctx, site)
 	require.NoError(t, err)
-	pen, err := s.penalize(ctx, site, l.proxy, l, ban)
+	pen, err := s.penalize(ctx, site, l.proxy, l, ban403)
 	require.NoError(t, err)
 	assert.Equal(t, 1, pen.strikes)
 	within(pen.quarantine, base, "after a healthy answer")
@@ -165,11 +166,11 @@ func TestBanBackoff(t *testing.T) {
 	// Retry-After is the least quarantine, capped by the max. (These bans
 	// come while the proxy is still quarantined, as when several requests
 	// through it meet one ban: the same offence, no doubling.)
-	pen, err = s.penalize(ctx, site, l.proxy, nil, Verdict{Kind: Ban, Reason: "http_429", RetryAfter: 300 * time.Millisecond})
+	pen, err = s.penalize(ctx, site, l.proxy, nil, ban.Verdict{Kind: ban.Ban, Reason: "http_429", RetryAfter: 300 * time.Millisecond})
 	require.NoError(t, err)
 	assert.GreaterOrEqual(t, pen.quarantine, 300*time.Millisecond)
 	assert.Equal(t, 1, pen.strikes)
-	pen, err = s.penalize(ctx, site, l.proxy, nil, Verdict{Kind: Ban, Reason: "http_429", RetryAfter: time.Hour})
+	pen, err = s.penalize(ctx, site, l.proxy, nil, ban.Verdict{Kind: ban.Ban, Reason: "http_429", RetryAfter: time.Hour})
 	require.NoError(t, err)
 	assert.Equal(t, maxq, pen.quarantine)
 	assert.Equal(t, 1, pen.strikes)
@@ -190,19 +191,19 @@ func TestDeadProxyRule(t *testing.T) {
 		leaseAll(t, s, site)
 	}
 	step := func(p *Proxy, what string) bool {
-		var v Verdict
+		var v ban.Verdict
 		site := "a.example"
 		switch what {
 		case "softA":
-			v = Verdict{Kind: ProxyFailure, Reason: ReasonProxyTimeout}
+			v = ban.Verdict{Kind: ban.ProxyFailure, Reason: ban.ReasonProxyTimeout}
 		case "softB":
-			v, site = Verdict{Kind: ProxyFailure, Reason: ReasonProxyGateway}, "b.example"
+			v, site = ban.Verdict{Kind: ban.ProxyFailure, Reason: ban.ReasonProxyGateway}, "b.example"
 		case "hard":
-			v = Verdict{Kind: ProxyFailure, Reason: ReasonProxyConnect}
+			v = ban.Verdict{Kind: ban.ProxyFailure, Reason: ban.ReasonProxyConnect}
 		case "ban":
-			v = Verdict{Kind: Ban, Reason: "http_403"}
+			v = ban.Verdict{Kind: ban.Ban, Reason: "http_403"}
 		case "healthy":
-			_, err := s.releaseMember(ctx, site, "none", "none", p.id)
+			_, err := s.own.redis().releaseMember(ctx, site, "none", "none", p.id)
 			require.NoError(t, err)
 			return false
 		}
@@ -229,9 +230,9 @@ func TestDeadProxyRule(t *testing.T) {
 	list, err := s.Dead(ctx)
 	require.NoError(t, err)
 	require.Len(t, list, 2)
-	byID := map[string]DeadProxy{list[0].Proxy.ID(): list[0], list[1].Proxy.ID(): list[1]}
-	assert.Equal(t, ReasonProxyTimeout, byID[ps[1].ID()].Reason)
-	assert.Equal(t, ReasonProxyConnect, byID[ps[2].ID()].Reason)
+	byID := map[string]ProxyState{list[0].Proxy.ID(): list[0], list[1].Proxy.ID(): list[1]}
+	assert.Equal(t, ban.ReasonProxyTimeout, byID[ps[1].ID()].Reason)
+	assert.Equal(t, ban.ReasonProxyConnect, byID[ps[2].ID()].Reason)
 	assert.WithinDuration(t, time.Now(), byID[ps[2].ID()].Since, 5*time.Second)
 
 	time.Sleep(30 * time.Millisecond) // past every other quarantine
@@ -279,13 +280,13 @@ func TestDeadProxyOutOfEverySiteUntilHealthCheck(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, list, 1)
 	assert.Equal(t, proxyID(dead), list[0].Proxy.ID())
-	failures := s.BanCounts()[BanKey{bed.Sites[0].Host(), ReasonProxyConnect}] + s.BanCounts()[BanKey{bed.Sites[1].Host(), ReasonProxyConnect}]
+	failures := s.BanCounts()[BanKey{bed.Sites[0].Host(), ban.ReasonProxyConnect}] + s.BanCounts()[BanKey{bed.Sites[1].Host(), ban.ReasonProxyConnect}]
 	assert.Equal(t, int64(3), failures, "dead after three, never tried again")
 
 	for i := range 12 {
 		require.NoError(t, c.Visit(fmt.Sprintf("%s/p/%d", bed.Sites[2].URL(), i+1)))
 	}
-	assert.Zero(t, s.BanCounts()[BanKey{bed.Sites[2].Host(), ReasonProxyConnect}],
+	assert.Zero(t, s.BanCounts()[BanKey{bed.Sites[2].Host(), ban.ReasonProxyConnect}],
 		"never leased on a site first crawled after it died")
 
 	probe := ProbeURL(bed.Sites[2].URL() + "/p/1")
@@ -386,7 +387,7 @@ func TestBanPathsNeverLeakSecrets(t *testing.T) {
 	for k := range s.BanCounts() {
 		reasons[k.Reason] = true
 	}
-	assert.Equal(t, map[string]bool{"http_403": true, ReasonProxyAuth: true, ReasonProxyConnect: true}, reasons)
+	assert.Equal(t, map[string]bool{"http_403": true, ban.ReasonProxyAuth: true, ban.ReasonProxyConnect: true}, reasons)
 	assert.NotEmpty(t, dead)
 	all := strings.Join(errs, "\n") + logs.String()
 	assert.Contains(t, all, "quarantine failed", "the Redis failure was logged")
@@ -413,7 +414,7 @@ func TestBanCoversEverySlotAndKeepsKeysTidy(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, a.Proxy().ID(), b.Proxy().ID(), "two slots of one proxy")
 	banned := a.Proxy()
-	require.NoError(t, b.Report(ctx, Verdict{Kind: Ban, Reason: "http_403"}))
+	require.NoError(t, b.Report(ctx, ban.Verdict{Kind: ban.Ban, Reason: "http_403"}))
 	require.NoError(t, a.Release(ctx), "the other holder's release")
 	for range 2 {
 		assert.NotContains(t, leaseAll(t, s, site), banned.ID(), "no slot of the banned proxy is free")
@@ -428,7 +429,7 @@ func TestBanCoversEverySlotAndKeepsKeysTidy(t *testing.T) {
 		l, err = s.Lease(ctx, "avito.example")
 		require.NoError(t, err)
 	}
-	require.NoError(t, l.Report(ctx, Verdict{Kind: ProxyFailure, Reason: ReasonProxyConnect}))
+	require.NoError(t, l.Report(ctx, ban.Verdict{Kind: ban.ProxyFailure, Reason: ban.ReasonProxyConnect}))
 	keys := keysMatching(t, rdb, "{"+s.cfg.prefix+":*")
 	kinds := map[string]bool{}
 	for _, k := range keys {
@@ -467,9 +468,9 @@ func TestBansOnRedisCluster(t *testing.T) {
 	l, err := s.Lease(ctx, "a.example")
 	require.NoError(t, err)
 	require.NoError(t, l.Release(ctx))
-	_, err = s.penalize(ctx, "b.example", ps[0], nil, Verdict{Kind: Ban, Reason: "http_403"})
+	_, err = s.penalize(ctx, "b.example", ps[0], nil, ban.Verdict{Kind: ban.Ban, Reason: "http_403"})
 	require.NoError(t, err)
-	_, err = s.penalize(ctx, "b.example", ps[1], nil, Verdict{Kind: ProxyFailure, Reason: ReasonProxyConnect})
+	_, err = s.penalize(ctx, "b.example", ps[1], nil, ban.Verdict{Kind: ban.ProxyFailure, Reason: ban.ReasonProxyConnect})
 	require.NoError(t, err)
 	dead, err := s.Dead(ctx)
 	require.NoError(t, err)
@@ -478,7 +479,7 @@ func TestBansOnRedisCluster(t *testing.T) {
 	l, err = s.Lease(ctx, "c.example")
 	require.NoError(t, err)
 	assert.Equal(t, ps[2].ID(), l.Proxy().ID(), "a new site starts without them")
-	require.NoError(t, l.Report(ctx, Verdict{Kind: OK}))
+	require.NoError(t, l.Report(ctx, ban.Verdict{Kind: ban.OK}))
 	n, err := s.Revive(ctx, ps[1].ID())
 	require.NoError(t, err)
 	assert.Equal(t, 1, n)

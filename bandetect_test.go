@@ -4,18 +4,16 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
-	"crypto/x509"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"net/url"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/gocolly/colly/v2"
+	"github.com/proxyswitch/proxyswitch/ban"
 	"github.com/proxyswitch/proxyswitch/internal/testbed"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -138,7 +136,7 @@ func TestDetectsSiteBans(t *testing.T) {
 		err := c.Visit(site.URL() + "/p/2")
 		wg.Wait()
 		require.ErrorIs(t, err, ErrBanned)
-		assert.Equal(t, ReasonChallenge, blockedReason(t, err))
+		assert.Equal(t, ban.ReasonChallenge, blockedReason(t, err))
 		assert.Equal(t, 1, m.Count(testbed.DecidedCaptcha))
 		assert.Zero(t, m.Count(testbed.DecidedCaptchaPage), "the redirect was the ban: the captcha page was never requested")
 		assert.Zero(t, c.products)
@@ -161,7 +159,7 @@ func TestDetectsSiteBans(t *testing.T) {
 		}
 		require.NoError(t, bad.Release(ctx))
 		go func() {
-			assert.Eventually(t, func() bool { return s.BanCounts()[BanKey{site.Host(), ReasonChallenge}] == 1 },
+			assert.Eventually(t, func() bool { return s.BanCounts()[BanKey{site.Host(), ban.ReasonChallenge}] == 1 },
 				5*time.Second, 5*time.Millisecond)
 			_ = good.Release(ctx)
 		}()
@@ -186,7 +184,7 @@ func TestDetectsSiteBans(t *testing.T) {
 		c := newPageCollector(t, s)
 		err := c.Visit(site.URL() + "/p/1")
 		require.ErrorIs(t, err, ErrBanned)
-		assert.Equal(t, ReasonSelector, blockedReason(t, err))
+		assert.Equal(t, ban.ReasonSelector, blockedReason(t, err))
 		assert.Empty(t, c.others, "the placeholder never reached OnResponse")
 		assert.Equal(t, 1, m.Count(testbed.DecidedPlaceholder))
 	})
@@ -195,16 +193,17 @@ func TestDetectsSiteBans(t *testing.T) {
 		m := testbed.NewMarketplace(nil)
 		site, proxies, s := marketBed(t, m, false, 2, WithRetries(1), WithExpect("", `^/p/`, "div.product"))
 		c := newPageCollector(t, s)
-		for i := range baselineMinimum + 4 { // learn the usual size
+		const learnt = 20 // pages that teach the usual size: 4 more than the 16 the size check needs
+		for i := range learnt {
 			require.NoError(t, c.Visit(fmt.Sprintf("%s/p/%d", site.URL(), i+1)))
 		}
 		m.Burn(proxies[0].SourceIP().String(), testbed.Truncate)
 		for i := range 4 {
 			require.NoError(t, c.Visit(fmt.Sprintf("%s/p/%d", site.URL(), 100+i)))
 		}
-		assert.Equal(t, baselineMinimum+8, c.products, "every page arrived whole")
+		assert.Equal(t, learnt+4, c.products, "every page arrived whole")
 		assert.Empty(t, c.others)
-		assert.Equal(t, map[BanKey]int64{{site.Host(), ReasonSizeDrop}: 1}, s.BanCounts(),
+		assert.Equal(t, map[BanKey]int64{{site.Host(), ban.ReasonSizeDrop}: 1}, s.BanCounts(),
 			"the truncated page still has its product tag: only its size gives it away")
 		assert.Equal(t, 1, m.Count(testbed.DecidedTruncated), "and the proxy was not used again")
 	})
@@ -249,16 +248,16 @@ func TestDetectsProxyFailures(t *testing.T) {
 		reason string
 		drop   bool // the proxy drops the connection once the request is in
 	}{
-		{testbed.ProxyHang, false, ReasonProxyError, true},
-		{testbed.ProxyHang, true, ReasonProxyError, true},
-		{testbed.Proxy407, false, ReasonProxyAuth, false},
-		{testbed.Proxy407, true, ReasonProxyAuth, false},
-		{testbed.Proxy502, false, ReasonProxyGateway, false},
-		{testbed.Proxy502, true, ReasonProxyTunnel, false},
-		{testbed.ProxyDead, false, ReasonProxyConnect, false},
-		{testbed.ProxyDead, true, ReasonProxyConnect, false},
-		{testbed.ProxyHang, false, ReasonProxyTimeout, false},
-		{testbed.ProxyHang, true, ReasonProxyTimeout, false},
+		{testbed.ProxyHang, false, ban.ReasonProxyError, true},
+		{testbed.ProxyHang, true, ban.ReasonProxyError, true},
+		{testbed.Proxy407, false, ban.ReasonProxyAuth, false},
+		{testbed.Proxy407, true, ban.ReasonProxyAuth, false},
+		{testbed.Proxy502, false, ban.ReasonProxyGateway, false},
+		{testbed.Proxy502, true, ban.ReasonProxyTunnel, false},
+		{testbed.ProxyDead, false, ban.ReasonProxyConnect, false},
+		{testbed.ProxyDead, true, ban.ReasonProxyConnect, false},
+		{testbed.ProxyHang, false, ban.ReasonProxyTimeout, false},
+		{testbed.ProxyHang, true, ban.ReasonProxyTimeout, false},
 	} {
 		t.Run(fmt.Sprintf("%s tls=%v drop=%v", tc.mode, tc.tls, tc.drop), func(t *testing.T) {
 			t.Parallel()
@@ -288,160 +287,19 @@ func TestDetectsProxyFailures(t *testing.T) {
 	}
 }
 
-// TestClassify covers the built-in checks and the classifier chain on
-// exchanges made up in memory.
-func TestClassify(t *testing.T) {
-	s := newSwitch(t, shared.Client(t),
-		WithBanStatus("lenient.example", 429),
-		WithExpect("shop.example", `^/item/`, "div.item"),
-		WithClassifier(func(x *Exchange) Verdict {
-			switch {
-			case bytes.Contains(x.Body, []byte("Доступ ограничен")):
-				return Verdict{Kind: Ban, Reason: "access_limited"}
-			case x.URL.Path == "/ok-anyway":
-				return Verdict{Kind: OK}
-			case x.URL.Path == "/bad-reason":
-				return Verdict{Kind: Ban, Reason: "Has Spaces and a password=hunter2"}
-			}
-			return Verdict{Kind: Pass}
-		}))
-	r := s.cfg.rules
-	mk := func(rawURL string, code int, body string, hdr ...string) *Exchange {
-		u, _ := url.Parse(rawURL)
-		h := http.Header{"Content-Type": {"text/html; charset=utf-8"}}
-		for i := 0; i+1 < len(hdr); i += 2 {
-			h.Set(hdr[i], hdr[i+1])
-		}
-		return &Exchange{Site: u.Host, URL: u, OriginURL: u, StatusCode: code, Header: h, Body: []byte(body),
-			Request: &http.Request{Method: http.MethodGet, URL: u}}
-	}
-	redirected := func(x *Exchange, from string) *Exchange { x.OriginURL, _ = url.Parse(from); return x }
-	verdict := func(x *Exchange) Verdict {
-		v, err := r.classify(x)
-		require.NoError(t, err)
-		return v
-	}
-	for name, tc := range map[string]struct {
-		x    *Exchange
-		want Verdict
-	}{
-		"200":                   {mk("http://a.example/p/1", 200, "<p>hi</p>"), Verdict{Kind: OK}},
-		"403":                   {mk("http://a.example/p/1", 403, ""), Verdict{Kind: Ban, Reason: "http_403"}},
-		"503 retry-after":       {mk("http://a.example/p/1", 503, "", "Retry-After", "120"), Verdict{Kind: Ban, Reason: "http_503", RetryAfter: 2 * time.Minute}},
-		"429":                   {mk("http://a.example/p/1", 429, ""), Verdict{Kind: Ban, Reason: "http_429"}},
-		"site rule: 403 is not": {mk("http://lenient.example/p/1", 403, ""), Verdict{Kind: Neutral}},
-		"site rule: 429 is":     {mk("http://lenient.example/p/1", 429, ""), Verdict{Kind: Ban, Reason: "http_429"}},
-		"404":                   {mk("http://a.example/p/1", 404, "not found"), Verdict{Kind: Neutral}},
-		"500":                   {mk("http://a.example/p/1", 500, ""), Verdict{Kind: Neutral}},
-		"407":                   {mk("http://a.example/p/1", 407, ""), Verdict{Kind: ProxyFailure, Reason: ReasonProxyAuth}},
-		"502 via http proxy":    {mk("http://a.example/p/1", 502, ""), Verdict{Kind: ProxyFailure, Reason: ReasonProxyGateway}},
-		"502 in a tunnel":       {mk("https://a.example/p/1", 502, ""), Verdict{Kind: Neutral}},
-		"redirect hop":          {mk("http://a.example/p/1", 302, "", "Location", "/p/2"), Verdict{Kind: Pass}},
-		"redirect to captcha":   {mk("http://a.example/p/1", 302, "", "Location", "/captcha"), Verdict{Kind: Ban, Reason: ReasonChallenge}},
-		"relative to the hop":   {mk("http://a.example/p/1", 303, "", "Location", "../showcaptcha?retpath=x"), Verdict{Kind: Ban, Reason: ReasonChallenge}},
-		"captcha on another host": {mk("http://a.example/p/1", 307, "", "Location", "https://captcha.example/check?from=a"),
-			Verdict{Kind: Ban, Reason: ReasonChallenge}},
-		"redirect to login": {redirected(mk("http://a.example/p/2", 301, "", "Location", "http://a.example/login?next=/p/2"), "http://a.example/p/1"),
-			Verdict{Kind: Ban, Reason: ReasonChallenge}},
-		"redirect to a 'loginhistory' page": {mk("http://a.example/p/1", 302, "", "Location", "/loginhistory"), Verdict{Kind: Pass}},
-		"redirect back to the login asked for": {redirected(mk("http://a.example/login/", 308, "", "Location", "/login"), "http://a.example/login"),
-			Verdict{Kind: Pass}},
-		"3xx without a Location": {mk("http://a.example/captcha-info", 302, ""), Verdict{Kind: Neutral}},
-		"landed on captcha": {redirected(mk("http://a.example/showcaptcha?retpath=x", 200, "<form>"), "http://a.example/p/1"),
-			Verdict{Kind: Ban, Reason: ReasonChallenge}},
-		"captcha with a 403": {redirected(mk("http://a.example/captcha", 403, ""), "http://a.example/p/1"),
-			Verdict{Kind: Ban, Reason: ReasonChallenge}},
-		"landed on login": {redirected(mk("http://a.example/login?next=/p/1", 200, "<form>"), "http://a.example/p/1"),
-			Verdict{Kind: Ban, Reason: ReasonChallenge}},
-		"asked for the login page": {mk("http://a.example/login", 200, "<form>"), Verdict{Kind: OK}},
-		"redirect to a real page": {redirected(mk("http://a.example/p/2", 200, "<p>"), "http://a.example/p/1"),
-			Verdict{Kind: OK}},
-		"a 'loginhistory' page is no login": {redirected(mk("http://a.example/loginhistory", 200, "<p>"), "http://a.example/p/1"),
-			Verdict{Kind: OK}},
-		"expected item present":    {mk("http://shop.example/item/1", 200, `<div class="item">x</div>`), Verdict{Kind: OK}},
-		"expected item missing":    {mk("http://shop.example/item/1", 200, `<div class="stub">x</div>`), Verdict{Kind: Ban, Reason: ReasonSelector}},
-		"empty 200":                {mk("http://shop.example/item/1", 200, ""), Verdict{Kind: Ban, Reason: ReasonSelector}},
-		"binary garbage":           {mk("http://shop.example/item/1", 200, "\x00\xff\xfe<<<div class=item"), Verdict{Kind: Ban, Reason: ReasonSelector}},
-		"other path of the site":   {mk("http://shop.example/about", 200, ""), Verdict{Kind: OK}},
-		"404 of an expected page":  {mk("http://shop.example/item/1", 404, ""), Verdict{Kind: Neutral}},
-		"classifier: ban":          {mk("http://a.example/p/1", 200, "<p>Доступ ограничен</p>"), Verdict{Kind: Ban, Reason: "access_limited"}},
-		"classifier: overrule 403": {mk("http://a.example/ok-anyway", 403, ""), Verdict{Kind: OK}},
-		"classifier: bad reason":   {mk("http://a.example/bad-reason", 200, ""), Verdict{Kind: Ban, Reason: ReasonCustom}},
-		"HEAD":                     {func() *Exchange { x := mk("http://shop.example/item/1", 200, ""); x.Request.Method = "HEAD"; return x }(), Verdict{Kind: OK}},
-	} {
-		assert.Equal(t, tc.want, verdict(tc.x), name)
-	}
-
-	// Transport errors.
-	for name, tc := range map[string]struct {
-		err      error
-		timedOut bool
-		want     Verdict
-	}{
-		"dial":        {&net.OpError{Op: "proxyconnect", Net: "tcp", Err: errors.New("connection refused")}, false, Verdict{Kind: ProxyFailure, Reason: ReasonProxyConnect}},
-		"CONNECT 407": {&tunnelError{status: 407}, false, Verdict{Kind: ProxyFailure, Reason: ReasonProxyAuth}},
-		"CONNECT 503": {&tunnelError{status: 503}, false, Verdict{Kind: ProxyFailure, Reason: ReasonProxyTunnel}},
-		"timeout":     {context.Canceled, true, Verdict{Kind: ProxyFailure, Reason: ReasonProxyTimeout}},
-		"reset":       {errors.New("read: connection reset by peer"), false, Verdict{Kind: ProxyFailure, Reason: ReasonProxyError}},
-		"bad cert":    {fmt.Errorf("tls: %w", x509.UnknownAuthorityError{}), false, Verdict{Kind: Neutral}},
-	} {
-		x := mk("https://a.example/p/1", 0, "")
-		x.StatusCode, x.Header, x.Err, x.timedOut = 0, nil, tc.err, tc.timedOut
-		assert.Equal(t, tc.want, verdict(x), name)
-	}
-
-	// Size drop: judged once 16 sizes are known, per media type.
-	for i := range baselineMinimum - 1 {
-		x := mk("http://big.example/p/1", 200, strings.Repeat("x", 1000+i))
-		require.Equal(t, OK, verdict(x).Kind)
-		r.learn(x)
-	}
-	assert.Equal(t, OK, verdict(mk("http://big.example/p/2", 200, "tiny")).Kind, "too few sizes known yet")
-	x := mk("http://big.example/p/1", 200, strings.Repeat("x", 1000))
-	r.learn(x)
-	assert.Equal(t, Verdict{Kind: Ban, Reason: ReasonSizeDrop}, verdict(mk("http://big.example/p/2", 200, "tiny")))
-	assert.Equal(t, OK, verdict(mk("http://big.example/p/2", 200, strings.Repeat("x", 300))).Kind, "0.3 of the median is fine")
-	assert.Equal(t, OK, verdict(mk("http://big.example/api", 200, "{}", "Content-Type", "application/json")).Kind,
-		"JSON has a baseline of its own")
-	assert.Equal(t, Neutral, verdict(mk("http://big.example/p/3", 404, "")).Kind, "only 2xx pages are sized")
-
-	// A panicking classifier fails the request, it does not crash the crawler.
-	sp := newSwitch(t, shared.Client(t), WithClassifier(func(*Exchange) Verdict { panic("boom") }))
-	_, err := sp.cfg.rules.classify(mk("http://a.example/", 200, ""))
-	assert.ErrorContains(t, err, "classifier panicked")
-}
-
-func TestParseRetryAfter(t *testing.T) {
-	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	for in, want := range map[string]time.Duration{
-		"":                              0,
-		"120":                           2 * time.Minute,
-		" 7 ":                           7 * time.Second,
-		"-5":                            0,
-		"soon":                          0,
-		"99999999999999999999999":       0, // not an int64: not a number of seconds we take
-		"9223372036854775807":           100 * 365 * 24 * time.Hour,
-		"Fri, 02 Jan 2026 03:05:05 GMT": time.Minute,
-		"Fri, 02 Jan 2026 03:00:00 GMT": 0, // in the past
-	} {
-		assert.Equal(t, want, parseRetryAfter(in, now), in)
-	}
-}
-
 // TestBodiesAreReadWithinBounds: classification reads no more than
 // MaxBodySize, and a gzip bomb decodes no further than the limit.
 func TestBodiesAreReadWithinBounds(t *testing.T) {
-	site, _, s := marketBed(t, nil, false, 2)
-	s.cfg.readLimit = 256 << 10 // instead of 10 MiB: the same code, a faster test
 	var seen []int
 	var mu sync.Mutex
-	s.cfg.rules.classifiers = []Classifier{func(x *Exchange) Verdict {
+	site, _, s := marketBed(t, nil, false, 2, WithClassifier(func(x *ban.Exchange) ban.Verdict {
 		mu.Lock()
 		seen = append(seen, len(x.Body))
 		mu.Unlock()
 		assert.True(t, x.Truncated)
-		return Verdict{Kind: Pass}
-	}}
+		return ban.Verdict{Kind: ban.Pass}
+	}))
+	s.cfg.readLimit = 256 << 10 // instead of 10 MiB: the same code, a faster test
 	c := newPageCollector(t, s, colly.MaxBodySize(64<<10))
 	var got int
 	c.OnResponse(func(r *colly.Response) { got = len(r.Body) })
@@ -460,7 +318,7 @@ func TestBodiesAreReadWithinBounds(t *testing.T) {
 	// An endless body is read up to the limit, then left.
 	tr := &transport{s: s}
 	resp := &http.Response{Body: ioNopCloser{endless{}}, Header: http.Header{}, ContentLength: -1}
-	x := &Exchange{}
+	x := &ban.Exchange{}
 	require.NoError(t, tr.buffer(resp, x, &attempt{}))
 	assert.Len(t, x.Body, 256<<10)
 	assert.True(t, x.Truncated)
@@ -525,4 +383,57 @@ func TestBadBanOptions(t *testing.T) {
 	assert.ErrorIs(t, err, ErrConfig, "New's proxy function fails every request instead")
 	_, err = NewSwitch(rdb, WithChallengeURLs(), WithBanStatus("x.example"), WithSizeDrop(0))
 	assert.NoError(t, err, "every check can be turned off")
+}
+
+// TestBanOptionsMakeRules: the ban options become the rules of the Switch's
+// ban.Detector, on top of ban.DefaultRules (the checks themselves are tested
+// in package ban).
+func TestBanOptionsMakeRules(t *testing.T) {
+	cfg, err := newConfig(nil)
+	require.NoError(t, err)
+	assert.Equal(t, ban.DefaultRules(), cfg.banRules, "the defaults")
+
+	classifier := func(x *ban.Exchange) ban.Verdict {
+		if x.URL.Path == "/mine" {
+			return ban.Verdict{Kind: ban.Ban, Reason: "mine"}
+		}
+		return ban.Verdict{Kind: ban.Pass}
+	}
+	cfg, err = newConfig([]Option{
+		WithBanStatus("lenient.example", 429),
+		WithBanStatus("", 403, 451),
+		WithChallengeURLs(`/verify`),
+		WithExpect("shop.example", `^/item/`, "div.item", "h1"),
+		WithSizeDrop(0.5),
+		WithClassifier(classifier),
+	})
+	require.NoError(t, err)
+	r := cfg.banRules
+	assert.Equal(t, map[string][]int{"": {403, 451}, "lenient.example": {429}}, r.BanStatus)
+	assert.Equal(t, []string{`/verify`}, r.ChallengeURLs)
+	assert.Equal(t, []ban.Expect{{Site: "shop.example", URL: `^/item/`, Selectors: []string{"div.item", "h1"}}}, r.Expect)
+	assert.Equal(t, 0.5, r.SizeDrop)
+	assert.Len(t, r.Classifiers, 1)
+
+	verdict := func(rawURL string, code int, hdr ...string) ban.Verdict {
+		u, err := url.Parse(rawURL)
+		require.NoError(t, err)
+		h := http.Header{"Content-Type": {"text/html"}}
+		for i := 0; i+1 < len(hdr); i += 2 {
+			h.Set(hdr[i], hdr[i+1])
+		}
+		v, err := cfg.detector.Classify(&ban.Exchange{Site: u.Host, URL: u, OriginURL: u, StatusCode: code, Header: h,
+			Body: []byte("<p>x</p>"), Request: &http.Request{Method: http.MethodGet, URL: u}})
+		require.NoError(t, err)
+		return v
+	}
+	assert.Equal(t, ban.Verdict{Kind: ban.Ban, Reason: "mine"}, verdict("http://a.example/mine", 200))
+	assert.Equal(t, ban.Verdict{Kind: ban.Ban, Reason: "http_451"}, verdict("http://a.example/p", 451))
+	assert.Equal(t, ban.Verdict{Kind: ban.Neutral}, verdict("http://a.example/p", 429), "429 is no longer a ban by default")
+	assert.Equal(t, ban.Verdict{Kind: ban.Neutral}, verdict("http://lenient.example/p", 403))
+	assert.Equal(t, ban.Verdict{Kind: ban.Ban, Reason: "http_429"}, verdict("http://lenient.example/p", 429))
+	assert.Equal(t, ban.Verdict{Kind: ban.Ban, Reason: ban.ReasonChallenge}, verdict("http://a.example/p", 302, "Location", "/verify"))
+	assert.Equal(t, ban.Verdict{Kind: ban.Pass}, verdict("http://a.example/p", 302, "Location", "/captcha"),
+		"the default patterns are replaced")
+	assert.Equal(t, ban.Verdict{Kind: ban.Ban, Reason: ban.ReasonSelector}, verdict("http://shop.example/item/1", 200))
 }

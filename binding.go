@@ -28,7 +28,7 @@ import (
 // caller passes one header map to many requests (Collector.Request, Retry).
 //
 // This leans on how Colly v2 and net/http behave today; the tests in
-// binding_test.go and extension_test.go pin it.
+// collyfacts_test.go and extension_test.go pin it.
 
 // binding is the lease state of one request (one redirect chain).
 type binding struct {

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/gocolly/colly/v2"
+	"github.com/proxyswitch/proxyswitch/ban"
 	"github.com/proxyswitch/proxyswitch/internal/testbed"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -148,7 +149,7 @@ func TestChallengeRedirectWithoutRevisits(t *testing.T) {
 			assert.Len(t, ips, burnt+1, "the burnt IPs and one good one")
 
 			// Each burnt proxy is quarantined for the shop, once.
-			assert.Equal(t, map[BanKey]int64{{site.Host(), ReasonChallenge}: burnt}, s.BanCounts())
+			assert.Equal(t, map[BanKey]int64{{site.Host(), ban.ReasonChallenge}: burnt}, s.BanCounts())
 			st, err := s.SiteState(ctx, site.Host())
 			require.NoError(t, err)
 			assert.Equal(t, burnt, st.Quarantined)
@@ -168,16 +169,16 @@ func TestChallengeRedirectWithoutRevisits(t *testing.T) {
 			for _, e := range obs.attempts {
 				assert.Equal(t, site.Host(), e.Site, "attempt event %+v", e)
 				switch e.Kind {
-				case Ban:
-					assert.Equal(t, ReasonChallenge, e.Reason)
+				case ban.Ban:
+					assert.Equal(t, ban.ReasonChallenge, e.Reason)
 					banned = append(banned, ipOf[e.ProxyID])
-				case OK:
+				case ban.OK:
 					oks++
 				}
 			}
 			for _, e := range obs.quarantines {
 				assert.Equal(t, site.Host(), e.Site, "quarantine event %+v", e)
-				assert.Equal(t, ReasonChallenge, e.Reason)
+				assert.Equal(t, ban.ReasonChallenge, e.Reason)
 				quarantined = append(quarantined, ipOf[e.ProxyID])
 			}
 			obs.mu.Unlock()
@@ -221,13 +222,13 @@ func TestChallengeRedirectRetriesRunOut(t *testing.T) {
 	c.OnError(func(_ *colly.Response, err error) { hookErr = err })
 	err = c.Visit(site.URL() + "/p/1")
 	require.ErrorIs(t, err, ErrBanned)
-	assert.Equal(t, ReasonChallenge, blockedReason(t, err))
+	assert.Equal(t, ban.ReasonChallenge, blockedReason(t, err))
 	var be *BlockedError
 	require.True(t, errors.As(err, &be))
 	assert.Equal(t, site.Host(), be.Site)
 	assert.Equal(t, 2, be.Attempts)
 	assert.ErrorIs(t, hookErr, ErrBanned, "OnError sees it too")
 	assert.Equal(t, 2, site.Recorder().Count(), "two proxies tried, the captcha never")
-	assert.Equal(t, map[BanKey]int64{{site.Host(), ReasonChallenge}: 2}, s.BanCounts())
+	assert.Equal(t, map[BanKey]int64{{site.Host(), ban.ReasonChallenge}: 2}, s.BanCounts())
 	assertNoLeases(t, s, site)
 }

@@ -140,7 +140,7 @@ func chaos(t *testing.T, fault string) {
 	}
 	var allLocal time.Time
 	for _, cc := range ccs {
-		waitMode(t, cc.sw, ModeLocal, 2*time.Second)
+		waitMode(t, cc.sw, modeLocal, 2*time.Second)
 	}
 	allLocal = time.Now()
 	for _, cc := range ccs {
@@ -165,7 +165,7 @@ func chaos(t *testing.T, fault string) {
 	}
 	redisBack := time.Now()
 	for _, cc := range ccs {
-		waitMode(t, cc.sw, ModeBroker, 5*time.Second)
+		waitMode(t, cc.sw, modeBroker, 5*time.Second)
 		st := cc.sw.FallbackStatus()
 		t.Logf("%s: on the broker again %v after Redis was back (re-seeded %d proxies, handed over %d leases, %d outage(s))",
 			cc.name, st.Since.Sub(redisBack).Round(time.Millisecond), st.Reseeded, st.Adopted, st.Outages)

@@ -36,14 +36,16 @@
 //
 // Attach also installs a transport (below Colly, around an *http.Transport
 // whose Proxy is the Switch's) that classifies every response before Colly
-// sees it (bandetect.go): ban status codes (403, 429, 503 by default,
+// sees it (package ban): ban status codes (403, 429, 503 by default,
 // per site with WithBanStatus; Retry-After is honoured), redirects to
 // captcha, login or challenge pages (WithChallengeURLs), pages missing the
 // CSS selectors a real page has (WithExpect, checked with goquery), bodies
 // far smaller than the site's usual size (WithSizeDrop), proxy failures
 // (refused or timed-out connections, 407, failed CONNECT tunnels, a proxy's
-// 502) and your own classifier (WithClassifier). It reads no more of a body
-// than the collector's MaxBodySize.
+// 502) and your own classifier (WithClassifier, a ban.Classifier: a
+// classifier needs only package ban, which holds Exchange, Verdict and the
+// Reason constants). It reads no more of a body than the collector's
+// MaxBodySize.
 //
 // A ban quarantines the proxy for that site, for every worker of the pool
 // from its next lease on (WithQuarantine: 30 min, doubled with jitter for
@@ -60,7 +62,7 @@
 // the state of a site with SiteState (slot counts) or ProxyStates (each
 // proxy), the dead list with Dead, and clear a pool with Clear
 // (cmd/proxyswitch does all of it from a shell). BanCounts, LiveSessions and
-// SetObserver (Observers for several) feed monitoring (package metrics
+// SetObserver (one or several observers) feed monitoring (package metrics
 // exports Prometheus metrics).
 //
 // # Failing closed
@@ -89,11 +91,12 @@
 // # When Redis goes away: the fallback, and sharding
 //
 // With WithFallback every server registers in the pool's member list
-// (Start) and keeps its own share of the pool, computed from the last known
-// member list by a Sharder (Rendezvous, consistent hashing, by default;
-// Modulo) so that shares never overlap. When Redis is unreachable or hangs
-// (every call bounded by WithFallbackTimeout, 1s) the server leases from its
-// share in memory, once the attempts other servers started through its
+// (Start; heartbeat and TTL set by WithHeartbeat and WithMemberTTL) and
+// keeps its own share of the pool, computed from the last known member list
+// by a sharder of package shard (shard.Rendezvous, consistent hashing, by
+// default; shard.Modulo) so that shares never overlap. When Redis is
+// unreachable or hangs (every call bounded by WithFallbackTimeout, 1s) the
+// server leases from its share in memory, once the attempts other servers started through its
 // proxies are over (WithAttemptTimeout: set it, or the switch waits the
 // lease TTL); bans go on locally. When Redis answers again the server
 // re-seeds a pool Redis lost, writes its bans back, hands its running

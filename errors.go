@@ -4,6 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/proxyswitch/proxyswitch/ban"
+	"github.com/proxyswitch/proxyswitch/shard"
 )
 
 // Sentinel errors. Callers branch on them with errors.Is; every error the
@@ -30,8 +33,9 @@ var (
 	ErrLeaseLost = errors.New("proxyswitch: lease lost (expired or taken over)")
 
 	// ErrConfig means an option value or a setting shared through Redis is
-	// invalid or disagrees with the one other workers of the pool use.
-	ErrConfig = errors.New("proxyswitch: invalid configuration")
+	// invalid or disagrees with the one other workers of the pool use, or
+	// that a sharder got bad input. It is shard.ErrConfig, the same value.
+	ErrConfig = shard.ErrConfig
 
 	// ErrRedis marks a failed Redis round trip (connection refused, timeout,
 	// a script error). The underlying go-redis error is wrapped too.
@@ -65,8 +69,9 @@ var (
 	ErrProxyFailed = errors.New("proxyswitch: proxy failed")
 
 	// ErrNotMember means a server asked for its share of a member list it is
-	// not in (it never registered, or its heartbeat ran out).
-	ErrNotMember = errors.New("proxyswitch: not in the member list")
+	// not in (it never registered, or its heartbeat ran out). It is
+	// shard.ErrNotMember, the same value.
+	ErrNotMember = shard.ErrNotMember
 
 	// ErrMemberTaken means another live process is registered under the same
 	// member ID. Two processes with one ID would compute one share and use the
@@ -79,16 +84,16 @@ var (
 // verdict) and, when the last attempt failed in transport, that error too.
 // Proxy is redacted: no field or message carries a password.
 type BlockedError struct {
-	Site     string  // the site, as the site function names it
-	Proxy    string  // the last proxy tried, redacted
-	Verdict  Verdict // what the last attempt showed
-	Attempts int     // proxies tried for the request
-	Err      error   // the last attempt's transport error, if any
+	Site     string      // the site, as the site function names it
+	Proxy    string      // the last proxy tried, redacted
+	Verdict  ban.Verdict // what the last attempt showed
+	Attempts int         // proxies tried for the request
+	Err      error       // the last attempt's transport error, if any
 }
 
 func (e *BlockedError) Error() string {
 	what := "banned by"
-	if e.Verdict.Kind == ProxyFailure {
+	if e.Verdict.Kind == ban.ProxyFailure {
 		what = "proxy failed on"
 	}
 	msg := fmt.Sprintf("proxyswitch: %s %s (%s) via %q after %d attempt(s)", what, e.Site, e.Verdict.Reason, e.Proxy, e.Attempts)
@@ -102,7 +107,7 @@ func (e *BlockedError) Error() string {
 // transport error, so errors.Is matches either.
 func (e *BlockedError) Unwrap() []error {
 	sentinel := ErrBanned
-	if e.Verdict.Kind == ProxyFailure {
+	if e.Verdict.Kind == ban.ProxyFailure {
 		sentinel = ErrProxyFailed
 	}
 	if e.Err == nil {

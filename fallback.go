@@ -9,16 +9,17 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/proxyswitch/proxyswitch/shard"
 	"github.com/redis/go-redis/v9"
 )
 
 // The hybrid fallback (WithFallback) and shared-nothing sharding
 // (WithSharding): leasing from this server's own share of the pool, kept in
-// memory (LocalPool), instead of from Redis.
+// memory (localPool), instead of from Redis.
 //
 // Every server registers in the pool's member list (Membership) and keeps
 // the pool it last read, minus dead proxies; from the two it precomputes
-// its share (Sharder), so that a switch costs no computation. Shares of
+// its share (shard.Sharder), so that a switch costs no computation. Shares of
 // servers that agree on the two lists never overlap.
 //
 // Detection. With a fallback every lease, release and quarantine call is
@@ -34,7 +35,7 @@ import (
 // nothing tells which: so the local shard starts serving only once they are
 // over. Each attempt through a proxy ends within the attempt timeout
 // (WithAttemptTimeout) when one is set, else within the lease TTL: the
-// shard is held that long (LocalPool.Hold). This server's own Redis leases
+// shard is held that long (localPool.Hold). This server's own Redis leases
 // still running are reserved in the shard until released.
 //
 // Resume. When a probe succeeds again the Switch re-seeds a pool Redis lost
@@ -46,48 +47,47 @@ import (
 // meanwhile. Only then does it lease from Redis again: no server leases a
 // proxy from Redis while another still uses it locally.
 
-// Mode is where a Switch leases from at a given moment.
-type Mode int32
+// leaseMode is where a Switch leases from at a given moment.
+type leaseMode int32
 
 const (
-	// ModeBroker leases from Redis, the central broker.
-	ModeBroker Mode = iota
-	// ModeLocal leases from this server's share of the pool, in memory:
+	// modeBroker leases from Redis, the central broker.
+	modeBroker leaseMode = iota
+	// modeLocal leases from this server's share of the pool, in memory:
 	// Redis is unreachable (WithFallback), or always (WithSharding).
-	ModeLocal
-	// ModeResuming means Redis is reachable again after an outage: the
+	modeLocal
+	// modeResuming means Redis is reachable again after an outage: the
 	// Switch writes its state back and waits for the other servers before
 	// leasing from Redis. Requests wait meanwhile.
-	ModeResuming
+	modeResuming
 )
 
-func (m Mode) String() string {
+func (m leaseMode) String() string {
 	switch m {
-	case ModeBroker:
+	case modeBroker:
 		return "broker"
-	case ModeLocal:
+	case modeLocal:
 		return "local"
-	case ModeResuming:
+	case modeResuming:
 		return "resuming"
 	}
-	return fmt.Sprintf("Mode(%d)", int32(m))
+	return fmt.Sprintf("leaseMode(%d)", int32(m))
 }
 
 // defaultFallbackTimeout bounds every Redis call of a Switch with a fallback.
 const defaultFallbackTimeout = time.Second
 
 type fallbackConfig struct {
-	self       string
-	sharder    Sharder
-	sharded    bool // WithSharding: always local
-	timeout    time.Duration
-	memberOpts []MemberOption
-	set        int // options naming a scheme: more than one is a conflict
+	self    string
+	sharder shard.Sharder
+	sharded bool // WithSharding: always local
+	timeout time.Duration
+	set     int // options naming a scheme: more than one is a conflict
 }
 
 // WithFallback turns on the hybrid mode: leases come from Redis, and while
 // Redis is unreachable or hangs, from this server's own share of the pool,
-// computed by sh (nil means Rendezvous{}) from the last known member list,
+// computed by sh (nil means shard.Rendezvous{}) from the last known member list,
 // so that servers still never share an IP. self names this process in the
 // member list (unique among live processes, e.g. the host name). Bans and
 // quarantines go on locally and are written back when Redis returns; a Redis
@@ -103,7 +103,7 @@ type fallbackConfig struct {
 // the member list has written back (at most the member TTL, 3s, for a
 // server that is gone). The default is no fallback: a request fails with
 // ErrNoProxy while Redis is unreachable.
-func WithFallback(self string, sh Sharder) Option {
+func WithFallback(self string, sh shard.Sharder) Option {
 	return func(c *config) {
 		c.fallback.self, c.fallback.sharder, c.fallback.sharded = self, sh, false
 		c.fallback.set++
@@ -111,8 +111,8 @@ func WithFallback(self string, sh Sharder) Option {
 }
 
 // WithSharding turns on shared-nothing sharding: this server leases only
-// from its own share of the pool, computed by sh (Modulo{} for the static
-// modulo shard, Rendezvous{} for consistent hashing) from the live member
+// from its own share of the pool, computed by sh (shard.Modulo{} for the static
+// modulo shard, shard.Rendezvous{} for consistent hashing) from the live member
 // list, in memory; Redis only holds the member list and the pool. self
 // names this process in the member list. A proxy that moves to this server
 // when the member list changes is used only once its former owner can have
@@ -120,7 +120,7 @@ func WithFallback(self string, sh Sharder) Option {
 // timeout or lease TTL). Bans stay with the server that learnt them. Call
 // Start before the first lease and Stop when done. The default is the
 // central broker.
-func WithSharding(self string, sh Sharder) Option {
+func WithSharding(self string, sh shard.Sharder) Option {
 	return func(c *config) {
 		c.fallback.self, c.fallback.sharder, c.fallback.sharded = self, sh, true
 		c.fallback.set++
@@ -134,13 +134,6 @@ func WithSharding(self string, sh Sharder) Option {
 // every quarter of it. The default is 1s.
 func WithFallbackTimeout(d time.Duration) Option {
 	return func(c *config) { c.fallback.timeout = d }
-}
-
-// WithMembership passes options (heartbeat interval, member TTL) to the
-// Membership that Start registers for WithFallback or WithSharding. The
-// default is the Membership's defaults.
-func WithMembership(opts ...MemberOption) Option {
-	return func(c *config) { c.fallback.memberOpts = append(c.fallback.memberOpts, opts...) }
 }
 
 func (fc *fallbackConfig) validate() error {
@@ -157,7 +150,7 @@ func (fc *fallbackConfig) validate() error {
 		return err
 	}
 	if fc.sharder == nil || isNilPointer(fc.sharder) {
-		fc.sharder = Rendezvous{}
+		fc.sharder = shard.Rendezvous{}
 	}
 	switch {
 	case fc.timeout == 0:
@@ -170,7 +163,12 @@ func (fc *fallbackConfig) validate() error {
 
 // FallbackStatus is a snapshot of a Switch's fallback or sharding state.
 type FallbackStatus struct {
-	Mode    Mode
+	// Mode is where the Switch leases from now: "broker" (Redis, the
+	// central broker), "local" (this server's share of the pool, in
+	// memory: Redis is unreachable, or always with WithSharding) or
+	// "resuming" (Redis is back: the Switch writes its state back and
+	// waits for the other servers; requests wait meanwhile).
+	Mode    string
 	Since   time.Time // when the current mode began
 	Members []string  // the member list this server's share is computed from
 	Share   int       // proxies in this server's share of the Switch's pool
@@ -183,16 +181,16 @@ type FallbackStatus struct {
 
 // FallbackStatus returns where the Switch leases from now and what its
 // fallback did so far. Without WithFallback or WithSharding it reports
-// ModeBroker and nothing else. It is safe for concurrent use.
+// Mode "broker" and nothing else. It is safe for concurrent use.
 func (s *Switch) FallbackStatus() FallbackStatus {
 	f := s.fb
 	if f == nil {
-		return FallbackStatus{Mode: ModeBroker}
+		return FallbackStatus{Mode: modeBroker.String()}
 	}
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	st := f.stats
-	st.Mode, st.Since = Mode(f.mode.Load()), f.since
+	st.Mode, st.Since = leaseMode(f.mode.Load()).String(), f.since
 	if fp := f.pools[s.cfg.pool]; fp != nil {
 		fp.mu.Lock()
 		st.Members, st.Share = append([]string(nil), fp.members...), len(fp.share)
@@ -209,7 +207,7 @@ type fallback struct {
 	hold  time.Duration // switch-over hold: the longest an attempt may run
 	every time.Duration // probe interval
 
-	mode atomic.Int32 // a Mode
+	mode atomic.Int32 // a leaseMode
 
 	mu        sync.RWMutex // write: mode changes, pools map; read: local leases
 	since     time.Time
@@ -233,19 +231,20 @@ type fallback struct {
 // fbPool is the fallback state of one pool. Its fields are guarded by mu;
 // the fallback's mutex is taken first when both are.
 type fbPool struct {
-	sw *Switch
+	f  *fallback
+	rp *redisPool
 
-	mu       sync.Mutex
-	last     []*Proxy // the pool last read, dead proxies left out
-	sig      poolSig  // what the probe said about that pool
-	readAt   time.Time
-	members  []string // the list share was computed from
-	share    []*Proxy
-	shareErr error
-	local    *LocalPool
-	redis    map[*Lease]struct{} // this Switch's live Redis leases
-	locals   map[*Lease]bool     // live local leases -> adopted by Redis
-	deferred []*Lease            // Redis leases released while local
+	mu        sync.Mutex
+	last      []*Proxy // the pool last read, dead proxies left out
+	sig       poolSig  // what the probe said about that pool
+	readAt    time.Time
+	members   []string // the list share was computed from
+	share     []*Proxy
+	shareErr  error
+	local     *localPool
+	fromRedis map[*Lease]struct{} // this Switch's live Redis leases
+	locals    map[*Lease]bool     // live local leases -> adopted by Redis
+	deferred  []*Lease            // Redis leases released while local
 }
 
 // poolSig is the probe's view of a pool: a change means read it again.
@@ -267,25 +266,15 @@ func newFallback(s *Switch) *fallback {
 		hold = s.cfg.leaseTTL
 	}
 	f := &fallback{s: s, cfg: fc, hold: hold, every: max(fc.timeout/4, 5*time.Millisecond),
-		pools: map[string]*fbPool{}, memberCfg: newMemberConfig(fc.memberOpts), kick: make(chan struct{}, 1), since: time.Now()}
+		pools: map[string]*fbPool{}, memberCfg: s.cfg.member, kick: make(chan struct{}, 1), since: time.Now()}
 	if fc.sharded {
-		f.mode.Store(int32(ModeLocal))
+		f.mode.Store(int32(modeLocal))
 	}
-	f.pools[s.cfg.pool] = newFbPool(s)
 	return f
 }
 
-func newFbPool(sw *Switch) *fbPool {
-	return &fbPool{sw: sw, redis: map[*Lease]struct{}{}, locals: map[*Lease]bool{}}
-}
-
-// callTimeout bounds one Redis call made for a request: the Redis timeout,
-// or the fallback timeout when shorter.
-func (s *Switch) callTimeout() time.Duration {
-	if s.fb != nil {
-		return min(s.cfg.redisTimeout, s.fb.cfg.timeout)
-	}
-	return s.cfg.redisTimeout
+func newFbPool(f *fallback, rp *redisPool) *fbPool {
+	return &fbPool{f: f, rp: rp, fromRedis: map[*Lease]struct{}{}, locals: map[*Lease]bool{}}
 }
 
 // Start registers this server in the pool's member list, reads the pool,
@@ -296,9 +285,6 @@ func (s *Switch) callTimeout() time.Duration {
 // unreachable (ErrRedis) or another live process holds the member ID
 // (ErrMemberTaken). The goroutine runs until Stop or until ctx ends.
 func (s *Switch) Start(ctx context.Context) error {
-	if s.err != nil {
-		return s.err
-	}
 	f := s.fb
 	if f == nil {
 		return nil
@@ -310,17 +296,18 @@ func (s *Switch) Start(ctx context.Context) error {
 	}
 	f.started = true
 	f.mu.Unlock()
-	m, err := NewMembership(s, f.cfg.self, f.cfg.memberOpts...)
+	m, err := NewMembership(s, f.cfg.self)
 	if err == nil {
 		err = m.Start(ctx)
 	}
 	if err == nil {
 		f.member = m
-		var kids []*Switch
-		if kids, err = s.routedPools(); err == nil {
-			for _, k := range kids {
-				f.pool(k)
+		for _, name := range s.routedPools() {
+			if _, err = s.backendFor(name); err != nil {
+				break
 			}
+		}
+		if err == nil {
 			err = f.refreshAll(ctx, true)
 		}
 		if err != nil {
@@ -379,19 +366,28 @@ func (f *fallback) ready() error {
 	return nil
 }
 
-// pool returns the state of sw's pool, registering it on first use.
-func (f *fallback) pool(sw *Switch) *fbPool {
+// wrap returns the backend of pool rp: rp itself without a fallback (f is
+// nil), else rp behind its local shard.
+func (f *fallback) wrap(rp *redisPool) backend {
+	if f == nil {
+		return rp
+	}
+	return f.pool(rp)
+}
+
+// pool returns the state of rp's pool, registering it on first use.
+func (f *fallback) pool(rp *redisPool) *fbPool {
 	f.mu.RLock()
-	fp := f.pools[sw.cfg.pool]
+	fp := f.pools[rp.name]
 	f.mu.RUnlock()
 	if fp != nil {
 		return fp
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if fp = f.pools[sw.cfg.pool]; fp == nil {
-		fp = newFbPool(sw)
-		f.pools[sw.cfg.pool] = fp
+	if fp = f.pools[rp.name]; fp == nil {
+		fp = newFbPool(f, rp)
+		f.pools[rp.name] = fp
 	}
 	return fp
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/gocolly/colly/v2"
 	"github.com/proxyswitch/proxyswitch"
+	"github.com/proxyswitch/proxyswitch/shard"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -19,7 +20,7 @@ func ExampleWithFallback() {
 	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
 	sw, err := proxyswitch.NewSwitch(rdb,
 		proxyswitch.WithPool("datacenter"),
-		proxyswitch.WithFallback(host, proxyswitch.Rendezvous{}),
+		proxyswitch.WithFallback(host, shard.Rendezvous{}),
 		proxyswitch.WithAttemptTimeout(5*time.Second)) // also how long the switch waits for others' attempts
 	if err != nil {
 		log.Fatal(err)

@@ -6,7 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/proxyswitch/proxyswitch/ban"
 	"github.com/proxyswitch/proxyswitch/internal/redistest"
+	"github.com/proxyswitch/proxyswitch/shard"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -17,7 +19,7 @@ import (
 // hold).
 func fastFallback(self string) []Option {
 	return []Option{WithFallback(self, nil), WithFallbackTimeout(300 * time.Millisecond),
-		WithMembership(WithHeartbeat(100*time.Millisecond), WithMemberTTL(time.Second)),
+		WithHeartbeat(100 * time.Millisecond), WithMemberTTL(time.Second),
 		WithAttemptTimeout(600 * time.Millisecond), WithMaxWait(5 * time.Second)}
 }
 
@@ -29,10 +31,10 @@ func startSwitch(t *testing.T, s *Switch) {
 }
 
 // waitMode waits until s leases in mode m and returns how long that took.
-func waitMode(t *testing.T, s *Switch, m Mode, within time.Duration) time.Duration {
+func waitMode(t *testing.T, s *Switch, m leaseMode, within time.Duration) time.Duration {
 	t.Helper()
 	start := time.Now()
-	require.Eventually(t, func() bool { return s.FallbackStatus().Mode == m }, within, 5*time.Millisecond,
+	require.Eventually(t, func() bool { return s.FallbackStatus().Mode == m.String() }, within, 5*time.Millisecond,
 		"mode %v, want %v", s.FallbackStatus().Mode, m)
 	return time.Since(start)
 }
@@ -54,7 +56,7 @@ func TestFallbackKillAndRestartEmpty(t *testing.T) {
 	require.NoError(t, err)
 	startSwitch(t, s)
 	st := s.FallbackStatus()
-	require.Equal(t, ModeBroker, st.Mode)
+	require.Equal(t, modeBroker.String(), st.Mode)
 	require.Equal(t, []string{"crawler-1"}, st.Members)
 	require.Equal(t, 4, st.Share, "the only server owns the whole pool")
 
@@ -71,10 +73,10 @@ func TestFallbackKillAndRestartEmpty(t *testing.T) {
 	assert.Less(t, took, 2*time.Second)
 	require.NotNil(t, local.local)
 	assert.NotEqual(t, fromRedis.Proxy().ID(), local.Proxy().ID(), "the Redis lease still running is reserved")
-	assert.Equal(t, ModeLocal, s.FallbackStatus().Mode)
+	assert.Equal(t, modeLocal.String(), s.FallbackStatus().Mode)
 
 	banned := local.Proxy().ID()
-	require.NoError(t, local.Report(ctx, Verdict{Kind: Ban, Reason: "http_403"}))
+	require.NoError(t, local.Report(ctx, ban.Verdict{Kind: ban.Ban, Reason: "http_403"}))
 	held, err := s.Lease(ctx, "shop.example")
 	require.NoError(t, err)
 	require.NotNil(t, held.local)
@@ -82,7 +84,7 @@ func TestFallbackKillAndRestartEmpty(t *testing.T) {
 	require.NoError(t, fromRedis.Release(ctx), "a Redis lease released while Redis is gone: deferred")
 
 	require.NoError(t, srv.Restart())
-	back := waitMode(t, s, ModeBroker, 5*time.Second)
+	back := waitMode(t, s, modeBroker, 5*time.Second)
 	t.Logf("broker resumed %v after Redis restarted empty", back.Round(time.Millisecond))
 	st = s.FallbackStatus()
 	assert.Equal(t, 4, st.Reseeded)
@@ -142,7 +144,7 @@ func TestFallbackHungRedis(t *testing.T) {
 
 	require.NoError(t, srv.Resume())
 	resumed = true
-	back := waitMode(t, s, ModeBroker, 5*time.Second)
+	back := waitMode(t, s, modeBroker, 5*time.Second)
 	t.Logf("broker resumed %v after Redis woke up", back.Round(time.Millisecond))
 	assert.Zero(t, s.FallbackStatus().Reseeded, "Redis kept the pool")
 	l, err = s.Lease(ctx, "shop.example")
@@ -173,7 +175,7 @@ func TestFallbackBadOptions(t *testing.T) {
 	rdb := shared.Client(t)
 	for name, opts := range map[string][]Option{
 		"no member ID":     {WithFallback("", nil)},
-		"space in ID":      {WithSharding("crawler 1", Modulo{})},
+		"space in ID":      {WithSharding("crawler 1", shard.Modulo{})},
 		"both schemes":     {WithFallback("a", nil), WithSharding("a", nil)},
 		"tiny timeout":     {WithFallback("a", nil), WithFallbackTimeout(time.Millisecond)},
 		"negative timeout": {WithFallbackTimeout(-time.Second)},
@@ -184,7 +186,7 @@ func TestFallbackBadOptions(t *testing.T) {
 	s := newSwitch(t, rdb)
 	require.NoError(t, s.Start(context.Background()), "Start without a fallback does nothing")
 	require.NoError(t, s.Stop(context.Background()))
-	assert.Equal(t, ModeBroker, s.FallbackStatus().Mode)
+	assert.Equal(t, modeBroker.String(), s.FallbackStatus().Mode)
 
 	f := newSwitch(t, rdb, WithFallback("a"+strconv.Itoa(1), nil))
 	require.NoError(t, f.Start(context.Background()))
@@ -227,7 +229,7 @@ func TestFallbackOnCluster(t *testing.T) {
 	require.NoError(t, l.Release(ctx))
 
 	require.NoError(t, node.Restart())
-	back := waitMode(t, s, ModeBroker, 15*time.Second)
+	back := waitMode(t, s, modeBroker, 15*time.Second)
 	t.Logf("broker resumed %v after the master restarted empty (the cluster notices it first)", back.Round(time.Millisecond))
 	assert.Equal(t, 4, s.FallbackStatus().Reseeded)
 	l, err = s.Lease(ctx, "shop.example")

@@ -2,34 +2,99 @@ package proxyswitch
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/proxyswitch/proxyswitch/ban"
 )
 
-// Leasing through the fallback (see fallback.go): the hooks lease.go and
-// ban.go call, and the Lease methods of leases taken from the local shard.
+// An fbPool is the backend of a pool with a fallback (see fallback.go): it
+// leases from Redis (its redisPool) while the fallback is on the broker,
+// and from the pool's local shard otherwise; leases of either kind are
+// released, extended and quarantined where they came from, and a Redis call
+// that finds Redis gone switches the fallback to the local shard at once.
 
-// tryLease serves a lease attempt from the local shard when the Switch is
-// not on the broker; done is false when the caller should lease from Redis.
-func (f *fallback) tryLease(ctx context.Context, sw *Switch, site, scope, prefer string) (l *Lease, wait time.Duration, err error, done bool) {
-	if f.cfg.sharded {
-		f.pool(sw) // a pool first named by UsePools: read at the next probe
+func (fp *fbPool) pool() string      { return fp.rp.name }
+func (fp *fbPool) redis() *redisPool { return fp.rp }
+
+// broker returns the Redis pool while the fallback is on the broker.
+func (fp *fbPool) broker() (*redisPool, error) {
+	if m := leaseMode(fp.f.mode.Load()); m != modeBroker {
+		// The session's state lives in Redis: no other place knows its IP.
+		return nil, fmt.Errorf("%w: sticky sessions need the central broker, and the Switch leases from its local shard (%v)", ErrNoProxy, m)
 	}
+	return fp.rp, nil
+}
+
+// tryLease leases from the local shard off the broker, else from Redis.
+func (fp *fbPool) tryLease(ctx context.Context, site, scope, prefer string) (*Lease, time.Duration, error) {
+	if l, wait, err, done := fp.tryLocal(ctx, site, prefer); done {
+		return l, wait, err
+	}
+	l, wait, err := fp.rp.tryLease(ctx, site, scope, prefer)
+	if err != nil {
+		if errors.Is(err, ErrRedis) && fp.f.trip(ctx, err) {
+			return fp.tryLease(ctx, site, scope, prefer) // from the local shard now
+		}
+		return nil, 0, err
+	}
+	if l != nil {
+		l.be = fp
+		fp.leased(l)
+	}
+	return l, wait, nil
+}
+
+// release releases l where it came from; a Redis lease released off the
+// broker is released in Redis on resume.
+func (fp *fbPool) release(ctx context.Context, l *Lease) error {
+	if err, handled := fp.releaseLocal(ctx, l); handled {
+		return err
+	}
+	err := fp.rp.release(ctx, l)
+	if errors.Is(err, ErrRedis) && fp.f.trip(ctx, err) {
+		if _, handled := fp.releaseLocal(ctx, l); handled {
+			return nil
+		}
+	}
+	return err
+}
+
+// penalize quarantines in the local shard off the broker or for a local
+// lease, else in Redis.
+func (fp *fbPool) penalize(ctx context.Context, site string, p *Proxy, l *Lease, v ban.Verdict) (penalty, error) {
+	if pen, done := fp.penalizeLocal(site, p, l, v); done {
+		return pen, nil
+	}
+	pen, err := fp.rp.penalize(ctx, site, p, l, v)
+	if pen.ended {
+		fp.released(l)
+	}
+	if errors.Is(err, ErrRedis) && fp.f.trip(ctx, err) {
+		if pen, done := fp.penalizeLocal(site, p, l, v); done {
+			return pen, nil
+		}
+	}
+	return pen, err
+}
+
+// tryLocal serves a lease attempt from the local shard when the fallback
+// is not on the broker; done is false when the caller should lease from
+// Redis.
+func (fp *fbPool) tryLocal(ctx context.Context, site, prefer string) (l *Lease, wait time.Duration, err error, done bool) {
+	f := fp.f
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	if err := f.ready(); err != nil {
 		return nil, 0, err, true
 	}
-	switch Mode(f.mode.Load()) {
-	case ModeBroker:
+	switch leaseMode(f.mode.Load()) {
+	case modeBroker:
 		return nil, 0, nil, false
-	case ModeResuming:
+	case modeResuming:
 		return nil, resumeWait, nil, true
-	}
-	fp := f.pools[sw.cfg.pool]
-	if fp == nil {
-		return nil, 0, fmt.Errorf("%w: no local share of pool %q: it was never read from Redis", ErrNoProxy, sw.cfg.pool), true
 	}
 	fp.mu.Lock()
 	defer fp.mu.Unlock()
@@ -41,16 +106,16 @@ func (f *fallback) tryLease(ctx context.Context, sw *Switch, site, scope, prefer
 			}
 			return nil, f.every, nil, true // its share comes with the next probe
 		}
-		return nil, 0, fmt.Errorf("%w: no local share of pool %q: it was never read from Redis", ErrNoProxy, sw.cfg.pool), true
+		return nil, 0, fmt.Errorf("%w: no local share of pool %q: it was never read from Redis", ErrNoProxy, fp.rp.name), true
 	}
-	ll, wait, _, err := fp.local.tryLease(site, prefer, sw.leaseTTL(ctx))
+	ll, wait, _, err := fp.local.tryLease(site, prefer, fp.rp.sw.leaseTTL(ctx))
 	if ll == nil {
 		if err != nil && fp.shareErr != nil {
 			err = fmt.Errorf("%w (%w)", err, fp.shareErr)
 		}
 		return nil, wait, err, true
 	}
-	l = &Lease{sw: sw, scope: ll.scope, site: site, proxy: ll.proxy, member: ll.proxy.id + ":" + strconv.Itoa(ll.slot),
+	l = &Lease{sw: fp.rp.sw, be: fp, scope: ll.scope, site: site, proxy: ll.proxy, member: ll.proxy.id + ":" + strconv.Itoa(ll.slot),
 		token: ll.token, local: ll}
 	l.expiry.Store(ll.expiry.Load())
 	fp.locals[l] = false
@@ -59,23 +124,24 @@ func (f *fallback) tryLease(ctx context.Context, sw *Switch, site, scope, prefer
 
 // leased records a lease taken from Redis; if the Switch went local
 // meanwhile, its proxy is reserved in the local shard.
-func (f *fallback) leased(l *Lease) {
-	fp := f.pool(l.sw)
+func (fp *fbPool) leased(l *Lease) {
+	f := fp.f
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	fp.mu.Lock()
 	defer fp.mu.Unlock()
-	fp.redis[l] = struct{}{}
+	fp.fromRedis[l] = struct{}{}
 	if fp.local != nil {
 		_ = fp.local.Reserve(l.proxy.id, l.site, l.Expiry())
 	}
 }
 
-// release handles a lease the fallback knows: one from the local shard, or
-// one from Redis while the Switch is off the broker (released in Redis on
-// resume). handled is false when the caller should release in Redis.
-func (f *fallback) release(ctx context.Context, l *Lease) (err error, handled bool) {
-	fp := f.pool(l.sw)
+// releaseLocal handles a lease the fallback knows: one from the local
+// shard, or one from Redis while the Switch is off the broker (released in
+// Redis on resume). handled is false when the caller should release in
+// Redis.
+func (fp *fbPool) releaseLocal(ctx context.Context, l *Lease) (err error, handled bool) {
+	f := fp.f
 	if l.local != nil {
 		err = l.local.Release()
 		fp.mu.Lock()
@@ -84,7 +150,7 @@ func (f *fallback) release(ctx context.Context, l *Lease) (err error, handled bo
 		fp.mu.Unlock()
 		if adopted {
 			// Handed over to Redis on resume: its record there ends too.
-			_, _ = l.sw.releaseMember(ctx, l.scope, l.member, l.token, "")
+			_, _ = fp.rp.releaseMember(ctx, l.scope, l.member, l.token, "")
 		}
 		return err, true
 	}
@@ -92,8 +158,8 @@ func (f *fallback) release(ctx context.Context, l *Lease) (err error, handled bo
 	defer f.mu.RUnlock()
 	fp.mu.Lock()
 	defer fp.mu.Unlock()
-	if Mode(f.mode.Load()) == ModeBroker {
-		delete(fp.redis, l)
+	if leaseMode(f.mode.Load()) == modeBroker {
+		delete(fp.fromRedis, l)
 		return nil, false
 	}
 	fp.deferRelease(l)
@@ -104,7 +170,7 @@ func (f *fallback) release(ctx context.Context, l *Lease) (err error, handled bo
 // proxy is free in the local shard (after the cooldown) and the lease is
 // released in Redis on resume. The caller holds fp.mu.
 func (fp *fbPool) deferRelease(l *Lease) {
-	delete(fp.redis, l)
+	delete(fp.fromRedis, l)
 	fp.deferred = append(fp.deferred, l)
 	if fp.local != nil {
 		fp.local.unreserve(l.proxy.id, l.scope)
@@ -112,57 +178,41 @@ func (fp *fbPool) deferRelease(l *Lease) {
 }
 
 // released forgets a Redis lease ended in Redis (released or banned).
-func (f *fallback) released(l *Lease) {
-	fp := f.pool(l.sw)
+func (fp *fbPool) released(l *Lease) {
 	fp.mu.Lock()
-	delete(fp.redis, l)
+	delete(fp.fromRedis, l)
 	fp.mu.Unlock()
 }
 
-// failedRelease handles a Redis release that failed: if Redis is out of
-// reach the Switch goes local and the release is deferred.
-func (f *fallback) failedRelease(ctx context.Context, l *Lease, err error) bool {
-	if !f.trip(ctx, err) {
-		return false
-	}
-	_, handled := f.release(ctx, l)
-	return handled
-}
-
 // extend extends a lease from the local shard (and its record in Redis if
-// it was handed over).
-func (f *fallback) extend(ctx context.Context, l *Lease, ttl time.Duration) error {
+// it was handed over), or a Redis lease in Redis.
+func (fp *fbPool) extend(ctx context.Context, l *Lease, ttl time.Duration) error {
+	if l.local == nil {
+		return fp.rp.extend(ctx, l, ttl)
+	}
 	if err := l.local.Extend(ttl); err != nil {
 		return err
 	}
 	l.expiry.Store(l.local.expiry.Load())
-	fp := f.pool(l.sw)
 	fp.mu.Lock()
 	adopted := fp.locals[l]
 	fp.mu.Unlock()
 	if adopted {
-		s := l.sw
-		_, _ = roundTrip(ctx, s.callTimeout(), func(ctx context.Context) (int64, error) {
-			return extendScript.Run(ctx, s.rdb, []string{s.keys.free(l.scope), s.keys.leases(l.scope)},
-				l.member, l.token, ttl.Milliseconds()).Int64()
-		}, nil)
+		_, _ = fp.rp.extendMember(ctx, l, ttl)
 	}
 	return nil
 }
 
-// penalize quarantines p on site in the local shard when the Switch is off
-// the broker or l came from the local shard. handled is false when the
-// caller should quarantine in Redis.
-func (f *fallback) penalize(sw *Switch, site string, p *Proxy, l *Lease, v Verdict) (pen penalty, handled bool) {
+// penalizeLocal quarantines p on site in the local shard when the Switch
+// is off the broker or l came from the local shard. handled is false when
+// the caller should quarantine in Redis.
+func (fp *fbPool) penalizeLocal(site string, p *Proxy, l *Lease, v ban.Verdict) (pen penalty, handled bool) {
+	f := fp.f
 	f.mu.RLock()
 	defer f.mu.RUnlock()
-	fp := f.pools[sw.cfg.pool]
-	if fp == nil {
-		return penalty{}, false
-	}
 	fp.mu.Lock()
 	defer fp.mu.Unlock()
-	onBroker := Mode(f.mode.Load()) == ModeBroker
+	onBroker := leaseMode(f.mode.Load()) == modeBroker
 	if onBroker && (l == nil || l.local == nil || fp.locals[l]) {
 		// On the broker, and a Redis lease or one handed over: Redis acts.
 		if l != nil && l.local != nil {
@@ -178,13 +228,13 @@ func (f *fallback) penalize(sw *Switch, site string, p *Proxy, l *Lease, v Verdi
 		}
 		lp = l.local.pool // back on the broker: a local lease from before
 	}
-	c := sw.cfg
+	c := fp.rp.cfg
 	d, maxq := c.quarantine, c.maxQuarantine
-	if v.Kind == ProxyFailure {
+	if v.Kind == ban.ProxyFailure {
 		d, maxq = c.failQuarantine, c.maxFailQuarantine
 	}
 	d = max(d, min(v.RetryAfter, maxq))
-	scope := sw.scopeOf(site)
+	scope := fp.rp.sw.scopeOf(site)
 	switch {
 	case l != nil && l.local != nil && l.scope == scope && l.released.CompareAndSwap(false, true):
 		_ = l.local.Ban(d)
@@ -195,11 +245,11 @@ func (f *fallback) penalize(sw *Switch, site string, p *Proxy, l *Lease, v Verdi
 	default:
 		_ = lp.Ban(p.id, site, d)
 	}
-	if c.banAllSites && v.Kind == Ban {
+	if c.banAllSites && v.Kind == ban.Ban {
 		_ = lp.BanAllSites(p.id, d)
 	}
 	until := time.Now().Add(d)
-	sw.cfg.logger.Debug("proxyswitch: proxy quarantined in the local shard", "proxy", p.String(), "site", site,
+	c.logger.Debug("proxyswitch: proxy quarantined in the local shard", "proxy", p.String(), "site", site,
 		"kind", v.Kind.String(), "reason", v.Reason, "for", d)
-	return penalty{quarantine: d, until: until, strikes: 1}, true
+	return penalty{quarantine: d, until: until, strikes: 1, ended: true}, true
 }

@@ -36,13 +36,13 @@ func (f *fallback) run(ctx context.Context) {
 
 // tick probes Redis once and acts on the answer.
 func (f *fallback) tick(ctx context.Context) {
-	mode := Mode(f.mode.Load())
+	mode := leaseMode(f.mode.Load())
 	mark := "0" // sharding: no marks
 	switch {
 	case f.cfg.sharded:
-	case mode == ModeBroker:
+	case mode == modeBroker:
 		mark = "1"
-	case mode == ModeResuming:
+	case mode == modeResuming:
 		f.mu.RLock()
 		if f.written {
 			mark = "1"
@@ -62,17 +62,17 @@ func (f *fallback) tick(ctx context.Context) {
 		if err == nil {
 			f.refresh(ctx, res)
 		}
-	case mode == ModeBroker:
+	case mode == modeBroker:
 		if err != nil {
 			f.trip(ctx, err)
 			return
 		}
 		f.refresh(ctx, res)
-	case mode == ModeLocal:
+	case mode == modeLocal:
 		if err == nil {
 			f.beginResume(ctx, res)
 		}
-	case mode == ModeResuming:
+	case mode == modeResuming:
 		if err != nil {
 			f.backToLocal(err)
 			return
@@ -117,19 +117,19 @@ func (f *fallback) refresh(ctx context.Context, res probeResult) {
 	now := time.Now()
 	for _, fp := range pools {
 		fp.mu.Lock()
-		for l := range fp.redis {
+		for l := range fp.fromRedis {
 			if l.Expiry().Before(now) { // never released (a leaked lease): over anyway
-				delete(fp.redis, l)
+				delete(fp.fromRedis, l)
 			}
 		}
-		stale := fp.readAt.IsZero() || time.Since(fp.readAt) > poolRefresh || (fp.sw == f.s && fp.sig != res.sig)
+		stale := fp.readAt.IsZero() || time.Since(fp.readAt) > poolRefresh || (fp.rp.name == f.s.cfg.pool && fp.sig != res.sig)
 		fp.mu.Unlock()
 		if stale {
 			if err := fp.read(ctx); err != nil {
-				f.s.cfg.logger.Debug("proxyswitch: reading the pool for the fallback shard failed", "pool", fp.sw.cfg.pool, "err", err)
+				f.s.cfg.logger.Debug("proxyswitch: reading the pool for the fallback shard failed", "pool", fp.rp.name, "err", err)
 				continue
 			}
-			if fp.sw == f.s {
+			if fp.rp.name == f.s.cfg.pool {
 				fp.mu.Lock()
 				fp.sig = res.sig
 				fp.mu.Unlock()
@@ -171,11 +171,11 @@ func (f *fallback) refreshAll(ctx context.Context, must bool) error {
 
 // read loads the pool and its dead proxies: the pool a share is cut from.
 func (fp *fbPool) read(ctx context.Context) error {
-	ps, err := fp.sw.List(ctx)
+	ps, err := fp.rp.list(ctx)
 	if err != nil {
 		return err
 	}
-	dead, err := fp.sw.Dead(ctx)
+	dead, err := fp.rp.dead(ctx)
 	if err != nil {
 		return err
 	}
@@ -205,12 +205,12 @@ func (fp *fbPool) applyShare(f *fallback, handover bool) {
 	old := fp.share
 	share, err := fp.cutShareLocked(f, members)
 	if err != nil {
-		f.s.cfg.logger.Warn("proxyswitch: no share of the pool for this server", "pool", fp.sw.cfg.pool, "member", f.cfg.self, "err", err)
+		f.s.cfg.logger.Warn("proxyswitch: no share of the pool for this server", "pool", fp.rp.name, "member", f.cfg.self, "err", err)
 	}
 	if handover && fp.local == nil {
 		// Sharding: the pool's first share. Others may use its proxies until
 		// they notice this server.
-		fp.local = newLocalPool(fp.sw.cfg)
+		fp.local = newLocalPool(*fp.rp.cfg)
 		if len(members) > 1 {
 			fp.local.Hold(f.handover())
 		}
@@ -245,22 +245,22 @@ func (f *fallback) trip(ctx context.Context, err error) bool {
 	if f.member == nil || f.done == nil || f.stopped {
 		return false // not started (an operator's call), or stopped
 	}
-	if Mode(f.mode.Load()) != ModeBroker {
+	if leaseMode(f.mode.Load()) != modeBroker {
 		return true
 	}
 	members, _ := f.member.LastKnown()
 	size := 0
 	for _, fp := range f.pools {
 		fp.applyShareLocked(f, members)
-		lp := newLocalPool(fp.sw.cfg)
+		lp := newLocalPool(*fp.rp.cfg)
 		fp.mu.Lock()
 		_, _ = lp.SetProxies(fp.share)
 		lp.Hold(f.hold)
-		for l := range fp.redis {
+		for l := range fp.fromRedis {
 			_ = lp.Reserve(l.proxy.id, l.site, l.Expiry())
 		}
 		fp.local = lp
-		if fp.sw == f.s {
+		if fp.rp.name == f.s.cfg.pool {
 			size = len(fp.share)
 		}
 		fp.mu.Unlock()
@@ -268,7 +268,7 @@ func (f *fallback) trip(ctx context.Context, err error) bool {
 	f.tripMembers, f.written = members, false
 	f.stats.Outages++
 	f.since = time.Now()
-	f.mode.Store(int32(ModeLocal))
+	f.mode.Store(int32(modeLocal))
 	f.s.cfg.logger.Warn("proxyswitch: Redis unreachable; leasing from this server's local shard",
 		"pool", f.s.cfg.pool, "member", f.cfg.self, "share", size, "members", len(members), "hold", f.hold, "err", err)
 	return true
@@ -289,7 +289,7 @@ func (fp *fbPool) applyShareLocked(f *fallback, members []string) {
 // members (empty, with the error, when there is none). The caller holds
 // fp.mu.
 func (fp *fbPool) cutShareLocked(f *fallback, members []string) ([]*Proxy, error) {
-	share, err := ShareProxies(f.cfg.sharder, fp.last, members, f.cfg.self)
+	share, err := shareProxies(f.cfg.sharder, fp.last, members, f.cfg.self)
 	if err != nil {
 		share = []*Proxy{}
 	}
@@ -302,11 +302,11 @@ func (fp *fbPool) cutShareLocked(f *fallback, members []string) ([]*Proxy, error
 // written back and the live local leases handed over to Redis.
 func (f *fallback) beginResume(ctx context.Context, res probeResult) {
 	f.mu.Lock()
-	if Mode(f.mode.Load()) != ModeLocal {
+	if leaseMode(f.mode.Load()) != modeLocal {
 		f.mu.Unlock()
 		return
 	}
-	f.mode.Store(int32(ModeResuming))
+	f.mode.Store(int32(modeResuming))
 	f.since, f.backAt, f.written = time.Now(), res.now, false
 	pools := f.poolListLocked()
 	f.mu.Unlock()
@@ -325,7 +325,7 @@ func (f *fallback) beginResume(ctx context.Context, res probeResult) {
 			err = fp.releaseDeferred(ctx)
 		}
 		if err != nil {
-			f.s.cfg.logger.Warn("proxyswitch: writing back to Redis failed; staying on the local shard", "pool", fp.sw.cfg.pool, "err", err)
+			f.s.cfg.logger.Warn("proxyswitch: writing back to Redis failed; staying on the local shard", "pool", fp.rp.name, "err", err)
 			f.backToLocal(err)
 			return
 		}
@@ -349,8 +349,8 @@ func (f *fallback) beginResume(ctx context.Context, res probeResult) {
 func (f *fallback) backToLocal(err error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if Mode(f.mode.Load()) == ModeResuming {
-		f.mode.Store(int32(ModeLocal))
+	if leaseMode(f.mode.Load()) == modeResuming {
+		f.mode.Store(int32(modeLocal))
 		f.since, f.written = time.Now(), false
 		f.s.cfg.logger.Debug("proxyswitch: Redis failed again while resuming", "err", err)
 	}
@@ -385,13 +385,13 @@ func (f *fallback) tryFinishResume(ctx context.Context, res probeResult) {
 		f.s.cfg.logger.Warn("proxyswitch: servers still not ready after resuming; leasing from Redis anyway", "waiting", waiting)
 	}
 	f.mu.Lock()
-	if Mode(f.mode.Load()) == ModeResuming && f.written {
+	if leaseMode(f.mode.Load()) == modeResuming && f.written {
 		for _, fp := range f.pools {
 			fp.mu.Lock()
 			fp.local = nil
 			fp.mu.Unlock()
 		}
-		f.mode.Store(int32(ModeBroker))
+		f.mode.Store(int32(modeBroker))
 		f.since = time.Now()
 		f.s.cfg.logger.Info("proxyswitch: leasing from Redis again", "pool", f.s.cfg.pool, "member", f.cfg.self)
 	}
@@ -407,9 +407,9 @@ func (fp *fbPool) seed(ctx context.Context, f *fallback) (int, error) {
 	if len(args) == 0 {
 		return 0, nil
 	}
-	k := fp.sw.keys
+	k := fp.rp.keys
 	n, err := roundTrip(ctx, f.s.cfg.redisTimeout, func(ctx context.Context) (int64, error) {
-		return fallbackSeedScript.Run(ctx, fp.sw.rdb, []string{k.proxies(), k.meta()}, args...).Int64()
+		return fallbackSeedScript.Run(ctx, fp.rp.rdb, []string{k.proxies(), k.meta()}, args...).Int64()
 	}, nil)
 	if err != nil {
 		return 0, redisErr("re-seed", err)
@@ -445,7 +445,7 @@ func (fp *fbPool) writeBack(ctx context.Context, f *fallback) (bans, adopted int
 	if len(argv) == 0 {
 		return 0, 0, nil
 	}
-	sw := fp.sw
+	sw := fp.rp
 	k := sw.keys
 	head := []any{k.base, sw.cfg.idleTTL.Milliseconds(), sw.cfg.slots, sw.cfg.maxQuarantine.Milliseconds()}
 	res, err := roundTrip(ctx, sw.cfg.redisTimeout, func(ctx context.Context) ([]int64, error) {
@@ -485,7 +485,7 @@ func (fp *fbPool) releaseDeferred(ctx context.Context) error {
 	fp.deferred = nil
 	fp.mu.Unlock()
 	for i, l := range todo {
-		if _, err := fp.sw.releaseMember(ctx, l.scope, l.member, l.token, ""); err != nil {
+		if _, err := fp.rp.releaseMember(ctx, l.scope, l.member, l.token, ""); err != nil {
 			fp.mu.Lock()
 			fp.deferred = append(fp.deferred, todo[i:]...)
 			fp.mu.Unlock()

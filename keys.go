@@ -3,6 +3,8 @@ package proxyswitch
 import (
 	"fmt"
 	"strings"
+
+	"github.com/proxyswitch/proxyswitch/internal/engine"
 )
 
 // globalSite is the scope name used when a proxy is exclusive across all
@@ -29,7 +31,7 @@ const globalSite = "*"
 // A ban is not a key of its own: it is the score of the proxy's slots in the
 // site's free set, pushed to the end of the quarantine, so the lease script
 // skips it with no extra lookup and it ends by itself. A dead proxy's slots
-// sit at deadScore in every free set.
+// sit at DEAD (lib.lua) in every free set.
 type keyspace struct {
 	base string // "{prefix:pool}"
 }
@@ -65,7 +67,14 @@ func (k keyspace) lease(scope string) []string {
 	return []string{k.proxies(), k.free(scope), k.leases(scope), k.sites(), k.meta(), k.dead(), k.quarantine()}
 }
 
+// sessionKeys are the KEYS of lua/session_use.lua and lua/session_end.lua
+// for task; lua/session_bind.lua takes the session's jar after them.
+func (k keyspace) sessionKeys(task string) []string {
+	return []string{k.session(task), k.proxies(), k.liveSessions()}
+}
+
 // states are the KEYS of lua/state.lua and lua/proxy_states.lua for scope.
-func (k keyspace) states(scope string) []string {
-	return []string{k.proxies(), k.free(scope), k.leases(scope), k.strikes(scope), k.quarantine(), k.dead(), k.meta()}
+func (k keyspace) states(scope string) engine.StateKeys {
+	return engine.StateKeys{Pool: k.proxies(), Free: k.free(scope), Lease: k.leases(scope), Strikes: k.strikes(scope),
+		Quarantine: k.quarantine(), Dead: k.dead(), Meta: k.meta()}
 }

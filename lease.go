@@ -15,13 +15,14 @@ import (
 // ScopeGlobal) until it is released or its TTL runs out. Its methods are safe
 // for concurrent use; Release is idempotent.
 type Lease struct {
-	sw     *Switch
-	scope  string // the site, or globalSite
+	sw     *Switch // the Switch it was leased through
+	be     backend // the backend that granted it: release, extend and quarantine go there
+	scope  string  // the site, or globalSite
 	proxy  *Proxy
 	member string // "<id>:<slot>" in the free set
 	token  string // owner token: only this holder can release or extend
 
-	local *LocalLease // taken from the local shard (fallback.go); nil for a Redis lease
+	local *localLease // the local shard's lease, when it granted it (fallbacklease.go)
 
 	site     string       // the site it was leased for (differs from scope with ScopeGlobal)
 	expiry   atomic.Int64 // unix ms, Redis clock
@@ -48,7 +49,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	if !l.released.CompareAndSwap(false, true) {
 		return nil
 	}
-	err := l.sw.release(ctx, l)
+	err := l.be.release(ctx, l)
 	if errors.Is(err, ErrRedis) {
 		l.released.Store(false)
 	}
@@ -66,22 +67,7 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if l.released.Load() {
 		return l.lost("already released")
 	}
-	if l.local != nil {
-		return l.sw.fb.extend(ctx, l, ttl)
-	}
-	s := l.sw
-	n, err := roundTrip(ctx, s.callTimeout(), func(ctx context.Context) (int64, error) {
-		return extendScript.Run(ctx, s.rdb, []string{s.keys.free(l.scope), s.keys.leases(l.scope)},
-			l.member, l.token, ttl.Milliseconds()).Int64()
-	}, nil)
-	if err != nil {
-		return redisErr("extend", err)
-	}
-	if n == 0 {
-		return l.lost("expired or taken over")
-	}
-	l.expiry.Store(n)
-	return nil
+	return l.be.extend(ctx, l, ttl)
 }
 
 func (l *Lease) lost(why string) error {
@@ -94,9 +80,6 @@ func (l *Lease) lost(why string) error {
 // the ProxyFunc and the hooks installed by Attach do. It is safe for
 // concurrent use.
 func (s *Switch) Lease(ctx context.Context, site string) (*Lease, error) {
-	if s.err != nil {
-		return nil, s.err
-	}
 	return s.acquire(ctx, site, "")
 }
 
@@ -125,17 +108,21 @@ func (s *Switch) leaseTTL(ctx context.Context) time.Duration {
 // by a jittered exponential backoff, so it never spins on Redis) until a
 // proxy frees, the max wait passes or ctx ends.
 func (s *Switch) acquire(ctx context.Context, site, prefer string) (*Lease, error) {
+	be, err := s.source(ctx, site)
+	if err != nil {
+		return nil, err
+	}
 	scope := s.scopeOf(site)
 	deadline := time.Now().Add(s.cfg.maxWait)
 	backoff := s.cfg.backoffMin
 	for {
-		l, wait, err := s.tryLease(ctx, site, scope, prefer)
+		l, wait, err := be.tryLease(ctx, site, scope, prefer)
 		if l != nil || err != nil {
 			return l, err
 		}
 		left := time.Until(deadline)
 		if left <= 0 {
-			return nil, fmt.Errorf("%w: every proxy of pool %q stayed busy or quarantined for site %s for %v", ErrNoProxy, s.cfg.pool, scope, s.cfg.maxWait)
+			return nil, fmt.Errorf("%w: every proxy of pool %q stayed busy or quarantined for site %s for %v", ErrNoProxy, be.pool(), scope, s.cfg.maxWait)
 		}
 		d := min(wait, backoff, left)
 		backoff = min(2*backoff, s.cfg.backoffMax)
@@ -158,77 +145,6 @@ func pause(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// tryLease runs one lease attempt: a lease, or how long until a proxy frees,
-// or an error (empty pool, Redis failure, corrupt data).
-func (s *Switch) tryLease(ctx context.Context, site, scope, prefer string) (*Lease, time.Duration, error) {
-	if r := s.routeFor(ctx, site); r != nil {
-		return s.tryRoute(ctx, r, site, scope, prefer)
-	}
-	if s.fb != nil {
-		if l, wait, err, done := s.fb.tryLease(ctx, s, site, scope, prefer); done {
-			return l, wait, err
-		}
-	}
-	token := s.newToken()
-	ttl := s.leaseTTL(ctx)
-	res, err := roundTrip(ctx, s.callTimeout(), func(ctx context.Context) ([]any, error) {
-		return leaseScript.Run(ctx, s.rdb, s.keys.lease(scope), scope, token, ttl.Milliseconds(), s.cfg.cooldown.Milliseconds(),
-			s.cfg.slots, s.cfg.idleTTL.Milliseconds(), prefer).Slice()
-	}, s.releaseLate(scope, token))
-	if err != nil {
-		if err, ok := leaseConfigErr(err); ok {
-			return nil, 0, err
-		}
-		if s.fb != nil && s.fb.trip(ctx, err) {
-			return s.tryLease(ctx, site, scope, prefer) // from the local shard now
-		}
-		return nil, 0, fmt.Errorf("%w: %w", ErrNoProxy, redisErr("lease", err))
-	}
-	status, _ := intAt(res, 0)
-	switch {
-	case status == -1 && len(res) == 1:
-		return nil, 0, fmt.Errorf("%w: %w: pool %q has no proxies", ErrNoProxy, ErrEmptyPool, s.cfg.pool)
-	case status == 0 && len(res) == 2:
-		wait, _ := intAt(res, 1)
-		return nil, waitHint(wait), nil
-	case status == 1 && len(res) == 4:
-		member, _ := res[1].(string)
-		raw, _ := res[2].(string)
-		expiry, ok := intAt(res, 3)
-		p, err := s.proxyFor(raw)
-		if err != nil || !ok || member == "" {
-			// Hand the slot back rather than hold a proxy we cannot use
-			// (owner-checked: by member and token, as no Lease is made).
-			if member != "" {
-				_, _ = s.releaseMember(context.WithoutCancel(ctx), scope, member, token, "")
-			}
-			if err == nil {
-				err = fmt.Errorf("%w: malformed lease reply", ErrCorrupt)
-			}
-			return nil, 0, fmt.Errorf("%w: %w", ErrNoProxy, err)
-		}
-		l := &Lease{sw: s, scope: scope, site: site, member: member, token: token, proxy: p}
-		l.expiry.Store(expiry)
-		if s.fb != nil {
-			s.fb.leased(l)
-		}
-		return l, 0, nil
-	}
-	return nil, 0, fmt.Errorf("%w: %w: unexpected lease reply of %d items", ErrNoProxy, ErrCorrupt, len(res))
-}
-
-// releaseLate hands back a lease of lua/lease.lua granted (to token, on
-// scope) after its caller gave up waiting for the reply: roundTrip's late.
-func (s *Switch) releaseLate(scope, token string) func([]any, error) {
-	return func(res []any, err error) {
-		if status, _ := intAt(res, 0); err == nil && status == 1 && len(res) == 4 {
-			if member, ok := res[1].(string); ok {
-				_, _ = s.releaseMember(context.Background(), scope, member, token, "")
-			}
-		}
-	}
-}
-
 // leaseConfigErr turns lua/lease.lua's PSCONFIG error (the pool records
 // another concurrency) into an ErrNoProxy and ErrConfig error.
 func leaseConfigErr(err error) (error, bool) {
@@ -237,54 +153,6 @@ func leaseConfigErr(err error) (error, bool) {
 		return nil, false
 	}
 	return fmt.Errorf("%w: %w: %s", ErrNoProxy, ErrConfig, msg), true
-}
-
-// release runs the owner-checked release script for l. If the request made
-// through l got a healthy answer, the proxy's backoff starts over.
-func (s *Switch) release(ctx context.Context, l *Lease) error {
-	if s.fb != nil {
-		if err, done := s.fb.release(ctx, l); done {
-			return err
-		}
-	}
-	reset := ""
-	if l.healthy.Load() {
-		reset = l.proxy.id
-	}
-	cooldown := max(s.cfg.cooldown, time.Duration(l.hold.Load()))
-	if l.unused.Load() {
-		cooldown = 0
-	}
-	n, err := s.releaseMemberFor(ctx, l.scope, l.member, l.token, reset, cooldown)
-	if err != nil {
-		if s.fb != nil && s.fb.failedRelease(ctx, l, err) {
-			return nil
-		}
-		return err
-	}
-	if n == 0 {
-		return l.lost("expired and leased again")
-	}
-	return nil
-}
-
-// releaseMember releases one slot if token still owns it: 1 released, 2
-// released after expiry, 0 not the owner. A non-empty reset names the proxy
-// whose runs of bans (on scope) and failures end.
-func (s *Switch) releaseMember(ctx context.Context, scope, member, token, reset string) (int64, error) {
-	return s.releaseMemberFor(ctx, scope, member, token, reset, s.cfg.cooldown)
-}
-
-// releaseMemberFor is releaseMember with the proxy next free after cooldown.
-func (s *Switch) releaseMemberFor(ctx context.Context, scope, member, token, reset string, cooldown time.Duration) (int64, error) {
-	keys := []string{s.keys.free(scope), s.keys.leases(scope), s.keys.strikes(scope), s.keys.fails()}
-	n, err := roundTrip(ctx, s.callTimeout(), func(ctx context.Context) (int64, error) {
-		return releaseScript.Run(ctx, s.rdb, keys, member, token, cooldown.Milliseconds(), reset).Int64()
-	}, nil)
-	if err != nil {
-		return 0, redisErr("release", err)
-	}
-	return n, nil
 }
 
 // proxyFor parses a proxy URL read from Redis, caching the result: an ID's

@@ -5,12 +5,12 @@ import (
 	"time"
 )
 
-// LocalLease is one proxy held from a LocalPool, exclusively for one site
+// localLease is one proxy held from a localPool, exclusively for one site
 // (or for all sites with ScopeGlobal), until it is released, banned or its
 // TTL runs out. Its methods are safe for concurrent use; Release is
 // idempotent.
-type LocalLease struct {
-	pool  *LocalPool
+type localLease struct {
+	pool  *localPool
 	scope string
 	proxy *Proxy
 	slot  int
@@ -21,19 +21,19 @@ type LocalLease struct {
 }
 
 // Proxy returns the leased proxy.
-func (l *LocalLease) Proxy() *Proxy { return l.proxy }
+func (l *localLease) Proxy() *Proxy { return l.proxy }
 
 // Site returns the site the lease is exclusive for ("*" with ScopeGlobal).
-func (l *LocalLease) Site() string { return l.scope }
+func (l *localLease) Site() string { return l.scope }
 
 // Expiry returns when the lease runs out unless extended.
-func (l *LocalLease) Expiry() time.Time { return time.UnixMilli(l.expiry.Load()) }
+func (l *localLease) Expiry() time.Time { return time.UnixMilli(l.expiry.Load()) }
 
 // Release gives the proxy back, owner-checked: it is free again after the
 // cooldown, unless a quarantine keeps it longer. A holder whose lease ran
 // out and was taken by someone else gets ErrLeaseLost and changes nothing.
 // Releasing twice, or a lease whose proxy left the share, is a no-op.
-func (l *LocalLease) Release() error {
+func (l *localLease) Release() error {
 	if !l.released.CompareAndSwap(false, true) {
 		return nil
 	}
@@ -60,7 +60,7 @@ func (l *LocalLease) Release() error {
 // Extend pushes the lease's expiry to now + ttl; ttl <= 0 means the lease
 // TTL. It fails with ErrLeaseLost once the lease has run out or been
 // released: an expired holder can never extend the next holder's lease.
-func (l *LocalLease) Extend(ttl time.Duration) error {
+func (l *localLease) Extend(ttl time.Duration) error {
 	p := l.pool
 	if ttl <= 0 {
 		ttl = p.cfg.leaseTTL
@@ -84,9 +84,9 @@ func (l *LocalLease) Extend(ttl time.Duration) error {
 }
 
 // Ban ends the lease and quarantines its proxy on its site for d, as
-// LocalPool.Ban does. After the lease ended it still quarantines the proxy.
-func (l *LocalLease) Ban(d time.Duration) error {
-	var holder *LocalLease
+// localPool.Ban does. After the lease ended it still quarantines the proxy.
+func (l *localLease) Ban(d time.Duration) error {
+	var holder *localLease
 	if l.released.CompareAndSwap(false, true) {
 		holder = l
 	}
@@ -97,6 +97,6 @@ func (l *LocalLease) Ban(d time.Duration) error {
 	return err
 }
 
-func (l *LocalLease) lost(why string) error {
+func (l *localLease) lost(why string) error {
 	return &ProxyError{Proxy: l.proxy.String(), Reason: "local lease on " + l.scope + " lost: " + why, Err: ErrLeaseLost}
 }

@@ -14,7 +14,7 @@ import (
 	"time"
 )
 
-// LocalPool is an in-memory lease engine for one process, with the rules of
+// localPool is an in-memory lease engine for one process, with the rules of
 // the Redis pool: a proxy is exclusive per site (or overall, ScopeGlobal)
 // with WithConcurrency slots, WithCooldown between uses, the least recently
 // used proxy first, leases that end by themselves after their TTL, owner
@@ -22,14 +22,14 @@ import (
 // next holder's), and quarantines per proxy and site that end by themselves.
 //
 // It is what a server leases from while Redis is unreachable, over its own
-// share of the pool (ShareProxies over the last known member list): shares
+// share of the pool (shard.Share over the last known member list): shares
 // do not overlap, so servers leasing locally still never use one IP at once.
 // It keeps the bans it learns (Bans) for writing back to Redis later.
 //
-// A LocalPool is safe for concurrent use by multiple goroutines. Its
+// A localPool is safe for concurrent use by multiple goroutines. Its
 // guarantees hold within one process only. It starts no goroutine and holds
 // no resource: it needs no Close.
-type LocalPool struct {
+type localPool struct {
 	cfg         config
 	tokenPrefix string
 	tokenSeq    atomic.Uint64
@@ -49,17 +49,17 @@ type LocalPool struct {
 
 type localBanKey struct{ scope, id string }
 
-// localSweepEvery is how often, at most, a LocalPool forgets idle sites and
+// localSweepEvery is how often, at most, a localPool forgets idle sites and
 // ended bans.
 const localSweepEvery = time.Second
 
-// NewLocalPool returns an empty LocalPool that follows opts: the Switch's
+// newLocalPoolWith returns an empty localPool that follows opts: the Switch's
 // own options, of which it heeds WithConcurrency, WithCooldown, WithScope,
 // WithLeaseTTL, WithMaxWait and WithIdleTTL (the state of a site nobody
 // leased for that long is forgotten). Give it the options the Switch has,
 // so that leases keep their rules when a server falls back to it. It fails
 // with ErrConfig on an invalid option.
-func NewLocalPool(opts ...Option) (*LocalPool, error) {
+func newLocalPoolWith(opts ...Option) (*localPool, error) {
 	cfg, err := newConfig(opts)
 	if err != nil {
 		return nil, err
@@ -67,12 +67,12 @@ func NewLocalPool(opts ...Option) (*LocalPool, error) {
 	return newLocalPool(cfg), nil
 }
 
-// newLocalPool makes a LocalPool from a validated config (a Switch's).
-func newLocalPool(cfg config) *LocalPool {
+// newLocalPool makes a localPool from a validated config (a Switch's).
+func newLocalPool(cfg config) *localPool {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	epoch := time.Now()
-	return &LocalPool{
+	return &localPool{
 		cfg:         cfg,
 		tokenPrefix: "L" + hex.EncodeToString(b[:]) + "-",
 		clock:       func() int64 { return epoch.UnixMilli() + time.Since(epoch).Milliseconds() },
@@ -90,7 +90,7 @@ func newLocalPool(cfg config) *LocalPool {
 // removed ones are never handed out again, and a lease on one of them ends
 // quietly (its Release returns nil). Duplicates are ignored; a nil proxy
 // rejects the whole call and changes nothing.
-func (p *LocalPool) SetProxies(ps []*Proxy) (PoolChange, error) {
+func (p *localPool) SetProxies(ps []*Proxy) (PoolChange, error) {
 	next := make(map[string]*Proxy, len(ps))
 	ids := make([]string, 0, len(ps))
 	for i, px := range ps {
@@ -129,7 +129,7 @@ func (p *LocalPool) SetProxies(ps []*Proxy) (PoolChange, error) {
 }
 
 // Len returns the number of proxies in the share.
-func (p *LocalPool) Len() int {
+func (p *localPool) Len() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return len(p.ids)
@@ -141,12 +141,12 @@ func (p *LocalPool) Len() int {
 // TTL. With every proxy busy it returns no lease, no error and how long
 // until the next one frees; with an empty share, an error wrapping
 // ErrNoProxy and ErrEmptyPool.
-func (p *LocalPool) TryLease(site, prefer string, ttl time.Duration) (*LocalLease, time.Duration, error) {
+func (p *localPool) TryLease(site, prefer string, ttl time.Duration) (*localLease, time.Duration, error) {
 	l, wait, _, err := p.tryLease(site, prefer, ttl)
 	return l, wait, err
 }
 
-func (p *LocalPool) tryLease(site, prefer string, ttl time.Duration) (*LocalLease, time.Duration, <-chan struct{}, error) {
+func (p *localPool) tryLease(site, prefer string, ttl time.Duration) (*localLease, time.Duration, <-chan struct{}, error) {
 	if site == "" {
 		return nil, 0, nil, fmt.Errorf("%w: empty site", ErrNoProxy)
 	}
@@ -187,7 +187,7 @@ func (p *LocalPool) tryLease(site, prefer string, ttl time.Duration) (*LocalLeas
 			}
 		}
 	}
-	l := &LocalLease{pool: p, scope: scope, proxy: p.proxies[slot.id], slot: slot.n, token: token}
+	l := &localLease{pool: p, scope: scope, proxy: p.proxies[slot.id], slot: slot.n, token: token}
 	l.expiry.Store(slot.expiry)
 	return l, 0, nil, nil
 }
@@ -196,7 +196,7 @@ func (p *LocalPool) tryLease(site, prefer string, ttl time.Duration) (*LocalLeas
 // waits at most the max wait, or until ctx ends, and then fails with an
 // error wrapping ErrNoProxy (and ctx's error). A release wakes a waiter at
 // once.
-func (p *LocalPool) Lease(ctx context.Context, site string) (*LocalLease, error) {
+func (p *localPool) Lease(ctx context.Context, site string) (*localLease, error) {
 	deadline := time.Now().Add(p.cfg.maxWait)
 	for {
 		l, wait, changed, err := p.tryLease(site, "", 0)
@@ -223,7 +223,7 @@ func (p *LocalPool) Lease(ctx context.Context, site string) (*LocalLease, error)
 // that site before d has passed (leases for other sites go on). A ban never
 // shortens a longer one. It is recorded for Bans even if the proxy is not in
 // the share. It fails with ErrConfig on an empty ID or site or d <= 0.
-func (p *LocalPool) Ban(id, site string, d time.Duration) error {
+func (p *localPool) Ban(id, site string, d time.Duration) error {
 	if site == "" {
 		return fmt.Errorf("%w: ban without a site", ErrConfig)
 	}
@@ -232,13 +232,13 @@ func (p *LocalPool) Ban(id, site string, d time.Duration) error {
 
 // BanAllSites quarantines the proxy with ID id on every site for d, as Ban
 // does for one.
-func (p *LocalPool) BanAllSites(id string, d time.Duration) error {
+func (p *localPool) BanAllSites(id string, d time.Duration) error {
 	return p.ban(id, "", d, nil)
 }
 
 // ban records and applies a quarantine; scope "" means every site. If l is
 // a live lease of the proxy on that scope, its lease record ends with it.
-func (p *LocalPool) ban(id, scope string, d time.Duration, l *LocalLease) error {
+func (p *localPool) ban(id, scope string, d time.Duration, l *localLease) error {
 	if id == "" || d <= 0 {
 		return fmt.Errorf("%w: ban of proxy %q for %v: want an ID and a positive duration", ErrConfig, id, d)
 	}
@@ -264,27 +264,27 @@ func (p *LocalPool) ban(id, scope string, d time.Duration, l *LocalLease) error 
 	return nil
 }
 
-// LocalBan is a quarantine a LocalPool learnt, to be written back to Redis
+// localBan is a quarantine a localPool learnt, to be written back to Redis
 // when it is reachable again.
-type LocalBan struct {
+type localBan struct {
 	ProxyID string
 	Site    string    // the scope banned on ("*" with ScopeGlobal); "" for every site
 	Until   time.Time // the end, by this process's clock: write back time.Until(Until)
 }
 
 // Bans returns the quarantines recorded by Ban, BanAllSites and
-// LocalLease.Ban that have not ended yet, ordered by site then proxy ID.
-func (p *LocalPool) Bans() []LocalBan {
+// localLease.Ban that have not ended yet, ordered by site then proxy ID.
+func (p *localPool) Bans() []localBan {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now, wall := p.clock(), time.Now()
-	out := make([]LocalBan, 0, len(p.bans))
+	out := make([]localBan, 0, len(p.bans))
 	for k, until := range p.bans {
 		if until > now {
-			out = append(out, LocalBan{ProxyID: k.id, Site: k.scope, Until: wall.Add(time.Duration(until-now) * time.Millisecond)})
+			out = append(out, localBan{ProxyID: k.id, Site: k.scope, Until: wall.Add(time.Duration(until-now) * time.Millisecond)})
 		}
 	}
-	slices.SortFunc(out, func(a, b LocalBan) int {
+	slices.SortFunc(out, func(a, b localBan) int {
 		if c := strings.Compare(a.Site, b.Site); c != 0 {
 			return c
 		}
@@ -299,7 +299,7 @@ func (p *LocalPool) Bans() []LocalBan {
 // reserves the proxies of its own Redis leases still running, so that its
 // local leases do not hand them out a second time. It fails with ErrConfig
 // on an empty ID or site; a time already past does nothing.
-func (p *LocalPool) Reserve(id, site string, until time.Time) error {
+func (p *localPool) Reserve(id, site string, until time.Time) error {
 	if id == "" || site == "" {
 		return fmt.Errorf("%w: reserve of proxy %q on site %q: want an ID and a site", ErrConfig, id, site)
 	}
@@ -310,7 +310,7 @@ func (p *LocalPool) Reserve(id, site string, until time.Time) error {
 // reserve records a reservation of the proxy with ID id on scope ("" for
 // every site) until the given time, and applies it; a time already past
 // does nothing.
-func (p *LocalPool) reserve(id, scope string, until time.Time) {
+func (p *localPool) reserve(id, scope string, until time.Time) {
 	d := time.Until(until)
 	if d <= 0 {
 		return
@@ -336,7 +336,7 @@ func (p *LocalPool) reserve(id, scope string, until time.Time) {
 // A server that falls back from Redis calls it with the longest time a
 // lease taken from Redis by another server may still be in use, so that
 // such a lease on a proxy of this share ends before the proxy is used here.
-func (p *LocalPool) Hold(d time.Duration) {
+func (p *localPool) Hold(d time.Duration) {
 	if d <= 0 {
 		return
 	}
@@ -352,7 +352,7 @@ func (p *LocalPool) Hold(d time.Duration) {
 
 // Stats returns a snapshot of the share as site sees it, with the meaning
 // Switch.Stats gives each field.
-func (p *LocalPool) Stats(site string) SiteStats {
+func (p *localPool) Stats(site string) SiteStats {
 	scope := p.scopeOf(site)
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -384,27 +384,27 @@ func (p *LocalPool) Stats(site string) SiteStats {
 	return st
 }
 
-func (p *LocalPool) scopeOf(site string) string {
+func (p *localPool) scopeOf(site string) string {
 	if p.cfg.scope == ScopeGlobal {
 		return globalSite
 	}
 	return site
 }
 
-func (p *LocalPool) nextSeq() uint64 {
+func (p *localPool) nextSeq() uint64 {
 	p.seq++
 	return p.seq
 }
 
 // signalLocked wakes the waiters of Lease.
-func (p *LocalPool) signalLocked() {
+func (p *localPool) signalLocked() {
 	close(p.changed)
 	p.changed = make(chan struct{})
 }
 
 // startLocked is when a proxy new to a scope is first free: now, or later
 // if it is held, reserved or banned there.
-func (p *LocalPool) startLocked(scope, id string, now int64) int64 {
+func (p *localPool) startLocked(scope, id string, now int64) int64 {
 	k := localBanKey{scope, id}
 	return max(now, p.holdUntil, p.bans[k], p.bans[localBanKey{"", id}], p.reserved[k], p.reserved[localBanKey{"", id}])
 }
@@ -412,7 +412,7 @@ func (p *LocalPool) startLocked(scope, id string, now int64) int64 {
 // reserveAll keeps the proxy with ID id busy on every site until the given
 // time, without counting it as a ban: a proxy that joins the share while its
 // former owner may still use it (sharding).
-func (p *LocalPool) reserveAll(id string, until time.Time) {
+func (p *localPool) reserveAll(id string, until time.Time) {
 	if id != "" {
 		p.reserve(id, "", until)
 	}
@@ -421,7 +421,7 @@ func (p *LocalPool) reserveAll(id string, until time.Time) {
 // unreserve ends a reservation made by Reserve for the proxy with ID id on
 // scope (its lease elsewhere was released): the proxy is free there after
 // the cooldown, unless a ban, a hold or another reservation keeps it longer.
-func (p *LocalPool) unreserve(id, scope string) {
+func (p *localPool) unreserve(id, scope string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	k := localBanKey{scope, id}
@@ -445,7 +445,7 @@ func (p *LocalPool) unreserve(id, scope string) {
 
 // siteLocked returns the state of scope, building it on its first lease:
 // every proxy of the share free, in the order given, unless held or banned.
-func (p *LocalPool) siteLocked(scope string, now int64) *localSite {
+func (p *localPool) siteLocked(scope string, now int64) *localSite {
 	st := p.sites[scope]
 	if st == nil {
 		st = &localSite{slots: make(map[string][]*localSlot, len(p.ids)), free: make(slotHeap, 0, len(p.ids)*p.cfg.slots)}
@@ -459,7 +459,7 @@ func (p *LocalPool) siteLocked(scope string, now int64) *localSite {
 
 // slotLocked finds the site and slot of lease l; nil if its proxy or its
 // site is gone.
-func (p *LocalPool) slotLocked(l *LocalLease) (*localSite, *localSlot) {
+func (p *localPool) slotLocked(l *localLease) (*localSite, *localSlot) {
 	st := p.sites[l.scope]
 	if st == nil {
 		return nil, nil
@@ -474,7 +474,7 @@ func (p *LocalPool) slotLocked(l *LocalLease) (*localSite, *localSlot) {
 // sweepLocked, at most once per localSweepEvery, forgets ended bans and
 // reservations, and the sites nobody leased for the idle TTL that hold no
 // live lease.
-func (p *LocalPool) sweepLocked(now int64) {
+func (p *localPool) sweepLocked(now int64) {
 	if now-p.lastSweep < localSweepEvery.Milliseconds() {
 		return
 	}

@@ -10,15 +10,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/proxyswitch/proxyswitch/shard"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
-// localPool returns a LocalPool over n proxies (proxyURLsForShard) on a
+// fakeShard returns a localPool over n proxies (proxyURLsForShard) on a
 // fake clock that starts at 1,000,000 ms and moves only when told.
-func localPool(t *testing.T, n int, opts ...Option) (*LocalPool, *atomic.Int64, []*Proxy) {
+func fakeShard(t *testing.T, n int, opts ...Option) (*localPool, *atomic.Int64, []*Proxy) {
 	t.Helper()
-	p, err := NewLocalPool(opts...)
+	p, err := newLocalPoolWith(opts...)
 	require.NoError(t, err)
 	clock := &atomic.Int64{}
 	clock.Store(1_000_000)
@@ -31,7 +32,7 @@ func localPool(t *testing.T, n int, opts ...Option) (*LocalPool, *atomic.Int64, 
 	return p, clock, ps
 }
 
-func mustLease(t *testing.T, p *LocalPool, site string) *LocalLease {
+func mustLease(t *testing.T, p *localPool, site string) *localLease {
 	t.Helper()
 	l, wait, err := p.TryLease(site, "", 0)
 	require.NoError(t, err)
@@ -39,7 +40,7 @@ func mustLease(t *testing.T, p *LocalPool, site string) *LocalLease {
 	return l
 }
 
-func noLease(t *testing.T, p *LocalPool, site string) time.Duration {
+func noLease(t *testing.T, p *localPool, site string) time.Duration {
 	t.Helper()
 	l, wait, err := p.TryLease(site, "", 0)
 	require.NoError(t, err)
@@ -48,8 +49,8 @@ func noLease(t *testing.T, p *LocalPool, site string) time.Duration {
 }
 
 func TestLocalPoolExclusivePerSiteAndLRU(t *testing.T) {
-	p, _, ps := localPool(t, 3)
-	var held []*LocalLease
+	p, _, ps := fakeShard(t, 3)
+	var held []*localLease
 	for range 3 {
 		held = append(held, mustLease(t, p, "ozon.ru"))
 	}
@@ -75,7 +76,7 @@ func TestLocalPoolExclusivePerSiteAndLRU(t *testing.T) {
 }
 
 func TestLocalPoolScopeGlobal(t *testing.T) {
-	p, _, _ := localPool(t, 1, WithScope(ScopeGlobal))
+	p, _, _ := fakeShard(t, 1, WithScope(ScopeGlobal))
 	l := mustLease(t, p, "ozon.ru")
 	assert.Equal(t, "*", l.Site())
 	noLease(t, p, "avito.ru")
@@ -84,7 +85,7 @@ func TestLocalPoolScopeGlobal(t *testing.T) {
 }
 
 func TestLocalPoolConcurrencyAndPacing(t *testing.T) {
-	p, clock, _ := localPool(t, 1, WithConcurrency(2), WithCooldown(time.Second))
+	p, clock, _ := fakeShard(t, 1, WithConcurrency(2), WithCooldown(time.Second))
 	a := mustLease(t, p, "ozon.ru")
 	assert.Equal(t, time.Second, noLease(t, p, "ozon.ru"), "the second slot waits for the cooldown after a start")
 	clock.Add(1000)
@@ -101,7 +102,7 @@ func TestLocalPoolConcurrencyAndPacing(t *testing.T) {
 // A lease ends by itself; its late holder can then neither release nor
 // extend the next holder's lease.
 func TestLocalPoolTTLAndOwnerTokens(t *testing.T) {
-	p, clock, _ := localPool(t, 1, WithLeaseTTL(time.Second))
+	p, clock, _ := fakeShard(t, 1, WithLeaseTTL(time.Second))
 	old, _, err := p.TryLease("ozon.ru", "", 0)
 	require.NoError(t, err)
 	assert.Equal(t, time.UnixMilli(1_001_000), old.Expiry())
@@ -133,14 +134,14 @@ func TestLocalPoolTTLAndOwnerTokens(t *testing.T) {
 }
 
 func TestLocalPoolBans(t *testing.T) {
-	p, clock, ps := localPool(t, 2)
+	p, clock, ps := fakeShard(t, 2)
 	id := ps[0].ID()
 	require.NoError(t, p.Ban(id, "ozon.ru", 10*time.Second))
 	require.NoError(t, p.Ban(id, "ozon.ru", time.Second), "a shorter ban never shortens a longer one")
 	l := mustLease(t, p, "ozon.ru")
 	assert.Equal(t, ps[1].ID(), l.Proxy().ID(), "the banned proxy is skipped on its site")
 	assert.Equal(t, ps[0].ID(), mustLease(t, p, "avito.ru").Proxy().ID(), "and serves other sites")
-	assert.Equal(t, []LocalBan{{ProxyID: id, Site: "ozon.ru"}}, clearUntil(p.Bans()))
+	assert.Equal(t, []localBan{{ProxyID: id, Site: "ozon.ru"}}, clearUntil(p.Bans()))
 	assert.Equal(t, 10*time.Second, noLease(t, p, "ozon.ru"))
 
 	// A ban caught on a lease ends it; a release after that changes nothing.
@@ -153,7 +154,7 @@ func TestLocalPoolBans(t *testing.T) {
 	require.NoError(t, p.BanAllSites(ps[1].ID(), time.Minute))
 	assert.Equal(t, ps[0].ID(), mustLease(t, p, "new.example").Proxy().ID(), "a ban on every site holds on sites leased later too")
 	clock.Add(1000) // past localSweepEvery: the ended ban is forgotten
-	assert.Equal(t, []LocalBan{{ProxyID: ps[1].ID()}, {ProxyID: ps[1].ID(), Site: "ozon.ru"}}, clearUntil(p.Bans()))
+	assert.Equal(t, []localBan{{ProxyID: ps[1].ID()}, {ProxyID: ps[1].ID(), Site: "ozon.ru"}}, clearUntil(p.Bans()))
 	bans := p.Bans()
 	assert.InDelta(t, (time.Minute - time.Second).Seconds(), time.Until(bans[0].Until).Seconds(), 1)
 
@@ -167,7 +168,7 @@ func TestLocalPoolBans(t *testing.T) {
 	}
 }
 
-func clearUntil(bs []LocalBan) []LocalBan {
+func clearUntil(bs []localBan) []localBan {
 	for i := range bs {
 		bs[i].Until = time.Time{}
 	}
@@ -175,7 +176,7 @@ func clearUntil(bs []LocalBan) []LocalBan {
 }
 
 func TestLocalPoolPrefer(t *testing.T) {
-	p, _, ps := localPool(t, 3)
+	p, _, ps := fakeShard(t, 3)
 	l, _, err := p.TryLease("ozon.ru", ps[2].ID(), 0)
 	require.NoError(t, err)
 	assert.Equal(t, ps[2].ID(), l.Proxy().ID())
@@ -185,7 +186,7 @@ func TestLocalPoolPrefer(t *testing.T) {
 }
 
 func TestLocalPoolSetProxies(t *testing.T) {
-	p, _, ps := localPool(t, 3, WithCooldown(time.Minute))
+	p, _, ps := fakeShard(t, 3, WithCooldown(time.Minute))
 	gone := mustLease(t, p, "ozon.ru")
 	cooling := mustLease(t, p, "ozon.ru")
 	require.NoError(t, cooling.Release())
@@ -212,7 +213,7 @@ func TestLocalPoolSetProxies(t *testing.T) {
 }
 
 func TestLocalPoolHold(t *testing.T) {
-	p, clock, _ := localPool(t, 2)
+	p, clock, _ := fakeShard(t, 2)
 	mustLease(t, p, "ozon.ru")
 	p.Hold(2 * time.Second)
 	p.Hold(time.Second) // never shortens
@@ -229,7 +230,7 @@ func TestLocalPoolHold(t *testing.T) {
 // A proxy leased from Redis before the fallback stays busy locally until its
 // lease ends, on the sites it was leased for only, and is no ban.
 func TestLocalPoolReserve(t *testing.T) {
-	p, clock, ps := localPool(t, 2)
+	p, clock, ps := fakeShard(t, 2)
 	require.NoError(t, mustLease(t, p, "avito.ru").Release()) // one site built before the reservation
 	require.NoError(t, p.Reserve(ps[0].ID(), "avito.ru", time.Now().Add(5*time.Second)))
 	require.NoError(t, p.Reserve(ps[1].ID(), "ozon.ru", time.Now().Add(3*time.Second)))
@@ -246,7 +247,7 @@ func TestLocalPoolReserve(t *testing.T) {
 	assert.ErrorIs(t, p.Reserve(ps[0].ID(), "", time.Now().Add(time.Second)), ErrConfig)
 }
 
-func (p *LocalPool) proxiesInOrder() []*Proxy {
+func (p *localPool) proxiesInOrder() []*Proxy {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	out := make([]*Proxy, len(p.ids))
@@ -261,7 +262,7 @@ func (p *LocalPool) proxiesInOrder() []*Proxy {
 func TestLocalPoolLeaseWaits(t *testing.T) {
 	ps, err := ParseProxies(proxyURLsForShard(1))
 	require.NoError(t, err)
-	p, err := NewLocalPool(WithMaxWait(2 * time.Second))
+	p, err := newLocalPoolWith(WithMaxWait(2 * time.Second))
 	require.NoError(t, err)
 	_, err = p.SetProxies(ps)
 	require.NoError(t, err)
@@ -291,9 +292,9 @@ func TestLocalPoolLeaseWaits(t *testing.T) {
 }
 
 func TestLocalPoolBadInput(t *testing.T) {
-	_, err := NewLocalPool(WithConcurrency(0))
+	_, err := newLocalPoolWith(WithConcurrency(0))
 	assert.ErrorIs(t, err, ErrConfig)
-	p, err := NewLocalPool(nil)
+	p, err := newLocalPoolWith(nil)
 	require.NoError(t, err, "a nil option is skipped")
 	_, _, err = p.TryLease("ozon.ru", "", 0)
 	assert.ErrorIs(t, err, ErrNoProxy)
@@ -307,7 +308,7 @@ func TestLocalPoolBadInput(t *testing.T) {
 // Sites nobody leased for the idle TTL are forgotten, unless a lease or a
 // cooldown is still running there.
 func TestLocalPoolForgetsIdleSites(t *testing.T) {
-	p, clock, _ := localPool(t, 2, WithIdleTTL(time.Minute), WithLeaseTTL(20*time.Second))
+	p, clock, _ := fakeShard(t, 2, WithIdleTTL(time.Minute), WithLeaseTTL(20*time.Second))
 	mustLease(t, p, "a.example")
 	require.NoError(t, mustLease(t, p, "b.example").Release())
 	clock.Add(61_000)
@@ -320,12 +321,12 @@ func TestLocalPoolForgetsIdleSites(t *testing.T) {
 	assert.False(t, b)
 }
 
-// Many goroutines on one LocalPool: never two holders of one slot, under
+// Many goroutines on one localPool: never two holders of one slot, under
 // -race, with releases, extensions, bans and expiries mixed in.
 func TestLocalPoolNoTwoHoldersAtOnce(t *testing.T) {
 	ps, err := ParseProxies(proxyURLsForShard(8))
 	require.NoError(t, err)
-	p, err := NewLocalPool(WithConcurrency(2), WithMaxWait(5*time.Second), WithLeaseTTL(time.Second))
+	p, err := newLocalPoolWith(WithConcurrency(2), WithMaxWait(5*time.Second), WithLeaseTTL(time.Second))
 	require.NoError(t, err)
 	_, err = p.SetProxies(ps)
 	require.NoError(t, err)
@@ -378,11 +379,11 @@ func TestLocalPoolsOfThreeServersNeverShareAProxy(t *testing.T) {
 	ps, err := ParseProxies(proxyURLsForShard(60))
 	require.NoError(t, err)
 	members := []string{"crawler-2", "crawler-3", "crawler-1"} // as each learnt it: order does not matter
-	pools := map[string]*LocalPool{}
+	pools := map[string]*localPool{}
 	for _, m := range members {
-		share, err := ShareProxies(Rendezvous{}, ps, members, m)
+		share, err := shareProxies(shard.Rendezvous{}, ps, members, m)
 		require.NoError(t, err)
-		p, err := NewLocalPool(WithMaxWait(5 * time.Second))
+		p, err := newLocalPoolWith(WithMaxWait(5 * time.Second))
 		require.NoError(t, err)
 		_, err = p.SetProxies(share)
 		require.NoError(t, err)

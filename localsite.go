@@ -2,9 +2,9 @@ package proxyswitch
 
 import "container/heap"
 
-// localSite is a LocalPool's state for one scope (a site, or "*" with
+// localSite is a localPool's state for one scope (a site, or "*" with
 // ScopeGlobal): the in-memory twin of the Redis free set and lease hash.
-// Guarded by the LocalPool's mutex.
+// Guarded by the localPool's mutex.
 type localSite struct {
 	free    slotHeap                // every slot, earliest next-free time first
 	slots   map[string][]*localSlot // proxy ID -> its K slots

@@ -76,6 +76,31 @@ func sibling(t testing.TB, s *Switch, rdb redis.Scripter) *Switch {
 	t.Helper()
 	n, err := NewSwitch(rdb)
 	require.NoError(t, err)
-	n.cfg, n.keys = s.cfg, s.keys
+	n.cfg = s.cfg
+	require.NoError(t, n.build())
+	return n
+}
+
+// poolSwitch returns a Switch with s's settings on pool name: how a user
+// loads or reads another pool (WithPool).
+func (s *Switch) poolSwitch(name string) (*Switch, error) {
+	n, err := NewSwitch(s.rdb)
+	if err != nil {
+		return nil, err
+	}
+	n.cfg = s.cfg
+	n.cfg.pool, n.cfg.fallback, n.cfg.routes = name, fallbackConfig{}, routeConfig{}
+	return n, n.build()
+}
+
+// sessionSwitch is poolSwitch for the pool sessions lease from.
+func (s *Switch) sessionSwitch(t testing.TB) *Switch {
+	t.Helper()
+	name := s.cfg.session.pool
+	if name == "" {
+		return s
+	}
+	n, err := s.poolSwitch(name)
+	require.NoError(t, err)
 	return n
 }

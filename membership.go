@@ -25,34 +25,56 @@ import (
 // maxMemberID bounds the length of a member ID, in bytes.
 const maxMemberID = 200
 
-// MemberOption configures a Membership.
-type MemberOption func(*memberConfig)
-
+// memberConfig is what a Membership is configured with: the Switch's
+// WithHeartbeat, WithMemberTTL and WithMembersChanged, unless NewMembership
+// got its own.
 type memberConfig struct {
 	interval time.Duration
 	ttl      time.Duration
 	onChange func([]string)
 }
 
-// WithHeartbeat sets how often a Membership renews its registration. Each
-// renewal is one Redis round trip, bounded by the Switch's Redis timeout; a
-// renewal slower than the interval delays the next one. The default is 1s.
-func WithHeartbeat(d time.Duration) MemberOption { return func(c *memberConfig) { c.interval = d } }
+// defaultMemberConfig: a heartbeat every second, a member TTL of 3s.
+func defaultMemberConfig() memberConfig {
+	return memberConfig{interval: time.Second, ttl: 3 * time.Second}
+}
+
+func (mc *memberConfig) validate() error {
+	switch {
+	case mc.interval <= 0:
+		return configErr("heartbeat interval %v must be positive", mc.interval)
+	case mc.ttl < 2*mc.interval:
+		return configErr("member TTL %v must be at least twice the heartbeat interval %v", mc.ttl, mc.interval)
+	}
+	return nil
+}
+
+// WithHeartbeat sets how often a Membership renews its registration: the
+// one Start registers for WithFallback or WithSharding, and every one
+// NewMembership makes for the Switch. Each renewal is one Redis round trip,
+// bounded by the Switch's Redis timeout; a renewal slower than the interval
+// delays the next one. It must be positive. The default is 1s.
+func WithHeartbeat(d time.Duration) Option { return func(c *config) { c.member.interval = d } }
 
 // WithMemberTTL sets how long a registration lives without renewal: a server
 // that stops heartbeating (crashed, cut off) drops out of every member list
-// that long after its last heartbeat. It must be at least twice the
-// heartbeat interval, so that one late heartbeat does not drop a server. The
-// default is 3s.
-func WithMemberTTL(d time.Duration) MemberOption { return func(c *memberConfig) { c.ttl = d } }
+// that long after its last heartbeat. Like WithHeartbeat it applies to the
+// Membership of WithFallback or WithSharding and to those NewMembership
+// makes. It must be at least twice the heartbeat interval, so that one late
+// heartbeat does not drop a server. The default is 3s.
+func WithMemberTTL(d time.Duration) Option { return func(c *config) { c.member.ttl = d } }
 
 // WithMembersChanged sets a function called with the member list (sorted,
 // a copy) each time the list a Membership reads differs from the one it
 // last reported, for instance to recompute this server's share ahead of
-// need. Calls are one at a time, in the order the lists were read. The
-// function must not block and must not panic. The default is none.
-func WithMembersChanged(f func(members []string)) MemberOption {
-	return func(c *memberConfig) { c.onChange = f }
+// need or to feed metrics.Collector.ObserveMembers. Given to NewSwitch, it
+// applies to the Membership of WithFallback or WithSharding and to every one
+// NewMembership makes for the Switch; given to NewMembership, to that one
+// alone (WithMembersChanged(nil) there turns it off). Calls are one at a
+// time per Membership, in the order the lists were read. The function must
+// not block and must not panic. The default is none.
+func WithMembersChanged(f func(members []string)) Option {
+	return func(c *config) { c.member.onChange = f }
 }
 
 // Membership registers one server (a process) in the member list of a
@@ -85,24 +107,29 @@ type Membership struct {
 }
 
 // NewMembership returns the membership of the server named self in the pool
-// of sw (its Redis client, prefix, pool, Redis timeout and logger). self
-// names this process in the cluster, e.g. its host name; it must be unique
-// among live processes, 1 to 200 bytes, with no white space or control
-// characters. A server that restarts under the same ID gets the same share
-// back. It fails with ErrConfig on bad input.
-func NewMembership(sw *Switch, self string, opts ...MemberOption) (*Membership, error) {
+// of sw: it uses sw's Redis client, prefix, pool, Redis timeout and logger,
+// and sw's WithHeartbeat, WithMemberTTL and WithMembersChanged settings.
+// opts override those three for this Membership alone; other options have
+// no effect here. self names this process in the cluster, e.g. its host
+// name; it must be unique among live processes, 1 to 200 bytes, with no
+// white space or control characters. A server that restarts under the same
+// ID gets the same share back. It fails with ErrConfig on bad input.
+func NewMembership(sw *Switch, self string, opts ...Option) (*Membership, error) {
 	if sw == nil || sw.rdb == nil {
 		return nil, fmt.Errorf("%w: nil switch", ErrConfig)
 	}
 	if err := validMemberID(self); err != nil {
 		return nil, err
 	}
-	cfg := newMemberConfig(opts)
-	switch {
-	case cfg.interval <= 0:
-		return nil, fmt.Errorf("%w: heartbeat interval %v must be positive", ErrConfig, cfg.interval)
-	case cfg.ttl < 2*cfg.interval:
-		return nil, fmt.Errorf("%w: member TTL %v must be at least twice the heartbeat interval %v", ErrConfig, cfg.ttl, cfg.interval)
+	cfg := sw.cfg.member
+	if len(opts) > 0 {
+		c := defaultConfig()
+		c.member = cfg
+		c.apply(opts)
+		cfg = c.member
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
 	}
 	var b [12]byte
 	_, _ = rand.Read(b[:])
@@ -115,18 +142,6 @@ func NewMembership(sw *Switch, self string, opts ...MemberOption) (*Membership, 
 		logger:  sw.cfg.logger,
 		cfg:     cfg,
 	}, nil
-}
-
-// newMemberConfig applies opts to the defaults: a heartbeat every second,
-// a member TTL of 3s.
-func newMemberConfig(opts []MemberOption) memberConfig {
-	cfg := memberConfig{interval: time.Second, ttl: 3 * time.Second}
-	for _, o := range opts {
-		if o != nil {
-			o(&cfg)
-		}
-	}
-	return cfg
 }
 
 func validMemberID(id string) error {

@@ -15,7 +15,7 @@ import (
 
 // newMember is a started Membership for server id of s's pool, through a
 // Redis client of its own; it is stopped with the test.
-func newMember(t *testing.T, s *Switch, rdb redis.Scripter, id string, opts ...MemberOption) *Membership {
+func newMember(t *testing.T, s *Switch, rdb redis.Scripter, id string, opts ...Option) *Membership {
 	t.Helper()
 	m, err := NewMembership(sibling(t, s, rdb), id, opts...)
 	require.NoError(t, err)
@@ -25,7 +25,7 @@ func newMember(t *testing.T, s *Switch, rdb redis.Scripter, id string, opts ...M
 }
 
 // fastBeat: 50ms heartbeats; a TTL with room for a loaded test machine.
-var fastBeat = []MemberOption{WithHeartbeat(50 * time.Millisecond), WithMemberTTL(600 * time.Millisecond)}
+var fastBeat = []Option{WithHeartbeat(50 * time.Millisecond), WithMemberTTL(600 * time.Millisecond)}
 
 // Several servers, each with its own client, see one sorted live list.
 func TestMembershipLiveList(t *testing.T) {
@@ -209,7 +209,7 @@ func TestMembershipBadInput(t *testing.T) {
 	for name, tc := range map[string]struct {
 		sw   *Switch
 		id   string
-		opts []MemberOption
+		opts []Option
 	}{
 		"nil switch":         {nil, "a", nil},
 		"empty ID":           {s, "", nil},
@@ -217,9 +217,9 @@ func TestMembershipBadInput(t *testing.T) {
 		"newline in ID":      {s, "crawler\n1", nil},
 		"invalid UTF-8":      {s, "crawler\xff", nil},
 		"long ID":            {s, strings.Repeat("x", 201), nil},
-		"zero heartbeat":     {s, "a", []MemberOption{WithHeartbeat(0)}},
-		"TTL below 2 beats":  {s, "a", []MemberOption{WithHeartbeat(time.Second), WithMemberTTL(1500 * time.Millisecond)}},
-		"TTL below defaults": {s, "a", []MemberOption{WithMemberTTL(time.Second)}},
+		"zero heartbeat":     {s, "a", []Option{WithHeartbeat(0)}},
+		"TTL below 2 beats":  {s, "a", []Option{WithHeartbeat(time.Second), WithMemberTTL(1500 * time.Millisecond)}},
+		"TTL below defaults": {s, "a", []Option{WithMemberTTL(time.Second)}},
 	} {
 		_, err := NewMembership(tc.sw, tc.id, tc.opts...)
 		assert.ErrorIs(t, err, ErrConfig, name)
@@ -228,4 +228,41 @@ func TestMembershipBadInput(t *testing.T) {
 	require.NoError(t, err, "a nil option is skipped")
 	assert.Equal(t, "crawler-1.example.com", m.Self())
 	require.NoError(t, m.Stop(context.Background()), "Stop before Start does nothing")
+}
+
+// WithHeartbeat, WithMemberTTL and WithMembersChanged given to NewSwitch are
+// checked there and configure every Membership of the Switch;
+// NewMembership's own options override them for that Membership alone.
+func TestMembershipTakesSwitchOptions(t *testing.T) {
+	for name, opts := range map[string][]Option{
+		"zero heartbeat":     {WithHeartbeat(0)},
+		"TTL below 2 beats":  {WithHeartbeat(time.Second), WithMemberTTL(1500 * time.Millisecond)},
+		"TTL below defaults": {WithMemberTTL(time.Second)},
+	} {
+		_, err := NewSwitch(shared.Client(t), opts...)
+		assert.ErrorIs(t, err, ErrConfig, name)
+	}
+
+	var calls [][]string
+	s := newSwitch(t, shared.Client(t), WithHeartbeat(50*time.Millisecond), WithMemberTTL(600*time.Millisecond),
+		WithMembersChanged(func(l []string) { calls = append(calls, l) }))
+	m, err := NewMembership(s, "a")
+	require.NoError(t, err)
+	assert.Equal(t, 50*time.Millisecond, m.cfg.interval)
+	assert.Equal(t, 600*time.Millisecond, m.cfg.ttl)
+	_, err = m.Members(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, [][]string{{}}, calls, "the Switch's callback is told the first list")
+
+	quiet, err := NewMembership(s, "b", WithHeartbeat(100*time.Millisecond), WithMembersChanged(nil))
+	require.NoError(t, err)
+	assert.Equal(t, 100*time.Millisecond, quiet.cfg.interval)
+	assert.Equal(t, 600*time.Millisecond, quiet.cfg.ttl, "the Switch's TTL")
+	_, err = quiet.Members(context.Background())
+	require.NoError(t, err)
+	assert.Len(t, calls, 1, "WithMembersChanged(nil) turned it off for this Membership")
+	assert.Equal(t, 50*time.Millisecond, s.cfg.member.interval, "the Switch keeps its own settings")
+
+	_, err = NewMembership(s, "c", WithMemberTTL(60*time.Millisecond))
+	assert.ErrorIs(t, err, ErrConfig, "an override is checked against the Switch's heartbeat")
 }

@@ -3,6 +3,8 @@ package proxyswitch
 import (
 	"strings"
 	"time"
+
+	"github.com/proxyswitch/proxyswitch/ban"
 )
 
 // Observer receives what the Switch sees and does, as it happens, for
@@ -25,7 +27,7 @@ type Observer interface {
 // AttemptEvent is one classified attempt of a request.
 type AttemptEvent struct {
 	Pool, Site, ProxyID string
-	Kind                Kind          // OK, Neutral, Ban or ProxyFailure
+	Kind                ban.Kind      // ban.OK, ban.Neutral, ban.Ban or ban.ProxyFailure
 	Reason              string        // the verdict's reason ("" for OK)
 	Latency             time.Duration // from sending the attempt to its verdict
 }
@@ -33,7 +35,7 @@ type AttemptEvent struct {
 // QuarantineEvent is one quarantine applied to a proxy on a site.
 type QuarantineEvent struct {
 	Pool, Site, ProxyID, Reason string
-	Kind                        Kind          // Ban or ProxyFailure
+	Kind                        ban.Kind      // ban.Ban or ban.ProxyFailure
 	Duration                    time.Duration // the quarantine applied
 	InARow                      int           // offences in a row, this one included
 	Dead                        bool          // the proxy was marked dead
@@ -54,11 +56,9 @@ type SessionEvent struct {
 	Age      time.Duration // Ended: from its start to its end (Redis clock)
 }
 
-// Observers returns an Observer that hands every event to each of os in
-// turn (nil ones are skipped), for a Switch watched by more than one (the
-// metrics Collector and your own, say): SetObserver(Observers(col, mine)).
-// It returns nil for none, and the observer itself for one.
-func Observers(os ...Observer) Observer {
+// observers returns an Observer that hands every event to each of os in
+// turn (nil ones are skipped); nil for none, the observer itself for one.
+func observers(os ...Observer) Observer {
 	var fan multiObserver
 	for _, o := range os {
 		if o != nil {
@@ -97,10 +97,12 @@ func (m multiObserver) ObserveSession(e SessionEvent) {
 // observerBox lets an interface value live in an atomic.Pointer.
 type observerBox struct{ o Observer }
 
-// SetObserver makes o receive the Switch's events from now on; nil removes
-// it. There is one observer at a time (Observers combines several). It is
-// safe for concurrent use.
-func (s *Switch) SetObserver(o Observer) {
+// SetObserver makes os receive the Switch's events from now on, each event
+// handed to each of them in turn (the metrics Collector and your own, say:
+// SetObserver(col, mine)); nil ones are skipped. It replaces the observers
+// set before; none removes them. It is safe for concurrent use.
+func (s *Switch) SetObserver(os ...Observer) {
+	o := observers(os...)
 	if o == nil {
 		s.observer.Store(nil)
 		return
@@ -111,44 +113,40 @@ func (s *Switch) SetObserver(o Observer) {
 // Pool returns the name of the pool the Switch leases from.
 func (s *Switch) Pool() string { return s.cfg.pool }
 
-// observerOf returns the observer of s's events: the one of the Switch that
-// routed to s (WithRoute, WithSessionPool), else s's own; nil for none.
+// observerOf returns the Switch's observer, nil for none.
 func (s *Switch) observerOf() Observer {
-	if root := s.cfg.routes.parent; root != nil {
-		s = root
-	}
 	if b := s.observer.Load(); b != nil {
 		return b.o
 	}
 	return nil
 }
 
-func (s *Switch) observeAttempt(site string, p *Proxy, v Verdict, latency time.Duration) {
+func (s *Switch) observeAttempt(pool, site string, p *Proxy, v ban.Verdict, latency time.Duration) {
 	if o := s.observerOf(); o != nil {
-		o.ObserveAttempt(AttemptEvent{Pool: s.cfg.pool, Site: site, ProxyID: p.id, Kind: v.Kind, Reason: v.Reason, Latency: latency})
+		o.ObserveAttempt(AttemptEvent{Pool: pool, Site: site, ProxyID: p.id, Kind: v.Kind, Reason: v.Reason, Latency: latency})
 	}
 }
 
-func (s *Switch) observeQuarantine(site string, p *Proxy, v Verdict, pen penalty) {
+func (s *Switch) observeQuarantine(pool, site string, p *Proxy, v ban.Verdict, pen penalty) {
 	if o := s.observerOf(); o != nil {
-		o.ObserveQuarantine(QuarantineEvent{Pool: s.cfg.pool, Site: site, ProxyID: p.id, Reason: v.Reason, Kind: v.Kind,
+		o.ObserveQuarantine(QuarantineEvent{Pool: pool, Site: site, ProxyID: p.id, Reason: v.Reason, Kind: v.Kind,
 			Duration: pen.quarantine, InARow: pen.strikes, Dead: pen.dead})
 	}
 }
 
 // observeSessionStart tells the observer of a session that started on site
 // with the proxy of member ("<id>:<slot>").
-func (s *Switch) observeSessionStart(site, member string) {
+func (s *Switch) observeSessionStart(pool, site, member string) {
 	if o := s.observerOf(); o != nil {
 		id, _, _ := strings.Cut(member, ":")
-		o.ObserveSession(SessionEvent{Pool: s.cfg.pool, ProxyID: id, Site: site})
+		o.ObserveSession(SessionEvent{Pool: pool, ProxyID: id, Site: site})
 	}
 }
 
 // observeSessionEnd tells the observer of a session that ended.
-func (s *Switch) observeSessionEnd(r SessionRetirement) {
+func (s *Switch) observeSessionEnd(pool string, r SessionRetirement) {
 	if o := s.observerOf(); o != nil {
-		o.ObserveSession(SessionEvent{Pool: s.cfg.pool, ProxyID: r.ProxyID, Ended: true, Site: r.Site, Reason: r.Reason,
+		o.ObserveSession(SessionEvent{Pool: pool, ProxyID: r.ProxyID, Ended: true, Site: r.Site, Reason: r.Reason,
 			Requests: r.Requests, Age: max(r.At.Sub(r.Started), 0)})
 	}
 }

@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/proxyswitch/proxyswitch/ban"
+	"github.com/proxyswitch/proxyswitch/internal/engine"
 )
 
 // Operator actions: what an operator (or cmd/proxyswitch) does to one proxy
@@ -29,7 +32,7 @@ func (s *Switch) Ban(ctx context.Context, proxy, site string, d time.Duration) e
 	// A quarantine lives in the site's free set, which lua/lease.lua builds
 	// on a site's first lease. One lease attempt, preferring the proxy, makes
 	// sure the set exists; if it leased the proxy, the ban ends that lease.
-	l, _, err := s.tryLease(ctx, site, s.scopeOf(site), p.id)
+	l, _, err := s.own.tryLease(ctx, site, s.scopeOf(site), p.id)
 	if err != nil && !errors.Is(err, ErrEmptyPool) {
 		return err
 	}
@@ -40,7 +43,7 @@ func (s *Switch) Ban(ctx context.Context, proxy, site string, d time.Duration) e
 		}
 		l = nil
 	}
-	_, err = s.penalize(ctx, site, p, l, Verdict{Kind: Ban, Reason: ReasonOperator, RetryAfter: d})
+	_, err = s.penalize(ctx, site, p, l, ban.Verdict{Kind: ban.Ban, Reason: ReasonOperator, RetryAfter: d})
 	return err
 }
 
@@ -54,8 +57,8 @@ func (s *Switch) Unban(ctx context.Context, proxy, site string) error {
 	}
 	scope := s.scopeOf(site)
 	_, err = roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) (int64, error) {
-		return unbanScript.Run(ctx, s.rdb, []string{s.keys.free(scope), s.keys.leases(scope), s.keys.strikes(scope)},
-			p.id, s.cfg.slots).Int64()
+		return engine.Unban{Free: s.keys.free(scope), Lease: s.keys.leases(scope), Strikes: s.keys.strikes(scope),
+			Proxy: p.id, Slots: s.cfg.slots}.Run(ctx, s.rdb).Int64()
 	}, nil)
 	if err != nil {
 		return redisErr("unban", err)
@@ -72,8 +75,8 @@ func (s *Switch) Drain(ctx context.Context, proxy string) error {
 		return err
 	}
 	_, err = roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) (int64, error) {
-		return drainScript.Run(ctx, s.rdb, []string{s.keys.dead(), s.keys.sites(), s.keys.proxies()},
-			s.keys.base, s.cfg.slots, p.id).Int64()
+		return engine.Drain{Dead: s.keys.dead(), Sites: s.keys.sites(), Pool: s.keys.proxies(),
+			Prefix: s.keys.base, Slots: s.cfg.slots, Proxies: []string{p.id}}.Run(ctx, s.rdb).Int64()
 	}, nil)
 	if err != nil {
 		return redisErr("drain", err)
@@ -89,13 +92,10 @@ func (s *Switch) Drain(ctx context.Context, proxy string) error {
 // Workers still running lease from an empty pool (ErrEmptyPool) until the
 // pool is loaded again.
 func (s *Switch) Clear(ctx context.Context) error {
-	if s.err != nil {
-		return s.err
-	}
 	_, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) (int64, error) {
-		return clearScript.Run(ctx, s.rdb, []string{s.keys.sites(), s.keys.proxies(), s.keys.meta(), s.keys.fails(),
+		return engine.Clear{Sites: s.keys.sites(), Others: []string{s.keys.proxies(), s.keys.meta(), s.keys.fails(),
 			s.keys.quarantine(), s.keys.dead(), s.keys.members(), s.keys.memberOwners(), s.keys.modes(), s.keys.liveSessions()},
-			s.keys.base).Int64()
+			Prefix: s.keys.base}.Run(ctx, s.rdb).Int64()
 	}, nil)
 	if err != nil {
 		return redisErr("clear", err)
@@ -105,9 +105,6 @@ func (s *Switch) Clear(ctx context.Context) error {
 
 // find resolves a proxy named by URL or ID to the pool's entry.
 func (s *Switch) find(ctx context.Context, proxy string) (*Proxy, error) {
-	if s.err != nil {
-		return nil, s.err
-	}
 	id := proxy
 	if !isProxyID(proxy) {
 		p, err := ParseProxy(proxy)

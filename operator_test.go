@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/gocolly/colly/v2"
+	"github.com/proxyswitch/proxyswitch/ban"
 	"github.com/proxyswitch/proxyswitch/internal/testbed"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -127,18 +128,18 @@ func TestPoolConcurrency(t *testing.T) {
 	s := newSwitch(t, shared.Client(t), WithConcurrency(4))
 	_, err := s.Add(ctx, proxyURLs(2)...)
 	require.NoError(t, err)
-	k, err := s.PoolConcurrency(ctx)
+	st, err := s.Stats(ctx, "ozon.example")
 	require.NoError(t, err)
-	assert.Zero(t, k, "nothing leased yet")
+	assert.Zero(t, st.Concurrency, "nothing leased yet")
 	l, err := s.Lease(ctx, "ozon.example")
 	require.NoError(t, err)
 	require.NoError(t, l.Release(ctx))
 	other := sibling(t, s, shared.Client(t)) // another worker, its own client
-	k, err = other.PoolConcurrency(ctx)
+	st, err = other.Stats(ctx, "avito.example")
 	require.NoError(t, err)
-	assert.Equal(t, 4, k)
+	assert.Equal(t, 4, st.Concurrency)
 	require.NoError(t, shared.Client(t).HSet(ctx, s.keys.meta(), "slots", "four").Err())
-	_, err = s.PoolConcurrency(ctx)
+	_, err = s.Stats(ctx, "ozon.example")
 	assert.ErrorIs(t, err, ErrCorrupt)
 }
 
@@ -156,9 +157,11 @@ func TestClearTouchesOnlyItsPool(t *testing.T) {
 	rdb := shared.Client(t)
 	s := newSwitch(t, rdb, WithPool("a"))
 	other := sibling(t, s, rdb)
-	other.keys, _ = newKeyspace(s.cfg.prefix, "a*") // a pool whose name a glob on "a" would match
+	other.cfg.pool = "a*" // a pool whose name a glob on "a" would match
+	require.NoError(t, other.build())
 	longer := sibling(t, s, rdb)
-	longer.keys, _ = newKeyspace(s.cfg.prefix+"x", "a")
+	longer.cfg.prefix += "x"
+	require.NoError(t, longer.build())
 	for _, sw := range []*Switch{s, other, longer} {
 		_, err := sw.Add(ctx, proxyURLs(2)...)
 		require.NoError(t, err)
@@ -211,10 +214,10 @@ func (o *recordingObserver) ObserveSession(e SessionEvent) {
 }
 
 // attemptKinds counts the attempts by verdict kind.
-func (o *recordingObserver) attemptKinds() map[Kind]int {
+func (o *recordingObserver) attemptKinds() map[ban.Kind]int {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	n := map[Kind]int{}
+	n := map[ban.Kind]int{}
 	for _, e := range o.attempts {
 		n[e.Kind]++
 	}
@@ -237,9 +240,9 @@ func TestObserverSeesAttemptsAndQuarantines(t *testing.T) {
 	kinds := obs.attemptKinds()
 	obs.mu.Lock()
 	defer obs.mu.Unlock()
-	assert.Equal(t, 5, kinds[OK])
-	assert.Equal(t, 1, kinds[Neutral])
-	assert.Equal(t, 3, kinds[Ban], "the first try and two retries (WithRetries default 2)")
+	assert.Equal(t, 5, kinds[ban.OK])
+	assert.Equal(t, 1, kinds[ban.Neutral])
+	assert.Equal(t, 3, kinds[ban.Ban], "the first try and two retries (WithRetries default 2)")
 	require.Len(t, obs.quarantines, 4)
 	last := obs.quarantines[3]
 	assert.Equal(t, ReasonOperator, last.Reason)

@@ -6,6 +6,8 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	"github.com/proxyswitch/proxyswitch/ban"
 )
 
 // Option configures a Switch. Options are applied in order; invalid values
@@ -40,7 +42,7 @@ type config struct {
 	backoffMax   time.Duration
 	readLimit    int64 // bytes of a body classified when the collector sets no MaxBodySize
 
-	// ban detection and quarantine (bandetect.go, ban.go, transport.go)
+	// ban detection and quarantine (package ban, ban.go, transport.go)
 	quarantine, maxQuarantine         time.Duration
 	failQuarantine, maxFailQuarantine time.Duration
 	banAllSites                       bool
@@ -48,22 +50,13 @@ type config struct {
 	retries                           int
 	attemptTimeout                    time.Duration
 	baseTransport                     *http.Transport
-	banStatus                         map[string][]int
-	challengeURLs                     []string
-	challengeSet                      bool
-	expects                           []expectSpec
-	sizeDrop                          float64
-	classifiers                       []Classifier
-	rules                             *rules // compiled by validate
+	banRules                          ban.Rules     // what the ban options set
+	detector                          *ban.Detector // banRules, compiled by validate
 
 	fallback fallbackConfig // WithFallback, WithSharding (fallback.go)
+	member   memberConfig   // WithHeartbeat, WithMemberTTL, WithMembersChanged (membership.go)
 	session  sessionConfig  // WithSession... options (session.go)
 	routes   routeConfig    // WithRoute, WithSpread (routing.go)
-}
-
-type expectSpec struct {
-	site, url string
-	selectors []string
 }
 
 func defaultConfig() config {
@@ -76,7 +69,7 @@ func defaultConfig() config {
 		idleTTL:      24 * time.Hour,
 		scope:        ScopeSite,
 		slots:        1,
-		siteFunc:     DefaultSite,
+		siteFunc:     defaultSite,
 		backoffMin:   5 * time.Millisecond,
 		backoffMax:   250 * time.Millisecond,
 		readLimit:    defaultReadLimit,
@@ -87,23 +80,30 @@ func defaultConfig() config {
 		maxFailQuarantine: 30 * time.Minute,
 		deadAfter:         5,
 		retries:           2,
-		sizeDrop:          0.25,
+		banRules:          ban.DefaultRules(),
+
+		member: defaultMemberConfig(),
 	}
 }
 
 // newConfig applies opts (nil ones skipped) to the defaults and validates
-// the result: what NewSwitch and NewLocalPool share.
+// the result: what NewSwitch and newLocalPoolWith share.
 func newConfig(opts []Option) (config, error) {
 	cfg := defaultConfig()
-	for _, o := range opts {
-		if o != nil {
-			o(&cfg)
-		}
-	}
+	cfg.apply(opts)
 	if err := cfg.validate(); err != nil {
 		return config{}, err
 	}
 	return cfg, nil
+}
+
+// apply applies opts in order, skipping nil ones.
+func (c *config) apply(opts []Option) {
+	for _, o := range opts {
+		if o != nil {
+			o(c)
+		}
+	}
 }
 
 func (c *config) validate() error {
@@ -135,6 +135,9 @@ func (c *config) validate() error {
 	case c.attemptTimeout < 0:
 		return configErr("negative attempt timeout %v", c.attemptTimeout)
 	}
+	if err := c.member.validate(); err != nil {
+		return err
+	}
 	if err := c.fallback.validate(); err != nil {
 		return err
 	}
@@ -144,11 +147,11 @@ func (c *config) validate() error {
 	if err := c.routes.validate(c); err != nil {
 		return err
 	}
-	r, err := compileRules(c)
+	d, err := ban.NewDetector(c.banRules)
 	if err != nil {
-		return err
+		return configErr("%w", err)
 	}
-	c.rules = r
+	c.detector = d
 	if c.logger == nil {
 		c.logger = slog.Default()
 	}
@@ -198,7 +201,8 @@ func WithConcurrency(k int) Option { return func(c *config) { c.slots = k } }
 // WithSiteFunc sets how a request URL maps to the site a lease is exclusive
 // for, e.g. to treat "www.ozon.ru" and "api.ozon.ru" as one site. The
 // function must be fast, must not block and must not panic. The default is
-// DefaultSite.
+// the lower-cased host of the URL, with its port when the URL names one
+// ("ozon.ru", "127.0.0.1:8080").
 func WithSiteFunc(f func(*url.URL) string) Option { return func(c *config) { c.siteFunc = f } }
 
 // WithLogger sets where the Switch logs. It logs warnings (a missing hook, a
@@ -215,9 +219,8 @@ func WithRedisTimeout(d time.Duration) Option { return func(c *config) { c.redis
 // TTL. The default is 24h.
 func WithIdleTTL(d time.Duration) Option { return func(c *config) { c.idleTTL = d } }
 
-// DefaultSite is the default site function: the lower-cased host of the URL,
-// with its port when the URL names one ("ozon.ru", "127.0.0.1:8080").
-func DefaultSite(u *url.URL) string { return strings.ToLower(u.Host) }
+// defaultSite is the default site function (WithSiteFunc).
+func defaultSite(u *url.URL) string { return strings.ToLower(u.Host) }
 
 // Ban detection, quarantine and retries. They act through the transport that
 // Attach installs; a collector given only the proxy function (New) does not
@@ -237,7 +240,7 @@ func WithQuarantine(base, max time.Duration) Option {
 }
 
 // WithFailureQuarantine sets how long a proxy that failed (see
-// ProxyFailure) stays out of the site's rotation: base for a first failure,
+// ban.ProxyFailure) stays out of the site's rotation: base for a first failure,
 // doubling for each further failure in a row, jittered, capped at max. The
 // default is 1m, at most 30m.
 func WithFailureQuarantine(base, max time.Duration) Option {
@@ -268,7 +271,7 @@ func WithRetries(n int) Option { return func(c *config) { c.retries = n } }
 // WithAttemptTimeout bounds each attempt through one proxy, from the moment
 // its proxy is leased until the body is read for classification (at most
 // MaxBodySize), so that a hanging proxy is dropped
-// (ReasonProxyTimeout) and the request retried through another one within
+// (ban.ReasonProxyTimeout) and the request retried through another one within
 // its own timeout. Set it well below the collector's request timeout. Zero
 // means no bound of its own: a request that outlives its own timeout fails
 // and no proxy is blamed, as the site may be the slow one. The default is 0.
@@ -283,52 +286,53 @@ func WithBaseTransport(t *http.Transport) Option { return func(c *config) { c.ba
 // WithBanStatus sets the HTTP status codes that mean a site bans the proxy,
 // for site (as the site function names it; "" sets the default for every
 // site without a rule of its own). No codes means none is a ban there. The
-// default is 403, 429 and 503 for every site (DefaultBanStatus).
+// default is 403, 429 and 503 for every site (ban.DefaultBanStatus).
 func WithBanStatus(site string, codes ...int) Option {
 	return func(c *config) {
-		if c.banStatus == nil {
-			c.banStatus = make(map[string][]int)
+		if c.banRules.BanStatus == nil {
+			c.banRules.BanStatus = make(map[string][]int)
 		}
-		c.banStatus[site] = append([]int{}, codes...)
+		c.banRules.BanStatus[site] = append([]int{}, codes...)
 	}
 }
 
 // WithChallengeURLs sets the regular expressions (Go syntax) that name
 // captcha, login and block pages. A redirect (3xx) whose Location, resolved
-// against the hop's URL, matches one of them is a ban (ReasonChallenge) of
+// against the hop's URL, matches one of them is a ban (ban.ReasonChallenge) of
 // the site that redirected: the challenge page is never requested (so
 // Colly never marks it visited) and the hop is sent again through another
 // proxy. A chain that ends on a matching URL some other way, other than
 // the URL it asked for, is a ban too and starts again from its first URL.
 // The whole URL is matched. No patterns turns the check off. The default
-// is DefaultChallengeURLs.
+// is ban.DefaultChallengeURLs.
 func WithChallengeURLs(patterns ...string) Option {
-	return func(c *config) { c.challengeURLs, c.challengeSet = append([]string{}, patterns...), true }
+	return func(c *config) { c.banRules.ChallengeURLs = append([]string{}, patterns...) }
 }
 
 // WithExpect names CSS selectors (goquery syntax) that every 2xx page of
 // site ("" = every site) whose request URI (path and query) matches
 // urlPattern (a Go regular expression; "" = every page) must contain. A page
-// without one of them is a soft ban (ReasonSelector): a captcha, a
+// without one of them is a soft ban (ban.ReasonSelector): a captcha, a
 // placeholder or an empty page served with 200. Several rules may apply to
 // one page; each is checked. The default is no rule.
 func WithExpect(site, urlPattern string, selectors ...string) Option {
 	return func(c *config) {
-		c.expects = append(c.expects, expectSpec{site: site, url: urlPattern, selectors: append([]string{}, selectors...)})
+		c.banRules.Expect = append(c.banRules.Expect, ban.Expect{Site: site, URL: urlPattern, Selectors: append([]string{}, selectors...)})
 	}
 }
 
 // WithSizeDrop sets when a 2xx body is a soft ban for being small
-// (ReasonSizeDrop): when it is below ratio times the median size of the
+// (ban.ReasonSizeDrop): when it is below ratio times the median size of the
 // latest 64 OK pages of the same site and media type. Pages are judged by
 // size once 16 of them are known. Baselines are learnt by each Switch on its
 // own (no Redis traffic). Zero turns the check off. The default is 0.25.
-func WithSizeDrop(ratio float64) Option { return func(c *config) { c.sizeDrop = ratio } }
+func WithSizeDrop(ratio float64) Option { return func(c *config) { c.banRules.SizeDrop = ratio } }
 
 // WithClassifier adds a classifier that runs before the built-in checks: it
 // can turn a response into a ban or a proxy failure, or overrule the
-// built-in checks with OK or Neutral; with Pass it leaves the decision to
-// them. Classifiers run in the order they were added.
-func WithClassifier(f Classifier) Option {
-	return func(c *config) { c.classifiers = append(c.classifiers, f) }
+// built-in checks with ban.OK or ban.Neutral; with ban.Pass it leaves the
+// decision to them. Classifiers run in the order they were added. Package ban
+// documents the order of the checks and what a Classifier may do.
+func WithClassifier(f ban.Classifier) Option {
+	return func(c *config) { c.banRules.Classifiers = append(c.banRules.Classifiers, f) }
 }

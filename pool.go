@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/proxyswitch/proxyswitch/internal/engine"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -80,19 +81,18 @@ func (s *Switch) ReplaceProxies(ctx context.Context, ps []*Proxy) (PoolChange, e
 }
 
 // List returns the proxies of the pool, ordered by their redacted URL.
-func (s *Switch) List(ctx context.Context) ([]*Proxy, error) {
-	if s.err != nil {
-		return nil, s.err
-	}
-	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]string, error) {
-		return listScript.Run(ctx, s.rdb, []string{s.keys.proxies()}).StringSlice()
+func (s *Switch) List(ctx context.Context) ([]*Proxy, error) { return s.own.redis().list(ctx) }
+
+func (rp *redisPool) list(ctx context.Context) ([]*Proxy, error) {
+	res, err := roundTrip(ctx, rp.cfg.redisTimeout, func(ctx context.Context) ([]string, error) {
+		return engine.List{Pool: rp.keys.proxies()}.Run(ctx, rp.rdb).StringSlice()
 	}, nil)
 	if err != nil {
 		return nil, redisErr("list", err)
 	}
 	out := make([]*Proxy, 0, len(res)/2)
 	for i := 0; i+1 < len(res); i += 2 {
-		p, err := s.poolEntry(res[i], res[i+1])
+		p, err := rp.sw.poolEntry(res[i], res[i+1])
 		if err != nil {
 			return nil, err
 		}
@@ -118,20 +118,18 @@ type SiteStats struct {
 	Leased       int // live leases
 	BusySlots    int // slots not free: leased, cooling down or quarantined
 	LeaseRecords int // lease records in Redis, live or expired but not yet reclaimed
+	// Concurrency is the concurrency the pool records: the WithConcurrency
+	// of the Switches that lease from it (the first lease records it; a
+	// Switch asking for another one gets ErrConfig), or 0 when nothing
+	// leased from it yet. Tools that act on a pool they did not configure
+	// (the proxyswitch command) read it to match.
+	Concurrency int
 }
 
-// PoolConcurrency reads the concurrency the pool records: the
-// WithConcurrency of the Switches that lease from it (the first lease
-// records it; a Switch asking for another one gets ErrConfig), or 0 when
-// nothing leased from it yet. Tools that act on a pool they did not
-// configure (the proxyswitch command) read it to match. One round trip;
-// safe for concurrent use.
-func (s *Switch) PoolConcurrency(ctx context.Context) (int, error) {
-	if s.err != nil {
-		return 0, s.err
-	}
+// poolConcurrency reads the concurrency the pool records (SiteStats).
+func (s *Switch) poolConcurrency(ctx context.Context) (int, error) {
 	v, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) (string, error) {
-		v, err := metaGetScript.Run(ctx, s.rdb, []string{s.keys.meta()}, "slots").Text()
+		v, err := engine.MetaGet{Meta: s.keys.meta(), Field: "slots"}.Run(ctx, s.rdb).Text()
 		if errors.Is(err, redis.Nil) {
 			return "", nil
 		}
@@ -150,14 +148,12 @@ func (s *Switch) PoolConcurrency(ctx context.Context) (int, error) {
 	return k, nil
 }
 
-// Stats returns a snapshot of the pool for site (ignored with ScopeGlobal).
+// Stats returns a snapshot of the pool for site (ignored with ScopeGlobal):
+// two round trips, safe for concurrent use.
 func (s *Switch) Stats(ctx context.Context, site string) (SiteStats, error) {
-	if s.err != nil {
-		return SiteStats{}, s.err
-	}
 	scope := s.scopeOf(site)
 	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]int64, error) {
-		return statsScript.Run(ctx, s.rdb, []string{s.keys.proxies(), s.keys.free(scope), s.keys.leases(scope)}).Int64Slice()
+		return engine.Stats{Pool: s.keys.proxies(), Free: s.keys.free(scope), Lease: s.keys.leases(scope)}.Run(ctx, s.rdb).Int64Slice()
 	}, nil)
 	if err != nil {
 		return SiteStats{}, redisErr("stats", err)
@@ -169,17 +165,18 @@ func (s *Switch) Stats(ctx context.Context, site string) (SiteStats, error) {
 	if res[3] < 0 { // site never leased: everything is free
 		st.FreeSlots = st.Proxies * s.cfg.slots
 	}
-	return st, nil
+	st.Concurrency, err = s.poolConcurrency(ctx)
+	return st, err
 }
 
 func (s *Switch) update(ctx context.Context, mode string, args []any) (PoolChange, error) {
-	if s.err != nil {
-		return PoolChange{}, s.err
+	call := engine.PoolUpdate{
+		Pool: s.keys.proxies(), Sites: s.keys.sites(), Meta: s.keys.meta(),
+		Dead: s.keys.dead(), Fails: s.keys.fails(), Quarantine: s.keys.quarantine(),
+		Mode: mode, Prefix: s.keys.base, IdleTTL: s.cfg.idleTTL, Entries: args,
 	}
-	argv := append([]any{mode, s.keys.base, s.cfg.idleTTL.Milliseconds()}, args...)
 	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]int64, error) {
-		return poolUpdateScript.Run(ctx, s.rdb, []string{s.keys.proxies(), s.keys.sites(), s.keys.meta(),
-			s.keys.dead(), s.keys.fails(), s.keys.quarantine()}, argv...).Int64Slice()
+		return call.Run(ctx, s.rdb).Int64Slice()
 	}, nil)
 	if err != nil {
 		return PoolChange{}, redisErr("pool "+mode, err)

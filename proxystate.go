@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/proxyswitch/proxyswitch/internal/engine"
 )
 
 // The states of a proxy on a site, as ProxyState.State names them.
@@ -77,15 +79,12 @@ const proxyStateFields = 13
 // an operator's call, not one for every request. It is safe for concurrent
 // use. A reply that is not what the script writes fails with ErrCorrupt.
 func (s *Switch) ProxyStates(ctx context.Context, site string) ([]ProxyState, error) {
-	if s.err != nil {
-		return nil, s.err
-	}
 	if site == "" && s.cfg.scope != ScopeGlobal {
 		return nil, fmt.Errorf("%w: empty site", ErrConfig)
 	}
 	scope := s.scopeOf(site)
 	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]any, error) {
-		return proxyStatesScript.Run(ctx, s.rdb, s.keys.states(scope), s.cfg.slots).Slice()
+		return engine.ProxyStates{StateKeys: s.keys.states(scope), Slots: s.cfg.slots}.Run(ctx, s.rdb).Slice()
 	}, nil)
 	if err != nil {
 		return nil, redisErr("proxy states", err)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/proxyswitch/proxyswitch/ban"
 	"github.com/proxyswitch/proxyswitch/internal/redistest"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
@@ -88,7 +89,7 @@ func TestProxyStatesEveryState(t *testing.T) {
 	bannedAt := time.Now()
 	require.NoError(t, s.Drain(ctx, drained))
 	d := leaseProxy(t, s, "avito.example", dead)
-	require.NoError(t, d.Report(ctx, Verdict{Kind: ProxyFailure, Reason: ReasonProxyConnect}))
+	require.NoError(t, d.Report(ctx, ban.Verdict{Kind: ban.ProxyFailure, Reason: ban.ReasonProxyConnect}))
 	// Banned while a request through it is under way: the slot stays
 	// leased (SiteState counts it so), the proxy is quarantined.
 	// (Ban leases and releases another proxy to make sure the site's keys
@@ -124,7 +125,7 @@ func TestProxyStatesEveryState(t *testing.T) {
 	assert.Equal(t, 1, got[drained].DeadSlots)
 
 	assert.Equal(t, StateDead, got[dead].State)
-	assert.Equal(t, ReasonProxyConnect, got[dead].Reason)
+	assert.Equal(t, ban.ReasonProxyConnect, got[dead].Reason)
 	assert.Equal(t, 1, got[dead].DeadSlots)
 
 	assert.Equal(t, ProxyState{Proxy: got[free].Proxy, State: StateFree, FreeSlots: 1}, got[free])

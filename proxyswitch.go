@@ -36,11 +36,12 @@ var (
 type Switch struct {
 	rdb  redis.Scripter
 	cfg  config
-	keys keyspace
-	err  error // set only in the Switch New builds from invalid options
+	keys keyspace // the own pool's
 
-	fb   *fallback // WithFallback or WithSharding (fallback.go); nil without
-	sess sessions  // the Switch sessions lease from (session.go)
+	own   backend   // the pool of WithPool: Redis, behind the fallback when there is one
+	pools sync.Map  // pool name -> backend: the other pools routes and sessions name
+	fb    *fallback // WithFallback or WithSharding (fallback.go); nil without
+	sess  sessions  // the backend sessions lease from (session.go)
 
 	reg          registry
 	bans         banCounters
@@ -65,15 +66,25 @@ func NewSwitch(rdb redis.Scripter, opts ...Option) (*Switch, error) {
 	if err != nil {
 		return nil, err
 	}
-	keys, err := newKeyspace(cfg.prefix, cfg.pool)
-	if err != nil {
-		return nil, err
-	}
 	var b [6]byte
 	_, _ = rand.Read(b[:])
-	s := &Switch{rdb: rdb, cfg: cfg, keys: keys, tokenPrefix: hex.EncodeToString(b[:]) + "-"}
-	s.fb = newFallback(s)
+	s := &Switch{rdb: rdb, cfg: cfg, tokenPrefix: hex.EncodeToString(b[:]) + "-"}
+	if err := s.build(); err != nil {
+		return nil, err
+	}
 	return s, nil
+}
+
+// build makes the Switch's backends from its config: its own pool in
+// Redis, behind the fallback when there is one.
+func (s *Switch) build() error {
+	rp, err := newRedisPool(s, s.cfg.pool)
+	if err != nil {
+		return err
+	}
+	s.fb = newFallback(s)
+	s.keys, s.own = rp.keys, s.fb.wrap(rp)
+	return nil
 }
 
 // New returns a Colly proxy function backed by the pool in Redis:
@@ -134,9 +145,6 @@ func (s *Switch) Attach(c *colly.Collector) {
 // never (nil, nil), which would make Go connect directly. It is safe for
 // concurrent use.
 func (s *Switch) ProxyFunc(req *http.Request) (*url.URL, error) {
-	if s.err != nil {
-		return nil, s.err
-	}
 	if req == nil || req.URL == nil {
 		return nil, fmt.Errorf("%w: request without URL", ErrNoProxy)
 	}

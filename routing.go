@@ -2,11 +2,10 @@ package proxyswitch
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"sync"
-	"sync/atomic"
-	"time"
+	"slices"
+
+	"github.com/proxyswitch/proxyswitch/shard"
 )
 
 // Pools by proxy type: datacenter IPs for bulk catalog scans, residential or
@@ -25,9 +24,6 @@ import (
 
 type routeConfig struct {
 	bySite map[string]route // "" = every site without a route of its own
-	kids   *sync.Map        // pool name -> *Switch; made by validate, shared by copies of the config
-	routed bool             // a pool's Switch made by routing: never routes again
-	parent *Switch          // the Switch that routed to it (BanCounts, observer)
 }
 
 type route struct {
@@ -91,16 +87,13 @@ func SplitProxies(ps []*Proxy, n int) [][]*Proxy {
 		return out
 	}
 	for _, p := range ps {
-		i := shardHash(p.id) % uint64(n)
+		i := shard.Hash(p.id) % uint64(n)
 		out[i] = append(out[i], p)
 	}
 	return out
 }
 
 func (rc *routeConfig) validate(c *config) error {
-	if rc.kids == nil {
-		rc.kids = &sync.Map{}
-	}
 	for site, r := range rc.bySite {
 		if len(r.pools) == 0 {
 			return fmt.Errorf("%w: route of site %q names no pool", ErrConfig, site)
@@ -118,9 +111,6 @@ func (rc *routeConfig) validate(c *config) error {
 // Switch's own pool alone.
 func (s *Switch) routeFor(ctx context.Context, site string) *route {
 	rc := &s.cfg.routes
-	if rc.routed {
-		return nil
-	}
 	if r, ok := ctx.Value(poolsKey{}).(route); ok && len(r.pools) > 0 {
 		return &r
 	}
@@ -137,82 +127,16 @@ func (s *Switch) routeFor(ctx context.Context, site string) *route {
 	return &r
 }
 
-// spreadNext picks the first pool of each lease of a spread route.
-var spreadNext atomic.Uint64
-
-// tryRoute runs one lease attempt over the pools of r: a lease from the
-// first pool that has one, or the shortest wait of them all.
-func (s *Switch) tryRoute(ctx context.Context, r *route, site, scope, prefer string) (*Lease, time.Duration, error) {
-	first := 0
-	if r.spread {
-		first = int(spreadNext.Add(1) % uint64(len(r.pools)))
-	}
-	wait := time.Duration(-1)
-	var empty error
-	for i := range r.pools {
-		sw, err := s.poolSwitch(r.pools[(first+i)%len(r.pools)])
-		if err != nil {
-			return nil, 0, fmt.Errorf("%w: %w", ErrNoProxy, err)
-		}
-		l, w, err := sw.tryLease(ctx, site, scope, prefer)
-		switch {
-		case l != nil:
-			return l, 0, nil
-		case errors.Is(err, ErrEmptyPool):
-			empty = err
-			continue
-		case err != nil:
-			return nil, 0, err
-		}
-		if wait < 0 || w < wait {
-			wait = w
-		}
-	}
-	if wait < 0 {
-		return nil, 0, empty
-	}
-	return nil, wait, nil
-}
-
-// poolSwitch returns the Switch that leases from pool name for s: the
-// Switch's options with another pool, sharing s's fallback.
-func (s *Switch) poolSwitch(name string) (*Switch, error) {
-	kids := s.cfg.routes.kids
-	if v, ok := kids.Load(name); ok {
-		return v.(*Switch), nil
-	}
-	keys, err := newKeyspace(s.cfg.prefix, name)
-	if err != nil {
-		return nil, err
-	}
-	c, err := NewSwitch(s.rdb)
-	if err != nil {
-		return nil, err
-	}
-	c.cfg = s.cfg
-	c.cfg.pool, c.cfg.routes.routed, c.cfg.routes.parent = name, true, s
-	c.keys, c.fb = keys, s.fb
-	v, _ := kids.LoadOrStore(name, c)
-	return v.(*Switch), nil
-}
-
-// routedPools returns the Switches of every pool a route names (Start
-// prepares their fallback shards).
-func (s *Switch) routedPools() ([]*Switch, error) {
-	var out []*Switch
-	seen := map[string]bool{}
+// routedPools names every pool a route names (Start prepares their
+// fallback shards).
+func (s *Switch) routedPools() []string {
+	var out []string
 	for _, r := range s.cfg.routes.bySite {
 		for _, p := range r.pools {
-			if seen[p] {
-				continue
+			if !slices.Contains(out, p) {
+				out = append(out, p)
 			}
-			seen[p] = true
-			sw, err := s.poolSwitch(p)
-			if err != nil {
-				return nil, err
-			}
-			out = append(out, sw)
 		}
 	}
-	return out, nil
+	return out
 }

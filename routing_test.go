@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/gocolly/colly/v2"
+	"github.com/proxyswitch/proxyswitch/ban"
 	"github.com/proxyswitch/proxyswitch/internal/redistest"
 	"github.com/proxyswitch/proxyswitch/internal/testbed"
 	"github.com/stretchr/testify/assert"
@@ -31,7 +32,7 @@ func TestRoutesWithOrderedFallback(t *testing.T) {
 		WithRoute("cheap.example", "nothing-here", "datacenter"))
 	loadPool(t, s, "datacenter", all[:2])
 	loadPool(t, s, "residential", all[2:4])
-	pool := func(l *Lease) string { return l.sw.cfg.pool }
+	pool := func(l *Lease) string { return l.be.pool() }
 
 	var held []*Lease
 	for range 2 {
@@ -50,7 +51,7 @@ func TestRoutesWithOrderedFallback(t *testing.T) {
 	assert.Equal(t, "datacenter", pool(l), "back to the first pool as soon as it has a proxy")
 
 	// A quarantine through a routed lease lands in its pool.
-	require.NoError(t, held[2].Report(ctx, Verdict{Kind: Ban, Reason: "http_403"}))
+	require.NoError(t, held[2].Report(ctx, ban.Verdict{Kind: ban.Ban, Reason: "http_403"}))
 	res, _ := s.poolSwitch("residential")
 	st, err := res.Stats(ctx, "shop.example")
 	require.NoError(t, err)
@@ -116,7 +117,7 @@ func TestSpreadOverSplitPools(t *testing.T) {
 	for range 30 {
 		l, err := s.Lease(ctx, "shop.example")
 		require.NoError(t, err)
-		per[l.sw.cfg.pool]++
+		per[l.be.pool()]++
 	}
 	t.Logf("30 leases over the parts: %v", per)
 	for _, part := range parts {
@@ -182,7 +183,7 @@ func TestFallbackCoversRoutedPools(t *testing.T) {
 		l, err := s.Lease(ctx, "shop.example")
 		require.NoError(t, err)
 		require.NotNil(t, l.local)
-		per[l.sw.cfg.pool]++
+		per[l.be.pool()]++
 	}
 	assert.Equal(t, map[string]int{"dc": 2, "res": 2}, per)
 }

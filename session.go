@@ -13,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/gocolly/colly/v2"
+	"github.com/proxyswitch/proxyswitch/ban"
 )
 
 // Sticky sessions: one task, one IP, its own cookies.
@@ -106,9 +107,8 @@ func NewTaskContext(task string) *colly.Context {
 	return ctx
 }
 
-// TaskOf returns the task ctx names, or "" for none (ctx may be nil). Like
-// colly.Context itself, it is safe for concurrent use.
-func TaskOf(ctx *colly.Context) string {
+// taskOfCtx returns the task ctx names, or "" for none (ctx may be nil).
+func taskOfCtx(ctx *colly.Context) string {
 	if ctx == nil {
 		return ""
 	}
@@ -213,7 +213,7 @@ func WithSessionRetired(f func(SessionRetirement)) Option {
 // WithTaskFunc sets how a request names its task ("" for none); it runs in
 // the OnRequestHeaders hook Attach installs, once per request. It must be
 // fast and must not panic (a panic fails the request). The default reads
-// TaskKey from the request's colly.Context (TaskOf).
+// TaskKey from the request's colly.Context (its TaskKey value).
 func WithTaskFunc(f func(*colly.Request) string) Option {
 	return func(c *config) { c.session.taskFunc = f }
 }
@@ -226,7 +226,7 @@ func (sc *sessionConfig) validate(c *config) error {
 		sc.ttl = min(DefaultSessionTTL, c.idleTTL)
 	}
 	if sc.taskFunc == nil {
-		sc.taskFunc = func(r *colly.Request) string { return TaskOf(r.Ctx) }
+		sc.taskFunc = func(r *colly.Request) string { return taskOfCtx(r.Ctx) }
 	}
 	switch {
 	case sc.ttl < 100*time.Millisecond || sc.ttl > c.idleTTL:
@@ -244,46 +244,43 @@ func (sc *sessionConfig) validate(c *config) error {
 	return nil
 }
 
-// sessions is the Switch's session state: the Switch sessions lease from.
+// sessions is the Switch's session state: the backend sessions lease from.
 type sessions struct {
 	once sync.Once
-	sw   *Switch
+	be   backend
 	err  error
 }
 
-// sessionSwitch returns the Switch sessions lease from: this one, or the
-// one of WithSessionPool (routing.go's pool Switch, made on first use).
-func (s *Switch) sessionSwitch() (*Switch, error) {
-	if s.err != nil {
-		return nil, s.err
-	}
+// sessionBackend returns the backend sessions lease from: the Switch's own
+// pool, or the one WithSessionPool names (made on first use).
+func (s *Switch) sessionBackend() (backend, error) {
 	s.sess.once.Do(func() {
-		if s.cfg.session.pool == "" || s.cfg.session.pool == s.cfg.pool {
-			s.sess.sw = s
-			return
+		name := s.cfg.session.pool
+		if name == "" {
+			name = s.cfg.pool
 		}
-		s.sess.sw, s.sess.err = s.poolSwitch(s.cfg.session.pool)
+		s.sess.be, s.sess.err = s.backendFor(name)
 	})
-	return s.sess.sw, s.sess.err
+	return s.sess.be, s.sess.err
 }
 
-// SessionPool returns the Switch sessions lease from: the Switch itself, or
-// the one WithSessionPool names (load its proxies with Replace, read its
-// Stats and SiteState; its bans count in this Switch's BanCounts and reach
-// this Switch's observer). It is safe for concurrent use.
-func (s *Switch) SessionPool() *Switch {
-	ss, _ := s.sessionSwitch()
-	return ss
+// sessionPool returns the Redis pool sessions live in.
+func (s *Switch) sessionPool() (*redisPool, error) {
+	be, err := s.sessionBackend()
+	if err != nil {
+		return nil, err
+	}
+	return be.redis(), nil
 }
 
 // Session returns the live session of task, or nil if it has none. It
 // changes nothing. It is safe for concurrent use.
 func (s *Switch) Session(ctx context.Context, task string) (*SessionInfo, error) {
-	ss, err := s.sessionSwitch()
-	if err != nil {
+	if err := checkTask(task); err != nil {
 		return nil, err
 	}
-	if err := checkTask(task); err != nil {
+	ss, err := s.sessionPool()
+	if err != nil {
 		return nil, err
 	}
 	rep, err := ss.runUse(ctx, task, globalSite, "peek")
@@ -298,15 +295,15 @@ func (s *Switch) Session(ctx context.Context, task string) (*SessionInfo, error)
 // jar: they are kept here), or none if the task has no live session. It is
 // safe for concurrent use.
 func (s *Switch) SessionCookies(ctx context.Context, task string, u *url.URL) ([]*http.Cookie, error) {
-	ss, err := s.sessionSwitch()
-	if err != nil {
-		return nil, err
-	}
 	if err := checkTask(task); err != nil {
 		return nil, err
 	}
 	if u == nil {
 		return nil, fmt.Errorf("%w: nil URL", ErrConfig)
+	}
+	ss, err := s.sessionPool()
+	if err != nil {
+		return nil, err
 	}
 	rep, err := ss.runUse(ctx, task, globalSite, "peek")
 	if err != nil || rep.status != useLive {
@@ -321,7 +318,7 @@ func (s *Switch) SessionCookies(ctx context.Context, task string, u *url.URL) ([
 // clock. It is one round trip, bounded by the Redis timeout, and safe for
 // concurrent use.
 func (s *Switch) LiveSessions(ctx context.Context) (int, error) {
-	ss, err := s.sessionSwitch()
+	ss, err := s.sessionPool()
 	if err != nil {
 		return 0, err
 	}
@@ -340,11 +337,11 @@ func (s *Switch) LiveSessions(ctx context.Context) (int, error) {
 // a session record this package cannot read (ErrCorrupt), which otherwise
 // fails the task's requests until it expires. It is safe for concurrent use.
 func (s *Switch) EndSession(ctx context.Context, task string) (bool, error) {
-	ss, err := s.sessionSwitch()
-	if err != nil {
+	if err := checkTask(task); err != nil {
 		return false, err
 	}
-	if err := checkTask(task); err != nil {
+	ss, err := s.sessionPool()
+	if err != nil {
 		return false, err
 	}
 	_, ended, err := ss.endSession(ctx, task, "", SessionEnded, "", true)
@@ -442,7 +439,7 @@ func (l *Lease) sticky() bool { return strings.HasPrefix(l.token, sessionTokenPr
 
 // sessionUse is one attempt of a request through its task's session.
 type sessionUse struct {
-	sw   *Switch // the Switch the session leases from
+	sw   *redisPool // the pool the session leases from
 	task string
 	id   string
 	url  *url.URL // the hop's URL: the default domain and path of its cookies
@@ -472,15 +469,20 @@ func (s *Switch) sessionAttempt(req *http.Request, a *attempt) (*sessionUse, err
 	if site == "" {
 		return nil, nil // the ProxyFunc fails the request
 	}
-	ss, err := s.sessionSwitch()
+	sb, err := s.sessionBackend()
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrNoProxy, err)
+	}
+	ss, err := sb.broker()
+	if err != nil {
+		return nil, err
 	}
 	s.warnRouteIgnored(req.Context(), site)
 	cur, err := ss.useSession(req.Context(), ts.task, site)
 	if err != nil {
 		return nil, err
 	}
+	cur.lease.be = sb // its quarantine goes where its pool's do
 	b.mu.Lock()
 	b.lease, b.proxy = cur.lease, cur.lease.proxy
 	b.mu.Unlock()
@@ -527,15 +529,15 @@ func (u *sessionUse) finish(resp *http.Response, err error) (*http.Response, err
 
 // penalizeLease quarantines l's proxy after a Ban or ProxyFailure verdict,
 // as Switch.penalize does, and retires the session l belongs to, if any.
-func (s *Switch) penalizeLease(ctx context.Context, b *binding, site string, l *Lease, v Verdict) (penalty, error) {
+func (s *Switch) penalizeLease(ctx context.Context, b *binding, site string, l *Lease, v ban.Verdict) (penalty, error) {
 	ts := b.taskState()
 	if !l.sticky() || ts == nil {
-		return l.sw.penalize(ctx, site, l.proxy, l, v)
+		return s.penalize(ctx, site, l.proxy, l, v)
 	}
 	l.released.Store(false) // the quarantine ends the session's lease on its site (owner-checked)
-	pen, err := l.sw.penalize(ctx, site, l.proxy, l, v)
+	pen, err := s.penalize(ctx, site, l.proxy, l, v)
 	l.released.Store(true)
-	if _, _, rerr := l.sw.endSession(ctx, ts.task, strings.TrimPrefix(l.token, sessionTokenPrefix), v.Reason, site, true); rerr != nil {
+	if _, _, rerr := l.be.redis().endSession(ctx, ts.task, strings.TrimPrefix(l.token, sessionTokenPrefix), v.Reason, site, true); rerr != nil {
 		err = errors.Join(err, rerr)
 	}
 	return pen, err
@@ -563,8 +565,8 @@ func (s *Switch) warnRouteIgnored(ctx context.Context, site string) {
 // sessionEnded tells the observer of a session this process ended, and
 // WithSessionRetired's function of a retirement (any reason but
 // SessionEnded).
-func (s *Switch) sessionEnded(r SessionRetirement) {
-	s.observeSessionEnd(r)
+func (s *Switch) sessionEnded(pool string, r SessionRetirement) {
+	s.observeSessionEnd(pool, r)
 	if r.Reason != SessionEnded {
 		s.reportRetired(r)
 	}

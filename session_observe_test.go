@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/gocolly/colly/v2"
+	"github.com/proxyswitch/proxyswitch/ban"
 	"github.com/proxyswitch/proxyswitch/internal/testbed"
 	"github.com/proxyswitch/proxyswitch/internal/testlog"
 	"github.com/stretchr/testify/assert"
@@ -151,7 +152,7 @@ func TestSessionEventsOfSessionPool(t *testing.T) {
 	obs := &recordingObserver{}
 	s.SetObserver(obs)
 	resi := testbed.NewProxies(t, 2)
-	_, err := s.SessionPool().Add(ctx, resi[0].URL(), resi[1].URL())
+	_, err := s.sessionSwitch(t).Add(ctx, resi[0].URL(), resi[1].URL())
 	require.NoError(t, err)
 	c := attached(s)
 	task := NewTaskContext("shopper")
@@ -187,17 +188,17 @@ func TestSessionEventsOfSessionPool(t *testing.T) {
 	assert.Len(t, obs.tally(t).ended, 1, "no observer, no event")
 }
 
-// Observers fans every event out: both observers see the same sessions,
+// SetObserver with several fans every event out: both observers see the same sessions,
 // attempts and quarantines.
 func TestObserversFanOut(t *testing.T) {
-	assert.Nil(t, Observers())
-	assert.Nil(t, Observers(nil, nil))
+	assert.Nil(t, observers())
+	assert.Nil(t, observers(nil, nil))
 	one := &recordingObserver{}
-	assert.Same(t, one, Observers(nil, one))
+	assert.Same(t, one, observers(nil, one))
 
 	flow, site, _, s := sessionShop(t, 3)
 	a, b := &recordingObserver{}, &recordingObserver{}
-	s.SetObserver(Observers(a, nil, b))
+	s.SetObserver(a, nil, b)
 	c := attached(s)
 	task := NewTaskContext("fan")
 	require.NoError(t, c.Request("GET", stepURL(site, "fan", 1), nil, task, nil))
@@ -207,7 +208,7 @@ func TestObserversFanOut(t *testing.T) {
 		got := o.tally(t)
 		assert.Equal(t, 2, got.started)
 		assert.Equal(t, map[string]int{"http_403": 1}, got.ended)
-		assert.Equal(t, map[Kind]int{OK: 2, Ban: 1}, o.attemptKinds())
+		assert.Equal(t, map[ban.Kind]int{ban.OK: 2, ban.Ban: 1}, o.attemptKinds())
 		o.mu.Lock()
 		assert.Len(t, o.quarantines, 1)
 		o.mu.Unlock()
@@ -235,7 +236,7 @@ func TestSessionWarnsRouteIgnored(t *testing.T) {
 			site := testbed.NewSite(t, "shop", flow)
 			proxies := testbed.NewProxies(t, 2)
 			s := newSwitch(t, shared.Client(t), append(tc.opts(site.Host()), WithLogger(logs.Logger()))...)
-			for _, sw := range []*Switch{s, s.SessionPool()} {
+			for _, sw := range []*Switch{s, s.sessionSwitch(t)} {
 				_, err := sw.Add(context.Background(), proxies[0].URL(), proxies[1].URL())
 				require.NoError(t, err)
 			}

@@ -652,10 +652,10 @@ func TestSessionHoldsEverySlot(t *testing.T) {
 func TestSessionPool(t *testing.T) {
 	ctx := context.Background()
 	flow, site, dc, s := sessionShop(t, 2, WithSessionPool("residential"))
-	require.NotSame(t, s, s.SessionPool())
-	assert.Equal(t, "residential", s.SessionPool().Pool())
+	require.NotSame(t, s, s.sessionSwitch(t))
+	assert.Equal(t, "residential", s.sessionSwitch(t).Pool())
 	resi := testbed.NewProxies(t, 2)
-	_, err := s.SessionPool().Add(ctx, resi[0].URL())
+	_, err := s.sessionSwitch(t).Add(ctx, resi[0].URL())
 	require.NoError(t, err)
 	c := attached(s)
 	for n := 1; n <= 3; n++ {
@@ -676,13 +676,13 @@ func TestSessionPool(t *testing.T) {
 
 	// A ban in the session pool: counted where the user looks, and the
 	// next session comes from the session pool too.
-	_, err = s.SessionPool().Add(ctx, resi[1].URL())
+	_, err = s.sessionSwitch(t).Add(ctx, resi[1].URL())
 	require.NoError(t, err)
 	flow.Ban(resi[0].SourceIP().String())
 	require.NoError(t, c.Request("GET", stepURL(site, "shopper", 4), nil, NewTaskContext("shopper"), nil))
 	assert.Equal(t, []string{resi[0].SourceIP().String(), resi[1].SourceIP().String()}, flow.visitor("shopper").ips)
 	assert.Equal(t, int64(1), s.BanCounts()[BanKey{site.Host(), "http_403"}])
-	st, err := s.SessionPool().Stats(ctx, site.Host())
+	st, err := s.sessionSwitch(t).Stats(ctx, site.Host())
 	require.NoError(t, err)
 	assert.Equal(t, 1, st.Leased)
 }
@@ -912,11 +912,13 @@ func BenchmarkSessionUse(b *testing.B) {
 	_, err := s.Add(ctx, proxyURLs(sessions)...)
 	require.NoError(b, err)
 	u := &url.URL{Scheme: "https", Host: "bench.example", Path: "/"}
+	sp, err := s.sessionPool()
+	require.NoError(b, err)
 	for k := range sessions {
 		task := fmt.Sprintf("t%d", k)
-		rep, err := s.useSession(ctx, task, u.Host)
+		rep, err := sp.useSession(ctx, task, u.Host)
 		require.NoError(b, err)
-		require.NoError(b, s.storeCookies(ctx, &sessionUse{sw: s, task: task, id: rep.info.ID, url: u},
+		require.NoError(b, sp.storeCookies(ctx, &sessionUse{sw: sp, task: task, id: rep.info.ID, url: u},
 			[]string{"sid=1; Path=/", "cart=2; Path=/", "region=77; Path=/"}, time.Now()))
 	}
 	var seq atomic.Int64
@@ -926,7 +928,7 @@ func BenchmarkSessionUse(b *testing.B) {
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			task := fmt.Sprintf("t%d", seq.Add(1)%sessions)
-			rep, err := s.useSession(ctx, task, u.Host)
+			rep, err := sp.useSession(ctx, task, u.Host)
 			if err != nil || len(cookiesFor(rep.jar, u, time.Now())) != 3 {
 				b.Error(err)
 				return

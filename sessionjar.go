@@ -176,7 +176,7 @@ func cookieHeader(own string, session []*http.Cookie) string {
 
 // storeCookies stores the Set-Cookie lines of a response to u.url in the
 // jar of session u.id. A session retired meanwhile takes nothing.
-func (s *Switch) storeCookies(ctx context.Context, u *sessionUse, lines []string, now time.Time) error {
+func (p *redisPool) storeCookies(ctx context.Context, u *sessionUse, lines []string, now time.Time) error {
 	changes := map[string]string{} // field -> stored value, "" to delete
 	var order []string
 	for i, line := range lines {
@@ -211,8 +211,8 @@ func (s *Switch) storeCookies(ctx context.Context, u *sessionUse, lines []string
 		}
 	}
 	args := append(append([]any{u.id, maxSessionCookies, len(set) / 2}, set...), del...)
-	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) (any, error) {
-		return sessionCookiesScript.Run(ctx, s.rdb, []string{s.keys.session(u.task), s.keys.sessionJar(u.id)}, args...).Result()
+	res, err := roundTrip(ctx, p.cfg.redisTimeout, func(ctx context.Context) (any, error) {
+		return sessionCookiesScript.Run(ctx, p.rdb, []string{p.keys.session(u.task), p.keys.sessionJar(u.id)}, args...).Result()
 	}, nil)
 	if err != nil {
 		return fmt.Errorf("proxyswitch: storing the cookies of task %q's session: %w", u.task, redisErr("session cookies", err))
@@ -222,7 +222,7 @@ func (s *Switch) storeCookies(ctx context.Context, u *sessionUse, lines []string
 		if len(r) == 2 {
 			what, _ = r[1].(string)
 		}
-		return fmt.Errorf("%w: session of task %q in pool %q: %s (EndSession deletes it)", ErrCorrupt, u.task, s.cfg.pool, what)
+		return fmt.Errorf("%w: session of task %q in pool %q: %s (EndSession deletes it)", ErrCorrupt, u.task, p.name, what)
 	}
 	return nil
 }

@@ -41,11 +41,11 @@ type useReply struct {
 }
 
 // runUse runs session_use.lua for task on scope ("use" or "peek").
-func (s *Switch) runUse(ctx context.Context, task, scope, mode string) (*useReply, error) {
-	c := &s.cfg
+func (p *redisPool) runUse(ctx context.Context, task, scope, mode string) (*useReply, error) {
+	c := p.cfg
 	res, err := roundTrip(ctx, c.redisTimeout, func(ctx context.Context) ([]any, error) {
-		return sessionUseScript.Run(ctx, s.rdb, []string{s.keys.session(task), s.keys.proxies()},
-			s.keys.base, scope, c.session.ttl.Milliseconds(), c.session.maxRequests, c.session.maxAge.Milliseconds(),
+		return sessionUseScript.Run(ctx, p.rdb, p.keys.sessionKeys(task),
+			p.keys.base, scope, c.session.ttl.Milliseconds(), c.session.maxRequests, c.session.maxAge.Milliseconds(),
 			c.cooldown.Milliseconds(), c.slots, c.idleTTL.Milliseconds(), mode, c.leaseTTL.Milliseconds()).Slice()
 	}, nil)
 	if err != nil {
@@ -54,7 +54,7 @@ func (s *Switch) runUse(ctx context.Context, task, scope, mode string) (*useRepl
 	st, _ := intAt(res, 0)
 	rep := &useReply{status: int(st)}
 	bad := func(what string) error {
-		return fmt.Errorf("%w: session of task %q in pool %q: %s (EndSession deletes it)", ErrCorrupt, task, s.cfg.pool, what)
+		return fmt.Errorf("%w: session of task %q in pool %q: %s (EndSession deletes it)", ErrCorrupt, task, p.name, what)
 	}
 	switch {
 	case st == useCorrupt && len(res) == 2:
@@ -62,7 +62,7 @@ func (s *Switch) runUse(ctx context.Context, task, scope, mode string) (*useRepl
 		return nil, bad(what)
 	case st == useNone && len(res) == 11:
 		if retired, _ := intAt(res, 1); retired == 1 {
-			r := s.retirement(task, res[3:11])
+			r := p.retirement(task, res[3:11])
 			rep.retired = &r
 		}
 		return rep, nil
@@ -74,15 +74,15 @@ func (s *Switch) runUse(ctx context.Context, task, scope, mode string) (*useRepl
 		return rep, nil
 	case st == useLive && len(res) >= 16:
 		raw, _ := res[1].(string)
-		p, err := s.proxyFor(raw)
+		px, err := p.sw.proxyFor(raw)
 		if err != nil {
 			return nil, fmt.Errorf("session of task %q: %w", task, err)
 		}
 		id, _ := res[2].(string)
 		exp := toInt(res[6])
-		info := &SessionInfo{Task: task, ID: id, Generation: int(toInt(res[3])), Pool: s.cfg.pool, Proxy: p.String(), ProxyID: p.ID(),
+		info := &SessionInfo{Task: task, ID: id, Generation: int(toInt(res[3])), Pool: p.name, Proxy: px.String(), ProxyID: px.ID(),
 			Requests: int(toInt(res[4])), Started: time.UnixMilli(toInt(res[5])), Expires: time.UnixMilli(exp)}
-		if prev := s.retirement(task, res[8:16]); prev.ID != "" {
+		if prev := p.retirement(task, res[8:16]); prev.ID != "" {
 			info.Previous = &prev
 		}
 		rep.info = info
@@ -92,7 +92,7 @@ func (s *Switch) runUse(ctx context.Context, task, scope, mode string) (*useRepl
 			}
 		}
 		member, _ := res[7].(string)
-		l := &Lease{sw: s, scope: scope, site: scope, proxy: p, member: member, token: sessionTokenPrefix + id}
+		l := &Lease{sw: p.sw, be: p, scope: scope, site: scope, proxy: px, member: member, token: sessionTokenPrefix + id}
 		l.expiry.Store(exp)
 		l.released.Store(true) // never released by a request: only with the session
 		rep.lease = l
@@ -102,11 +102,11 @@ func (s *Switch) runUse(ctx context.Context, task, scope, mode string) (*useRepl
 }
 
 // retirement reads the 8 items session_lib.lua's previous() returns.
-func (s *Switch) retirement(task string, v []any) SessionRetirement {
+func (p *redisPool) retirement(task string, v []any) SessionRetirement {
 	str := func(i int) string { x, _ := v[i].(string); return x }
 	r := SessionRetirement{Task: task, ID: str(0), Proxy: str(1), ProxyID: str(1), Reason: str(3), Site: str(4),
 		At: time.UnixMilli(toInt(v[5])), Requests: int(toInt(v[6])), Started: time.UnixMilli(toInt(v[7]))}
-	if p, err := s.proxyFor(str(2)); err == nil && str(2) != "" {
+	if p, err := p.sw.proxyFor(str(2)); err == nil && str(2) != "" {
 		r.Proxy = p.String()
 	}
 	return r
@@ -127,16 +127,10 @@ func toInt(v any) int64 {
 // useSession returns the live session of task on site, holding its proxy
 // there: the one there is, continued and renewed, or a new one. It waits
 // for a proxy like any lease (WithMaxWait, the request's context).
-func (s *Switch) useSession(ctx context.Context, task, site string) (*useReply, error) {
-	if s.fb != nil {
-		if m := Mode(s.fb.mode.Load()); m != ModeBroker {
-			// The session's state lives in Redis: no other place knows its IP.
-			return nil, fmt.Errorf("%w: sticky sessions need the central broker, and the Switch leases from its local shard (%v)", ErrNoProxy, m)
-		}
-	}
-	scope := s.scopeOf(site)
+func (p *redisPool) useSession(ctx context.Context, task, site string) (*useReply, error) {
+	scope := p.sw.scopeOf(site)
 	for range maxSessionRounds {
-		rep, err := s.runUse(ctx, task, scope, "use")
+		rep, err := p.runUse(ctx, task, scope, "use")
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrNoProxy, err)
 		}
@@ -146,11 +140,11 @@ func (s *Switch) useSession(ctx context.Context, task, site string) (*useReply, 
 			return rep, nil
 		case useNone:
 			if rep.retired != nil {
-				s.sessionEnded(*rep.retired)
+				p.sw.sessionEnded(p.name, *rep.retired)
 			}
-			err = s.startSession(ctx, task, site, scope)
+			err = p.startSession(ctx, task, site, scope)
 		case useNewSite:
-			err = s.extendSession(ctx, task, site, scope, rep)
+			err = p.extendSession(ctx, task, site, scope, rep)
 		}
 		if err != nil {
 			return nil, err
@@ -162,17 +156,17 @@ func (s *Switch) useSession(ctx context.Context, task, site string) (*useReply, 
 // startSession leases a proxy for a new session of task and binds it. A
 // lost race (another request started the session first) is no error: the
 // caller looks again.
-func (s *Switch) startSession(ctx context.Context, task, site, scope string) error {
+func (p *redisPool) startSession(ctx context.Context, task, site, scope string) error {
 	var b [8]byte
 	_, _ = crand.Read(b[:])
 	id := hex.EncodeToString(b[:])
-	member, expiry, err := s.sessionLease(ctx, site, scope, sessionTokenPrefix+id, "")
+	member, expiry, err := p.sessionLease(ctx, site, scope, sessionTokenPrefix+id, "")
 	if err != nil {
 		return err
 	}
-	bound, err := s.bind(ctx, task, scope, member, id, expiry, "new")
+	bound, err := p.bind(ctx, task, scope, member, id, expiry, "new")
 	if bound {
-		s.observeSessionStart(site, member)
+		p.sw.observeSessionStart(p.name, site, member)
 	}
 	return err
 }
@@ -180,46 +174,46 @@ func (s *Switch) startSession(ctx context.Context, task, site, scope string) err
 // extendSession leases the session's own proxy on a scope it reaches for
 // the first time, waiting for it as for any lease. A proxy gone from the
 // pool retires the session.
-func (s *Switch) extendSession(ctx context.Context, task, site, scope string, rep *useReply) error {
+func (p *redisPool) extendSession(ctx context.Context, task, site, scope string, rep *useReply) error {
 	if rep.scopes >= maxSessionSites {
 		return fmt.Errorf("%w: the session of task %q already holds its proxy on %d sites (at most %d)",
 			ErrNoProxy, task, rep.scopes, maxSessionSites)
 	}
-	member, expiry, err := s.sessionLease(ctx, site, scope, sessionTokenPrefix+rep.id, rep.proxyID)
+	member, expiry, err := p.sessionLease(ctx, site, scope, sessionTokenPrefix+rep.id, rep.proxyID)
 	if errors.Is(err, errProxyGone) {
-		_, _, err = s.endSession(ctx, task, rep.id, SessionProxyRemoved, site, true)
+		_, _, err = p.endSession(ctx, task, rep.id, SessionProxyRemoved, site, true)
 		return err
 	}
 	if err != nil {
 		return err
 	}
-	_, err = s.bind(ctx, task, scope, member, rep.id, expiry, "add")
+	_, err = p.bind(ctx, task, scope, member, rep.id, expiry, "add")
 	return err
 }
 
 // bind runs session_bind.lua, and releases the lease unless it was bound;
 // it says whether it was.
-func (s *Switch) bind(ctx context.Context, task, scope, member, id string, expiry int64, mode string) (bool, error) {
-	c := &s.cfg
+func (p *redisPool) bind(ctx context.Context, task, scope, member, id string, expiry int64, mode string) (bool, error) {
+	c := p.cfg
 	token := sessionTokenPrefix + id
 	res, err := roundTrip(ctx, c.redisTimeout, func(ctx context.Context) ([]any, error) {
-		return sessionBindScript.Run(ctx, s.rdb, []string{s.keys.session(task), s.keys.proxies()},
-			s.keys.base, scope, member, id, expiry, c.session.ttl.Milliseconds(), c.slots, c.idleTTL.Milliseconds(),
+		return sessionBindScript.Run(ctx, p.rdb, append(p.keys.sessionKeys(task), p.keys.sessionJar(id)),
+			p.keys.base, scope, member, id, expiry, c.session.ttl.Milliseconds(), c.slots, c.idleTTL.Milliseconds(),
 			mode, maxSessionSites).Slice()
-	}, func(res []any, err error) { s.unbind(task, scope, member, id, res, err) })
+	}, func(res []any, err error) { p.unbind(task, scope, member, id, res, err) })
 	if err != nil {
-		go s.unbind(task, scope, member, id, nil, err) // both are owner-checked: running twice is harmless
+		go p.unbind(task, scope, member, id, nil, err) // both are owner-checked: running twice is harmless
 		return false, fmt.Errorf("%w: %w", ErrNoProxy, redisErr("session bind", err))
 	}
 	st, _ := intAt(res, 0)
 	if st == 1 {
 		return true, nil
 	}
-	_, _ = s.releaseMember(context.WithoutCancel(ctx), scope, member, token, "")
+	_, _ = p.releaseMember(context.WithoutCancel(ctx), scope, member, token, "")
 	switch {
 	case st == -3 && len(res) == 2:
 		what, _ := res[1].(string)
-		return false, fmt.Errorf("%w: %w: session of task %q in pool %q: %s (EndSession deletes it)", ErrNoProxy, ErrCorrupt, task, s.cfg.pool, what)
+		return false, fmt.Errorf("%w: %w: session of task %q in pool %q: %s (EndSession deletes it)", ErrNoProxy, ErrCorrupt, task, p.name, what)
 	case st == -4:
 		return false, fmt.Errorf("%w: the session of task %q already holds its proxy on %d sites", ErrNoProxy, task, maxSessionSites)
 	case st >= -2 && st <= 0:
@@ -231,30 +225,30 @@ func (s *Switch) bind(ctx context.Context, task, scope, member, id string, expir
 // unbind undoes what bind may have done when its reply is lost or came too
 // late: the lease goes back, and so does a session it started (owner-checked:
 // nothing else is touched).
-func (s *Switch) unbind(task, scope, member, id string, res []any, err error) {
+func (p *redisPool) unbind(task, scope, member, id string, res []any, err error) {
 	ctx := context.Background()
 	if st, _ := intAt(res, 0); err == nil && st == 1 {
 		return // bound: the task's next request uses the session
 	}
 	if err != nil {
 		// Its start was never observed: neither is this end.
-		_, _, _ = s.endSession(ctx, task, id, SessionEnded, "", false)
+		_, _, _ = p.endSession(ctx, task, id, SessionEnded, "", false)
 	}
-	_, _ = s.releaseMember(ctx, scope, member, sessionTokenPrefix+id, "")
+	_, _ = p.releaseMember(ctx, scope, member, sessionTokenPrefix+id, "")
 }
 
 // endSession ends the live session of task (only session id, unless id is
 // "") for reason, reports a retirement (any reason but SessionEnded), tells
 // the observer if observe, and says whether it ended one.
-func (s *Switch) endSession(ctx context.Context, task, id, reason, site string, observe bool) (SessionRetirement, bool, error) {
-	c := &s.cfg
+func (p *redisPool) endSession(ctx context.Context, task, id, reason, site string, observe bool) (SessionRetirement, bool, error) {
+	c := p.cfg
 	hold := c.leaseTTL // a retirement: the session's other requests may still be under way
 	if reason == SessionEnded {
 		hold = 0
 	}
 	res, err := roundTrip(ctx, c.redisTimeout, func(ctx context.Context) ([]any, error) {
-		return sessionEndScript.Run(ctx, s.rdb, []string{s.keys.session(task), s.keys.proxies()},
-			s.keys.base, id, reason, site, c.cooldown.Milliseconds(), c.slots, c.session.ttl.Milliseconds(), hold.Milliseconds()).Slice()
+		return sessionEndScript.Run(ctx, p.rdb, p.keys.sessionKeys(task),
+			p.keys.base, id, reason, site, c.cooldown.Milliseconds(), c.slots, c.session.ttl.Milliseconds(), hold.Milliseconds()).Slice()
 	}, nil)
 	if err != nil {
 		return SessionRetirement{}, false, redisErr("session end", err)
@@ -266,9 +260,9 @@ func (s *Switch) endSession(ctx context.Context, task, id, reason, site string, 
 	case st != 1 || len(res) != 8:
 		return SessionRetirement{}, false, nil
 	}
-	r := s.retirement(task, []any{res[1], res[3], res[4], reason, site, res[7], res[5], res[6]})
+	r := p.retirement(task, []any{res[1], res[3], res[4], reason, site, res[7], res[5], res[6]})
 	if observe {
-		s.sessionEnded(r)
+		p.sw.sessionEnded(p.name, r)
 	}
 	return r, true, nil
 }
@@ -278,20 +272,20 @@ func (s *Switch) endSession(ctx context.Context, task, id, reason, site string, 
 // waits as acquire does, but gives up at once when only's soonest slot
 // cannot free before the wait would end (another session holds it, or it is
 // quarantined there).
-func (s *Switch) sessionLease(ctx context.Context, site, scope, token, only string) (member string, expiry int64, err error) {
-	c := &s.cfg
+func (p *redisPool) sessionLease(ctx context.Context, site, scope, token, only string) (member string, expiry int64, err error) {
+	c := p.cfg
 	flag := ""
 	if only != "" {
 		flag = "1"
 	}
-	keys := s.keys.lease(scope)
+	keys := p.keys.lease(scope)
 	deadline := time.Now().Add(c.maxWait)
 	backoff := c.backoffMin
 	for {
 		res, err := roundTrip(ctx, c.redisTimeout, func(ctx context.Context) ([]any, error) {
-			return leaseScript.Run(ctx, s.rdb, keys, scope, token, c.session.ttl.Milliseconds(), c.cooldown.Milliseconds(),
+			return leaseScript.Run(ctx, p.rdb, keys, scope, token, c.session.ttl.Milliseconds(), c.cooldown.Milliseconds(),
 				c.slots, c.idleTTL.Milliseconds(), only, flag).Slice()
-		}, s.releaseLate(scope, token))
+		}, p.releaseLate(scope, token))
 		if err != nil {
 			if cerr, ok := leaseConfigErr(err); ok {
 				return "", 0, cerr

@@ -12,6 +12,7 @@ import (
 	"github.com/gocolly/colly/v2"
 	"github.com/proxyswitch/proxyswitch/internal/redistest"
 	"github.com/proxyswitch/proxyswitch/internal/testbed"
+	"github.com/proxyswitch/proxyswitch/shard"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -21,7 +22,7 @@ import (
 // for the member list and the pool; a fourth joins mid-crawl and gets its
 // share without a collision; Redis dies and nothing notices.
 func TestShardingSharedNothing(t *testing.T) {
-	for name, sh := range map[string]Sharder{"modulo": Modulo{}, "rendezvous": Rendezvous{}} {
+	for name, sh := range map[string]shard.Sharder{"modulo": shard.Modulo{}, "rendezvous": shard.Rendezvous{}} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel() // mostly waiting: heartbeats and hand-over holds
 			ctx := context.Background()
@@ -30,7 +31,7 @@ func TestShardingSharedNothing(t *testing.T) {
 			prefix := testPrefix()
 			opts := func(self string) []Option {
 				return []Option{WithPrefix(prefix), WithSharding(self, sh), WithFallbackTimeout(300 * time.Millisecond),
-					WithMembership(WithHeartbeat(100*time.Millisecond), WithMemberTTL(time.Second)),
+					WithHeartbeat(100 * time.Millisecond), WithMemberTTL(time.Second),
 					WithAttemptTimeout(time.Second), WithMaxWait(5 * time.Second)}
 			}
 			admin, err := NewSwitch(srv.Client(t), WithPrefix(prefix))
@@ -48,7 +49,7 @@ func TestShardingSharedNothing(t *testing.T) {
 				sw, err := NewSwitch(srv.Client(t), opts(name)...)
 				require.NoError(t, err)
 				startSwitch(t, sw)
-				require.Equal(t, ModeLocal, sw.FallbackStatus().Mode)
+				require.Equal(t, modeLocal.String(), sw.FallbackStatus().Mode)
 				c := colly.NewCollector(colly.AllowURLRevisit())
 				sw.Attach(c)
 				c.OnError(func(_ *colly.Response, err error) { failed.Add(1); t.Logf("%s: %v", name, err) })

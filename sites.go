@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/proxyswitch/proxyswitch/internal/engine"
 )
 
 // SiteUse is one site leased from a pool, with the time of its last lease.
@@ -16,11 +18,8 @@ type SiteUse struct {
 // Sites returns the sites leased from the pool within the idle TTL, most
 // recently used first (with ScopeGlobal, the single scope "*").
 func (s *Switch) Sites(ctx context.Context) ([]SiteUse, error) {
-	if s.err != nil {
-		return nil, s.err
-	}
 	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]string, error) {
-		return sitesScript.Run(ctx, s.rdb, []string{s.keys.sites()}, s.cfg.idleTTL.Milliseconds()).StringSlice()
+		return engine.Sites{Sites: s.keys.sites(), IdleTTL: s.cfg.idleTTL}.Run(ctx, s.rdb).StringSlice()
 	}, nil)
 	if err != nil {
 		return nil, redisErr("sites", err)

@@ -12,7 +12,7 @@ import (
 func TestSites(t *testing.T) {
 	ctx := context.Background()
 	s := newSwitch(t, shared.Client(t))
-	require.NoError(t, sitesScript.Load(ctx, shared.Client(t)).Err())
+	require.NoError(t, allScripts["sites"].Load(ctx, shared.Client(t)).Err())
 	none, err := s.Sites(ctx)
 	require.NoError(t, err)
 	assert.Empty(t, none)

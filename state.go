@@ -3,6 +3,8 @@ package proxyswitch
 import (
 	"context"
 	"fmt"
+
+	"github.com/proxyswitch/proxyswitch/internal/engine"
 )
 
 // SiteState counts the proxy slots of a pool in each state for one site
@@ -19,12 +21,9 @@ type SiteState struct {
 // SiteState reads the state of the pool for site in one round trip. It is
 // safe for concurrent use.
 func (s *Switch) SiteState(ctx context.Context, site string) (SiteState, error) {
-	if s.err != nil {
-		return SiteState{}, s.err
-	}
 	scope := s.scopeOf(site)
 	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]int64, error) {
-		return stateScript.Run(ctx, s.rdb, s.keys.states(scope), s.cfg.slots).Int64Slice()
+		return engine.State{StateKeys: s.keys.states(scope), Slots: s.cfg.slots}.Run(ctx, s.rdb).Int64Slice()
 	}, nil)
 	if err != nil {
 		return SiteState{}, redisErr("state", err)

@@ -2,6 +2,7 @@ package proxyswitch
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"errors"
 	"fmt"
@@ -9,9 +10,11 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
+	"strings"
 	"time"
 
 	"github.com/gocolly/colly/v2"
+	"github.com/proxyswitch/proxyswitch/ban"
 )
 
 // The transport Attach installs: classification and retries below Colly.
@@ -20,7 +23,7 @@ import (
 // is the Switch's ProxyFunc, so the hop leases (or keeps) its proxy exactly
 // as without the transport. Then the response is read (at most the
 // collector's MaxBodySize; the buffered bytes replace the body Colly reads)
-// and classified (bandetect.go). On a ban or a proxy failure the proxy is
+// and classified (package ban: the Switch's ban.Detector). On a ban or a proxy failure the proxy is
 // quarantined and its lease ended (ban.go), so the next ProxyFunc call for
 // the same request leases another proxy, and the hop is sent again (its body
 // rewound with GetBody) until a retry is left no more. A hop redirected
@@ -80,7 +83,7 @@ func (s *Switch) newTransport(c *colly.Collector) *transport {
 			}
 		}
 		if resp.StatusCode != http.StatusOK {
-			return &tunnelError{status: resp.StatusCode}
+			return &ban.TunnelError{StatusCode: resp.StatusCode}
 		}
 		return nil
 	}
@@ -124,11 +127,11 @@ func (t *transport) RoundTrip(req *http.Request) (resp *http.Response, err error
 // once more (the lease is gone, the next ProxyFunc call leases anew).
 func (t *transport) judge(req *http.Request, a *attempt, b *binding, l *Lease, resp *http.Response, err error) (again bool, _ *http.Response, _ error) {
 	s := t.s
-	x := &Exchange{Site: s.cfg.siteFunc(req.URL), Proxy: l.proxy, Request: req, URL: req.URL,
+	x := &ban.Exchange{Site: s.cfg.siteFunc(req.URL), Proxy: l.proxy, Request: req, URL: req.URL,
 		OriginURL: chainOrigin(req).URL, Err: err, Attempt: b.attempt()}
 	if err == nil {
 		x.StatusCode, x.Header = resp.StatusCode, resp.Header
-		if x.isFinal() && x.hasBody() {
+		if x.Final() && x.HasBody() {
 			if rerr := t.buffer(resp, x, a); rerr != nil {
 				x.Err, resp = rerr, nil
 			}
@@ -140,25 +143,25 @@ func (t *transport) judge(req *http.Request, a *attempt, b *binding, l *Lease, r
 		a.done()
 		return false, nil, x.Err
 	}
-	x.timedOut = x.Err != nil && a.timedOut()
-	v, cerr := s.cfg.rules.classify(x)
+	x.TimedOut = x.Err != nil && a.timedOut()
+	v, cerr := s.cfg.detector.Classify(x)
 	if cerr == nil {
-		s.observeAttempt(x.Site, l.proxy, v, time.Since(a.start))
+		s.observeAttempt(l.be.pool(), x.Site, l.proxy, v, time.Since(a.start))
 	}
 	switch {
 	case cerr != nil:
 		closeBody(resp)
 		a.done()
 		return false, nil, cerr
-	case v.Kind != Ban && v.Kind != ProxyFailure:
+	case v.Kind != ban.Ban && v.Kind != ban.ProxyFailure:
 		if x.Err != nil {
 			a.done()
 			return false, nil, x.Err
 		}
-		if x.isFinal() {
+		if x.Final() {
 			l.healthy.Store(true)
-			if v.Kind == OK {
-				s.cfg.rules.learn(x)
+			if v.Kind == ban.OK {
+				s.cfg.detector.Learn(x)
 			}
 		}
 		resp, err := a.hand(resp, nil)
@@ -179,10 +182,10 @@ func (t *transport) judge(req *http.Request, a *attempt, b *binding, l *Lease, r
 // already marked visited, which it would refuse to follow a second time.
 // Only a challenge page the chain landed on (final) restarts the chain, and
 // is blamed on the site of the hop that led to it.
-func (t *transport) retry(req *http.Request, b *binding, l *Lease, x *Exchange, v Verdict) (again bool, _ *http.Response, _ error) {
+func (t *transport) retry(req *http.Request, b *binding, l *Lease, x *ban.Exchange, v ban.Verdict) (again bool, _ *http.Response, _ error) {
 	s := t.s
 	site := x.Site
-	landed := v.Reason == ReasonChallenge && x.isFinal()
+	landed := v.Reason == ban.ReasonChallenge && x.Final()
 	if landed && req.Response != nil && req.Response.Request != nil {
 		// The site that redirected to its challenge page is the one that bans.
 		site = s.cfg.siteFunc(req.Response.Request.URL)
@@ -215,7 +218,7 @@ func (t *transport) retry(req *http.Request, b *binding, l *Lease, x *Exchange, 
 // buffer reads the body for classification, at most the collector's
 // MaxBodySize (or defaultReadLimit when it sets none, streaming the rest to
 // Colly unread), and puts the bytes read back in front of Colly.
-func (t *transport) buffer(resp *http.Response, x *Exchange, a *attempt) error {
+func (t *transport) buffer(resp *http.Response, x *ban.Exchange, a *attempt) error {
 	limit, stream := t.s.cfg.readLimit, true
 	if t.c != nil && t.c.MaxBodySize > 0 {
 		limit, stream = int64(t.c.MaxBodySize), false
@@ -230,7 +233,7 @@ func (t *transport) buffer(resp *http.Response, x *Exchange, a *attempt) error {
 	x.Truncated = int64(len(raw)) == limit && resp.ContentLength != limit
 	var ok bool
 	x.Body, ok = decodeBody(resp, raw, limit)
-	x.undecoded = !ok
+	x.Undecoded = !ok
 	if stream && x.Truncated {
 		resp.Body = &doneBody{Reader: io.MultiReader(bytes.NewReader(raw), orig), close: orig.Close, done: a.done}
 		return nil
@@ -239,6 +242,26 @@ func (t *transport) buffer(resp *http.Response, x *Exchange, a *attempt) error {
 	resp.Body = io.NopCloser(bytes.NewReader(raw))
 	a.done()
 	return nil
+}
+
+// decodeBody returns the body as the classifiers see it: gunzipped (at most
+// limit bytes of output, whatever the compression ratio) when it came
+// gzip-encoded and net/http left it so. ok is false when it could not be
+// decoded.
+func decodeBody(resp *http.Response, raw []byte, limit int64) (body []byte, ok bool) {
+	if resp.Uncompressed || !strings.Contains(strings.ToLower(resp.Header.Get("Content-Encoding")), "gzip") {
+		return raw, true
+	}
+	zr, err := gzip.NewReader(bytes.NewReader(raw))
+	if err != nil {
+		return raw, false
+	}
+	defer zr.Close()
+	out, err := io.ReadAll(io.LimitReader(zr, limit))
+	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) {
+		return raw, false
+	}
+	return out, true
 }
 
 // attempt is one try of a hop through one proxy.

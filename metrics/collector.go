@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/proxyswitch/proxyswitch"
+	"github.com/proxyswitch/proxyswitch/ban"
 )
 
 var (
@@ -84,7 +85,7 @@ type siteProxy struct{ site, proxy string }
 
 // New returns a Collector for sw and makes it sw's observer
 // (sw.SetObserver), replacing any observer set before (to keep one of your
-// own too: sw.SetObserver(proxyswitch.Observers(col, yours))). Register it
+// own too: sw.SetObserver(col, yours)). Register it
 // with a Prometheus registry:
 //
 //	col := metrics.New(sw, metrics.WithServer("crawler-1"))
@@ -191,7 +192,7 @@ func (c *Collector) ObserveAttempt(ev proxyswitch.AttemptEvent) {
 	if m, err := c.latency.GetMetricWithLabelValues(site); err == nil {
 		m.Observe(max(ev.Latency, 0).Seconds())
 	}
-	bad := ev.Kind == proxyswitch.Ban || ev.Kind == proxyswitch.ProxyFailure
+	bad := ev.Kind == ban.Ban || ev.Kind == ban.ProxyFailure
 	if bad {
 		if m, err := c.bans.GetMetricWithLabelValues(site, kind, reasonLabel(ev.Reason)); err == nil {
 			m.Inc()
@@ -202,7 +203,7 @@ func (c *Collector) ObserveAttempt(ev proxyswitch.AttemptEvent) {
 	if c.proxies != nil {
 		c.proxies.add(ev.ProxyID, ev.Latency, bad, now)
 	}
-	c.joins.attempt(now, ev.Kind == proxyswitch.Ban)
+	c.joins.attempt(now, ev.Kind == ban.Ban)
 }
 
 // ObserveQuarantine counts one quarantine (or dead-marking) the Switch
@@ -339,27 +340,20 @@ func (c *Collector) collectJoins(ch chan<- prometheus.Metric, now time.Time) {
 }
 
 // kindLabel names a verdict kind: ok, neutral, ban, proxy_failure.
-func kindLabel(k proxyswitch.Kind) string {
+func kindLabel(k ban.Kind) string {
 	switch k {
-	case proxyswitch.OK, proxyswitch.Neutral, proxyswitch.Ban, proxyswitch.ProxyFailure:
+	case ban.OK, ban.Neutral, ban.Ban, ban.ProxyFailure:
 		return k.String()
 	}
 	return "other"
 }
 
 // reasonLabel passes the Switch's reasons (short tokens of [a-z0-9_.:-],
-// validated by the Switch) and turns anything else into "custom", so that a
-// label value is always short and valid.
+// validated by the Switch: ban.ValidReason) and turns anything else into
+// "custom", so that a label value is always short and valid.
 func reasonLabel(r string) string {
-	if r == "" || len(r) > 64 {
-		return proxyswitch.ReasonCustom
-	}
-	for i := 0; i < len(r); i++ {
-		switch b := r[i]; {
-		case b >= 'a' && b <= 'z', b >= '0' && b <= '9', b == '_', b == '.', b == ':', b == '-':
-		default:
-			return proxyswitch.ReasonCustom
-		}
+	if !ban.ValidReason(r) {
+		return ban.ReasonCustom
 	}
 	return r
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/proxyswitch/proxyswitch"
+	"github.com/proxyswitch/proxyswitch/ban"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -40,28 +41,28 @@ func testCollector(opts ...Option) (*Collector, *clock) {
 	return c, clk
 }
 
-func attempt(site, proxy string, k proxyswitch.Kind, reason string, latency time.Duration) proxyswitch.AttemptEvent {
+func attempt(site, proxy string, k ban.Kind, reason string, latency time.Duration) proxyswitch.AttemptEvent {
 	return proxyswitch.AttemptEvent{Pool: "main", Site: site, ProxyID: proxy, Kind: k, Reason: reason, Latency: latency}
 }
 
 func TestCollectorCountsEvents(t *testing.T) {
 	c, clk := testCollector()
 	for range 7 {
-		c.ObserveAttempt(attempt("a.example", "p1", proxyswitch.OK, "", 100*time.Millisecond))
+		c.ObserveAttempt(attempt("a.example", "p1", ban.OK, "", 100*time.Millisecond))
 	}
-	c.ObserveAttempt(attempt("a.example", "p1", proxyswitch.Neutral, "", 300*time.Millisecond))
-	c.ObserveAttempt(attempt("a.example", "p2", proxyswitch.Ban, "http_429", time.Second))
-	c.ObserveAttempt(attempt("b.example", "p3", proxyswitch.ProxyFailure, "proxy_connect", 2*time.Second))
-	c.ObserveAttempt(attempt("b.example", "p3", proxyswitch.Ban, "Not A Reason!", 0))
+	c.ObserveAttempt(attempt("a.example", "p1", ban.Neutral, "", 300*time.Millisecond))
+	c.ObserveAttempt(attempt("a.example", "p2", ban.Ban, "http_429", time.Second))
+	c.ObserveAttempt(attempt("b.example", "p3", ban.ProxyFailure, "proxy_connect", 2*time.Second))
+	c.ObserveAttempt(attempt("b.example", "p3", ban.Ban, "Not A Reason!", 0))
 	c.ObserveQuarantine(proxyswitch.QuarantineEvent{Pool: "main", Site: "a.example", ProxyID: "p2", Reason: "http_429",
-		Kind: proxyswitch.Ban, Duration: 30 * time.Minute, InARow: 1})
+		Kind: ban.Ban, Duration: 30 * time.Minute, InARow: 1})
 	c.ObserveQuarantine(proxyswitch.QuarantineEvent{Pool: "main", Site: "b.example", ProxyID: "p3", Reason: "proxy_connect",
-		Kind: proxyswitch.ProxyFailure, Duration: time.Minute, InARow: 5, Dead: true})
+		Kind: ban.ProxyFailure, Duration: time.Minute, InARow: 5, Dead: true})
 
 	// p2 answers well on a.example 90s after its quarantine: one recovery.
 	clk.add(90 * time.Second)
-	c.ObserveAttempt(attempt("a.example", "p2", proxyswitch.OK, "", 0))
-	c.ObserveAttempt(attempt("a.example", "p2", proxyswitch.OK, "", 0)) // not a second one
+	c.ObserveAttempt(attempt("a.example", "p2", ban.OK, "", 0))
+	c.ObserveAttempt(attempt("a.example", "p2", ban.OK, "", 0)) // not a second one
 
 	f, page := scrape(t, c)
 	f.expect(t, []want{
@@ -93,7 +94,7 @@ func TestCollectorCountsEvents(t *testing.T) {
 	assert.NotContains(t, page, "proxyswitch_members", "no member list observed")
 
 	// Quarantines that never end in a good answer are forgotten after two days.
-	c.ObserveQuarantine(proxyswitch.QuarantineEvent{Site: "a.example", ProxyID: "p9", Kind: proxyswitch.Ban, Duration: time.Hour})
+	c.ObserveQuarantine(proxyswitch.QuarantineEvent{Site: "a.example", ProxyID: "p9", Kind: ban.Ban, Duration: time.Hour})
 	assert.EqualValues(t, 2, c.pendingN.Load())
 	clk.add(49 * time.Hour)
 	scrape(t, c)
@@ -136,10 +137,10 @@ func TestCollectorCountsSessions(t *testing.T) {
 func TestSiteLabelsAreBounded(t *testing.T) {
 	c, _ := testCollector(WithMaxSites(3))
 	for i := range 10 {
-		c.ObserveAttempt(attempt(fmt.Sprintf("s%d.example", i), "p", proxyswitch.OK, "", 0))
+		c.ObserveAttempt(attempt(fmt.Sprintf("s%d.example", i), "p", ban.OK, "", 0))
 	}
-	c.ObserveAttempt(attempt("s0.example", "p", proxyswitch.OK, "", 0))
-	c.ObserveAttempt(attempt("", "p", proxyswitch.OK, "", 0))
+	c.ObserveAttempt(attempt("s0.example", "p", ban.OK, "", 0))
+	c.ObserveAttempt(attempt("", "p", ban.OK, "", 0))
 	f, _ := scrape(t, c)
 	assert.Equal(t, []string{"_other", "s0.example", "s1.example", "s2.example"}, f.labelValues("proxyswitch_attempts_total", "site"))
 	v, _ := f.value("proxyswitch_attempts_total", "site=_other")
@@ -150,7 +151,7 @@ func TestSiteLabelsAreBounded(t *testing.T) {
 	// Invalid UTF-8 in a site (a custom site function) neither panics nor
 	// breaks the page.
 	c2, _ := testCollector()
-	c2.ObserveAttempt(attempt("bad\xff\xfesite", "p", proxyswitch.OK, "", 0))
+	c2.ObserveAttempt(attempt("bad\xff\xfesite", "p", ban.OK, "", 0))
 	f, _ = scrape(t, c2)
 	assert.Equal(t, []string{"bad\uFFFDsite"}, f.labelValues("proxyswitch_attempts_total", "site"))
 }
@@ -159,18 +160,18 @@ func TestTopProxies(t *testing.T) {
 	c, clk := testCollector(WithTopProxies(2), WithProxyWindow(4))
 	ms := time.Millisecond
 	// p1: 6 attempts, the last 4 are ok, ok, ban, failure (50% over the window).
-	for _, k := range []proxyswitch.Kind{proxyswitch.Ban, proxyswitch.Ban, proxyswitch.OK, proxyswitch.OK, proxyswitch.Ban, proxyswitch.ProxyFailure} {
+	for _, k := range []ban.Kind{ban.Ban, ban.Ban, ban.OK, ban.OK, ban.Ban, ban.ProxyFailure} {
 		c.ObserveAttempt(attempt("a", "p1", k, "x", 100*ms))
 	}
 	// p2: all good but slow; p3: all good and fast; p4: 1 of 4 bad.
 	for range 5 {
-		c.ObserveAttempt(attempt("a", "p2", proxyswitch.OK, "", 900*ms))
-		c.ObserveAttempt(attempt("b", "p3", proxyswitch.Neutral, "", 10*ms))
+		c.ObserveAttempt(attempt("a", "p2", ban.OK, "", 900*ms))
+		c.ObserveAttempt(attempt("b", "p3", ban.Neutral, "", 10*ms))
 	}
 	for i := range 4 {
-		k := proxyswitch.OK
+		k := ban.OK
 		if i == 0 {
-			k = proxyswitch.Ban
+			k = ban.Ban
 		}
 		c.ObserveAttempt(attempt("a", "p4", k, "x", time.Duration(i+1)*100*ms))
 	}
@@ -193,15 +194,15 @@ func TestTopProxies(t *testing.T) {
 
 	// p1 and p4 recover: the slow p2 is now among the worst two.
 	for range 4 {
-		c.ObserveAttempt(attempt("a", "p1", proxyswitch.OK, "", 5*ms))
-		c.ObserveAttempt(attempt("a", "p4", proxyswitch.OK, "", 5*ms))
+		c.ObserveAttempt(attempt("a", "p1", ban.OK, "", 5*ms))
+		c.ObserveAttempt(attempt("a", "p4", ban.OK, "", 5*ms))
 	}
 	f, _ = scrape(t, c)
 	assert.Equal(t, []string{"p2", "p3"}, f.labelValues("proxyswitch_proxy_success_ratio", "proxy"))
 
 	// An hour without attempts: forgotten.
 	clk.add(61 * time.Minute)
-	c.ObserveAttempt(attempt("a", "p3", proxyswitch.OK, "", 10*ms))
+	c.ObserveAttempt(attempt("a", "p3", ban.OK, "", 10*ms))
 	f, _ = scrape(t, c)
 	assert.Equal(t, []string{"p3"}, f.labelValues("proxyswitch_proxy_success_ratio", "proxy"))
 	v, _ = f.value("proxyswitch_tracked_proxies")
@@ -212,9 +213,9 @@ func TestJoinBanSpike(t *testing.T) {
 	c, clk := testCollector(WithJoinWindow(time.Minute))
 	feed := func(n, bans int) {
 		for i := range n {
-			k := proxyswitch.OK
+			k := ban.OK
 			if i < bans {
-				k = proxyswitch.Ban
+				k = ban.Ban
 			}
 			c.ObserveAttempt(attempt("a", "p", k, "http_403", 0))
 			clk.add(time.Second)
@@ -264,9 +265,9 @@ func TestJoinBanSpike(t *testing.T) {
 	// with the same ban share as before is no spike.
 	alternate := func(n int) {
 		for i := range n {
-			k := proxyswitch.OK
+			k := ban.OK
 			if i%2 == 0 {
-				k = proxyswitch.Ban
+				k = ban.Ban
 			}
 			c.ObserveAttempt(attempt("a", "p", k, "http_403", 0))
 			clk.add(time.Second)
@@ -317,7 +318,7 @@ func BenchmarkObserveAttempt(b *testing.B) {
 				i := 0
 				for pb.Next() {
 					i++
-					c.ObserveAttempt(attempt("ozon.example", ids[i%len(ids)], proxyswitch.OK, "", 120*time.Millisecond))
+					c.ObserveAttempt(attempt("ozon.example", ids[i%len(ids)], ban.OK, "", 120*time.Millisecond))
 				}
 			})
 		})
@@ -335,9 +336,9 @@ func TestConcurrentUse(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := range 500 {
-				k := proxyswitch.OK
+				k := ban.OK
 				if i%10 == 0 {
-					k = proxyswitch.Ban
+					k = ban.Ban
 					c.ObserveQuarantine(proxyswitch.QuarantineEvent{Site: "a", ProxyID: fmt.Sprint(g), Kind: k, Duration: time.Second})
 				}
 				c.ObserveAttempt(attempt("a", fmt.Sprint(g, i%7), k, "http_429", time.Millisecond))

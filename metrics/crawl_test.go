@@ -10,6 +10,7 @@ import (
 
 	"github.com/gocolly/colly/v2"
 	"github.com/proxyswitch/proxyswitch"
+	"github.com/proxyswitch/proxyswitch/ban"
 	"github.com/proxyswitch/proxyswitch/internal/redistest"
 	"github.com/proxyswitch/proxyswitch/internal/testbed"
 	"github.com/proxyswitch/proxyswitch/internal/testlog"
@@ -104,9 +105,9 @@ func TestScriptedCrawl(t *testing.T) {
 	require.Equal(t, 1, market.Count(testbed.DecidedForbidden))
 	require.Zero(t, dead.Requests())
 	require.Equal(t, map[proxyswitch.BanKey]int64{
-		{Site: a, Reason: proxyswitch.ReasonProxyConnect}: 1,
-		{Site: b, Reason: proxyswitch.ReasonProxyConnect}: 1,
-		{Site: b, Reason: "http_403"}:                     1,
+		{Site: a, Reason: ban.ReasonProxyConnect}: 1,
+		{Site: b, Reason: ban.ReasonProxyConnect}: 1,
+		{Site: b, Reason: "http_403"}:             1,
 	}, sw.BanCounts())
 
 	f, page := scrape(t, col, state)
@@ -440,7 +441,7 @@ func TestBanSpikeAfterJoin(t *testing.T) {
 		require.NoError(t, err)
 	}
 	col := New(sw, WithServer("w1"))
-	fast := []proxyswitch.MemberOption{proxyswitch.WithHeartbeat(50 * time.Millisecond), proxyswitch.WithMemberTTL(500 * time.Millisecond)}
+	fast := []proxyswitch.Option{proxyswitch.WithHeartbeat(50 * time.Millisecond), proxyswitch.WithMemberTTL(500 * time.Millisecond)}
 	m1, err := proxyswitch.NewMembership(sw, "w1", append(fast, proxyswitch.WithMembersChanged(col.ObserveMembers))...)
 	require.NoError(t, err)
 	require.NoError(t, m1.Start(ctx))

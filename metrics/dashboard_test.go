@@ -12,6 +12,7 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/proxyswitch/proxyswitch"
+	"github.com/proxyswitch/proxyswitch/ban"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -45,11 +46,11 @@ func everything(t *testing.T) families {
 
 	c, _ := testCollector(WithTopProxies(5))
 	c.ObserveMembers([]string{"w1"})
-	c.ObserveAttempt(attempt("ozon.example", "p1", proxyswitch.Ban, "http_403", time.Second))
-	c.ObserveQuarantine(proxyswitch.QuarantineEvent{Site: "ozon.example", ProxyID: "p1", Kind: proxyswitch.Ban, Reason: "http_403", Duration: time.Hour})
-	c.ObserveQuarantine(proxyswitch.QuarantineEvent{Site: "ozon.example", ProxyID: "p2", Kind: proxyswitch.ProxyFailure, Reason: "proxy_connect", Dead: true})
+	c.ObserveAttempt(attempt("ozon.example", "p1", ban.Ban, "http_403", time.Second))
+	c.ObserveQuarantine(proxyswitch.QuarantineEvent{Site: "ozon.example", ProxyID: "p1", Kind: ban.Ban, Reason: "http_403", Duration: time.Hour})
+	c.ObserveQuarantine(proxyswitch.QuarantineEvent{Site: "ozon.example", ProxyID: "p2", Kind: ban.ProxyFailure, Reason: "proxy_connect", Dead: true})
 	c.ObserveMembers([]string{"w1", "w2"})
-	c.ObserveAttempt(attempt("ozon.example", "p1", proxyswitch.OK, "", time.Second))
+	c.ObserveAttempt(attempt("ozon.example", "p1", ban.OK, "", time.Second))
 	c.ObserveSession(proxyswitch.SessionEvent{Site: "ozon.example", ProxyID: "p1"})
 	c.ObserveSession(proxyswitch.SessionEvent{Site: "ozon.example", ProxyID: "p1", Ended: true, Reason: "http_403", Requests: 7, Age: time.Minute})
 	q := newQueueStorage(t, shared.Client(t), 1)

@@ -47,8 +47,9 @@ func NewState(sw *proxyswitch.Switch, opts ...Option) *StateCollector {
 	desc := func(name, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc(name, help, labels, cl)
 	}
-	// Only Members is called: the ID is never registered.
-	m, _ := proxyswitch.NewMembership(sw, "proxyswitch-metrics")
+	// Only Members is called: the ID is never registered. The Switch's
+	// WithMembersChanged is not this reader's to call.
+	m, _ := proxyswitch.NewMembership(sw, "proxyswitch-metrics", proxyswitch.WithMembersChanged(nil))
 	return &StateCollector{
 		sw:      sw,
 		members: m,

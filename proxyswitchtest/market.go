@@ -127,7 +127,7 @@ type ShopStats struct {
 }
 
 // Host returns the platform's "127.0.0.1:PORT", the site proxyswitch leases
-// for (DefaultSite).
+// for (the default site function).
 func (p *Platform) Host() string { return p.Site.Host() }
 
 // URL returns the platform's base URL.

@@ -11,9 +11,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/url"
-	"os"
-	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -23,6 +22,8 @@ import (
 	"github.com/gocolly/colly/v2"
 	"github.com/gocolly/colly/v2/queue"
 	"github.com/proxyswitch/proxyswitch"
+	"github.com/proxyswitch/proxyswitch/ban"
+	"github.com/proxyswitch/proxyswitch/internal/engine"
 	"github.com/proxyswitch/proxyswitch/internal/redistest"
 	"github.com/proxyswitch/proxyswitch/internal/testbed"
 	"github.com/proxyswitch/proxyswitch/proxyswitchtest"
@@ -47,17 +48,11 @@ func embedded(t *testing.T) (*proxyswitchtest.Redis, *redis.Client) {
 func TestEveryScriptLoadsOnMiniredis(t *testing.T) {
 	_, rdb := embedded(t)
 
-	files, err := filepath.Glob("../lua/*.lua")
-	require.NoError(t, err)
-	require.NotEmpty(t, files)
-	storageFiles, err := filepath.Glob("../storage/lua/*.lua")
-	require.NoError(t, err)
-	require.NotEmpty(t, storageFiles)
-	files = append(files, storageFiles...)
-	for _, f := range files {
-		src, err := os.ReadFile(f)
-		require.NoError(t, err)
-		assert.NoError(t, rdb.ScriptLoad(context.Background(), string(src)).Err(), filepath.Base(f))
+	for _, r := range []*engine.Registry{engine.Root, engine.Storage} {
+		require.NotEmpty(t, r.Names())
+		for name, sc := range r.All() {
+			assert.NoError(t, sc.Load(context.Background(), rdb).Err(), "%s/%s", r.Dir(), name)
+		}
 	}
 }
 
@@ -144,28 +139,19 @@ return {tostring(num(redis.call('ZSCORE', KEYS[1], 'm')) == 1e15), tostring(num(
 	}
 }
 
-// scriptsNum returns the line that defines num, the same in every script of
-// lua/ that has it.
+// scriptsNum returns the line of lib.lua (in front of every script) that
+// defines num.
 func scriptsNum(t *testing.T) string {
 	t.Helper()
-	files, err := filepath.Glob("../lua/*.lua")
+	src, err := fs.ReadFile(engine.FS(), "lua/"+engine.LibFile)
 	require.NoError(t, err)
-	var def string
-	for _, f := range files {
-		src, err := os.ReadFile(f)
-		require.NoError(t, err)
-		for _, line := range strings.Split(string(src), "\n") {
-			if !strings.HasPrefix(line, "local function num(") {
-				continue
-			}
-			if def == "" {
-				def = line
-			}
-			assert.Equal(t, def, line, filepath.Base(f))
+	for line := range strings.Lines(string(src)) {
+		if strings.HasPrefix(line, "local function num(") {
+			return line
 		}
 	}
-	require.NotEmpty(t, def, "no script defines num")
-	return def + "\n"
+	t.Fatal("lib.lua defines no num")
+	return ""
 }
 
 // scenario runs every script of the library through the public API and
@@ -227,7 +213,7 @@ func scenario(t *testing.T, rdb *redis.Client, kill, restartEmpty func()) []stri
 	say("state a: %+v err=%v", state, err)
 
 	// penalize (a ban reported)
-	say("report ban: %v", b.Report(ctx, proxyswitch.Verdict{Kind: proxyswitch.Ban, Reason: "http_403"}))
+	say("report ban: %v", b.Report(ctx, ban.Verdict{Kind: ban.Ban, Reason: "http_403"}))
 	state, _ = sw.SiteState(ctx, "a.example")
 	say("state a after the ban: %+v", state)
 
@@ -238,7 +224,7 @@ func scenario(t *testing.T, rdb *redis.Client, kill, restartEmpty func()) []stri
 	c, err := sw.Lease(ctx, "b.example")
 	require.NoError(t, err)
 	dp := c.Proxy()
-	say("report failure of %s: %v", name[dp.ID()], c.Report(ctx, proxyswitch.Verdict{Kind: proxyswitch.ProxyFailure, Reason: proxyswitch.ReasonProxyConnect}))
+	say("report failure of %s: %v", name[dp.ID()], c.Report(ctx, ban.Verdict{Kind: ban.ProxyFailure, Reason: ban.ReasonProxyConnect}))
 	listDead(ctx, t, sw, say, name)
 	for _, site := range []string{"a.example", "b.example"} {
 		state, err = sw.SiteState(ctx, site)
@@ -342,7 +328,7 @@ func scenario(t *testing.T, rdb *redis.Client, kill, restartEmpty func()) []stri
 	// learnt on the local shard, Redis back empty.
 	fb, err := proxyswitch.NewSwitch(rdb, proxyswitch.WithPrefix("scripts"), proxyswitch.WithPool("fallback"),
 		proxyswitch.WithFallback("server-1", nil), proxyswitch.WithFallbackTimeout(300*time.Millisecond),
-		proxyswitch.WithMembership(proxyswitch.WithHeartbeat(100*time.Millisecond), proxyswitch.WithMemberTTL(time.Second)),
+		proxyswitch.WithHeartbeat(100*time.Millisecond), proxyswitch.WithMemberTTL(time.Second),
 		proxyswitch.WithAttemptTimeout(600*time.Millisecond), proxyswitch.WithMaxWait(5*time.Second))
 	require.NoError(t, err)
 	require.NoError(t, fb.Clear(ctx))
@@ -356,9 +342,9 @@ func scenario(t *testing.T, rdb *redis.Client, kill, restartEmpty func()) []stri
 	local, err := fb.Lease(ctx, "e.example")
 	require.NoError(t, err)
 	say("lease with Redis gone: mode %v", fb.FallbackStatus().Mode)
-	say("local ban: %v", local.Report(ctx, proxyswitch.Verdict{Kind: proxyswitch.Ban, Reason: "http_403"}))
+	say("local ban: %v", local.Report(ctx, ban.Verdict{Kind: ban.Ban, Reason: "http_403"}))
 	restartEmpty()
-	require.Eventually(t, func() bool { return fb.FallbackStatus().Mode == proxyswitch.ModeBroker }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return fb.FallbackStatus().Mode == "broker" }, 10*time.Second, 10*time.Millisecond)
 	fst = fb.FallbackStatus()
 	say("back: reseeded %d, bans written %d, outages %d", fst.Reseeded, fst.BansWritten, fst.Outages)
 	state, err = fb.SiteState(ctx, "e.example")

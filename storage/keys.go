@@ -52,7 +52,7 @@ func (k keyspace) bucket(b uint64) string {
 }
 
 // queueKeys are the keys of the queue, in the order the Lua scripts take
-// them as KEYS (see lua/q_*.lua).
+// them as KEYS (see internal/engine/lua/storage/q_*.lua).
 type queueKeys struct {
 	ready, data, tries, inflight, dead, why, seq string
 }

@@ -1,86 +1,28 @@
 package storage
 
-import (
-	_ "embed"
+import "github.com/proxyswitch/proxyswitch/internal/engine"
 
-	"github.com/redis/go-redis/v9"
-)
-
-// Every Lua script lives in its own file under lua/, headed by its KEYS and
-// ARGV. Script.Run sends EVALSHA and falls back to EVAL on NOSCRIPT, so a
-// restarted or failed-over Redis needs no manual script loading.
+// The Lua scripts live in internal/engine/lua/storage/, one file each,
+// headed by its KEYS and ARGV; the engine builds each into a *redis.Script
+// (lib.lua first). engine.Storage.Script panics at init for a name with no
+// file, and the engine's tests check that every file is a script and loads
+// on a real Redis.
 var (
-	//go:embed lua/visit.lua
-	visitLua    string
-	visitScript = redis.NewScript(visitLua)
-
-	//go:embed lua/isvisited.lua
-	isVisitedLua    string
-	isVisitedScript = redis.NewScript(isVisitedLua)
-
-	//go:embed lua/settle.lua
-	settleLua    string
-	settleScript = redis.NewScript(settleLua)
-
-	//go:embed lua/cookies_set.lua
-	cookiesSetLua    string
-	cookiesSetScript = redis.NewScript(cookiesSetLua)
-
-	//go:embed lua/cookies_get.lua
-	cookiesGetLua    string
-	cookiesGetScript = redis.NewScript(cookiesGetLua)
-
-	//go:embed lua/q_add.lua
-	qAddLua    string
-	qAddScript = redis.NewScript(qAddLua)
-
-	//go:embed lua/q_pop.lua
-	qPopLua    string
-	qPopScript = redis.NewScript(qPopLua)
-
-	//go:embed lua/q_ack.lua
-	qAckLua    string
-	qAckScript = redis.NewScript(qAckLua)
-
-	//go:embed lua/q_nack.lua
-	qNackLua    string
-	qNackScript = redis.NewScript(qNackLua)
-
-	//go:embed lua/q_extend.lua
-	qExtendLua    string
-	qExtendScript = redis.NewScript(qExtendLua)
-
-	//go:embed lua/q_release.lua
-	qReleaseLua    string
-	qReleaseScript = redis.NewScript(qReleaseLua)
-
-	//go:embed lua/q_stats.lua
-	qStatsLua    string
-	qStatsScript = redis.NewScript(qStatsLua)
-
-	//go:embed lua/q_requeue.lua
-	qRequeueLua    string
-	qRequeueScript = redis.NewScript(qRequeueLua)
-
-	//go:embed lua/q_dead.lua
-	qDeadLua    string
-	qDeadScript = redis.NewScript(qDeadLua)
+	visitScript      = engine.Storage.Script("visit")
+	isVisitedScript  = engine.Storage.Script("isvisited")
+	settleScript     = engine.Storage.Script("settle")
+	cookiesSetScript = engine.Storage.Script("cookies_set")
+	cookiesGetScript = engine.Storage.Script("cookies_get")
+	qAddScript       = engine.Storage.Script("q_add")
+	qPopScript       = engine.Storage.Script("q_pop")
+	qAckScript       = engine.Storage.Script("q_ack")
+	qNackScript      = engine.Storage.Script("q_nack")
+	qExtendScript    = engine.Storage.Script("q_extend")
+	qReleaseScript   = engine.Storage.Script("q_release")
+	qStatsScript     = engine.Storage.Script("q_stats")
+	qRequeueScript   = engine.Storage.Script("q_requeue")
+	qDeadScript      = engine.Storage.Script("q_dead")
 )
 
-// allScripts is every script the package runs; a test loads each one.
-var allScripts = map[string]*redis.Script{
-	"visit":       visitScript,
-	"isvisited":   isVisitedScript,
-	"settle":      settleScript,
-	"cookies_set": cookiesSetScript,
-	"cookies_get": cookiesGetScript,
-	"q_add":       qAddScript,
-	"q_pop":       qPopScript,
-	"q_ack":       qAckScript,
-	"q_nack":      qNackScript,
-	"q_extend":    qExtendScript,
-	"q_release":   qReleaseScript,
-	"q_stats":     qStatsScript,
-	"q_requeue":   qRequeueScript,
-	"q_dead":      qDeadScript,
-}
+// allScripts is every script of the package, by name; a test loads each one.
+var allScripts = engine.Storage.All()

@@ -201,10 +201,11 @@ func (a *app) newStorage(ns string) (*storage.Storage, error) {
 // default of 1, which would ban, unban, drain or revive slot 0 only (or
 // be refused).
 func (a *app) matchConcurrency(ctx context.Context) error {
-	k, err := a.sw.PoolConcurrency(ctx)
-	if err != nil || k <= 1 {
+	st, err := a.sw.Stats(ctx, "*")
+	if err != nil || st.Concurrency <= 1 {
 		return err
 	}
+	k := st.Concurrency
 	sw, err := a.newSwitch(a.sw.Pool(), proxyswitch.WithConcurrency(k))
 	if err != nil {
 		return err
@@ -330,7 +331,7 @@ func (a *app) list(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	out := make(map[string]proxyswitch.DeadProxy, len(dead))
+	out := make(map[string]proxyswitch.ProxyState, len(dead))
 	for _, d := range dead {
 		out[d.Proxy.ID()] = d
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"github.com/proxyswitch/proxyswitch"
+	"github.com/proxyswitch/proxyswitch/ban"
 	"github.com/proxyswitch/proxyswitch/internal/redistest"
 	"github.com/proxyswitch/proxyswitch/internal/testlog"
 	"github.com/proxyswitch/proxyswitch/storage"
@@ -193,7 +194,7 @@ func TestCLIOperatorCommands(t *testing.T) {
 	// and holds a lease on the second one for ozon.example.
 	leaseOf := func(site, id string) *proxyswitch.Lease { return leaseID(t, sw, site, id) }
 	l := leaseOf("avito.example", idThird)
-	require.NoError(t, l.Report(ctx, proxyswitch.Verdict{Kind: proxyswitch.ProxyFailure, Reason: proxyswitch.ReasonProxyConnect}))
+	require.NoError(t, l.Report(ctx, ban.Verdict{Kind: ban.ProxyFailure, Reason: ban.ReasonProxyConnect}))
 	held := leaseOf("ozon.example", idPlain)
 	defer held.Release(ctx)
 
@@ -331,7 +332,7 @@ func TestCLIListSite(t *testing.T) {
 		return leaseID(t, sw, site, proxyIDOf(t, url))
 	}
 	l := leaseOf(w, "avito.example", dead)
-	require.NoError(t, l.Report(ctx, proxyswitch.Verdict{Kind: proxyswitch.ProxyFailure, Reason: proxyswitch.ReasonProxyConnect}))
+	require.NoError(t, l.Report(ctx, ban.Verdict{Kind: ban.ProxyFailure, Reason: ban.ReasonProxyConnect}))
 	held := leaseOf(w, "ozon.example", plain)
 	defer held.Release(ctx)
 	r = run("ban", secret, "ozon.example", "2h")

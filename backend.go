@@ -1,0 +1,151 @@
+package proxyswitch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"github.com/proxyswitch/proxyswitch/ban"
+	"sync/atomic"
+	"time"
+)
+
+// A backend is a place leases come from. There are three, and two ways to
+// compose them; nothing outside their files asks which one it talks to:
+//
+//	redisPool  one pool in Redis: the lease scripts (redispool.go)
+//	localShard this server's share of one pool, in memory (fallbacklease.go)
+//	fbPool     a Redis pool with its local shard behind it, for WithFallback
+//	           and WithSharding: it serves from one or the other by the
+//	           fallback's mode (fallbacklease.go)
+//	router     several pools in order, for WithRoute and UsePools (routing.go)
+//
+// A Lease remembers the backend that granted it: its release, extension and
+// quarantine go back there, whichever route led to it.
+type backend interface {
+	// pool names the pool for errors, logs and the observer.
+	pool() string
+	// tryLease makes one lease attempt for site on scope, preferring proxy
+	// ID prefer: a lease, or how long until a proxy may free (no lease, no
+	// error), or an error wrapping ErrNoProxy.
+	tryLease(ctx context.Context, site, scope, prefer string) (*Lease, time.Duration, error)
+	// release ends l, owner-checked (ErrLeaseLost when another holder has
+	// its slot now).
+	release(ctx context.Context, l *Lease) error
+	// extend pushes l's expiry to now + ttl, owner-checked.
+	extend(ctx context.Context, l *Lease, ttl time.Duration) error
+	// penalize quarantines p on site after a ban.Ban or ban.ProxyFailure verdict,
+	// ending l with it when l is p's lease there.
+	penalize(ctx context.Context, site string, p *Proxy, l *Lease, v ban.Verdict) (penalty, error)
+	// broker returns the Redis pool for a request that only Redis can
+	// serve (a sticky session), or an error wrapping ErrNoProxy while the
+	// backend leases from elsewhere.
+	broker() (*redisPool, error)
+	// redis returns the Redis pool behind the backend, whatever it leases
+	// from now: where sessions and the pool's records live.
+	redis() *redisPool
+}
+
+// penalty is what a quarantine did.
+type penalty struct {
+	quarantine time.Duration
+	until      time.Time // Redis clock
+	strikes    int       // bans (or failures) in a row, this one included
+	dead       bool
+	ended      bool // it ended the lease it was given
+}
+
+// backendFor returns the backend of pool name: the Switch's own, or one
+// made on first use with the Switch's options (WithRoute, UsePools,
+// WithSessionPool), behind the Switch's fallback when it has one.
+func (s *Switch) backendFor(name string) (backend, error) {
+	if name == s.cfg.pool {
+		return s.own, nil
+	}
+	if v, ok := s.pools.Load(name); ok {
+		return v.(backend), nil
+	}
+	rp, err := newRedisPool(s, name)
+	if err != nil {
+		return nil, err
+	}
+	v, _ := s.pools.LoadOrStore(name, s.fb.wrap(rp))
+	return v.(backend), nil
+}
+
+// source returns the backend a lease for site comes from: a route over
+// several pools, or the Switch's own pool.
+func (s *Switch) source(ctx context.Context, site string) (backend, error) {
+	r := s.routeFor(ctx, site)
+	if r == nil {
+		return s.own, nil
+	}
+	rt := &router{spread: r.spread, pools: make([]backend, len(r.pools))}
+	for i, name := range r.pools {
+		be, err := s.backendFor(name)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrNoProxy, err)
+		}
+		rt.pools[i] = be
+	}
+	if len(rt.pools) == 1 {
+		return rt.pools[0], nil
+	}
+	return rt, nil
+}
+
+// router leases from several pools in order: a later pool only while every
+// proxy of the earlier ones is busy, quarantined or gone (WithRoute), or
+// starting at another pool each lease (WithSpread).
+type router struct {
+	pools  []backend
+	spread bool
+}
+
+// spreadNext picks the first pool of each lease of a spread route.
+var spreadNext atomic.Uint64
+
+func (r *router) pool() string { return r.pools[0].pool() }
+
+// tryLease makes one attempt over the pools: a lease from the first that
+// has one, or the shortest wait of them all.
+func (r *router) tryLease(ctx context.Context, site, scope, prefer string) (*Lease, time.Duration, error) {
+	first := 0
+	if r.spread {
+		first = int(spreadNext.Add(1) % uint64(len(r.pools)))
+	}
+	wait := time.Duration(-1)
+	var empty error
+	for i := range r.pools {
+		l, w, err := r.pools[(first+i)%len(r.pools)].tryLease(ctx, site, scope, prefer)
+		switch {
+		case l != nil:
+			return l, 0, nil
+		case errors.Is(err, ErrEmptyPool):
+			empty = err
+			continue
+		case err != nil:
+			return nil, 0, err
+		}
+		if wait < 0 || w < wait {
+			wait = w
+		}
+	}
+	if wait < 0 {
+		return nil, 0, empty
+	}
+	return nil, wait, nil
+}
+
+// A route's leases belong to the pool that granted them.
+func (r *router) release(ctx context.Context, l *Lease) error { return l.be.release(ctx, l) }
+func (r *router) extend(ctx context.Context, l *Lease, ttl time.Duration) error {
+	return l.be.extend(ctx, l, ttl)
+}
+func (r *router) penalize(ctx context.Context, site string, p *Proxy, l *Lease, v ban.Verdict) (penalty, error) {
+	if l != nil {
+		return l.be.penalize(ctx, site, p, l, v)
+	}
+	return r.pools[0].penalize(ctx, site, p, l, v)
+}
+func (r *router) broker() (*redisPool, error) { return r.pools[0].broker() }
+func (r *router) redis() *redisPool           { return r.pools[0].redis() }

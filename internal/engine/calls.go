@@ -1,0 +1,165 @@
+package engine
+
+import (
+	"context"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Typed calls of the root scripts that the pool administration (pool.go),
+// the operator actions (operator.go) and the state reads (state.go,
+// sites.go, proxystate.go) run: one struct per script, a field per KEYS or
+// ARGV entry as the script's header names it, and Run to send it (EVALSHA,
+// EVAL on NOSCRIPT). Zero fields are sent as they are: the caller fills
+// every one.
+
+var (
+	listScript        = Root.Script("list")
+	metaGetScript     = Root.Script("meta_get")
+	statsScript       = Root.Script("stats")
+	poolUpdateScript  = Root.Script("pool_update")
+	unbanScript       = Root.Script("unban")
+	drainScript       = Root.Script("drain")
+	clearScript       = Root.Script("clear")
+	sitesScript       = Root.Script("sites")
+	stateScript       = Root.Script("state")
+	proxyStatesScript = Root.Script("proxy_states")
+)
+
+// List runs list.lua: the pool's proxies, id, URL, id, URL, ...
+type List struct {
+	Pool string // KEYS[1] pool hash
+}
+
+// Run sends the call.
+func (c List) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
+	return listScript.Run(ctx, rdb, []string{c.Pool})
+}
+
+// MetaGet runs meta_get.lua: one field of the pool's meta hash (redis.Nil
+// for none).
+type MetaGet struct {
+	Meta  string // KEYS[1] meta hash
+	Field string // ARGV[1]
+}
+
+// Run sends the call.
+func (c MetaGet) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
+	return metaGetScript.Run(ctx, rdb, []string{c.Meta}, c.Field)
+}
+
+// Stats runs stats.lua: a snapshot of the pool as one scope sees it.
+type Stats struct {
+	Pool  string // KEYS[1] pool hash
+	Free  string // KEYS[2] the scope's free zset
+	Lease string // KEYS[3] the scope's lease hash
+}
+
+// Run sends the call.
+func (c Stats) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
+	return statsScript.Run(ctx, rdb, []string{c.Pool, c.Free, c.Lease})
+}
+
+// PoolUpdate runs pool_update.lua: add, remove or replace proxies.
+type PoolUpdate struct {
+	Pool, Sites, Meta, Dead, Fails, Quarantine string // KEYS[1..6]
+
+	Mode    string        // ARGV[1] "add", "remove" or "replace"
+	Prefix  string        // ARGV[2] the pool's key prefix "{prefix:pool}"
+	IdleTTL time.Duration // ARGV[3] sites not leased for that long are forgotten
+	Entries []any         // ARGV[4..] add, replace: id, URL, ...; remove: id, ...
+}
+
+// Run sends the call.
+func (c PoolUpdate) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
+	argv := append([]any{c.Mode, c.Prefix, c.IdleTTL.Milliseconds()}, c.Entries...)
+	return poolUpdateScript.Run(ctx, rdb, []string{c.Pool, c.Sites, c.Meta, c.Dead, c.Fails, c.Quarantine}, argv...)
+}
+
+// Unban runs unban.lua: end a proxy's quarantine on one scope.
+type Unban struct {
+	Free, Lease, Strikes string // KEYS[1..3] of the scope
+
+	Proxy string // ARGV[1] proxy id
+	Slots int    // ARGV[2] slots per proxy (K)
+}
+
+// Run sends the call.
+func (c Unban) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
+	return unbanScript.Run(ctx, rdb, []string{c.Free, c.Lease, c.Strikes}, c.Proxy, c.Slots)
+}
+
+// Drain runs drain.lua: take proxies out of every site's rotation.
+type Drain struct {
+	Dead, Sites, Pool string // KEYS[1..3]
+
+	Prefix  string   // ARGV[1] the pool's key prefix "{prefix:pool}"
+	Slots   int      // ARGV[2] slots per proxy (K)
+	Proxies []string // ARGV[3..] proxy ids
+}
+
+// Run sends the call.
+func (c Drain) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
+	argv := []any{c.Prefix, c.Slots}
+	for _, id := range c.Proxies {
+		argv = append(argv, id)
+	}
+	return drainScript.Run(ctx, rdb, []string{c.Dead, c.Sites, c.Pool}, argv...)
+}
+
+// Clear runs clear.lua: delete every key of one pool.
+type Clear struct {
+	Sites  string   // KEYS[1] sites zset
+	Others []string // KEYS[2..] the other pool-wide keys
+
+	Prefix string // ARGV[1] the pool's key prefix "{prefix:pool}"
+}
+
+// Run sends the call.
+func (c Clear) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
+	return clearScript.Run(ctx, rdb, append([]string{c.Sites}, c.Others...), c.Prefix)
+}
+
+// Sites runs sites.lua: the sites leased within the idle TTL, most recent
+// first, site, ms, site, ms, ...
+type Sites struct {
+	Sites   string        // KEYS[1] sites zset
+	IdleTTL time.Duration // ARGV[1]
+}
+
+// Run sends the call.
+func (c Sites) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
+	return sitesScript.Run(ctx, rdb, []string{c.Sites}, c.IdleTTL.Milliseconds())
+}
+
+// StateKeys are the KEYS of state.lua and proxy_states.lua for one scope.
+type StateKeys struct {
+	Pool, Free, Lease, Strikes, Quarantine, Dead, Meta string // KEYS[1..7]
+}
+
+func (k StateKeys) keys() []string {
+	return []string{k.Pool, k.Free, k.Lease, k.Strikes, k.Quarantine, k.Dead, k.Meta}
+}
+
+// State runs state.lua: counts of the pool's slots by state on one scope.
+type State struct {
+	StateKeys
+	Slots int // ARGV[1] the caller's concurrency (a pool that recorded none)
+}
+
+// Run sends the call.
+func (c State) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
+	return stateScript.Run(ctx, rdb, c.keys(), c.Slots)
+}
+
+// ProxyStates runs proxy_states.lua: the state of every proxy on one scope.
+type ProxyStates struct {
+	StateKeys
+	Slots int // ARGV[1] the caller's concurrency (a pool that recorded none)
+}
+
+// Run sends the call.
+func (c ProxyStates) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
+	return proxyStatesScript.Run(ctx, rdb, c.keys(), c.Slots)
+}

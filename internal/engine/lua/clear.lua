@@ -1,0 +1,24 @@
+-- clear.lua: delete every key of one pool, found through the pool's own
+-- registries (no KEYS or SCAN glob, so other pools and prefixes are never
+-- touched).
+--
+-- KEYS[1] sites zset  scope -> unix ms of its last lease
+-- KEYS[2..] the other pool-wide keys to delete (pool hash, meta hash, ...)
+-- ARGV[1] key prefix "{prefix:pool}": the per-site keys of site S are
+--         ARGV[1]..":free:"..S, ":lease:"..S and ":strikes:"..S
+--
+-- Why a prefix and not KEYS: the sites are the members of KEYS[1], read
+-- here, atomically; a caller listing them first could miss one leased in
+-- between. The prefix must be KEYS[1]'s hash tag (lib.lua's pool_prefix),
+-- so every key stays in the pool's cluster slot.
+-- Returns the number of keys deleted.
+local base, badbase = pool_prefix(ARGV[1])
+if not base then return redis.error_reply(badbase) end
+local n = 0
+for _, sc in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  n = n + redis.call('DEL', base .. ':free:' .. sc, base .. ':lease:' .. sc, base .. ':strikes:' .. sc)
+end
+for i = 1, #KEYS do
+  n = n + redis.call('DEL', KEYS[i])
+end
+return n

@@ -1,0 +1,35 @@
+-- drain.lua: take proxies out of every site's rotation (an operator's call):
+-- they are marked dead with the reason "drained", so Dead lists them and
+-- Revive brings them back. Requests already under way finish: their
+-- release keeps the slot out.
+--
+-- KEYS[1] dead hash   id -> "<ms>|<reason>"
+-- KEYS[2] sites zset  scope -> unix ms of its last lease
+-- KEYS[3] pool hash   id -> proxy URL
+-- ARGV[1] key prefix "{prefix:pool}" (the free set of scope S is ARGV[1]..":free:"..S)
+-- ARGV[2] slots per proxy (K)
+-- ARGV[3..] proxy ids
+--
+-- Why a prefix and not KEYS: the free sets are those of every site in
+-- KEYS[2], read here, atomically. The prefix must be KEYS[1]'s hash tag
+-- (lib.lua's pool_prefix), so every key stays in the pool's cluster slot.
+-- Returns the number of proxies drained (those in the pool).
+local base, badbase = pool_prefix(ARGV[1])
+if not base then return redis.error_reply(badbase) end
+local now = now_ms()
+local sites = redis.call('ZRANGE', KEYS[2], 0, -1)
+local n = 0
+for i = 3, #ARGV do
+  local id = ARGV[i]
+  if redis.call('HEXISTS', KEYS[3], id) == 1 then
+    n = n + 1
+    redis.call('HSET', KEYS[1], id, now .. '|drained')
+    for _, sc in ipairs(sites) do
+      local fk = base .. ':free:' .. sc
+      for s = 0, tonumber(ARGV[2]) - 1 do
+        redis.call('ZADD', fk, 'XX', DEAD, id .. ':' .. s)
+      end
+    end
+  end
+end
+return n

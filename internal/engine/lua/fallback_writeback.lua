@@ -1,0 +1,91 @@
+-- fallback_writeback.lua: when Redis is back, write what a Switch learnt on
+-- its local shard (fallback.go): the quarantines, and the local leases still
+-- running, so that no other server leases their proxies from Redis.
+--
+-- KEYS[1] pool hash        id -> proxy URL
+-- KEYS[2] sites zset       scope -> unix ms of its last lease
+-- KEYS[3] meta hash        "slots" -> concurrent requests per proxy per site
+-- KEYS[4] dead hash        id -> "<ms>|<reason>"
+-- KEYS[5] quarantine zset  id -> unix ms until which it is banned on every site
+-- ARGV[1] key prefix "{prefix:pool}": the free set of scope S is ARGV[1]..":free:"..S,
+--         its lease hash ARGV[1]..":lease:"..S (same hash tag as KEYS; checked).
+--         Why a prefix and not KEYS: a ban on every site ("" scope) reaches
+--         the sites of KEYS[2], read here, atomically.
+-- ARGV[2] idle TTL ms     ARGV[3] slots (K) of the writer     ARGV[4] max quarantine ms
+-- ARGV[5..] entries of five:
+--   "ban",   scope ("" for every site), proxy id, "",    ms left
+--   "lease", scope,                     member,   token, ms left
+--
+-- A quarantine only ever lengthens (GT); proxies no longer in the pool are
+-- skipped. A scope whose free set is gone (Redis restarted empty) gets it
+-- back as lease.lua builds it. Time comes from TIME.
+-- Returns {quarantines written, leases written}.
+local now = now_ms()
+local base, badbase = pool_prefix(ARGV[1])
+if not base then return redis.error_reply(badbase) end
+local idle, maxq = tonumber(ARGV[2]), tonumber(ARGV[4])
+local slots = redis.call('HGET', KEYS[3], 'slots')
+if not slots then
+  redis.call('HSET', KEYS[3], 'slots', ARGV[3])
+  slots = ARGV[3]
+end
+slots = tonumber(slots)
+
+local ready = {}
+local function free(scope)
+  local fk = base .. ':free:' .. scope
+  if ready[scope] then return fk end
+  ready[scope] = true
+  if redis.call('EXISTS', fk) == 0 then
+    local held = {}
+    local q = redis.call('ZRANGEBYSCORE', KEYS[5], '(' .. now, '+inf', 'WITHSCORES')
+    for i = 1, #q, 2 do held[q[i]] = num(q[i + 1]) end
+    for _, id in ipairs(redis.call('HKEYS', KEYS[4])) do held[id] = DEAD end
+    local batch = {}
+    for _, id in ipairs(redis.call('HKEYS', KEYS[1])) do
+      for s = 0, slots - 1 do
+        batch[#batch + 1] = held[id] or 0
+        batch[#batch + 1] = id .. ':' .. s
+      end
+      if #batch >= 4000 then
+        redis.call('ZADD', fk, unpack(batch))
+        batch = {}
+      end
+    end
+    if #batch > 0 then redis.call('ZADD', fk, unpack(batch)) end
+  end
+  redis.call('ZADD', KEYS[2], now, scope)
+  redis.call('PEXPIRE', KEYS[2], idle)
+  redis.call('PEXPIRE', fk, idle)
+  return fk
+end
+
+local function push(fk, id, untl)
+  for s = 0, slots - 1 do redis.call('ZADD', fk, 'XX', 'GT', untl, id .. ':' .. s) end
+end
+
+local bans, leases = 0, 0
+for i = 5, #ARGV - 4, 5 do
+  local kind, scope, who, token = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
+  local untl = now + tonumber(ARGV[i + 4])
+  if kind == 'ban' and redis.call('HEXISTS', KEYS[1], who) == 1 then
+    bans = bans + 1
+    if scope == '' then
+      redis.call('ZADD', KEYS[5], 'GT', untl, who)
+      redis.call('PEXPIRE', KEYS[5], maxq + 60000)
+      for _, sc in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do push(base .. ':free:' .. sc, who, untl) end
+    else
+      push(free(scope), who, untl)
+    end
+  elseif kind == 'lease' then
+    local id = string.match(who, '^(.*):%d+$')
+    if id and redis.call('HEXISTS', KEYS[1], id) == 1 then
+      leases = leases + 1
+      redis.call('ZADD', free(scope), 'XX', 'GT', untl, who)
+      local lk = base .. ':lease:' .. scope
+      redis.call('HSET', lk, who, token .. '|' .. untl)
+      redis.call('PEXPIRE', lk, idle)
+    end
+  end
+end
+return {bans, leases}

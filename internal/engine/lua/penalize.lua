@@ -1,0 +1,140 @@
+-- penalize.lua: quarantine a proxy after a site ban or a proxy failure, and
+-- end the lease it was caught with (owner-checked). The quarantine is the
+-- score of all K slots of the proxy in the free set(s): no lease anywhere in
+-- the cluster hands it out before the score passes, and nothing has to lift
+-- it afterwards.
+--
+-- KEYS[1] free zset       of the scope  "<id>:<slot>" -> unix ms at which it is next available
+-- KEYS[2] lease hash      of the scope  "<id>:<slot>" -> "<token>|<expiry ms>"
+-- KEYS[3] strikes hash    of the scope  id -> "<bans in a row>|<ms of the last>|<its end, ms>"
+-- KEYS[4] fails hash      (pool)        id -> "<failures in a row>|<all hard 0/1>|<several sites 0/1>|<site of the first>"
+-- KEYS[5] dead hash       (pool)        id -> "<ms>|<reason>"
+-- KEYS[6] sites zset      (pool)        scope -> unix ms of its last lease
+-- KEYS[7] quarantine zset (pool)        id -> unix ms until which it is banned on every site
+-- ARGV[1]  "ban" or "fail"              ARGV[2] proxy id
+-- ARGV[3]  member of the lease to end, or ""     ARGV[4] its owner token, or ""
+-- ARGV[5]  base quarantine ms           ARGV[6] max quarantine ms
+-- ARGV[7]  minimum quarantine ms (the site's Retry-After), at most ARGV[6]
+-- ARGV[8]  jitter, permille (850..1150)
+-- ARGV[9]  "1": ban on every site, not only on this scope
+-- ARGV[10] key prefix "{prefix:pool}": the free set of scope S is ARGV[10]..":free:"..S,
+--          its lease hash ARGV[10]..":lease:"..S (same hash tag, hence same cluster slot;
+--          checked). Why a prefix and not KEYS: a ban on every site and a
+--          dead proxy reach the sites of KEYS[6], read here, atomically.
+-- ARGV[11] idle TTL ms of the bookkeeping hashes
+-- ARGV[12] fail: "1" when only the proxy can be at fault (could not connect, refused credentials)
+-- ARGV[13] fail: failures in a row that make a proxy dead; "0" = never
+-- ARGV[14] site (tells failures on several sites apart)   ARGV[15] reason
+-- ARGV[16] slots per proxy (K)
+--
+-- Backoff: the n-th ban in a row of a proxy on a site (no healthy response
+-- in between, see release.lua; a run older than twice the max quarantine is
+-- forgotten; a ban met while the last one still runs is the same offence)
+-- quarantines it for base * 2^(n-1), jittered, capped at max, never less
+-- than the minimum. A ban proves the proxy itself
+-- works, so it ends its run of failures. A run of failures makes the proxy
+-- dead when it is long enough and either every failure was the proxy's alone
+-- or they happened on more than one site (so one site's outage never kills
+-- the pool). A dead proxy's slots go to DEAD in every site's free set, and
+-- new sites start it there too (lease.lua), until revive.lua.
+--
+-- Returns {quarantine ms, until ms, offences in a row, dead 0/1, lease ended 0/1}.
+local pool, badpool = pool_prefix(ARGV[10])
+if not pool then return redis.error_reply(badpool) end
+local now = now_ms()
+local id = ARGV[2]
+local base, maxq, minq = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local idle = tonumber(ARGV[11])
+
+local n, dead = 1, false
+if ARGV[1] == 'ban' then
+  local v = redis.call('HGET', KEYS[3], id)
+  if v then
+    local c, last, till = string.match(v, '^(%d+)|(%d+)|(%d+)$')
+    if c and now - tonumber(last) <= 2 * maxq then
+      n = tonumber(c) + 1
+      -- Still quarantined: another request through the same proxy (a slot
+      -- of WithConcurrency, a request under way) met the same ban.
+      if now < tonumber(till) then n = tonumber(c) end
+    end
+  end
+  redis.call('HDEL', KEYS[4], id)
+else
+  local hard, multi, first = ARGV[12], '0', ARGV[14]
+  local v = redis.call('HGET', KEYS[4], id)
+  if v then
+    local c, h, m, s = string.match(v, '^(%d+)|([01])|([01])|(.*)$')
+    if c then
+      n = tonumber(c) + 1
+      if h == '0' then hard = '0' end
+      multi = m
+      if s ~= ARGV[14] then multi = '1' end
+      first = s
+    end
+  end
+  redis.call('HSET', KEYS[4], id, n .. '|' .. hard .. '|' .. multi .. '|' .. first)
+  redis.call('PEXPIRE', KEYS[4], idle)
+  local after = tonumber(ARGV[13])
+  dead = after > 0 and n >= after and (hard == '1' or multi == '1')
+end
+
+local q = base * 2 ^ (n - 1)
+if q > maxq then q = maxq end
+q = math.floor(q * tonumber(ARGV[8]) / 1000)
+if q > maxq then q = maxq end
+if q < minq then q = minq end
+local untl = now + q
+if ARGV[1] == 'ban' then
+  redis.call('HSET', KEYS[3], id, n .. '|' .. now .. '|' .. untl)
+  redis.call('PEXPIRE', KEYS[3], idle)
+end
+if dead then
+  untl = DEAD
+  redis.call('HSET', KEYS[5], id, now .. '|' .. ARGV[15])
+end
+
+-- End the lease first (owner-checked): its slot's score is the lease's
+-- expiry, which the quarantine replaces.
+local mine, mineexp = nil, nil
+if ARGV[3] ~= '' then
+  local v = redis.call('HGET', KEYS[2], ARGV[3])
+  local sep = v and string.find(v, '|', 1, true)
+  if sep and string.sub(v, 1, sep - 1) == ARGV[4] then
+    redis.call('HDEL', KEYS[2], ARGV[3])
+    mine, mineexp = ARGV[3], tonumber(string.sub(v, sep + 1))
+  end
+end
+
+-- Every slot of the proxy is pushed out to untl. A slot another request
+-- holds past untl keeps its lease's expiry, plus 1 ms so that its release
+-- (release.lua keeps a score that is not the lease's own) cannot bring it
+-- back before the quarantine ends.
+local slots = tonumber(ARGV[16])
+local function push(fk, lk)
+  for s = 0, slots - 1 do
+    local m = id .. ':' .. s
+    local sc = redis.call('ZSCORE', fk, m)
+    if sc then
+      sc = num(sc)
+      if sc < untl or (fk == KEYS[1] and m == mine and sc == mineexp) then
+        redis.call('ZADD', fk, untl, m)
+      else
+        local v = redis.call('HGET', lk, m)
+        local exp = v and tonumber(string.match(v, '|(%d+)$'))
+        if exp and exp == sc and sc < DEAD then redis.call('ZADD', fk, sc + 1, m) end
+      end
+    end
+  end
+end
+push(KEYS[1], KEYS[2])
+if dead or ARGV[9] == '1' then
+  for _, sc in ipairs(redis.call('ZRANGE', KEYS[6], 0, -1)) do
+    push(pool .. ':free:' .. sc, pool .. ':lease:' .. sc)
+  end
+  if not dead then
+    redis.call('ZREMRANGEBYSCORE', KEYS[7], '-inf', now)
+    redis.call('ZADD', KEYS[7], 'GT', untl, id)
+    redis.call('PEXPIRE', KEYS[7], maxq + 60000)
+  end
+end
+return {q, untl, n, dead and 1 or 0, mine and 1 or 0}

@@ -1,0 +1,44 @@
+-- revive.lua: put dead proxies back into every site's rotation at once.
+--
+-- KEYS[1] dead hash   id -> "<ms>|<reason>"
+-- KEYS[2] fails hash  id -> proxy failures in a row
+-- KEYS[3] sites zset  scope -> unix ms of its last lease
+-- ARGV[1] key prefix "{prefix:pool}": the free set of scope S is ARGV[1]..":free:"..S,
+--         its lease hash ARGV[1]..":lease:"..S (same hash tag as KEYS)
+-- ARGV[2] slots per proxy (K)
+-- ARGV[3..] proxy ids
+--
+-- Why a prefix and not KEYS: the free sets and lease hashes are those of
+-- every site in KEYS[3], read here, atomically. The prefix must be KEYS[1]'s
+-- hash tag (lib.lua's pool_prefix), so every key stays in the pool's slot.
+-- A slot still held by a live lease (taken before the proxy died) comes back
+-- when that lease expires, never earlier: no slot is ever leased twice.
+-- Returns the number of proxies that were dead and are not any more.
+local base, badbase = pool_prefix(ARGV[1])
+if not base then return redis.error_reply(badbase) end
+local now = now_ms()
+local slots = tonumber(ARGV[2])
+local sites = redis.call('ZRANGE', KEYS[3], 0, -1)
+local revived = 0
+for i = 3, #ARGV do
+  local id = ARGV[i]
+  if redis.call('HDEL', KEYS[1], id) == 1 then
+    revived = revived + 1
+    redis.call('HDEL', KEYS[2], id)
+    for _, sc in ipairs(sites) do
+      local fk, lk = base .. ':free:' .. sc, base .. ':lease:' .. sc
+      for s = 0, slots - 1 do
+        local m = id .. ':' .. s
+        local score = num(redis.call('ZSCORE', fk, m))
+        if score and score >= DEAD then
+          local at = now
+          local v = redis.call('HGET', lk, m)
+          local exp = v and tonumber(string.match(v, '|(%d+)$'))
+          if exp and exp > now then at = exp end
+          redis.call('ZADD', fk, at, m)
+        end
+      end
+    end
+  end
+end
+return revived

@@ -1,0 +1,153 @@
+-- session_lib.lua: helpers shared by the session scripts. The engine
+-- (internal/engine) puts this file (after lib.lua) in front of each script
+-- whose header says "-- include: session_lib.lua", so every script stays one
+-- EVALSHA; it runs nothing by itself.
+--
+-- A session record (hash, TTL: the session TTL, renewed by each use):
+--   id       session ID (hex); absent once the session ended (a tombstone)
+--   gen      sessions the task had in a row (1 for its first)
+--   proxy    proxy ID     created  ms     exp  ms: when every lease ends unless renewed
+--   n        requests sent through the session
+--   s:<scope> "<id>:<slot>": the slot the session holds on that scope, leased
+--            to the token "s:<session ID>" until exp, at score exp
+--   rid, rproxy, rreason, rsite, rat, rn, rcreated: the task's previous
+--            session, when it was retired (a tombstone keeps only these and gen)
+-- A session's cookie jar is the hash <prefix>:sjar:<session ID>, with the
+-- record's TTL. The zset <prefix>:sessions holds the live sessions' IDs
+-- scored by expiry (track); the scripts take it as KEYS[3]. DEAD and now_ms
+-- come from lib.lua.
+--
+-- Why a key prefix (<prefix>, checked by lib.lua's pool_prefix) and not
+-- KEYS: the free set and lease hash of every scope a session holds are
+-- named by the scopes in its record, and its jar by the session ID in it,
+-- which only the script reads.
+
+-- read_record returns the record at key as a table ({} if there is none),
+-- or nil and what is wrong with the key.
+local function read_record(key)
+  local typ = redis.call('TYPE', key)['ok']
+  if typ == 'none' then return {} end
+  if typ ~= 'hash' then return nil, 'the key holds a ' .. typ .. ', not a hash' end
+  local flat = redis.call('HGETALL', key)
+  local r = {}
+  for i = 1, #flat, 2 do r[flat[i]] = flat[i + 1] end
+  return r
+end
+
+-- held returns the {scope, member} pairs the session holds.
+local function held(r)
+  local out = {}
+  for f, m in pairs(r) do
+    if string.sub(f, 1, 2) == 's:' then out[#out + 1] = {string.sub(f, 3), m} end
+  end
+  return out
+end
+
+-- check_live returns what is wrong with a live record (one with an id), or nil.
+local function check_live(r)
+  if not string.match(r.id, '^%x+$') then return 'bad field id' end
+  if not r.proxy or not string.match(r.proxy, '^%x+$') then return 'bad field proxy' end
+  for _, f in ipairs({'gen', 'created', 'exp', 'n'}) do
+    if not r[f] or not string.match(r[f], '^%d+$') then return 'bad field ' .. f end
+  end
+  for _, h in ipairs(held(r)) do
+    if string.match(h[2], '^(%x+):%d+$') ~= r.proxy then return 'bad slot for scope ' .. h[1] end
+  end
+  return nil
+end
+
+-- hold leases member on scope to token until exp (score exp), and keeps the
+-- proxy's other slots on scope out of rotation until exp too: a slot another
+-- request holds keeps its lease, and its release keeps the pushed score.
+local function hold(base, scope, proxy, member, token, exp, slots, idle)
+  local fk, lk = base .. ':free:' .. scope, base .. ':lease:' .. scope
+  redis.call('ZADD', fk, exp, member)
+  redis.call('HSET', lk, member, token .. '|' .. exp)
+  for s = 0, slots - 1 do
+    local m = proxy .. ':' .. s
+    if m ~= member then redis.call('ZADD', fk, 'XX', 'GT', exp, m) end
+  end
+  redis.call('PEXPIRE', fk, idle)
+  redis.call('PEXPIRE', lk, idle)
+end
+
+-- intact reports whether the session still holds member on scope: its lease
+-- entry and its score are what the session wrote (a ban, a drain or a lost
+-- lease changes one of them).
+local function intact(base, scope, member, token, exp)
+  if redis.call('HGET', base .. ':lease:' .. scope, member) ~= token .. '|' .. exp then return 'lease_lost' end
+  local sc = redis.call('ZSCORE', base .. ':free:' .. scope, member)
+  if not sc then return 'lease_lost' end
+  sc = tonumber(sc) -- nil for "1e+15" in some Lua builds: dead all the same
+  if not sc or sc >= DEAD then return 'proxy_dead' end
+  if sc ~= tonumber(exp) then return 'quarantined' end
+  return nil
+end
+
+-- track puts session id, live until exp, in the pool's set of live
+-- sessions k (<prefix>:sessions, a zset scored by expiry: Switch.LiveSessions
+-- counts it). With trim, sessions that lapsed unseen (no end_session ran)
+-- leave it.
+local function track(k, id, exp, idle, now, trim)
+  if trim then redis.call('ZREMRANGEBYSCORE', k, '-inf', now) end
+  redis.call('ZADD', k, exp, id)
+  redis.call('PEXPIRE', k, idle)
+end
+
+-- end_session ends the live session r of record key (base: the pool's key
+-- prefix, sessions: its set of live sessions): every slot it holds
+-- comes back after the cooldown, or after hold ms (the session's requests
+-- still under way finish first; never later than the session's expiry); a
+-- slot pushed further out, by a ban, stays out. Its cookie jar goes, and
+-- with a reason the record becomes a tombstone naming the session (TTL
+-- ttl), else it is deleted.
+local function end_session(key, r, base, sessions, reason, site, now, cooldown, slots, ttl, hold)
+  local token, exp = 's:' .. r.id, tonumber(r.exp)
+  local back = math.max(math.min(now + hold, exp), now + cooldown)
+  for _, h in ipairs(held(r)) do
+    local fk, lk = base .. ':free:' .. h[1], base .. ':lease:' .. h[1]
+    local at = back
+    local own = tonumber(redis.call('ZSCORE', fk, h[2]) or '')
+    if redis.call('HGET', lk, h[2]) == token .. '|' .. r.exp then
+      redis.call('HDEL', lk, h[2])
+      if own == exp then
+        redis.call('ZADD', fk, at, h[2])
+        own = at
+      end
+    end
+    -- The other slots follow the session's own: a ban that pushed it out
+    -- holds the whole proxy back.
+    if own and own > at and own < DEAD then at = own end
+    for s = 0, slots - 1 do
+      local m = r.proxy .. ':' .. s
+      local sc = m ~= h[2] and redis.call('ZSCORE', fk, m)
+      if sc and tonumber(sc) == exp then
+        local v = redis.call('HGET', lk, m)
+        local e = v and tonumber(string.match(v, '|(%d+)$'))
+        redis.call('ZADD', fk, math.max(at, e or 0), m)
+      end
+    end
+  end
+  redis.call('DEL', base .. ':sjar:' .. r.id, key)
+  redis.call('ZREM', sessions, r.id)
+  if reason ~= '' then
+    redis.call('HSET', key, 'gen', r.gen, 'rid', r.id, 'rproxy', r.proxy, 'rreason', reason, 'rsite', site,
+      'rat', now, 'rn', r.n, 'rcreated', r.created)
+    redis.call('PEXPIRE', key, ttl)
+  end
+end
+
+-- previous is the reply part that describes the task's previous session:
+-- rid, rproxy, its URL (or ""), rreason, rsite, rat, rn, rcreated.
+local function previous(r, pool)
+  local url = r.rproxy and redis.call('HGET', pool, r.rproxy) or ''
+  return {r.rid or '', r.rproxy or '', url or '', r.rreason or '', r.rsite or '', r.rat or '0', r.rn or '0', r.rcreated or '0'}
+end
+
+-- jar_ok reports whether key is a cookie jar or nothing.
+local function jar_ok(key)
+  local typ = redis.call('TYPE', key)['ok']
+  return typ == 'none' or typ == 'hash', typ
+end
+
+-- Script body.

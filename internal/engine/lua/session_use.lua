@@ -1,0 +1,91 @@
+-- session_use.lua: use a task's sticky session for one request on one scope
+-- (session_lib.lua comes first).
+-- include: session_lib.lua
+--
+-- KEYS[1] session record  {prefix:pool}:session:<task>
+-- KEYS[2] pool hash       id -> proxy URL
+-- KEYS[3] live sessions zset  session ID -> expiry ms
+-- ARGV[1] key prefix "{prefix:pool}": the per-scope keys of the scopes the
+--         session holds and its jar are derived from it, since only the
+--         record names them (see session_lib.lua; same hash tag as KEYS,
+--         checked)
+-- ARGV[2] scope            ARGV[3] session TTL ms
+-- ARGV[4] max requests, 0 for no limit     ARGV[5] max age ms, 0 for none
+-- ARGV[6] cooldown ms      ARGV[7] slots per proxy (K)   ARGV[8] idle TTL ms
+-- ARGV[9] "use" (renew, count, retire if due) or "peek" (read only)
+-- ARGV[10] ms a retired session's proxy stays out for its requests under way
+--
+-- Returns
+--   {1, proxy URL, id, gen, n, created ms, exp ms, member on the scope ("" with
+--      "peek"), <previous: 8 items>, <jar values...>}
+--      the session is live and holds its proxy on the scope; "use" renewed
+--      every lease it holds and the record to now + TTL and counted the request;
+--   {2, proxy id, id, scopes held}  live, but it holds nothing on this scope yet;
+--   {0, retired now 0/1, gen, <previous: 8 items>}  no live session: none yet,
+--      or the one there was just retired (limits, lost lease, proxy banned,
+--      dead or removed); gen counts the task's sessions so far;
+--   {-3, what}  the record or the jar is not what this package writes.
+local base, badbase = pool_prefix(ARGV[1])
+if not base then return redis.error_reply(badbase) end
+local scope, ttl = ARGV[2], tonumber(ARGV[3])
+local maxn, maxage, cooldown = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local slots, idle, peek = tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9] == 'peek'
+local now = now_ms()
+
+local r, bad = read_record(KEYS[1])
+if not r then return {-3, 'session record: ' .. bad} end
+local function none(retired)
+  local out = {0, retired, r.gen or '0'}
+  for _, v in ipairs(previous(r, KEYS[2])) do out[#out + 1] = v end
+  return out
+end
+if not r.id then return none(0) end
+bad = check_live(r)
+if bad then return {-3, 'session record: ' .. bad} end
+local jar = base .. ':sjar:' .. r.id
+local ok, typ = jar_ok(jar)
+if not ok then return {-3, 'cookie jar: the key holds a ' .. typ .. ', not a hash'} end
+local token = 's:' .. r.id
+
+local function live(url, n, exp, member)
+  local out = {1, url, r.id, r.gen, n, r.created, exp, member}
+  for _, v in ipairs(previous(r, KEYS[2])) do out[#out + 1] = v end
+  for _, v in ipairs(redis.call('HVALS', jar)) do out[#out + 1] = v end
+  return out
+end
+
+if tonumber(r.exp) <= now then
+  -- Lapsed (the record's own TTL is a hair behind): gone, like an expired key.
+  if peek then return {0, 0, '0', '', '', '', '', '', '0', '0', '0'} end
+  end_session(KEYS[1], r, base, KEYS[3], '', '', now, cooldown, slots, ttl, 0)
+  r = {}
+  return none(0)
+end
+
+local url = redis.call('HGET', KEYS[2], r.proxy)
+if peek then return live(url or '', r.n, r.exp, '') end
+
+local function retire(reason, site)
+  end_session(KEYS[1], r, base, KEYS[3], reason, site, now, cooldown, slots, ttl, tonumber(ARGV[10]))
+  r = read_record(KEYS[1])
+  return none(1)
+end
+if maxn > 0 and tonumber(r.n) >= maxn then return retire('max_requests', '') end
+if maxage > 0 and now - tonumber(r.created) >= maxage then return retire('max_age', '') end
+if not url then return retire('proxy_removed', '') end
+local hs, mine = held(r), nil
+for _, h in ipairs(hs) do
+  local why = intact(base, h[1], h[2], token, r.exp)
+  if why then return retire(why, h[1]) end
+  if h[1] == scope then mine = h[2] end
+end
+if not mine then return {2, r.proxy, r.id, #hs} end
+
+local exp = now + ttl
+for _, h in ipairs(hs) do hold(base, h[1], r.proxy, h[2], token, exp, slots, idle) end
+redis.call('HSET', KEYS[1], 'exp', exp)
+track(KEYS[3], r.id, exp, idle, now, false)
+local n = redis.call('HINCRBY', KEYS[1], 'n', 1)
+redis.call('PEXPIRE', KEYS[1], ttl)
+redis.call('PEXPIRE', jar, ttl)
+return live(url, n, exp, mine)

@@ -1,0 +1,75 @@
+-- q_pop.lua: deliver the next request, keeping it in flight until acknowledged.
+--
+-- KEYS (every queue script takes the same seven, in this order):
+--   KEYS[1] ready list      request IDs ready for delivery
+--   KEYS[2] data hash       ID -> serialized request
+--   KEYS[3] tries hash      ID -> deliveries so far
+--   KEYS[4] inflight zset   ID -> unix ms at which it is delivered again
+--   KEYS[5] dead zset       ID -> unix ms it was dead-lettered
+--   KEYS[6] why hash        ID -> last failure
+--   KEYS[7] seq string      last ID handed out
+-- ARGV[1] visibility timeout ms   ARGV[2] max deliveries   ARGV[3] max request bytes
+--
+-- Returns {1, id, delivery number, request}  on success,
+--         {0, wait ms}  when nothing is ready (wait: until the next in-flight
+--                       request comes back; -1 when nothing is in flight).
+-- First, requests whose visibility timeout (or retry delay) has passed come
+-- back to the head of the ready list, or go to the dead-letter list after
+-- their last delivery. IDs whose request was acknowledged meanwhile are
+-- dropped on the way. Time comes from the server's clock (TIME).
+local now = now_ms()
+local vis, maxd, maxb = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+
+local function bury(id, reason)
+  redis.call('ZREM', KEYS[4], id)
+  redis.call('ZADD', KEYS[5], now, id)
+  redis.call('HSET', KEYS[6], id, reason)
+end
+
+local due = redis.call('ZRANGE', KEYS[4], '-inf', now, 'BYSCORE', 'LIMIT', 0, 100)
+for _, id in ipairs(due) do
+  local n = tonumber(redis.call('HGET', KEYS[3], id) or '0')
+  if redis.call('HEXISTS', KEYS[2], id) == 0 then
+    redis.call('ZREM', KEYS[4], id)  -- acknowledged meanwhile: forget it
+    redis.call('HDEL', KEYS[3], id)
+    redis.call('HDEL', KEYS[6], id)
+  elseif not n or n >= maxd then
+    local why = redis.call('HGET', KEYS[6], id)
+    if not n then
+      why = 'corrupt delivery count'
+    elseif not why then
+      why = 'not acknowledged within the visibility timeout, ' .. n .. ' deliveries'
+    end
+    bury(id, why)
+  else
+    redis.call('ZREM', KEYS[4], id)
+    redis.call('LPUSH', KEYS[1], id)
+  end
+end
+
+for _ = 1, 50 do
+  local id = redis.call('LPOP', KEYS[1])
+  if not id then break end
+  local size = redis.call('HSTRLEN', KEYS[2], id)
+  if size == 0 then
+    redis.call('HDEL', KEYS[3], id)  -- acknowledged or cleared meanwhile
+  elseif redis.call('ZSCORE', KEYS[4], id) or redis.call('ZSCORE', KEYS[5], id) then
+    -- already in flight or dead: a stale duplicate of the ID, skip it
+  elseif size > maxb then
+    bury(id, 'request of ' .. size .. ' bytes exceeds the limit of ' .. maxb)
+  else
+    local n = tonumber(redis.call('HGET', KEYS[3], id) or '0')
+    if not n then
+      bury(id, 'corrupt delivery count')
+    else
+      n = n + 1
+      redis.call('HSET', KEYS[3], id, n)
+      redis.call('ZADD', KEYS[4], now + vis, id)
+      return {1, id, n, redis.call('HGET', KEYS[2], id)}
+    end
+  end
+end
+
+local head = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
+if #head == 0 then return {0, -1} end
+return {0, math.max(1, tonumber(head[2]) - now)}

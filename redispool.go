@@ -1,0 +1,212 @@
+package proxyswitch
+
+import (
+	"context"
+	"fmt"
+	"github.com/proxyswitch/proxyswitch/ban"
+	"math/rand/v2"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// redisPool is one pool in Redis, the central broker: its keys and the
+// scripts of the lease path (lua/lease.lua, release.lua, extend.lua,
+// penalize.lua). The Switch's own pool is one; WithRoute, UsePools and
+// WithSessionPool make one per pool they name, with the Switch's options.
+// Safe for concurrent use.
+type redisPool struct {
+	sw      *Switch // the Switch it serves: options, proxy cache, tokens
+	rdb     redis.Scripter
+	cfg     *config
+	name    string
+	keys    keyspace
+	timeout time.Duration // bounds each call made for a request
+}
+
+func newRedisPool(s *Switch, name string) (*redisPool, error) {
+	keys, err := newKeyspace(s.cfg.prefix, name)
+	if err != nil {
+		return nil, err
+	}
+	timeout := s.cfg.redisTimeout
+	if s.cfg.fallback.set > 0 {
+		timeout = min(timeout, s.cfg.fallback.timeout)
+	}
+	return &redisPool{sw: s, rdb: s.rdb, cfg: &s.cfg, name: name, keys: keys, timeout: timeout}, nil
+}
+
+func (p *redisPool) pool() string                { return p.name }
+func (p *redisPool) broker() (*redisPool, error) { return p, nil }
+func (p *redisPool) redis() *redisPool           { return p }
+
+// tryLease runs lua/lease.lua once.
+func (p *redisPool) tryLease(ctx context.Context, site, scope, prefer string) (*Lease, time.Duration, error) {
+	token := p.sw.newToken()
+	ttl := p.sw.leaseTTL(ctx)
+	res, err := roundTrip(ctx, p.timeout, func(ctx context.Context) ([]any, error) {
+		return leaseScript.Run(ctx, p.rdb, p.keys.lease(scope), scope, token, ttl.Milliseconds(), p.cfg.cooldown.Milliseconds(),
+			p.cfg.slots, p.cfg.idleTTL.Milliseconds(), prefer).Slice()
+	}, p.releaseLate(scope, token))
+	if err != nil {
+		if err, ok := leaseConfigErr(err); ok {
+			return nil, 0, err
+		}
+		return nil, 0, fmt.Errorf("%w: %w", ErrNoProxy, redisErr("lease", err))
+	}
+	status, _ := intAt(res, 0)
+	switch {
+	case status == -1 && len(res) == 1:
+		return nil, 0, fmt.Errorf("%w: %w: pool %q has no proxies", ErrNoProxy, ErrEmptyPool, p.name)
+	case status == 0 && len(res) == 2:
+		wait, _ := intAt(res, 1)
+		return nil, waitHint(wait), nil
+	case status == 1 && len(res) == 4:
+		member, _ := res[1].(string)
+		raw, _ := res[2].(string)
+		expiry, ok := intAt(res, 3)
+		px, err := p.sw.proxyFor(raw)
+		if err != nil || !ok || member == "" {
+			// Hand the slot back rather than hold a proxy we cannot use
+			// (owner-checked: by member and token, as no Lease is made).
+			if member != "" {
+				_, _ = p.releaseMember(context.WithoutCancel(ctx), scope, member, token, "")
+			}
+			if err == nil {
+				err = fmt.Errorf("%w: malformed lease reply", ErrCorrupt)
+			}
+			return nil, 0, fmt.Errorf("%w: %w", ErrNoProxy, err)
+		}
+		l := &Lease{sw: p.sw, be: p, scope: scope, site: site, member: member, token: token, proxy: px}
+		l.expiry.Store(expiry)
+		return l, 0, nil
+	}
+	return nil, 0, fmt.Errorf("%w: %w: unexpected lease reply of %d items", ErrNoProxy, ErrCorrupt, len(res))
+}
+
+// releaseLate hands back a lease of lua/lease.lua granted (to token, on
+// scope) after its caller gave up waiting for the reply: roundTrip's late.
+func (p *redisPool) releaseLate(scope, token string) func([]any, error) {
+	return func(res []any, err error) {
+		if status, _ := intAt(res, 0); err == nil && status == 1 && len(res) == 4 {
+			if member, ok := res[1].(string); ok {
+				_, _ = p.releaseMember(context.Background(), scope, member, token, "")
+			}
+		}
+	}
+}
+
+// release runs the owner-checked release script for l. If the request made
+// through l got a healthy answer, the proxy's backoff starts over.
+func (p *redisPool) release(ctx context.Context, l *Lease) error {
+	reset := ""
+	if l.healthy.Load() {
+		reset = l.proxy.id
+	}
+	cooldown := max(p.cfg.cooldown, time.Duration(l.hold.Load()))
+	if l.unused.Load() {
+		cooldown = 0
+	}
+	n, err := p.releaseMemberFor(ctx, l.scope, l.member, l.token, reset, cooldown)
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return l.lost("expired and leased again")
+	}
+	return nil
+}
+
+// releaseMember releases one slot if token still owns it: 1 released, 2
+// released after expiry, 0 not the owner. A non-empty reset names the proxy
+// whose runs of bans (on scope) and failures end.
+func (p *redisPool) releaseMember(ctx context.Context, scope, member, token, reset string) (int64, error) {
+	return p.releaseMemberFor(ctx, scope, member, token, reset, p.cfg.cooldown)
+}
+
+// releaseMemberFor is releaseMember with the proxy next free after cooldown.
+func (p *redisPool) releaseMemberFor(ctx context.Context, scope, member, token, reset string, cooldown time.Duration) (int64, error) {
+	keys := []string{p.keys.free(scope), p.keys.leases(scope), p.keys.strikes(scope), p.keys.fails()}
+	n, err := roundTrip(ctx, p.timeout, func(ctx context.Context) (int64, error) {
+		return releaseScript.Run(ctx, p.rdb, keys, member, token, cooldown.Milliseconds(), reset).Int64()
+	}, nil)
+	if err != nil {
+		return 0, redisErr("release", err)
+	}
+	return n, nil
+}
+
+// extend runs the owner-checked extend script for l's slot.
+func (p *redisPool) extend(ctx context.Context, l *Lease, ttl time.Duration) error {
+	n, err := p.extendMember(ctx, l, ttl)
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return l.lost("expired or taken over")
+	}
+	l.expiry.Store(n)
+	return nil
+}
+
+// extendMember runs lua/extend.lua for l's slot and token: the new expiry,
+// or 0 when the slot is no longer l's.
+func (p *redisPool) extendMember(ctx context.Context, l *Lease, ttl time.Duration) (int64, error) {
+	n, err := roundTrip(ctx, p.timeout, func(ctx context.Context) (int64, error) {
+		return extendScript.Run(ctx, p.rdb, []string{p.keys.free(l.scope), p.keys.leases(l.scope)},
+			l.member, l.token, ttl.Milliseconds()).Int64()
+	}, nil)
+	if err != nil {
+		return 0, redisErr("extend", err)
+	}
+	return n, nil
+}
+
+// penalize runs lua/penalize.lua: p's slots on site's scope (every site with
+// WithBanAllSites and a ban.Ban) wait out the quarantine, its run of bans or
+// failures grows, and l ends if it is p's lease on that scope.
+func (p *redisPool) penalize(ctx context.Context, site string, px *Proxy, l *Lease, v ban.Verdict) (penalty, error) {
+	c, k := p.cfg, p.keys
+	scope := p.sw.scopeOf(site)
+	kind, base, maxq, hard := "ban", c.quarantine, c.maxQuarantine, "0"
+	if v.Kind == ban.ProxyFailure {
+		kind, base, maxq = "fail", c.failQuarantine, c.maxFailQuarantine
+		if v.Reason == ban.ReasonProxyConnect || v.Reason == ban.ReasonProxyAuth {
+			hard = "1"
+		}
+	}
+	member, token := "", ""
+	if l != nil && l.scope == scope && l.released.CompareAndSwap(false, true) {
+		member, token = l.member, l.token
+	}
+	all := "0"
+	if c.banAllSites && v.Kind == ban.Ban {
+		all = "1"
+	}
+	keys := []string{k.free(scope), k.leases(scope), k.strikes(scope), k.fails(), k.dead(), k.sites(), k.quarantine()}
+	argv := []any{kind, px.id, member, token, base.Milliseconds(), maxq.Milliseconds(),
+		min(v.RetryAfter, maxq).Milliseconds(), 850 + rand.N(301), all, k.base,
+		c.idleTTL.Milliseconds(), hard, c.deadAfter, site, v.Reason, c.slots}
+	res, err := roundTrip(ctx, p.timeout, func(ctx context.Context) ([]int64, error) {
+		return penalizeScript.Run(ctx, p.rdb, keys, argv...).Int64Slice()
+	}, nil)
+	if err != nil {
+		if member != "" {
+			l.released.Store(false) // still held: it expires by its TTL, or Release may retry
+		}
+		return penalty{}, redisErr("quarantine", err)
+	}
+	if len(res) != 5 {
+		return penalty{ended: member != ""}, fmt.Errorf("%w: quarantine reply of %d items", ErrCorrupt, len(res))
+	}
+	pen := penalty{quarantine: time.Duration(res[0]) * time.Millisecond, until: time.UnixMilli(res[1]),
+		strikes: int(res[2]), dead: res[3] == 1, ended: member != ""}
+	if pen.dead {
+		c.logger.Warn("proxyswitch: proxy marked dead: out of every site's rotation until revived",
+			"proxy", px.String(), "site", site, "reason", v.Reason, "failures", pen.strikes)
+	} else {
+		c.logger.Debug("proxyswitch: proxy quarantined", "proxy", px.String(), "site", site,
+			"kind", v.Kind.String(), "reason", v.Reason, "for", pen.quarantine, "in_a_row", pen.strikes)
+	}
+	return pen, nil
+}
