@@ -109,7 +109,9 @@
 //
 // WithSharding is the shared-nothing scheme: each server leases from its
 // own share only, always in memory, with Redis holding the member list and
-// the pool. FallbackStatus tells where a Switch leases from.
+// the pool. FallbackStatus tells where a Switch leases from; Members reads
+// the live member list. The member list is shard.Membership, which a server
+// that shards by hand runs itself.
 //
 // # Sticky sessions: one task, one IP, its own cookies
 //

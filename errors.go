@@ -38,12 +38,14 @@ var (
 	ErrConfig = shard.ErrConfig
 
 	// ErrRedis marks a failed Redis round trip (connection refused, timeout,
-	// a script error). The underlying go-redis error is wrapped too.
-	ErrRedis = errors.New("proxyswitch: redis error")
+	// a script error). The underlying go-redis error is wrapped too. It is
+	// shard.ErrRedis, the same value.
+	ErrRedis = shard.ErrRedis
 
 	// ErrCorrupt means a value read from Redis is not what this package
-	// writes there (a foreign or damaged key).
-	ErrCorrupt = errors.New("proxyswitch: corrupt value in redis")
+	// writes there (a foreign or damaged key). It is shard.ErrCorrupt, the
+	// same value.
+	ErrCorrupt = shard.ErrCorrupt
 
 	// ErrNotInPool means an operator action named a proxy the pool does not hold.
 	ErrNotInPool = errors.New("proxyswitch: proxy not in the pool")
@@ -75,8 +77,9 @@ var (
 
 	// ErrMemberTaken means another live process is registered under the same
 	// member ID. Two processes with one ID would compute one share and use the
-	// same proxies: give each process its own ID.
-	ErrMemberTaken = errors.New("proxyswitch: member ID held by another live process")
+	// same proxies: give each process its own ID. It is
+	// shard.ErrMemberTaken, the same value.
+	ErrMemberTaken = shard.ErrMemberTaken
 )
 
 // BlockedError is the error of a request given up after bans or proxy

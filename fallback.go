@@ -17,7 +17,7 @@ import (
 // (WithSharding): leasing from this server's own share of the pool, kept in
 // memory (localPool), instead of from Redis.
 //
-// Every server registers in the pool's member list (Membership) and keeps
+// Every server registers in the pool's member list (shard.Membership) and keeps
 // the pool it last read, minus dead proxies; from the two it precomputes
 // its share (shard.Sharder), so that a switch costs no computation. Shares of
 // servers that agree on the two lists never overlap.
@@ -146,7 +146,7 @@ func (fc *fallbackConfig) validate() error {
 	if fc.set > 1 {
 		return fmt.Errorf("%w: WithFallback and WithSharding given together, or twice", ErrConfig)
 	}
-	if err := validMemberID(fc.self); err != nil {
+	if err := shard.ValidMemberID(fc.self); err != nil {
 		return err
 	}
 	if fc.sharder == nil || isNilPointer(fc.sharder) {
@@ -212,7 +212,7 @@ type fallback struct {
 	mu        sync.RWMutex // write: mode changes, pools map; read: local leases
 	since     time.Time
 	pools     map[string]*fbPool
-	member    *Membership
+	member    *shard.Membership
 	memberCfg memberConfig
 	stats     FallbackStatus
 	started   bool
@@ -296,7 +296,7 @@ func (s *Switch) Start(ctx context.Context) error {
 	}
 	f.started = true
 	f.mu.Unlock()
-	m, err := NewMembership(s, f.cfg.self)
+	m, err := s.membership(f.cfg.self, f.memberCfg)
 	if err == nil {
 		err = m.Start(ctx)
 	}

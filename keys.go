@@ -2,7 +2,6 @@ package proxyswitch
 
 import (
 	"fmt"
-	"strings"
 
 	"github.com/proxyswitch/proxyswitch/internal/engine"
 )
@@ -24,7 +23,7 @@ const globalSite = "*"
 //	{prefix:pool}:fails          hash  proxy ID -> proxy failures in a row (see penalize.lua); TTL: idle TTL
 //	{prefix:pool}:quarantine     zset  proxy ID -> end (ms) of a ban on every site; TTL: max quarantine
 //	{prefix:pool}:dead           hash  proxy ID -> "<ms>|<reason>" (operator state: no TTL, until Revive)
-//	{prefix:pool}:members        zset  member ID -> end of its registration, ms (membership.go); TTL: the last registration's end
+//	{prefix:pool}:members        zset  member ID -> end of its registration, ms (shard/membership.go); TTL: the last registration's end
 //	{prefix:pool}:member-owners  hash  member ID -> token of the process holding it; same TTL
 //	{prefix:pool}:modes          zset  member ID -> Redis ms at which it last leased from the broker (fallback.go); TTL: member TTL
 //
@@ -37,15 +36,11 @@ type keyspace struct {
 }
 
 func newKeyspace(prefix, pool string) (keyspace, error) {
-	for _, v := range []struct{ name, val string }{{"prefix", prefix}, {"pool", pool}} {
-		if v.val == "" {
-			return keyspace{}, fmt.Errorf("%w: empty %s", ErrConfig, v.name)
-		}
-		if strings.ContainsAny(v.val, "{}\r\n ") {
-			return keyspace{}, fmt.Errorf("%w: %s %q must not contain braces, spaces or line breaks", ErrConfig, v.name, v.val)
-		}
+	base, err := engine.KeyBase(prefix, pool)
+	if err != nil {
+		return keyspace{}, fmt.Errorf("%w: %v", ErrConfig, err)
 	}
-	return keyspace{base: "{" + prefix + ":" + pool + "}"}, nil
+	return keyspace{base: base}, nil
 }
 
 func (k keyspace) proxies() string            { return k.base + ":proxies" }

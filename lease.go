@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/proxyswitch/proxyswitch/internal/engine"
 )
 
 // Lease is one proxy held exclusively for one site (or for all sites with
@@ -34,9 +36,6 @@ type Lease struct {
 
 // Proxy returns the leased proxy.
 func (l *Lease) Proxy() *Proxy { return l.proxy }
-
-// Site returns the site the lease is exclusive for ("*" with ScopeGlobal).
-func (l *Lease) Site() string { return l.scope }
 
 // Expiry returns when the lease runs out unless extended, by Redis' clock.
 func (l *Lease) Expiry() time.Time { return time.UnixMilli(l.expiry.Load()) }
@@ -197,10 +196,5 @@ func waitHint(ms int64) time.Duration {
 	return time.Duration(min(max(ms, 1), maxWaitHint.Milliseconds())) * time.Millisecond
 }
 
-func intAt(res []any, i int) (int64, bool) {
-	if i >= len(res) {
-		return 0, false
-	}
-	v, ok := res[i].(int64)
-	return v, ok
-}
+// intAt returns element i of a script's reply if it is an integer.
+func intAt(res []any, i int) (int64, bool) { return engine.IntAt(res, i) }

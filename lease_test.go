@@ -60,7 +60,7 @@ func TestLeaseReleaseLRU(t *testing.T) {
 
 	st, err := s.Stats(ctx, "shop.example")
 	require.NoError(t, err)
-	assert.Equal(t, SiteStats{Proxies: 3, FreeSlots: 3}, st)
+	assert.Equal(t, SiteStats{Proxies: 3, FreeSlots: 3, Concurrency: 1}, st)
 }
 
 func TestExclusivePerSite(t *testing.T) {

@@ -8,7 +8,8 @@ import "github.com/proxyswitch/proxyswitch/internal/engine"
 // name with no file, and the engine's tests check that every file is a
 // script and loads on a real Redis. The scripts of pool.go, operator.go,
 // state.go, sites.go and proxystate.go are called through the engine's
-// typed calls (engine.List, engine.PoolUpdate, ...) instead.
+// typed calls (engine.List, engine.PoolUpdate, ...) instead, and those of
+// the member list by shard.Membership.
 var (
 	leaseScript    = engine.Root.Script("lease")
 	releaseScript  = engine.Root.Script("release")
@@ -16,11 +17,6 @@ var (
 	penalizeScript = engine.Root.Script("penalize")
 	reviveScript   = engine.Root.Script("revive")
 	deadScript     = engine.Root.Script("dead")
-
-	// Membership (membership.go).
-	memberHeartbeatScript = engine.Root.Script("member_heartbeat")
-	memberLeaveScript     = engine.Root.Script("member_leave")
-	memberListScript      = engine.Root.Script("member_list")
 
 	// The fallback (fallbackloop.go).
 	fallbackProbeScript     = engine.Root.Script("fallback_probe")

@@ -15,7 +15,7 @@ var (
 	_ prometheus.Collector   = (*Collector)(nil)
 	_ proxyswitch.Observer   = (*Collector)(nil)
 	_ prometheus.Collector   = (*StateCollector)(nil)
-	_ func(members []string) = (*Collector)(nil).ObserveMembers // fits proxyswitch.WithMembersChanged
+	_ func(members []string) = (*Collector)(nil).ObserveMembers // fits proxyswitch.WithMembersChanged and shard.MemberConfig.Changed
 )
 
 // Label values the package makes up.
@@ -246,7 +246,10 @@ func (c *Collector) ObserveSession(ev proxyswitch.SessionEvent) {
 // ObserveMembers tells the Collector the pool's member list, for the
 // ban-spike signal. Wire it to the Membership of this server:
 //
-//	proxyswitch.NewMembership(sw, self, proxyswitch.WithMembersChanged(col.ObserveMembers))
+//	shard.NewMembership(rdb, shard.MemberConfig{Prefix: prefix, Pool: sw.Pool(), Self: self, Changed: col.ObserveMembers})
+//
+// or, for the Membership of WithFallback or WithSharding, give it to
+// NewSwitch with proxyswitch.WithMembersChanged.
 //
 // The first list is the starting point; each later list naming a server the
 // previous one did not is a join. It is safe for concurrent use.

@@ -14,6 +14,7 @@ import (
 	"github.com/proxyswitch/proxyswitch/internal/redistest"
 	"github.com/proxyswitch/proxyswitch/internal/testbed"
 	"github.com/proxyswitch/proxyswitch/internal/testlog"
+	"github.com/proxyswitch/proxyswitch/shard"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -79,7 +80,8 @@ func TestScriptedCrawl(t *testing.T) {
 	dead.SetMode(testbed.ProxyDead)
 
 	var logs testlog.Buffer
-	sw := newSwitch(t, proxyswitch.WithLogger(logs.Logger()),
+	prefix := nextPrefix()
+	sw := switchOn(t, shared.Client(t), prefix, proxyswitch.WithLogger(logs.Logger()),
 		proxyswitch.WithQuarantine(time.Hour, 2*time.Hour),
 		proxyswitch.WithFailureQuarantine(10*time.Minute, 20*time.Minute),
 		proxyswitch.WithDeadAfter(2), proxyswitch.WithSessionMaxRequests(3))
@@ -87,10 +89,7 @@ func TestScriptedCrawl(t *testing.T) {
 	require.NoError(t, err)
 	col := New(sw, WithServer("worker-1"), WithTopProxies(3))
 	state := NewState(sw, WithLogger(logs.Logger()))
-	m, err := proxyswitch.NewMembership(sw, "worker-1", proxyswitch.WithMembersChanged(col.ObserveMembers))
-	require.NoError(t, err)
-	require.NoError(t, m.Start(ctx))
-	defer m.Stop(ctx)
+	startMember(t, sw, prefix, "worker-1", shard.MemberConfig{Changed: col.ObserveMembers})
 
 	c := newCrawler(sw)
 	c.visitPages(t, shop, 20)
@@ -434,26 +433,22 @@ func TestBanSpikeAfterJoin(t *testing.T) {
 	market := testbed.NewMarketplace(nil)
 	site := testbed.NewSite(t, "market", market)
 	proxies := testbed.NewProxies(t, 6)
-	prefix := fmt.Sprintf("m%d", prefixSeq.Add(1))
+	prefix := nextPrefix()
 	sw := switchOn(t, shared.Client(t), prefix, proxyswitch.WithQuarantine(time.Hour, time.Hour), proxyswitch.WithRetries(3))
 	for _, p := range proxies {
 		_, err := sw.Add(ctx, p.URL())
 		require.NoError(t, err)
 	}
 	col := New(sw, WithServer("w1"))
-	fast := []proxyswitch.Option{proxyswitch.WithHeartbeat(50 * time.Millisecond), proxyswitch.WithMemberTTL(500 * time.Millisecond)}
-	m1, err := proxyswitch.NewMembership(sw, "w1", append(fast, proxyswitch.WithMembersChanged(col.ObserveMembers))...)
-	require.NoError(t, err)
-	require.NoError(t, m1.Start(ctx))
-	defer m1.Stop(ctx)
+	fast := shard.MemberConfig{Heartbeat: 50 * time.Millisecond, TTL: 500 * time.Millisecond}
+	w1 := fast
+	w1.Changed = col.ObserveMembers
+	startMember(t, sw, prefix, "w1", w1)
 
 	c := newCrawler(sw)
 	c.visitPages(t, site, 30) // before: no bans
 	// A second server of the same pool registers.
-	m2, err := proxyswitch.NewMembership(switchOn(t, shared.Client(t), prefix), "w2", fast...)
-	require.NoError(t, err)
-	require.NoError(t, m2.Start(ctx))
-	defer m2.Stop(ctx)
+	startMember(t, switchOn(t, shared.Client(t), prefix), prefix, "w2", fast)
 	require.Eventually(t, func() bool {
 		f, _ := scrape(t, col)
 		v, _ := f.value("proxyswitch_member_joins_total")

@@ -13,6 +13,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/proxyswitch/proxyswitch"
 	"github.com/proxyswitch/proxyswitch/ban"
+	"github.com/proxyswitch/proxyswitch/shard"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -32,17 +33,15 @@ var (
 func everything(t *testing.T) families {
 	t.Helper()
 	ctx := context.Background()
-	sw := newSwitch(t)
+	prefix := nextPrefix()
+	sw := switchOn(t, shared.Client(t), prefix)
 	_, err := sw.Add(ctx, "http://127.0.0.1:3128", "http://127.0.0.2:3128")
 	require.NoError(t, err)
 	l, err := sw.Lease(ctx, "ozon.example")
 	require.NoError(t, err)
 	require.NoError(t, l.Release(ctx))
 	require.NoError(t, sw.Drain(ctx, "http://127.0.0.2:3128"))
-	m, err := proxyswitch.NewMembership(sw, "w1")
-	require.NoError(t, err)
-	require.NoError(t, m.Start(ctx))
-	t.Cleanup(func() { _ = m.Stop(ctx) })
+	startMember(t, sw, prefix, "w1", shard.MemberConfig{})
 
 	c, _ := testCollector(WithTopProxies(5))
 	c.ObserveMembers([]string{"w1"})

@@ -23,7 +23,7 @@
 //	sw, _ := proxyswitch.NewSwitch(rdb, proxyswitch.WithPool("datacenter"))
 //	col := metrics.New(sw, metrics.WithServer(host), metrics.WithTopProxies(20))
 //	prometheus.MustRegister(col)
-//	m, _ := proxyswitch.NewMembership(sw, host, proxyswitch.WithMembersChanged(col.ObserveMembers))
+//	m, _ := shard.NewMembership(rdb, shard.MemberConfig{Prefix: "proxyswitch", Pool: sw.Pool(), Self: host, Changed: col.ObserveMembers})
 //	_ = m.Start(ctx)
 //	http.Handle("/metrics", promhttp.Handler())
 //

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/proxyswitch/proxyswitch"
 	"github.com/proxyswitch/proxyswitch/metrics"
+	"github.com/proxyswitch/proxyswitch/shard"
 	"github.com/proxyswitch/proxyswitch/storage"
 	"github.com/redis/go-redis/v9"
 )
@@ -28,7 +29,10 @@ func ExampleNew() {
 	col := metrics.New(sw, metrics.WithServer(host), metrics.WithTopProxies(20))
 	prometheus.MustRegister(col)
 
-	m, err := proxyswitch.NewMembership(sw, host, proxyswitch.WithMembersChanged(col.ObserveMembers))
+	// Register in the pool's member list (WithFallback and WithSharding
+	// do it by themselves: give them WithMembersChanged instead).
+	m, err := shard.NewMembership(rdb, shard.MemberConfig{Prefix: "proxyswitch", Pool: sw.Pool(), Self: host,
+		Changed: col.ObserveMembers})
 	if err != nil {
 		log.Fatal(err)
 	}

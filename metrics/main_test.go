@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -18,6 +19,7 @@ import (
 	"github.com/prometheus/common/model"
 	"github.com/proxyswitch/proxyswitch"
 	"github.com/proxyswitch/proxyswitch/internal/redistest"
+	"github.com/proxyswitch/proxyswitch/shard"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -49,10 +51,25 @@ func TestMain(m *testing.M) {
 
 var prefixSeq atomic.Int64
 
+// nextPrefix returns a key prefix no other test uses.
+func nextPrefix() string { return fmt.Sprintf("m%d", prefixSeq.Add(1)) }
+
 // newSwitch builds a Switch on the shared server under a fresh prefix.
 func newSwitch(t testing.TB, opts ...proxyswitch.Option) *proxyswitch.Switch {
 	t.Helper()
-	return switchOn(t, shared.Client(t), fmt.Sprintf("m%d", prefixSeq.Add(1)), opts...)
+	return switchOn(t, shared.Client(t), nextPrefix(), opts...)
+}
+
+// startMember registers server self in the pool of sw (under prefix, the
+// one sw was built with) on the shared server, with cfg's other settings,
+// until the test ends.
+func startMember(t testing.TB, sw *proxyswitch.Switch, prefix, self string, cfg shard.MemberConfig) {
+	t.Helper()
+	cfg.Prefix, cfg.Pool, cfg.Self = prefix, sw.Pool(), self
+	m, err := shard.NewMembership(shared.Client(t), cfg)
+	require.NoError(t, err)
+	require.NoError(t, m.Start(context.Background()))
+	t.Cleanup(func() { _ = m.Stop(context.Background()) })
 }
 
 func switchOn(t testing.TB, rdb redis.Scripter, prefix string, opts ...proxyswitch.Option) *proxyswitch.Switch {

@@ -70,7 +70,7 @@ func newConfig(opts []Option) config {
 
 // WithServer names this server (process) in the "server" label of every
 // series of a Collector; use the member ID it registers under
-// (proxyswitch.NewMembership), so that load and bans line up with the
+// (shard.MemberConfig Self, or proxyswitch.WithFallback's), so that load and bans line up with the
 // member list. The default is the host name.
 func WithServer(name string) Option { return func(c *config) { c.server = name } }
 

@@ -28,10 +28,9 @@ const stateReaders = 8
 //
 // A StateCollector is safe for concurrent use; it starts no goroutine.
 type StateCollector struct {
-	sw      *proxyswitch.Switch
-	members *proxyswitch.Membership // reads the member list; never registers
-	cfg     config
-	health  readHealth
+	sw     *proxyswitch.Switch
+	cfg    config
+	health readHealth
 
 	poolProxies, deadProxies, sites, siteSlots, poolMembers, sessions, up, duration *prometheus.Desc
 }
@@ -47,13 +46,9 @@ func NewState(sw *proxyswitch.Switch, opts ...Option) *StateCollector {
 	desc := func(name, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc(name, help, labels, cl)
 	}
-	// Only Members is called: the ID is never registered. The Switch's
-	// WithMembersChanged is not this reader's to call.
-	m, _ := proxyswitch.NewMembership(sw, "proxyswitch-metrics", proxyswitch.WithMembersChanged(nil))
 	return &StateCollector{
-		sw:      sw,
-		members: m,
-		cfg:     cfg,
+		sw:  sw,
+		cfg: cfg,
 		poolProxies: desc("proxyswitch_pool_proxies",
 			"Proxies in the pool."),
 		deadProxies: desc("proxyswitch_dead_proxies",
@@ -143,12 +138,10 @@ func (s *StateCollector) collect(ctx context.Context, gauge func(*prometheus.Des
 	} else {
 		gauge(s.sessions, float64(n))
 	}
-	if s.members != nil {
-		if list, err := s.members.Members(ctx); err != nil {
-			errs = append(errs, err)
-		} else {
-			gauge(s.poolMembers, float64(len(list)))
-		}
+	if list, err := s.sw.Members(ctx); err != nil {
+		errs = append(errs, err)
+	} else {
+		gauge(s.poolMembers, float64(len(list)))
 	}
 	return errors.Join(errs...)
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/proxyswitch/proxyswitch/internal/redistest"
 	"github.com/proxyswitch/proxyswitch/internal/testbed"
 	"github.com/proxyswitch/proxyswitch/proxyswitchtest"
+	"github.com/proxyswitch/proxyswitch/shard"
 	"github.com/proxyswitch/proxyswitch/storage"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
@@ -310,7 +311,7 @@ func scenario(t *testing.T, rdb *redis.Client, kill, restartEmpty func()) []stri
 	say("sites: %v err=%v", sn, err)
 
 	// member_heartbeat, member_list, member_leave
-	m, err := proxyswitch.NewMembership(sw, "server-1")
+	m, err := shard.NewMembership(rdb, shard.MemberConfig{Prefix: "scripts", Pool: sw.Pool(), Self: "server-1"})
 	require.NoError(t, err)
 	say("member start: %v", m.Start(ctx))
 	members, err := m.Members(ctx)

@@ -4,7 +4,8 @@
 // uses. Package proxyswitch uses it for WithFallback and WithSharding; it
 // imports nothing of proxyswitch and works on string IDs only (a proxy's ID
 // is Proxy.ID in package proxyswitch), so a custom Sharder needs only this
-// package.
+// package. Membership keeps the member list itself: who is in the fleet,
+// where the sharders say who owns what.
 //
 // Every server computes the whole assignment from the same two inputs (the
 // proxy IDs of the pool and the member list) and keeps its own part. The
@@ -40,11 +41,28 @@
 // shares. See BENCHMARKS.md ("sharding") in the repository for how much each
 // scheme moves when servers come and go.
 //
+// # Membership
+//
+// Membership registers a server in the member list of a pool in Redis,
+// under the keys proxyswitch uses ("{prefix:pool}:members" and
+// "{prefix:pool}:member-owners"), renews the registration with a heartbeat
+// (every second by default; a registration not renewed runs out after
+// three heartbeats) and keeps the list it last read, to shard by while
+// Redis is out of reach:
+//
+//	m, err := shard.NewMembership(rdb, shard.MemberConfig{Prefix: "proxyswitch", Pool: "datacenter", Self: host})
+//	err = m.Start(ctx)
+//	members, _ := m.LastKnown()
+//	mine, err := shard.Share(shard.Rendezvous{}, ids, members, m.Self())
+//
 // # Errors
 //
 // Bad input (no members, an empty or duplicate ID or member name, a sharder
 // that breaks its contract) is reported with an error wrapping ErrConfig,
 // never a panic; asking for the share of a server that is not a member
-// fails with ErrNotMember. Both are the very values of proxyswitch.ErrConfig
-// and proxyswitch.ErrNotMember, so errors.Is matches either name.
+// fails with ErrNotMember. A Membership also fails with ErrRedis (Redis
+// unreachable), ErrCorrupt (a foreign or damaged key) and ErrMemberTaken
+// (another live process registered under the same ID). All are the very
+// values of proxyswitch's errors of the same names, so errors.Is matches
+// either name.
 package shard

@@ -1,11 +1,13 @@
 package shard_test
 
 import (
+	"context"
 	"fmt"
 	"log"
 	"slices"
 
 	"github.com/proxyswitch/proxyswitch/shard"
+	"github.com/redis/go-redis/v9"
 )
 
 // Splitting a pool between servers with no one to ask: every server runs the
@@ -82,4 +84,36 @@ func ExampleSharder() {
 	// Output:
 	// crawler-2 []
 	// crawler-1 [proxy-1 proxy-2 proxy-3]
+}
+
+// A server registers in its pool's member list, and computes its own share
+// of the pool from the last lists it read. (proxyswitch.WithFallback and
+// WithSharding run a Membership, and lease from the share, by themselves.)
+func ExampleMembership() {
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+	m, err := shard.NewMembership(rdb, shard.MemberConfig{
+		Prefix: "proxyswitch", // proxyswitch.WithPrefix, this is its default
+		Pool:   "datacenter",  // proxyswitch.WithPool
+		Self:   "crawler-1",   // e.g. the host name
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := m.Start(ctx); err != nil { // registers, then heartbeats every second
+		log.Fatal(err)
+	}
+	defer m.Stop(ctx)
+
+	// The IDs of the pool last read: Proxy.ID of each proxy
+	// proxyswitch.Switch.List returned. Keep them, too.
+	ids := []string{"a1b2c3", "d4e5f6", "0718a9"}
+
+	// Later, Redis is gone: shard by the last lists read.
+	members, _ := m.LastKnown()
+	mine, err := shard.Share(shard.Rendezvous{}, ids, members, m.Self())
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("my share:", len(mine), "of", len(ids), "proxies")
 }

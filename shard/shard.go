@@ -16,7 +16,8 @@ import (
 var (
 	// ErrConfig means the input of a sharder is invalid: no members, an
 	// empty or duplicate proxy ID or member name, a nil Sharder, a setting
-	// out of range, or a Sharder whose answer breaks its contract.
+	// out of range, or a Sharder whose answer breaks its contract; or a bad
+	// MemberConfig, or a Membership started twice.
 	ErrConfig = errors.New("proxyswitch: invalid configuration")
 
 	// ErrNotMember means a server asked for its share of a member list it is

@@ -2,6 +2,8 @@ package engine
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -162,4 +164,29 @@ type ProxyStates struct {
 // Run sends the call.
 func (c ProxyStates) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
 	return proxyStatesScript.Run(ctx, rdb, c.keys(), c.Slots)
+}
+
+// IntAt returns element i of a script's reply if it is an integer.
+func IntAt(res []any, i int) (int64, bool) {
+	if i >= len(res) {
+		return 0, false
+	}
+	v, ok := res[i].(int64)
+	return v, ok
+}
+
+// KeyBase returns "{prefix:pool}", the hash tag every key of a pool starts
+// with, or an error saying what is wrong with prefix or pool (empty, or
+// holding braces, spaces or line breaks); the caller wraps it in its
+// ErrConfig.
+func KeyBase(prefix, pool string) (string, error) {
+	for _, v := range []struct{ name, val string }{{"prefix", prefix}, {"pool", pool}} {
+		if v.val == "" {
+			return "", fmt.Errorf("empty %s", v.name)
+		}
+		if strings.ContainsAny(v.val, "{}\r\n ") {
+			return "", fmt.Errorf("%s %q must not contain braces, spaces or line breaks", v.name, v.val)
+		}
+	}
+	return "{" + prefix + ":" + pool + "}", nil
 }
