@@ -15,7 +15,7 @@ import (
 	"github.com/gocolly/colly/v2"
 	"github.com/gocolly/colly/v2/proxy"
 	"github.com/proxyswitch/proxyswitch"
-	"github.com/proxyswitch/proxyswitch/internal/fakemarket"
+	"github.com/proxyswitch/proxyswitch/proxyswitchtest"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -24,7 +24,7 @@ type setup struct {
 	Servers int                            // simulated servers, each with its own collector
 	Workers int                            // parallel requests per server
 	Proxies []string                       // the shared proxy list
-	Market  fakemarket.Config              // the marketplaces (fresh ones for each run)
+	Market  proxyswitchtest.MarketConfig   // the marketplaces (fresh ones for each run)
 	Retries int                            // re-sends through another proxy after a refusal, in both runs
 	Redis   func() redis.UniversalClient   // a new Redis client, one per server (proxyswitch run)
 	Prefix  string                         // proxyswitch key prefix
@@ -41,7 +41,7 @@ type outcome struct {
 	Products int // product pages in the catalogs
 	Scraped  int // product pages scraped (title and price read)
 	Sent     int // requests the servers sent to the proxies
-	Market   fakemarket.Stats
+	Market   proxyswitchtest.MarketStats
 	Servers  []serverOutcome
 	// proxyswitch run only:
 	Quarantined int // proxies quarantined on a platform at the end
@@ -75,7 +75,7 @@ type attachFunc func(*colly.Collector, *server) error
 // walks the same proxy list on its own with Colly's round-robin switcher and
 // re-sends a refused page through the next proxy.
 func runUncoordinated(ctx context.Context, s setup) (outcome, error) {
-	market := fakemarket.Start(s.Market)
+	market := proxyswitchtest.StartMarket(s.Market)
 	defer market.Close()
 	return run(ctx, runWithout, s, market, func(c *colly.Collector, srv *server) error {
 		rr, err := proxy.RoundRobinProxySwitcher(s.Proxies...)
@@ -94,14 +94,14 @@ func runUncoordinated(ctx context.Context, s setup) (outcome, error) {
 // time cluster-wide, waits SafeInterval between two requests to a platform,
 // and a refusal quarantines it on every platform for every server.
 func runProxyswitch(ctx context.Context, s setup) (outcome, error) {
-	market := fakemarket.Start(s.Market)
+	market := proxyswitchtest.StartMarket(s.Market)
 	defer market.Close()
 
 	opts := []proxyswitch.Option{
 		proxyswitch.WithPrefix(s.Prefix),
 		proxyswitch.WithPool("cluster-demo"),
-		proxyswitch.WithCooldown(fakemarket.SafeInterval), // under every platform's rate limit
-		proxyswitch.WithBanAllSites(true),                 // the platforms share their blacklist
+		proxyswitch.WithCooldown(proxyswitchtest.SafeInterval), // under every platform's rate limit
+		proxyswitch.WithBanAllSites(true),                      // the platforms share their blacklist
 		proxyswitch.WithRetries(s.Retries),
 		proxyswitch.WithMaxWait(time.Minute),
 		proxyswitch.WithLogger(s.Logger),
@@ -166,7 +166,7 @@ func runProxyswitch(ctx context.Context, s setup) (outcome, error) {
 
 // run crawls market with s.Servers servers, each attached by attach, and
 // measures what the platforms saw.
-func run(ctx context.Context, name string, s setup, market *fakemarket.Market, attach attachFunc) (outcome, error) {
+func run(ctx context.Context, name string, s setup, market *proxyswitchtest.Market, attach attachFunc) (outcome, error) {
 	// Deal the catalog pages out to the servers, as a scheduler would.
 	seeds := make([][]string, s.Servers)
 	i := 0
@@ -209,7 +209,7 @@ func run(ctx context.Context, name string, s setup, market *fakemarket.Market, a
 
 // crawl is one server's crawler: its catalog pages, then the product pages
 // they link.
-func crawl(ctx context.Context, s setup, srv *server, market *fakemarket.Market, seeds []string, attach attachFunc) error {
+func crawl(ctx context.Context, s setup, srv *server, market *proxyswitchtest.Market, seeds []string, attach attachFunc) error {
 	// Each page is asked for once by construction (catalog pages dealt out,
 	// each product linked once), so Colly's revisit check is not needed. It
 	// also applies to redirect targets, and a captcha URL met a second time

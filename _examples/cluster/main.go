@@ -6,8 +6,8 @@
 // with Colly's round-robin switcher), then through proxyswitch, and prints
 // what each run got and what the marketplaces saw, side by side.
 //
-//	go run ./_examples/cluster                                   # a private redis-server if one is on PATH, else an embedded in-process Redis
-//	go run ./_examples/cluster -redis embedded                   # the embedded in-process Redis (miniredis)
+//	go run ./_examples/cluster                                   # an embedded in-process Redis (miniredis): nothing to install
+//	go run ./_examples/cluster -redis server                     # a private redis-server from PATH on a free port (faster)
 //	go run ./_examples/cluster -redis redis://127.0.0.1:6379/0   # your Redis
 //
 // Everything runs on loopback: each proxy is a local forward proxy that
@@ -31,14 +31,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/proxyswitch/proxyswitch/internal/devredis"
-	"github.com/proxyswitch/proxyswitch/internal/fakemarket"
-	"github.com/proxyswitch/proxyswitch/internal/stage"
+	"github.com/proxyswitch/proxyswitch/proxyswitchtest"
 	"github.com/redis/go-redis/v9"
 )
 
 func main() {
-	redisURL := flag.String("redis", "", `Redis URL, e.g. redis://127.0.0.1:6379/0, or "embedded" (default: a private redis-server if one is on PATH, else an embedded in-process Redis)`)
+	redisArg := flag.String("redis", proxyswitchtest.RedisEmbedded, `"embedded" (an in-process Redis), "server" (a private redis-server from PATH on a free port), or your Redis URL, e.g. redis://127.0.0.1:6379/0`)
 	prefix := flag.String("prefix", "clusterdemo", "key prefix in Redis (the demo clears its pool before and after)")
 	servers := flag.Int("servers", 3, "simulated servers")
 	workers := flag.Int("workers", 50, "parallel requests per server")
@@ -66,12 +64,13 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 
-	st, err := stage.Start(*redisURL, *nProxies, *burnt, nil) // marketplaces: fresh ones for each run
+	// Redis and the proxies; the marketplaces: fresh ones for each run.
+	st, err := proxyswitchtest.StartStage(proxyswitchtest.StageConfig{Redis: *redisArg, Proxies: *nProxies, Burnt: *burnt})
 	if err != nil {
-		log.Fatal(err)
+		log.Fatalf("cluster: %v", err)
 	}
 	defer st.Close()
-	rs, proxies := st.Redis, st.Proxies
+	rs, proxies := st.Redis, st.Farm.Proxies
 	if err := ping(ctx, rs); err != nil {
 		log.Fatalf("cluster: %s does not answer: %v", rs, err)
 	}
@@ -79,7 +78,7 @@ func main() {
 	s := setup{
 		Servers: *servers,
 		Workers: *workers,
-		Market: fakemarket.Config{
+		Market: proxyswitchtest.MarketConfig{
 			Categories:       *categories,
 			PagesPerCategory: *pages,
 			ProductsPerPage:  *perPage,
@@ -90,7 +89,7 @@ func main() {
 		// Each server has its own connection to Redis, as on real machines.
 		Redis: func() redis.UniversalClient { return rs.Client() },
 	}
-	s.Proxies, s.Market.Burnt = st.ProxyURLs(), st.Burnt
+	s.Proxies, s.Market.Burnt = st.Farm.URLs(), st.Burnt
 
 	fmt.Printf("%d servers x %d workers share %d proxies (%s .. %s); %d of them are already on the marketplaces' blacklist.\n",
 		*servers, *workers, *nProxies, proxies[0].SourceIP(), proxies[len(proxies)-1].SourceIP(), len(s.Market.Burnt))
@@ -125,7 +124,7 @@ func main() {
 	}
 }
 
-func ping(ctx context.Context, rs *devredis.Server) error {
+func ping(ctx context.Context, rs *proxyswitchtest.Redis) error {
 	rdb := rs.Client()
 	defer rdb.Close()
 	return rdb.Ping(ctx).Err()

@@ -11,26 +11,20 @@ import (
 	"testing"
 	"time"
 
-	"github.com/proxyswitch/proxyswitch/internal/devredis"
-	"github.com/proxyswitch/proxyswitch/internal/fakemarket"
-	"github.com/proxyswitch/proxyswitch/internal/redistest"
-	"github.com/proxyswitch/proxyswitch/internal/stage"
-	"github.com/proxyswitch/proxyswitch/internal/testbed"
+	"github.com/proxyswitch/proxyswitch/proxyswitchtest"
 	"github.com/redis/go-redis/v9"
 )
 
 func TestDemo(t *testing.T) {
-	proxies := testbed.NewProxies(t, 30)
+	farm := proxyswitchtest.NewFarm(t, 30)
 	s := setup{
 		Servers: 2,
 		Workers: 8,
-		Market:  fakemarket.Config{Categories: 2, PagesPerCategory: 3, ProductsPerPage: 10, Burnt: stage.BurntIPs(proxies, 3)},
+		Market:  proxyswitchtest.MarketConfig{Categories: 2, PagesPerCategory: 3, ProductsPerPage: 10, Burnt: farm.SpreadIPs(3)},
 		Retries: 2,
 		Prefix:  "clusterdemo-test",
 		Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
-	}
-	for _, p := range proxies {
-		s.Proxies = append(s.Proxies, p.URL())
+		Proxies: farm.URLs(),
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -44,22 +38,15 @@ func TestDemo(t *testing.T) {
 		t.Errorf("without coordination: %d requests reached a marketplace without a proxy", without.Market.Direct)
 	}
 
-	embedded, err := devredis.Start(devredis.Embedded)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer embedded.Close()
-	real, err := devredis.Start(redistest.Start(t).URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, backend := range []struct {
-		name string
-		rs   *devredis.Server
-	}{{"embedded", embedded}, {"redis-server", real}} {
-		t.Run(backend.name, func(t *testing.T) {
+	for _, backend := range []string{proxyswitchtest.RedisEmbedded, proxyswitchtest.RedisServer} {
+		t.Run(backend, func(t *testing.T) {
+			rs, err := proxyswitchtest.StartRedis(backend)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer rs.Close()
 			s := s
-			s.Redis = func() redis.UniversalClient { return backend.rs.Client() }
+			s.Redis = func() redis.UniversalClient { return rs.Client() }
 			with, err := runProxyswitch(ctx, s)
 			if err != nil {
 				t.Fatal(err)

@@ -4,12 +4,14 @@
 // with one Colly collector whose requests lease their proxies from
 // proxyswitch.
 //
-//	go run ./_examples/marketplace
-//	go run ./_examples/marketplace -redis redis://127.0.0.1:6379/0
+//	go run ./_examples/marketplace                                  # an embedded in-process Redis
+//	go run ./_examples/marketplace -redis server                    # a private redis-server from PATH
+//	go run ./_examples/marketplace -redis redis://127.0.0.1:6379/0  # your Redis
 //
-// The marketplaces defend themselves (internal/fakemarket): rate limits per
-// IP, a captcha for two requests at once from one IP, placeholder pages,
-// and a blacklist they share, on which some of the proxies already are.
+// The marketplaces (proxyswitchtest.StartMarket) defend themselves: rate
+// limits per IP, a captcha for two requests at once from one IP,
+// placeholder pages, and a blacklist they share, on which some of the
+// proxies already are.
 // proxyswitch paces every IP under the rate limits (WithCooldown), never
 // sends two requests from one IP to one site at once, recognises each kind
 // of refusal (status codes, the captcha redirect, pages without the
@@ -32,12 +34,11 @@ import (
 
 	"github.com/gocolly/colly/v2"
 	"github.com/proxyswitch/proxyswitch"
-	"github.com/proxyswitch/proxyswitch/internal/fakemarket"
-	"github.com/proxyswitch/proxyswitch/internal/stage"
+	"github.com/proxyswitch/proxyswitch/proxyswitchtest"
 )
 
 func main() {
-	redisURL := stage.RedisFlag()
+	redisArg := flag.String("redis", proxyswitchtest.RedisEmbedded, `"embedded" (an in-process Redis), "server" (a private redis-server from PATH on a free port), or your Redis URL, e.g. redis://127.0.0.1:6379/0`)
 	nProxies := flag.Int("proxies", 100, "proxies in the pool")
 	burnt := flag.Int("burnt", 8, "proxies already on the marketplaces' blacklist")
 	workers := flag.Int("workers", 30, "parallel requests")
@@ -46,7 +47,8 @@ func main() {
 	ctx := context.Background()
 
 	// The stage: Redis, the proxies, the marketplaces.
-	st, err := stage.Start(*redisURL, *nProxies, *burnt, &fakemarket.Config{})
+	st, err := proxyswitchtest.StartStage(proxyswitchtest.StageConfig{
+		Redis: *redisArg, Proxies: *nProxies, Burnt: *burnt, Market: &proxyswitchtest.MarketConfig{}})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -61,8 +63,8 @@ func main() {
 	// The crawler.
 	opts := []proxyswitch.Option{
 		proxyswitch.WithPrefix("marketplace"),
-		proxyswitch.WithCooldown(fakemarket.SafeInterval), // under every marketplace's rate limit
-		proxyswitch.WithBanAllSites(true),                 // they share their blacklist
+		proxyswitch.WithCooldown(proxyswitchtest.SafeInterval), // under every marketplace's rate limit
+		proxyswitch.WithBanAllSites(true),                      // they share their blacklist
 	}
 	for _, p := range market.Platforms {
 		// A placeholder or a captcha page comes with 200: say what a real
@@ -79,7 +81,7 @@ func main() {
 		log.Fatal(err)
 	}
 	defer sw.Clear(ctx)
-	if _, err := sw.Replace(ctx, st.ProxyURLs()); err != nil {
+	if _, err := sw.Replace(ctx, st.Farm.URLs()); err != nil {
 		log.Fatal(err)
 	}
 

@@ -8,9 +8,11 @@
 //
 //	go run ./_examples/multiserver                 # 3 worker processes
 //	go run ./_examples/multiserver -servers 5
+//	go run ./_examples/multiserver -redis server   # a private redis-server from PATH (default: an embedded Redis)
 //	go run ./_examples/multiserver -redis redis://127.0.0.1:6379/0
 //
-// The parent process holds the stage: Redis (unless given one), the local
+// The parent process holds the stage: Redis (the embedded one, which the
+// workers reach over loopback, unless told otherwise), the local
 // proxies and the marketplaces. It loads the pool, queues the catalog's
 // first pages, starts the workers, and reports what each worker did and
 // what the marketplaces saw.
@@ -36,8 +38,7 @@ import (
 	"github.com/gocolly/colly/v2"
 	"github.com/gocolly/colly/v2/queue"
 	"github.com/proxyswitch/proxyswitch"
-	"github.com/proxyswitch/proxyswitch/internal/fakemarket"
-	"github.com/proxyswitch/proxyswitch/internal/stage"
+	"github.com/proxyswitch/proxyswitch/proxyswitchtest"
 	"github.com/proxyswitch/proxyswitch/storage"
 	"github.com/redis/go-redis/v9"
 )
@@ -52,7 +53,7 @@ type job struct {
 
 type platform struct {
 	Name, Host string
-	Sel        fakemarket.Selectors
+	Sel        proxyswitchtest.Selectors
 }
 
 // report is what a worker tells the parent, on its standard output.
@@ -71,7 +72,7 @@ const (
 
 func main() {
 	worker := flag.Bool("worker", false, "run as a worker (started by the parent)")
-	redisURL := stage.RedisFlag()
+	redisArg := flag.String("redis", proxyswitchtest.RedisEmbedded, `"embedded" (an in-process Redis), "server" (a private redis-server from PATH on a free port), or your Redis URL, e.g. redis://127.0.0.1:6379/0`)
 	servers := flag.Int("servers", 3, "worker processes")
 	workers := flag.Int("workers", 20, "parallel requests per worker process")
 	nProxies := flag.Int("proxies", 150, "proxies in the pool")
@@ -86,7 +87,8 @@ func main() {
 		log.Fatal("multiserver: need servers, workers >= 1")
 	}
 	ctx := context.Background()
-	st, err := stage.Start(*redisURL, *nProxies, *burnt, &fakemarket.Config{})
+	st, err := proxyswitchtest.StartStage(proxyswitchtest.StageConfig{
+		Redis: *redisArg, Proxies: *nProxies, Burnt: *burnt, Market: &proxyswitchtest.MarketConfig{}})
 	must(err)
 	defer st.Close()
 	rdb := st.Redis.Client()
@@ -98,7 +100,7 @@ func main() {
 	must(err)
 	must(sw.Clear(ctx))
 	defer sw.Clear(ctx)
-	_, err = sw.Replace(ctx, st.ProxyURLs())
+	_, err = sw.Replace(ctx, st.Farm.URLs())
 	must(err)
 	queued, err := storage.New(rdb, storage.WithNamespace(namespace))
 	must(err)
@@ -189,11 +191,11 @@ func runWorker() {
 
 	opts := []proxyswitch.Option{
 		proxyswitch.WithPrefix(prefix),
-		proxyswitch.WithCooldown(fakemarket.SafeInterval), // under every marketplace's rate limit
-		proxyswitch.WithBanAllSites(true),                 // they share their blacklist
+		proxyswitch.WithCooldown(proxyswitchtest.SafeInterval), // under every marketplace's rate limit
+		proxyswitch.WithBanAllSites(true),                      // they share their blacklist
 		proxyswitch.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))),
 	}
-	sel := map[string]fakemarket.Selectors{}
+	sel := map[string]proxyswitchtest.Selectors{}
 	for _, p := range j.Platforms {
 		sel[p.Host] = p.Sel
 		opts = append(opts,

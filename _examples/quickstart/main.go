@@ -2,8 +2,9 @@
 // with proxyswitch leasing one proxy per request from Redis, and shows that
 // the shop never saw one IP send two requests at once.
 //
-//	go run ./_examples/quickstart                                   # embedded in-process Redis
-//	go run ./_examples/quickstart -redis redis://127.0.0.1:6379/0   # a real Redis
+//	go run ./_examples/quickstart                                   # an embedded in-process Redis
+//	go run ./_examples/quickstart -redis server                     # a private redis-server from PATH
+//	go run ./_examples/quickstart -redis redis://127.0.0.1:6379/0   # your Redis
 //
 // Everything runs on loopback: the shop is an httptest server and each proxy
 // dials the shop from its own address 127.0.0.x, so the shop sees five
@@ -25,20 +26,22 @@ import (
 
 	"github.com/gocolly/colly/v2"
 	"github.com/proxyswitch/proxyswitch"
-	"github.com/proxyswitch/proxyswitch/internal/devredis"
+	"github.com/proxyswitch/proxyswitch/proxyswitchtest"
 )
 
 func main() {
-	redisURL := flag.String("redis", "", "Redis URL, e.g. redis://127.0.0.1:6379/0 (default: an embedded in-process Redis)")
+	redisArg := flag.String("redis", proxyswitchtest.RedisEmbedded, `"embedded" (an in-process Redis), "server" (a private redis-server from PATH on a free port), or your Redis URL, e.g. redis://127.0.0.1:6379/0`)
 	pages := flag.Int("pages", 60, "product pages in the shop")
 	flag.Parse()
 
-	rdb, desc, closeRedis, err := devredis.Open(*redisURL)
+	rs, err := proxyswitchtest.StartRedis(*redisArg)
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer closeRedis()
-	fmt.Println("using", desc)
+	defer rs.Close()
+	rdb := rs.Client()
+	defer rdb.Close()
+	fmt.Println("using", rs)
 
 	shop := newShop(*pages)
 	defer shop.Close()

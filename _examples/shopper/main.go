@@ -7,6 +7,7 @@
 //
 //	go run ./_examples/shopper                 # sticky sessions: every order goes through
 //	go run ./_examples/shopper -sessions=false # a proxy per request: watch the flows break
+//	go run ./_examples/shopper -redis server   # a private redis-server from PATH (default: an embedded Redis)
 //	go run ./_examples/shopper -redis redis://127.0.0.1:6379/0
 //
 // Each shopper is a task (proxyswitch.NewTaskContext): while its session
@@ -31,12 +32,11 @@ import (
 
 	"github.com/gocolly/colly/v2"
 	"github.com/proxyswitch/proxyswitch"
-	"github.com/proxyswitch/proxyswitch/internal/fakemarket"
-	"github.com/proxyswitch/proxyswitch/internal/stage"
+	"github.com/proxyswitch/proxyswitch/proxyswitchtest"
 )
 
 func main() {
-	redisURL := stage.RedisFlag()
+	redisArg := flag.String("redis", proxyswitchtest.RedisEmbedded, `"embedded" (an in-process Redis), "server" (a private redis-server from PATH on a free port), or your Redis URL, e.g. redis://127.0.0.1:6379/0`)
 	shoppers := flag.Int("shoppers", 20, "shoppers, each with a flow of its own")
 	items := flag.Int("items", 3, "products each shopper puts in the cart")
 	nProxies := flag.Int("proxies", 30, "proxies in the pool")
@@ -48,7 +48,7 @@ func main() {
 	}
 	ctx := context.Background()
 
-	st, err := stage.Start(*redisURL, *nProxies, 0, &fakemarket.Config{})
+	st, err := proxyswitchtest.StartStage(proxyswitchtest.StageConfig{Redis: *redisArg, Proxies: *nProxies, Market: &proxyswitchtest.MarketConfig{}})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -57,13 +57,13 @@ func main() {
 	defer rdb.Close()
 	ozon := st.Market.Platforms[1]
 	exitIP := map[string]string{} // proxy URL -> the address it dials out from
-	for _, p := range st.Proxies {
+	for _, p := range st.Farm.Proxies {
 		exitIP[p.URL()] = p.SourceIP().String()
 	}
 
 	sw, err := proxyswitch.NewSwitch(rdb,
 		proxyswitch.WithPrefix("shopper"),
-		proxyswitch.WithCooldown(fakemarket.SafeInterval),
+		proxyswitch.WithCooldown(proxyswitchtest.SafeInterval),
 		proxyswitch.WithMaxWait(5*time.Second), // give up soon when every proxy is burnt (-sessions=false)
 		proxyswitch.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))),
 		proxyswitch.WithSessionRetired(func(r proxyswitch.SessionRetirement) {
@@ -76,7 +76,7 @@ func main() {
 		log.Fatal(err)
 	}
 	defer sw.Clear(ctx)
-	if _, err := sw.Replace(ctx, st.ProxyURLs()); err != nil {
+	if _, err := sw.Replace(ctx, st.Farm.URLs()); err != nil {
 		log.Fatal(err)
 	}
 	mode := "one sticky session per shopper"
@@ -132,7 +132,7 @@ func main() {
 
 // shop runs one shopper's flow: sign in, put items in the cart, check out,
 // each step after a human pause. It returns a line telling how it went.
-func shop(ctx context.Context, c *colly.Collector, sw *proxyswitch.Switch, site *fakemarket.Platform, task string, items int, sessions bool, exitIP map[string]string) string {
+func shop(ctx context.Context, c *colly.Collector, sw *proxyswitch.Switch, site *proxyswitchtest.Platform, task string, items int, sessions bool, exitIP map[string]string) string {
 	cctx := colly.NewContext()
 	if sessions {
 		cctx = proxyswitch.NewTaskContext(task) // every request of the flow belongs to the task

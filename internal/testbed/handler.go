@@ -3,6 +3,7 @@ package testbed
 import (
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -215,12 +216,13 @@ type EchoResponse struct {
 }
 
 func (h *ShopHandler) echo(w http.ResponseWriter, r *http.Request) {
+	ip, _, _ := net.SplitHostPort(r.RemoteAddr)
 	body, _ := json.Marshal(EchoResponse{
 		Method:     r.Method,
 		URL:        r.URL.String(),
 		Host:       r.Host,
 		RemoteAddr: r.RemoteAddr,
-		ClientIP:   clientIP(r.RemoteAddr),
+		ClientIP:   ip,
 		Header:     r.Header,
 	})
 	w.Header().Set("Content-Type", "application/json")

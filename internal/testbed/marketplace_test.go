@@ -1,7 +1,6 @@
 package testbed
 
 import (
-	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -171,28 +170,5 @@ func TestMarketplaceBlockAfterCaptchas(t *testing.T) {
 	wantInt(t, "blocks", m.Blocks(), 1)
 	if !m.Shared.Has(p.SourceIP().String()) {
 		t.Error("blocked IP not on the shared blacklist")
-	}
-}
-
-func TestStartWithoutTB(t *testing.T) {
-	site := StartSite("shop", nil)
-	defer site.Close()
-	ps, err := StartProxies(2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range ps {
-		defer p.Close()
-	}
-	resp, _ := get(t, client(t, ps[1].URL()), site.URL()+"/p/1")
-	wantStatus(t, resp, http.StatusOK)
-	if got := site.Recorder().IPs()[SourceIP(1).String()]; got != 1 {
-		t.Errorf("hits from %v = %d, want 1", SourceIP(1), got)
-	}
-	if _, err := StartProxy(net.ParseIP("10.0.0.1")); err == nil {
-		t.Error("StartProxy accepted a source IP off loopback")
-	}
-	if _, err := StartProxies(-1); err == nil {
-		t.Error("StartProxies(-1) did not fail")
 	}
 }

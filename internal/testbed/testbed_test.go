@@ -488,14 +488,6 @@ func TestNonLoopbackTargetRefused(t *testing.T) {
 		t.Errorf("Hosts = %v, want none", p.Hosts())
 	}
 
-	for host, want := range map[string]bool{
-		"127.0.0.1": true, "127.9.8.7": true, "::1": true, "localhost": true, "LocalHost": true,
-		"0.0.0.0": false, "10.0.0.1": false, "example.com": false, "::": false, "localhost.evil.com": false,
-	} {
-		if got := allowedHost(host); got != want {
-			t.Errorf("allowedHost(%q) = %v, want %v", host, got, want)
-		}
-	}
 }
 
 func TestLocalhostTargetUsesSourceIP(t *testing.T) {
@@ -514,7 +506,8 @@ func TestConnectTunnel(t *testing.T) {
 
 	// Plain httptest TLS server.
 	ts := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.WriteString(w, clientIP(r.RemoteAddr))
+		ip, _, _ := net.SplitHostPort(r.RemoteAddr)
+		io.WriteString(w, ip)
 	}))
 	t.Cleanup(ts.Close)
 	c := client(t, p.URL())

@@ -1,4 +1,4 @@
-package testbed
+package proxyswitchtest
 
 import (
 	"net"
@@ -14,7 +14,7 @@ const DirectIP = "127.0.0.1"
 
 // Hit is one request recorded by a [Recorder].
 type Hit struct {
-	Method   string
+	Method   string // r.Method
 	Path     string // r.URL.Path
 	Query    string // r.URL.RawQuery
 	ClientIP string // IP part of r.RemoteAddr

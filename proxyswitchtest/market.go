@@ -1,11 +1,13 @@
-// Package fakemarket runs local fake marketplaces modelled on Wildberries,
-// Ozon and Avito, for the example programs and the cluster demo.
+package proxyswitchtest
+
+// The fake marketplaces, modelled on Wildberries, Ozon and Avito, for the
+// example programs and for tests of crawlers ([StartMarket]).
 //
-// Each platform is a [testbed.Site] (loopback only, with a recorder that
+// Each platform is a [Site] (loopback only, with a recorder that
 // counts IP collisions: arrivals that find another request from the same
 // client IP in flight) serving a catalog (categories of pages, each page
 // linking its products) and product pages, each platform with its own markup
-// (see [Selectors]) and its own anti-bot habits, a [testbed.Marketplace]:
+// (see [Selectors]) and its own anti-bot habits, a [Guard]:
 //
 //   - wildberries: at most 2 requests per IP per second; beyond that 429
 //     with Retry-After, and a second offence blocks the IP (403). A listed IP
@@ -25,12 +27,11 @@
 // /login; one whose cookie was issued to another IP is taken for a stolen
 // session: 403, and the session is revoked. See [ShopStats].
 //
-// The three share one blacklist ([testbed.Blacklist]): an IP any of them
+// The three share one blacklist ([Blacklist]): an IP any of them
 // blocks is refused by all of them, each in its own way, and IPs burnt
-// before the crawl ([Config.Burnt]) are on it from the start. No platform
+// before the crawl ([MarketConfig.Burnt]) are on it from the start. No platform
 // refuses an IP that waits [SafeInterval] between two requests to it and
 // never sends two at once.
-package fakemarket
 
 import (
 	"fmt"
@@ -43,15 +44,13 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/proxyswitch/proxyswitch/internal/testbed"
 )
 
 // SafeInterval is a pause between two requests from one IP to one platform
 // that keeps the IP under every platform's rate limit.
 const SafeInterval = 500 * time.Millisecond
 
-// Defaults of [Config].
+// Defaults of [MarketConfig].
 const (
 	DefaultCategories       = 4
 	DefaultPagesPerCategory = 5
@@ -60,8 +59,8 @@ const (
 	pageSize                = 6 << 10 // catalog and product pages are padded to about this size
 )
 
-// Config sizes the marketplaces. The zero value is usable.
-type Config struct {
+// MarketConfig sizes the marketplaces. The zero value is usable.
+type MarketConfig struct {
 	Categories       int           // categories per platform; 0: DefaultCategories
 	PagesPerCategory int           // catalog pages per category; 0: DefaultPagesPerCategory
 	ProductsPerPage  int           // products linked from each catalog page; 0: DefaultProductsPerPage
@@ -69,7 +68,7 @@ type Config struct {
 	Burnt            []string      // client IPs on the shared blacklist before the crawl
 }
 
-func (c Config) withDefaults() Config {
+func (c MarketConfig) withDefaults() MarketConfig {
 	if c.Categories <= 0 {
 		c.Categories = DefaultCategories
 	}
@@ -96,14 +95,15 @@ type Selectors struct {
 	Price string // the product's price on its page
 }
 
-// Platform is one fake marketplace. Its methods are safe for concurrent use.
+// Platform is one fake marketplace. Its fields are set by [StartMarket] and
+// not changed after; its methods are safe for concurrent use.
 type Platform struct {
-	Name  string
-	Sel   Selectors
-	Site  *testbed.Site
-	Guard *testbed.Marketplace // its anti-bot layer: counts of what it refused
+	Name  string    // "wildberries", "ozon" or "avito"
+	Sel   Selectors // its markup
+	Site  *Site     // the site serving it: its recorder counts requests and IP collisions
+	Guard *Guard    // its anti-bot layer: counts of what it refused
 
-	cfg    Config
+	cfg    MarketConfig
 	markup markup
 
 	shopMu   sync.Mutex
@@ -165,35 +165,38 @@ func (p *Platform) catalogURL(category, page int) string {
 	return fmt.Sprintf("%s/catalog/%d?page=%d", p.URL(), category, page)
 }
 
-// Market is the three platforms and the blacklist they share.
+// Market is the three platforms and the blacklist they share. Its fields
+// are not changed after the start; its methods are safe for concurrent use.
 type Market struct {
 	Platforms []*Platform // wildberries, ozon, avito
-	Blacklist *testbed.Blacklist
+	Blacklist *Blacklist  // shared by the three: an IP one blocks, all refuse
 }
 
-// Start starts the three platforms on loopback. Close them when done.
-func Start(cfg Config) *Market {
+// StartMarket starts the three platforms on loopback, each on a free port,
+// sized by cfg (zero fields take the defaults: [DefaultCategories] and the
+// others). Close the market when done.
+func StartMarket(cfg MarketConfig) *Market {
 	cfg = cfg.withDefaults()
-	m := &Market{Blacklist: testbed.NewBlacklist(cfg.Burnt...)}
+	m := &Market{Blacklist: NewBlacklist(cfg.Burnt...)}
 	for _, name := range []string{"wildberries", "ozon", "avito"} {
 		p := &Platform{Name: name, cfg: cfg, markup: markups[name], sessions: map[string]*shopSession{}}
 		p.Sel = p.markup.sel
-		p.Guard = testbed.NewMarketplace(http.HandlerFunc(p.serve))
+		p.Guard = NewGuard(http.HandlerFunc(p.serve))
 		p.Guard.Shared = m.Blacklist
 		p.Guard.RateWindow, p.Guard.BlockFor = time.Second, 10*time.Minute
 		switch name {
 		case "wildberries":
 			p.Guard.RateLimit, p.Guard.RetryAfter, p.Guard.BlockAfter = 2, time.Minute, 1
-			p.Guard.Listed = testbed.Forbid
+			p.Guard.Listed = Forbid
 		case "ozon":
 			p.Guard.RateLimit, p.Guard.BlockAfter = 3, 1
 			p.Guard.CaptchaOnConcurrent, p.Guard.BlockAfterCaptchas = true, 2
-			p.Guard.Listed = testbed.Challenge
+			p.Guard.Listed = Challenge
 		case "avito":
 			p.Guard.RateLimit, p.Guard.BlockAfter = 2, 1
-			p.Guard.Listed = testbed.Placeholder
+			p.Guard.Listed = Placeholder
 		}
-		p.Site = testbed.StartSite(name, p.Guard)
+		p.Site = StartSite(name, p.Guard)
 		m.Platforms = append(m.Platforms, p)
 	}
 	return m
@@ -225,8 +228,8 @@ func (m *Market) Products() int {
 	return n
 }
 
-// Stats is what the platforms saw, their ground truth.
-type Stats struct {
+// MarketStats is what the platforms saw, their ground truth.
+type MarketStats struct {
 	Requests   int            // requests received (captcha pages included)
 	Refused    map[string]int // refusals by kind: "403", "429", "captcha", "placeholder"
 	Bans       int            // refusals of every kind
@@ -237,8 +240,8 @@ type Stats struct {
 }
 
 // Stats sums what the platforms saw so far.
-func (m *Market) Stats() Stats {
-	s := Stats{Refused: map[string]int{}, Listed: m.Blacklist.Len()}
+func (m *Market) Stats() MarketStats {
+	s := MarketStats{Refused: map[string]int{}, Listed: m.Blacklist.Len()}
 	for _, p := range m.Platforms {
 		rec := p.Site.Recorder()
 		s.Requests += rec.Count()
@@ -255,7 +258,7 @@ func (m *Market) Stats() Stats {
 	return s
 }
 
-var refusals = []testbed.Decision{testbed.DecidedForbidden, testbed.DecidedRateLimited, testbed.DecidedCaptcha, testbed.DecidedPlaceholder, testbed.DecidedTruncated}
+var refusals = []Decision{DecidedForbidden, DecidedRateLimited, DecidedCaptcha, DecidedPlaceholder, DecidedTruncated}
 
 // serve is the platform's own handler, behind its anti-bot layer.
 func (p *Platform) serve(w http.ResponseWriter, r *http.Request) {
@@ -438,8 +441,4 @@ func pad(page string) string {
 	return page + end
 }
 
-func writePage(w http.ResponseWriter, body string) {
-	w.Header().Set("Content-Type", "text/html; charset=utf-8")
-	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
-	_, _ = w.Write([]byte(body))
-}
+func writePage(w http.ResponseWriter, body string) { writeHTML(w, http.StatusOK, body) }

@@ -1,7 +1,7 @@
-package devredis
+package proxyswitchtest_test
 
-// The demos run proxyswitch on miniredis when no Redis URL is given and no
-// redis-server is on PATH. These tests check that every Lua script of the
+// The examples run proxyswitch on the embedded miniredis unless told
+// otherwise (StartRedis). These tests check that every Lua script of the
 // library loads there, and that a scenario calling each of them through the
 // public API gives the same transcript on miniredis as on a real
 // redis-server, dead and drained proxies included (TestDeadScoreOnMiniredis
@@ -26,6 +26,7 @@ import (
 	"github.com/proxyswitch/proxyswitch/internal/engine"
 	"github.com/proxyswitch/proxyswitch/internal/redistest"
 	"github.com/proxyswitch/proxyswitch/internal/testbed"
+	"github.com/proxyswitch/proxyswitch/proxyswitchtest"
 	"github.com/proxyswitch/proxyswitch/shard"
 	"github.com/proxyswitch/proxyswitch/storage"
 	"github.com/redis/go-redis/v9"
@@ -35,9 +36,9 @@ import (
 
 // embedded starts the embedded server and a client, both closed with the
 // test.
-func embedded(t *testing.T) (*Server, *redis.Client) {
+func embedded(t *testing.T) (*proxyswitchtest.Redis, *redis.Client) {
 	t.Helper()
-	s, err := Start(Embedded)
+	s, err := proxyswitchtest.StartRedis(proxyswitchtest.RedisEmbedded)
 	require.NoError(t, err)
 	t.Cleanup(s.Close)
 	rdb := s.Client()
@@ -60,15 +61,18 @@ func TestKeysExpireOnMiniredis(t *testing.T) {
 	_, rdb := embedded(t)
 	ctx := context.Background()
 	require.NoError(t, rdb.Set(ctx, "k", "v", 100*time.Millisecond).Err())
-	require.Eventually(t, func() bool { return rdb.Exists(ctx, "k").Val() == 0 }, 100*time.Millisecond+2*expireEvery, 10*time.Millisecond,
+	require.Eventually(t, func() bool { return rdb.Exists(ctx, "k").Val() == 0 }, 100*time.Millisecond+2*proxyswitchtest.ExpireEvery, 10*time.Millisecond,
 		"a key outlived its TTL")
 }
 
 func TestScenarioSameOnMiniredisAndRedis(t *testing.T) {
 	emb, embClient := embedded(t)
 	onMiniredis := scenario(t, embClient,
-		func() { emb.embed.Close() },
-		func() { emb.embed.FlushAll(); require.NoError(t, emb.embed.Restart()) })
+		func() { proxyswitchtest.Miniredis(emb).Close() },
+		func() {
+			proxyswitchtest.Miniredis(emb).FlushAll()
+			require.NoError(t, proxyswitchtest.Miniredis(emb).Restart())
+		})
 
 	srv := redistest.Start(t)
 	onRedis := scenario(t, srv.Client(t),

@@ -1,4 +1,4 @@
-package testbed
+package proxyswitchtest
 
 // inflight tracks per-key in-flight counters and derives the maximum
 // concurrency and the number of colliding arrivals. It is not synchronised;

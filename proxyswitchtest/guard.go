@@ -1,8 +1,9 @@
-package testbed
+package proxyswitchtest
 
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -11,7 +12,7 @@ import (
 	"time"
 )
 
-// Treatment is what a [Marketplace] serves one client IP.
+// Treatment is what a [Guard] serves one client IP.
 type Treatment int
 
 const (
@@ -29,6 +30,8 @@ const (
 	Challenge
 )
 
+// String returns the treatment's name: "serve", "placeholder", "forbid",
+// "truncate" or "challenge".
 func (t Treatment) String() string {
 	switch t {
 	case Serve:
@@ -45,10 +48,10 @@ func (t Treatment) String() string {
 	return "Treatment(" + strconv.Itoa(int(t)) + ")"
 }
 
-// Decision is what a [Marketplace] did with one request.
+// Decision is what a [Guard] did with one request.
 type Decision string
 
-// Decisions of a [Marketplace].
+// Decisions of a [Guard].
 const (
 	DecidedPage        Decision = "page"        // served by the wrapped handler
 	DecidedPlaceholder Decision = "placeholder" // 200 stub without the product
@@ -59,30 +62,30 @@ const (
 	DecidedCaptchaPage Decision = "captcha_page"
 )
 
-// MarketHit is one request as a [Marketplace] judged it.
-type MarketHit struct {
-	IP       string
-	Path     string
-	Decision Decision
-	At       time.Time
+// GuardHit is one request as a [Guard] judged it.
+type GuardHit struct {
+	IP       string    // the client IP
+	Path     string    // r.URL.Path
+	Decision Decision  // what the guard did
+	At       time.Time // when the request arrived
 }
 
-// Pages of a [Marketplace].
+// Pages of a [Guard].
 const (
 	CaptchaPath     = "/captcha"
 	PlaceholderHTML = `<html><body><div class="stub">This product is temporarily unavailable</div></body></html>`
 	CaptchaHTML     = `<html><body><form class="captcha" action="/captcha"><p>Prove you are human</p><input name="answer"></form></body></html>`
 )
 
-// Marketplace is an anti-bot layer in front of a site's handler, modelled on
+// Guard is an anti-bot layer in front of a site's handler, modelled on
 // how marketplaces treat scrapers. It is a middleware: compose it inside the
-// site's recorder, as NewSite(tb, name, NewMarketplace(nil)) does, so that
-// the recorder sees every request, refused ones included.
+// site's recorder, as StartSite(name, NewGuard(h)) does, so that the
+// recorder sees every request, refused ones included.
 //
 // Per client IP (the proxy's source IP), in this order:
 //
 //   - [CaptchaPath] serves the captcha page (200, form.captcha).
-//   - An IP given a [Treatment] by [Marketplace.Burn] gets it every time.
+//   - An IP given a [Treatment] by [Guard.Burn] gets it every time.
 //   - An IP blocked for too many 429s (or captchas) gets 403 until the
 //     block ends.
 //   - An IP on the Shared blacklist gets the Listed treatment.
@@ -99,7 +102,7 @@ const (
 //
 // Set the fields before the site serves; its methods are safe for concurrent
 // use.
-type Marketplace struct {
+type Guard struct {
 	RateLimit           int           // requests per IP per RateWindow; 0: no limit
 	RateWindow          time.Duration // default 1s
 	RetryAfter          time.Duration // Retry-After of a 429, whole seconds; 0: none
@@ -115,7 +118,7 @@ type Marketplace struct {
 	mu       sync.Mutex
 	visitors map[string]*visitor
 	treat    map[string]Treatment
-	hits     []MarketHit
+	hits     []GuardHit
 	blocks   int
 }
 
@@ -127,17 +130,17 @@ type visitor struct {
 	inFlight int
 }
 
-// NewMarketplace wraps next (nil: a [ShopHandler] with the default delay
-// whose product pages are padded to 4 KiB).
-func NewMarketplace(next http.Handler) *Marketplace {
+// NewGuard wraps next, the site's own handler (nil: every page is 404),
+// with no limit set: set the fields before the site serves.
+func NewGuard(next http.Handler) *Guard {
 	if next == nil {
-		next = &ShopHandler{Delay: DefaultProductDelay, PageSize: 4 << 10}
+		next = http.NotFoundHandler()
 	}
-	return &Marketplace{next: next, visitors: map[string]*visitor{}, treat: map[string]Treatment{}}
+	return &Guard{next: next, visitors: map[string]*visitor{}, treat: map[string]Treatment{}}
 }
 
 // Burn gives ip a treatment for every request from now on (Serve lifts it).
-func (m *Marketplace) Burn(ip string, t Treatment) {
+func (m *Guard) Burn(ip string, t Treatment) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if t == Serve {
@@ -148,14 +151,14 @@ func (m *Marketplace) Burn(ip string, t Treatment) {
 }
 
 // Hits returns every request judged so far, in arrival order.
-func (m *Marketplace) Hits() []MarketHit {
+func (m *Guard) Hits() []GuardHit {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return append([]MarketHit(nil), m.hits...)
+	return append([]GuardHit(nil), m.hits...)
 }
 
 // Count returns how many requests got decision d.
-func (m *Marketplace) Count(d Decision) int {
+func (m *Guard) Count(d Decision) int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	n := 0
@@ -167,7 +170,9 @@ func (m *Marketplace) Count(d Decision) int {
 	return n
 }
 
-func (m *Marketplace) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+// ServeHTTP judges the request and answers it: a refusal, or the wrapped
+// handler's page.
+func (m *Guard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ip := clientIP(r.RemoteAddr)
 	d, retryAfter := m.decide(ip, r)
 	switch d {
@@ -193,19 +198,19 @@ func (m *Marketplace) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // decide judges one request and records the decision.
-func (m *Marketplace) decide(ip string, r *http.Request) (Decision, time.Duration) {
+func (m *Guard) decide(ip string, r *http.Request) (Decision, time.Duration) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := time.Now()
 	d, retryAfter := m.decideLocked(ip, r, now)
-	m.hits = append(m.hits, MarketHit{IP: ip, Path: r.URL.Path, Decision: d, At: now})
+	m.hits = append(m.hits, GuardHit{IP: ip, Path: r.URL.Path, Decision: d, At: now})
 	if d == DecidedPage || d == DecidedTruncated {
 		m.visitor(ip).inFlight++ // ended by serve
 	}
 	return d, retryAfter
 }
 
-func (m *Marketplace) decideLocked(ip string, r *http.Request, now time.Time) (Decision, time.Duration) {
+func (m *Guard) decideLocked(ip string, r *http.Request, now time.Time) (Decision, time.Duration) {
 	if r.URL.Path == CaptchaPath {
 		return DecidedCaptchaPage, 0
 	}
@@ -269,7 +274,7 @@ func treated(t Treatment) (Decision, bool) {
 }
 
 // block blocks ip for BlockFor and lists it on the shared blacklist.
-func (m *Marketplace) block(ip string, v *visitor, now time.Time) {
+func (m *Guard) block(ip string, v *visitor, now time.Time) {
 	blockFor := m.BlockFor
 	if blockFor <= 0 {
 		blockFor = time.Minute
@@ -281,13 +286,13 @@ func (m *Marketplace) block(ip string, v *visitor, now time.Time) {
 
 // Blocks returns how many times this marketplace blocked an IP (for too
 // many 429s or captchas).
-func (m *Marketplace) Blocks() int {
+func (m *Guard) Blocks() int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.blocks
 }
 
-func (m *Marketplace) visitor(ip string) *visitor {
+func (m *Guard) visitor(ip string) *visitor {
 	v := m.visitors[ip]
 	if v == nil {
 		v = &visitor{}
@@ -297,7 +302,7 @@ func (m *Marketplace) visitor(ip string) *visitor {
 }
 
 // serve runs f as an in-flight request of ip.
-func (m *Marketplace) serve(ip string, f func()) {
+func (m *Guard) serve(ip string, f func()) {
 	defer func() {
 		m.mu.Lock()
 		m.visitor(ip).inFlight--
@@ -321,7 +326,15 @@ func truncate(w http.ResponseWriter, r *http.Request, next http.Handler) {
 	w.Write(body)
 }
 
-// Blacklist is a list of client IPs that several [Marketplace]s share, as
+// writeHTML answers code with an HTML body of a known length.
+func writeHTML(w http.ResponseWriter, code int, body string) {
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(code)
+	_, _ = io.WriteString(w, body)
+}
+
+// Blacklist is a list of client IPs that several [Guard]s share, as
 // platforms that buy one anti-bot service or swap block lists do: an IP one
 // of them blocks is refused by all of them. A nil *Blacklist lists nothing.
 // It is safe for concurrent use.

@@ -1,4 +1,4 @@
-package fakemarket
+package proxyswitchtest
 
 import (
 	"io"
@@ -9,11 +9,13 @@ import (
 	"time"
 
 	"github.com/PuerkitoBio/goquery"
-	"github.com/proxyswitch/proxyswitch/internal/testbed"
 )
 
+// newProxies starts n proxies, closed with the test.
+func newProxies(t *testing.T, n int) []*Proxy { return NewFarm(t, n).Proxies }
+
 // get fetches u through proxy without following redirects.
-func get(t *testing.T, proxy *testbed.Proxy, u string) (*http.Response, *goquery.Document) {
+func get(t *testing.T, proxy *Proxy, u string) (*http.Response, *goquery.Document) {
 	t.Helper()
 	pu, _ := url.Parse(proxy.URL())
 	c := &http.Client{
@@ -38,8 +40,8 @@ func get(t *testing.T, proxy *testbed.Proxy, u string) (*http.Response, *goquery
 }
 
 func TestCatalogAndProducts(t *testing.T) {
-	proxies := testbed.NewProxies(t, 3)
-	m := Start(Config{Categories: 2, PagesPerCategory: 2, ProductsPerPage: 3, ProductDelay: -1})
+	proxies := newProxies(t, 3)
+	m := StartMarket(MarketConfig{Categories: 2, PagesPerCategory: 2, ProductsPerPage: 3, ProductDelay: -1})
 	t.Cleanup(m.Close)
 	if got, want := m.Products(), 3*2*2*3; got != want {
 		t.Errorf("Products() = %d, want %d", got, want)
@@ -83,9 +85,9 @@ func TestCatalogAndProducts(t *testing.T) {
 }
 
 func TestAntiBot(t *testing.T) {
-	proxies := testbed.NewProxies(t, 3)
+	proxies := newProxies(t, 3)
 	burnt, abuser := proxies[0], proxies[1]
-	m := Start(Config{Categories: 1, PagesPerCategory: 1, ProductsPerPage: 1, ProductDelay: -1, Burnt: []string{burnt.SourceIP().String()}})
+	m := StartMarket(MarketConfig{Categories: 1, PagesPerCategory: 1, ProductsPerPage: 1, ProductDelay: -1, Burnt: []string{burnt.SourceIP().String()}})
 	t.Cleanup(m.Close)
 	wb, ozon, avito := m.Platforms[0], m.Platforms[1], m.Platforms[2]
 	product := "/product/1001001"
@@ -94,7 +96,7 @@ func TestAntiBot(t *testing.T) {
 	if resp, _ := get(t, burnt, wb.URL()+product); resp.StatusCode != http.StatusForbidden {
 		t.Errorf("wildberries to a burnt IP: %d, want 403", resp.StatusCode)
 	}
-	if resp, _ := get(t, burnt, ozon.URL()+product); resp.StatusCode != http.StatusFound || !strings.HasPrefix(resp.Header.Get("Location"), testbed.CaptchaPath) {
+	if resp, _ := get(t, burnt, ozon.URL()+product); resp.StatusCode != http.StatusFound || !strings.HasPrefix(resp.Header.Get("Location"), CaptchaPath) {
 		t.Errorf("ozon to a burnt IP: %d to %q, want a captcha redirect", resp.StatusCode, resp.Header.Get("Location"))
 	}
 	if resp, doc := get(t, burnt, avito.URL()+product); resp.StatusCode != http.StatusOK || doc.Find(avito.Sel.Title).Length() != 0 {
@@ -133,8 +135,8 @@ func TestAntiBot(t *testing.T) {
 }
 
 func TestShopping(t *testing.T) {
-	proxies := testbed.NewProxies(t, 2)
-	m := Start(Config{ProductDelay: -1})
+	proxies := newProxies(t, 2)
+	m := StartMarket(MarketConfig{ProductDelay: -1})
 	t.Cleanup(m.Close)
 	avito := m.Platforms[2] // the most patient anti-bot (no concurrency check)
 	resp, doc := get(t, proxies[0], avito.URL()+"/login?user=ann")
@@ -142,7 +144,7 @@ func TestShopping(t *testing.T) {
 		t.Fatalf("login: %d %q", resp.StatusCode, doc.Text())
 	}
 	sid := resp.Cookies()[0]
-	withCookie := func(proxy *testbed.Proxy, path string) *http.Response {
+	withCookie := func(proxy *Proxy, path string) *http.Response {
 		t.Helper()
 		time.Sleep(SafeInterval)
 		pu, _ := url.Parse(proxy.URL())

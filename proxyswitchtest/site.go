@@ -1,4 +1,4 @@
-package testbed
+package proxyswitchtest
 
 import (
 	"crypto/tls"
@@ -9,7 +9,8 @@ import (
 )
 
 // Site is a fake target site: an httptest.Server on 127.0.0.1 whose handler
-// is wrapped by a [Recorder].
+// is wrapped by a [Recorder], the ground truth of what reached it from which
+// client IP. Its methods are safe for concurrent use.
 type Site struct {
 	name    string
 	handler http.Handler
@@ -17,11 +18,13 @@ type Site struct {
 	srv     *httptest.Server
 }
 
-// NewSite starts a plain-HTTP site named name serving h (nil means
-// [DefaultHandler]). tb.Cleanup closes it.
+// NewSite starts a plain-HTTP site named name serving h (nil: every page
+// is 404) on a free loopback port. tb.Cleanup closes it.
 func NewSite(tb testing.TB, name string, h http.Handler) *Site {
 	tb.Helper()
-	return newSite(tb, name, h, false)
+	s := startSite(name, h, false)
+	tb.Cleanup(s.Close)
+	return s
 }
 
 // NewTLSSite is like [NewSite] but serves HTTPS with httptest's self-signed
@@ -29,7 +32,9 @@ func NewSite(tb testing.TB, name string, h http.Handler) *Site {
 // proxy it is reached with a CONNECT tunnel.
 func NewTLSSite(tb testing.TB, name string, h http.Handler) *Site {
 	tb.Helper()
-	return newSite(tb, name, h, true)
+	s := startSite(name, h, true)
+	tb.Cleanup(s.Close)
+	return s
 }
 
 // StartSite is [NewSite] for programs without a testing.TB (demos,
@@ -38,15 +43,9 @@ func StartSite(name string, h http.Handler) *Site {
 	return startSite(name, h, false)
 }
 
-func newSite(tb testing.TB, name string, h http.Handler, useTLS bool) *Site {
-	s := startSite(name, h, useTLS)
-	tb.Cleanup(s.Close)
-	return s
-}
-
 func startSite(name string, h http.Handler, useTLS bool) *Site {
 	if h == nil {
-		h = DefaultHandler()
+		h = http.NotFoundHandler()
 	}
 	s := &Site{name: name, handler: h, rec: NewRecorder()}
 	// httptest listens on 127.0.0.1:0.

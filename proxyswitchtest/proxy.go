@@ -1,4 +1,4 @@
-package testbed
+package proxyswitchtest
 
 import (
 	"context"
@@ -43,6 +43,7 @@ const (
 	Proxy502
 )
 
+// String returns the mode's name: "ok", "dead", "hang", "slow", "407" or "502".
 func (m ProxyMode) String() string {
 	switch m {
 	case ProxyOK:
@@ -64,7 +65,7 @@ func (m ProxyMode) String() string {
 // closeWait bounds how long Close waits for handlers and tunnels to finish.
 const closeWait = 5 * time.Second
 
-var errNotLoopback = errors.New("testbed: refusing to dial non-loopback address")
+var errNotLoopback = errors.New("proxyswitchtest: refusing to dial non-loopback address")
 
 // Proxy is a fake HTTP forward proxy listening on 127.0.0.1:PORT. It serves
 // absolute-form requests ("GET http://host:port/path") and CONNECT tunnels,
@@ -148,17 +149,17 @@ func startProxy(rep reporter, sourceIP net.IP) (*Proxy, error) {
 	}
 	ip4 := sourceIP.To4()
 	if ip4 == nil || !ip4.IsLoopback() {
-		return nil, fmt.Errorf("testbed: proxy source IP %v is not an IPv4 loopback address", sourceIP)
+		return nil, fmt.Errorf("proxyswitchtest: proxy source IP %v is not an IPv4 loopback address", sourceIP)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return nil, fmt.Errorf("testbed: proxy listen: %w", err)
+		return nil, fmt.Errorf("proxyswitchtest: proxy listen: %w", err)
 	}
 	p := &Proxy{
 		rep:      rep,
 		addr:     ln.Addr().String(),
 		sourceIP: append(net.IP(nil), ip4...),
-		via:      "1.1 testbed-proxy-" + ip4.String(),
+		via:      "1.1 proxyswitchtest-proxy-" + ip4.String(),
 		done:     make(chan struct{}),
 		conns:    make(map[net.Conn]struct{}),
 		fl:       newInflight(),
@@ -207,7 +208,7 @@ func (p *Proxy) Addr() string { return p.addr }
 func (p *Proxy) SourceIP() net.IP { return append(net.IP(nil), p.sourceIP...) }
 
 // Via returns the value the proxy appends to the Via header of forwarded
-// requests and responses, e.g. "1.1 testbed-proxy-127.0.1.1".
+// requests and responses, e.g. "1.1 proxyswitchtest-proxy-127.0.1.1".
 func (p *Proxy) Via() string { return p.via }
 
 // SetCredentials requires Basic proxy authentication with user/pass;
@@ -250,7 +251,7 @@ func (p *Proxy) SetMode(m ProxyMode) {
 			ln, err = net.Listen("tcp", p.addr)
 		}
 		if err != nil {
-			p.rep.Errorf("testbed: proxy %s: re-listen after ProxyDead: %v", p.addr, err)
+			p.rep.Errorf("proxyswitchtest: proxy %s: re-listen after ProxyDead: %v", p.addr, err)
 			return
 		}
 		p.serveLocked(ln)
@@ -312,7 +313,7 @@ func (p *Proxy) Close() {
 	select {
 	case <-finished:
 	case <-time.After(closeWait):
-		p.rep.Logf("testbed: proxy %s: handlers still running %v after Close", p.addr, closeWait)
+		p.rep.Logf("proxyswitchtest: proxy %s: handlers still running %v after Close", p.addr, closeWait)
 	}
 }
 
@@ -417,7 +418,7 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if mode == Proxy502 {
-		http.Error(w, "502 bad gateway (testbed proxy in Proxy502 mode)", http.StatusBadGateway)
+		http.Error(w, "502 bad gateway (proxyswitchtest proxy in Proxy502 mode)", http.StatusBadGateway)
 		return
 	}
 
@@ -427,7 +428,7 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if host, _, _ := net.SplitHostPort(target); !allowedHost(host) {
-		http.Error(w, "testbed proxy: target "+host+" is not loopback", http.StatusForbidden)
+		http.Error(w, "proxyswitchtest proxy: target "+host+" is not loopback", http.StatusForbidden)
 		return
 	}
 	if r.Method == http.MethodConnect {
@@ -438,7 +439,7 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 func (p *Proxy) deny(w http.ResponseWriter) {
-	w.Header().Set("Proxy-Authenticate", `Basic realm="testbed"`)
+	w.Header().Set("Proxy-Authenticate", `Basic realm="proxyswitchtest"`)
 	http.Error(w, "407 proxy authentication required", http.StatusProxyAuthRequired)
 }
 
@@ -509,7 +510,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, target string, m
 		if ctx.Err() != nil {
 			abort()
 		}
-		http.Error(w, "testbed proxy: upstream: "+err.Error(), http.StatusBadGateway)
+		http.Error(w, "proxyswitchtest proxy: upstream: "+err.Error(), http.StatusBadGateway)
 		return
 	}
 	body, err := io.ReadAll(resp.Body)
@@ -519,7 +520,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, target string, m
 		if ctx.Err() != nil {
 			abort()
 		}
-		http.Error(w, "testbed proxy: upstream body: "+err.Error(), http.StatusBadGateway)
+		http.Error(w, "proxyswitchtest proxy: upstream body: "+err.Error(), http.StatusBadGateway)
 		return
 	}
 
@@ -546,7 +547,7 @@ func (p *Proxy) tunnel(w http.ResponseWriter, r *http.Request, target string, mo
 	up, err := p.dial(r.Context(), "tcp", target)
 	end()
 	if err != nil {
-		http.Error(w, "testbed proxy: dial: "+err.Error(), http.StatusBadGateway)
+		http.Error(w, "proxyswitchtest proxy: dial: "+err.Error(), http.StatusBadGateway)
 		return
 	}
 	if !p.track(up) { // closed or dead meanwhile
@@ -557,7 +558,7 @@ func (p *Proxy) tunnel(w http.ResponseWriter, r *http.Request, target string, mo
 
 	client, brw, err := http.NewResponseController(w).Hijack()
 	if err != nil {
-		http.Error(w, "testbed proxy: hijack: "+err.Error(), http.StatusInternalServerError)
+		http.Error(w, "proxyswitchtest proxy: hijack: "+err.Error(), http.StatusInternalServerError)
 		return
 	}
 	defer p.untrack(client)
@@ -638,13 +639,13 @@ func targetOf(r *http.Request) (string, error) {
 	if r.Method == http.MethodConnect {
 		host, port, err := net.SplitHostPort(r.Host)
 		if err != nil || host == "" || port == "" {
-			return "", fmt.Errorf("testbed proxy: bad CONNECT target %q", r.Host)
+			return "", fmt.Errorf("proxyswitchtest proxy: bad CONNECT target %q", r.Host)
 		}
 		return net.JoinHostPort(strings.ToLower(host), port), nil
 	}
 	u := r.URL
 	if u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
-		return "", fmt.Errorf("testbed proxy: not a proxy request (need absolute http URL): %q", r.RequestURI)
+		return "", fmt.Errorf("proxyswitchtest proxy: not a proxy request (need absolute http URL): %q", r.RequestURI)
 	}
 	port := u.Port()
 	if port == "" {
