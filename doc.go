@@ -91,7 +91,7 @@
 // # When Redis goes away: the fallback, and sharding
 //
 // With WithFallback every server registers in the pool's member list
-// (Start; heartbeat and TTL set by WithHeartbeat and WithMemberTTL) and
+// (Start; heartbeat and TTL set by WithMembership) and
 // keeps its own share of the pool, computed from the last known member list
 // by a sharder of package shard (shard.Rendezvous, consistent hashing, by
 // default; shard.Modulo) so that shares never overlap. When Redis is

@@ -19,7 +19,7 @@ import (
 // hold).
 func fastFallback(self string) []Option {
 	return []Option{WithFallback(self, nil), WithFallbackTimeout(300 * time.Millisecond),
-		WithHeartbeat(100 * time.Millisecond), WithMemberTTL(time.Second),
+		WithMembership(shard.MemberConfig{Heartbeat: 100 * time.Millisecond, TTL: time.Second}),
 		WithAttemptTimeout(600 * time.Millisecond), WithMaxWait(5 * time.Second)}
 }
 

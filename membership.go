@@ -10,11 +10,11 @@ import (
 // Cluster membership is shard.Membership: every server of a pool registers
 // under the pool's hash tag and renews its registration with a heartbeat
 // (keys in keys.go). This file holds the Switch's side of it: the options
-// of the Membership that Start registers for WithFallback or WithSharding,
-// and Members, which reads the list.
+// of the Membership that Start registers for WithFallback or WithSharding
+// (WithMembership), and Members, which reads the list.
 
 // memberConfig is what the Membership of WithFallback or WithSharding is
-// configured with: WithHeartbeat, WithMemberTTL and WithMembersChanged.
+// configured with (WithMembership).
 type memberConfig struct {
 	interval time.Duration
 	ttl      time.Duration
@@ -28,37 +28,36 @@ func defaultMemberConfig() memberConfig {
 
 func (mc *memberConfig) validate() error {
 	switch {
-	case mc.interval <= 0:
-		return configErr("heartbeat interval %v must be positive", mc.interval)
+	case mc.interval <= 0 || mc.ttl < 0:
+		return configErr("heartbeat interval %v and member TTL %v must be positive", mc.interval, mc.ttl)
 	case mc.ttl < 2*mc.interval:
 		return configErr("member TTL %v must be at least twice the heartbeat interval %v", mc.ttl, mc.interval)
 	}
 	return nil
 }
 
-// WithHeartbeat sets how often the Membership that Start registers for
-// WithFallback or WithSharding renews its registration (shard.MemberConfig
-// Heartbeat). Each renewal is one Redis round trip, bounded by the Switch's
-// Redis timeout; a renewal slower than the interval delays the next one. It
-// must be positive. The default is 1s.
-func WithHeartbeat(d time.Duration) Option { return func(c *config) { c.member.interval = d } }
-
-// WithMemberTTL sets how long the registration of WithFallback or
-// WithSharding lives without renewal (shard.MemberConfig TTL): a server
-// that stops heartbeating (crashed, cut off) drops out of every member list
-// that long after its last heartbeat. It must be at least twice the
-// heartbeat interval, so that one late heartbeat does not drop a server.
-// The default is 3s.
-func WithMemberTTL(d time.Duration) Option { return func(c *config) { c.member.ttl = d } }
-
-// WithMembersChanged sets a function called with the member list (sorted,
-// a copy) each time the list the Membership of WithFallback or WithSharding
-// reads differs from the one it last reported (shard.MemberConfig Changed),
-// for instance to feed metrics.Collector.ObserveMembers. Calls are one at a
-// time, in the order the lists were read. The function must not block and
-// must not panic. The default is none.
-func WithMembersChanged(f func(members []string)) Option {
-	return func(c *config) { c.member.onChange = f }
+// WithMembership configures the Membership that Start registers for
+// WithFallback or WithSharding: mc's Heartbeat (how often the registration
+// is renewed: one Redis round trip each; default 1s), TTL (how long a
+// registration lives without renewal, so how long after its last heartbeat
+// a crashed server drops out of every member list; at least twice the
+// heartbeat; default three heartbeats) and Changed (called with each new
+// member list, sorted, one call at a time, for instance
+// metrics.Collector.ObserveMembers; it must not block or panic; default
+// none). Zero fields take the defaults; a negative duration is an ErrConfig
+// error. Prefix, Pool, Self, Timeout and Logger are the Switch's (its
+// prefix, pool, the self of WithFallback or WithSharding, its Redis timeout
+// and logger), whatever mc says. The default is shard.MemberConfig{}.
+func WithMembership(mc shard.MemberConfig) Option {
+	return func(c *config) {
+		c.member = memberConfig{interval: mc.Heartbeat, ttl: mc.TTL, onChange: mc.Changed}
+		if c.member.interval == 0 {
+			c.member.interval = time.Second
+		}
+		if c.member.ttl == 0 {
+			c.member.ttl = 3 * c.member.interval
+		}
+	}
 }
 
 // membership returns a Membership of server self in the Switch's pool, with
@@ -84,7 +83,7 @@ const memberReader = "proxyswitch-reader"
 // Members reads the live member list of the Switch's pool from Redis: the
 // IDs of the servers registered (by WithFallback, WithSharding or a
 // shard.Membership of their own) whose registration has not run out,
-// sorted. It registers nothing and calls no WithMembersChanged function.
+// sorted. It registers nothing and calls no member-change function.
 // It is one round trip, bounded by the Redis timeout, and safe for
 // concurrent use.
 func (s *Switch) Members(ctx context.Context) ([]string, error) {

@@ -14,14 +14,14 @@ import (
 // The Membership itself is tested in package shard; these tests cover the
 // Switch's side: its options, the keys, and Members.
 
-// WithHeartbeat, WithMemberTTL and WithMembersChanged given to NewSwitch are
+// WithMembership's heartbeat, TTL and member-change function given to NewSwitch are
 // checked there and configure the Membership Start registers for
 // WithFallback, on the pool's keys (keys.go).
 func TestMembershipTakesSwitchOptions(t *testing.T) {
 	for name, opts := range map[string][]Option{
-		"zero heartbeat":     {WithHeartbeat(0)},
-		"TTL below 2 beats":  {WithHeartbeat(time.Second), WithMemberTTL(1500 * time.Millisecond)},
-		"TTL below defaults": {WithMemberTTL(time.Second)},
+		"negative heartbeat": {WithMembership(shard.MemberConfig{Heartbeat: -time.Second})},
+		"TTL below 2 beats":  {WithMembership(shard.MemberConfig{Heartbeat: time.Second, TTL: 1500 * time.Millisecond})},
+		"TTL below defaults": {WithMembership(shard.MemberConfig{TTL: time.Second})},
 	} {
 		_, err := NewSwitch(shared.Client(t), opts...)
 		assert.ErrorIs(t, err, ErrConfig, name)
@@ -31,12 +31,12 @@ func TestMembershipTakesSwitchOptions(t *testing.T) {
 	rdb := shared.Client(t)
 	var mu sync.Mutex
 	var calls [][]string
-	s := newSwitch(t, rdb, WithFallback("a", nil), WithHeartbeat(50*time.Millisecond), WithMemberTTL(600*time.Millisecond),
-		WithMembersChanged(func(l []string) {
+	s := newSwitch(t, rdb, WithFallback("a", nil), WithMembership(shard.MemberConfig{Heartbeat: 50 * time.Millisecond, TTL: 600 * time.Millisecond,
+		Changed: func(l []string) {
 			mu.Lock()
 			calls = append(calls, l)
 			mu.Unlock()
-		}))
+		}}))
 	_, err := s.Add(ctx, proxyURLs(2)...)
 	require.NoError(t, err)
 	startSwitch(t, s)
@@ -58,7 +58,7 @@ func TestMembershipTakesSwitchOptions(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []string{"a"}, got)
 	mu.Lock()
-	assert.Len(t, calls, 1, "Members calls no WithMembersChanged function")
+	assert.Len(t, calls, 1, "Members calls no member-change function")
 	mu.Unlock()
 }
 

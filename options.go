@@ -54,7 +54,7 @@ type config struct {
 	detector                          *ban.Detector // banRules, compiled by validate
 
 	fallback fallbackConfig // WithFallback, WithSharding (fallback.go)
-	member   memberConfig   // WithHeartbeat, WithMemberTTL, WithMembersChanged (membership.go)
+	member   memberConfig   // WithMembership (membership.go)
 	session  sessionConfig  // WithSession... options (session.go)
 	routes   routeConfig    // WithRoute, WithSpread (routing.go)
 }

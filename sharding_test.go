@@ -31,7 +31,7 @@ func TestShardingSharedNothing(t *testing.T) {
 			prefix := testPrefix()
 			opts := func(self string) []Option {
 				return []Option{WithPrefix(prefix), WithSharding(self, sh), WithFallbackTimeout(300 * time.Millisecond),
-					WithHeartbeat(100 * time.Millisecond), WithMemberTTL(time.Second),
+					WithMembership(shard.MemberConfig{Heartbeat: 100 * time.Millisecond, TTL: time.Second}),
 					WithAttemptTimeout(time.Second), WithMaxWait(5 * time.Second)}
 			}
 			admin, err := NewSwitch(srv.Client(t), WithPrefix(prefix))

@@ -15,7 +15,7 @@ var (
 	_ prometheus.Collector   = (*Collector)(nil)
 	_ proxyswitch.Observer   = (*Collector)(nil)
 	_ prometheus.Collector   = (*StateCollector)(nil)
-	_ func(members []string) = (*Collector)(nil).ObserveMembers // fits proxyswitch.WithMembersChanged and shard.MemberConfig.Changed
+	_ func(members []string) = (*Collector)(nil).ObserveMembers // fits shard.MemberConfig.Changed (proxyswitch.WithMembership)
 )
 
 // Label values the package makes up.
@@ -249,7 +249,7 @@ func (c *Collector) ObserveSession(ev proxyswitch.SessionEvent) {
 //	shard.NewMembership(rdb, shard.MemberConfig{Prefix: prefix, Pool: sw.Pool(), Self: self, Changed: col.ObserveMembers})
 //
 // or, for the Membership of WithFallback or WithSharding, give it to
-// NewSwitch with proxyswitch.WithMembersChanged.
+// NewSwitch with proxyswitch.WithMembership(shard.MemberConfig{Changed: col.ObserveMembers}).
 //
 // The first list is the starting point; each later list naming a server the
 // previous one did not is a join. It is safe for concurrent use.

@@ -30,7 +30,7 @@ func ExampleNew() {
 	prometheus.MustRegister(col)
 
 	// Register in the pool's member list (WithFallback and WithSharding
-	// do it by themselves: give them WithMembersChanged instead).
+	// do it by themselves: give them WithMembership(shard.MemberConfig{Changed: ...}) instead).
 	m, err := shard.NewMembership(rdb, shard.MemberConfig{Prefix: "proxyswitch", Pool: sw.Pool(), Self: host,
 		Changed: col.ObserveMembers})
 	if err != nil {

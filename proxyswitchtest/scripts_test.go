@@ -329,7 +329,7 @@ func scenario(t *testing.T, rdb *redis.Client, kill, restartEmpty func()) []stri
 	// learnt on the local shard, Redis back empty.
 	fb, err := proxyswitch.NewSwitch(rdb, proxyswitch.WithPrefix("scripts"), proxyswitch.WithPool("fallback"),
 		proxyswitch.WithFallback("server-1", nil), proxyswitch.WithFallbackTimeout(300*time.Millisecond),
-		proxyswitch.WithHeartbeat(100*time.Millisecond), proxyswitch.WithMemberTTL(time.Second),
+		proxyswitch.WithMembership(shard.MemberConfig{Heartbeat: 100 * time.Millisecond, TTL: time.Second}),
 		proxyswitch.WithAttemptTimeout(600*time.Millisecond), proxyswitch.WithMaxWait(5*time.Second))
 	require.NoError(t, err)
 	require.NoError(t, fb.Clear(ctx))
