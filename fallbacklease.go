@@ -8,7 +8,51 @@ import (
 	"time"
 
 	"github.com/proxyswitch/proxyswitch/ban"
+	"github.com/proxyswitch/proxyswitch/internal/localpool"
 )
+
+// localPool is a pool's local shard, the in-memory lease engine the
+// fallback leases from while Redis is unreachable; localLease is a lease
+// from it.
+type (
+	localPool  = localpool.Pool[*Proxy]
+	localLease = localpool.Lease[*Proxy]
+)
+
+// newLocalPool returns an empty local shard with the rules of cfg (a
+// Switch's validated config).
+func newLocalPool(cfg config) *localPool {
+	return localpool.New[*Proxy](localpool.Config{
+		Pool:     cfg.pool,
+		Global:   cfg.scope == ScopeGlobal,
+		Slots:    cfg.slots,
+		Cooldown: cfg.cooldown,
+		LeaseTTL: cfg.leaseTTL,
+		MaxWait:  cfg.maxWait,
+		IdleTTL:  cfg.idleTTL,
+	})
+}
+
+// localErr maps an error of the local shard (a *localpool.Error) to the
+// package's own: ErrNoProxy, ErrEmptyPool with ErrNoProxy, ErrLeaseLost in
+// a *ProxyError with the redacted proxy, ErrConfig. Others pass unchanged.
+func localErr(err error) error {
+	e, ok := err.(*localpool.Error)
+	if !ok {
+		return err
+	}
+	switch e.Kind {
+	case localpool.ErrEmptyPool:
+		return fmt.Errorf("%w: %w: %s", ErrNoProxy, ErrEmptyPool, e.Msg)
+	case localpool.ErrNoProxy:
+		return fmt.Errorf("%w: %s", ErrNoProxy, e.Msg)
+	case localpool.ErrLeaseLost:
+		return &ProxyError{Proxy: e.Proxy, Reason: e.Msg, Err: ErrLeaseLost}
+	case localpool.ErrInvalid:
+		return fmt.Errorf("%w: %s", ErrConfig, e.Msg)
+	}
+	return err
+}
 
 // An fbPool is the backend of a pool with a fallback (see fallback.go): it
 // leases from Redis (its redisPool) while the fallback is on the broker,
@@ -108,16 +152,18 @@ func (fp *fbPool) tryLocal(ctx context.Context, site, prefer string) (l *Lease, 
 		}
 		return nil, 0, fmt.Errorf("%w: no local share of pool %q: it was never read from Redis", ErrNoProxy, fp.rp.name), true
 	}
-	ll, wait, _, err := fp.local.tryLease(site, prefer, fp.rp.sw.leaseTTL(ctx))
+	ll, wait, err := fp.local.TryLease(site, prefer, fp.rp.sw.leaseTTL(ctx))
 	if ll == nil {
+		err = localErr(err)
 		if err != nil && fp.shareErr != nil {
 			err = fmt.Errorf("%w (%w)", err, fp.shareErr)
 		}
 		return nil, wait, err, true
 	}
-	l = &Lease{sw: fp.rp.sw, be: fp, scope: ll.scope, site: site, proxy: ll.proxy, member: ll.proxy.id + ":" + strconv.Itoa(ll.slot),
-		token: ll.token, local: ll}
-	l.expiry.Store(ll.expiry.Load())
+	px := ll.Proxy()
+	l = &Lease{sw: fp.rp.sw, be: fp, scope: ll.Site(), site: site, proxy: px, member: px.id + ":" + strconv.Itoa(ll.Slot()),
+		token: ll.Token(), local: ll}
+	l.expiry.Store(ll.Expiry().UnixMilli())
 	fp.locals[l] = false
 	return l, 0, nil, true
 }
@@ -143,7 +189,7 @@ func (fp *fbPool) leased(l *Lease) {
 func (fp *fbPool) releaseLocal(ctx context.Context, l *Lease) (err error, handled bool) {
 	f := fp.f
 	if l.local != nil {
-		err = l.local.Release()
+		err = localErr(l.local.Release())
 		fp.mu.Lock()
 		adopted := fp.locals[l]
 		delete(fp.locals, l)
@@ -173,7 +219,7 @@ func (fp *fbPool) deferRelease(l *Lease) {
 	delete(fp.fromRedis, l)
 	fp.deferred = append(fp.deferred, l)
 	if fp.local != nil {
-		fp.local.unreserve(l.proxy.id, l.scope)
+		fp.local.Unreserve(l.proxy.id, l.scope)
 	}
 }
 
@@ -191,9 +237,9 @@ func (fp *fbPool) extend(ctx context.Context, l *Lease, ttl time.Duration) error
 		return fp.rp.extend(ctx, l, ttl)
 	}
 	if err := l.local.Extend(ttl); err != nil {
-		return err
+		return localErr(err)
 	}
-	l.expiry.Store(l.local.expiry.Load())
+	l.expiry.Store(l.local.Expiry().UnixMilli())
 	fp.mu.Lock()
 	adopted := fp.locals[l]
 	fp.mu.Unlock()
@@ -226,7 +272,7 @@ func (fp *fbPool) penalizeLocal(site string, p *Proxy, l *Lease, v ban.Verdict) 
 		if l == nil || l.local == nil {
 			return penalty{}, false
 		}
-		lp = l.local.pool // back on the broker: a local lease from before
+		lp = l.local.Pool() // back on the broker: a local lease from before
 	}
 	c := fp.rp.cfg
 	d, maxq := c.quarantine, c.maxQuarantine

@@ -227,7 +227,7 @@ func (fp *fbPool) applyShare(f *fallback, handover bool) {
 		until := time.Now().Add(f.handover())
 		for _, p := range share {
 			if !had[p.id] {
-				fp.local.reserveAll(p.id, until)
+				fp.local.ReserveAll(p.id, until)
 			}
 		}
 	}
@@ -437,7 +437,7 @@ func (fp *fbPool) writeBack(ctx context.Context, f *fallback) (bans, adopted int
 	}
 	var sent []*Lease
 	for _, l := range leases {
-		if left := time.Until(l.local.Expiry()).Milliseconds(); left > 0 && !l.local.released.Load() {
+		if left := time.Until(l.local.Expiry()).Milliseconds(); left > 0 && !l.local.Released() {
 			argv = append(argv, "lease", l.scope, l.member, l.token, left)
 			sent = append(sent, l)
 		}

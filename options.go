@@ -87,7 +87,7 @@ func defaultConfig() config {
 }
 
 // newConfig applies opts (nil ones skipped) to the defaults and validates
-// the result: what NewSwitch and newLocalPoolWith share.
+// the result: what NewSwitch (and the tests' newLocalPoolWith) use.
 func newConfig(opts []Option) (config, error) {
 	cfg := defaultConfig()
 	cfg.apply(opts)

@@ -1,18 +1,18 @@
-package proxyswitch
+package localpool
 
 import "container/heap"
 
-// localSite is a localPool's state for one scope (a site, or "*" with
-// ScopeGlobal): the in-memory twin of the Redis free set and lease hash.
-// Guarded by the localPool's mutex.
-type localSite struct {
+// scopeState is a Pool's state for one scope (a site, or "*" with
+// Config.Global): the in-memory twin of the Redis free set and lease hash.
+// Guarded by the Pool's mutex.
+type scopeState struct {
 	free    slotHeap                // every slot, earliest next-free time first
-	slots   map[string][]*localSlot // proxy ID -> its K slots
+	slots   map[string][]*slotState // proxy ID -> its K slots
 	lastUse int64                   // unix ms of the last lease
 }
 
-// localSlot is one of a proxy's K concurrent uses on one scope.
-type localSlot struct {
+// slotState is one of a proxy's K concurrent uses on one scope.
+type slotState struct {
 	id     string
 	n      int    // slot number, 0..K-1
 	next   int64  // unix ms at which it is next free: lease expiry, cooldown or quarantine end
@@ -23,7 +23,7 @@ type localSlot struct {
 }
 
 // slotHeap is a min-heap of slots by (next, seq).
-type slotHeap []*localSlot
+type slotHeap []*slotState
 
 func (h slotHeap) Len() int { return len(h) }
 func (h slotHeap) Less(i, j int) bool {
@@ -37,7 +37,7 @@ func (h slotHeap) Swap(i, j int) {
 	h[i].index, h[j].index = i, j
 }
 func (h *slotHeap) Push(x any) {
-	s := x.(*localSlot)
+	s := x.(*slotState)
 	s.index = len(*h)
 	*h = append(*h, s)
 }
@@ -51,10 +51,10 @@ func (h *slotHeap) Pop() any {
 }
 
 // add puts a proxy's K slots in, first free at next.
-func (st *localSite) add(id string, k int, next int64, seq func() uint64) {
-	ss := make([]*localSlot, k)
+func (st *scopeState) add(id string, k int, next int64, seq func() uint64) {
+	ss := make([]*slotState, k)
 	for n := range ss {
-		ss[n] = &localSlot{id: id, n: n, next: next, seq: seq()}
+		ss[n] = &slotState{id: id, n: n, next: next, seq: seq()}
 		heap.Push(&st.free, ss[n])
 	}
 	st.slots[id] = ss
@@ -62,7 +62,7 @@ func (st *localSite) add(id string, k int, next int64, seq func() uint64) {
 
 // remove takes a proxy's slots out; a lease on them can no longer be
 // released or extended, and it is never handed out again.
-func (st *localSite) remove(id string) {
+func (st *scopeState) remove(id string) {
 	for _, s := range st.slots[id] {
 		heap.Remove(&st.free, s.index)
 	}
@@ -70,14 +70,14 @@ func (st *localSite) remove(id string) {
 }
 
 // setNext moves a slot's next-free time to at.
-func (st *localSite) setNext(s *localSlot, at int64, seq uint64) {
+func (st *scopeState) setNext(s *slotState, at int64, seq uint64) {
 	s.next, s.seq = at, seq
 	heap.Fix(&st.free, s.index)
 }
 
 // raise pushes every slot of id to at least at (a quarantine or a hold),
 // keeping anything already further out.
-func (st *localSite) raise(id string, at int64, seq func() uint64) {
+func (st *scopeState) raise(id string, at int64, seq func() uint64) {
 	for _, s := range st.slots[id] {
 		if s.next < at {
 			st.setNext(s, at, seq())
@@ -86,4 +86,4 @@ func (st *localSite) raise(id string, at int64, seq func() uint64) {
 }
 
 // live reports whether a slot holds a lease that has not ended by now.
-func (s *localSlot) live(now int64) bool { return s.token != "" && s.expiry > now }
+func (s *slotState) live(now int64) bool { return s.token != "" && s.expiry > now }

@@ -1,8 +1,7 @@
-package proxyswitch
+package localpool
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -10,29 +9,56 @@ import (
 	"testing"
 	"time"
 
-	"github.com/proxyswitch/proxyswitch/shard"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
-// fakeShard returns a localPool over n proxies (proxyURLsForShard) on a
-// fake clock that starts at 1,000,000 ms and moves only when told.
-func fakeShard(t *testing.T, n int, opts ...Option) (*localPool, *atomic.Int64, []*Proxy) {
+// testProxy is a proxy as the root's *Proxy looks to a Pool: an ID, and a
+// String without the password.
+type testProxy struct{ id, url string }
+
+func (p *testProxy) ID() string     { return p.id }
+func (p *testProxy) String() string { return p.url }
+
+// testProxies returns n proxies, the same for the same n.
+func testProxies(n int) []*testProxy {
+	out := make([]*testProxy, n)
+	for i := range out {
+		out[i] = &testProxy{id: fmt.Sprintf("%016x", i+1), url: fmt.Sprintf("http://u%d:xxxxx@192.0.2.%d:8080", i, i+1)}
+	}
+	return out
+}
+
+// testConfig returns the Switch's default rules changed by opts.
+func testConfig(opts ...func(*Config)) Config {
+	cfg := Config{Pool: "default", Slots: 1, LeaseTTL: 30 * time.Second, MaxWait: 30 * time.Second, IdleTTL: 24 * time.Hour}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	return cfg
+}
+
+// newTestPool returns an empty Pool with testConfig(opts...).
+func newTestPool(opts ...func(*Config)) *Pool[*testProxy] {
+	return New[*testProxy](testConfig(opts...))
+}
+
+// fakeShard returns a Pool over n proxies (testProxies) on a fake clock
+// that starts at 1,000,000 ms and moves only when told.
+func fakeShard(t *testing.T, n int, opts ...func(*Config)) (*Pool[*testProxy], *atomic.Int64, []*testProxy) {
 	t.Helper()
-	p, err := newLocalPoolWith(opts...)
-	require.NoError(t, err)
+	p := newTestPool(opts...)
 	clock := &atomic.Int64{}
 	clock.Store(1_000_000)
 	p.clock = clock.Load
-	ps, err := ParseProxies(proxyURLsForShard(n))
-	require.NoError(t, err)
+	ps := testProxies(n)
 	ch, err := p.SetProxies(ps)
 	require.NoError(t, err)
-	require.Equal(t, PoolChange{Added: n, Size: n}, ch)
+	require.Equal(t, Change{Added: n, Size: n}, ch)
 	return p, clock, ps
 }
 
-func mustLease(t *testing.T, p *localPool, site string) *localLease {
+func mustLease(t *testing.T, p *Pool[*testProxy], site string) *Lease[*testProxy] {
 	t.Helper()
 	l, wait, err := p.TryLease(site, "", 0)
 	require.NoError(t, err)
@@ -40,7 +66,7 @@ func mustLease(t *testing.T, p *localPool, site string) *localLease {
 	return l
 }
 
-func noLease(t *testing.T, p *localPool, site string) time.Duration {
+func noLease(t *testing.T, p *Pool[*testProxy], site string) time.Duration {
 	t.Helper()
 	l, wait, err := p.TryLease(site, "", 0)
 	require.NoError(t, err)
@@ -50,7 +76,7 @@ func noLease(t *testing.T, p *localPool, site string) time.Duration {
 
 func TestLocalPoolExclusivePerSiteAndLRU(t *testing.T) {
 	p, _, ps := fakeShard(t, 3)
-	var held []*localLease
+	var held []*Lease[*testProxy]
 	for range 3 {
 		held = append(held, mustLease(t, p, "ozon.ru"))
 	}
@@ -70,13 +96,13 @@ func TestLocalPoolExclusivePerSiteAndLRU(t *testing.T) {
 		require.NoError(t, l.Release())
 	}
 	assert.Len(t, seen, 3, "least recently used first: three leases in a row use three proxies")
-	assert.Equal(t, SiteStats{Proxies: 3, FreeSlots: 3}, p.Stats("ozon.ru"))
-	assert.Equal(t, SiteStats{Proxies: 3, FreeSlots: 2, Leased: 1, BusySlots: 1, LeaseRecords: 1}, p.Stats("avito.ru"))
-	assert.Equal(t, SiteStats{Proxies: 3, FreeSlots: 3}, p.Stats("never.example"))
+	assert.Equal(t, Stats{Proxies: 3, FreeSlots: 3}, p.Stats("ozon.ru"))
+	assert.Equal(t, Stats{Proxies: 3, FreeSlots: 2, Leased: 1, BusySlots: 1, LeaseRecords: 1}, p.Stats("avito.ru"))
+	assert.Equal(t, Stats{Proxies: 3, FreeSlots: 3}, p.Stats("never.example"))
 }
 
 func TestLocalPoolScopeGlobal(t *testing.T) {
-	p, _, _ := fakeShard(t, 1, WithScope(ScopeGlobal))
+	p, _, _ := fakeShard(t, 1, func(c *Config) { c.Global = true })
 	l := mustLease(t, p, "ozon.ru")
 	assert.Equal(t, "*", l.Site())
 	noLease(t, p, "avito.ru")
@@ -85,7 +111,7 @@ func TestLocalPoolScopeGlobal(t *testing.T) {
 }
 
 func TestLocalPoolConcurrencyAndPacing(t *testing.T) {
-	p, clock, _ := fakeShard(t, 1, WithConcurrency(2), WithCooldown(time.Second))
+	p, clock, _ := fakeShard(t, 1, func(c *Config) { c.Slots, c.Cooldown = 2, time.Second })
 	a := mustLease(t, p, "ozon.ru")
 	assert.Equal(t, time.Second, noLease(t, p, "ozon.ru"), "the second slot waits for the cooldown after a start")
 	clock.Add(1000)
@@ -102,7 +128,7 @@ func TestLocalPoolConcurrencyAndPacing(t *testing.T) {
 // A lease ends by itself; its late holder can then neither release nor
 // extend the next holder's lease.
 func TestLocalPoolTTLAndOwnerTokens(t *testing.T) {
-	p, clock, _ := fakeShard(t, 1, WithLeaseTTL(time.Second))
+	p, clock, _ := fakeShard(t, 1, func(c *Config) { c.LeaseTTL = time.Second })
 	old, _, err := p.TryLease("ozon.ru", "", 0)
 	require.NoError(t, err)
 	assert.Equal(t, time.UnixMilli(1_001_000), old.Expiry())
@@ -115,9 +141,10 @@ func TestLocalPoolTTLAndOwnerTokens(t *testing.T) {
 	assert.ErrorIs(t, old.Extend(0), ErrLeaseLost)
 	err = old.Release()
 	require.ErrorIs(t, err, ErrLeaseLost)
-	var pe *ProxyError
-	require.True(t, errors.As(err, &pe))
-	assert.NotContains(t, err.Error(), "secret", "no password in errors")
+	var pe *Error
+	require.ErrorAs(t, err, &pe)
+	assert.Equal(t, old.Proxy().String(), pe.Proxy, "the proxy's String, without its password")
+	assert.Equal(t, "local lease on ozon.ru lost: expired and leased again", pe.Msg)
 	noLease(t, p, "ozon.ru")
 
 	require.NoError(t, next.Extend(5*time.Second))
@@ -141,7 +168,7 @@ func TestLocalPoolBans(t *testing.T) {
 	l := mustLease(t, p, "ozon.ru")
 	assert.Equal(t, ps[1].ID(), l.Proxy().ID(), "the banned proxy is skipped on its site")
 	assert.Equal(t, ps[0].ID(), mustLease(t, p, "avito.ru").Proxy().ID(), "and serves other sites")
-	assert.Equal(t, []localBan{{ProxyID: id, Site: "ozon.ru"}}, clearUntil(p.Bans()))
+	assert.Equal(t, []Ban{{ProxyID: id, Site: "ozon.ru"}}, clearUntil(p.Bans()))
 	assert.Equal(t, 10*time.Second, noLease(t, p, "ozon.ru"))
 
 	// A ban caught on a lease ends it; a release after that changes nothing.
@@ -153,8 +180,8 @@ func TestLocalPoolBans(t *testing.T) {
 
 	require.NoError(t, p.BanAllSites(ps[1].ID(), time.Minute))
 	assert.Equal(t, ps[0].ID(), mustLease(t, p, "new.example").Proxy().ID(), "a ban on every site holds on sites leased later too")
-	clock.Add(1000) // past localSweepEvery: the ended ban is forgotten
-	assert.Equal(t, []localBan{{ProxyID: ps[1].ID()}, {ProxyID: ps[1].ID(), Site: "ozon.ru"}}, clearUntil(p.Bans()))
+	clock.Add(1000) // past sweepEvery: the ended ban is forgotten
+	assert.Equal(t, []Ban{{ProxyID: ps[1].ID()}, {ProxyID: ps[1].ID(), Site: "ozon.ru"}}, clearUntil(p.Bans()))
 	bans := p.Bans()
 	assert.InDelta(t, (time.Minute - time.Second).Seconds(), time.Until(bans[0].Until).Seconds(), 1)
 
@@ -164,11 +191,11 @@ func TestLocalPoolBans(t *testing.T) {
 		func() error { return p.Ban(id, "ozon.ru", 0) },
 		func() error { return p.BanAllSites(id, -time.Second) },
 	} {
-		assert.ErrorIs(t, bad(), ErrConfig)
+		assert.ErrorIs(t, bad(), ErrInvalid)
 	}
 }
 
-func clearUntil(bs []localBan) []localBan {
+func clearUntil(bs []Ban) []Ban {
 	for i := range bs {
 		bs[i].Until = time.Time{}
 	}
@@ -186,16 +213,15 @@ func TestLocalPoolPrefer(t *testing.T) {
 }
 
 func TestLocalPoolSetProxies(t *testing.T) {
-	p, _, ps := fakeShard(t, 3, WithCooldown(time.Minute))
+	p, _, ps := fakeShard(t, 3, func(c *Config) { c.Cooldown = time.Minute })
 	gone := mustLease(t, p, "ozon.ru")
 	cooling := mustLease(t, p, "ozon.ru")
 	require.NoError(t, cooling.Release())
 
-	more, err := ParseProxies(proxyURLsForShard(5))
-	require.NoError(t, err)
+	more := testProxies(5)
 	ch, err := p.SetProxies(append(more[1:], more[1])) // drops ps[0], adds 3 and 4, a duplicate
 	require.NoError(t, err)
-	assert.Equal(t, PoolChange{Added: 2, Removed: 1, Size: 4}, ch)
+	assert.Equal(t, Change{Added: 2, Removed: 1, Size: 4}, ch)
 	assert.Equal(t, 4, p.Len())
 
 	got := map[string]bool{}
@@ -207,8 +233,8 @@ func TestLocalPoolSetProxies(t *testing.T) {
 	noLease(t, p, "ozon.ru")
 	require.NoError(t, gone.Release(), "the lease of a removed proxy ends quietly")
 
-	_, err = p.SetProxies([]*Proxy{ps[0], nil})
-	require.ErrorIs(t, err, ErrConfig)
+	_, err = p.SetProxies([]*testProxy{ps[0], nil})
+	require.ErrorIs(t, err, ErrInvalid)
 	assert.Equal(t, 4, p.Len(), "a rejected call changes nothing")
 }
 
@@ -218,9 +244,8 @@ func TestLocalPoolHold(t *testing.T) {
 	p.Hold(2 * time.Second)
 	p.Hold(time.Second) // never shortens
 	assert.Equal(t, 2*time.Second, noLease(t, p, "avito.ru"), "sites built later are held too")
-	extra, err := ParseProxies([]string{"http://u9:secret@192.0.2.99:8080"})
-	require.NoError(t, err)
-	_, err = p.SetProxies(append(extra, p.proxiesInOrder()...))
+	extra := []*testProxy{{id: "0000000000000099", url: "http://u9:xxxxx@192.0.2.99:8080"}}
+	_, err := p.SetProxies(append(extra, p.proxiesInOrder()...))
 	require.NoError(t, err)
 	assert.Equal(t, 2*time.Second, noLease(t, p, "ozon.ru"), "proxies added later are held too")
 	clock.Add(2000)
@@ -243,14 +268,14 @@ func TestLocalPoolReserve(t *testing.T) {
 	assert.Empty(t, p.Bans())
 	clock.Add(3000)
 	assert.Equal(t, ps[1].ID(), mustLease(t, p, "ozon.ru").Proxy().ID())
-	assert.ErrorIs(t, p.Reserve("", "ozon.ru", time.Now().Add(time.Second)), ErrConfig)
-	assert.ErrorIs(t, p.Reserve(ps[0].ID(), "", time.Now().Add(time.Second)), ErrConfig)
+	assert.ErrorIs(t, p.Reserve("", "ozon.ru", time.Now().Add(time.Second)), ErrInvalid)
+	assert.ErrorIs(t, p.Reserve(ps[0].ID(), "", time.Now().Add(time.Second)), ErrInvalid)
 }
 
-func (p *localPool) proxiesInOrder() []*Proxy {
+func (p *Pool[P]) proxiesInOrder() []P {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	out := make([]*Proxy, len(p.ids))
+	out := make([]P, len(p.ids))
 	for i, id := range p.ids {
 		out[i] = p.proxies[id]
 	}
@@ -260,11 +285,8 @@ func (p *localPool) proxiesInOrder() []*Proxy {
 // Lease blocks until a release (woken at once, not polling), the max wait
 // or the context's end.
 func TestLocalPoolLeaseWaits(t *testing.T) {
-	ps, err := ParseProxies(proxyURLsForShard(1))
-	require.NoError(t, err)
-	p, err := newLocalPoolWith(WithMaxWait(2 * time.Second))
-	require.NoError(t, err)
-	_, err = p.SetProxies(ps)
+	p := newTestPool(func(c *Config) { c.MaxWait = 2 * time.Second })
+	_, err := p.SetProxies(testProxies(1))
 	require.NoError(t, err)
 	ctx := context.Background()
 
@@ -285,18 +307,16 @@ func TestLocalPoolLeaseWaits(t *testing.T) {
 	assert.ErrorIs(t, err, ErrNoProxy)
 	assert.ErrorIs(t, err, context.DeadlineExceeded)
 
-	p.cfg.maxWait = 20 * time.Millisecond
+	p.cfg.MaxWait = 20 * time.Millisecond
 	_, err = p.Lease(ctx, "ozon.ru")
 	assert.ErrorIs(t, err, ErrNoProxy)
 	require.NoError(t, l.Release())
 }
 
 func TestLocalPoolBadInput(t *testing.T) {
-	_, err := newLocalPoolWith(WithConcurrency(0))
-	assert.ErrorIs(t, err, ErrConfig)
-	p, err := newLocalPoolWith(nil)
-	require.NoError(t, err, "a nil option is skipped")
-	_, _, err = p.TryLease("ozon.ru", "", 0)
+	p := New[*testProxy](Config{Pool: "default"})
+	assert.Equal(t, 1, p.cfg.Slots, "Slots below 1 count as 1")
+	_, _, err := p.TryLease("ozon.ru", "", 0)
 	assert.ErrorIs(t, err, ErrNoProxy)
 	assert.ErrorIs(t, err, ErrEmptyPool)
 	_, _, err = p.TryLease("", "", 0)
@@ -308,7 +328,7 @@ func TestLocalPoolBadInput(t *testing.T) {
 // Sites nobody leased for the idle TTL are forgotten, unless a lease or a
 // cooldown is still running there.
 func TestLocalPoolForgetsIdleSites(t *testing.T) {
-	p, clock, _ := fakeShard(t, 2, WithIdleTTL(time.Minute), WithLeaseTTL(20*time.Second))
+	p, clock, _ := fakeShard(t, 2, func(c *Config) { c.IdleTTL, c.LeaseTTL = time.Minute, 20*time.Second })
 	mustLease(t, p, "a.example")
 	require.NoError(t, mustLease(t, p, "b.example").Release())
 	clock.Add(61_000)
@@ -321,14 +341,11 @@ func TestLocalPoolForgetsIdleSites(t *testing.T) {
 	assert.False(t, b)
 }
 
-// Many goroutines on one localPool: never two holders of one slot, under
+// Many goroutines on one Pool: never two holders of one slot, under
 // -race, with releases, extensions, bans and expiries mixed in.
 func TestLocalPoolNoTwoHoldersAtOnce(t *testing.T) {
-	ps, err := ParseProxies(proxyURLsForShard(8))
-	require.NoError(t, err)
-	p, err := newLocalPoolWith(WithConcurrency(2), WithMaxWait(5*time.Second), WithLeaseTTL(time.Second))
-	require.NoError(t, err)
-	_, err = p.SetProxies(ps)
+	p := newTestPool(func(c *Config) { c.Slots, c.MaxWait, c.LeaseTTL = 2, 5*time.Second, time.Second })
+	_, err := p.SetProxies(testProxies(8))
 	require.NoError(t, err)
 
 	sites := []string{"ozon.ru", "avito.ru", "wildberries.ru"}
@@ -370,64 +387,4 @@ func TestLocalPoolNoTwoHoldersAtOnce(t *testing.T) {
 	for _, site := range sites {
 		assert.Zero(t, p.Stats(site).Leased, site)
 	}
-}
-
-// Three servers that lost Redis build their local pools from the same last
-// known member list and pool: each hands out only its own share, so no
-// proxy serves two servers at once, and together they use the whole pool.
-func TestLocalPoolsOfThreeServersNeverShareAProxy(t *testing.T) {
-	ps, err := ParseProxies(proxyURLsForShard(60))
-	require.NoError(t, err)
-	members := []string{"crawler-2", "crawler-3", "crawler-1"} // as each learnt it: order does not matter
-	pools := map[string]*localPool{}
-	for _, m := range members {
-		share, err := shareProxies(shard.Rendezvous{}, ps, members, m)
-		require.NoError(t, err)
-		p, err := newLocalPoolWith(WithMaxWait(5 * time.Second))
-		require.NoError(t, err)
-		_, err = p.SetProxies(share)
-		require.NoError(t, err)
-		pools[m] = p
-	}
-
-	var owner sync.Map // proxy ID -> server that used it
-	var inUse sync.Map // "site|id" -> *atomic.Int32
-	var overlap, collisions atomic.Int64
-	var wg sync.WaitGroup
-	for server, p := range pools {
-		for g := range 20 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for i := range 100 {
-					site := fmt.Sprintf("site%d.example", (g+i)%2)
-					l, err := p.Lease(context.Background(), site)
-					if !assert.NoError(t, err) {
-						return
-					}
-					if prev, loaded := owner.LoadOrStore(l.Proxy().ID(), server); loaded && prev != server {
-						overlap.Add(1)
-					}
-					c, _ := inUse.LoadOrStore(site+"|"+l.Proxy().ID(), new(atomic.Int32))
-					if c.(*atomic.Int32).Add(1) > 1 {
-						collisions.Add(1)
-					}
-					time.Sleep(50 * time.Microsecond)
-					c.(*atomic.Int32).Add(-1)
-					assert.NoError(t, l.Release())
-				}
-			}()
-		}
-	}
-	wg.Wait()
-	assert.Zero(t, overlap.Load(), "a proxy was used by two servers")
-	assert.Zero(t, collisions.Load(), "one IP on one site twice at once")
-	used := 0
-	owner.Range(func(any, any) bool { used++; return true })
-	assert.Equal(t, 60, used, "the shares cover the whole pool")
-	total := 0
-	for _, p := range pools {
-		total += p.Len()
-	}
-	assert.Equal(t, 60, total)
 }

@@ -1,4 +1,10 @@
-package proxyswitch
+// Package localpool is an in-memory lease engine for one process, with the
+// rules of the Redis pool: proxies exclusive per site (or overall) with K
+// slots, a cooldown between uses, the least recently used first, leases
+// that end by themselves, owner tokens and quarantines that end by
+// themselves. The root package leases from it while Redis is unreachable
+// (its fallback); it knows proxies only by their ID and String.
+package localpool
 
 import (
 	"context"
@@ -14,9 +20,49 @@ import (
 	"time"
 )
 
-// localPool is an in-memory lease engine for one process, with the rules of
-// the Redis pool: a proxy is exclusive per site (or overall, ScopeGlobal)
-// with WithConcurrency slots, WithCooldown between uses, the least recently
+// Item is what a Pool hands out: a proxy (a pointer, whose nil is its zero
+// value) with a stable ID, and a String that carries no secret (it goes
+// into errors).
+type Item interface {
+	comparable
+	ID() string
+	String() string
+}
+
+// Config is the rules of a Pool, the Switch's own: the root fills it from
+// its options.
+type Config struct {
+	Pool     string        // the pool's name, for errors
+	Global   bool          // one scope ("*") for every site (ScopeGlobal)
+	Slots    int           // concurrent leases of one proxy per scope (WithConcurrency), at least 1
+	Cooldown time.Duration // pause of a slot between two leases (WithCooldown)
+	LeaseTTL time.Duration // lease time when none is given (WithLeaseTTL)
+	MaxWait  time.Duration // longest wait of Lease (WithMaxWait)
+	IdleTTL  time.Duration // a site nobody leased for that long is forgotten (WithIdleTTL)
+}
+
+// Change is what SetProxies did to the share.
+type Change struct {
+	Added   int // proxies that were not in the share before
+	Removed int // proxies taken out of the share
+	Size    int // proxies in the share afterwards
+}
+
+// Stats is a snapshot of the share as one site sees it (see Pool.Stats).
+type Stats struct {
+	Proxies      int // proxies in the share
+	FreeSlots    int // slots free right now
+	Leased       int // live leases
+	BusySlots    int // slots not free: leased, cooling down or quarantined
+	LeaseRecords int // lease records, live or expired but not yet reclaimed
+}
+
+// GlobalSite is the scope of every lease with Config.Global.
+const GlobalSite = "*"
+
+// Pool is an in-memory lease engine for one process, with the rules of
+// the Redis pool: a proxy is exclusive per site (or overall, Config.Global)
+// with Config.Slots slots, Config.Cooldown between uses, the least recently
 // used proxy first, leases that end by themselves after their TTL, owner
 // tokens (a holder whose lease ran out can neither release nor extend the
 // next holder's), and quarantines per proxy and site that end by themselves.
@@ -26,60 +72,47 @@ import (
 // do not overlap, so servers leasing locally still never use one IP at once.
 // It keeps the bans it learns (Bans) for writing back to Redis later.
 //
-// A localPool is safe for concurrent use by multiple goroutines. Its
+// A Pool is safe for concurrent use by multiple goroutines. Its
 // guarantees hold within one process only. It starts no goroutine and holds
 // no resource: it needs no Close.
-type localPool struct {
-	cfg         config
+type Pool[P Item] struct {
+	cfg         Config
 	tokenPrefix string
 	tokenSeq    atomic.Uint64
 	clock       func() int64 // unix ms, never going back; tests replace it
 
 	mu        sync.Mutex
-	proxies   map[string]*Proxy // the share, by ID
-	ids       []string          // the share's IDs, in the order given
-	sites     map[string]*localSite
-	bans      map[localBanKey]int64 // (scope, ID) -> end, unix ms; scope "" = every site
-	reserved  map[localBanKey]int64 // (scope, ID) -> end of a lease taken elsewhere (Reserve)
-	holdUntil int64                 // no lease of any proxy before this (Hold)
+	proxies   map[string]P // the share, by ID
+	ids       []string     // the share's IDs, in the order given
+	sites     map[string]*scopeState
+	bans      map[banKey]int64 // (scope, ID) -> end, unix ms; scope "" = every site
+	reserved  map[banKey]int64 // (scope, ID) -> end of a lease taken elsewhere (Reserve)
+	holdUntil int64            // no lease of any proxy before this (Hold)
 	lastSweep int64
 	seq       uint64        // change counter: LRU order among equal times
 	changed   chan struct{} // closed (and replaced) when a slot frees early
 }
 
-type localBanKey struct{ scope, id string }
+type banKey struct{ scope, id string }
 
-// localSweepEvery is how often, at most, a localPool forgets idle sites and
-// ended bans.
-const localSweepEvery = time.Second
+// sweepEvery is how often, at most, a Pool forgets idle sites and ended
+// bans.
+const sweepEvery = time.Second
 
-// newLocalPoolWith returns an empty localPool that follows opts: the Switch's
-// own options, of which it heeds WithConcurrency, WithCooldown, WithScope,
-// WithLeaseTTL, WithMaxWait and WithIdleTTL (the state of a site nobody
-// leased for that long is forgotten). Give it the options the Switch has,
-// so that leases keep their rules when a server falls back to it. It fails
-// with ErrConfig on an invalid option.
-func newLocalPoolWith(opts ...Option) (*localPool, error) {
-	cfg, err := newConfig(opts)
-	if err != nil {
-		return nil, err
-	}
-	return newLocalPool(cfg), nil
-}
-
-// newLocalPool makes a localPool from a validated config (a Switch's).
-func newLocalPool(cfg config) *localPool {
+// New returns an empty Pool that follows cfg; Slots below 1 count as 1.
+func New[P Item](cfg Config) *Pool[P] {
+	cfg.Slots = max(cfg.Slots, 1)
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	epoch := time.Now()
-	return &localPool{
+	return &Pool[P]{
 		cfg:         cfg,
 		tokenPrefix: "L" + hex.EncodeToString(b[:]) + "-",
 		clock:       func() int64 { return epoch.UnixMilli() + time.Since(epoch).Milliseconds() },
-		proxies:     map[string]*Proxy{},
-		sites:       map[string]*localSite{},
-		bans:        map[localBanKey]int64{},
-		reserved:    map[localBanKey]int64{},
+		proxies:     map[string]P{},
+		sites:       map[string]*scopeState{},
+		bans:        map[banKey]int64{},
+		reserved:    map[banKey]int64{},
 		changed:     make(chan struct{}),
 	}
 }
@@ -88,24 +121,26 @@ func newLocalPool(cfg config) *localPool {
 // Redis pool: proxies kept keep their state (leases, cooldowns,
 // quarantines), added ones are free at once (unless held or banned),
 // removed ones are never handed out again, and a lease on one of them ends
-// quietly (its Release returns nil). Duplicates are ignored; a nil proxy
-// rejects the whole call and changes nothing.
-func (p *localPool) SetProxies(ps []*Proxy) (PoolChange, error) {
-	next := make(map[string]*Proxy, len(ps))
+// quietly (its Release returns nil). Duplicates are ignored; a nil (zero)
+// proxy rejects the whole call (ErrInvalid) and changes nothing.
+func (p *Pool[P]) SetProxies(ps []P) (Change, error) {
+	next := make(map[string]P, len(ps))
 	ids := make([]string, 0, len(ps))
+	var zero P
 	for i, px := range ps {
-		if px == nil {
-			return PoolChange{}, fmt.Errorf("%w: nil proxy #%d", ErrConfig, i+1)
+		if px == zero {
+			return Change{}, fail(ErrInvalid, fmt.Sprintf("nil proxy #%d", i+1))
 		}
-		if _, dup := next[px.id]; !dup {
-			next[px.id] = px
-			ids = append(ids, px.id)
+		id := px.ID()
+		if _, dup := next[id]; !dup {
+			next[id] = px
+			ids = append(ids, id)
 		}
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now := p.clock()
-	var ch PoolChange
+	var ch Change
 	for _, id := range p.ids {
 		if _, keep := next[id]; !keep {
 			ch.Removed++
@@ -118,7 +153,7 @@ func (p *localPool) SetProxies(ps []*Proxy) (PoolChange, error) {
 		if _, had := p.proxies[id]; !had {
 			ch.Added++
 			for scope, st := range p.sites {
-				st.add(id, p.cfg.slots, p.startLocked(scope, id, now), p.nextSeq)
+				st.add(id, p.cfg.Slots, p.startLocked(scope, id, now), p.nextSeq)
 			}
 		}
 	}
@@ -129,7 +164,7 @@ func (p *localPool) SetProxies(ps []*Proxy) (PoolChange, error) {
 }
 
 // Len returns the number of proxies in the share.
-func (p *localPool) Len() int {
+func (p *Pool[P]) Len() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return len(p.ids)
@@ -141,17 +176,17 @@ func (p *localPool) Len() int {
 // TTL. With every proxy busy it returns no lease, no error and how long
 // until the next one frees; with an empty share, an error wrapping
 // ErrNoProxy and ErrEmptyPool.
-func (p *localPool) TryLease(site, prefer string, ttl time.Duration) (*localLease, time.Duration, error) {
+func (p *Pool[P]) TryLease(site, prefer string, ttl time.Duration) (*Lease[P], time.Duration, error) {
 	l, wait, _, err := p.tryLease(site, prefer, ttl)
 	return l, wait, err
 }
 
-func (p *localPool) tryLease(site, prefer string, ttl time.Duration) (*localLease, time.Duration, <-chan struct{}, error) {
+func (p *Pool[P]) tryLease(site, prefer string, ttl time.Duration) (*Lease[P], time.Duration, <-chan struct{}, error) {
 	if site == "" {
-		return nil, 0, nil, fmt.Errorf("%w: empty site", ErrNoProxy)
+		return nil, 0, nil, fail(ErrNoProxy, "empty site")
 	}
 	if ttl <= 0 {
-		ttl = p.cfg.leaseTTL
+		ttl = p.cfg.LeaseTTL
 	}
 	scope := p.scopeOf(site)
 	p.mu.Lock()
@@ -159,11 +194,11 @@ func (p *localPool) tryLease(site, prefer string, ttl time.Duration) (*localLeas
 	now := p.clock()
 	p.sweepLocked(now)
 	if len(p.ids) == 0 {
-		return nil, 0, nil, fmt.Errorf("%w: %w: the local share of pool %q has no proxies", ErrNoProxy, ErrEmptyPool, p.cfg.pool)
+		return nil, 0, nil, fail(ErrEmptyPool, fmt.Sprintf("the local share of pool %q has no proxies", p.cfg.Pool))
 	}
 	st := p.siteLocked(scope, now)
 	st.lastUse = now
-	var slot *localSlot
+	var slot *slotState
 	for _, s := range st.slots[prefer] {
 		if s.next <= now {
 			slot = s
@@ -179,15 +214,15 @@ func (p *localPool) tryLease(site, prefer string, ttl time.Duration) (*localLeas
 	token := p.tokenPrefix + strconv.FormatUint(p.tokenSeq.Add(1), 36)
 	slot.token, slot.expiry = token, now+ttl.Milliseconds()
 	st.setNext(slot, slot.expiry, p.nextSeq())
-	if p.cfg.cooldown > 0 && p.cfg.slots > 1 {
+	if p.cfg.Cooldown > 0 && p.cfg.Slots > 1 {
 		// Pacing with K > 1: no other slot of this proxy starts before the cooldown.
 		for _, s := range st.slots[slot.id] {
-			if s != slot && s.next < now+p.cfg.cooldown.Milliseconds() {
-				st.setNext(s, now+p.cfg.cooldown.Milliseconds(), p.nextSeq())
+			if s != slot && s.next < now+p.cfg.Cooldown.Milliseconds() {
+				st.setNext(s, now+p.cfg.Cooldown.Milliseconds(), p.nextSeq())
 			}
 		}
 	}
-	l := &localLease{pool: p, scope: scope, proxy: p.proxies[slot.id], slot: slot.n, token: token}
+	l := &Lease[P]{pool: p, scope: scope, proxy: p.proxies[slot.id], slot: slot.n, token: token}
 	l.expiry.Store(slot.expiry)
 	return l, 0, nil, nil
 }
@@ -196,8 +231,8 @@ func (p *localPool) tryLease(site, prefer string, ttl time.Duration) (*localLeas
 // waits at most the max wait, or until ctx ends, and then fails with an
 // error wrapping ErrNoProxy (and ctx's error). A release wakes a waiter at
 // once.
-func (p *localPool) Lease(ctx context.Context, site string) (*localLease, error) {
-	deadline := time.Now().Add(p.cfg.maxWait)
+func (p *Pool[P]) Lease(ctx context.Context, site string) (*Lease[P], error) {
+	deadline := time.Now().Add(p.cfg.MaxWait)
 	for {
 		l, wait, changed, err := p.tryLease(site, "", 0)
 		if l != nil || err != nil {
@@ -205,13 +240,13 @@ func (p *localPool) Lease(ctx context.Context, site string) (*localLease, error)
 		}
 		left := time.Until(deadline)
 		if left <= 0 {
-			return nil, fmt.Errorf("%w: every proxy of the local share stayed busy for site %s for %v", ErrNoProxy, site, p.cfg.maxWait)
+			return nil, fail(ErrNoProxy, fmt.Sprintf("every proxy of the local share stayed busy for site %s for %v", site, p.cfg.MaxWait))
 		}
 		t := time.NewTimer(min(wait, left))
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return nil, errors.Join(fmt.Errorf("%w: gave up waiting for site %s", ErrNoProxy, site), ctx.Err())
+			return nil, errors.Join(fail(ErrNoProxy, "gave up waiting for site "+site), ctx.Err())
 		case <-changed:
 			t.Stop()
 		case <-t.C:
@@ -222,31 +257,31 @@ func (p *localPool) Lease(ctx context.Context, site string) (*localLease, error)
 // Ban quarantines the proxy with ID id on site for d: no lease of it for
 // that site before d has passed (leases for other sites go on). A ban never
 // shortens a longer one. It is recorded for Bans even if the proxy is not in
-// the share. It fails with ErrConfig on an empty ID or site or d <= 0.
-func (p *localPool) Ban(id, site string, d time.Duration) error {
+// the share. It fails with ErrInvalid on an empty ID or site or d <= 0.
+func (p *Pool[P]) Ban(id, site string, d time.Duration) error {
 	if site == "" {
-		return fmt.Errorf("%w: ban without a site", ErrConfig)
+		return fail(ErrInvalid, "ban without a site")
 	}
 	return p.ban(id, p.scopeOf(site), d, nil)
 }
 
 // BanAllSites quarantines the proxy with ID id on every site for d, as Ban
 // does for one.
-func (p *localPool) BanAllSites(id string, d time.Duration) error {
+func (p *Pool[P]) BanAllSites(id string, d time.Duration) error {
 	return p.ban(id, "", d, nil)
 }
 
 // ban records and applies a quarantine; scope "" means every site. If l is
 // a live lease of the proxy on that scope, its lease record ends with it.
-func (p *localPool) ban(id, scope string, d time.Duration, l *localLease) error {
+func (p *Pool[P]) ban(id, scope string, d time.Duration, l *Lease[P]) error {
 	if id == "" || d <= 0 {
-		return fmt.Errorf("%w: ban of proxy %q for %v: want an ID and a positive duration", ErrConfig, id, d)
+		return fail(ErrInvalid, fmt.Sprintf("ban of proxy %q for %v: want an ID and a positive duration", id, d))
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now := p.clock()
 	until := now + d.Milliseconds()
-	k := localBanKey{scope, id}
+	k := banKey{scope, id}
 	p.bans[k] = max(p.bans[k], until)
 	if l != nil {
 		// The lease ends now: its slot is free when the longest ban on it ends,
@@ -264,27 +299,27 @@ func (p *localPool) ban(id, scope string, d time.Duration, l *localLease) error 
 	return nil
 }
 
-// localBan is a quarantine a localPool learnt, to be written back to Redis
+// Ban is a quarantine a Pool learnt, to be written back to Redis
 // when it is reachable again.
-type localBan struct {
+type Ban struct {
 	ProxyID string
-	Site    string    // the scope banned on ("*" with ScopeGlobal); "" for every site
+	Site    string    // the scope banned on ("*" with Config.Global); "" for every site
 	Until   time.Time // the end, by this process's clock: write back time.Until(Until)
 }
 
 // Bans returns the quarantines recorded by Ban, BanAllSites and
-// localLease.Ban that have not ended yet, ordered by site then proxy ID.
-func (p *localPool) Bans() []localBan {
+// Lease.Ban that have not ended yet, ordered by site then proxy ID.
+func (p *Pool[P]) Bans() []Ban {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now, wall := p.clock(), time.Now()
-	out := make([]localBan, 0, len(p.bans))
+	out := make([]Ban, 0, len(p.bans))
 	for k, until := range p.bans {
 		if until > now {
-			out = append(out, localBan{ProxyID: k.id, Site: k.scope, Until: wall.Add(time.Duration(until-now) * time.Millisecond)})
+			out = append(out, Ban{ProxyID: k.id, Site: k.scope, Until: wall.Add(time.Duration(until-now) * time.Millisecond)})
 		}
 	}
-	slices.SortFunc(out, func(a, b localBan) int {
+	slices.SortFunc(out, func(a, b Ban) int {
 		if c := strings.Compare(a.Site, b.Site); c != 0 {
 			return c
 		}
@@ -297,11 +332,11 @@ func (p *localPool) Bans() []localBan {
 // without counting it as a ban (Bans does not list it): for a lease taken
 // elsewhere that may still be in use. A server that falls back from Redis
 // reserves the proxies of its own Redis leases still running, so that its
-// local leases do not hand them out a second time. It fails with ErrConfig
+// local leases do not hand them out a second time. It fails with ErrInvalid
 // on an empty ID or site; a time already past does nothing.
-func (p *localPool) Reserve(id, site string, until time.Time) error {
+func (p *Pool[P]) Reserve(id, site string, until time.Time) error {
 	if id == "" || site == "" {
-		return fmt.Errorf("%w: reserve of proxy %q on site %q: want an ID and a site", ErrConfig, id, site)
+		return fail(ErrInvalid, fmt.Sprintf("reserve of proxy %q on site %q: want an ID and a site", id, site))
 	}
 	p.reserve(id, p.scopeOf(site), until)
 	return nil
@@ -310,7 +345,7 @@ func (p *localPool) Reserve(id, site string, until time.Time) error {
 // reserve records a reservation of the proxy with ID id on scope ("" for
 // every site) until the given time, and applies it; a time already past
 // does nothing.
-func (p *localPool) reserve(id, scope string, until time.Time) {
+func (p *Pool[P]) reserve(id, scope string, until time.Time) {
 	d := time.Until(until)
 	if d <= 0 {
 		return
@@ -318,7 +353,7 @@ func (p *localPool) reserve(id, scope string, until time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	end := p.clock() + d.Milliseconds()
-	k := localBanKey{scope, id}
+	k := banKey{scope, id}
 	p.reserved[k] = max(p.reserved[k], end)
 	if scope != "" {
 		if st := p.sites[scope]; st != nil {
@@ -336,7 +371,7 @@ func (p *localPool) reserve(id, scope string, until time.Time) {
 // A server that falls back from Redis calls it with the longest time a
 // lease taken from Redis by another server may still be in use, so that
 // such a lease on a proxy of this share ends before the proxy is used here.
-func (p *localPool) Hold(d time.Duration) {
+func (p *Pool[P]) Hold(d time.Duration) {
 	if d <= 0 {
 		return
 	}
@@ -352,20 +387,20 @@ func (p *localPool) Hold(d time.Duration) {
 
 // Stats returns a snapshot of the share as site sees it, with the meaning
 // Switch.Stats gives each field.
-func (p *localPool) Stats(site string) SiteStats {
+func (p *Pool[P]) Stats(site string) Stats {
 	scope := p.scopeOf(site)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now := p.clock()
-	st := SiteStats{Proxies: len(p.ids)}
+	st := Stats{Proxies: len(p.ids)}
 	s, ok := p.sites[scope]
 	if !ok {
 		for _, id := range p.ids {
 			if p.startLocked(scope, id, now) <= now {
-				st.FreeSlots += p.cfg.slots
+				st.FreeSlots += p.cfg.Slots
 			}
 		}
-		st.BusySlots = len(p.ids)*p.cfg.slots - st.FreeSlots
+		st.BusySlots = len(p.ids)*p.cfg.Slots - st.FreeSlots
 		return st
 	}
 	for _, sl := range s.free {
@@ -384,47 +419,47 @@ func (p *localPool) Stats(site string) SiteStats {
 	return st
 }
 
-func (p *localPool) scopeOf(site string) string {
-	if p.cfg.scope == ScopeGlobal {
-		return globalSite
+func (p *Pool[P]) scopeOf(site string) string {
+	if p.cfg.Global {
+		return GlobalSite
 	}
 	return site
 }
 
-func (p *localPool) nextSeq() uint64 {
+func (p *Pool[P]) nextSeq() uint64 {
 	p.seq++
 	return p.seq
 }
 
 // signalLocked wakes the waiters of Lease.
-func (p *localPool) signalLocked() {
+func (p *Pool[P]) signalLocked() {
 	close(p.changed)
 	p.changed = make(chan struct{})
 }
 
 // startLocked is when a proxy new to a scope is first free: now, or later
 // if it is held, reserved or banned there.
-func (p *localPool) startLocked(scope, id string, now int64) int64 {
-	k := localBanKey{scope, id}
-	return max(now, p.holdUntil, p.bans[k], p.bans[localBanKey{"", id}], p.reserved[k], p.reserved[localBanKey{"", id}])
+func (p *Pool[P]) startLocked(scope, id string, now int64) int64 {
+	k := banKey{scope, id}
+	return max(now, p.holdUntil, p.bans[k], p.bans[banKey{"", id}], p.reserved[k], p.reserved[banKey{"", id}])
 }
 
-// reserveAll keeps the proxy with ID id busy on every site until the given
+// ReserveAll keeps the proxy with ID id busy on every site until the given
 // time, without counting it as a ban: a proxy that joins the share while its
 // former owner may still use it (sharding).
-func (p *localPool) reserveAll(id string, until time.Time) {
+func (p *Pool[P]) ReserveAll(id string, until time.Time) {
 	if id != "" {
 		p.reserve(id, "", until)
 	}
 }
 
-// unreserve ends a reservation made by Reserve for the proxy with ID id on
+// Unreserve ends a reservation made by Reserve for the proxy with ID id on
 // scope (its lease elsewhere was released): the proxy is free there after
 // the cooldown, unless a ban, a hold or another reservation keeps it longer.
-func (p *localPool) unreserve(id, scope string) {
+func (p *Pool[P]) Unreserve(id, scope string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	k := localBanKey{scope, id}
+	k := banKey{scope, id}
 	if _, ok := p.reserved[k]; !ok {
 		return
 	}
@@ -434,7 +469,7 @@ func (p *localPool) unreserve(id, scope string) {
 		return
 	}
 	now := p.clock()
-	next := max(p.startLocked(scope, id, now), now+p.cfg.cooldown.Milliseconds())
+	next := max(p.startLocked(scope, id, now), now+p.cfg.Cooldown.Milliseconds())
 	for _, s := range st.slots[id] {
 		if !s.live(now) && s.next > next {
 			st.setNext(s, next, p.nextSeq())
@@ -445,12 +480,12 @@ func (p *localPool) unreserve(id, scope string) {
 
 // siteLocked returns the state of scope, building it on its first lease:
 // every proxy of the share free, in the order given, unless held or banned.
-func (p *localPool) siteLocked(scope string, now int64) *localSite {
+func (p *Pool[P]) siteLocked(scope string, now int64) *scopeState {
 	st := p.sites[scope]
 	if st == nil {
-		st = &localSite{slots: make(map[string][]*localSlot, len(p.ids)), free: make(slotHeap, 0, len(p.ids)*p.cfg.slots)}
+		st = &scopeState{slots: make(map[string][]*slotState, len(p.ids)), free: make(slotHeap, 0, len(p.ids)*p.cfg.Slots)}
 		for _, id := range p.ids {
-			st.add(id, p.cfg.slots, p.startLocked(scope, id, now), p.nextSeq)
+			st.add(id, p.cfg.Slots, p.startLocked(scope, id, now), p.nextSeq)
 		}
 		p.sites[scope] = st
 	}
@@ -459,27 +494,27 @@ func (p *localPool) siteLocked(scope string, now int64) *localSite {
 
 // slotLocked finds the site and slot of lease l; nil if its proxy or its
 // site is gone.
-func (p *localPool) slotLocked(l *localLease) (*localSite, *localSlot) {
+func (p *Pool[P]) slotLocked(l *Lease[P]) (*scopeState, *slotState) {
 	st := p.sites[l.scope]
 	if st == nil {
 		return nil, nil
 	}
-	ss := st.slots[l.proxy.id]
+	ss := st.slots[l.proxy.ID()]
 	if l.slot >= len(ss) {
 		return nil, nil
 	}
 	return st, ss[l.slot]
 }
 
-// sweepLocked, at most once per localSweepEvery, forgets ended bans and
+// sweepLocked, at most once per sweepEvery, forgets ended bans and
 // reservations, and the sites nobody leased for the idle TTL that hold no
 // live lease.
-func (p *localPool) sweepLocked(now int64) {
-	if now-p.lastSweep < localSweepEvery.Milliseconds() {
+func (p *Pool[P]) sweepLocked(now int64) {
+	if now-p.lastSweep < sweepEvery.Milliseconds() {
 		return
 	}
 	p.lastSweep = now
-	for _, m := range []map[localBanKey]int64{p.bans, p.reserved} {
+	for _, m := range []map[banKey]int64{p.bans, p.reserved} {
 		for k, until := range m {
 			if until <= now {
 				delete(m, k)
@@ -487,10 +522,10 @@ func (p *localPool) sweepLocked(now int64) {
 		}
 	}
 	for scope, st := range p.sites {
-		if now-st.lastUse < p.cfg.idleTTL.Milliseconds() {
+		if now-st.lastUse < p.cfg.IdleTTL.Milliseconds() {
 			continue
 		}
-		if !slices.ContainsFunc(st.free, func(s *localSlot) bool { return s.live(now) || s.next > now }) {
+		if !slices.ContainsFunc(st.free, func(s *slotState) bool { return s.live(now) || s.next > now }) {
 			delete(p.sites, scope)
 		}
 	}
