@@ -4,9 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/proxyswitch/proxyswitch/ban"
 	"sync/atomic"
 	"time"
+
+	"github.com/proxyswitch/proxyswitch/ban"
 )
 
 // A backend is a place leases come from. There are three, and two ways to

@@ -6,11 +6,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
-
-	"github.com/proxyswitch/proxyswitch/internal/engine"
 )
 
 // Lease is one proxy held exclusively for one site (or for all sites with
@@ -144,16 +141,6 @@ func pause(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// leaseConfigErr turns lease.lua's PSCONFIG error (the pool records
-// another concurrency) into an ErrNoProxy and ErrConfig error.
-func leaseConfigErr(err error) (error, bool) {
-	msg, ok := strings.CutPrefix(err.Error(), "PSCONFIG ")
-	if !ok {
-		return nil, false
-	}
-	return fmt.Errorf("%w: %w: %s", ErrNoProxy, ErrConfig, msg), true
-}
-
 // proxyFor parses a proxy URL read from Redis, caching the result: an ID's
 // URL never changes, so each distinct URL is parsed and validated once.
 func (s *Switch) proxyFor(raw string) (*Proxy, error) {
@@ -185,16 +172,3 @@ func (s *Switch) poolEntry(id, raw string) (*Proxy, error) {
 func (s *Switch) newToken() string {
 	return s.tokenPrefix + strconv.FormatUint(s.tokenSeq.Add(1), 36)
 }
-
-// maxWaitHint bounds a script's wait hint: with every proxy dead the hint
-// is the dead score (1e15 ms) away, which would overflow a Duration.
-const maxWaitHint = 24 * time.Hour
-
-// waitHint turns a script's wait hint in milliseconds into a Duration
-// between 1ms and maxWaitHint.
-func waitHint(ms int64) time.Duration {
-	return time.Duration(min(max(ms, 1), maxWaitHint.Milliseconds())) * time.Millisecond
-}
-
-// intAt returns element i of a script's reply if it is an integer.
-func intAt(res []any, i int) (int64, bool) { return engine.IntAt(res, i) }

@@ -3,10 +3,13 @@ package proxyswitch
 import (
 	"context"
 	"fmt"
-	"github.com/proxyswitch/proxyswitch/ban"
 	"math/rand/v2"
+	"strings"
 	"time"
 
+	"github.com/proxyswitch/proxyswitch/ban"
+	"github.com/proxyswitch/proxyswitch/internal/bounded"
+	"github.com/proxyswitch/proxyswitch/internal/engine"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -210,3 +213,33 @@ func (p *redisPool) penalize(ctx context.Context, site string, px *Proxy, l *Lea
 	}
 	return pen, nil
 }
+
+// roundTrip runs one Redis call, bounded by timeout whatever the client's
+// settings (see bounded.Call); late, if non-nil, receives the result of a
+// call that finished after its caller gave up.
+func roundTrip[T any](ctx context.Context, timeout time.Duration, fn func(context.Context) (T, error), late func(T, error)) (T, error) {
+	return bounded.Call(ctx, timeout, false, fn, late)
+}
+
+// leaseConfigErr turns lease.lua's PSCONFIG error (the pool records
+// another concurrency) into an ErrNoProxy and ErrConfig error.
+func leaseConfigErr(err error) (error, bool) {
+	msg, ok := strings.CutPrefix(err.Error(), "PSCONFIG ")
+	if !ok {
+		return nil, false
+	}
+	return fmt.Errorf("%w: %w: %s", ErrNoProxy, ErrConfig, msg), true
+}
+
+// maxWaitHint bounds a script's wait hint: with every proxy dead the hint
+// is the dead score (1e15 ms) away, which would overflow a Duration.
+const maxWaitHint = 24 * time.Hour
+
+// waitHint turns a script's wait hint in milliseconds into a Duration
+// between 1ms and maxWaitHint.
+func waitHint(ms int64) time.Duration {
+	return time.Duration(min(max(ms, 1), maxWaitHint.Milliseconds())) * time.Millisecond
+}
+
+// intAt returns element i of a script's reply if it is an integer.
+func intAt(res []any, i int) (int64, bool) { return engine.IntAt(res, i) }
