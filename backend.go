@@ -10,15 +10,18 @@ import (
 	"github.com/proxyswitch/proxyswitch/ban"
 )
 
-// A backend is a place leases come from. There are three, and two ways to
-// compose them; nothing outside their files asks which one it talks to:
+// A backend is a place leases come from. Leases come from two engines, one
+// pool in Redis and this server's share of a pool in memory
+// (internal/localpool), and reach a request through three backends; nothing
+// outside their files asks which one it talks to:
 //
 //	redisPool  one pool in Redis: the lease scripts (redispool.go)
-//	localShard this server's share of one pool, in memory (fallbacklease.go)
-//	fbPool     a Redis pool with its local shard behind it, for WithFallback
-//	           and WithSharding: it serves from one or the other by the
-//	           fallback's mode (fallbacklease.go)
-//	router     several pools in order, for WithRoute and UsePools (routing.go)
+//	fbPool     a Redis pool with its local shard (a localpool.Pool) behind
+//	           it, for WithFallback and WithSharding: it serves from one or
+//	           the other by the fallback's mode, and trips to the shard when
+//	           a Redis call finds Redis gone (fallbacklease.go)
+//	router     several pools in order, for WithRoute, WithSpread and
+//	           UsePools (this file)
 //
 // A Lease remembers the backend that granted it: its release, extension and
 // quarantine go back there, whichever route led to it.
