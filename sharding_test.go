@@ -89,7 +89,9 @@ func TestShardingSharedNothing(t *testing.T) {
 			stop := sync.OnceFunc(func() { stopCrawl(); wg.Wait() })
 			defer stop()
 
-			time.Sleep(500 * time.Millisecond)
+			// Enough of the pool in use that "one collector per IP" is no
+			// vacuous truth (a loaded machine crawls slower: wait for it).
+			require.Eventually(t, func() bool { return len(ipsSince(bed, time.Time{})) >= 20 }, 10*time.Second, 20*time.Millisecond)
 			joinedAt := time.Now()
 			ws = append(ws, join("crawler-4"))
 			crawl(ws[3])
@@ -104,12 +106,13 @@ func TestShardingSharedNothing(t *testing.T) {
 				t.Logf("%s: %d proxies", w.name, st.Share)
 			}
 			assert.Equal(t, 24, total, "the four shares cover the pool")
-			time.Sleep(time.Until(settled) + 500*time.Millisecond)
+			time.Sleep(time.Until(settled))
+			require.Eventually(t, func() bool { return len(ipsSince(bed, settled)) >= 20 }, 10*time.Second, 20*time.Millisecond)
 
 			require.NoError(t, srv.Kill())
 			before := bed.SiteHits()
-			time.Sleep(500 * time.Millisecond)
-			assert.Greater(t, bed.SiteHits()-before, 50, "the crawl goes on without Redis")
+			assert.Eventually(t, func() bool { return bed.SiteHits()-before > 50 }, 5*time.Second, 10*time.Millisecond,
+				"the crawl goes on without Redis")
 			stop()
 
 			assert.Zero(t, failed.Load(), "failed requests")
@@ -142,4 +145,18 @@ func TestShardingSharedNothing(t *testing.T) {
 			t.Logf("%d hits, no collision, one collector per IP before crawler-4 joined and %v after", bed.SiteHits(), ws[3].sw.fb.handover())
 		})
 	}
+}
+
+// ipsSince returns the client IPs the bed's sites saw requests from that
+// started at from or later.
+func ipsSince(bed *testbed.Bed, from time.Time) map[string]bool {
+	ips := map[string]bool{}
+	for _, s := range bed.Sites {
+		for _, h := range s.Recorder().Hits() {
+			if !h.Start.Before(from) {
+				ips[h.ClientIP] = true
+			}
+		}
+	}
+	return ips
 }
