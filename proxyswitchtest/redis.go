@@ -11,6 +11,7 @@ package proxyswitchtest
 // RedisServer.
 
 import (
+	"flag"
 	"fmt"
 	"strings"
 	"sync"
@@ -30,6 +31,15 @@ const (
 	// free loopback port (never 6379) with persistence off.
 	RedisServer = "server"
 )
+
+// RedisFlag defines the -redis flag of a demo program on the default
+// flag.CommandLine, with the choices of StartRedis in its help, and
+// returns where its value will be. The default is RedisEmbedded. Call it
+// before flag.Parse.
+func RedisFlag() *string {
+	return flag.String("redis", RedisEmbedded,
+		`"embedded" (an in-process Redis), "server" (a private redis-server from PATH on a free port), or your Redis URL, e.g. redis://127.0.0.1:6379/0`)
+}
 
 // Redis is a Redis for demos and tests: an embedded one, a private
 // redis-server, or the one at a URL. Its methods are safe for concurrent

@@ -36,7 +36,7 @@ import (
 )
 
 func main() {
-	redisArg := flag.String("redis", proxyswitchtest.RedisEmbedded, `"embedded" (an in-process Redis), "server" (a private redis-server from PATH on a free port), or your Redis URL, e.g. redis://127.0.0.1:6379/0`)
+	redisArg := proxyswitchtest.RedisFlag()
 	prefix := flag.String("prefix", "clusterdemo", "key prefix in Redis (the demo clears its pool before and after)")
 	servers := flag.Int("servers", 3, "simulated servers")
 	workers := flag.Int("workers", 50, "parallel requests per server")

@@ -38,7 +38,7 @@ import (
 )
 
 func main() {
-	redisArg := flag.String("redis", proxyswitchtest.RedisEmbedded, `"embedded" (an in-process Redis), "server" (a private redis-server from PATH on a free port), or your Redis URL, e.g. redis://127.0.0.1:6379/0`)
+	redisArg := proxyswitchtest.RedisFlag()
 	nProxies := flag.Int("proxies", 100, "proxies in the pool")
 	burnt := flag.Int("burnt", 8, "proxies already on the marketplaces' blacklist")
 	workers := flag.Int("workers", 30, "parallel requests")

@@ -72,7 +72,7 @@ const (
 
 func main() {
 	worker := flag.Bool("worker", false, "run as a worker (started by the parent)")
-	redisArg := flag.String("redis", proxyswitchtest.RedisEmbedded, `"embedded" (an in-process Redis), "server" (a private redis-server from PATH on a free port), or your Redis URL, e.g. redis://127.0.0.1:6379/0`)
+	redisArg := proxyswitchtest.RedisFlag()
 	servers := flag.Int("servers", 3, "worker processes")
 	workers := flag.Int("workers", 20, "parallel requests per worker process")
 	nProxies := flag.Int("proxies", 150, "proxies in the pool")

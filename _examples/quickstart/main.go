@@ -30,7 +30,7 @@ import (
 )
 
 func main() {
-	redisArg := flag.String("redis", proxyswitchtest.RedisEmbedded, `"embedded" (an in-process Redis), "server" (a private redis-server from PATH on a free port), or your Redis URL, e.g. redis://127.0.0.1:6379/0`)
+	redisArg := proxyswitchtest.RedisFlag()
 	pages := flag.Int("pages", 60, "product pages in the shop")
 	flag.Parse()
 

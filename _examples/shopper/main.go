@@ -36,7 +36,7 @@ import (
 )
 
 func main() {
-	redisArg := flag.String("redis", proxyswitchtest.RedisEmbedded, `"embedded" (an in-process Redis), "server" (a private redis-server from PATH on a free port), or your Redis URL, e.g. redis://127.0.0.1:6379/0`)
+	redisArg := proxyswitchtest.RedisFlag()
 	shoppers := flag.Int("shoppers", 20, "shoppers, each with a flow of its own")
 	items := flag.Int("items", 3, "products each shopper puts in the cart")
 	nProxies := flag.Int("proxies", 30, "proxies in the pool")
