@@ -277,6 +277,16 @@ func (s *Switch) sessionPool() (*redisPool, error) {
 // Session returns the live session of task, or nil if it has none. It
 // changes nothing. It is safe for concurrent use.
 func (s *Switch) Session(ctx context.Context, task string) (*SessionInfo, error) {
+	rep, err := s.peekSession(ctx, task)
+	if rep == nil {
+		return nil, err
+	}
+	return rep.info, nil
+}
+
+// peekSession reads the live session of task, changing nothing: nil (and
+// no error) when there is none.
+func (s *Switch) peekSession(ctx context.Context, task string) (*useReply, error) {
 	if err := checkTask(task); err != nil {
 		return nil, err
 	}
@@ -288,7 +298,7 @@ func (s *Switch) Session(ctx context.Context, task string) (*SessionInfo, error)
 	if err != nil || rep.status != useLive {
 		return nil, err
 	}
-	return rep.info, nil
+	return rep, nil
 }
 
 // SessionCookies returns the cookies the live session of task would send
@@ -297,17 +307,13 @@ func (s *Switch) Session(ctx context.Context, task string) (*SessionInfo, error)
 // safe for concurrent use.
 func (s *Switch) SessionCookies(ctx context.Context, task string, u *url.URL) ([]*http.Cookie, error) {
 	if err := checkTask(task); err != nil {
-		return nil, err
+		return nil, err // before the URL, as always
 	}
 	if u == nil {
 		return nil, fmt.Errorf("%w: nil URL", ErrConfig)
 	}
-	ss, err := s.sessionPool()
-	if err != nil {
-		return nil, err
-	}
-	rep, err := ss.runUse(ctx, task, globalSite, "peek")
-	if err != nil || rep.status != useLive {
+	rep, err := s.peekSession(ctx, task)
+	if rep == nil {
 		return nil, err
 	}
 	return cookiesFor(rep.jar, u, time.Now()), nil
