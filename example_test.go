@@ -91,7 +91,7 @@ func ExampleParseProxy() {
 	fmt.Println(err)
 	// Output:
 	// http://shopper-7:xxxxx@gw.example.net:8000 <nil>
-	// proxyswitch: proxy "ftp://shopper-7:xxxxx@gw.example.net:21": unsupported scheme "ftp" (want http, https, socks5 or socks5h)
+	// proxyswitch: proxy "ftp://xxxxx@gw.example.net:21": unsupported scheme "ftp" (want http, https, socks5 or socks5h)
 }
 
 // A shopper flow as one visitor: every request of a task (catalog, product

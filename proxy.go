@@ -10,6 +10,8 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+
+	"github.com/proxyswitch/proxyswitch/internal/redact"
 )
 
 // Proxy is one validated proxy of a pool. It is immutable and safe for
@@ -29,9 +31,24 @@ type Proxy struct {
 var proxySchemes = map[string]bool{"http": true, "https": true, "socks5": true, "socks5h": true}
 
 // ParseProxy validates raw and returns the proxy it names. Accepted:
-// http, https, socks5 and socks5h URLs with a host and a numeric port, optional
-// user:password, no path, query or fragment. The error, a *ProxyError wrapping
-// ErrInvalidProxy, names the problem without echoing the password.
+//
+//   - a URL: http, https, socks5 or socks5h, a host and a numeric port,
+//     optional user:password, no path, query or fragment;
+//   - host:port, meaning http://host:port;
+//   - user:password@host:port, meaning http://user:password@host:port
+//     (user name and password as they are, not %-escaped; the password
+//     may hold ':' and '@');
+//   - host:port:user:password, the line format most providers export,
+//     meaning http://user:password@host:port (as they are, not %-escaped;
+//     the password may hold ':' and '@').
+//
+// IPv6 addresses are bracketed: [::1]:8080. A line that reads both as
+// user:password@host:port and as host:port:user:password, or whose last two
+// fields look like a host and a port (user:password:host:port?), is
+// rejected as ambiguous. The error, a *ProxyError wrapping ErrInvalidProxy, names the
+// problem and never echoes user info: its Proxy field holds at most the
+// scheme, "xxxxx@" and host:port, or a placeholder when those cannot be told
+// apart from the rest.
 func ParseProxy(raw string) (*Proxy, error) {
 	bad := func(reason string) error {
 		return &ProxyError{Proxy: redactRaw(raw), Reason: reason, Err: ErrInvalidProxy}
@@ -43,43 +60,141 @@ func ParseProxy(raw string) (*Proxy, error) {
 	if strings.ContainsAny(raw, " \t\r\n") {
 		return nil, bad("URL contains white space")
 	}
+	if i := strings.Index(raw, "://"); i > 0 && redact.IsScheme(raw[:i]) {
+		p, reason := parseURL(raw)
+		if p == nil {
+			return nil, bad(reason)
+		}
+		return p, nil
+	}
+	// No scheme: user:password@host:port, host:port:user:password or host:port.
+	if swappedLine(raw) {
+		return nil, bad("ambiguous: reads as host:port:user:password and as user:password:host:port; write it as a URL")
+	}
+	var found *Proxy
+	var reasons []string
+	for _, c := range schemelessReadings(raw) {
+		p, reason := parseURL(c.url)
+		switch {
+		case p == nil:
+			reasons = append(reasons, c.form+": "+reason)
+		case found != nil && found.id != p.id:
+			return nil, bad("ambiguous: reads as user:password@host:port and as host:port:user:password; write it as a URL")
+		default:
+			found = p
+		}
+	}
+	if found == nil {
+		return nil, bad(strings.Join(reasons, "; "))
+	}
+	return found, nil
+}
+
+// reading is one way to read a proxy given without a scheme.
+type reading struct{ form, url string }
+
+// schemelessReadings are the URLs raw (no "://") may stand for.
+func schemelessReadings(raw string) []reading {
+	var out []reading
+	if at := strings.LastIndex(raw, "@"); at >= 0 {
+		user, pass, ok := strings.Cut(raw[:at], ":")
+		u := &url.URL{Scheme: "http", User: url.User(user), Host: raw[at+1:]}
+		if ok {
+			u.User = url.UserPassword(user, pass)
+		}
+		out = append(out, reading{"as user:password@host:port", u.String()})
+	}
+	if r, ok := lineReading(raw); ok {
+		out = append(out, r)
+	}
+	if len(out) == 0 {
+		out = append(out, reading{"as host:port", "http://" + raw})
+	}
+	return out
+}
+
+// lineReading reads raw as host:port:user:password (host may be a bracketed
+// IPv6 address; the password may hold ':').
+func lineReading(raw string) (reading, bool) {
+	host, rest := "", raw
+	if strings.HasPrefix(raw, "[") {
+		end := strings.Index(raw, "]:")
+		if end < 0 {
+			return reading{}, false
+		}
+		host, rest = raw[1:end], raw[end+2:]
+	} else {
+		var ok bool
+		if host, rest, ok = strings.Cut(raw, ":"); !ok {
+			return reading{}, false
+		}
+	}
+	f := strings.SplitN(rest, ":", 3)
+	if len(f) != 3 {
+		return reading{}, false
+	}
+	u := &url.URL{Scheme: "http", User: url.UserPassword(f[1], f[2]), Host: net.JoinHostPort(host, f[0])}
+	return reading{"as host:port:user:password", u.String()}, true
+}
+
+// swappedLine reports whether raw, with no '@', reads as well as
+// user:password:host:port (the order some providers use) as it does as
+// host:port:user:password: its third field is a dotted name or address and
+// its fourth a port number.
+func swappedLine(raw string) bool {
+	if strings.Contains(raw, "@") {
+		return false
+	}
+	f := strings.Split(raw, ":")
+	return len(f) == 4 && strings.Contains(f[2], ".") && redact.IsHostPort(f[2]+":"+f[3])
+}
+
+// parseURL validates a proxy URL with a scheme. On failure it returns the
+// reason, which never quotes the input.
+func parseURL(raw string) (*Proxy, string) {
 	i := strings.Index(raw, "://")
 	if i <= 0 {
-		return nil, bad(`missing scheme (want http://, https://, socks5:// or socks5h://)`)
+		return nil, "missing scheme (want http://, https://, socks5:// or socks5h://)"
 	}
 	if scheme := strings.ToLower(raw[:i]); !proxySchemes[scheme] {
-		return nil, bad(fmt.Sprintf("unsupported scheme %q (want http, https, socks5 or socks5h)", redactRaw(raw[:i])))
+		if knownSchemes[scheme] {
+			return nil, fmt.Sprintf("unsupported scheme %q (want http, https, socks5 or socks5h)", scheme)
+		}
+		return nil, "unsupported scheme (want http, https, socks5 or socks5h)"
 	}
 	u, err := url.Parse(raw)
 	if err != nil {
 		// url.Error quotes the whole input, password included: never wrap it.
-		return nil, bad("malformed URL")
+		if strings.Contains(raw, "@") {
+			return nil, "malformed URL (a '/', '?', '#', '@' or '%' in a user name or password must be %-escaped)"
+		}
+		return nil, "malformed URL"
 	}
 	u.Scheme = strings.ToLower(u.Scheme)
 	host, port := u.Hostname(), u.Port()
 	switch {
-	case host == "":
-		return nil, bad("missing host")
-	case port == "":
-		return nil, bad("missing port")
-	case u.Path != "" && u.Path != "/":
-		return nil, bad("proxy URL must not have a path")
-	case u.RawQuery != "" || u.ForceQuery:
-		return nil, bad("proxy URL must not have a query")
-	case u.Fragment != "":
-		return nil, bad("proxy URL must not have a fragment")
 	case u.Opaque != "":
-		return nil, bad("malformed URL")
+		return nil, "malformed URL"
+	case host == "":
+		return nil, "missing host"
+	case port == "":
+		return nil, "missing port"
+	case u.Path != "" && u.Path != "/":
+		return nil, "proxy URL must not have a path"
+	case u.RawQuery != "" || u.ForceQuery:
+		return nil, "proxy URL must not have a query"
+	case u.Fragment != "":
+		return nil, "proxy URL must not have a fragment"
 	}
 	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
-		return nil, bad("port must be a number from 1 to 65535")
+		return nil, "port must be a number from 1 to 65535"
 	}
 	if u.User != nil && u.User.Username() == "" {
-		return nil, bad("empty user name")
+		return nil, "empty user name"
 	}
 	canon := &url.URL{Scheme: u.Scheme, User: u.User, Host: net.JoinHostPort(strings.ToLower(host), port)}
 	sum := sha256.Sum256([]byte(canon.String()))
-	return &Proxy{id: hex.EncodeToString(sum[:8]), url: canon}, nil
+	return &Proxy{id: hex.EncodeToString(sum[:8]), url: canon}, ""
 }
 
 // ID is a short, stable identifier of the proxy (16 hex digits derived from
@@ -99,33 +214,17 @@ func (p *Proxy) String() string { return p.url.Redacted() }
 // raw is the canonical URL with credentials, as stored in Redis.
 func (p *Proxy) raw() string { return p.url.String() }
 
-// redactRaw hides the password of a proxy URL that may not even parse:
-// everything between the first ':' of the user info and its last '@' is
-// replaced. Used for error messages about rejected input.
+// knownSchemes are the schemes an error may name: any other could be a
+// user name read as a scheme.
+var knownSchemes = map[string]bool{"http": true, "https": true, "socks4": true, "socks4a": true,
+	"socks5": true, "socks5h": true, "ftp": true, "ws": true, "wss": true}
+
+// redactRaw names a rejected proxy without echoing anything that could be
+// user info: the scheme if known, "xxxxx@" for any user info, and host:port
+// when it is surely one; else a placeholder. The path, query and fragment
+// are dropped too (a password with '/', '?' or '#' lands there).
 func redactRaw(raw string) string {
-	rest, scheme := raw, ""
-	if i := strings.Index(raw, "://"); i >= 0 {
-		scheme, rest = raw[:i+3], raw[i+3:]
-	}
-	auth := rest
-	if j := strings.IndexAny(auth, "/?#"); j >= 0 {
-		auth = auth[:j]
-	}
-	at := strings.LastIndex(auth, "@")
-	if at < 0 {
-		if scheme == "" && strings.Contains(rest, "@") {
-			// No scheme and an '@': treat everything before the last '@' as user info.
-			at = strings.LastIndex(rest, "@")
-			auth = rest
-		} else {
-			return raw
-		}
-	}
-	userinfo := auth[:at]
-	if k := strings.Index(userinfo, ":"); k >= 0 {
-		userinfo = userinfo[:k] + ":xxxxx"
-	}
-	return scheme + userinfo + rest[at:]
+	return redact.Split(strings.TrimSpace(raw), func(s string) bool { return knownSchemes[s] }).String()
 }
 
 // ParseProxies validates every URL and returns the proxies in order, with

@@ -71,6 +71,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/proxyswitch/proxyswitch"
+	"github.com/proxyswitch/proxyswitch/internal/redact"
 	"github.com/proxyswitch/proxyswitch/metrics"
 	"github.com/proxyswitch/proxyswitch/storage"
 	"github.com/redis/go-redis/v9"
@@ -461,12 +462,17 @@ func checkSite(site string) error {
 		return fmt.Errorf("%w: empty SITE", errUsage)
 	case strings.Contains(site, "://"):
 		hint := "such as www.ozon.ru"
-		if u, err := url.Parse(site); err == nil && u.Host != "" {
-			hint = "for this URL " + strings.ToLower(u.Host)
+		if hp := redactSplit(site).HostPort; hp != "" {
+			hint = "for this URL " + strings.ToLower(hp)
 		}
 		return fmt.Errorf("%w: SITE %s is a URL: give the site as the workers' site function names it, by default the host[:port] (%s)",
 			errUsage, redactURL(site), hint)
 	case strings.IndexFunc(site, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) >= 0:
+		if strings.ContainsAny(site, "@:") {
+			// Perhaps user:password@host or host:port:user:password.
+			return fmt.Errorf("%w: SITE %s holds spaces or control characters: give the site as the workers' site function names it, by default the host[:port]",
+				errUsage, redactURL(site))
+		}
 		return fmt.Errorf("%w: SITE %q holds spaces or control characters: give the site as the workers' site function names it, by default the host[:port]",
 			errUsage, site)
 	}
@@ -699,10 +705,34 @@ func proxyName(arg string) string {
 	return "(unparseable)"
 }
 
-// redactURL hides the password of a URL that may not parse.
+// redactURL names a URL given on the command line, which may not parse,
+// without echoing anything that could be user info: the scheme if it is a
+// known one, "xxxxx@" for any user info, and host[:port] when it is surely
+// one; else a placeholder. The path, query and fragment are dropped (a
+// password with '/', '?' or '#' lands there).
 func redactURL(raw string) string {
-	if u, err := url.Parse(raw); err == nil {
-		return u.Redacted()
+	return redactSplit(raw).String()
+}
+
+// knownSchemes are the schemes an error may name: any other could be a user
+// name read as a scheme.
+var knownSchemes = map[string]bool{"redis": true, "rediss": true, "unix": true, "http": true, "https": true,
+	"socks5": true, "socks5h": true}
+
+func redactSplit(raw string) redact.Parts {
+	return redact.Split(raw, func(s string) bool { return knownSchemes[s] })
+}
+
+// redactStored names a URL read back from the queue, which went through
+// url.URL.String when it was queued, so parses as it was meant: its user
+// name and password are replaced by "xxxxx".
+func redactStored(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return redactURL(raw)
 	}
-	return "(unparseable URL)"
+	if u.User != nil {
+		u.User = url.User("xxxxx")
+	}
+	return u.String()
 }

@@ -82,7 +82,7 @@ func (a *app) deadLetters(ctx context.Context, s *storage.Storage, n int) error 
 	for _, d := range dead {
 		u := "(unreadable request)"
 		if d.URL != "" {
-			u = redactURL(d.URL)
+			u = redactStored(d.URL)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", d.ID, u, d.Deliveries, d.Since.UTC().Format(time.RFC3339), d.Reason)
 	}
