@@ -3,14 +3,11 @@ package proxyswitch
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/proxyswitch/proxyswitch/internal/engine"
-	"github.com/redis/go-redis/v9"
 )
 
 // Pool administration. Every change is one Lua script, atomic across the
@@ -126,47 +123,29 @@ type SiteStats struct {
 	Concurrency int
 }
 
-// poolConcurrency reads the concurrency the pool records (SiteStats).
-func (s *Switch) poolConcurrency(ctx context.Context) (int, error) {
-	v, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) (string, error) {
-		v, err := engine.MetaGet{Meta: s.keys.meta(), Field: "slots"}.Run(ctx, s.rdb).Text()
-		if errors.Is(err, redis.Nil) {
-			return "", nil
-		}
-		return v, err
-	}, nil)
-	if err != nil {
-		return 0, redisErr("pool concurrency", err)
-	}
-	if v == "" {
-		return 0, nil
-	}
-	k, err := strconv.Atoi(v)
-	if err != nil || k < 1 {
-		return 0, fmt.Errorf("%w: pool %q records concurrency %q", ErrCorrupt, s.cfg.pool, v)
-	}
-	return k, nil
-}
-
 // Stats returns a snapshot of the pool for site (ignored with ScopeGlobal):
-// two round trips, safe for concurrent use.
+// one round trip, safe for concurrent use.
 func (s *Switch) Stats(ctx context.Context, site string) (SiteStats, error) {
 	scope := s.scopeOf(site)
 	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]int64, error) {
-		return engine.Stats{Pool: s.keys.proxies(), Free: s.keys.free(scope), Lease: s.keys.leases(scope)}.Run(ctx, s.rdb).Int64Slice()
+		return engine.Stats{Pool: s.keys.proxies(), Free: s.keys.free(scope), Lease: s.keys.leases(scope), Meta: s.keys.meta()}.Run(ctx, s.rdb).Int64Slice()
 	}, nil)
 	if err != nil {
 		return SiteStats{}, redisErr("stats", err)
 	}
-	if len(res) != 6 {
+	if len(res) != 7 {
 		return SiteStats{}, fmt.Errorf("%w: stats reply of %d items", ErrCorrupt, len(res))
 	}
 	st := SiteStats{Proxies: int(res[0]), FreeSlots: int(res[1]), Leased: int(res[2]), BusySlots: int(res[4]), LeaseRecords: int(res[5])}
 	if res[3] < 0 { // site never leased: everything is free
 		st.FreeSlots = st.Proxies * s.cfg.slots
 	}
-	st.Concurrency, err = s.poolConcurrency(ctx)
-	return st, err
+	if res[6] < 0 {
+		return SiteStats{}, fmt.Errorf("%w: pool %q records a concurrency that is not a positive integer (key %s, field slots)",
+			ErrCorrupt, s.cfg.pool, s.keys.meta())
+	}
+	st.Concurrency = int(res[6])
+	return st, nil
 }
 
 func (s *Switch) update(ctx context.Context, mode string, args []any) (PoolChange, error) {

@@ -18,7 +18,6 @@ import (
 
 var (
 	listScript        = Root.Script("list")
-	metaGetScript     = Root.Script("meta_get")
 	statsScript       = Root.Script("stats")
 	poolUpdateScript  = Root.Script("pool_update")
 	unbanScript       = Root.Script("unban")
@@ -39,28 +38,17 @@ func (c List) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
 	return listScript.Run(ctx, rdb, []string{c.Pool})
 }
 
-// MetaGet runs meta_get.lua: one field of the pool's meta hash (redis.Nil
-// for none).
-type MetaGet struct {
-	Meta  string // KEYS[1] meta hash
-	Field string // ARGV[1]
-}
-
-// Run sends the call.
-func (c MetaGet) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
-	return metaGetScript.Run(ctx, rdb, []string{c.Meta}, c.Field)
-}
-
 // Stats runs stats.lua: a snapshot of the pool as one scope sees it.
 type Stats struct {
 	Pool  string // KEYS[1] pool hash
 	Free  string // KEYS[2] the scope's free zset
 	Lease string // KEYS[3] the scope's lease hash
+	Meta  string // KEYS[4] the pool's meta hash
 }
 
 // Run sends the call.
 func (c Stats) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
-	return statsScript.Run(ctx, rdb, []string{c.Pool, c.Free, c.Lease})
+	return statsScript.Run(ctx, rdb, []string{c.Pool, c.Free, c.Lease, c.Meta})
 }
 
 // PoolUpdate runs pool_update.lua: add, remove or replace proxies.

@@ -3,13 +3,21 @@
 -- KEYS[1] pool hash   id -> proxy URL
 -- KEYS[2] free zset   "<id>:<slot>" -> unix ms at which it is next available
 -- KEYS[3] lease hash  "<id>:<slot>" -> "<token>|<expiry ms>"
+-- KEYS[4] meta hash   "slots" -> the concurrency the pool records
 --
 -- Returns {proxies in the pool, slots free now, live leases, slots tracked,
---          slots not free (leased, cooling down or quarantined), lease records}.
+--          slots not free (leased, cooling down or quarantined), lease records,
+--          recorded concurrency (0: none yet, -1: not a positive integer)}.
 -- If the site has no free set yet every slot counts as free: -1 in "tracked".
 local now = now_ms()
 local size = redis.call('HLEN', KEYS[1])
-if redis.call('EXISTS', KEYS[2]) == 0 then return {size, -1, 0, -1, 0, 0} end
+local slots = redis.call('HGET', KEYS[4], 'slots')
+local k = 0
+if slots then
+  k = tonumber(slots)
+  if not k or k < 1 or k ~= math.floor(k) then k = -1 end
+end
+if redis.call('EXISTS', KEYS[2]) == 0 then return {size, -1, 0, -1, 0, 0, k} end
 local free = redis.call('ZCOUNT', KEYS[2], '-inf', now)
 local tracked = redis.call('ZCARD', KEYS[2])
 local live, records = 0, 0
@@ -25,4 +33,4 @@ repeat
     if exp and exp > now then live = live + 1 end
   end
 until cursor == '0'
-return {size, free, live, tracked, tracked - free, records}
+return {size, free, live, tracked, tracked - free, records, k}
