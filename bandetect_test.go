@@ -330,12 +330,18 @@ func TestBodiesAreReadWithinBounds(t *testing.T) {
 	_, _ = zw.Write(make([]byte, 1<<20))
 	require.NoError(t, zw.Close())
 	bomb := bytes.Repeat(member.Bytes(), 1024)
-	gz := &http.Response{Header: http.Header{"Content-Encoding": {"gzip"}}}
-	out, ok := decodeBody(gz, bomb, 1<<20)
-	assert.True(t, ok)
-	assert.Len(t, out, 1<<20)
-	_, ok = decodeBody(gz, []byte("not gzip at all"), 1<<20)
-	assert.False(t, ok, "undecodable: content checks are skipped, Colly reports the body")
+	out, cut, err := gunzip(bomb, 1<<20, false)
+	require.NoError(t, err)
+	assert.True(t, cut)
+	assert.Equal(t, 1<<20, len(out))
+	_, _, err = gunzip([]byte("not gzip at all"), 1<<20, false)
+	assert.Error(t, err, "undecodable: content checks are skipped, Colly reports the body")
+	_, _, err = gunzip(member.Bytes()[:member.Len()/2], 1<<20, false)
+	assert.Error(t, err, "a stream cut short by the site is undecodable")
+	out, cut, err = gunzip(member.Bytes()[:member.Len()/2], 1<<20, true)
+	require.NoError(t, err, "one cut short by the read limit is the beginning of the body")
+	assert.True(t, cut)
+	assert.NotEmpty(t, out)
 }
 
 type endless struct{}

@@ -218,6 +218,16 @@ func (t *transport) retry(req *http.Request, b *binding, l *Lease, x *ban.Exchan
 // buffer reads the body for classification, at most the collector's
 // MaxBodySize (or defaultReadLimit when it sets none, streaming the rest to
 // Colly unread), and puts the bytes read back in front of Colly.
+//
+// A body Colly would gunzip itself (see gzipped) is gunzipped here instead,
+// once: the classifiers and Colly get the same decoded bytes, at most
+// MaxBodySize of them whatever the compression ratio, and Colly gets the
+// response as net/http hands over a body it decoded (Uncompressed set, no
+// Content-Encoding nor Content-Length), so it decodes nothing again. Without
+// MaxBodySize (Colly's "no limit") the body is not capped: Colly gets the
+// whole decoded stream, decoded as it reads it, as it would have decoded it
+// itself. A body that does not decode goes to Colly as it came (Colly then
+// reports the error it meets), marked Undecoded for the classifiers.
 func (t *transport) buffer(resp *http.Response, x *ban.Exchange, a *attempt) error {
 	limit, stream := t.s.cfg.readLimit, true
 	if t.c != nil && t.c.MaxBodySize > 0 {
@@ -230,10 +240,36 @@ func (t *transport) buffer(resp *http.Response, x *ban.Exchange, a *attempt) err
 		orig.Close()
 		return err
 	}
-	x.Truncated = int64(len(raw)) == limit && resp.ContentLength != limit
-	var ok bool
-	x.Body, ok = decodeBody(resp, raw, limit)
-	x.Undecoded = !ok
+	rawCut := int64(len(raw)) == limit && resp.ContentLength != limit
+	x.Body, x.Truncated, x.Undecoded = raw, rawCut, false
+	switch bodyCoding(resp) {
+	case codingOpaque:
+		x.Undecoded = true
+	case codingGzip:
+		body, cut, err := gunzip(raw, limit, rawCut)
+		if err != nil {
+			x.Undecoded = true
+			break
+		}
+		x.Body, x.Truncated = body, rawCut || cut
+		if stream && x.Truncated {
+			// The classifiers saw the first limit bytes; Colly reads on to
+			// the end, decoded on the way (the first bytes once more).
+			zr, err := gzip.NewReader(io.MultiReader(bytes.NewReader(raw), orig))
+			if err != nil { // the same header decoded a moment ago
+				orig.Close()
+				return err
+			}
+			decoded(resp, -1)
+			resp.Body = &doneBody{Reader: zr, close: orig.Close, done: a.done}
+			return nil
+		}
+		orig.Close()
+		decoded(resp, int64(len(body)))
+		resp.Body = io.NopCloser(bytes.NewReader(body))
+		a.done()
+		return nil
+	}
 	if stream && x.Truncated {
 		resp.Body = &doneBody{Reader: io.MultiReader(bytes.NewReader(raw), orig), close: orig.Close, done: a.done}
 		return nil
@@ -244,24 +280,63 @@ func (t *transport) buffer(resp *http.Response, x *ban.Exchange, a *attempt) err
 	return nil
 }
 
-// decodeBody returns the body as the classifiers see it: gunzipped (at most
-// limit bytes of output, whatever the compression ratio) when it came
-// gzip-encoded and net/http left it so. ok is false when it could not be
-// decoded.
-func decodeBody(resp *http.Response, raw []byte, limit int64) (body []byte, ok bool) {
-	if resp.Uncompressed || !strings.Contains(strings.ToLower(resp.Header.Get("Content-Encoding")), "gzip") {
-		return raw, true
+// How a response body is encoded, as the transport reads it.
+const (
+	codingPlain  = iota // as it came: unencoded, or decoded by net/http
+	codingGzip          // gzip that Colly would decode: the transport decodes it instead
+	codingOpaque        // another encoding (br, deflate, zstd...), which neither decodes
+)
+
+// bodyCoding tells how resp's body is encoded. It is gzip exactly when
+// Colly (v2.3.0, http_backend.go) would gunzip it: net/http did not decode
+// it and its Content-Encoding names gzip, or it has none and its
+// Content-Type names gzip, or the URL's path ends in ".xml.gz".
+func bodyCoding(resp *http.Response) int {
+	if resp.Uncompressed {
+		return codingPlain
 	}
+	enc := strings.ToLower(strings.TrimSpace(resp.Header.Get("Content-Encoding")))
+	switch {
+	case strings.Contains(enc, "gzip"),
+		enc == "" && strings.Contains(strings.ToLower(resp.Header.Get("Content-Type")), "gzip"),
+		resp.Request != nil && resp.Request.URL != nil && strings.HasSuffix(strings.ToLower(resp.Request.URL.Path), ".xml.gz"):
+		return codingGzip
+	case enc == "" || enc == "identity":
+		return codingPlain
+	}
+	return codingOpaque
+}
+
+// gunzip decodes raw, at most limit bytes of output whatever the
+// compression ratio; cut reports that the output went on past them. A
+// stream that ends early is an error unless raw itself was cut short
+// (rawCut: read up to the limit).
+func gunzip(raw []byte, limit int64, rawCut bool) (body []byte, cut bool, err error) {
 	zr, err := gzip.NewReader(bytes.NewReader(raw))
 	if err != nil {
-		return raw, false
+		return nil, false, err
 	}
 	defer zr.Close()
-	out, err := io.ReadAll(io.LimitReader(zr, limit))
-	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) {
-		return raw, false
+	body, err = io.ReadAll(io.LimitReader(zr, limit+1))
+	switch {
+	case int64(len(body)) > limit:
+		return body[:limit], true, nil
+	case errors.Is(err, io.ErrUnexpectedEOF) && rawCut:
+		return body, true, nil
+	case err != nil:
+		return nil, false, err
 	}
-	return out, true
+	return body, false, nil
+}
+
+// decoded makes resp what net/http makes of a response whose body it
+// decoded: Uncompressed, without Content-Encoding and Content-Length, its
+// ContentLength n (-1: unknown). Colly then takes the body as it is.
+func decoded(resp *http.Response, n int64) {
+	resp.Uncompressed = true
+	resp.Header.Del("Content-Encoding")
+	resp.Header.Del("Content-Length")
+	resp.ContentLength = n
 }
 
 // attempt is one try of a hop through one proxy.

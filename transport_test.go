@@ -2,17 +2,21 @@ package proxyswitch
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"fmt"
 	"io"
 	"net/http"
+	"runtime"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/gocolly/colly/v2"
+	"github.com/proxyswitch/proxyswitch/ban"
 	"github.com/proxyswitch/proxyswitch/internal/testbed"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -176,4 +180,126 @@ func TestRequestsWithoutHooksAreNotClassified(t *testing.T) {
 		st, err := s.Stats(ctx, site.Host())
 		return err == nil && st.FreeSlots == 2
 	}, 2*time.Second, 10*time.Millisecond, "no proxy quarantined")
+}
+
+// gzipBomb returns head followed by mib MiB of zeros, gzip-compressed (mib
+// gzip members of 1 MiB, which gzip readers read as one stream): about a
+// KiB per MiB.
+func gzipBomb(t testing.TB, head string, mib int) []byte {
+	t.Helper()
+	var first, member bytes.Buffer
+	for i, buf := range []*bytes.Buffer{&first, &member} {
+		zw, err := gzip.NewWriterLevel(buf, gzip.BestCompression)
+		require.NoError(t, err)
+		if i == 0 {
+			_, _ = zw.Write([]byte(head))
+		}
+		_, _ = zw.Write(make([]byte, 1<<20))
+		require.NoError(t, zw.Close())
+	}
+	return append(first.Bytes(), bytes.Repeat(member.Bytes(), mib-1)...)
+}
+
+// gzipSite serves body gzip-compressed, whatever the request accepts: with
+// Content-Encoding: gzip, but for paths ending in .xml.gz (a compressed
+// sitemap), which it serves as a file without an encoding.
+func gzipSite(t testing.TB, body []byte) *testbed.Site {
+	return testbed.NewSite(t, "gzip", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, ".xml.gz") {
+			w.Header().Set("Content-Type", "application/octet-stream")
+		} else {
+			w.Header().Set("Content-Type", "text/html; charset=utf-8")
+			w.Header().Set("Content-Encoding", "gzip")
+		}
+		_, _ = w.Write(body)
+	}))
+}
+
+// allocated returns the bytes f allocated (the whole process's: run it in
+// a test that is not parallel).
+func allocated(f func()) uint64 {
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	f()
+	runtime.ReadMemStats(&after)
+	return after.TotalAlloc - before.TotalAlloc
+}
+
+// TestCompressedBodiesKeepTheCap: a gzip bomb served to a request that
+// asked for gzip itself (so net/http leaves the body compressed), or as a
+// .xml.gz file (which Colly gunzips too), is decoded once, by the
+// transport, to MaxBodySize at most: Colly gets those decoded bytes and no
+// Content-Encoding, and decodes nothing again.
+func TestCompressedBodiesKeepTheCap(t *testing.T) {
+	const head = `<html><body><div class="product">bomb</div>`
+	const maxBody, bombMiB = 1 << 20, 256
+	bomb := gzipBomb(t, head, bombMiB)
+	require.Less(t, len(bomb), maxBody, "the compressed bomb fits in MaxBodySize: the old transport read it whole")
+	site := gzipSite(t, bomb)
+	proxies := testbed.NewProxies(t, 1)
+	s := newSwitch(t, shared.Client(t), WithExpect("", "^/bomb", "div.product"))
+	_, err := s.Add(context.Background(), proxies[0].URL())
+	require.NoError(t, err)
+
+	c := colly.NewCollector(colly.MaxBodySize(maxBody))
+	s.Attach(c)
+	c.OnRequest(func(r *colly.Request) { r.Headers.Set("Accept-Encoding", "gzip") })
+	var body []byte
+	var encoding, length string
+	c.OnResponse(func(r *colly.Response) {
+		body, encoding, length = r.Body, r.Headers.Get("Content-Encoding"), r.Headers.Get("Content-Length")
+	})
+	for i, path := range []string{"/bomb", "/sitemap.xml.gz"} {
+		body = nil
+		var verr error
+		n := allocated(func() { verr = c.Visit(site.URL() + path) })
+		require.NoError(t, verr, path)
+		t.Logf("%s: a %d KiB gzip bomb of %d MiB: %.1f MiB allocated", path, len(bomb)>>10, bombMiB, float64(n)/(1<<20))
+		assert.Less(t, n, uint64(32<<20), "%s: memory stays bounded by MaxBodySize, not by the decoded size", path)
+		assert.Equal(t, maxBody, len(body), "%s: Colly gets the decoded body, capped at MaxBodySize", path)
+		assert.True(t, bytes.HasPrefix(body, []byte(head)), path)
+		assert.Empty(t, encoding, "%s: no Content-Encoding left for Colly to decode", path)
+		assert.Empty(t, length, path)
+		assert.Equal(t, i+1, site.Recorder().Count())
+	}
+	assert.Zero(t, site.Recorder().DirectHits())
+	assert.Empty(t, s.BanCounts())
+}
+
+// TestCompressedBodiesStreamWithoutCap: without MaxBodySize (Colly's "no
+// limit") a gzip body is decoded once, by the transport: the classifiers
+// see its first bytes (the read limit), marked truncated, and Colly gets the
+// whole decoded body, decoded on the way, with no Content-Encoding left.
+func TestCompressedBodiesStreamWithoutCap(t *testing.T) {
+	const head = `<html><body><div class="product">big</div>`
+	const readLimit, bodyMiB = 256 << 10, 32
+	var mu sync.Mutex
+	type seen struct {
+		n         int
+		truncated bool
+	}
+	var judged []seen
+	site := gzipSite(t, gzipBomb(t, head, bodyMiB))
+	proxies := testbed.NewProxies(t, 1)
+	s := newSwitch(t, shared.Client(t), WithClassifier(func(x *ban.Exchange) ban.Verdict {
+		mu.Lock()
+		defer mu.Unlock()
+		judged = append(judged, seen{len(x.Body), x.Truncated})
+		return ban.Verdict{Kind: ban.Pass}
+	}))
+	s.cfg.readLimit = readLimit
+	_, err := s.Add(context.Background(), proxies[0].URL())
+	require.NoError(t, err)
+	c := colly.NewCollector(colly.MaxBodySize(0))
+	s.Attach(c)
+	c.OnRequest(func(r *colly.Request) { r.Headers.Set("Accept-Encoding", "gzip") })
+	var body []byte
+	var encoding string
+	c.OnResponse(func(r *colly.Response) { body, encoding = r.Body, r.Headers.Get("Content-Encoding") })
+	require.NoError(t, c.Visit(site.URL()+"/big"))
+	assert.Equal(t, []seen{{readLimit, true}}, judged, "the classifiers know they saw only the beginning")
+	assert.Equal(t, len(head)+bodyMiB<<20, len(body), "Colly gets all of it")
+	assert.True(t, bytes.HasPrefix(body, []byte(head)))
+	assert.Empty(t, encoding, "decoded once")
 }
