@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -442,4 +443,48 @@ func TestBanOptionsMakeRules(t *testing.T) {
 	assert.Equal(t, ban.Verdict{Kind: ban.Pass}, verdict("http://a.example/p", 302, "Location", "/captcha"),
 		"the default patterns are replaced")
 	assert.Equal(t, ban.Verdict{Kind: ban.Ban, Reason: ban.ReasonSelector}, verdict("http://shop.example/item/1", 200))
+}
+
+// TestUncheckedPagesAreNotBans: with expected content, a page the detector
+// cannot read (HTML nested deeper than the parser allows, a body in an
+// encoding nothing decodes, a selector past the read limit) reaches Colly as
+// it came: no ban, no quarantine, and the observer counts it unchecked.
+func TestUncheckedPagesAreNotBans(t *testing.T) {
+	const product = `<html><body><div class="product">p</div>`
+	pages := map[string]func(http.ResponseWriter){
+		"/deep": func(w http.ResponseWriter) {
+			fmt.Fprint(w, product+strings.Repeat("<div>", 600)+strings.Repeat("</div>", 600))
+		},
+		"/br": func(w http.ResponseWriter) {
+			w.Header().Set("Content-Encoding", "br") // net/http does not decode it, nor does Colly
+			fmt.Fprint(w, "\x8b\x02\x80<not html>\x03")
+		},
+		"/long": func(w http.ResponseWriter) {
+			fmt.Fprint(w, "<html><body>"+strings.Repeat("<p>intro</p>", 4<<10)+`<div class="product">p</div>`)
+		},
+	}
+	site := testbed.NewSite(t, "unchecked", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		pages[r.URL.Path](w)
+	}))
+	proxies := testbed.NewProxies(t, 1)
+	s := newSwitch(t, shared.Client(t), WithRetries(0), WithExpect("", "", "div.product"))
+	_, err := s.Add(context.Background(), proxies[0].URL())
+	require.NoError(t, err)
+	obs := &recordingObserver{}
+	s.SetObserver(obs)
+	c := newPageCollector(t, s, colly.MaxBodySize(16<<10))
+	for _, path := range []string{"/deep", "/br", "/long", "/deep"} {
+		require.NoError(t, c.Visit(site.URL()+path), path)
+	}
+	assert.Equal(t, 2, c.products, "the deep page, twice")
+	assert.Equal(t, 2, len(c.others), "the br body as it came, and the long page cut at MaxBodySize as Colly cuts it")
+	assert.Empty(t, s.BanCounts())
+	obs.mu.Lock()
+	defer obs.mu.Unlock()
+	require.Len(t, obs.attempts, 4)
+	for _, e := range obs.attempts {
+		assert.Equal(t, ban.Neutral, e.Kind)
+		assert.Equal(t, ban.ReasonUnchecked, e.Reason)
+	}
 }

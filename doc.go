@@ -45,7 +45,11 @@
 // 502) and your own classifier (WithClassifier, a ban.Classifier: a
 // classifier needs only package ban, which holds Exchange, Verdict and the
 // Reason constants). It reads no more of a body than the collector's
-// MaxBodySize.
+// MaxBodySize, counted in decoded bytes: a gzip body Colly would gunzip is
+// gunzipped once, by the transport, and handed to Colly decoded. A page the
+// content checks cannot read (a body that does not decode, HTML the parser
+// refuses, a selector past MaxBodySize) reaches Colly unchecked, never as a
+// ban (ban.ReasonUnchecked).
 //
 // A ban quarantines the proxy for that site, for every worker of the pool
 // from its next lease on (WithQuarantine: 30 min, doubled with jitter for

@@ -28,7 +28,7 @@ type Observer interface {
 type AttemptEvent struct {
 	Pool, Site, ProxyID string
 	Kind                ban.Kind      // ban.OK, ban.Neutral, ban.Ban or ban.ProxyFailure
-	Reason              string        // the verdict's reason ("" for OK)
+	Reason              string        // the verdict's reason ("" for OK; ban.ReasonUnchecked for a Neutral page the content checks could not read)
 	Latency             time.Duration // from sending the attempt to its verdict
 }
 

@@ -314,7 +314,10 @@ func WithChallengeURLs(patterns ...string) Option {
 // urlPattern (a Go regular expression; "" = every page) must contain. A page
 // without one of them is a soft ban (ban.ReasonSelector): a captcha, a
 // placeholder or an empty page served with 200. Several rules may apply to
-// one page; each is checked. The default is no rule.
+// one page; each is checked. A page that cannot be checked (it does not
+// decode or parse, or was cut at MaxBodySize before the selector) is no ban:
+// it reaches Colly, counted ban.Neutral with ban.ReasonUnchecked. The
+// default is no rule.
 func WithExpect(site, urlPattern string, selectors ...string) Option {
 	return func(c *config) {
 		c.banRules.Expect = append(c.banRules.Expect, ban.Expect{Site: site, URL: urlPattern, Selectors: append([]string{}, selectors...)})

@@ -14,7 +14,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/PuerkitoBio/goquery"
 	"github.com/andybalholm/cascadia"
 )
 
@@ -203,9 +202,10 @@ func (d *Detector) Classify(x *Exchange) (Verdict, error) {
 
 // Learn feeds the size of x, a final response classified OK, into the size
 // baseline of its site and media type. It does nothing when the size check
-// is off, or for a response other than a decoded 2xx with a body.
+// is off, or for a response other than a decoded 2xx with a body read whole
+// (not Undecoded, not Truncated).
 func (d *Detector) Learn(x *Exchange) {
-	if d.sizeDrop > 0 && x.StatusCode >= 200 && x.StatusCode <= 299 && x.HasBody() && !x.Undecoded {
+	if d.sizeDrop > 0 && x.StatusCode >= 200 && x.StatusCode <= 299 && x.HasBody() && !x.Undecoded && !x.Truncated {
 		d.sizes.learn(x.baselineKey(), len(x.Body))
 	}
 }
@@ -247,25 +247,36 @@ func (d *Detector) classifyResponse(x *Exchange) Verdict {
 		return Verdict{Kind: Pass}
 	case code < 200 || code > 299:
 		return Verdict{Kind: Neutral}
-	case !x.HasBody() || x.Undecoded:
+	case !x.HasBody():
 		return Verdict{Kind: OK}
 	}
+	// The content checks. A page they cannot read (not decoded, not parsed,
+	// cut short by the read limit) tells nothing against the proxy:
+	// unchecked, never a ban.
+	unchecked := Verdict{Kind: Neutral, Reason: ReasonUnchecked}
 	for _, e := range d.expects {
 		if (e.site != "" && e.site != x.Site) || (e.url != nil && !e.url.MatchString(x.URL.RequestURI())) {
 			continue
 		}
-		doc, err := x.Document()
-		if err != nil {
-			return Verdict{Kind: Ban, Reason: ReasonSelector}
+		if x.Undecoded {
+			return unchecked
 		}
-		for _, sel := range e.sels {
-			if doc.FindMatcher(goquery.SingleMatcher(sel)).Length() == 0 {
-				return Verdict{Kind: Ban, Reason: ReasonSelector}
-			}
+		switch found, ok := x.contains(e.sels); {
+		case !ok:
+			return unchecked
+		case !found && x.Truncated:
+			// What is missing may be past what was read.
+			return unchecked
+		case !found:
+			return Verdict{Kind: Ban, Reason: ReasonSelector}
 		}
 	}
 	if d.sizeDrop > 0 {
 		if med, ok := d.sizes.median(x.baselineKey()); ok && float64(len(x.Body)) < d.sizeDrop*float64(med) {
+			if x.Undecoded || x.Truncated {
+				// Not the page's size: its compressed size, or the read limit.
+				return unchecked
+			}
 			return Verdict{Kind: Ban, Reason: ReasonSizeDrop}
 		}
 	}

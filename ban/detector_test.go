@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf16"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -216,4 +217,86 @@ func TestKindAndReasons(t *testing.T) {
 	}
 	assert.Equal(t, "proxyswitch: proxy refused the CONNECT tunnel: 407 Proxy Authentication Required",
 		(&TunnelError{StatusCode: 407}).Error())
+}
+
+// utf16LE encodes s in UTF-16LE, with a byte order mark when bom.
+func utf16LE(s string, bom bool) string {
+	var b []byte
+	if bom {
+		b = []byte{0xff, 0xfe}
+	}
+	for _, u := range utf16.Encode([]rune(s)) {
+		b = append(b, byte(u), byte(u>>8))
+	}
+	return string(b)
+}
+
+// TestUncheckablePages: a page the content checks apply to but cannot
+// read (not decoded, not parsed, cut short by the read limit) is no
+// evidence against the proxy: Neutral, ReasonUnchecked, never a ban; and
+// a page in UTF-16 is read as such.
+func TestUncheckablePages(t *testing.T) {
+	rules := DefaultRules()
+	rules.Expect = []Expect{{Site: "shop.example", URL: `^/item/`, Selectors: []string{"div.item"}}}
+	d, err := NewDetector(rules)
+	require.NoError(t, err)
+	type mod func(*Exchange)
+	undecoded := func(x *Exchange) { x.Undecoded = true }
+	truncated := func(x *Exchange) { x.Truncated = true }
+	contentType := func(ct string) mod { return func(x *Exchange) { x.Header.Set("Content-Type", ct) } }
+	mk := func(rawURL, body string, mods ...mod) *Exchange {
+		u, _ := url.Parse(rawURL)
+		x := &Exchange{Site: u.Host, URL: u, OriginURL: u, StatusCode: 200, Body: []byte(body),
+			Header: http.Header{"Content-Type": {"text/html"}}, Request: &http.Request{Method: http.MethodGet, URL: u}}
+		for _, m := range mods {
+			m(x)
+		}
+		return x
+	}
+	verdict := func(x *Exchange) Verdict {
+		v, err := d.Classify(x)
+		require.NoError(t, err)
+		return v
+	}
+	const item = `<html><body><div class="item">x</div>`
+	deep := item + strings.Repeat("<div>", 600) + "deep" + strings.Repeat("</div>", 600)
+	_, perr := mk("http://shop.example/item/1", deep).Document()
+	require.Error(t, perr, "the parser refuses it (a limit of golang.org/x/net/html)")
+
+	unchecked := Verdict{Kind: Neutral, Reason: ReasonUnchecked}
+	for name, tc := range map[string]struct {
+		x    *Exchange
+		want Verdict
+	}{
+		"nested deeper than the parser allows": {mk("http://shop.example/item/1", deep), unchecked},
+		"nested, on a page without rules":      {mk("http://shop.example/about", deep), Verdict{Kind: OK}},
+		"undecoded":                            {mk("http://shop.example/item/1", "\x1f\x8b garbage", undecoded), unchecked},
+		"undecoded, on a page without rules":   {mk("http://shop.example/about", "\x1f\x8b garbage", undecoded), Verdict{Kind: OK}},
+		"truncated before the selector":        {mk("http://shop.example/item/1", "<html><body>"+strings.Repeat("x", 100), truncated), unchecked},
+		"truncated after the selector":         {mk("http://shop.example/item/1", item+strings.Repeat("x", 100), truncated), Verdict{Kind: OK}},
+		"UTF-16 with a byte order mark":        {mk("http://shop.example/item/1", utf16LE(item, true)), Verdict{Kind: OK}},
+		"UTF-16 by its Content-Type":           {mk("http://shop.example/item/1", utf16LE(item, false), contentType("text/html; charset=UTF-16LE")), Verdict{Kind: OK}},
+		"UTF-16 declared, UTF-8 sent":          {mk("http://shop.example/item/1", item, contentType("text/html; charset=utf-16")), Verdict{Kind: OK}},
+		"UTF-16 placeholder":                   {mk("http://shop.example/item/1", utf16LE(`<p>wait</p>`, true)), Verdict{Kind: Ban, Reason: ReasonSelector}},
+		"UTF-16 declared, UTF-8 placeholder":   {mk("http://shop.example/item/1", `<p>wait</p>`, contentType("text/html; charset=utf-16")), Verdict{Kind: Ban, Reason: ReasonSelector}},
+		"windows-1251 is read as it came":      {mk("http://shop.example/item/1", item+"\xcf\xf0\xe8\xe2\xe5\xf2", contentType("text/html; charset=windows-1251")), Verdict{Kind: OK}},
+	} {
+		assert.Equal(t, tc.want, verdict(tc.x), name)
+	}
+
+	// Size drop: a page cut short by the read limit, or still compressed,
+	// is not the page's size; neither is learnt.
+	for range baselineMinimum {
+		x := mk("http://big.example/p/1", strings.Repeat("x", 1000))
+		d.Learn(x)
+	}
+	assert.Equal(t, Verdict{Kind: Ban, Reason: ReasonSizeDrop}, verdict(mk("http://big.example/p/2", "tiny")))
+	assert.Equal(t, unchecked, verdict(mk("http://big.example/p/2", "tiny", truncated)))
+	assert.Equal(t, unchecked, verdict(mk("http://big.example/p/2", "tiny", undecoded)))
+	for range baselineMinimum {
+		d.Learn(mk("http://cut.example/p/1", "tiny", truncated))
+		d.Learn(mk("http://cut.example/p/1", "tiny", undecoded))
+	}
+	_, known := d.sizes.median(mk("http://cut.example/p/1", "").baselineKey())
+	assert.False(t, known, "sizes of truncated or undecoded pages are not learnt")
 }

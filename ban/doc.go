@@ -37,6 +37,12 @@
 //  8. a 2xx body far smaller than the site's usual size: "size_drop";
 //  9. otherwise the response is OK.
 //
+// A page that checks 7 and 8 apply to but cannot read is Neutral with the
+// reason "unchecked" (ReasonUnchecked), never a ban: a body that did not
+// decode, HTML the parser refuses (nested deeper than 512 elements), a
+// selector missing from a body cut short by the read limit, the size of
+// such a body. A page we could not check is no evidence against the proxy.
+//
 // A redirect hop that no check decides gets Pass: the client follows it and
 // the next hop is judged.
 package ban

@@ -3,11 +3,15 @@ package ban
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"mime"
 	"net/http"
 	"net/url"
+	"strings"
 
 	"github.com/PuerkitoBio/goquery"
+	"github.com/andybalholm/cascadia"
+	"golang.org/x/net/html/charset"
 )
 
 // Proxy is the proxy an attempt went through, as a classifier sees it.
@@ -28,14 +32,15 @@ type Exchange struct {
 	StatusCode int           // 0 when Err is set
 	Header     http.Header   // response header; nil when Err is set
 	Body       []byte        // response body, gunzipped, at most the collector's MaxBodySize
-	Truncated  bool          // the body went on past what was read
-	Undecoded  bool          // the body came compressed and could not be decoded: Body is as it came, and the content checks skip it
+	Truncated  bool          // the body went on past what was read (or decoded): the content checks ban on nothing they did not see
+	Undecoded  bool          // the body came encoded and could not be decoded (or in an encoding Colly does not decode: br, deflate...): Body is as it came, and the content checks skip it
 	Err        error         // the transport error; nil when a response came
 	TimedOut   bool          // Err is the doing of the attempt's own timeout (proxyswitch.WithAttemptTimeout): ReasonProxyTimeout
 	Attempt    int           // 1 for the first proxy tried for the request, 2 for the next...
 	doc        *goquery.Document
 	docErr     error
 	parsed     bool
+	transcoded bool   // doc was parsed from UTF-16
 	sizeKey    string // baselineKey, once computed
 }
 
@@ -47,13 +52,51 @@ func (x *Exchange) Redirected() bool {
 	return x.OriginURL != nil && x.URL != nil && x.URL != x.OriginURL && x.URL.String() != x.OriginURL.String()
 }
 
-// Document parses Body as HTML, once, for goquery.
+// Document parses Body as HTML, once, for goquery. A body in UTF-16 (by
+// its byte order mark or its Content-Type's charset) is transcoded first;
+// any other is parsed as it came (the markup of ASCII-compatible charsets
+// reads the same). The error is the parser's: a document nested deeper
+// than golang.org/x/net/html allows (512 elements), say.
 func (x *Exchange) Document() (*goquery.Document, error) {
 	if !x.parsed {
 		x.parsed = true
-		x.doc, x.docErr = goquery.NewDocumentFromReader(bytes.NewReader(x.Body))
+		var r io.Reader = bytes.NewReader(x.Body)
+		if enc, name, _ := charset.DetermineEncoding(x.Body, x.Header.Get("Content-Type")); strings.HasPrefix(name, "utf-16") {
+			r, x.transcoded = enc.NewDecoder().Reader(r), true
+		}
+		x.doc, x.docErr = goquery.NewDocumentFromReader(r)
 	}
 	return x.doc, x.docErr
+}
+
+// contains reports whether the page contains each of sels; ok is false
+// when it could not be parsed. A page transcoded from UTF-16 (Document)
+// that lacks one is read once more as it came, in case its charset was
+// declared wrong.
+func (x *Exchange) contains(sels []cascadia.Selector) (found, ok bool) {
+	doc, err := x.Document()
+	if err != nil {
+		return false, false
+	}
+	if containsAll(doc, sels) {
+		return true, true
+	}
+	if !x.transcoded {
+		return false, true
+	}
+	if doc, err = goquery.NewDocumentFromReader(bytes.NewReader(x.Body)); err != nil {
+		return false, true // read one way it lacks a selector, the other way it does not parse
+	}
+	return containsAll(doc, sels), true
+}
+
+func containsAll(doc *goquery.Document, sels []cascadia.Selector) bool {
+	for _, sel := range sels {
+		if doc.FindMatcher(goquery.SingleMatcher(sel)).Length() == 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // Final reports whether the response ends its redirect chain: it is no 3xx

@@ -73,6 +73,14 @@ const (
 	ReasonProxyTimeout = "proxy_timeout"      // the attempt outlived its own timeout (Exchange.TimedOut)
 	ReasonProxyError   = "proxy_error"        // the connection broke (reset, EOF, malformed answer)
 	ReasonCustom       = "custom"             // a classifier's verdict without a usable reason
+	// ReasonUnchecked is the reason of a Neutral verdict on a 2xx page the
+	// content checks (Rules.Expect, Rules.SizeDrop) applied to but could not
+	// read: a body that did not decode (Exchange.Undecoded), that did not
+	// parse as HTML (nested deeper than the parser allows, say), or that was
+	// cut short by the read limit (Exchange.Truncated) where what is missing
+	// may lie further on. Such a page is no evidence against the proxy: it is
+	// handed to Colly like any Neutral answer, and counted with this reason.
+	ReasonUnchecked = "unchecked"
 )
 
 // StatusReason is the reason of a ban by status code: "http_<code>".
