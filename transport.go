@@ -234,12 +234,19 @@ func (t *transport) buffer(resp *http.Response, x *ban.Exchange, a *attempt) err
 		limit, stream = int64(t.c.MaxBodySize), false
 	}
 	orig := resp.Body
-	raw, err := io.ReadAll(io.LimitReader(orig, limit))
+	var buf bytes.Buffer
+	if n := resp.ContentLength; n > 0 && n <= limit {
+		// Room for the whole body and the read that meets its end: one
+		// allocation, where growing by doubling copies it several times.
+		buf.Grow(int(n) + bytes.MinRead)
+	}
+	_, err := buf.ReadFrom(io.LimitReader(orig, limit))
 	a.stopTimer()
 	if err != nil {
 		orig.Close()
 		return err
 	}
+	raw := buf.Bytes()
 	rawCut := int64(len(raw)) == limit && resp.ContentLength != limit
 	x.Body, x.Truncated, x.Undecoded = raw, rawCut, false
 	switch bodyCoding(resp) {
