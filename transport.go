@@ -22,7 +22,8 @@ import (
 // Each hop of a request goes through the inner *http.Transport, whose Proxy
 // is the Switch's ProxyFunc, so the hop leases (or keeps) its proxy exactly
 // as without the transport. Then the response is read (at most the
-// collector's MaxBodySize; the buffered bytes replace the body Colly reads)
+// collector's MaxBodySize, gunzipped once if Colly would gunzip it; the
+// buffered bytes replace the body Colly reads, see buffer)
 // and classified (package ban: the Switch's ban.Detector). On a ban or a proxy failure the proxy is
 // quarantined and its lease ended (ban.go), so the next ProxyFunc call for
 // the same request leases another proxy, and the hop is sent again (its body
@@ -219,7 +220,7 @@ func (t *transport) retry(req *http.Request, b *binding, l *Lease, x *ban.Exchan
 // MaxBodySize (or defaultReadLimit when it sets none, streaming the rest to
 // Colly unread), and puts the bytes read back in front of Colly.
 //
-// A body Colly would gunzip itself (see gzipped) is gunzipped here instead,
+// A body Colly would gunzip itself (see bodyCoding) is gunzipped here instead,
 // once: the classifiers and Colly get the same decoded bytes, at most
 // MaxBodySize of them whatever the compression ratio, and Colly gets the
 // response as net/http hands over a body it decoded (Uncompressed set, no
