@@ -122,7 +122,7 @@ func newCollector(pool string, cfg config) *Collector {
 		joins:   joinTracker{window: cfg.joinWindow},
 
 		attempts: counter("proxyswitch_attempts_total",
-			"Attempts sent through a proxy and classified, by site and outcome (ok, neutral, ban, proxy_failure); a retried request counts once per attempt.",
+			"Attempts sent through a proxy and classified, by site and outcome (ok, neutral, unchecked, ban, proxy_failure; unchecked: a 2xx page the content checks could not read, a neutral one); a retried request counts once per attempt.",
 			"site", "outcome"),
 		bans: counter("proxyswitch_bans_total",
 			"Attempts classified as a ban or a proxy failure, by site, kind (ban, proxy_failure) and reason (http_403, missing_selector, proxy_connect...).",
@@ -186,7 +186,11 @@ func newCollector(pool string, cfg config) *Collector {
 func (c *Collector) ObserveAttempt(ev proxyswitch.AttemptEvent) {
 	now := c.now()
 	site, kind := c.sites.label(ev.Site), kindLabel(ev.Kind)
-	if m, err := c.attempts.GetMetricWithLabelValues(site, kind); err == nil {
+	outcome := kind
+	if ev.Kind == ban.Neutral && ev.Reason == ban.ReasonUnchecked {
+		outcome = ban.ReasonUnchecked // a page the content checks could not read
+	}
+	if m, err := c.attempts.GetMetricWithLabelValues(site, outcome); err == nil {
 		m.Inc()
 	}
 	if m, err := c.latency.GetMetricWithLabelValues(site); err == nil {

@@ -54,6 +54,7 @@ func TestCollectorCountsEvents(t *testing.T) {
 	c.ObserveAttempt(attempt("a.example", "p2", ban.Ban, "http_429", time.Second))
 	c.ObserveAttempt(attempt("b.example", "p3", ban.ProxyFailure, "proxy_connect", 2*time.Second))
 	c.ObserveAttempt(attempt("b.example", "p3", ban.Ban, "Not A Reason!", 0))
+	c.ObserveAttempt(attempt("c.example", "p4", ban.Neutral, ban.ReasonUnchecked, 0))
 	c.ObserveQuarantine(proxyswitch.QuarantineEvent{Pool: "main", Site: "a.example", ProxyID: "p2", Reason: "http_429",
 		Kind: ban.Ban, Duration: 30 * time.Minute, InARow: 1})
 	c.ObserveQuarantine(proxyswitch.QuarantineEvent{Pool: "main", Site: "b.example", ProxyID: "p3", Reason: "proxy_connect",
@@ -71,6 +72,7 @@ func TestCollectorCountsEvents(t *testing.T) {
 		{"proxyswitch_attempts_total", []string{"site=a.example", "outcome=ban"}, 1},
 		{"proxyswitch_attempts_total", []string{"site=b.example", "outcome=proxy_failure"}, 1},
 		{"proxyswitch_attempts_total", []string{"site=b.example", "outcome=ban"}, 1},
+		{"proxyswitch_attempts_total", []string{"site=c.example", "outcome=unchecked"}, 1},
 		{"proxyswitch_bans_total", []string{"site=a.example", "kind=ban", "reason=http_429"}, 1},
 		{"proxyswitch_bans_total", []string{"site=b.example", "kind=proxy_failure", "reason=proxy_connect"}, 1},
 		{"proxyswitch_bans_total", []string{"site=b.example", "kind=ban", "reason=custom"}, 1},
