@@ -29,10 +29,14 @@
 //	serve [-addr A] [-queue NS,...] [-scrape-timeout D] [POOL...]
 //	                            serve /metrics (pool state, and the request queues of
 //	                            storage namespaces NS, read from Redis at each scrape) on A
-//	                            (default 127.0.0.1:9465) for POOLs (default: -pool) until interrupted;
-//	                            a scrape's Redis reads take at most D (default 700ms), so it
-//	                            answers within a second even with Redis down (then
-//	                            proxyswitch_state_up is 0)
+//	                            (default 127.0.0.1:9465) for POOLs (default: -pool) until interrupted,
+//	                            and a read-only status page at / (each pool's sites with their
+//	                            free, leased, cooling, quarantined and dead slots, the quarantined
+//	                            proxies and their time left, dead and drained proxies, live
+//	                            sticky sessions; passwords redacted; it reloads every 5s);
+//	                            a scrape's or a page's Redis reads take at most D (default 700ms),
+//	                            so both answer within a second even with Redis down (then
+//	                            proxyswitch_state_up is 0 and the page says so)
 //
 // Flags:
 //
@@ -124,9 +128,9 @@ commands:
                               the request queue of storage namespace NS: counts,
                               the oldest N dead letters (default 20), requeue dead letters
   serve [-addr A] [-queue NS,...] [-scrape-timeout D] [POOL...]
-                              serve /metrics on A (default ` + DefaultMetricsAddr + `); -queue adds
-                              the request queues of storage namespaces; D bounds a scrape's
-                              Redis reads (default 700ms)
+                              serve /metrics and a status page at / on A (default
+                              ` + DefaultMetricsAddr + `); -queue adds the request queues of storage
+                              namespaces; D bounds a scrape's Redis reads (default 700ms)
 
 "proxyswitch COMMAND -h" prints a command's help.
 
@@ -598,8 +602,9 @@ func (a *app) clear(ctx context.Context, args []string) error {
 	return err
 }
 
-// serve exports the state of the pools to Prometheus until ctx ends. It
-// reads Redis only when scraped.
+// serve exports the state of the pools to Prometheus, and shows it on a
+// status page at /, until ctx ends. It reads Redis only when scraped or
+// asked for the page.
 func (a *app) serve(ctx context.Context, args []string) error {
 	fs := commandFlags("serve")
 	if err := fs.Parse(args); err != nil {
@@ -631,6 +636,7 @@ func (a *app) serve(ctx context.Context, args []string) error {
 	mopts := []metrics.Option{metrics.WithLogger(a.logger), metrics.WithScrapeTimeout(scrapeTimeout)}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	var switches []*proxyswitch.Switch
 	for _, pool := range pools {
 		sw, err := a.newSwitch(pool)
 		if err != nil {
@@ -639,6 +645,7 @@ func (a *app) serve(ctx context.Context, args []string) error {
 		if err := reg.Register(metrics.NewState(sw, mopts...)); err != nil {
 			return fmt.Errorf("%w: pool %q named twice", errUsage, pool)
 		}
+		switches = append(switches, sw)
 	}
 	var namespaces []string
 	if queues != "" {
@@ -662,15 +669,13 @@ func (a *app) serve(ctx context.Context, args []string) error {
 		ErrorLog:      promLogger{a.logger},
 		ErrorHandling: promhttp.ContinueOnError,
 	}))
-	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) {
-		fmt.Fprintln(w, "proxyswitch exporter: metrics at /metrics")
-	})
+	mux.Handle("GET /{$}", newStatusPage(switches, scrapeTimeout, a.logger))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	what := "pool " + strings.Join(pools, ", ")
 	if len(namespaces) > 0 {
 		what += " and queue " + strings.Join(namespaces, ", ")
 	}
-	if _, err := fmt.Fprintf(a.out, "serving metrics of %s on http://%s/metrics\n", what, ln.Addr()); err != nil {
+	if _, err := fmt.Fprintf(a.out, "serving metrics of %s on http://%s/metrics\nstatus page on http://%s/\n", what, ln.Addr(), ln.Addr()); err != nil {
 		ln.Close()
 		return err
 	}
