@@ -76,7 +76,7 @@ func TestStatusPageInChromium(t *testing.T) {
 	const proxies = 8
 	farm := proxyswitchtest.NewFarm(t, proxies)
 	farm.Proxies[0].SetCredentials("u1", proxySecret)
-	urls := farm.URLs() // the first with its password
+	urls := farm.URLs()         // the first with its password
 	banned := map[string]bool{} // source IPs the shop refuses
 	for _, i := range []int{0, 3, 5} {
 		banned[farm.Proxies[i].SourceIP().String()] = true
@@ -111,7 +111,12 @@ func TestStatusPageInChromium(t *testing.T) {
 	require.NoError(t, c.Limit(&colly.LimitRule{DomainGlob: "*", Parallelism: 4}))
 	var scraped, failed int
 	c.OnHTML(".product", func(*colly.HTMLElement) { mu.Lock(); scraped++; mu.Unlock() })
-	c.OnError(func(r *colly.Response, err error) { mu.Lock(); failed++; mu.Unlock(); t.Logf("%s: %v", r.Request.URL, err) })
+	c.OnError(func(r *colly.Response, err error) {
+		mu.Lock()
+		failed++
+		mu.Unlock()
+		t.Logf("%s: %v", r.Request.URL, err)
+	})
 	for i := range 40 {
 		require.NoError(t, c.Visit(fmt.Sprintf("%s/p/%d", shop.URL, i)))
 	}
