@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -213,4 +214,76 @@ func TestStatusPageRedisDown(t *testing.T) {
 		assert.Contains(t, doc.Find(`section[data-pool="default"] .redis-error`).Text(), "Redis failed reading the sites", body)
 		assert.NotContains(t, body, redisSecret)
 	}
+}
+
+// TestStatusPageConcurrent renders the page from many goroutines at once
+// while workers on clients of their own lease, ban and release (run with
+// -race): every answer is a whole page, 200, or 503 saying the renders were
+// too many.
+func TestStatusPageConcurrent(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	srv := redistest.Start(t)
+	admin, err := proxyswitch.NewSwitch(srv.Client(t))
+	require.NoError(t, err)
+	var urls []string
+	for i := range 20 {
+		urls = append(urls, "http://127.0.0."+strconv.Itoa(i+1)+":3128")
+	}
+	_, err = admin.Add(ctx, urls...)
+	require.NoError(t, err)
+
+	var workers sync.WaitGroup
+	for w := range 4 {
+		sw, err := proxyswitch.NewSwitch(srv.Client(t), proxyswitch.WithMaxWait(50*time.Millisecond))
+		require.NoError(t, err)
+		workers.Add(1)
+		go func() {
+			defer workers.Done()
+			for i := 0; ctx.Err() == nil; i++ {
+				site := []string{"ozon.example", "avito.example", "wb.example"}[i%3]
+				l, err := sw.Lease(ctx, site)
+				if err != nil {
+					continue
+				}
+				if (i+w)%7 == 0 {
+					_ = l.Report(ctx, ban.Verdict{Kind: ban.Ban, Reason: ban.StatusReason(403)})
+				}
+				_ = l.Release(ctx)
+			}
+		}()
+	}
+
+	page := newStatusPage([]*proxyswitch.Switch{admin}, DefaultScrapeTimeout, quietLogger)
+	var renders sync.WaitGroup
+	codes := make(chan int, 200)
+	for range 20 {
+		renders.Add(1)
+		go func() {
+			defer renders.Done()
+			for range 10 {
+				rec := httptest.NewRecorder()
+				page.ServeHTTP(rec, httptest.NewRequest("GET", "/", nil))
+				body := rec.Body.String()
+				if !strings.HasSuffix(strings.TrimSpace(body), "</html>") {
+					t.Errorf("a cut page: %q", body)
+				}
+				if rec.Code == http.StatusServiceUnavailable && !strings.Contains(body, `id="busy"`) {
+					t.Errorf("503 without saying why: %s", body)
+				}
+				codes <- rec.Code
+			}
+		}()
+	}
+	renders.Wait()
+	cancel()
+	workers.Wait()
+	close(codes)
+	byCode := map[int]int{}
+	for c := range codes {
+		byCode[c]++
+	}
+	t.Logf("answers by status: %v", byCode)
+	assert.Equal(t, 200, byCode[http.StatusOK]+byCode[http.StatusServiceUnavailable], "%v", byCode)
+	assert.Positive(t, byCode[http.StatusOK])
 }
