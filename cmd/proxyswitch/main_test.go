@@ -410,16 +410,12 @@ func TestCLIListSite(t *testing.T) {
 // text-format parser.
 func scrapeURL(t *testing.T, u string) (map[string]*dto.MetricFamily, string) {
 	t.Helper()
-	resp, err := http.Get(u)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
+	code, body := get(t, u)
+	require.Equal(t, http.StatusOK, code, body)
 	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(bytes.NewReader(body))
+	fams, err := p.TextToMetricFamilies(strings.NewReader(body))
 	require.NoError(t, err)
-	return fams, string(body)
+	return fams, body
 }
 
 // get fetches u and returns the status code and the body.

@@ -53,6 +53,22 @@ func poolValue(doc *goquery.Document, pool, class string) string {
 	return strings.TrimSpace(doc.Find(`section[data-pool="` + pool + `"] dd.` + class).Text())
 }
 
+// poolOf starts a redis-server and loads a pool of n proxies
+// (http://127.0.0.1:3128 ...) through a Switch on it.
+func poolOf(t *testing.T, n int) (*redistest.Server, *proxyswitch.Switch, []string) {
+	t.Helper()
+	srv := redistest.Start(t)
+	sw, err := proxyswitch.NewSwitch(srv.Client(t))
+	require.NoError(t, err)
+	var urls []string
+	for i := range n {
+		urls = append(urls, "http://127.0.0."+strconv.Itoa(i+1)+":3128")
+	}
+	_, err = sw.Add(context.Background(), urls...)
+	require.NoError(t, err)
+	return srv, sw, urls
+}
+
 var quietLogger = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 // TestStatusPage renders the page of two pools against a real redis-server
@@ -135,15 +151,7 @@ func TestStatusPage(t *testing.T) {
 // what it left out.
 func TestStatusPageBounded(t *testing.T) {
 	ctx := context.Background()
-	srv := redistest.Start(t)
-	sw, err := proxyswitch.NewSwitch(srv.Client(t))
-	require.NoError(t, err)
-	var urls []string
-	for i := range 6 {
-		urls = append(urls, "http://127.0.0."+strconv.Itoa(i+1)+":3128")
-	}
-	_, err = sw.Add(ctx, urls...)
-	require.NoError(t, err)
+	_, sw, urls := poolOf(t, 6)
 	sites := []string{"a.example", "b.example", "c.example", "d.example", "e.example"}
 	for _, site := range sites {
 		for _, u := range urls[:4] {
@@ -223,15 +231,7 @@ func TestStatusPageRedisDown(t *testing.T) {
 func TestStatusPageConcurrent(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	srv := redistest.Start(t)
-	admin, err := proxyswitch.NewSwitch(srv.Client(t))
-	require.NoError(t, err)
-	var urls []string
-	for i := range 20 {
-		urls = append(urls, "http://127.0.0."+strconv.Itoa(i+1)+":3128")
-	}
-	_, err = admin.Add(ctx, urls...)
-	require.NoError(t, err)
+	srv, admin, _ := poolOf(t, 20)
 
 	var workers sync.WaitGroup
 	for w := range 4 {
