@@ -31,6 +31,25 @@
 //
 //	prometheus.MustRegister(metrics.NewState(sw))
 //
+// # Deployment
+//
+// Attempts, bans, latency, quarantines and sessions are counted where they
+// happen: each worker's Collector sees only that worker's requests. So every
+// worker serves its own /metrics (promhttp on the registry holding its
+// Collector, its server label from WithServer), Prometheus scrapes every
+// worker, and the dashboard sums over the server label. The pool's state in
+// Redis is the same whoever reads it: one StateCollector (and one
+// QueueCollector per namespace) in one process, usually the standalone
+// exporter "proxyswitch serve", which also shows it on a status page.
+//
+//	worker-1 /metrics ─┐
+//	worker-2 /metrics ─┼─> Prometheus ─> dashboards/proxyswitch.json (sums by server)
+//	worker-N /metrics ─┤
+//	proxyswitch serve ─┘   /metrics: the pool's state from Redis; /: status page
+//
+// _examples/metrics in the repository runs this on loopback, with a
+// prometheus.yml that scrapes it.
+//
 // # Metrics
 //
 // Collector (constant labels pool and server):

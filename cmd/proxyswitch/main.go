@@ -29,10 +29,14 @@
 //	serve [-addr A] [-queue NS,...] [-scrape-timeout D] [POOL...]
 //	                            serve /metrics (pool state, and the request queues of
 //	                            storage namespaces NS, read from Redis at each scrape) on A
-//	                            (default 127.0.0.1:9465) for POOLs (default: -pool) until interrupted;
-//	                            a scrape's Redis reads take at most D (default 700ms), so it
-//	                            answers within a second even with Redis down (then
-//	                            proxyswitch_state_up is 0)
+//	                            (default 127.0.0.1:9465) for POOLs (default: -pool) until interrupted,
+//	                            and a read-only status page at / (each pool's sites with their
+//	                            free, leased, cooling, quarantined and dead slots, the quarantined
+//	                            proxies and their time left, dead and drained proxies, live
+//	                            sticky sessions; passwords redacted; it reloads every 5s);
+//	                            a scrape's or a page's Redis reads take at most D (default 700ms),
+//	                            so both answer within a second even with Redis down (then
+//	                            proxyswitch_state_up is 0 and the page says so)
 //
 // Flags:
 //
@@ -42,8 +46,9 @@
 //	-timeout D   bound on each Redis round trip (default 5s)
 //	-v           log debug messages too (default: warnings and errors only, on stderr)
 //
-// -h prints this help (exit code 0); a usage mistake prints one line about
-// it and the usage line (exit code 2).
+// -h prints this help, and "proxyswitch COMMAND -h" that command's (exit
+// code 0); a usage mistake prints one line about it and the usage line
+// (exit code 2).
 //
 // Exit codes: 0 success, 1 the operation failed, 2 bad usage.
 // Passwords in proxy and Redis URLs are never printed.
@@ -123,9 +128,11 @@ commands:
                               the request queue of storage namespace NS: counts,
                               the oldest N dead letters (default 20), requeue dead letters
   serve [-addr A] [-queue NS,...] [-scrape-timeout D] [POOL...]
-                              serve /metrics on A (default ` + DefaultMetricsAddr + `); -queue adds
-                              the request queues of storage namespaces; D bounds a scrape's
-                              Redis reads (default 700ms)
+                              serve /metrics and a status page at / on A (default
+                              ` + DefaultMetricsAddr + `); -queue adds the request queues of storage
+                              namespaces; D bounds a scrape's Redis reads (default 700ms)
+
+"proxyswitch COMMAND -h" prints a command's help.
 
 flags:`
 
@@ -247,6 +254,9 @@ func (a *app) matchConcurrency(ctx context.Context) error {
 }
 
 func (a *app) dispatch(ctx context.Context, cmd string, args []string) error {
+	if _, known := commandHelp[cmd]; known && isHelp(args) {
+		return printCommandHelp(a.out, cmd)
+	}
 	switch cmd {
 	case "ban", "unban", "drain", "revive":
 		if err := a.matchConcurrency(ctx); err != nil {
@@ -574,34 +584,38 @@ func (a *app) unban(ctx context.Context, proxy, site string) error {
 }
 
 func (a *app) clear(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("clear", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	yes := fs.Bool("yes", false, "really delete")
-	if err := fs.Parse(args); err != nil || fs.NArg() != 0 {
+	fs := commandFlags("clear")
+	err := fs.Parse(args)
+	if errors.Is(err, flag.ErrHelp) {
+		return printCommandHelp(a.out, "clear")
+	}
+	if err != nil || fs.NArg() != 0 {
 		return fmt.Errorf("%w: clear takes only -yes", errUsage)
 	}
-	if !*yes {
+	if !flagValue[bool](fs, "yes") {
 		return fmt.Errorf("%w: clear deletes every key of pool %q under prefix %q: add -yes to do it", errUsage, a.sw.Pool(), a.prefix)
 	}
 	if err := a.sw.Clear(ctx); err != nil {
 		return err
 	}
-	_, err := fmt.Fprintf(a.out, "cleared pool %q under prefix %q\n", a.sw.Pool(), a.prefix)
+	_, err = fmt.Fprintf(a.out, "cleared pool %q under prefix %q\n", a.sw.Pool(), a.prefix)
 	return err
 }
 
-// serve exports the state of the pools to Prometheus until ctx ends. It
-// reads Redis only when scraped.
+// serve exports the state of the pools to Prometheus, and shows it on a
+// status page at /, until ctx ends. It reads Redis only when scraped or
+// asked for the page.
 func (a *app) serve(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	addr := fs.String("addr", DefaultMetricsAddr, "listen address")
-	queues := fs.String("queue", "", "storage namespaces whose request queue to export, comma-separated")
-	scrapeTimeout := fs.Duration("scrape-timeout", DefaultScrapeTimeout, "bound on the Redis reads of one scrape")
+	fs := commandFlags("serve")
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return printCommandHelp(a.out, "serve")
+		}
 		return fmt.Errorf("%w: serve: %v", errUsage, err)
 	}
-	if *scrapeTimeout <= 0 {
+	addr, queues := flagValue[string](fs, "addr"), flagValue[string](fs, "queue")
+	scrapeTimeout := flagValue[time.Duration](fs, "scrape-timeout")
+	if scrapeTimeout <= 0 {
 		return fmt.Errorf("%w: serve: -scrape-timeout must be positive", errUsage)
 	}
 	pools := fs.Args()
@@ -612,16 +626,17 @@ func (a *app) serve(ctx context.Context, args []string) error {
 	// Redis down, one refused (or timed out) dial per read, no retry loop;
 	// the next scrape tries again.
 	o := *a.ropt
-	if o.DialTimeout <= 0 || o.DialTimeout > *scrapeTimeout {
-		o.DialTimeout = *scrapeTimeout
+	if o.DialTimeout <= 0 || o.DialTimeout > scrapeTimeout {
+		o.DialTimeout = scrapeTimeout
 	}
 	o.DialerRetries = 1
 	o.MaxRetries = -1 // no retries
 	a.rdb = redis.NewClient(&o)
 	defer a.rdb.Close()
-	mopts := []metrics.Option{metrics.WithLogger(a.logger), metrics.WithScrapeTimeout(*scrapeTimeout)}
+	mopts := []metrics.Option{metrics.WithLogger(a.logger), metrics.WithScrapeTimeout(scrapeTimeout)}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	var switches []*proxyswitch.Switch
 	for _, pool := range pools {
 		sw, err := a.newSwitch(pool)
 		if err != nil {
@@ -630,10 +645,11 @@ func (a *app) serve(ctx context.Context, args []string) error {
 		if err := reg.Register(metrics.NewState(sw, mopts...)); err != nil {
 			return fmt.Errorf("%w: pool %q named twice", errUsage, pool)
 		}
+		switches = append(switches, sw)
 	}
 	var namespaces []string
-	if *queues != "" {
-		namespaces = strings.Split(*queues, ",")
+	if queues != "" {
+		namespaces = strings.Split(queues, ",")
 	}
 	for _, ns := range namespaces {
 		st, err := a.newStorage(ns)
@@ -644,7 +660,7 @@ func (a *app) serve(ctx context.Context, args []string) error {
 			return fmt.Errorf("%w: queue %q named twice", errUsage, ns)
 		}
 	}
-	ln, err := net.Listen("tcp", *addr)
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err
 	}
@@ -653,15 +669,13 @@ func (a *app) serve(ctx context.Context, args []string) error {
 		ErrorLog:      promLogger{a.logger},
 		ErrorHandling: promhttp.ContinueOnError,
 	}))
-	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) {
-		fmt.Fprintln(w, "proxyswitch exporter: metrics at /metrics")
-	})
+	mux.Handle("GET /{$}", newStatusPage(switches, scrapeTimeout, a.logger))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	what := "pool " + strings.Join(pools, ", ")
 	if len(namespaces) > 0 {
 		what += " and queue " + strings.Join(namespaces, ", ")
 	}
-	if _, err := fmt.Fprintf(a.out, "serving metrics of %s on http://%s/metrics\n", what, ln.Addr()); err != nil {
+	if _, err := fmt.Fprintf(a.out, "serving metrics of %s on http://%s/metrics\nstatus page on http://%s/\n", what, ln.Addr(), ln.Addr()); err != nil {
 		ln.Close()
 		return err
 	}

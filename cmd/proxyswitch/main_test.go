@@ -410,16 +410,23 @@ func TestCLIListSite(t *testing.T) {
 // text-format parser.
 func scrapeURL(t *testing.T, u string) (map[string]*dto.MetricFamily, string) {
 	t.Helper()
+	code, body := get(t, u)
+	require.Equal(t, http.StatusOK, code, body)
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(strings.NewReader(body))
+	require.NoError(t, err)
+	return fams, body
+}
+
+// get fetches u and returns the status code and the body.
+func get(t *testing.T, u string) (int, string) {
+	t.Helper()
 	resp, err := http.Get(u)
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
-	require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(bytes.NewReader(body))
-	require.NoError(t, err)
-	return fams, string(body)
+	return resp.StatusCode, string(body)
 }
 
 // gauge is the value of the gauge series of name with the given labels.
@@ -475,7 +482,8 @@ func TestCLIServe(t *testing.T) {
 	}()
 	var metricsURL string
 	require.Eventually(t, func() bool {
-		_, after, ok := strings.Cut(out.String(), " on ")
+		first, _, _ := strings.Cut(out.String(), "\n")
+		_, after, ok := strings.Cut(first, " on ")
 		metricsURL = strings.TrimSpace(after)
 		return ok && strings.HasSuffix(metricsURL, "/metrics")
 	}, 10*time.Second, 10*time.Millisecond, "stdout: %q, stderr: %q", out.String(), errOut.String())
@@ -503,6 +511,11 @@ func TestCLIServe(t *testing.T) {
 		assert.Equal(t, tc.want, v, "%s%v", tc.name, tc.labels)
 	}
 	assert.Contains(t, fams, "go_goroutines")
+	statusURL := strings.TrimSuffix(metricsURL, "metrics")
+	code0, status := get(t, statusURL)
+	assert.Equal(t, http.StatusOK, code0, status)
+	assert.Contains(t, status, `<tr data-site="ozon.example"><td class="site">ozon.example</td><td class="n free">1</td><td class="n leased">1</td>`)
+	assert.Contains(t, status, `<section class="pool" data-pool="residential">`)
 	require.NoError(t, l.Release(ctx))
 
 	// Redis gone: the exporter still answers, within a second (the first
@@ -519,6 +532,11 @@ func TestCLIServe(t *testing.T) {
 		assert.True(t, ok)
 		assert.Zero(t, v, "scrape %d", i+1)
 	}
+	start := time.Now()
+	code0, status2 := get(t, statusURL)
+	assert.Less(t, time.Since(start), time.Second, "the status page with Redis down")
+	assert.Equal(t, http.StatusServiceUnavailable, code0)
+	assert.Contains(t, status2, "Redis failed reading the sites")
 	v, ok := gauge(fams, "proxyswitch_state_up", map[string]string{"pool": "default"})
 	assert.True(t, ok)
 	assert.Zero(t, v)
@@ -534,7 +552,7 @@ func TestCLIServe(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("serve did not stop on interrupt")
 	}
-	for _, s := range []string{page, page2, out.String(), errOut.String()} {
+	for _, s := range []string{page, page2, status, status2, out.String(), errOut.String()} {
 		assert.NotContains(t, s, proxySecret)
 		assert.NotContains(t, s, redisSecret)
 	}

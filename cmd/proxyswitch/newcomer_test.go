@@ -110,3 +110,33 @@ func TestCLIMessagesNameTheirCause(t *testing.T) {
 	require.Equal(t, 0, r.code, r.all())
 	assert.Equal(t, "revived 0 of 1 proxies (none was dead or drained)\n", r.stdout)
 }
+
+// TestCLICommandHelp: every command's explicit -h (-help, --help) prints
+// that command's help on stdout and exits 0, without touching Redis (the
+// URL given is of a Redis that is gone); serve and clear list their flags.
+func TestCLICommandHelp(t *testing.T) {
+	dead := redistest.Start(t)
+	env := map[string]string{EnvRedisURL: "redis://" + dead.Addr() + "/0"}
+	require.NoError(t, dead.Kill())
+	commands := []string{"load", "add", "remove", "list", "stats", "ban", "unban", "drain", "revive", "clear", "queue", "serve"}
+	assert.Len(t, commandHelp, len(commands), "a help for every command, and a test of it")
+	flags := map[string][]string{"clear": {"-yes"}, "serve": {"-addr string", "-queue string", "-scrape-timeout duration", "(default 700ms)"}}
+	for _, cmd := range commands {
+		for _, h := range []string{"-h", "-help", "--help"} {
+			args := []string{"-timeout", "300ms", cmd, h}
+			r := cli(t, env, "", args...)
+			assert.Equal(t, 0, r.code, "%v: %s", args, r.all())
+			assert.True(t, strings.HasPrefix(r.stdout, "usage: proxyswitch [flags] "+cmd+" "), "%v: %q", args, r.stdout)
+			assert.Empty(t, r.stderr, args)
+			for _, f := range flags[cmd] {
+				assert.Contains(t, r.stdout, f, args)
+			}
+		}
+	}
+	// After other flags of the command too, as the flag package reads them.
+	for _, args := range [][]string{{"serve", "-addr", "127.0.0.1:0", "-h"}, {"clear", "-yes", "-h"}} {
+		r := cli(t, env, "", args...)
+		assert.Equal(t, 0, r.code, "%v: %s", args, r.all())
+		assert.True(t, strings.HasPrefix(r.stdout, "usage: proxyswitch [flags] "+args[0]+" "), "%v: %q", args, r.stdout)
+	}
+}
