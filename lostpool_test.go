@@ -354,6 +354,64 @@ func TestReseedOnceAndNeverOverAnOperator(t *testing.T) {
 
 var seqSite atomic.Int64
 
+// The crawl of TestLostPoolComesBack by three worker processes, each its
+// own collector and Redis client, while this process restarts Redis empty:
+// each process gets answers again within 3s of Redis accepting connections,
+// and the sites see no IP twice at once and no request without a proxy.
+func TestLostPoolComesBackAcrossProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("worker processes")
+	}
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	sites := []*testbed.Site{
+		testbed.NewSite(t, "shop-0", &testbed.ShopHandler{Delay: 150 * time.Millisecond}),
+		testbed.NewSite(t, "shop-1", &testbed.ShopHandler{Delay: 150 * time.Millisecond}),
+	}
+	bed := &testbed.Bed{Sites: sites, Proxies: testbed.NewProxies(t, 12)}
+	s := newSwitch(t, srv.Client(t))
+	_, err := s.Add(ctx, bed.ProxyURLs()...)
+	require.NoError(t, err)
+	const procs, perProc = 3, 500
+	results := make(chan error, procs)
+	for w := range procs {
+		urls := make([]string, perProc)
+		for i := range urls {
+			urls[i] = fmt.Sprintf("%s/p/%d?w=%d", sites[i%2].URL(), i, w)
+		}
+		cmd := startWorker(t, workerSpec{Mode: "crawl", Redis: srv.Addr(), Prefix: s.cfg.prefix, URLs: urls, Threads: 6,
+			AttemptTimeout: "1s", MaxWait: "10s"})
+		cmd.Stderr = nil // a failed request is expected while Redis restarts
+		go func() { _, err := cmd.Output(); results <- err }()
+	}
+	// Restart once every process has had answers.
+	seen := func(after time.Time) map[string]bool {
+		out := map[string]bool{}
+		for _, site := range sites {
+			for _, h := range site.Recorder().Hits() {
+				if !h.Start.Before(after) {
+					out[h.Query] = true
+				}
+			}
+		}
+		return out
+	}
+	require.Eventually(t, func() bool { return len(seen(time.Time{})) == procs }, 10*time.Second, 10*time.Millisecond)
+	time.Sleep(500 * time.Millisecond)
+	require.NoError(t, srv.Restart())
+	back := time.Now()
+	require.Eventually(t, func() bool { return len(seen(back)) == procs }, 3*time.Second, 5*time.Millisecond,
+		"every process has answers again within 3s of Redis accepting connections: %v", seen(back))
+	t.Logf("every process had answers again %v after Redis restarted empty", time.Since(back).Round(time.Millisecond))
+	for range procs {
+		require.NoError(t, <-results)
+	}
+	n, err := srv.Client(t).HLen(ctx, s.keys.proxies()).Result()
+	require.NoError(t, err)
+	assert.EqualValues(t, 12, n, "the pool is back in Redis")
+	assertGroundTruth(t, bed)
+}
+
 // Leases of requests under way were lost with Redis: after the re-seed no
 // other worker leases their proxies before the attempt bound has passed.
 func TestReseedHoldsProxiesOfLostLeases(t *testing.T) {
