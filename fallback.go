@@ -177,7 +177,7 @@ type FallbackStatus struct {
 	Outages int       // switches to the local shard since Start
 	// Reseeded counts the proxies this Switch wrote into a Redis that had
 	// lost the pool (on resume, or when a lease or a probe found the pool
-	// lost: see Switch.Add), BansWritten the local bans written back,
+	// lost: see the package documentation), BansWritten the local bans written back,
 	// Adopted the local leases handed over to Redis, since Start.
 	Reseeded, BansWritten, Adopted int
 }

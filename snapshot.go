@@ -120,13 +120,14 @@ func (p *redisPool) noteVersion(v int64) {
 }
 
 // emptied records that the pool is empty on purpose at generation v (a
-// lease found it so): the copy becomes empty, and is never re-seeded.
+// lease found it so): the copy becomes empty, and is never re-seeded. It
+// never waits for a read of the copy under way; should that read store an
+// older copy after this, the next lease that finds the pool empty empties
+// the copy again.
 func (p *redisPool) emptied(v int64) {
 	if s := p.snap.cur.Load(); s != nil && s.version == v && s.size() == 0 {
 		return
 	}
-	p.snap.readMu.Lock()
-	defer p.snap.readMu.Unlock()
 	p.snap.cur.Store(&poolSnapshot{version: v})
 }
 
