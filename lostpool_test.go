@@ -37,27 +37,14 @@ func reseededBy(ss ...*Switch) int64 {
 	return n
 }
 
-// lostPoolCollector is one collector of the lost-pool crawl.
-type lostPoolCollector struct {
-	sw     *Switch
-	c      *colly.Collector
-	mu     sync.Mutex
-	oks    []chaosHit
-	failed atomic.Int64
-}
-
-// firstStartedAfter returns when the first request started at or after t
-// got its response.
-func (lc *lostPoolCollector) firstStartedAfter(t time.Time) (time.Time, bool) {
-	lc.mu.Lock()
-	defer lc.mu.Unlock()
-	var first time.Time
-	for _, h := range lc.oks {
-		if !h.start.Before(t) && (first.IsZero() || h.end.Before(first)) {
-			first = h.end
-		}
+// slowBed returns two sites answering in 150ms, so that requests are under
+// way when Redis loses the pool, and 12 proxies.
+func slowBed(t *testing.T) *testbed.Bed {
+	sites := []*testbed.Site{
+		testbed.NewSite(t, "shop-0", &testbed.ShopHandler{Delay: 150 * time.Millisecond}),
+		testbed.NewSite(t, "shop-1", &testbed.ShopHandler{Delay: 150 * time.Millisecond}),
 	}
-	return first, !first.IsZero()
+	return &testbed.Bed{Sites: sites, Proxies: testbed.NewProxies(t, 12)}
 }
 
 // The acceptance run: three collectors (three Switches, three Redis
@@ -82,13 +69,10 @@ func TestLostPoolComesBack(t *testing.T) {
 func lostPoolCrawl(t *testing.T, fault string, withFallback bool) {
 	ctx := context.Background()
 	srv := redistest.Start(t)
-	sites := []*testbed.Site{
-		testbed.NewSite(t, "shop-0", &testbed.ShopHandler{Delay: 150 * time.Millisecond}),
-		testbed.NewSite(t, "shop-1", &testbed.ShopHandler{Delay: 150 * time.Millisecond}),
-	}
-	bed := &testbed.Bed{Sites: sites, Proxies: testbed.NewProxies(t, 12)}
+	bed := slowBed(t)
+	sites := bed.Sites
 	prefix := testPrefix()
-	var lcs []*lostPoolCollector
+	var lcs []*chaosCollector
 	for i := range 3 {
 		opts := []Option{WithPrefix(prefix), WithAttemptTimeout(time.Second), WithMaxWait(10 * time.Second)}
 		if withFallback {
@@ -106,13 +90,13 @@ func lostPoolCrawl(t *testing.T, fault string, withFallback bool) {
 		if withFallback {
 			startSwitch(t, sw)
 		}
-		lc := &lostPoolCollector{sw: sw, c: colly.NewCollector(colly.AllowURLRevisit())}
+		lc := &chaosCollector{name: fmt.Sprintf("collector %d", i+1), sw: sw, c: colly.NewCollector(colly.AllowURLRevisit())}
 		sw.Attach(lc.c)
 		lc.c.OnRequest(func(r *colly.Request) { r.Ctx.Put("start", time.Now()) })
 		lc.c.OnResponse(func(r *colly.Response) {
 			start, _ := r.Ctx.GetAny("start").(time.Time)
 			lc.mu.Lock()
-			lc.oks = append(lc.oks, chaosHit{start, time.Now()})
+			lc.responses = append(lc.responses, chaosHit{start, time.Now()})
 			lc.mu.Unlock()
 		})
 		lcs = append(lcs, lc)
@@ -154,10 +138,11 @@ func lostPoolCrawl(t *testing.T, fault string, withFallback bool) {
 	}
 	back := time.Now() // Redis accepts connections, empty
 	for i, lc := range lcs {
-		require.Eventually(t, func() bool { _, ok := lc.firstStartedAfter(back); return ok }, 3*time.Second, 5*time.Millisecond,
+		require.Eventually(t, func() bool { _, ok := lc.firstAfter(back); return ok }, 3*time.Second, 5*time.Millisecond,
 			"collector %d: no request started after Redis came back empty succeeded within 3s", i+1)
-		first, _ := lc.firstStartedAfter(back)
-		t.Logf("collector %d: first request started after Redis came back answered %v after it", i+1, first.Sub(back).Round(time.Millisecond))
+		first, _ := lc.firstAfter(back)
+		t.Logf("collector %d: first request started after Redis came back answered %v after it (fallback: %+v)", i+1,
+			first.Sub(back).Round(time.Millisecond), lc.sw.FallbackStatus())
 	}
 	time.Sleep(time.Second)
 	stop()
@@ -364,11 +349,8 @@ func TestLostPoolComesBackAcrossProcesses(t *testing.T) {
 	}
 	ctx := context.Background()
 	srv := redistest.Start(t)
-	sites := []*testbed.Site{
-		testbed.NewSite(t, "shop-0", &testbed.ShopHandler{Delay: 150 * time.Millisecond}),
-		testbed.NewSite(t, "shop-1", &testbed.ShopHandler{Delay: 150 * time.Millisecond}),
-	}
-	bed := &testbed.Bed{Sites: sites, Proxies: testbed.NewProxies(t, 12)}
+	bed := slowBed(t)
+	sites := bed.Sites
 	s := newSwitch(t, srv.Client(t))
 	_, err := s.Add(ctx, bed.ProxyURLs()...)
 	require.NoError(t, err)
