@@ -69,6 +69,15 @@
 // SetObserver (one or several observers) feed monitoring (package metrics
 // exports Prometheus metrics).
 //
+// A pool that Redis lost (a restart without persistence, a failover to an
+// empty replica, a flush) comes back by itself: every Switch keeps a copy
+// of its pools, and a lease that finds a pool empty with no operator's mark
+// (Replace with an empty list, Remove of every proxy and Clear leave one)
+// re-seeds it, once across the cluster, never over an operator's write.
+// Quarantines, cooldowns, leases and sessions are lost with Redis; the
+// re-seeded pool leases nothing for the attempt bound (WithAttemptTimeout,
+// else the lease TTL), since requests whose leases were lost may still run.
+//
 // # Failing closed
 //
 // The proxy function never returns "no proxy": Go would then connect

@@ -39,7 +39,9 @@ import (
 // still running are reserved in the shard until released.
 //
 // Resume. When a probe succeeds again the Switch re-seeds a pool Redis lost
-// (an empty pool hash that no operator emptied), writes back the bans it
+// (an empty pool hash that no operator emptied) from its copy of the pool,
+// as every Switch does when a lease finds the pool lost (snapshot.go: one
+// re-seed path, with its hold), writes back the bans it
 // learnt, writes its local leases still running into Redis (so that no
 // other server leases their proxies), marks itself as ready and waits until
 // every server of the member list it sharded by is ready too, or has left
@@ -173,9 +175,10 @@ type FallbackStatus struct {
 	Members []string  // the member list this server's share is computed from
 	Share   int       // proxies in this server's share of the Switch's pool
 	Outages int       // switches to the local shard since Start
-	// Reseeded counts the proxies written into a Redis that had lost the
-	// pool, BansWritten the local bans written back, Adopted the local
-	// leases handed over to Redis, since Start.
+	// Reseeded counts the proxies this Switch wrote into a Redis that had
+	// lost the pool (on resume, or when a lease or a probe found the pool
+	// lost: see the package documentation), BansWritten the local bans written back,
+	// Adopted the local leases handed over to Redis, since Start.
 	Reseeded, BansWritten, Adopted int
 }
 
@@ -191,6 +194,9 @@ func (s *Switch) FallbackStatus() FallbackStatus {
 	defer f.mu.RUnlock()
 	st := f.stats
 	st.Mode, st.Since = leaseMode(f.mode.Load()).String(), f.since
+	for _, fp := range f.pools {
+		st.Reseeded += int(fp.rp.snap.reseeded.Load())
+	}
 	if fp := f.pools[s.cfg.pool]; fp != nil {
 		fp.mu.Lock()
 		st.Members, st.Share = append([]string(nil), fp.members...), len(fp.share)
@@ -261,11 +267,7 @@ func newFallback(s *Switch) *fallback {
 	if fc.set == 0 {
 		return nil
 	}
-	hold := s.cfg.attemptTimeout
-	if hold <= 0 {
-		hold = s.cfg.leaseTTL
-	}
-	f := &fallback{s: s, cfg: fc, hold: hold, every: max(fc.timeout/4, 5*time.Millisecond),
+	f := &fallback{s: s, cfg: fc, hold: s.cfg.attemptBound(), every: max(fc.timeout/4, 5*time.Millisecond),
 		pools: map[string]*fbPool{}, memberCfg: s.cfg.member, kick: make(chan struct{}, 1), since: time.Now()}
 	if fc.sharded {
 		f.mode.Store(int32(modeLocal))

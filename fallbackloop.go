@@ -171,21 +171,41 @@ func (f *fallback) refreshAll(ctx context.Context, must bool) error {
 	return nil
 }
 
-// read loads the pool and its dead proxies: the pool a share is cut from.
+// read loads the pool and its dead proxies into the pool's copy
+// (snapshot.go), re-seeding a pool Redis lost, and keeps the pool a share
+// is cut from: the copy without its dead proxies.
 func (fp *fbPool) read(ctx context.Context) error {
-	ps, err := fp.rp.list(ctx)
+	lost, err := fp.rp.refreshSnapshot(ctx)
 	if err != nil {
 		return err
 	}
-	dead, err := fp.rp.dead(ctx)
-	if err != nil {
-		return err
+	if lost {
+		if _, err := fp.rp.reseed(ctx); err != nil {
+			return err
+		}
 	}
-	gone := make(map[string]bool, len(dead))
-	for _, d := range dead {
-		gone[d.Proxy.id] = true
+	snap := fp.rp.snapshot()
+	if snap == nil {
+		return nil // changed while read: the next tick reads again
 	}
-	ps = slices.DeleteFunc(ps, func(p *Proxy) bool { return gone[p.id] })
+	gone := make(map[string]bool, len(snap.dead)/2)
+	for i := 0; i+1 < len(snap.dead); i += 2 {
+		id, _ := snap.dead[i].(string)
+		gone[id] = true
+	}
+	ps := make([]*Proxy, 0, snap.size())
+	for i := 0; i+1 < len(snap.pairs); i += 2 {
+		id, raw := snap.pairs[i].(string), snap.pairs[i+1].(string)
+		if gone[id] {
+			continue
+		}
+		p, err := fp.rp.sw.poolEntry(id, raw)
+		if err != nil {
+			return err
+		}
+		ps = append(ps, p)
+	}
+	sortProxies(ps, func(p *Proxy) *Proxy { return p })
 	fp.mu.Lock()
 	fp.last, fp.readAt = ps, time.Now()
 	fp.members = nil // recompute
@@ -314,11 +334,10 @@ func (f *fallback) beginResume(ctx context.Context, res probeResult) {
 	f.mu.Unlock()
 	f.s.cfg.logger.Info("proxyswitch: Redis reachable again; writing back before leasing from it", "pool", f.s.cfg.pool, "member", f.cfg.self)
 
-	var seeded, bans, adopted int
+	var bans, adopted int
 	for _, fp := range pools {
-		n, err := fp.seed(ctx, f)
+		_, err := fp.rp.reseed(ctx) // the one re-seed path (snapshot.go): it logs and counts
 		if err == nil {
-			seeded += n
 			var b, a int
 			b, a, err = fp.writeBack(ctx, f)
 			bans, adopted = bans+b, adopted+a
@@ -334,13 +353,9 @@ func (f *fallback) beginResume(ctx context.Context, res probeResult) {
 	}
 	f.mu.Lock()
 	f.written = true
-	f.stats.Reseeded += seeded
 	f.stats.BansWritten += bans
 	f.stats.Adopted += adopted
 	f.mu.Unlock()
-	if seeded > 0 {
-		f.s.cfg.logger.Warn("proxyswitch: Redis had lost the pool; re-seeded it", "pool", f.s.cfg.pool, "proxies", seeded)
-	}
 	select {
 	case f.kick <- struct{}{}:
 	default:
@@ -399,24 +414,6 @@ func (f *fallback) tryFinishResume(ctx context.Context, res probeResult) {
 	}
 	f.mu.Unlock()
 	f.refresh(ctx, res)
-}
-
-// seed writes the pool last read back into a Redis that lost it.
-func (fp *fbPool) seed(ctx context.Context, f *fallback) (int, error) {
-	fp.mu.Lock()
-	args := pairs(fp.last)
-	fp.mu.Unlock()
-	if len(args) == 0 {
-		return 0, nil
-	}
-	k := fp.rp.keys
-	n, err := roundTrip(ctx, f.s.cfg.redisTimeout, func(ctx context.Context) (int64, error) {
-		return fallbackSeedScript.Run(ctx, fp.rp.rdb, []string{k.proxies(), k.meta()}, args...).Int64()
-	}, nil)
-	if err != nil {
-		return 0, redisErr("re-seed", err)
-	}
-	return int(n), nil
 }
 
 // writeBack writes the local bans and the live local leases to Redis.

@@ -15,7 +15,11 @@ const globalSite = "*"
 // one Lua script may touch them together.
 //
 //	{prefix:pool}:proxies        hash  proxy ID -> proxy URL (the pool; no TTL)
-//	{prefix:pool}:meta           hash  shared settings ("slots"; no TTL)
+//	{prefix:pool}:meta           hash  shared settings and marks (no TTL): "slots"; "version", the
+//	                                   generation of the pool and its dead list (lib.lua's bump_version);
+//	                                   "emptied" while an operator left the pool empty (an empty pool
+//	                                   without it was lost by Redis and is re-seeded: snapshot.go);
+//	                                   "hold", ms until which a re-seeded pool leases nothing
 //	{prefix:pool}:sites          zset  site -> last lease (ms); TTL: idle TTL
 //	{prefix:pool}:free:<site>    zset  "<id>:<slot>" -> next free time (ms); TTL: idle TTL
 //	{prefix:pool}:lease:<site>   hash  "<id>:<slot>" -> "<token>|<expiry ms>"; TTL: idle TTL

@@ -89,8 +89,10 @@ func (s *Switch) Drain(ctx context.Context, proxy string) error {
 // cookie jars, kept per task, lapse with their TTL; a session whose lease
 // Clear deleted retires at its next use). It finds them through the pool's own registries,
 // never with a KEYS or SCAN glob, so other pools and prefixes are untouched.
-// Workers still running lease from an empty pool (ErrEmptyPool) until the
-// pool is loaded again.
+// One key stays: the pool's meta hash, marking the pool as emptied on
+// purpose, so that no Switch takes it for a pool Redis lost and re-seeds
+// it. Workers still running lease from an empty pool (ErrEmptyPool) until
+// the pool is loaded again.
 func (s *Switch) Clear(ctx context.Context) error {
 	_, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) (int64, error) {
 		return engine.Clear{Sites: s.keys.sites(), Others: []string{s.keys.proxies(), s.keys.meta(), s.keys.fails(),

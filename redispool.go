@@ -25,6 +25,7 @@ type redisPool struct {
 	name    string
 	keys    keyspace
 	timeout time.Duration // bounds each call made for a request
+	snap    snapState     // the copy of the pool, to re-seed a Redis that lost it (snapshot.go)
 }
 
 func newRedisPool(s *Switch, name string) (*redisPool, error) {
@@ -43,8 +44,27 @@ func (p *redisPool) pool() string                { return p.name }
 func (p *redisPool) broker() (*redisPool, error) { return p, nil }
 func (p *redisPool) redis() *redisPool           { return p }
 
-// tryLease runs lease.lua once.
+// tryLease runs lease.lua once; if it finds the pool lost by Redis, it
+// re-seeds the pool from this Switch's copy and runs it once more.
 func (p *redisPool) tryLease(ctx context.Context, site, scope, prefer string) (*Lease, time.Duration, error) {
+	l, wait, lost, err := p.tryLeaseOnce(ctx, site, scope, prefer)
+	if !lost {
+		return l, wait, err
+	}
+	again, rerr := p.recoverLost(ctx)
+	if rerr != nil {
+		return nil, 0, fmt.Errorf("%w: %w", ErrNoProxy, rerr)
+	}
+	if !again {
+		return nil, 0, err
+	}
+	l, wait, _, err = p.tryLeaseOnce(ctx, site, scope, prefer)
+	return l, wait, err
+}
+
+// tryLeaseOnce runs lease.lua once. lost reports an empty pool that no
+// operator emptied (err is then ErrEmptyPool's).
+func (p *redisPool) tryLeaseOnce(ctx context.Context, site, scope, prefer string) (l *Lease, wait time.Duration, lost bool, err error) {
 	token := p.sw.newToken()
 	ttl := p.sw.leaseTTL(ctx)
 	res, err := roundTrip(ctx, p.timeout, func(ctx context.Context) ([]any, error) {
@@ -53,18 +73,18 @@ func (p *redisPool) tryLease(ctx context.Context, site, scope, prefer string) (*
 	}, p.releaseLate(scope, token))
 	if err != nil {
 		if err, ok := leaseConfigErr(err); ok {
-			return nil, 0, err
+			return nil, 0, false, err
 		}
-		return nil, 0, fmt.Errorf("%w: %w", ErrNoProxy, redisErr("lease", err))
+		return nil, 0, false, fmt.Errorf("%w: %w", ErrNoProxy, redisErr("lease", err))
 	}
 	status, _ := intAt(res, 0)
 	switch {
-	case status == -1 && len(res) == 1:
-		return nil, 0, fmt.Errorf("%w: %w: pool %q has no proxies", ErrNoProxy, ErrEmptyPool, p.name)
+	case status == -1 && len(res) == 3:
+		return nil, 0, p.emptyReply(res), fmt.Errorf("%w: %w: pool %q has no proxies", ErrNoProxy, ErrEmptyPool, p.name)
 	case status == 0 && len(res) == 2:
 		wait, _ := intAt(res, 1)
-		return nil, waitHint(wait), nil
-	case status == 1 && len(res) == 4:
+		return nil, waitHint(wait), false, nil
+	case status == 1 && len(res) == 5:
 		member, _ := res[1].(string)
 		raw, _ := res[2].(string)
 		expiry, ok := intAt(res, 3)
@@ -78,20 +98,35 @@ func (p *redisPool) tryLease(ctx context.Context, site, scope, prefer string) (*
 			if err == nil {
 				err = fmt.Errorf("%w: malformed lease reply", ErrCorrupt)
 			}
-			return nil, 0, fmt.Errorf("%w: %w", ErrNoProxy, err)
+			return nil, 0, false, fmt.Errorf("%w: %w", ErrNoProxy, err)
 		}
 		l := &Lease{sw: p.sw, be: p, scope: scope, site: site, member: member, token: token, proxy: px}
 		l.expiry.Store(expiry)
-		return l, 0, nil
+		if v, ok := intAt(res, 4); ok {
+			p.noteVersion(v)
+		}
+		return l, 0, false, nil
 	}
-	return nil, 0, fmt.Errorf("%w: %w: unexpected lease reply of %d items", ErrNoProxy, ErrCorrupt, len(res))
+	return nil, 0, false, fmt.Errorf("%w: %w: unexpected lease reply of %d items", ErrNoProxy, ErrCorrupt, len(res))
+}
+
+// emptyReply reads lease.lua's {-1, lost, version}: it reports whether the
+// pool was lost by Redis, and empties the copy of a pool emptied on purpose.
+func (p *redisPool) emptyReply(res []any) (lost bool) {
+	mark, _ := intAt(res, 1)
+	if mark == 1 {
+		return true
+	}
+	v, _ := intAt(res, 2)
+	p.emptied(v)
+	return false
 }
 
 // releaseLate hands back a lease of lease.lua granted (to token, on
 // scope) after its caller gave up waiting for the reply: roundTrip's late.
 func (p *redisPool) releaseLate(scope, token string) func([]any, error) {
 	return func(res []any, err error) {
-		if status, _ := intAt(res, 0); err == nil && status == 1 && len(res) == 4 {
+		if status, _ := intAt(res, 0); err == nil && status == 1 && len(res) >= 4 {
 			if member, ok := res[1].(string); ok {
 				_, _ = p.releaseMember(context.Background(), scope, member, token, "")
 			}

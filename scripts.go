@@ -18,9 +18,12 @@ var (
 	reviveScript   = engine.Root.Script("revive")
 	deadScript     = engine.Root.Script("dead")
 
+	// The copy of a pool and its re-seed (snapshot.go).
+	poolSnapshotScript = engine.Root.Script("pool_snapshot")
+	poolSeedScript     = engine.Root.Script("pool_seed")
+
 	// The fallback (fallbackloop.go).
 	fallbackProbeScript     = engine.Root.Script("fallback_probe")
-	fallbackSeedScript      = engine.Root.Script("fallback_seed")
 	fallbackWritebackScript = engine.Root.Script("fallback_writeback")
 
 	// Sticky sessions (sessionlease.go, sessionjar.go, session.go).

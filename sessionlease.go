@@ -281,6 +281,7 @@ func (p *redisPool) sessionLease(ctx context.Context, site, scope, token, only s
 	keys := p.keys.lease(scope)
 	deadline := time.Now().Add(c.maxWait)
 	backoff := c.backoffMin
+	reseeded := false
 	for {
 		res, err := roundTrip(ctx, c.redisTimeout, func(ctx context.Context) ([]any, error) {
 			return leaseScript.Run(ctx, p.rdb, keys, scope, token, c.session.ttl.Milliseconds(), c.cooldown.Milliseconds(),
@@ -295,11 +296,24 @@ func (p *redisPool) sessionLease(ctx context.Context, site, scope, token, only s
 		st, _ := intAt(res, 0)
 		var wait, firm int64
 		switch {
-		case st == 1 && len(res) == 4:
+		case st == 1 && len(res) == 5:
 			member, _ = res[1].(string)
 			expiry, _ = intAt(res, 3)
+			if v, ok := intAt(res, 4); ok {
+				p.noteVersion(v)
+			}
 			return member, expiry, nil
-		case st == -1:
+		case st == -1 && len(res) == 3:
+			if p.emptyReply(res) && !reseeded {
+				// Lost by Redis: re-seed from the copy, then lease again.
+				again, rerr := p.recoverLost(ctx)
+				if rerr != nil {
+					return "", 0, fmt.Errorf("%w: %w", ErrNoProxy, rerr)
+				}
+				if reseeded = true; again {
+					continue
+				}
+			}
 			return "", 0, fmt.Errorf("%w: %w: pool %q has no proxies", ErrNoProxy, ErrEmptyPool, c.pool)
 		case st == -2:
 			return "", 0, errProxyGone

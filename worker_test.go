@@ -32,6 +32,9 @@ type workerSpec struct {
 	LeaseTTL  string   `json:"lease_ttl"`
 	HoldSites []string `json:"hold_sites"` // hold: lease one proxy per site, then sleep; probe: the site
 	Until     int64    `json:"until"`      // probe: lease and release until this unix ms
+	// AttemptTimeout and MaxWait, when set, are the Switch's (lostpool_test.go).
+	AttemptTimeout string `json:"attempt_timeout"`
+	MaxWait        string `json:"max_wait"`
 }
 
 type workerResult struct {
@@ -58,7 +61,14 @@ func workerMain(spec workerSpec) int {
 	}
 	// A generous Redis bound: these workers test collisions and crash
 	// recovery, not timeouts, and CI machines can be loaded.
-	sw, err := NewSwitch(rdb, WithPrefix(spec.Prefix), WithLeaseTTL(ttl), WithRedisTimeout(10*time.Second))
+	opts := []Option{WithPrefix(spec.Prefix), WithLeaseTTL(ttl), WithRedisTimeout(10 * time.Second)}
+	if d, err := time.ParseDuration(spec.AttemptTimeout); err == nil {
+		opts = append(opts, WithAttemptTimeout(d))
+	}
+	if d, err := time.ParseDuration(spec.MaxWait); err == nil {
+		opts = append(opts, WithMaxWait(d))
+	}
+	sw, err := NewSwitch(rdb, opts...)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "worker:", err)
 		return 2

@@ -20,7 +20,8 @@
 //	unban ID|URL SITE           end a proxy's quarantine on a site now
 //	drain ID|URL...             take proxies out of every site's rotation (requests under way finish)
 //	revive ID|URL...            bring dead or drained proxies back
-//	clear -yes                  delete every key of the pool (proxies, leases, bans, members)
+//	clear -yes                  delete every key of the pool (proxies, leases, bans, members) but its
+//	                            meta hash, which marks it emptied on purpose (never re-seeded)
 //	queue NS [stats|dead [N]|requeue ID...]
 //	                            the request queue of storage namespace NS (package storage):
 //	                            ready, in flight and dead counts; the oldest N dead letters

@@ -180,10 +180,13 @@ func TestPoolPrefixChecked(t *testing.T) {
 			assert.True(t, strings.HasPrefix(err.Error(), "PSKEYS "), "%s with prefix %q: %v", name, bad, err)
 		}
 	}
-	n, err := Root.Script("clear").Run(ctx, rdb, keys[:1], "{p:q}").Int()
-	require.NoError(t, err, "the pool's own hash tag")
-	assert.Zero(t, n)
 	keysLeft, err := rdb.Keys(ctx, "*").Result()
 	require.NoError(t, err)
 	assert.Empty(t, keysLeft, "a rejected call writes nothing")
+	n, err := Root.Script("clear").Run(ctx, rdb, keys[:1], "{p:q}").Int()
+	require.NoError(t, err, "the pool's own hash tag")
+	assert.Zero(t, n)
+	keysLeft, err = rdb.Keys(ctx, "*").Result()
+	require.NoError(t, err)
+	assert.Equal(t, []string{"{p:q}:meta"}, keysLeft, "clear leaves only the mark that the pool was emptied on purpose")
 }

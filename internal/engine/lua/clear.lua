@@ -11,6 +11,9 @@
 -- here, atomically; a caller listing them first could miss one leased in
 -- between. The prefix must be KEYS[1]'s hash tag (lib.lua's pool_prefix),
 -- so every key stays in the pool's cluster slot.
+-- One key stays, or comes: the meta hash ("{prefix:pool}:meta"), with
+-- "emptied" set and a new "version", so that no Switch takes the cleared
+-- pool for one that Redis lost and re-seeds it (pool_seed.lua).
 -- Returns the number of keys deleted.
 local base, badbase = pool_prefix(ARGV[1])
 if not base then return redis.error_reply(badbase) end
@@ -21,4 +24,6 @@ end
 for i = 1, #KEYS do
   n = n + redis.call('DEL', KEYS[i])
 end
+redis.call('HSET', base .. ':meta', 'emptied', '1')
+bump_version(base .. ':meta')
 return n

@@ -32,4 +32,5 @@ for i = 3, #ARGV do
     end
   end
 end
+if n > 0 then bump_version(base .. ':meta') end -- the dead list is part of the pool's generation
 return n

@@ -6,7 +6,7 @@
 -- KEYS[1] modes zset    member ID -> Redis ms of its last mark (TTL: ARGV[3])
 -- KEYS[2] members zset  member ID -> end of its registration, ms (membership.go)
 -- KEYS[3] pool hash     id -> proxy URL
--- KEYS[4] meta hash     "version" -> count of pool changes (pool_update.lua)
+-- KEYS[4] meta hash     "version" -> generation of the pool (lib.lua's bump_version)
 -- KEYS[5] dead hash     id -> "<ms>|<reason>"
 -- ARGV[1] member ID
 -- ARGV[2] "1": mark this member as on the broker now; "-1": take its mark

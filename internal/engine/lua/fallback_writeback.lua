@@ -4,7 +4,8 @@
 --
 -- KEYS[1] pool hash        id -> proxy URL
 -- KEYS[2] sites zset       scope -> unix ms of its last lease
--- KEYS[3] meta hash        "slots" -> concurrent requests per proxy per site
+-- KEYS[3] meta hash        "slots" -> concurrent requests per proxy per site; "hold" -> ms
+--                          until which a re-seeded pool's proxies stay out (pool_seed.lua)
 -- KEYS[4] dead hash        id -> "<ms>|<reason>"
 -- KEYS[5] quarantine zset  id -> unix ms until which it is banned on every site
 -- ARGV[1] key prefix "{prefix:pool}": the free set of scope S is ARGV[1]..":free:"..S,
@@ -18,7 +19,7 @@
 --
 -- A quarantine only ever lengthens (GT); proxies no longer in the pool are
 -- skipped. A scope whose free set is gone (Redis restarted empty) gets it
--- back as lease.lua builds it. Time comes from TIME.
+-- back as lease.lua builds it (the re-seed's hold included). Time comes from TIME.
 -- Returns {quarantines written, leases written}.
 local now = now_ms()
 local base, badbase = pool_prefix(ARGV[1])
@@ -38,13 +39,15 @@ local function free(scope)
   ready[scope] = true
   if redis.call('EXISTS', fk) == 0 then
     local held = {}
+    local hold = tonumber(redis.call('HGET', KEYS[3], 'hold') or '0') or 0
+    if hold <= now then hold = 0 end
     local q = redis.call('ZRANGEBYSCORE', KEYS[5], '(' .. now, '+inf', 'WITHSCORES')
     for i = 1, #q, 2 do held[q[i]] = num(q[i + 1]) end
     for _, id in ipairs(redis.call('HKEYS', KEYS[4])) do held[id] = DEAD end
     local batch = {}
     for _, id in ipairs(redis.call('HKEYS', KEYS[1])) do
       for s = 0, slots - 1 do
-        batch[#batch + 1] = held[id] or 0
+        batch[#batch + 1] = math.max(held[id] or 0, hold)
         batch[#batch + 1] = id .. ':' .. s
       end
       if #batch >= 4000 then

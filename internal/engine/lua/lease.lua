@@ -4,7 +4,10 @@
 -- KEYS[2] free zset      "<id>:<slot>" -> unix ms at which it is next available
 -- KEYS[3] lease hash     "<id>:<slot>" -> "<token>|<expiry ms>"
 -- KEYS[4] sites zset     site -> unix ms of its last lease
--- KEYS[5] meta hash      "slots" -> concurrent requests per proxy per site
+-- KEYS[5] meta hash      "slots" -> concurrent requests per proxy per site;
+--                        "version" -> generation of the pool; "emptied" -> 1 while it
+--                        is empty on purpose; "hold" -> ms until which a re-seeded
+--                        pool's proxies stay out (pool_seed.lua)
 -- KEYS[6] dead hash      id -> "<ms>|<reason>" (proxies out of every rotation)
 -- KEYS[7] quarantine zset id -> unix ms until which it is banned on every site
 -- ARGV[1] site (scope)   ARGV[2] owner token      ARGV[3] lease TTL ms
@@ -13,14 +16,24 @@
 -- ARGV[8] "1": the preferred proxy or none (a sticky session reaching a new
 --         site, session.go); absent or "" for any proxy
 --
--- Returns {1, member, proxy URL, expiry ms} on success,
+-- Returns {1, member, proxy URL, expiry ms, version} on success (version: the
+--                       pool's generation, 0 for none; snapshot.go),
 --         {0, wait ms}  when every proxy is busy (wait = time until the next one frees;
 --                       with ARGV[8] = "1", {0, wait ms, firm}: see below),
---         {-1}          when the pool is empty,
+--         {-1, lost, version} when the pool is empty: lost is 1 when no operator
+--                       emptied it (no "emptied" mark: Redis lost it, or it was
+--                       never loaded), else 0,
 --         {-2}          with ARGV[8] = "1", when the preferred proxy left the pool or is dead.
 -- Time comes from the server's clock (TIME), never from a client.
 local now = now_ms()
 local ttl, cooldown, idle = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[6])
+
+local function version() return tonumber(redis.call('HGET', KEYS[5], 'version') or '0') or 0 end
+local function empty()
+  local lost = 1
+  if redis.call('HEXISTS', KEYS[5], 'emptied') == 1 then lost = 0 end
+  return {-1, lost, version()}
+end
 
 local slots = redis.call('HGET', KEYS[5], 'slots')
 if not slots then
@@ -32,10 +45,14 @@ end
 slots = tonumber(slots)
 
 -- First lease for this site (or its keys idled out): every proxy starts free,
--- except dead ones and those banned on every site (penalize.lua).
+-- except dead ones and those banned on every site (penalize.lua), and
+-- every one while a re-seeded pool is held (pool_seed.lua: requests leased
+-- before Redis lost the pool may still run).
 if redis.call('EXISTS', KEYS[2]) == 0 then
   local ids = redis.call('HKEYS', KEYS[1])
-  if #ids == 0 then return {-1} end
+  if #ids == 0 then return empty() end
+  local hold = tonumber(redis.call('HGET', KEYS[5], 'hold') or '0') or 0
+  if hold <= now then hold = 0 end
   local held = {}
   local q = redis.call('ZRANGEBYSCORE', KEYS[7], '(' .. now, '+inf', 'WITHSCORES')
   for i = 1, #q, 2 do held[q[i]] = num(q[i + 1]) end
@@ -43,7 +60,7 @@ if redis.call('EXISTS', KEYS[2]) == 0 then
   local batch = {}
   for _, id in ipairs(ids) do
     for s = 0, slots - 1 do
-      batch[#batch + 1] = held[id] or 0
+      batch[#batch + 1] = math.max(held[id] or 0, hold)
       batch[#batch + 1] = id .. ':' .. s
     end
     if #batch >= 4000 then
@@ -95,7 +112,7 @@ end
 local tries = 0
 while not member do
   local head = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
-  if #head == 0 then return {-1} end
+  if #head == 0 then return empty() end
   local score = num(head[2])
   if score > now then return {0, score - now} end
   local id = string.match(head[1], '^(.*):%d+$')
@@ -122,4 +139,4 @@ if cooldown > 0 and slots > 1 then
     if m ~= member then redis.call('ZADD', KEYS[2], 'XX', 'GT', now + cooldown, m) end
   end
 end
-return {1, member, url, expiry}
+return {1, member, url, expiry, version()}

@@ -32,4 +32,18 @@ local function pool_prefix(p)
   return p
 end
 
+-- bump_version moves the generation of a pool's operator state (its proxies
+-- and its dead list) in its meta hash meta, field "version": the server's
+-- clock in ms, or one more than the last generation if that is later. A
+-- generation is thus never reused, not even after Redis lost the meta hash
+-- and a re-seed (pool_seed.lua) wrote back an older one. Switches compare it
+-- with the copy of the pool they keep (snapshot.go). Returns the new one.
+local function bump_version(meta)
+  local v = tonumber(redis.call('HGET', meta, 'version') or '0') or 0
+  local t = now_ms()
+  if t <= v then t = v + 1 end
+  redis.call('HSET', meta, 'version', t)
+  return t
+end
+
 -- Script body.

@@ -91,6 +91,7 @@ end
 if dead then
   untl = DEAD
   redis.call('HSET', KEYS[5], id, now .. '|' .. ARGV[15])
+  bump_version(pool .. ':meta') -- the dead list is part of the pool's generation
 end
 
 -- End the lease first (owner-checked): its slot's score is the lease's

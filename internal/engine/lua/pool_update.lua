@@ -5,7 +5,8 @@
 -- KEYS[1] pool hash   id -> proxy URL
 -- KEYS[2] sites zset  site -> unix ms of its last lease
 -- KEYS[3] meta hash   "slots" -> concurrent requests per proxy per site; "version" ->
---         count of changes; "emptied" -> 1 while the pool is empty on purpose
+--         generation of the pool (lib.lua's bump_version); "emptied" -> 1 while
+--         the pool is empty on purpose
 -- KEYS[4] dead hash, KEYS[5] fails hash, KEYS[6] quarantine zset (see penalize.lua):
 --         a removed proxy leaves no ban state behind
 -- ARGV[1] mode: "add" | "remove" | "replace"
@@ -71,9 +72,10 @@ elseif mode == 'replace' then
 else
   return redis.error_reply('PSCONFIG unknown pool update mode ' .. mode)
 end
--- What a Switch with a fallback watches (fallback.go): a count of changes,
--- and whether the pool was emptied on purpose (then it is never re-seeded).
-if added + removed > 0 then redis.call('HINCRBY', KEYS[3], 'version', 1) end
+-- What every Switch watches (snapshot.go, fallback.go): the generation of
+-- the pool, and whether it was emptied on purpose: an empty pool without
+-- that mark was lost by Redis, and a Switch re-seeds it (pool_seed.lua).
+if added + removed > 0 then bump_version(KEYS[3]) end
 local size = redis.call('HLEN', KEYS[1])
 if size == 0 then
   redis.call('HSET', KEYS[3], 'emptied', '1')

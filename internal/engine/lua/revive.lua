@@ -41,4 +41,5 @@ for i = 3, #ARGV do
     end
   end
 end
+if revived > 0 then bump_version(base .. ':meta') end -- the dead list is part of the pool's generation
 return revived

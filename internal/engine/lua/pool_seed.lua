@@ -1,0 +1,46 @@
+-- pool_seed.lua: give a pool back to a Redis that lost it (restarted empty,
+-- failed over to an empty replica, flushed), from the copy a Switch keeps
+-- (snapshot.go). Every Switch that finds its pool lost runs it, one per
+-- process at a time; the first one seeds, the others find the pool there.
+--
+-- KEYS[1] pool hash  id -> proxy URL
+-- KEYS[2] meta hash  "emptied" -> 1 when an operator emptied the pool (pool_update.lua,
+--         clear.lua); "version" -> its generation; "slots"; "hold" (see below)
+-- KEYS[3] dead hash  id -> "<ms>|<reason>" (dead and drained proxies)
+-- ARGV[1] the copy's generation ("version"), 0 for none
+-- ARGV[2] hold ms: the proxies stay out of every site's rotation that long
+--         (lease.lua and fallback_writeback.lua read "hold" when they build a
+--         site's free set), since requests leased before Redis lost the pool,
+--         whose leases went with it, may still run; 0 for none
+-- ARGV[3] slots per proxy (K) of the seeding Switch, recorded if none is
+-- ARGV[4] n: the number of proxies
+-- ARGV[5 .. 4+2n]  id, URL, id, URL, ...
+-- ARGV[5+2n ..]    id, "<ms>|<reason>", ...: the dead list of the copy
+--
+-- Seeds only a pool that does not exist and that no operator emptied: a pool
+-- emptied on purpose stays empty, and an operator's write made since Redis
+-- lost the pool is never overwritten. Quarantines, strikes and leases are
+-- not in the copy: they were lost with Redis. Returns the number of proxies
+-- written (0 when nothing was done).
+if redis.call('EXISTS', KEYS[1]) == 1 or redis.call('HEXISTS', KEYS[2], 'emptied') == 1 then return 0 end
+local n = tonumber(ARGV[4])
+if not n or n <= 0 or #ARGV < 4 + 2 * n then return 0 end
+local last = 4 + 2 * n
+for i = 5, last, 1000 do
+  redis.call('HSET', KEYS[1], unpack(ARGV, i, math.min(i + 999, last)))
+end
+for i = last + 1, #ARGV - 1, 2 do
+  if redis.call('HEXISTS', KEYS[1], ARGV[i]) == 1 then redis.call('HSETNX', KEYS[3], ARGV[i], ARGV[i + 1]) end
+end
+if redis.call('HEXISTS', KEYS[2], 'version') == 0 and tonumber(ARGV[1]) > 0 then
+  redis.call('HSET', KEYS[2], 'version', ARGV[1])
+else
+  bump_version(KEYS[2])
+end
+redis.call('HSETNX', KEYS[2], 'slots', ARGV[3])
+local hold = tonumber(ARGV[2])
+if hold > 0 then
+  local untl = now_ms() + hold
+  if untl > (tonumber(redis.call('HGET', KEYS[2], 'hold') or '0') or 0) then redis.call('HSET', KEYS[2], 'hold', untl) end
+end
+return n

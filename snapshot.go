@@ -1,0 +1,257 @@
+package proxyswitch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// A pool that Redis lost comes back by itself. Redis may lose a pool
+// without any operator asking: a restart without persistence, a failover
+// to an empty replica, a flush. Every operator write leaves a mark in the
+// pool's meta hash that survives an empty pool (pool_update.lua and
+// clear.lua set "emptied" when they leave the pool empty, and every change
+// moves its generation, "version"), so an empty pool hash without the mark
+// is a lost one, never one emptied on purpose.
+//
+// Every Switch keeps a copy of each pool it leases from (a poolSnapshot:
+// the proxies, the dead list, the recorded concurrency, the generation).
+// lease.lua returns the generation with every lease; when it differs from
+// the copy's, the copy is read again in the background, by one goroutine
+// at a time and at most once per snapshotInterval, in pages of
+// snapshotPage proxies (pool_snapshot.lua), so the lease path never waits
+// for it and no round trip is added to it. When lease.lua finds the pool
+// empty and unmarked, the Switch re-seeds it from its copy (pool_seed.lua,
+// one call per process at a time) and leases again. The script seeds only
+// while the pool is still absent and unmarked: concurrent re-seeds by many
+// servers write it once, and an operator's write made in between (an Add,
+// a Replace with an empty list, a Clear) is never overwritten. Switches
+// with a fallback use the same copy and the same re-seed when they resume
+// (fallbackloop.go).
+//
+// What the copy does not hold is lost with Redis: quarantines, strikes,
+// cooldowns, leases, sessions. Exclusivity survives the lost leases: the
+// requests that held them may still be running, so the re-seed holds every
+// proxy out of every site's rotation for the attempt bound (the attempt
+// timeout when set, else the lease TTL; see attemptBound), the same hold
+// the fallback's switch-over uses, recorded in the meta hash ("hold") and
+// applied by lease.lua when it builds a site's free set. Set
+// WithAttemptTimeout to get the pool back within seconds.
+
+const (
+	// snapshotInterval is the least time between two reads of the copy
+	// that lease replies start.
+	snapshotInterval = time.Second
+	// snapshotPage is how many proxies one pool_snapshot.lua call reads.
+	snapshotPage = 1000
+)
+
+// errSnapshotMoved: the pool changed while its copy was read; the copy
+// kept is the one before, and the next lease reply starts another read.
+var errSnapshotMoved = errors.New("the pool changed while it was read")
+
+// poolSnapshot is the copy of a pool a Switch keeps. Immutable once stored.
+type poolSnapshot struct {
+	version int64 // the pool's generation ("version" in its meta hash)
+	slots   int64 // the recorded concurrency, 0 for none
+	pairs   []any // id, URL, ...: the pool hash
+	dead    []any // id, "<ms>|<reason>", ...: the dead list
+}
+
+// size is the number of proxies in the copy.
+func (s *poolSnapshot) size() int {
+	if s == nil {
+		return 0
+	}
+	return len(s.pairs) / 2
+}
+
+// snapState is the copy of one redisPool and what refreshes and re-seeds it.
+type snapState struct {
+	cur     atomic.Pointer[poolSnapshot]
+	busy    atomic.Bool  // a background refresh is running
+	startAt atomic.Int64 // unix ns at which the last background refresh started
+
+	readMu sync.Mutex // one read of the copy at a time: a later read is never overwritten by an earlier one
+
+	seedMu   sync.Mutex
+	seeding  *seedFlight  // the re-seed in flight, nil for none
+	reseeded atomic.Int64 // proxies this process wrote into a Redis that had lost the pool
+}
+
+// seedFlight is one re-seed; callers that find one in flight wait for it.
+type seedFlight struct {
+	done chan struct{}
+	n    int
+	err  error
+}
+
+// attemptBound is the longest an attempt through a proxy may run: the
+// attempt timeout when set, else the lease TTL. It is how long a re-seeded
+// pool and the fallback's local shard are held before they lease.
+func (c *config) attemptBound() time.Duration {
+	if c.attemptTimeout > 0 {
+		return c.attemptTimeout
+	}
+	return c.leaseTTL
+}
+
+// noteVersion compares the generation a lease reply carried with the copy's
+// and, when they differ, reads the copy again in the background (one
+// refresh at a time, at most once per snapshotInterval).
+func (p *redisPool) noteVersion(v int64) {
+	if s := p.snap.cur.Load(); s != nil && s.version == v {
+		return
+	}
+	now := time.Now().UnixNano()
+	if now-p.snap.startAt.Load() < int64(snapshotInterval) || !p.snap.busy.CompareAndSwap(false, true) {
+		return
+	}
+	p.snap.startAt.Store(now)
+	go func() {
+		defer p.snap.busy.Store(false)
+		if _, err := p.refreshSnapshot(context.Background()); err != nil {
+			p.cfg.logger.Debug("proxyswitch: reading the copy of the pool failed", "pool", p.name, "err", err)
+		}
+	}()
+}
+
+// emptied records that the pool is empty on purpose at generation v (a
+// lease found it so): the copy becomes empty, and is never re-seeded. It
+// never waits for a read of the copy under way; should that read store an
+// older copy after this, the next lease that finds the pool empty empties
+// the copy again.
+func (p *redisPool) emptied(v int64) {
+	if s := p.snap.cur.Load(); s != nil && s.version == v && s.size() == 0 {
+		return
+	}
+	p.snap.cur.Store(&poolSnapshot{version: v})
+}
+
+// refreshSnapshot reads the copy of the pool, page by page. It keeps the
+// copy it has when Redis lost the pool (empty and unmarked: lost reports
+// it) or when the pool changed while it read (errSnapshotMoved).
+func (p *redisPool) refreshSnapshot(ctx context.Context) (lost bool, err error) {
+	p.snap.readMu.Lock()
+	defer p.snap.readMu.Unlock()
+	k := p.keys
+	var snap poolSnapshot
+	var emptied bool
+	seen := map[string]bool{}
+	cursor := "0"
+	for first := true; first || cursor != "0"; first = false {
+		c := cursor
+		res, err := roundTrip(ctx, p.cfg.redisTimeout, func(ctx context.Context) ([]any, error) {
+			return poolSnapshotScript.Run(ctx, p.rdb, []string{k.proxies(), k.meta(), k.dead()}, c, snapshotPage).Slice()
+		}, nil)
+		if err != nil {
+			return false, redisErr("read the pool", err)
+		}
+		if len(res) < 5 {
+			return false, fmt.Errorf("%w: pool snapshot reply of %d items", ErrCorrupt, len(res))
+		}
+		version, ok1 := intAt(res, 0)
+		mark, ok2 := intAt(res, 1)
+		slots, ok3 := intAt(res, 2)
+		next, ok4 := res[3].(string)
+		n, ok5 := intAt(res, 4)
+		if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 || n < 0 || len(res) < 5+2*int(n) || (!first && len(res) != 5+2*int(n)) {
+			return false, fmt.Errorf("%w: malformed pool snapshot reply", ErrCorrupt)
+		}
+		if !first && version != snap.version {
+			return false, errSnapshotMoved
+		}
+		snap.version, snap.slots, emptied, cursor = version, slots, mark == 1, next
+		for i := 5; i < 5+2*int(n); i += 2 {
+			id, _ := res[i].(string)
+			raw, _ := res[i+1].(string)
+			if id == "" || raw == "" || seen[id] { // HSCAN may return an entry twice
+				continue
+			}
+			seen[id] = true
+			snap.pairs = append(snap.pairs, id, raw)
+		}
+		if first {
+			snap.dead = append(snap.dead, res[5+2*int(n):]...)
+		}
+	}
+	if len(snap.pairs) == 0 && !emptied {
+		return true, nil
+	}
+	p.snap.cur.Store(&snap)
+	return false, nil
+}
+
+// snapshot returns the copy of the pool last read, nil before the first.
+func (p *redisPool) snapshot() *poolSnapshot { return p.snap.cur.Load() }
+
+// recoverLost re-seeds the pool from the copy after a lease found it lost.
+// It reports whether a lease should be tried again: the copy was written,
+// or the pool came back otherwise meanwhile. err is a Redis error.
+func (p *redisPool) recoverLost(ctx context.Context) (again bool, err error) {
+	if p.snapshot().size() == 0 {
+		return false, nil // nothing to seed from: another server may, or an operator
+	}
+	if _, err := p.reseed(ctx); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// reseed writes the copy into a Redis that lost the pool (pool_seed.lua):
+// one call per process at a time, the others wait for it. It returns the
+// proxies written, 0 when the pool was there (another server seeded it, an
+// operator wrote it) or emptied on purpose.
+func (p *redisPool) reseed(ctx context.Context) (int, error) {
+	p.snap.seedMu.Lock()
+	if f := p.snap.seeding; f != nil {
+		p.snap.seedMu.Unlock()
+		select {
+		case <-f.done:
+			return f.n, f.err
+		case <-ctx.Done():
+			return 0, fmt.Errorf("%w: %w", ErrRedis, ctx.Err())
+		}
+	}
+	f := &seedFlight{done: make(chan struct{})}
+	p.snap.seeding = f
+	p.snap.seedMu.Unlock()
+	f.n, f.err = p.seedOnce(ctx)
+	p.snap.seedMu.Lock()
+	p.snap.seeding = nil
+	p.snap.seedMu.Unlock()
+	close(f.done)
+	return f.n, f.err
+}
+
+// seedOnce runs pool_seed.lua with the copy.
+func (p *redisPool) seedOnce(ctx context.Context) (int, error) {
+	snap := p.snapshot()
+	if snap.size() == 0 {
+		return 0, nil
+	}
+	slots := snap.slots
+	if slots <= 0 {
+		slots = int64(p.cfg.slots)
+	}
+	hold := p.cfg.attemptBound()
+	argv := make([]any, 0, 4+len(snap.pairs)+len(snap.dead))
+	argv = append(argv, snap.version, hold.Milliseconds(), slots, snap.size())
+	argv = append(append(argv, snap.pairs...), snap.dead...)
+	k := p.keys
+	n, err := roundTrip(ctx, p.cfg.redisTimeout, func(ctx context.Context) (int64, error) {
+		return poolSeedScript.Run(ctx, p.rdb, []string{k.proxies(), k.meta(), k.dead()}, argv...).Int64()
+	}, nil)
+	if err != nil {
+		return 0, redisErr("re-seed", err)
+	}
+	if n > 0 {
+		p.snap.reseeded.Add(n)
+		p.cfg.logger.Warn("proxyswitch: Redis had lost the pool; re-seeded it from this server's copy (quarantines and leases were lost with it; every proxy is held for the attempt bound)",
+			"pool", p.name, "proxies", n, "dead", len(snap.dead)/2, "generation", snap.version, "hold", hold)
+	}
+	return int(n), nil
+}
