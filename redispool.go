@@ -46,7 +46,7 @@ func (p *redisPool) redis() *redisPool           { return p }
 // tryLease runs lease.lua once.
 func (p *redisPool) tryLease(ctx context.Context, site, scope, prefer string) (*Lease, time.Duration, error) {
 	token := p.sw.newToken()
-	ttl := p.sw.leaseTTL(ctx)
+	ttl := p.cfg.leaseTTL
 	res, err := roundTrip(ctx, p.timeout, func(ctx context.Context) ([]any, error) {
 		return leaseScript.Run(ctx, p.rdb, p.keys.lease(scope), scope, token, ttl.Milliseconds(), p.cfg.cooldown.Milliseconds(),
 			p.cfg.slots, p.cfg.idleTTL.Milliseconds(), prefer).Slice()
