@@ -185,7 +185,10 @@ func TestExpiredHolderCannotTouchNextHoldersLease(t *testing.T) {
 	assert.ErrorIs(t, next.Extend(ctx, 0), ErrLeaseLost, "no extension after release")
 }
 
-func TestLeaseTTLCoversRequestDeadline(t *testing.T) {
+// A lease lives for the lease TTL whatever the caller's deadline: a long
+// request keeps its proxy by renewal (renew_test.go), so that a holder that
+// dies frees it within one TTL.
+func TestLeaseTTLIgnoresRequestDeadline(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	s := newSwitch(t, shared.Client(t), WithLeaseTTL(time.Second))
@@ -193,8 +196,8 @@ func TestLeaseTTLCoversRequestDeadline(t *testing.T) {
 	require.NoError(t, err)
 	l, err := s.Lease(ctx, "ozon.example")
 	require.NoError(t, err)
-	assert.Greater(t, time.Until(l.Expiry()), 5*time.Second, "lease outlives the request's deadline")
-	assert.Less(t, time.Until(l.Expiry()), 7*time.Second)
+	assert.Less(t, time.Until(l.Expiry()), 1500*time.Millisecond, "the lease TTL, not the deadline")
+	assert.Greater(t, time.Until(l.Expiry()), 500*time.Millisecond)
 }
 
 func TestWaitForRelease(t *testing.T) {

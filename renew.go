@@ -273,6 +273,10 @@ func (s *Switch) Close(ctx context.Context) error {
 		case <-ctx.Done():
 		}
 	}
+	// The bindings of requests without the hooks end (their leases are in
+	// the set, released below); those of the hooks' requests end with their
+	// request.
+	s.reg.forget(func(b *binding) bool { return !b.hooked })
 	err := r.releaseAll(ctx)
 	return errors.Join(err, s.Stop(ctx))
 }
