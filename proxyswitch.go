@@ -101,11 +101,13 @@ func (s *Switch) build() error {
 //
 //	c.SetProxyFunc(proxyswitch.New(rdb))
 //
-// Each request leases a free proxy for its site and the lease ends after the
-// lease TTL (30s by default). That alone never lets two requests share an IP
-// on one site, but a proxy stays taken until its request's context ends (at
-// the latest until the TTL runs out): install the release hooks with
+// Each request leases a free proxy for its site. That alone never lets two
+// requests share an IP on one site, but a proxy stays taken until its
+// request's context ends (renewed meanwhile; with no request timeout, until
+// the lease TTL, 30s by default, runs out): install the release hooks with
 // Switch.Attach to give proxies back as soon as each response is in. The
+// Switch New makes cannot be closed: to give every lease back at exit, use
+// NewSwitch, its ProxyFunc and Close. The
 // proxy function alone does not classify responses either: ban detection,
 // quarantine and retries through other proxies come with Attach too (bans
 // other workers made still apply: a quarantined proxy is never leased). If
