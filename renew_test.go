@@ -14,6 +14,7 @@ import (
 	"github.com/gocolly/colly/v2"
 	"github.com/proxyswitch/proxyswitch/internal/testbed"
 	"github.com/proxyswitch/proxyswitch/internal/testlog"
+	"github.com/proxyswitch/proxyswitch/shard"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -177,6 +178,34 @@ func TestRenewerStartsOnDemandAndStops(t *testing.T) {
 	assert.Zero(t, st.LeaseRecords)
 }
 
+// TestLocalShardLeasesAreRenewed: a lease from the local shard (here under
+// WithSharding) is renewed in memory like a Redis one.
+func TestLocalShardLeasesAreRenewed(t *testing.T) {
+	ctx := context.Background()
+	prefix := testPrefix()
+	admin, err := NewSwitch(shared.Client(t), WithPrefix(prefix))
+	require.NoError(t, err)
+	_, err = admin.Add(ctx, proxyURLs(1)...)
+	require.NoError(t, err)
+	sw, err := NewSwitch(shared.Client(t), WithPrefix(prefix), WithSharding("solo", nil), WithLeaseTTL(renewTTL),
+		WithFallbackTimeout(300*time.Millisecond), WithMembership(shard.MemberConfig{Heartbeat: 100 * time.Millisecond, TTL: time.Second}),
+		WithAttemptTimeout(100*time.Millisecond), WithMaxWait(5*time.Second))
+	require.NoError(t, err)
+	startSwitch(t, sw)
+	l, err := sw.acquire(ctx, "ozon.example", "", true)
+	require.NoError(t, err)
+	require.NotNil(t, l.local, "a lease of the local shard")
+
+	time.Sleep(3 * renewTTL)
+	short, cancel := context.WithTimeout(ctx, renewTTL/2)
+	defer cancel()
+	_, err = sw.acquire(short, "ozon.example", "", false)
+	require.ErrorIs(t, err, ErrNoProxy, "its only proxy is still held, 3 TTLs on")
+	assert.Greater(t, time.Until(l.Expiry()), renewTTL/4)
+	require.NoError(t, sw.Close(ctx))
+	assert.ErrorIs(t, l.Extend(ctx, 0), ErrLeaseLost, "Close released it")
+}
+
 // TestRenewalUnderContention: three workers with their own Redis clients,
 // 30 goroutines each, hold leases of the ProxyFunc kind on three sites for
 // up to three TTLs each, longer than the TTL, with the renewer's batches
@@ -318,4 +347,24 @@ func TestCloseWaitsForReleasesInFlight(t *testing.T) {
 	require.NoError(t, err)
 	assert.Zero(t, st.LeaseRecords)
 	assert.Zero(t, st.Leased)
+}
+
+// BenchmarkRenewerTrack is what the renewer costs a request: one lease into
+// the set and out of it, from many goroutines at once (50 workers, as
+// BenchmarkLease), with no Redis call.
+func BenchmarkRenewerTrack(b *testing.B) {
+	s := newSwitch(b, shared.Client(b))
+	b.SetParallelism(benchWorkers / max(1, runtimeProcs()))
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			l := &Lease{sw: s}
+			if err := s.renew.track(l, true); err != nil {
+				b.Error(err)
+				return
+			}
+			s.renew.drop(l)
+		}
+	})
 }
