@@ -219,9 +219,8 @@ func TestRenewalUnderContention(t *testing.T) {
 	require.NoError(t, err)
 	sites := []string{"ozon.example", "avito.example", "wb.example"}
 
-	var mu sync.Mutex
-	holders := map[string]int{}
-	var collisions, leases atomic.Int64
+	var holders ledger
+	var leases atomic.Int64
 	var wg sync.WaitGroup
 	var sws []*Switch
 	for w := range 3 {
@@ -237,18 +236,8 @@ func TestRenewalUnderContention(t *testing.T) {
 					if !assert.NoError(t, err) {
 						return
 					}
-					key := site + "|" + l.Proxy().ID()
-					mu.Lock()
-					holders[key]++
-					if holders[key] > 1 {
-						collisions.Add(1)
-					}
-					mu.Unlock()
+					holders.hold(site, l, time.Duration((g+i)%4)*ttl*3/4)
 					leases.Add(1)
-					time.Sleep(time.Duration((g+i)%4) * ttl * 3 / 4)
-					mu.Lock()
-					holders[key]--
-					mu.Unlock()
 					if !assert.NoError(t, l.Release(ctx)) {
 						return
 					}
@@ -258,7 +247,7 @@ func TestRenewalUnderContention(t *testing.T) {
 	}
 	wg.Wait()
 	assert.Equal(t, int64(3*30*3), leases.Load())
-	assert.Zero(t, collisions.Load(), "a proxy held twice for one site")
+	assert.Zero(t, holders.collisions.Load(), "a proxy held twice for one site")
 	for _, sw := range sws {
 		require.NoError(t, sw.Close(ctx))
 	}
