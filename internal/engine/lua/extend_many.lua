@@ -4,8 +4,9 @@
 -- every site of the pool in Redis Cluster too.
 -- include: extend_lib.lua
 --
--- KEYS[2i-1] free zset of scope i   "<id>:<slot>" -> unix ms at which it is next available
--- KEYS[2i]   lease hash of scope i  "<id>:<slot>" -> "<token>|<expiry ms>"
+-- KEYS[1] free zset of the first scope   "<id>:<slot>" -> unix ms at which it is next available
+-- KEYS[2] lease hash of the first scope  "<id>:<slot>" -> "<token>|<expiry ms>"
+-- KEYS[2i-1], KEYS[2i]: the same two keys of scope i, for every scope of the call
 -- ARGV[1] lease TTL ms
 -- then one triple per lease: ARGV[3j-1] its scope's index i (1-based),
 -- ARGV[3j] member, ARGV[3j+1] owner token
