@@ -29,7 +29,7 @@ const (
 type config struct {
 	prefix, pool string
 	leaseTTL     time.Duration
-	maxLeaseTTL  time.Duration
+	maxLeaseTTL  time.Duration // ten lease TTLs: with the max wait and a minute, the age at which sweep ends a binding
 	maxWait      time.Duration
 	cooldown     time.Duration
 	redisTimeout time.Duration

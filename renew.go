@@ -36,6 +36,12 @@ import (
 // Leases from the fallback's local shard are renewed too, in memory (and
 // their record in Redis once the fallback handed them over).
 //
+// One bound remains: a request whose hooks never run (a Colly path that
+// skips its callbacks) would keep its lease renewed for ever, so the sweep
+// (proxyswitch.go) still ends any binding older than the max wait plus ten
+// lease TTLs plus a minute (6.5 minutes by default), releasing its lease: a
+// request running longer than that loses its proxy's exclusivity.
+//
 // A lease the renewer finds lost (its record in Redis no longer carries its
 // token: the pool was cleared, or Redis lost it, or it expired while Redis
 // was unreachable and someone else took it) is logged as a warning; its
