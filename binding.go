@@ -196,8 +196,9 @@ func (r *registry) sweep(now time.Time, interval, maxAge time.Duration) []*Lease
 	return r.forget(func(b *binding) bool { return now.Sub(time.Unix(0, b.touched.Load())) > maxAge })
 }
 
-// forget ends and drops the bindings for which stale is true (called with
-// the registry locked) and returns their leases for the caller to release.
+// forget ends and drops the bindings for which stale (called with the
+// registry locked) is true, and returns their leases for the caller to
+// release: sweep, and Switch.Close for the bindings without hooks.
 func (r *registry) forget(stale func(*binding) bool) []*Lease {
 	r.mu.Lock()
 	var gone []*binding
