@@ -72,6 +72,9 @@ func (s *Switch) penalize(ctx context.Context, site string, p *Proxy, l *Lease, 
 		be = l.be
 	}
 	pen, err := be.penalize(ctx, site, p, l, v)
+	if pen.ended && l != nil && l.released.Load() {
+		s.renew.drop(l)
+	}
 	if err != nil {
 		return pen, err
 	}

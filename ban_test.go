@@ -36,7 +36,7 @@ func leaseAll(t *testing.T, s *Switch, site string) map[string]bool {
 	ids := map[string]bool{}
 	var held []*Lease
 	for {
-		l, err := s.acquire(ctx, site, "")
+		l, err := s.acquire(ctx, site, "", false)
 		if err != nil {
 			require.ErrorIs(t, err, ErrNoProxy)
 			break

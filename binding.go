@@ -192,18 +192,27 @@ func (r *registry) sweep(now time.Time, interval, maxAge time.Duration) []*Lease
 		return nil
 	}
 	r.lastSweep = now
-	var stale []*binding
+	r.mu.Unlock()
+	return r.forget(func(b *binding) bool { return now.Sub(time.Unix(0, b.touched.Load())) > maxAge })
+}
+
+// forget ends and drops the bindings for which stale (called with the
+// registry locked) is true, and returns their leases for the caller to
+// release: sweep, and Switch.Close for the bindings without hooks.
+func (r *registry) forget(stale func(*binding) bool) []*Lease {
+	r.mu.Lock()
+	var gone []*binding
 	for _, b := range r.m {
-		if now.Sub(time.Unix(0, b.touched.Load())) > maxAge {
-			stale = append(stale, b)
+		if stale(b) {
+			gone = append(gone, b)
 		}
 	}
-	for _, b := range stale {
+	for _, b := range gone {
 		r.dropLocked(b)
 	}
 	r.mu.Unlock()
 	var leases []*Lease
-	for _, b := range stale {
+	for _, b := range gone {
 		b.mu.Lock()
 		if b.lease != nil {
 			leases = append(leases, b.lease)

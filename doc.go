@@ -18,8 +18,8 @@
 //	c.SetProxyFunc(proxyswitch.New(rdb))
 //
 // That never lets two requests share an IP on one site, but each proxy stays
-// taken until its request's context ends (or, at the latest, its lease TTL
-// runs out). Install the whole extension instead, so that each lease is
+// taken until its request's context ends (or, without a request timeout,
+// until its lease TTL runs out). Install the whole extension instead, so that each lease is
 // released as soon as its response is in, a redirect chain keeps one IP, and
 // Request.ProxyURL tells your callbacks which proxy served them:
 //
@@ -201,6 +201,19 @@
 // A proxy's ID is a hash of its URL, credentials included; the URL with its
 // password is stored only in the pool hash, where it must be kept to dial.
 // Errors, logs and Request.ProxyURL show it with the password replaced.
+//
+// # Long requests, and exit
+//
+// A lease lives for the lease TTL (WithLeaseTTL, 30s) unless renewed: the
+// Switch renews the leases of running requests every quarter of it, from one
+// goroutine per Switch that starts with the first lease and ends when none
+// is left, with one script call per pool whatever the number of leases. A
+// request keeps its proxy however long it runs; a process that dies stops
+// renewing, and its proxies are free again within one TTL. A request whose
+// lease is lost all the same (Redis lost it, or the pool was cleared under
+// it) fails with ErrLeaseLost rather than pass for exclusive. Call
+// Switch.Close once the collectors are done, before the process exits: it
+// releases every lease still held, and the Switch fails closed from then on.
 //
 // # Concurrency
 //

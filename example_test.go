@@ -31,6 +31,7 @@ func ExampleSwitch_Attach() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	defer sw.Close(context.Background()) // at exit: stops the lease renewer, releases whatever is still leased
 	c := colly.NewCollector(colly.Async(true))
 	sw.Attach(c) // before your own callbacks
 	c.SetRequestTimeout(time.Minute)
@@ -66,6 +67,27 @@ func ExampleSwitch_ReplaceProxies() {
 		log.Fatal(err)
 	}
 	fmt.Printf("+%d -%d = %d proxies\n", change.Added, change.Removed, change.Size)
+}
+
+// Giving every lease back before the process exits. With the proxy function
+// alone, a lease is released when its request's context ends (with no
+// request timeout, never): Close releases what is left, and any lease
+// attempt after it fails with ErrNoProxy.
+func ExampleSwitch_Close() {
+	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+	sw, err := proxyswitch.NewSwitch(rdb)
+	if err != nil {
+		log.Fatal(err)
+	}
+	c := colly.NewCollector()
+	c.SetProxyFunc(sw.ProxyFunc)
+	_ = c.Visit("https://www.avito.ru/")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := sw.Close(ctx); err != nil {
+		log.Print(err) // leases it could not release expire by their TTL
+	}
 }
 
 // Leasing by hand, outside Colly.

@@ -28,7 +28,7 @@ func ExampleWithFallback() {
 	if err := sw.Start(ctx); err != nil { // joins the member list, reads the pool, starts the probe
 		log.Fatal(err)
 	}
-	defer sw.Stop(context.Background())
+	defer sw.Close(context.Background()) // releases what it still leases, then leaves the member list (Stop)
 
 	c := colly.NewCollector()
 	sw.Attach(c)

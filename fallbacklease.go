@@ -152,7 +152,7 @@ func (fp *fbPool) tryLocal(ctx context.Context, site, prefer string) (l *Lease, 
 		}
 		return nil, 0, fmt.Errorf("%w: no local share of pool %q: it was never read from Redis", ErrNoProxy, fp.rp.name), true
 	}
-	ll, wait, err := fp.local.TryLease(site, prefer, fp.rp.sw.leaseTTL(ctx))
+	ll, wait, err := fp.local.TryLease(site, prefer, fp.rp.cfg.leaseTTL)
 	if ll == nil {
 		err = localErr(err)
 		if err != nil && fp.shareErr != nil {

@@ -29,6 +29,10 @@ type Lease struct {
 	healthy  atomic.Bool  // the site answered normally through it: release resets the backoff
 	hold     atomic.Int64 // ns: keep the proxy out at least this long after release (an abandoned request)
 	unused   atomic.Bool  // no request went through it (Switch.Ban's probe): released with no cooldown
+	taken    atomic.Bool  // the renewer found it taken over, or Close released it under its request (renew.go)
+
+	renew   bool // the renewer extends it while it lives (renew.go); guarded by the renewer's mutex
+	endSeen bool // the renewer saw it ended at a tick; guarded by the renewer's mutex
 }
 
 // Proxy returns the leased proxy.
@@ -48,7 +52,9 @@ func (l *Lease) Release(ctx context.Context) error {
 	err := l.be.release(ctx, l)
 	if errors.Is(err, ErrRedis) {
 		l.released.Store(false)
+		return err
 	}
+	l.sw.renew.drop(l)
 	return err
 }
 
@@ -72,11 +78,14 @@ func (l *Lease) lost(why string) error {
 
 // Lease waits for a free proxy for site (a host name, or whatever the site
 // function returns) and leases it. It waits at most the max-wait option, or
-// until ctx ends, and then fails with ErrNoProxy. Most users never call it:
-// the ProxyFunc and the hooks installed by Attach do. It is safe for
-// concurrent use.
+// until ctx ends, and then fails with ErrNoProxy (as it does after Close).
+// The lease lives for the lease TTL (WithLeaseTTL) unless released or
+// extended: unlike the leases of the ProxyFunc's requests, the Switch does
+// not renew it (call Extend while you need it longer). Close releases it if
+// it is still held. Most users never call Lease: the ProxyFunc and the hooks
+// installed by Attach do. It is safe for concurrent use.
 func (s *Switch) Lease(ctx context.Context, site string) (*Lease, error) {
-	return s.acquire(ctx, site, "")
+	return s.acquire(ctx, site, "", false)
 }
 
 // scopeOf maps a site to the scope a lease is exclusive for.
@@ -87,23 +96,18 @@ func (s *Switch) scopeOf(site string) string {
 	return site
 }
 
-// leaseTTL is the configured TTL, stretched to cover ctx's deadline (plus a
-// second) so that a request never outlives its lease, capped at ten TTLs.
-func (s *Switch) leaseTTL(ctx context.Context) time.Duration {
-	ttl := s.cfg.leaseTTL
-	if dl, ok := ctx.Deadline(); ok {
-		if need := time.Until(dl) + time.Second; need > ttl {
-			ttl = min(need, s.cfg.maxLeaseTTL)
-		}
-	}
-	return ttl
-}
-
 // acquire leases a proxy for site, preferring proxy ID prefer when it is
 // free. While every proxy is busy it sleeps (the script's wait hint, capped
 // by a jittered exponential backoff, so it never spins on Redis) until a
-// proxy frees, the max wait passes or ctx ends.
-func (s *Switch) acquire(ctx context.Context, site, prefer string) (*Lease, error) {
+// proxy frees, the max wait passes or ctx ends. The lease is tracked for
+// Close, and renewed while it lives if renew (renew.go). Every lease lives
+// for the lease TTL at first, whatever ctx's deadline: a request longer
+// than that keeps its proxy by renewal, not by a longer TTL, so that a
+// holder that dies frees it within one TTL.
+func (s *Switch) acquire(ctx context.Context, site, prefer string, renew bool) (*Lease, error) {
+	if s.renew.isClosed() {
+		return nil, errClosed
+	}
 	be, err := s.source(ctx, site)
 	if err != nil {
 		return nil, err
@@ -113,8 +117,15 @@ func (s *Switch) acquire(ctx context.Context, site, prefer string) (*Lease, erro
 	backoff := s.cfg.backoffMin
 	for {
 		l, wait, err := be.tryLease(ctx, site, scope, prefer)
-		if l != nil || err != nil {
-			return l, err
+		if l != nil {
+			if err := s.renew.track(l, renew); err != nil {
+				_ = l.Release(context.WithoutCancel(ctx)) // closed meanwhile
+				return nil, err
+			}
+			return l, nil
+		}
+		if err != nil {
+			return nil, err
 		}
 		left := time.Until(deadline)
 		if left <= 0 {

@@ -185,7 +185,10 @@ func TestExpiredHolderCannotTouchNextHoldersLease(t *testing.T) {
 	assert.ErrorIs(t, next.Extend(ctx, 0), ErrLeaseLost, "no extension after release")
 }
 
-func TestLeaseTTLCoversRequestDeadline(t *testing.T) {
+// A lease lives for the lease TTL whatever the caller's deadline: a long
+// request keeps its proxy by renewal (renew_test.go), so that a holder that
+// dies frees it within one TTL.
+func TestLeaseTTLIgnoresRequestDeadline(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	s := newSwitch(t, shared.Client(t), WithLeaseTTL(time.Second))
@@ -193,8 +196,8 @@ func TestLeaseTTLCoversRequestDeadline(t *testing.T) {
 	require.NoError(t, err)
 	l, err := s.Lease(ctx, "ozon.example")
 	require.NoError(t, err)
-	assert.Greater(t, time.Until(l.Expiry()), 5*time.Second, "lease outlives the request's deadline")
-	assert.Less(t, time.Until(l.Expiry()), 7*time.Second)
+	assert.Less(t, time.Until(l.Expiry()), 1500*time.Millisecond, "the lease TTL, not the deadline")
+	assert.Greater(t, time.Until(l.Expiry()), 500*time.Millisecond)
 }
 
 func TestWaitForRelease(t *testing.T) {
@@ -482,9 +485,8 @@ func TestNoTwoHoldersAtOnce(t *testing.T) {
 	_, err := base.Add(ctx, proxyURLs(20)...)
 	require.NoError(t, err)
 
-	var mu sync.Mutex
-	holders := map[string]int{}
-	var collisions, leases atomic.Int64
+	var holders ledger
+	var leases atomic.Int64
 	var wg sync.WaitGroup
 	for w := range 3 {
 		sw := sibling(t, base, shared.Client(t))
@@ -498,18 +500,8 @@ func TestNoTwoHoldersAtOnce(t *testing.T) {
 					if !assert.NoError(t, err) {
 						return
 					}
-					key := site + "|" + l.Proxy().ID()
-					mu.Lock()
-					holders[key]++
-					if holders[key] > 1 {
-						collisions.Add(1)
-					}
-					mu.Unlock()
+					holders.hold(site, l, time.Duration(g%3)*time.Millisecond)
 					leases.Add(1)
-					time.Sleep(time.Duration(g%3) * time.Millisecond)
-					mu.Lock()
-					holders[key]--
-					mu.Unlock()
 					if !assert.NoError(t, l.Release(ctx)) {
 						return
 					}
@@ -519,13 +511,39 @@ func TestNoTwoHoldersAtOnce(t *testing.T) {
 	}
 	wg.Wait()
 	assert.Equal(t, int64(3*50*40), leases.Load())
-	assert.Zero(t, collisions.Load(), "a proxy held twice for one site")
+	assert.Zero(t, holders.collisions.Load(), "a proxy held twice for one site")
 	for _, site := range []string{"ozon.example", "avito.example"} {
 		st, err := base.Stats(ctx, site)
 		require.NoError(t, err)
 		assert.Zero(t, st.LeaseRecords, site)
 	}
 	t.Logf("%d leases, 0 collisions", leases.Load())
+}
+
+// ledger counts the holders of each proxy on each site, as they see
+// themselves: a second holder at once is a collision.
+type ledger struct {
+	mu         sync.Mutex
+	holders    map[string]int
+	collisions atomic.Int64
+}
+
+// hold records l's holder on site for d.
+func (g *ledger) hold(site string, l *Lease, d time.Duration) {
+	key := site + "|" + l.Proxy().ID()
+	g.mu.Lock()
+	if g.holders == nil {
+		g.holders = map[string]int{}
+	}
+	g.holders[key]++
+	if g.holders[key] > 1 {
+		g.collisions.Add(1)
+	}
+	g.mu.Unlock()
+	time.Sleep(d)
+	g.mu.Lock()
+	g.holders[key]--
+	g.mu.Unlock()
 }
 
 func TestErrorsAreMatchable(t *testing.T) {

@@ -29,7 +29,7 @@ const (
 type config struct {
 	prefix, pool string
 	leaseTTL     time.Duration
-	maxLeaseTTL  time.Duration
+	maxLeaseTTL  time.Duration // ten lease TTLs: with the max wait and a minute, the age at which sweep ends a binding
 	maxWait      time.Duration
 	cooldown     time.Duration
 	redisTimeout time.Duration
@@ -169,11 +169,13 @@ func WithPrefix(prefix string) Option { return func(c *config) { c.prefix = pref
 // The default is "default".
 func WithPool(name string) Option { return func(c *config) { c.pool = name } }
 
-// WithLeaseTTL sets how long a lease lives if it is never released (its
-// holder crashed, or the release hooks are not installed). A request whose
-// context deadline lies further out gets a lease long enough to cover it, up
-// to ten times this TTL, so a slow request never outlives its lease. The
-// default is 30s; the minimum 100ms.
+// WithLeaseTTL sets how long a lease lives if it is never released nor
+// renewed: at most this long after its holder crashed, a proxy is free
+// again. The leases of running requests (those of ProxyFunc, with or without
+// Attach) are renewed every quarter of this TTL while their request runs,
+// however long it runs and whatever its deadline (Switch describes the
+// renewer); those of Switch.Lease are not (Lease.Extend). The default is
+// 30s; the minimum 100ms.
 func WithLeaseTTL(d time.Duration) Option { return func(c *config) { c.leaseTTL = d } }
 
 // WithMaxWait bounds how long a request waits for a free proxy before it

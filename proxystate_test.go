@@ -17,7 +17,7 @@ import (
 // lease with the test.
 func leaseProxy(t *testing.T, s *Switch, site, id string) *Lease {
 	t.Helper()
-	l, err := s.acquire(context.Background(), site, id)
+	l, err := s.acquire(context.Background(), site, id, false)
 	require.NoError(t, err)
 	require.Equal(t, id, l.Proxy().ID(), "the proxy asked for was not free")
 	t.Cleanup(func() { _ = l.Release(context.Background()) })

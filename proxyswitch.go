@@ -29,10 +29,18 @@ var (
 
 // Switch leases proxies from a Redis-backed pool to Colly requests. One
 // Switch serves any number of collectors and goroutines: it is safe for
-// concurrent use. It holds no connection of its own and starts no goroutine
-// of its own (a lease that must be released late is released by a goroutine
-// started at that moment), so it needs no Close; close the Redis client when
-// you are done.
+// concurrent use. It holds no connection of its own (close the Redis client
+// when you are done).
+//
+// The leases of running requests are renewed while they run, so that a
+// request longer than the lease TTL keeps its proxy, and a process that dies
+// frees its proxies within one TTL: one goroutine per Switch does it,
+// started by the first lease and gone once the Switch holds none (renew.go).
+// Call Close once the collectors are done, before the process exits: it
+// stops that goroutine and releases every lease still held (without it,
+// those of requests whose context has not ended stay in Redis until their
+// TTL runs out). A lease that must be released late is released by a
+// goroutine started at that moment.
 type Switch struct {
 	rdb  redis.Scripter
 	cfg  config
@@ -51,6 +59,7 @@ type Switch struct {
 	warnUnhooked sync.Once
 	warnedRoute  atomic.Bool                 // warnRouteIgnored said it
 	observer     atomic.Pointer[observerBox] // SetObserver; nil: none
+	renew        renewer                     // the live leases: renewed while their request runs, released by Close (renew.go)
 }
 
 // NewSwitch returns a Switch leasing from the pool that opts name (by default
@@ -69,6 +78,7 @@ func NewSwitch(rdb redis.Scripter, opts ...Option) (*Switch, error) {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	s := &Switch{rdb: rdb, cfg: cfg, tokenPrefix: hex.EncodeToString(b[:]) + "-"}
+	s.renew.s = s
 	if err := s.build(); err != nil {
 		return nil, err
 	}
@@ -91,11 +101,13 @@ func (s *Switch) build() error {
 //
 //	c.SetProxyFunc(proxyswitch.New(rdb))
 //
-// Each request leases a free proxy for its site and the lease ends after the
-// lease TTL (30s by default). That alone never lets two requests share an IP
-// on one site, but a proxy stays taken until its request's context ends (at
-// the latest until the TTL runs out): install the release hooks with
+// Each request leases a free proxy for its site. That alone never lets two
+// requests share an IP on one site, but a proxy stays taken until its
+// request's context ends (renewed meanwhile; with no request timeout, until
+// the lease TTL, 30s by default, runs out): install the release hooks with
 // Switch.Attach to give proxies back as soon as each response is in. The
+// Switch New makes cannot be closed: to give every lease back at exit, use
+// NewSwitch, its ProxyFunc and Close. The
 // proxy function alone does not classify responses either: ban detection,
 // quarantine and retries through other proxies come with Attach too (bans
 // other workers made still apply: a quarantined proxy is never leased). If
@@ -142,11 +154,14 @@ func (s *Switch) Attach(c *colly.Collector) {
 
 // ProxyFunc is the proxy function Colly (and net/http) call for every hop of
 // every request. It returns a leased proxy or an error wrapping ErrNoProxy;
-// never (nil, nil), which would make Go connect directly. It is safe for
-// concurrent use.
+// never (nil, nil), which would make Go connect directly; after Close, it
+// always fails. It is safe for concurrent use.
 func (s *Switch) ProxyFunc(req *http.Request) (*url.URL, error) {
 	if req == nil || req.URL == nil {
 		return nil, fmt.Errorf("%w: request without URL", ErrNoProxy)
+	}
+	if s.renew.isClosed() {
+		return nil, errClosed
 	}
 	site := s.cfg.siteFunc(req.URL)
 	if site == "" {
@@ -188,7 +203,7 @@ func (s *Switch) hookedProxy(req *http.Request, b *binding, site string) (*url.U
 		b.lease = nil
 		s.releaseQuietly(old)
 	}
-	l, err := s.acquire(req.Context(), site, prefer)
+	l, err := s.acquire(req.Context(), site, prefer, true)
 	if err != nil {
 		return nil, err
 	}
@@ -200,7 +215,9 @@ func (s *Switch) hookedProxy(req *http.Request, b *binding, site string) (*url.U
 // unhookedProxy serves a request that came without the hooks (the proxy
 // function set alone, or a cloned collector). Its lease is released when the
 // hop's context ends, which under Colly's default request timeout happens as
-// soon as the response body is closed, and otherwise expires with its TTL.
+// soon as the response body is closed, and is renewed until then; a context
+// that can never end (no deadline, no cancellation) leaves it unrenewed, to
+// expire with its TTL.
 func (s *Switch) unhookedProxy(req *http.Request, site string) (*url.URL, error) {
 	s.warnUnhooked.Do(func() {
 		s.cfg.logger.Warn("proxyswitch: requests arrive without the release hooks; call Switch.Attach(collector). " +
@@ -214,7 +231,7 @@ func (s *Switch) unhookedProxy(req *http.Request, site string) (*url.URL, error)
 			}
 		}
 	}
-	l, err := s.acquire(req.Context(), site, prefer)
+	l, err := s.acquire(req.Context(), site, prefer, req.Context().Done() != nil)
 	if err != nil {
 		return nil, err
 	}
@@ -320,8 +337,11 @@ func (s *Switch) releaseQuietly(l *Lease) {
 	switch {
 	case err == nil:
 	case errors.Is(err, ErrLeaseLost):
-		s.cfg.logger.Warn("proxyswitch: a request outlived its lease; raise the lease TTL above the request timeout",
-			"proxy", l.proxy.String(), "site", l.scope)
+		if l.taken.Load() {
+			return // the renewer or Close said so already
+		}
+		s.cfg.logger.Warn("proxyswitch: a request outlived its lease (not renewed in time: Redis unreachable or slow, "+
+			"or the pool was cleared)", "proxy", l.proxy.String(), "site", l.scope)
 	default:
 		s.cfg.logger.Warn("proxyswitch: release failed; the lease will expire by its TTL",
 			"proxy", l.proxy.String(), "site", l.scope, "err", err)

@@ -66,7 +66,7 @@ func (p *redisPool) tryLease(ctx context.Context, site, scope, prefer string) (*
 // operator emptied (err is then ErrEmptyPool's).
 func (p *redisPool) tryLeaseOnce(ctx context.Context, site, scope, prefer string) (l *Lease, wait time.Duration, lost bool, err error) {
 	token := p.sw.newToken()
-	ttl := p.sw.leaseTTL(ctx)
+	ttl := p.cfg.leaseTTL
 	res, err := roundTrip(ctx, p.timeout, func(ctx context.Context) ([]any, error) {
 		return leaseScript.Run(ctx, p.rdb, p.keys.lease(scope), scope, token, ttl.Milliseconds(), p.cfg.cooldown.Milliseconds(),
 			p.cfg.slots, p.cfg.idleTTL.Milliseconds(), prefer).Slice()

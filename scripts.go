@@ -11,12 +11,13 @@ import "github.com/proxyswitch/proxyswitch/internal/engine"
 // typed calls (engine.List, engine.PoolUpdate, ...) instead, and those of
 // the member list by shard.Membership.
 var (
-	leaseScript    = engine.Root.Script("lease")
-	releaseScript  = engine.Root.Script("release")
-	extendScript   = engine.Root.Script("extend")
-	penalizeScript = engine.Root.Script("penalize")
-	reviveScript   = engine.Root.Script("revive")
-	deadScript     = engine.Root.Script("dead")
+	leaseScript      = engine.Root.Script("lease")
+	releaseScript    = engine.Root.Script("release")
+	extendScript     = engine.Root.Script("extend")
+	extendManyScript = engine.Root.Script("extend_many") // the renewer (renew.go)
+	penalizeScript   = engine.Root.Script("penalize")
+	reviveScript     = engine.Root.Script("revive")
+	deadScript       = engine.Root.Script("dead")
 
 	// The copy of a pool and its re-seed (snapshot.go).
 	poolSnapshotScript = engine.Root.Script("pool_snapshot")

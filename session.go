@@ -172,7 +172,9 @@ type sessionConfig struct {
 // WithSessionTTL sets how long a task's session lives after its last use;
 // every request of the task renews it. While it lives, its proxy serves no
 // one else on the sites it visited. The session's own requests are not
-// paced by WithCooldown (pace a flow with Colly's LimitRule Delay). It must not exceed the idle TTL. The
+// paced by WithCooldown (pace a flow with Colly's LimitRule Delay). A
+// request of a session holds its proxy by the session, not by a renewed
+// lease: keep the session TTL above the request timeout. It must not exceed the idle TTL. The
 // default is 10 minutes (DefaultSessionTTL), or the idle TTL if shorter.
 func WithSessionTTL(d time.Duration) Option { return func(c *config) { c.session.ttl = d } }
 

@@ -138,6 +138,15 @@ func (t *transport) judge(req *http.Request, a *attempt, b *binding, l *Lease, r
 			}
 		}
 	}
+	if l.taken.Load() {
+		// The renewer found the lease taken over (or Close ended it) while
+		// the attempt ran: the site may have seen another request from
+		// this IP meanwhile, so the answer is not handed on as if the
+		// proxy had been exclusive throughout (renew.go).
+		closeBody(resp)
+		a.done()
+		return false, nil, l.lost("taken over while its request ran")
+	}
 	if x.Err != nil && callerDone(req) {
 		// The request's own deadline or cancellation: the site may be the
 		// slow one, so no proxy is blamed, and no retry could run anyway.

@@ -140,6 +140,7 @@ func runProxyswitch(ctx context.Context, s setup) (outcome, error) {
 		return outcome{}, err
 	}
 
+	var switches []*proxyswitch.Switch
 	out, err := run(ctx, runWith, s, market, func(c *colly.Collector, srv *server) error {
 		// Each server has its own Switch and Redis connection, as on its
 		// own machine.
@@ -147,9 +148,17 @@ func runProxyswitch(ctx context.Context, s setup) (outcome, error) {
 		if err != nil {
 			return err
 		}
+		mu.Lock()
+		switches = append(switches, sw)
+		mu.Unlock()
 		sw.Attach(c) // the proxy function, ban detection, retries, release hooks
 		return nil
 	})
+	for _, sw := range switches {
+		// Each server, done: its lease renewer stops, and whatever it
+		// still leases is released.
+		err = errors.Join(err, sw.Close(context.WithoutCancel(ctx)))
+	}
 	if err != nil {
 		return out, err
 	}

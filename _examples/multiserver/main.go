@@ -100,6 +100,7 @@ func main() {
 	must(err)
 	must(sw.Clear(ctx))
 	defer sw.Clear(ctx)
+	defer sw.Close(ctx) // before the Clear: stops the lease renewer, releases whatever is still leased
 	_, err = sw.Replace(ctx, st.Farm.URLs())
 	must(err)
 	queued, err := storage.New(rdb, storage.WithNamespace(namespace))
@@ -212,6 +213,7 @@ func runWorker() {
 	}))
 	sw, err := proxyswitch.NewSwitch(rdb, opts...)
 	must(err)
+	defer sw.Close(context.Background()) // at exit: stops the lease renewer, releases whatever is still leased
 	st, err := storage.New(rdb, storage.WithNamespace(namespace))
 	must(err)
 	q, err := queue.New(j.Workers, st)

@@ -57,6 +57,7 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	defer sw.Close(context.Background()) // at exit: stops the lease renewer, releases whatever is still leased
 	ctx := context.Background()
 	if _, err := sw.Replace(ctx, proxyURLs); err != nil { // load the pool
 		log.Fatal(err)

@@ -76,6 +76,7 @@ func main() {
 		log.Fatal(err)
 	}
 	defer sw.Clear(ctx)
+	defer sw.Close(ctx) // before the Clear: stops the lease renewer, releases whatever is still leased
 	if _, err := sw.Replace(ctx, st.Farm.URLs()); err != nil {
 		log.Fatal(err)
 	}

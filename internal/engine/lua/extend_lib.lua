@@ -1,0 +1,26 @@
+-- extend_lib.lua: the owner-checked extension of one lease, shared by
+-- extend.lua (Lease.Extend: one lease) and extend_many.lua (the renewer:
+-- many leases of one pool per call). The engine (internal/engine) puts this
+-- file (after lib.lua) in front of each script whose header says
+-- "-- include: extend_lib.lua"; it runs nothing by itself.
+
+-- extend_member pushes the lease of member on one scope (free zset free,
+-- lease hash leases) to newexp, if token still owns it: its record in the
+-- lease hash carries token, and, with live_only, has not expired by now.
+-- Returns newexp, or 0 when the caller no longer owns the lease (nothing
+-- changed).
+local function extend_member(free, leases, member, token, newexp, now, live_only)
+  local v = redis.call('HGET', leases, member)
+  if not v then return 0 end
+  local sep = string.find(v, '|', 1, true)
+  if not sep or string.sub(v, 1, sep - 1) ~= token then return 0 end
+  local expiry = tonumber(string.sub(v, sep + 1))
+  if live_only and (not expiry or expiry <= now) then return 0 end
+  local score = num(redis.call('ZSCORE', free, member))
+  if not score then return 0 end
+  if score < newexp then
+    redis.call('ZADD', free, newexp, member)
+  end
+  redis.call('HSET', leases, member, token .. '|' .. newexp)
+  return newexp
+end

@@ -1,0 +1,331 @@
+package proxyswitch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Renewal and Close.
+//
+// Every lease the Switch grants (through ProxyFunc or Lease) is in its
+// renewer's set until it ends (released, or ended by a quarantine), so
+// that Close can release what is left. The leases of running requests (the
+// ProxyFunc's) are also renewed: one goroutine per Switch, started by the
+// first lease it tracks and gone once the set is empty (or on Close),
+// extends them all every quarter of the lease TTL, owner-checked, with one
+// script call (extend_many.lua) per pool and batch of at most
+// renewBatch leases, whatever sites they are for. A request therefore
+// keeps its proxy however long it runs, while a process that dies stops
+// renewing: its proxies are free again within one lease TTL.
+//
+// Not renewed:
+//   - leases from Switch.Lease: their holder owns their life (Lease.Extend,
+//     Release), and their TTL is what the Lease documents;
+//   - a lease of the ProxyFunc without the hooks whose request context can
+//     never end (no deadline, no cancellation): nothing would ever release
+//     it, so its TTL bounds it;
+//   - sticky sessions' leases: they are not leases of one request but of
+//     the session, which holds its proxy until WithSessionTTL (10 minutes)
+//     after its last request, renewed by each request's use. A single
+//     request longer than the session TTL is the one case they do not
+//     cover: keep the session TTL above the request timeout.
+//
+// Leases from the fallback's local shard are renewed too, in memory (and
+// their record in Redis once the fallback handed them over).
+//
+// One bound remains: a request whose hooks never run (a Colly path that
+// skips its callbacks) would keep its lease renewed for ever, so the sweep
+// (proxyswitch.go) still ends any binding older than the max wait plus ten
+// lease TTLs plus a minute (6.5 minutes by default), releasing its lease: a
+// request running longer than that loses its proxy's exclusivity.
+//
+// A lease the renewer finds lost (its record in Redis no longer carries its
+// token: the pool was cleared, or Redis lost it, or it expired while Redis
+// was unreachable and someone else took it) is logged as a warning; its
+// request, if it came through the transport Attach installs, fails with an
+// error wrapping ErrLeaseLost once its response is in (it is not cut short:
+// that would cost every request a context of its own), instead of reaching
+// the collector as if its proxy had been exclusive throughout. No Observer
+// event fits, so none is sent.
+
+// renewBatch bounds the leases one extend_many.lua call renews.
+const renewBatch = 512
+
+// errClosed is what every lease attempt after Close fails with.
+var errClosed = fmt.Errorf("%w: the switch is closed", ErrNoProxy)
+
+// renewer is a Switch's set of live leases and the goroutine that renews
+// those of running requests. Safe for concurrent use.
+type renewer struct {
+	s *Switch
+
+	mu      sync.Mutex
+	live    map[*Lease]struct{}
+	running bool          // the goroutine runs
+	done    chan struct{} // closed when the running goroutine exits
+	stop    chan struct{} // closed by Close
+	closed  bool
+}
+
+// every is the renewer's tick: a quarter of the lease TTL, so that a
+// renewal may come late (a loaded machine, a slow Redis) by up to three
+// quarters of the TTL and still find the lease live.
+func (r *renewer) every() time.Duration { return r.s.cfg.leaseTTL / 4 }
+
+// isClosed reports whether Close was called.
+func (r *renewer) isClosed() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.closed
+}
+
+// track adds l to the set, renewed if renew, and starts the goroutine if
+// it does not run. It fails with errClosed after Close (the caller then
+// releases l).
+func (r *renewer) track(l *Lease, renew bool) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return errClosed
+	}
+	l.renew = renew
+	if r.live == nil {
+		r.live = make(map[*Lease]struct{})
+		r.stop = make(chan struct{})
+	}
+	r.live[l] = struct{}{}
+	if !r.running {
+		r.running, r.done = true, make(chan struct{})
+		go r.run(r.done)
+	}
+	return nil
+}
+
+// drop removes l from the set (a no-op for a lease not in it).
+func (r *renewer) drop(l *Lease) {
+	if l == nil {
+		return
+	}
+	r.mu.Lock()
+	delete(r.live, l)
+	r.mu.Unlock()
+}
+
+// run is the renewer goroutine: it renews the set every tick, until the set
+// is empty at a tick or Close.
+func (r *renewer) run(done chan struct{}) {
+	defer close(done)
+	t := time.NewTicker(r.every())
+	defer t.Stop()
+	for {
+		select {
+		case <-r.stop:
+			return
+		case <-t.C:
+		}
+		due, ok := r.due()
+		if !ok {
+			return
+		}
+		r.renew(due)
+	}
+}
+
+// due returns the leases to renew now, and forgets leases that are over:
+// ended ones (their ender drops them; due, a tick later, those it did not),
+// and unrenewed ones past their expiry (by more than a TTL, for the clocks
+// of Redis and of this host may differ). ok is false when the
+// set is empty: the goroutine then ends (the next track starts another).
+func (r *renewer) due() (due []*Lease, ok bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return nil, false
+	}
+	over := time.Now().Add(-r.s.cfg.leaseTTL).UnixMilli()
+	for l := range r.live {
+		switch {
+		case l.released.Load():
+			// Ending on another goroutine, which drops it; one that is
+			// still here a tick later was ended by a path that does not.
+			if l.endSeen {
+				delete(r.live, l)
+			}
+			l.endSeen = true
+		case !l.renew && l.expiry.Load() < over:
+			delete(r.live, l)
+		case l.renew && !l.taken.Load():
+			due = append(due, l)
+		}
+	}
+	if len(r.live) == 0 {
+		r.running = false
+		return nil, false
+	}
+	return due, true
+}
+
+// renew extends due: the leases from Redis with one script call per pool
+// (and batch), those from a local shard one by one in memory.
+func (r *renewer) renew(due []*Lease) {
+	ttl := r.s.cfg.leaseTTL
+	byPool := map[*redisPool][]*Lease{}
+	for _, l := range due {
+		if l.local != nil {
+			if err := l.be.extend(context.Background(), l, ttl); errors.Is(err, ErrLeaseLost) {
+				r.lost(l)
+			}
+			continue
+		}
+		rp := l.be.redis()
+		byPool[rp] = append(byPool[rp], l)
+	}
+	for rp, ls := range byPool {
+		for len(ls) > 0 {
+			n := min(len(ls), renewBatch)
+			exp, err := rp.extendMany(context.Background(), ls[:n], ttl)
+			if err != nil {
+				// Redis unreachable or slow: the next tick tries again,
+				// within the TTL's three quarters of slack.
+				r.s.cfg.logger.Debug("proxyswitch: renewing leases failed", "pool", rp.name, "leases", n, "err", err)
+			}
+			for i, l := range ls[:n] {
+				switch {
+				case err != nil:
+				case exp[i] > 0:
+					l.expiry.Store(exp[i])
+				default:
+					r.lost(l)
+				}
+			}
+			ls = ls[n:]
+		}
+	}
+}
+
+// lost reports a lease the renewer found taken over, once.
+func (r *renewer) lost(l *Lease) {
+	if l.released.Load() || !l.taken.CompareAndSwap(false, true) {
+		return // ended meanwhile: not a loss
+	}
+	r.s.cfg.logger.Warn("proxyswitch: a running request lost its lease (Redis lost it, the pool was cleared, "+
+		"or it expired while Redis was unreachable); the request fails with ErrLeaseLost",
+		"proxy", l.proxy.String(), "site", l.scope)
+}
+
+// extendMany runs extend_many.lua for ls (leases of this pool): the new
+// expiry of each, 0 for one no longer its holder's.
+func (p *redisPool) extendMany(ctx context.Context, ls []*Lease, ttl time.Duration) ([]int64, error) {
+	var keys []string
+	scopes := map[string]int{}
+	argv := make([]any, 1, 1+3*len(ls))
+	argv[0] = ttl.Milliseconds()
+	for _, l := range ls {
+		i, ok := scopes[l.scope]
+		if !ok {
+			keys = append(keys, p.keys.free(l.scope), p.keys.leases(l.scope))
+			i = len(keys) / 2
+			scopes[l.scope] = i
+		}
+		argv = append(argv, i, l.member, l.token)
+	}
+	res, err := roundTrip(ctx, p.timeout, func(ctx context.Context) ([]int64, error) {
+		return extendManyScript.Run(ctx, p.rdb, keys, argv...).Int64Slice()
+	}, nil)
+	if err != nil {
+		return nil, redisErr("renew", err)
+	}
+	if len(res) != len(ls) {
+		return nil, fmt.Errorf("%w: renewal reply of %d items for %d leases", ErrCorrupt, len(res), len(ls))
+	}
+	return res, nil
+}
+
+// Close ends the Switch: the renewer stops, every lease the Switch still
+// holds is released (owner-checked; leases of requests still running are
+// marked lost, so that those requests fail with ErrLeaseLost), releases in
+// flight on other goroutines (those of the ProxyFunc without hooks run when
+// a request's context ends) are waited for, and with WithFallback or
+// WithSharding the Switch leaves the member list (Stop). From then on
+// ProxyFunc and Lease fail with an error wrapping ErrNoProxy: no request
+// goes out without a proxy.
+//
+// Call it once the collectors are done (after Collector.Wait), before the
+// process exits: otherwise the leases of requests whose context has not
+// ended yet stay in Redis until their TTL runs out. Close waits at most
+// until ctx ends; leases it could not release (Redis unreachable) expire by
+// their TTL, and the error says so. Calling it again releases nothing more.
+// It does not close the Redis client. It is safe for concurrent use.
+func (s *Switch) Close(ctx context.Context) error {
+	r := &s.renew
+	r.mu.Lock()
+	r.closed = true
+	if r.stop != nil {
+		select {
+		case <-r.stop:
+		default:
+			close(r.stop)
+		}
+	}
+	running, done := r.running, r.done
+	r.running = false
+	r.mu.Unlock()
+	if running {
+		select {
+		case <-done:
+		case <-ctx.Done():
+		}
+	}
+	// The bindings of requests without the hooks end (their leases are in
+	// the set, released below); those of the hooks' requests end with their
+	// request.
+	s.reg.forget(func(b *binding) bool { return !b.hooked })
+	err := r.releaseAll(ctx)
+	return errors.Join(err, s.Stop(ctx))
+}
+
+// closePoll is how often Close looks again at releases in flight.
+const closePoll = 5 * time.Millisecond
+
+// releaseAll releases every lease in the set and waits until the set is
+// empty (releases in flight on other goroutines end it) or ctx ends.
+func (r *renewer) releaseAll(ctx context.Context) error {
+	var errs []error
+	for {
+		r.mu.Lock()
+		left := make([]*Lease, 0, len(r.live))
+		for l := range r.live {
+			left = append(left, l)
+		}
+		r.mu.Unlock()
+		if len(left) == 0 {
+			return errors.Join(errs...)
+		}
+		for _, l := range left {
+			if l.released.Load() {
+				continue // ending on another goroutine: it drops it
+			}
+			if l.renew {
+				l.taken.Store(true) // its request, if still running, is no longer exclusive
+			}
+			if err := l.Release(ctx); err != nil {
+				r.drop(l)
+				if !errors.Is(err, ErrLeaseLost) {
+					errs = append(errs, err)
+				}
+			}
+		}
+		r.mu.Lock()
+		n := len(r.live)
+		r.mu.Unlock()
+		if n == 0 {
+			continue
+		}
+		if !pause(ctx, 2*closePoll) {
+			return errors.Join(append(errs, fmt.Errorf("proxyswitch: close: %d leases still being released: %w", len(left), ctx.Err()))...)
+		}
+	}
+}
