@@ -36,6 +36,16 @@ var (
 	// delivered by a Storage queue (its context carries no delivery token).
 	ErrNotQueued = errors.New("proxyswitch: request was not delivered by the queue")
 
+	// ErrNotAttached is returned by QueueSize when this Storage has handed
+	// out requests that are not yet settled and Attach was never called:
+	// nothing would acknowledge them, so QueueSize would count them for
+	// ever and Colly's queue.Run would never return (after the visibility
+	// timeout the same URLs would be fetched again). queue.Run returns it at
+	// once. Call Attach on the collector that runs the queue; code that
+	// consumes the queue itself (GetRequest, then Ack or Nack) reads Stats,
+	// not QueueSize.
+	ErrNotAttached = errors.New("proxyswitch: the queue delivered requests but no collector is attached (call Storage.Attach on the collector that runs it)")
+
 	// ErrNotFound means Requeue was given an ID that is not in the
 	// dead-letter list.
 	ErrNotFound = errors.New("proxyswitch: no such dead letter")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"sync/atomic"
 
 	"github.com/gocolly/colly/v2/queue"
 	collystorage "github.com/gocolly/colly/v2/storage"
@@ -36,6 +37,9 @@ type Storage struct {
 	pending pending
 	cookies cookieMemo
 	inline  bool // the client bounds round trips by the context itself
+
+	attached         atomic.Bool // Attach was called (on some collector)
+	warnedUnattached atomic.Bool // QueueSize reported ErrNotAttached (logged once)
 }
 
 // Compile-time checks: a Storage is both of Colly's backends, and every
