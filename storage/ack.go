@@ -80,8 +80,8 @@ const (
 // own OnError callbacks after Attach if they call Request.Retry.
 func (s *Storage) Attach(c *colly.Collector) {
 	s.attached.Store(true)
-	scraped := &lastHook{n: -1, count: func() int { return callbackCount(c, scrapedField) }}
-	failed := &lastHook{n: -1, count: func() int { return callbackCount(c, errorField) }}
+	scraped := &lastHook{count: func() int { return callbackCount(c, scrapedField) }}
+	failed := &lastHook{count: func() int { return callbackCount(c, errorField) }}
 	c.OnRequest(func(r *colly.Request) {
 		scraped.keep(func(live func() bool) {
 			c.OnScraped(func(resp *colly.Response) {
@@ -137,8 +137,8 @@ func (s *Storage) Attach(c *colly.Collector) {
 
 // lastHook keeps one acknowledging callback of a collector after all the
 // others of its kind. n is the length of the collector's list right after
-// the live callback was appended (-1 before the first), gen the live
-// callback's generation: older ones do nothing.
+// the live callback was appended, gen the live callback's generation (0:
+// none yet): older ones do nothing.
 type lastHook struct {
 	mu    sync.Mutex
 	n     int
@@ -156,7 +156,7 @@ func (h *lastHook) keep(register func(live func() bool)) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	n := h.count()
-	if h.n >= 0 && (n < 0 || n == h.n) {
+	if h.gen > 0 && (n < 0 || n == h.n) {
 		return
 	}
 	h.gen++
