@@ -9,13 +9,15 @@ import (
 // Sentinel errors. Callers branch on them with errors.Is; every error the
 // package returns wraps one of them, a Redis error or a context error.
 var (
-	// ErrAlreadyVisited is returned by Visited when another collector (in
-	// this process or any other sharing the namespace) claimed the same
-	// request ID first. Colly passes it on: Visit returns it, and on a
-	// redirect it reaches OnError. It is the cross-process counterpart of
-	// Colly's *AlreadyVisitedError, which this package cannot build because
-	// Colly hands the storage only the request's hash, not its URL.
-	ErrAlreadyVisited = errors.New("proxyswitch: url already visited by another collector")
+	// ErrAlreadyVisited is returned by Visited when another request (of
+	// this collector or another, in this process or any other sharing the
+	// namespace) claimed the same request ID between the collector's
+	// IsVisited check and its Visited call. Colly passes it on: Visit
+	// returns it, and on a redirect it reaches OnError. It is the
+	// cross-process counterpart of Colly's *AlreadyVisitedError, which this
+	// package cannot build because Colly hands the storage only the
+	// request's hash, not its URL.
+	ErrAlreadyVisited = errors.New("proxyswitch: url already visited: another request claimed it first")
 
 	// ErrQueueEmpty is returned by GetRequest when no request is ready for
 	// delivery. Requests may still be in flight elsewhere (see QueueSize).
