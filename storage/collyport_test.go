@@ -264,7 +264,7 @@ func TestVisitedTellsRetryFromRaceLoser(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, v)
 	require.ErrorIs(t, s.Visited(id), ErrAlreadyVisited, "the loser") // answers for the first check
-	require.NoError(t, s.Visited(id), "the retry")                   // answers for the second
+	require.NoError(t, s.Visited(id), "the retry")                    // answers for the second
 
 	require.ErrorIs(t, s.Visited(id), ErrAlreadyVisited, "no answer left to match")
 	require.ErrorIs(t, other.Visited(id), ErrAlreadyVisited, "another storage's answers are its own")
