@@ -47,7 +47,10 @@ import (
 // the old one. What this cannot cover: a callback registered while a
 // response is being handled, after its request started (from one of that
 // response's own callbacks), runs after that response's acknowledgement;
-// the next request puts the acknowledgement last again.
+// the next request puts the acknowledgement last again. Nor are callbacks
+// registered from another goroutine while requests run (a data race in
+// Colly itself, which reads its lists unlocked). A panicking callback
+// leaves the request unacknowledged: it comes back (see below).
 //
 // A delivered request that Colly drops before sending fires none of these.
 // If it was dropped as already visited, IsVisited/Visited acknowledge it
