@@ -4,15 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	"github.com/gocolly/colly/v2"
 )
 
-// Colly's queue has no acknowledge step, so Attach installs three hooks on
-// the collector that answer for each delivered request, found by the
-// delivery token GetRequest wrote into its context:
+// Colly's queue has no acknowledge step, so Attach installs hooks on the
+// collector that answer for each delivered request, found by the delivery
+// token GetRequest wrote into its context:
 //
 //   - OnRequest records which fetch owns the delivery: the first request
 //     that runs with the token. Requests visited from its callbacks share
@@ -20,12 +23,34 @@ import (
 //     would answer for the parent. It also marks the delivery as running,
 //     so that it stays invisible to other workers until it settles (see
 //     renew.go).
-//   - OnScraped (the end of a successful fetch) acknowledges it.
+//   - OnScraped (the end of a successful fetch) acknowledges it, after the
+//     collector's other OnScraped callbacks (see below).
 //   - OnError fails it (Nack: retried after the retry delay, dead-lettered
-//     after the last delivery) or, when WithRetryIf says the error is final
-//     (a 404, a redirect to a URL already visited), acknowledges it. A
-//     Request.Retry() made in a later OnError callback takes the delivery
-//     over, and its success acknowledges it.
+//     after the last delivery) at once, so that a Request.Retry() made in a
+//     later OnError callback takes the delivery over (its success then
+//     acknowledges it). When WithRetryIf says the error is final (a 404, a
+//     redirect to a URL already visited) it acknowledges it instead, after
+//     the collector's other OnError callbacks, unless one of them retried.
+//
+// Acknowledging last. Colly runs the callbacks of one kind in the order
+// they were registered, and the user's are usually registered after
+// Attach; an acknowledgement that ran before them would let a worker killed
+// in between lose the page for good (the queue forgets it, the user's code
+// never saw it). So the acknowledging OnScraped and OnError callbacks are
+// not registered by Attach but appended by the OnRequest hook, when the
+// collector runs its first request: after every callback registered before
+// the crawl started, in whatever order relative to Attach. At every
+// request the hook checks that no OnScraped or OnError callback was
+// registered since (Colly v2 exposes no count, so it reads the length of
+// the collector's callback list by reflection; the field is pinned by a
+// test), and if one was, appends a fresh acknowledging callback and retires
+// the old one. What this cannot cover: a callback registered while a
+// response is being handled, after its request started (from one of that
+// response's own callbacks), runs after that response's acknowledgement;
+// the next request puts the acknowledgement last again. Nor are callbacks
+// registered from another goroutine while requests run (a data race in
+// Colly itself, which reads its lists unlocked). A panicking callback
+// leaves the request unacknowledged: it comes back (see below).
 //
 // A delivered request that Colly drops before sending fires none of these.
 // If it was dropped as already visited, IsVisited/Visited acknowledge it
@@ -40,31 +65,62 @@ import (
 // aborting it.
 
 // ownerFailed prefixes the owner of a delivery whose fetch failed; the next
-// request that runs with the token (a Retry) takes it over.
-const ownerFailed = "failed:"
+// request that runs with the token (a Retry) takes it over. ownerFinal
+// prefixes the owner of one whose fetch failed for good: the last OnError
+// callback acknowledges it unless a Retry took it over first.
+const (
+	ownerFailed = "failed:"
+	ownerFinal  = "final:"
+)
 
-// Attach installs the acknowledgement hooks on c: OnRequest, OnError and
-// OnScraped callbacks. Call it once per collector, before registering your
-// own OnError callbacks if they call Request.Retry. It is needed only for
-// collectors that run requests from this Storage's queue; others are not
-// affected (their requests carry no delivery token).
+// Attach installs the acknowledgement hooks on c: an OnRequest and an
+// OnError callback now, and at c's first request the acknowledging
+// OnScraped and OnError callbacks, which stay after every callback
+// registered before that request (see ack.go). Call it once per collector
+// that runs requests from this Storage's queue, before its first request;
+// others are not affected (their requests carry no delivery token). A
+// queue run without it could never end: see ErrNotAttached. Register your
+// own OnError callbacks after Attach if they call Request.Retry.
 func (s *Storage) Attach(c *colly.Collector) {
+	s.attached.Store(true)
+	scraped := &lastHook{count: func() int { return callbackCount(c, scrapedField) }}
+	failed := &lastHook{count: func() int { return callbackCount(c, errorField) }}
 	c.OnRequest(func(r *colly.Request) {
+		scraped.keep(func(live func() bool) {
+			c.OnScraped(func(resp *colly.Response) {
+				if !live() {
+					return
+				}
+				if tok, ok := s.owned(resp.Request); ok {
+					s.logErr("acknowledging", resp.Request, s.settle(tok, nil))
+				}
+			})
+		})
+		failed.keep(func(live func() bool) {
+			c.OnError(func(resp *colly.Response, _ error) {
+				if !live() {
+					return
+				}
+				tok, ok := deliveryToken(resp.Request)
+				if !ok {
+					return
+				}
+				owner, _ := resp.Request.Ctx.GetAny(ctxOwner).(string)
+				if owner == ownerFinal+strconv.FormatUint(uint64(resp.Request.ID), 10) {
+					s.logErr("acknowledging", resp.Request, s.settle(tok, nil))
+				}
+			})
+		})
 		tok, ok := deliveryToken(r)
 		if !ok {
 			return
 		}
 		owner, _ := r.Ctx.GetAny(ctxOwner).(string)
-		if owner == "" || strings.HasPrefix(owner, ownerFailed) {
+		if owner == "" || strings.HasPrefix(owner, ownerFailed) || strings.HasPrefix(owner, ownerFinal) {
 			r.Ctx.Put(ctxOwner, strconv.FormatUint(uint64(r.ID), 10))
 			if !r.IsAbort() { // an earlier OnRequest callback aborted it
 				s.begin(r, tok)
 			}
-		}
-	})
-	c.OnScraped(func(resp *colly.Response) {
-		if tok, ok := s.owned(resp.Request); ok {
-			s.logErr("acknowledging", resp.Request, s.settle(tok, nil))
 		}
 	})
 	c.OnError(func(resp *colly.Response, err error) {
@@ -72,13 +128,74 @@ func (s *Storage) Attach(c *colly.Collector) {
 		if !ok {
 			return
 		}
+		id := strconv.FormatUint(uint64(resp.Request.ID), 10)
 		if !s.cfg.retryIf(resp, err) {
-			s.logErr("acknowledging", resp.Request, s.settle(tok, nil))
+			resp.Request.Ctx.Put(ctxOwner, ownerFinal+id)
 			return
 		}
-		resp.Request.Ctx.Put(ctxOwner, ownerFailed+strconv.FormatUint(uint64(resp.Request.ID), 10))
+		resp.Request.Ctx.Put(ctxOwner, ownerFailed+id)
 		s.logErr("failing", resp.Request, s.settle(tok, err))
 	})
+}
+
+// lastHook keeps one acknowledging callback of a collector after all the
+// others of its kind. n is the length of the collector's list right after
+// the live callback was appended, gen the live callback's generation (0:
+// none yet): older ones do nothing.
+type lastHook struct {
+	mu    sync.Mutex
+	n     int
+	gen   uint64
+	live  atomic.Uint64
+	count func() int // the length of the collector's list; -1 if unknown
+}
+
+// keep appends a new acknowledging callback through register if none is
+// live yet or callbacks were registered after the live one. register gets
+// the test the callback runs first: is it still the live one? Every
+// request of the collector passes here before its callbacks run, so the
+// append (under Colly's lock) happens before any of them reads the list.
+func (h *lastHook) keep(register func(live func() bool)) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := h.count()
+	if h.gen > 0 && (n < 0 || n == h.n) {
+		return
+	}
+	h.gen++
+	gen := h.gen
+	// Retire the old one first: a response in between acknowledges late
+	// (a duplicate if the worker dies), never early.
+	h.live.Store(gen)
+	register(func() bool { return h.live.Load() == gen })
+	h.n = h.count()
+}
+
+// Indexes of colly.Collector's unexported callback lists, -1 if this
+// version of Colly has no such slice field (then lastHook registers its
+// callback once, at the first request). TestCallbackFieldsFound pins them.
+var (
+	scrapedField = sliceField("scrapedCallbacks")
+	errorField   = sliceField("errorCallbacks")
+)
+
+func sliceField(name string) int {
+	f, ok := reflect.TypeFor[colly.Collector]().FieldByName(name)
+	if !ok || len(f.Index) != 1 || f.Type.Kind() != reflect.Slice {
+		return -1
+	}
+	return f.Index[0]
+}
+
+// callbackCount reads the length of c's callback list at field index i.
+// Colly writes the list only under its lock, in OnScraped / OnError, which
+// a correct program does not call while requests run (Colly itself reads
+// the list unlocked).
+func callbackCount(c *colly.Collector, i int) int {
+	if i < 0 {
+		return -1
+	}
+	return reflect.ValueOf(c).Elem().Field(i).Len()
 }
 
 // owned returns the delivery token of r if r is the fetch that owns it.

@@ -25,14 +25,25 @@
 // the atomic step (set-if-absent in Redis): when collectors race on one URL,
 // exactly one gets nil and fetches; the others get ErrAlreadyVisited and do
 // not. IsVisited only reads, so Collector.HasVisited never marks a URL.
-// WithVisitedTTL lets marks expire for re-crawls.
+// WithVisitedTTL lets marks expire for re-crawls. Colly's one deliberate
+// revisit, a Request.Retry() after a redirect to a URL already visited,
+// is let through as with Colly's in-memory storage.
 //
 // # Queue, at least once
 //
 // GetRequest keeps each delivered request in flight, invisible to other
 // workers, until it is acknowledged. The hooks Attach installs mark it
 // running when its fetch starts (OnRequest), acknowledge it when the fetch
-// ends (OnScraped), or fail it (OnError). Until the fetch starts, the
+// ends (OnScraped), or fail it (OnError). The acknowledgement runs after
+// every OnScraped (or, for a final failure, OnError) callback of the
+// collector, whether registered before or after Attach: the acknowledging
+// callbacks are appended at the collector's first request, and appended
+// again at a later request if callbacks were registered since. A worker
+// killed while your callbacks run therefore loses no page: the request
+// comes back. (A callback registered by one of a response's own callbacks
+// runs after that response's acknowledgement.) A queue.Run on a Storage
+// never attached returns ErrNotAttached at once rather than never.
+// Until the fetch starts, the
 // visibility timeout (WithVisibilityTimeout) keeps it invisible; from then
 // on, a renewer goroutine of the Storage extends it every third of that
 // timeout, however long the fetch takes (a slow site, a wait for a free

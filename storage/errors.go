@@ -9,13 +9,15 @@ import (
 // Sentinel errors. Callers branch on them with errors.Is; every error the
 // package returns wraps one of them, a Redis error or a context error.
 var (
-	// ErrAlreadyVisited is returned by Visited when another collector (in
-	// this process or any other sharing the namespace) claimed the same
-	// request ID first. Colly passes it on: Visit returns it, and on a
-	// redirect it reaches OnError. It is the cross-process counterpart of
-	// Colly's *AlreadyVisitedError, which this package cannot build because
-	// Colly hands the storage only the request's hash, not its URL.
-	ErrAlreadyVisited = errors.New("proxyswitch: url already visited by another collector")
+	// ErrAlreadyVisited is returned by Visited when another request (of
+	// this collector or another, in this process or any other sharing the
+	// namespace) claimed the same request ID between the collector's
+	// IsVisited check and its Visited call. Colly passes it on: Visit
+	// returns it, and on a redirect it reaches OnError. It is the
+	// cross-process counterpart of Colly's *AlreadyVisitedError, which this
+	// package cannot build because Colly hands the storage only the
+	// request's hash, not its URL.
+	ErrAlreadyVisited = errors.New("proxyswitch: url already visited: another request claimed it first")
 
 	// ErrQueueEmpty is returned by GetRequest when no request is ready for
 	// delivery. Requests may still be in flight elsewhere (see QueueSize).
@@ -35,6 +37,16 @@ var (
 	// ErrNotQueued means Ack or Nack was given a request that was not
 	// delivered by a Storage queue (its context carries no delivery token).
 	ErrNotQueued = errors.New("proxyswitch: request was not delivered by the queue")
+
+	// ErrNotAttached is returned by QueueSize when this Storage has handed
+	// out requests that are not yet settled and Attach was never called:
+	// nothing would acknowledge them, so QueueSize would count them for
+	// ever and Colly's queue.Run would never return (after the visibility
+	// timeout the same URLs would be fetched again). queue.Run returns it at
+	// once. Call Attach on the collector that runs the queue; code that
+	// consumes the queue itself (GetRequest, then Ack or Nack) reads Stats,
+	// not QueueSize.
+	ErrNotAttached = errors.New("proxyswitch: the queue delivered requests but no collector is attached (call Storage.Attach on the collector that runs it)")
 
 	// ErrNotFound means Requeue was given an ID that is not in the
 	// dead-letter list.

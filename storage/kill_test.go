@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"net/http"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -135,4 +136,99 @@ killing:
 func lastLines(s string, n int) string {
 	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
 	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+// Issue 13, item 5: a worker process whose own OnScraped callback,
+// registered after Attach, records each page (after 20ms of processing) is
+// SIGKILLed 20 times mid-crawl, then a last worker drains the queue. No URL
+// is lost: every URL the queue let go of (all of them, once it is empty)
+// was recorded by a worker's hook. An acknowledgement that ran before the
+// user's callback would lose the pages in that callback at each kill.
+func TestKilledWorkerLosesNoScrapedPage(t *testing.T) {
+	if testing.Short() {
+		t.Skip("kills worker processes 20 times")
+	}
+	const urls, kills = 3000, 20
+	site := newCountingSite(t, func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, "<html><body>ok</body></html>")
+	})
+	dir := t.TempDir()
+	spec := workerSpec{
+		Redis: shared.Addr(), Namespace: testNS(), Threads: 8,
+		Visibility: time.Second, MaxDeliveries: 1000, RetryDelay: 50 * time.Millisecond,
+		PollInterval: 20 * time.Millisecond, HookDelay: 20 * time.Millisecond,
+	}
+	s := newStorage(t, shared.Client(t), spec.options()...)
+	want := make([]string, urls)
+	for i := range want {
+		want[i] = fmt.Sprintf("%s/p/%d", site.URL, i)
+	}
+	_, err := s.AddURLs(bg, want...)
+	require.NoError(t, err)
+
+	run := func(i int, kill bool) {
+		spec := spec
+		spec.Record = fmt.Sprintf("%s/record-%d", dir, i)
+		out := &bytes.Buffer{}
+		cmd := workerCmd(t, spec, out)
+		require.NoError(t, cmd.Start())
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		if !kill {
+			select {
+			case err := <-done:
+				require.NoError(t, err, "last worker:\n%s", lastLines(out.String(), 20))
+			case <-time.After(2 * time.Minute):
+				_ = cmd.Process.Kill()
+				t.Fatalf("last worker did not finish:\n%s", lastLines(out.String(), 20))
+			}
+			return
+		}
+		// Kill once the worker has recorded a few pages: its threads are
+		// then busy in the hook.
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			b, _ := os.ReadFile(spec.Record)
+			if bytes.Count(b, []byte("\n")) >= 20 || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		require.NoError(t, cmd.Process.Kill()) // SIGKILL
+		<-done
+	}
+	for i := range kills {
+		run(i, true)
+	}
+	run(kills, false)
+
+	recorded := map[string]int{}
+	for i := range kills + 1 {
+		b, err := os.ReadFile(fmt.Sprintf("%s/record-%d", dir, i))
+		require.NoError(t, err)
+		for _, u := range strings.Fields(string(b)) {
+			recorded[u]++
+		}
+	}
+	var lost []string
+	for _, u := range want {
+		if recorded[u] == 0 {
+			lost = append(lost, u)
+		}
+	}
+	st, err := s.Stats(bg)
+	require.NoError(t, err)
+	require.Equal(t, Stats{}, st, "the queue is not empty: every URL must have been acknowledged")
+	t.Logf("%d URLs, %d kills, %d recorded twice or more, %d lost", urls, kills, countOver(recorded, 1), len(lost))
+	require.Empty(t, lost[:min(len(lost), 10)], "%d URLs acknowledged but never recorded by the user's OnScraped callback (first 10 shown)", len(lost))
+}
+
+func countOver(m map[string]int, n int) int {
+	c := 0
+	for _, v := range m {
+		if v > n {
+			c++
+		}
+	}
+	return c
 }

@@ -126,7 +126,19 @@ func (s *Storage) deliver(ctx context.Context, id string, n int, payload []byte)
 // in-flight ones keeps every worker's queue.Run going until the whole
 // namespace's work is done, so a request whose worker dies is still picked
 // up by a survivor. It is one Redis round trip.
+//
+// Requests are acknowledged by the hooks Attach installs. If this Storage
+// has requests of its own out and Attach was never called, QueueSize
+// returns ErrNotAttached (and logs it once at error level), which ends
+// Colly's queue.Run at once instead of never.
 func (s *Storage) QueueSize() (int, error) {
+	if !s.attached.Load() && s.pending.n.Load() > 0 {
+		if !s.warnedUnattached.Swap(true) {
+			s.cfg.logger.Error("proxyswitch: a queue on this storage runs without Storage.Attach: nothing acknowledges its requests, so the run would never end",
+				"namespace", s.cfg.namespace)
+		}
+		return 0, ErrNotAttached
+	}
 	st, err := s.Stats(context.Background())
 	return st.Ready + st.InFlight, err
 }

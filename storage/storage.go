@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"sync/atomic"
 
 	"github.com/gocolly/colly/v2/queue"
 	collystorage "github.com/gocolly/colly/v2/storage"
@@ -28,14 +29,18 @@ import (
 // fetch that never settled started. A round trip given up at its timeout
 // finishes in the background. It needs no Close.
 type Storage struct {
-	rdb     redis.UniversalClient
-	cfg     config
-	keys    keyspace
-	q       queueKeys
-	qkeys   []string
-	pending pending
-	cookies cookieMemo
-	inline  bool // the client bounds round trips by the context itself
+	rdb      redis.UniversalClient
+	cfg      config
+	keys     keyspace
+	q        queueKeys
+	qkeys    []string
+	pending  pending
+	cookies  cookieMemo
+	revisits revisits // IDs IsVisited just found visited (visited.go)
+	inline   bool     // the client bounds round trips by the context itself
+
+	attached         atomic.Bool // Attach was called (on some collector)
+	warnedUnattached atomic.Bool // QueueSize reported ErrNotAttached (logged once)
 }
 
 // Compile-time checks: a Storage is both of Colly's backends, and every

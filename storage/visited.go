@@ -3,6 +3,8 @@ package storage
 import (
 	"context"
 	"encoding/binary"
+	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -43,6 +45,9 @@ func (s *Storage) IsVisited(requestID uint64) (bool, error) {
 	visited, err := s.isVisited(requestID)
 	if err != nil {
 		return false, err
+	}
+	if d == nil {
+		s.revisits.note(requestID, visited, time.Now())
 	}
 	if visited && d != nil {
 		// Colly will refuse this delivered request before sending it and
@@ -87,6 +92,8 @@ func (s *Storage) Visited(requestID uint64) error {
 	if claimed {
 		if d != nil {
 			s.pending.claim(d)
+		} else {
+			s.revisits.visited(requestID, true, time.Now())
 		}
 		return nil
 	}
@@ -96,8 +103,104 @@ func (s *Storage) Visited(requestID uint64) error {
 	}
 	if d != nil {
 		s.dropDuplicate(d)
+		return ErrAlreadyVisited
+	}
+	if s.revisits.visited(requestID, false, time.Now()) {
+		return nil // Colly revisits on purpose: a Retry following a redirect
 	}
 	return ErrAlreadyVisited
+}
+
+// Colly calls Visited for an ID that IsVisited just reported visited in one
+// place only: when a Request.Retry() follows a redirect (checkRedirectFunc
+// skips the revisit check for a retry, and marks the target again). With
+// Colly's in-memory storage that mark always succeeds and the retry goes
+// on; here the mark is already set, so Visited would refuse it, though no
+// other request took the URL from this one.
+//
+// So revisits remembers, for revisitWindow, the answers IsVisited gave for
+// each ID (outside a queued delivery): how many callers were told "not
+// visited" and how many "visited". Colly calls Visited right after its
+// IsVisited, so a Visited that finds the mark set answers for one of them:
+// for a caller told "not visited" if there is one (it lost a race to
+// another request: ErrAlreadyVisited), else for one told "visited" (the
+// retry: let through, nil). Only a retry after a redirect racing a first
+// visit of the same URL in the same process, within the window, can be
+// mistaken for the other: a refused retry, or a URL fetched twice; never
+// one lost.
+const (
+	revisitWindow = time.Second
+	maxRevisits   = 1 << 16 // IDs remembered at once; beyond, answers older than the window go
+)
+
+type revisits struct {
+	mu sync.Mutex
+	at map[uint64]answers
+}
+
+type answers struct {
+	last    time.Time // the latest answer
+	no, yes int       // callers told "not visited" / "visited", not yet matched by a Visited
+}
+
+// note records that IsVisited told a caller visited (yes) or not.
+func (v *revisits) note(id uint64, yes bool, now time.Time) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.at == nil {
+		v.at = make(map[uint64]answers)
+	}
+	if len(v.at) >= maxRevisits {
+		for k, e := range v.at {
+			if now.Sub(e.last) > revisitWindow {
+				delete(v.at, k)
+			}
+		}
+		if len(v.at) >= maxRevisits {
+			clear(v.at) // a burst within one window: forget it (at worst a refused retry)
+		}
+	}
+	e := v.at[id]
+	if now.Sub(e.last) > revisitWindow {
+		e = answers{}
+	}
+	e.last = now
+	if yes {
+		e.yes++
+	} else {
+		e.no++
+	}
+	v.at[id] = e
+}
+
+// visited matches a Visited call for id with a caller IsVisited answered,
+// and reports whether that caller was told "visited" (a deliberate
+// revisit). claimed says whether this Visited set the mark.
+func (v *revisits) visited(id uint64, claimed bool, now time.Time) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	e, ok := v.at[id]
+	if !ok {
+		return false
+	}
+	if now.Sub(e.last) > revisitWindow {
+		delete(v.at, id)
+		return false
+	}
+	revisit := false
+	switch {
+	case e.no > 0:
+		e.no--
+	case e.yes > 0 && !claimed:
+		e.yes--
+		revisit = true
+	}
+	if e.no == 0 && e.yes == 0 {
+		delete(v.at, id)
+	} else {
+		v.at[id] = e
+	}
+	return revisit
 }
 
 // claim sets the mark if it is absent or expired. Without a TTL of its own

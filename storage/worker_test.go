@@ -29,6 +29,12 @@ type workerSpec struct {
 	MaxDeliveries int           `json:"max_deliveries"`
 	RetryDelay    time.Duration `json:"retry_delay"`
 	PollInterval  time.Duration `json:"poll_interval"`
+	// Record, if set, is a file to which the worker's own OnScraped
+	// callback, registered after Attach, appends each scraped URL (one
+	// write per URL, after HookDelay of "processing"): the user's record
+	// that an acknowledgement must not overtake.
+	Record    string        `json:"record,omitempty"`
+	HookDelay time.Duration `json:"hook_delay,omitempty"`
 }
 
 func (w workerSpec) options() []Option {
@@ -62,6 +68,20 @@ func workerMain(spec workerSpec) int {
 		return 2
 	}
 	s.Attach(c)
+	if spec.Record != "" {
+		f, err := os.OpenFile(spec.Record, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "worker:", err)
+			return 2
+		}
+		defer f.Close()
+		c.OnScraped(func(r *colly.Response) {
+			time.Sleep(spec.HookDelay)
+			if _, err := f.WriteString(r.Request.URL.String() + "\n"); err != nil {
+				fmt.Fprintln(os.Stderr, "worker: recording:", err)
+			}
+		})
+	}
 	q, err := queue.New(spec.Threads, s)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "worker:", err)
