@@ -395,7 +395,11 @@ func memberIDs(vals []any) ([]string, error) {
 }
 
 // redisErr wraps a failed Redis call so that errors.Is(err, ErrRedis) and
-// errors.Is(err, <the go-redis or context error>) both hold.
+// errors.Is(err, <the go-redis or context error>) both hold; a script's
+// reply that a stored value is corrupt becomes ErrCorrupt instead.
 func redisErr(op string, err error) error {
+	if detail, ok := engine.Corrupt(err); ok {
+		return fmt.Errorf("%w: %s: %s", ErrCorrupt, op, detail)
+	}
 	return fmt.Errorf("%w: %s: %w", ErrRedis, op, err)
 }

@@ -3,7 +3,8 @@ package storage
 import (
 	"errors"
 	"fmt"
-	"strings"
+
+	"github.com/proxyswitch/proxyswitch/internal/engine"
 )
 
 // Sentinel errors. Callers branch on them with errors.Is; every error the
@@ -53,17 +54,13 @@ var (
 	ErrCorrupt = errors.New("proxyswitch: corrupt value in redis")
 )
 
-// corruptPrefix starts the error replies of the Lua scripts that found a
-// value they did not write.
-const corruptPrefix = "PSCORRUPT"
-
 // redisErr wraps a failed Redis call so that errors.Is(err, ErrRedis) and
 // errors.Is(err, <the go-redis or context error>) both hold; a script's
 // PSCORRUPT reply becomes ErrCorrupt instead. go-redis errors name the
 // server address and the command, never the password.
 func redisErr(op string, err error) error {
-	if strings.HasPrefix(err.Error(), corruptPrefix) {
-		return fmt.Errorf("%w: %s: %s", ErrCorrupt, op, strings.TrimSpace(strings.TrimPrefix(err.Error(), corruptPrefix)))
+	if detail, ok := engine.Corrupt(err); ok {
+		return fmt.Errorf("%w: %s: %s", ErrCorrupt, op, detail)
 	}
 	return fmt.Errorf("%w: %s: %w", ErrRedis, op, err)
 }

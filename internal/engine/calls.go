@@ -200,3 +200,41 @@ func EscapeName(name string) string {
 	}
 	return nameEscaper.Replace(name)
 }
+
+// CorruptPrefix starts the error a script raises when it finds a stored
+// value it did not write (lib.lua's corrupt, checked and meta_slots; the
+// storage scripts reply it too).
+const CorruptPrefix = "PSCORRUPT"
+
+// maxCorruptDetail bounds what Corrupt returns: an error about a corrupt
+// value never carries the value whole.
+const maxCorruptDetail = 320
+
+// Corrupt reports whether err is a script's reply that a stored value is
+// not what the module writes, and returns what it says (the key, what is
+// wrong, the value clipped), at most 320 bytes: a PSCORRUPT error, or a
+// WRONGTYPE one (a key holding another kind of value than the script asks
+// of it, which Redis does not name; the caller names the keys it passed).
+// Safe for concurrent use.
+func Corrupt(err error) (detail string, ok bool) {
+	if err == nil {
+		return "", false
+	}
+	msg := err.Error()
+	switch i := strings.Index(msg, CorruptPrefix); {
+	case i >= 0:
+		detail = strings.TrimSpace(msg[i+len(CorruptPrefix):])
+	case strings.HasPrefix(msg, "WRONGTYPE"):
+		detail = "a key holds the wrong kind of value"
+	default:
+		return "", false
+	}
+	// Redis 7 appends where the script raised it: " script: <sha>, on @user_script:<n>."
+	if j := strings.Index(detail, " script: "); j >= 0 {
+		detail = detail[:j]
+	}
+	if len(detail) > maxCorruptDetail {
+		detail = strings.ToValidUTF8(detail[:maxCorruptDetail], "") + "..."
+	}
+	return detail, true
+}
