@@ -3,6 +3,7 @@ package proxyswitch
 import (
 	"context"
 	"errors"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -109,6 +110,8 @@ func corruptSpoils() []spoil {
 	for _, z := range zsetKinds {
 		key := z.key
 		out = append(out, spoil{z.name + ": member", func(k keyspace, _ []string) string { return key(k) }, zsetMember(z.member, 1)})
+		out = append(out, spoil{z.name + ": +inf", func(k keyspace, _ []string) string { return key(k) }, zsetMember(z.member, math.Inf(1))})
+		out = append(out, spoil{z.name + ": -inf", func(k keyspace, _ []string) string { return key(k) }, zsetMember(z.member, math.Inf(-1))})
 		out = append(out, spoil{z.name + ": a string", func(k keyspace, _ []string) string { return key(k) }, asString})
 		out = append(out, spoil{z.name + ": a hash", func(k keyspace, _ []string) string { return key(k) }, asHash})
 	}

@@ -3,6 +3,7 @@ package storage
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/proxyswitch/proxyswitch/internal/engine"
 )
@@ -63,6 +64,24 @@ func redisErr(op string, err error) error {
 		return fmt.Errorf("%w: %s: %s", ErrCorrupt, op, detail)
 	}
 	return fmt.Errorf("%w: %s: %w", ErrRedis, op, err)
+}
+
+// withKey names key in err when err is an ErrCorrupt of a command outside a
+// script, which Redis does not name (a WRONGTYPE reply).
+func withKey(err error, key string) error {
+	if err == nil || !errors.Is(err, ErrCorrupt) || strings.Contains(err.Error(), key) {
+		return err
+	}
+	return fmt.Errorf("%w (key %s)", err, key)
+}
+
+// clip is a stored value as an error may quote it: at most 64 bytes, then
+// its length.
+func clip(s string) string {
+	if len(s) <= 64 {
+		return s
+	}
+	return fmt.Sprintf("%s...(%d bytes)", strings.ToValidUTF8(s[:64], ""), len(s))
 }
 
 // invalid builds an ErrInvalidRequest with a reason.

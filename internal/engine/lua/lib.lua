@@ -39,15 +39,23 @@ end
 -- redis, for the rest of every script, is the Redis API but for call: a
 -- command that meets a key holding another kind of value than it works on
 -- (WRONGTYPE: a string where a hash belongs) raises corrupt naming that key
--- (its first argument), where Redis's own error names none. Other errors
+-- (its first argument), where Redis's own error names none; so does an
+-- INCR, DECR or HINCRBY of a stored value that is no integer. Other errors
 -- are raised as redis.call raises them.
 local redis_api = redis
 local redis = setmetatable({
   call = function(cmd, ...)
     local r = redis_api.pcall(cmd, ...)
     if type(r) == 'table' and r.err then
-      if string.sub(r.err, 1, 9) == 'WRONGTYPE' then
+      local e = r.err
+      if string.sub(e, 1, 9) == 'WRONGTYPE' then
         corrupt(tostring((...)), 'holds the wrong kind of value for ' .. cmd)
+      end
+      local c = string.upper(cmd)
+      if (string.find(c, 'INCR', 1, true) or string.find(c, 'DECR', 1, true)) and
+          (string.find(e, 'not an integer', 1, true) or string.find(e, 'not a valid float', 1, true) or
+           string.find(e, 'overflow', 1, true)) then
+        corrupt(tostring((...)), 'holds no integer for ' .. cmd)
       end
       error(r)
     end
@@ -66,6 +74,10 @@ local function checked(v, key, what, lo, hi)
   end
   return n
 end
+
+-- MAX_MS bounds a time in ms (2^53: a Lua number holds every integer up to
+-- it); a score beyond it (+inf) is no time this module wrote.
+local MAX_MS = 2 ^ 53
 
 -- MAX_SLOTS is the most concurrent requests per proxy per site a pool may
 -- record (WithConcurrency's limit).
