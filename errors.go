@@ -44,8 +44,9 @@ var (
 	ErrRedis = shard.ErrRedis
 
 	// ErrCorrupt means a value read from Redis is not what this package
-	// writes there (a foreign or damaged key). It is shard.ErrCorrupt, the
-	// same value.
+	// writes there (a foreign or damaged key: a number that is none, a key
+	// of another type). The message names the key and quotes at most the
+	// first bytes of the value. It is shard.ErrCorrupt, the same value.
 	ErrCorrupt = shard.ErrCorrupt
 
 	// ErrNotInPool means an operator action named a proxy the pool does not hold.

@@ -5,28 +5,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/proxyswitch/proxyswitch/internal/testbed"
 	"github.com/stretchr/testify/require"
 )
-
-// keyNames are every name of up to three bytes over an alphabet of the
-// bytes that could make two encodings meet: the separator, the escape and
-// what an escape is spelt with.
-func keyNames() []string {
-	const alphabet = "a:%3A"
-	names := []string{""}
-	var out []string
-	for n := 1; n <= 3; n++ {
-		var next []string
-		for _, s := range names {
-			for _, c := range alphabet {
-				next = append(next, s+string(c))
-			}
-		}
-		names = next
-		out = append(out, names...)
-	}
-	return out
-}
 
 // poolKeys are every key of one pool's keyspace, sites and tasks included.
 func poolKeys(k keyspace) []string {
@@ -43,7 +24,7 @@ func poolKeys(k keyspace) []string {
 // pool starts with its own tag, whose only '}' closes it, and the tags of
 // distinct pairs differ.
 func TestKeyspaceDisjoint(t *testing.T) {
-	names := keyNames()
+	names := testbed.Spellings("a:%3A", 3)
 	owner := map[string][2]string{} // tag -> (prefix, pool)
 	for _, prefix := range names {
 		for _, pool := range names {

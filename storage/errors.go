@@ -51,7 +51,9 @@ var (
 	ErrRedis = errors.New("proxyswitch: redis error")
 
 	// ErrCorrupt means a value read from Redis is not what this package
-	// writes there (a foreign or damaged key) or is larger than its limit.
+	// writes there (a foreign or damaged key, a key of another type) or is
+	// larger than its limit. The message names the key and quotes at most
+	// the first bytes of the value.
 	ErrCorrupt = errors.New("proxyswitch: corrupt value in redis")
 )
 

@@ -5,26 +5,8 @@ import (
 	"testing"
 
 	"github.com/proxyswitch/proxyswitch/internal/engine"
+	"github.com/proxyswitch/proxyswitch/internal/testbed"
 )
-
-// nsNames are every name of up to three bytes over the bytes that could
-// make two encodings meet: the separator, the escape and its spelling.
-func nsNames() []string {
-	const alphabet = "a:%3A"
-	names := []string{""}
-	var out []string
-	for n := 1; n <= 3; n++ {
-		var next []string
-		for _, s := range names {
-			for _, c := range alphabet {
-				next = append(next, s+string(c))
-			}
-		}
-		names = next
-		out = append(out, names...)
-	}
-	return out
-}
 
 // nsKeys are every key of one namespace, with the pattern it falls under:
 // a tag key's tag ("{ns}"), or a visited bucket's "ns:v:{".
@@ -51,7 +33,7 @@ func keyOwnerPattern(t *testing.T, key string) string {
 // pool (issue 13, item 9): namespace "a:b" and prefix "a" with pool "b"
 // once shared "{a:b}:meta".
 func TestNamespacesDisjoint(t *testing.T) {
-	names := nsNames()
+	names := testbed.Spellings("a:%3A", 3)
 	pools := map[string]bool{} // every pool tag "{prefix:pool}"
 	for _, prefix := range names {
 		for _, pool := range names {
