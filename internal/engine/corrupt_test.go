@@ -65,7 +65,7 @@ func TestLibCorrupt(t *testing.T) {
 			require.Error(t, err)
 			_, ok := Corrupt(err)
 			assert.False(t, ok, "another error is no corrupt value: %v", err)
-			assert.Contains(t, strings.ToLower(err.Error()), "wrong number of arguments")
+			assert.Contains(t, strings.ToLower(err.Error()), "wrong number of arg")
 		})
 	}
 	_, ok := Corrupt(errors.New("ERR something else"))

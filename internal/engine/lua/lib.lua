@@ -57,7 +57,9 @@ local redis = setmetatable({
            string.find(e, 'overflow', 1, true)) then
         corrupt(tostring((...)), 'holds no integer for ' .. cmd)
       end
-      error(r)
+      -- Any other error: the call again raises it as redis.call does, in
+      -- Redis and in gopher-lua alike (a failed command changed nothing).
+      return redis_api.call(cmd, ...)
     end
     return r
   end,
