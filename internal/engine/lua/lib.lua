@@ -72,7 +72,7 @@ local function checked(v, key, what, lo, hi)
   if not v then return nil end
   local ok, n = pcall(num, v)
   if not ok or type(n) ~= 'number' or n ~= n or n < lo or n > hi or n ~= math.floor(n) then
-    corrupt(key, what .. ' is not an integer from ' .. lo .. ' to ' .. hi, v)
+    corrupt(key, what .. string.format(' is not an integer from %.0f to %.0f', lo, hi), v)
   end
   return n
 end
