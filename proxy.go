@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/proxyswitch/proxyswitch/internal/redact"
 	"golang.org/x/net/idna"
@@ -233,7 +234,22 @@ func canonicalHost(host string) (string, string) {
 		}
 		return a.Unmap().String(), ""
 	}
-	host = strings.TrimSuffix(host, ".")
+	if !isASCII(host) || strings.Contains(strings.ToLower(host), "xn--") {
+		if !utf8.ValidString(host) {
+			return "", "invalid host name (not UTF-8)"
+		}
+		a, err := hostProfile.ToASCII(host)
+		if err != nil || strings.ContainsAny(a, ":/?#[]@%\\ ") {
+			return "", "invalid internationalised host name"
+		}
+		// The canonical form must be canonical itself: what is stored is
+		// parsed again by every worker.
+		if again, err := hostProfile.ToASCII(a); err != nil || again != a {
+			return "", "invalid internationalised host name"
+		}
+		host = a // ASCII now; "²" became "2", "h。" "h.": read on as any name
+	}
+	host = strings.ToLower(strings.TrimSuffix(host, "."))
 	switch {
 	case host == "":
 		return "", "missing host"
@@ -247,14 +263,7 @@ func canonicalHost(host string) (string, string) {
 		// "010.0.0.1", "1.2.3.256": no resolver agrees on what these name.
 		return "", "invalid IPv4 address"
 	}
-	if isASCII(host) && !strings.Contains(strings.ToLower(host), "xn--") {
-		return strings.ToLower(host), ""
-	}
-	a, err := hostProfile.ToASCII(host)
-	if err != nil || a == "" || strings.HasSuffix(a, ".") {
-		return "", "invalid internationalised host name"
-	}
-	return a, ""
+	return host, ""
 }
 
 func isASCII(s string) bool {

@@ -17,7 +17,7 @@ func TestProxyIdentityCanonical(t *testing.T) {
 		{"http://10.0.0.1:8080", []string{
 			"http://10.0.0.1:8080", "10.0.0.1:8080", "http://10.0.0.1:08080", "http://10.0.0.1:0008080",
 			"HTTP://10.0.0.1:8080", "http://10.0.0.1.:8080", "http://[::ffff:10.0.0.1]:8080",
-			"http://[::FFFF:a00:1]:8080", "http://[0:0:0:0:0:ffff:10.0.0.1]:8080",
+			"http://[::FFFF:a00:1]:8080", "http://[0:0:0:0:0:ffff:10.0.0.1]:8080", "http://１０.０.０.１:8080",
 		}},
 		{"http://[2001:db8::1]:3128", []string{
 			"http://[2001:db8::1]:3128", "http://[2001:DB8::1]:3128", "http://[2001:db8:0:0:0:0:0:1]:3128",
@@ -91,7 +91,8 @@ func TestProxyIdentityCanonical(t *testing.T) {
 func TestProxyIdentityRejects(t *testing.T) {
 	for _, s := range []string{
 		"http://010.0.0.1:8080", "http://1.2.3.256:8080", "http://h..:8080", "http://10.0.0.1:0",
-		"http://10.0.0.1:65536", "http://10.0.0.1:000000065536", "http://[1.2.3.4]:80",
+		"http://10.0.0.1:65536", "http://10.0.0.1:000000065536", "http://[1.2.3.4]:80", "http://\x9c:401",
+		"http://xn--zn7c:401", "http://²:403", "http://a：b:80",
 	} {
 		if p, err := ParseProxy(s); err == nil {
 			t.Errorf("ParseProxy(%q) = %s, want an error", s, p)
@@ -108,6 +109,9 @@ func FuzzProxyIdentity(f *testing.F) {
 	f.Add("[::ffff:1.2.3.4]", uint16(1), "", "")
 	f.Add("bücher.example", uint16(443), "x", "")
 	f.Add("[2001:DB8::0:1]", uint16(65535), "a", "b")
+	f.Add("\x9c", uint16(401), "0", "0") // not UTF-8: once stored as xn--zn7c (U+FFFD), which did not parse again
+	f.Add("@A", uint16(1), "0", "")      // the user name is "0@"
+	f.Add("²", uint16(403), "0", "")     // maps to "2", which is no name to resolve
 	f.Fuzz(func(t *testing.T, host string, port uint16, user, pass string) {
 		if port == 0 {
 			return
@@ -131,13 +135,17 @@ func FuzzProxyIdentity(f *testing.F) {
 		if err != nil || again.ID() != p.ID() || again.raw() != p.raw() {
 			t.Fatalf("canonical %q does not round-trip: %v", p.String(), err)
 		}
-		h := p.URL().Hostname()
+		// The canonical URL with the host in upper case, a trailing dot on a
+		// name, zeros in front of the port: the same proxy.
+		u := p.URL()
+		h := u.Hostname()
 		if strings.Contains(h, ":") {
 			h = "[" + strings.ToUpper(h) + "]"
 		} else if !strings.Contains(h, "%") {
 			h = strings.ToUpper(h) + "."
 		}
-		other, err := ParseProxy(mk(h, "000"+strconv.Itoa(int(port))))
+		u.Host = h + ":000" + u.Port()
+		other, err := ParseProxy(u.String())
 		if err != nil || other.ID() != p.ID() {
 			t.Fatalf("re-spelt %q: %v, id %v, want %s", h, err, other, p.ID())
 		}
