@@ -1,9 +1,12 @@
 package proxyswitch
 
 import (
+	"context"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/stretchr/testify/require"
 )
 
 // Every spelling of one proxy is one identity (issue 13, item 8): loading
@@ -150,4 +153,25 @@ func FuzzProxyIdentity(f *testing.F) {
 			t.Fatalf("re-spelt %q: %v, id %v, want %s", h, err, other, p.ID())
 		}
 	})
+}
+
+// Loaded through Add in several spellings, one proxy is one pool entry: one
+// slot to lease, so no two requests leave from its IP at once.
+func TestProxyIdentityOneEntry(t *testing.T) {
+	ctx := context.Background()
+	s := newSwitch(t, shared.Client(t), WithMaxWait(0))
+	_, err := s.Add(ctx, "http://u:p@10.0.0.9:3128", "u:p@[::ffff:10.0.0.9]:03128")
+	require.NoError(t, err)
+	_, err = s.Add(ctx, "10.0.0.9.:3128:u:p", "http://u:p@bücher.example:80", "http://u:p@XN--BCHER-KVA.example.:080")
+	require.NoError(t, err)
+	ps, err := s.List(ctx)
+	require.NoError(t, err)
+	require.Len(t, ps, 2)
+	l, err := s.Lease(ctx, "site.example")
+	require.NoError(t, err)
+	l2, err := s.Lease(ctx, "site.example")
+	require.NoError(t, err)
+	require.NotEqual(t, l.Proxy().URL().Host, l2.Proxy().URL().Host)
+	_, err = s.Lease(ctx, "site.example")
+	require.ErrorIs(t, err, ErrNoProxy, "two proxies, two leases")
 }
