@@ -124,7 +124,7 @@ func (rp *redisPool) dead(ctx context.Context) ([]ProxyState, error) {
 	}
 	out := make([]ProxyState, 0, len(res)/3)
 	for i := 0; i+2 < len(res); i += 3 {
-		p, err := rp.sw.poolEntry(res[i], res[i+1])
+		p, err := rp.sw.poolEntry(rp.keys.proxies(), res[i], res[i+1])
 		if err != nil {
 			return nil, err
 		}

@@ -174,7 +174,11 @@
 //
 // All keys of one pool share one hash tag, so they live in one Redis Cluster
 // slot and one script may touch them together. Several projects share one
-// Redis by choosing distinct prefixes (WithPrefix).
+// Redis by choosing distinct prefixes (WithPrefix). In the keys, pool is
+// the pool's name with '%' written "%25" and ':' "%3A" (a name with neither
+// is itself), so the pool is what follows the tag's last ':' and two
+// distinct (prefix, pool) pairs never share a key; nor does a pool share one
+// with a storage namespace, whose tag holds no ':'.
 //
 //	{prefix:pool}:proxies        hash  proxy ID -> proxy URL (the pool; no TTL)
 //	{prefix:pool}:meta           hash  settings all workers must share (no TTL)

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/proxyswitch/proxyswitch/ban"
+	"github.com/proxyswitch/proxyswitch/internal/engine"
 	"github.com/proxyswitch/proxyswitch/shard"
 )
 
@@ -43,8 +44,9 @@ var (
 	ErrRedis = shard.ErrRedis
 
 	// ErrCorrupt means a value read from Redis is not what this package
-	// writes there (a foreign or damaged key). It is shard.ErrCorrupt, the
-	// same value.
+	// writes there (a foreign or damaged key: a number that is none, a key
+	// of another type). The message names the key and quotes at most the
+	// first bytes of the value. It is shard.ErrCorrupt, the same value.
 	ErrCorrupt = shard.ErrCorrupt
 
 	// ErrNotInPool means an operator action named a proxy the pool does not hold.
@@ -142,9 +144,26 @@ func configErr(format string, a ...any) error {
 }
 
 // redisErr wraps a failed Redis call so that errors.Is(err, ErrRedis) and
-// errors.Is(err, <the go-redis or context error>) both hold.
+// errors.Is(err, <the go-redis or context error>) both hold; a script's
+// reply that a stored value is corrupt becomes ErrCorrupt instead, naming
+// the key in a bounded message (engine.Corrupt).
 func redisErr(op string, err error) error {
+	if detail, ok := engine.Corrupt(err); ok {
+		return fmt.Errorf("%w: %s: %s", ErrCorrupt, op, detail)
+	}
 	return fmt.Errorf("%w: %s: %w", ErrRedis, op, err)
+}
+
+// maxQuoted bounds what an error quotes of a value read from Redis.
+const maxQuoted = 96
+
+// clip is s as an error may quote it: at most maxQuoted bytes, then its
+// length, so a huge stored value is never copied into an error whole.
+func clip(s string) string {
+	if len(s) <= maxQuoted {
+		return s
+	}
+	return fmt.Sprintf("%s...(%d bytes)", strings.ToValidUTF8(s[:maxQuoted], ""), len(s))
 }
 
 // redactedError hides a proxy's password in a transport error's message.

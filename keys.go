@@ -12,7 +12,9 @@ const globalSite = "*"
 
 // keyspace names the Redis keys of one pool. Every key starts with the same
 // hash tag, "{prefix:pool}", so all of them live in one Redis Cluster slot and
-// one Lua script may touch them together.
+// one Lua script may touch them together. In the keys, pool is the pool's
+// name escaped by engine.EscapeName (':' as "%3A", '%' as "%25"), so two
+// distinct (prefix, pool) pairs never share a tag (see engine.KeyBase).
 //
 //	{prefix:pool}:proxies        hash  proxy ID -> proxy URL (the pool; no TTL)
 //	{prefix:pool}:meta           hash  shared settings and marks (no TTL): "slots"; "version", the

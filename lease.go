@@ -162,7 +162,7 @@ func (s *Switch) proxyFor(raw string) (*Proxy, error) {
 	if err != nil {
 		var pe *ProxyError
 		if errors.As(err, &pe) {
-			return nil, &ProxyError{Proxy: pe.Proxy, Reason: "stored in the pool but " + pe.Reason, Err: ErrCorrupt}
+			return nil, &ProxyError{Proxy: clip(pe.Proxy), Reason: "stored in the pool but " + pe.Reason, Err: ErrCorrupt}
 		}
 		return nil, err
 	}
@@ -170,12 +170,13 @@ func (s *Switch) proxyFor(raw string) (*Proxy, error) {
 	return p, nil
 }
 
-// poolEntry is proxyFor for the URL of pool entry id, as a script that
-// walks the pool returns it; the error names the entry.
-func (s *Switch) poolEntry(id, raw string) (*Proxy, error) {
+// poolEntry is proxyFor for the URL of entry id of the pool hash key, as a
+// script that walks the pool returns it; the error names the key and the
+// entry.
+func (s *Switch) poolEntry(key, id, raw string) (*Proxy, error) {
 	p, err := s.proxyFor(raw)
 	if err != nil {
-		return nil, fmt.Errorf("pool entry %s: %w", id, err)
+		return nil, fmt.Errorf("key %s, entry %s: %w", key, clip(id), err)
 	}
 	return p, nil
 }

@@ -161,12 +161,15 @@ func (c *config) validate() error {
 
 // WithPrefix sets the first part of every Redis key, so several projects can
 // share one Redis. It must not contain braces or spaces. The default is
-// "proxyswitch".
+// "proxyswitch". Two distinct (prefix, pool) pairs never share a key, ':' in
+// either name notwithstanding (the pool name is escaped in the keys, see the
+// package documentation).
 func WithPrefix(prefix string) Option { return func(c *config) { c.prefix = prefix } }
 
 // WithPool names the proxy pool to lease from (for instance "datacenter" or
 // "residential"); pools are independent sets of proxies under one prefix.
-// The default is "default".
+// The default is "default". A ':' or '%' in the name is escaped in the keys
+// ("%3A", "%25").
 func WithPool(name string) Option { return func(c *config) { c.pool = name } }
 
 // WithLeaseTTL sets how long a lease lives if it is never released nor

@@ -89,7 +89,7 @@ func (rp *redisPool) list(ctx context.Context) ([]*Proxy, error) {
 	}
 	out := make([]*Proxy, 0, len(res)/2)
 	for i := 0; i+1 < len(res); i += 2 {
-		p, err := rp.sw.poolEntry(res[i], res[i+1])
+		p, err := rp.sw.poolEntry(rp.keys.proxies(), res[i], res[i+1])
 		if err != nil {
 			return nil, err
 		}

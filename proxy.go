@@ -7,19 +7,24 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/proxyswitch/proxyswitch/internal/redact"
+	"golang.org/x/net/idna"
 )
 
 // Proxy is one validated proxy of a pool. It is immutable and safe for
 // concurrent use.
 //
-// A proxy's identity is its whole canonical URL, credentials included:
-// gateway providers hand out one host:port with a different username per exit
-// IP, and those are different proxies. ID is derived from that identity (a
+// A proxy's identity is its whole canonical URL, scheme and credentials
+// included: gateway providers hand out one host:port with a different
+// username per exit IP, and those are different proxies. The canonical URL
+// spells the host and port one way only (see ParseProxy), so two spellings of
+// one proxy are one pool entry; it is what is stored and dialled. ID is derived from that identity (a
 // hash, so it carries no secret) and names the proxy in Redis, logs and
 // metrics.
 type Proxy struct {
@@ -42,7 +47,13 @@ var proxySchemes = map[string]bool{"http": true, "https": true, "socks5": true, 
 //     meaning http://user:password@host:port (as they are, not %-escaped;
 //     the password may hold ':' and '@').
 //
-// IPv6 addresses are bracketed: [::1]:8080. A line that reads both as
+// IPv6 addresses are bracketed: [::1]:8080. The host and port are
+// canonicalised: a name lower-cased, without its trailing dot, an
+// internationalised name in punycode (bücher.example is
+// xn--bcher-kva.example), an IP address in its shortest form (an
+// IPv4-mapped IPv6 address as the IPv4 address), the port in plain decimal
+// (08080 is 8080). A dotted-decimal host that is no IPv4 address (010.0.0.1,
+// 1.2.3.256) is rejected rather than handed to a resolver. A line that reads both as
 // user:password@host:port and as host:port:user:password, or whose last two
 // fields look like a host and a port (user:password:host:port?), is
 // rejected as ambiguous. The error, a *ProxyError wrapping ErrInvalidProxy, names the
@@ -186,15 +197,82 @@ func parseURL(raw string) (*Proxy, string) {
 	case u.Fragment != "":
 		return nil, "proxy URL must not have a fragment"
 	}
-	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+	n, err := strconv.ParseUint(port, 10, 16)
+	if err != nil || n < 1 {
 		return nil, "port must be a number from 1 to 65535"
 	}
 	if u.User != nil && u.User.Username() == "" {
 		return nil, "empty user name"
 	}
-	canon := &url.URL{Scheme: u.Scheme, User: u.User, Host: net.JoinHostPort(strings.ToLower(host), port)}
+	host, reason := canonicalHost(host)
+	if reason != "" {
+		return nil, reason
+	}
+	canon := &url.URL{Scheme: u.Scheme, User: u.User, Host: net.JoinHostPort(host, strconv.FormatUint(n, 10))}
 	sum := sha256.Sum256([]byte(canon.String()))
 	return &Proxy{id: hex.EncodeToString(sum[:8]), url: canon}, ""
+}
+
+// hostProfile maps an internationalised host name to its punycode (UTS #46
+// lookup processing, non-transitional, as browsers do), lower-casing it, but
+// accepts what real proxy host names hold and STD3 would refuse: '_' (service
+// names) and "--" in the third and fourth position (CDN host names).
+var hostProfile = idna.New(idna.MapForLookup(), idna.Transitional(false), idna.StrictDomainName(false),
+	idna.CheckHyphens(false), idna.BidiRule())
+
+// canonicalHost returns the one spelling of a proxy's host (as url.Hostname
+// gives it: no brackets) that names it, so that every spelling of one proxy
+// has one identity: an IP address in its shortest form (RFC 5952 for IPv6, an
+// IPv4-mapped IPv6 address as the IPv4 address it maps), a name lower-cased,
+// without its trailing dot and in punycode (an IDN and its xn-- form are one
+// host). On failure it returns the reason, which never quotes the input.
+func canonicalHost(host string) (string, string) {
+	if strings.Contains(host, ":") { // only IPv6 addresses hold ':'
+		a, err := netip.ParseAddr(host)
+		if err != nil || !a.Is6() {
+			return "", "invalid IPv6 address"
+		}
+		return a.Unmap().String(), ""
+	}
+	if !isASCII(host) || strings.Contains(strings.ToLower(host), "xn--") {
+		if !utf8.ValidString(host) {
+			return "", "invalid host name (not UTF-8)"
+		}
+		a, err := hostProfile.ToASCII(host)
+		if err != nil || strings.ContainsAny(a, ":/?#[]@%\\ ") {
+			return "", "invalid internationalised host name"
+		}
+		// The canonical form must be canonical itself: what is stored is
+		// parsed again by every worker.
+		if again, err := hostProfile.ToASCII(a); err != nil || again != a {
+			return "", "invalid internationalised host name"
+		}
+		host = a // ASCII now; "²" became "2", "h。" "h.": read on as any name
+	}
+	host = strings.ToLower(strings.TrimSuffix(host, "."))
+	switch {
+	case host == "":
+		return "", "missing host"
+	case strings.HasSuffix(host, "."):
+		return "", "invalid host name (empty label)"
+	}
+	if a, err := netip.ParseAddr(host); err == nil {
+		return a.String(), ""
+	}
+	if strings.Trim(host, "0123456789.") == "" {
+		// "010.0.0.1", "1.2.3.256": no resolver agrees on what these name.
+		return "", "invalid IPv4 address"
+	}
+	return host, ""
+}
+
+func isASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= 0x80 {
+			return false
+		}
+	}
+	return true
 }
 
 // ID is a short, stable identifier of the proxy (16 hex digits derived from

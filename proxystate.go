@@ -119,7 +119,7 @@ func (s *Switch) parseProxyStates(res []any) ([]ProxyState, error) {
 			int64(counted) > slots {
 			return nil, fmt.Errorf("%w: proxy states reply: %d slots of proxy %s in states, of %d", ErrCorrupt, counted, id, slots)
 		}
-		p, err := s.poolEntry(id, raw)
+		p, err := s.poolEntry(s.keys.proxies(), id, raw)
 		if err != nil {
 			return nil, err
 		}

@@ -88,7 +88,7 @@ func (p *redisPool) tryLeaseOnce(ctx context.Context, site, scope, prefer string
 		member, _ := res[1].(string)
 		raw, _ := res[2].(string)
 		expiry, ok := intAt(res, 3)
-		px, err := p.sw.proxyFor(raw)
+		px, err := p.sw.poolEntry(p.keys.proxies(), member, raw)
 		if err != nil || !ok || member == "" {
 			// Hand the slot back rather than hold a proxy we cannot use
 			// (owner-checked: by member and token, as no Lease is made).

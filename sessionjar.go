@@ -222,7 +222,7 @@ func (p *redisPool) storeCookies(ctx context.Context, u *sessionUse, lines []str
 		if len(r) == 2 {
 			what, _ = r[1].(string)
 		}
-		return fmt.Errorf("%w: session of task %q in pool %q: %s (EndSession deletes it)", ErrCorrupt, u.task, p.name, what)
+		return fmt.Errorf("%w: session of task %q in pool %q (key %s): %s (EndSession deletes it)", ErrCorrupt, u.task, p.name, p.keys.session(u.task), clip(what))
 	}
 	return nil
 }

@@ -54,7 +54,7 @@ func (p *redisPool) runUse(ctx context.Context, task, scope, mode string) (*useR
 	st, _ := intAt(res, 0)
 	rep := &useReply{status: int(st)}
 	bad := func(what string) error {
-		return fmt.Errorf("%w: session of task %q in pool %q: %s (EndSession deletes it)", ErrCorrupt, task, p.name, what)
+		return fmt.Errorf("%w: session of task %q in pool %q (key %s): %s (EndSession deletes it)", ErrCorrupt, task, p.name, p.keys.session(task), clip(what))
 	}
 	switch {
 	case st == useCorrupt && len(res) == 2:
@@ -213,7 +213,7 @@ func (p *redisPool) bind(ctx context.Context, task, scope, member, id string, ex
 	switch {
 	case st == -3 && len(res) == 2:
 		what, _ := res[1].(string)
-		return false, fmt.Errorf("%w: %w: session of task %q in pool %q: %s (EndSession deletes it)", ErrNoProxy, ErrCorrupt, task, p.name, what)
+		return false, fmt.Errorf("%w: %w: session of task %q in pool %q (key %s): %s (EndSession deletes it)", ErrNoProxy, ErrCorrupt, task, p.name, p.keys.session(task), clip(what))
 	case st == -4:
 		return false, fmt.Errorf("%w: the session of task %q already holds its proxy on %d sites", ErrNoProxy, task, maxSessionSites)
 	case st >= -2 && st <= 0:

@@ -313,7 +313,7 @@ func (m *Membership) Members(ctx context.Context) ([]string, error) {
 	if !ok {
 		return nil, fmt.Errorf("%w: malformed member list reply", ErrCorrupt)
 	}
-	list, err := memberIDs(res[1:])
+	list, err := memberIDs(m.keys[0], res[1:])
 	if err != nil {
 		return nil, err
 	}
@@ -345,7 +345,7 @@ func (m *Membership) beat(ctx context.Context) error {
 	case ok1 && ok2 && status == 0 && len(res) == 2:
 		return fmt.Errorf("%w: %q is registered until %s", ErrMemberTaken, m.cfg.Self, time.UnixMilli(at).UTC().Format(time.RFC3339Nano))
 	case ok1 && ok2 && status == 1:
-		list, err := memberIDs(res[2:])
+		list, err := memberIDs(m.keys[0], res[2:])
 		if err != nil {
 			return err
 		}
@@ -380,13 +380,14 @@ func (m *Membership) update(list []string, redisMS int64) {
 	m.cfg.Changed(slices.Clone(cur))
 }
 
-// memberIDs checks and sorts the IDs of a script reply.
-func memberIDs(vals []any) ([]string, error) {
+// memberIDs checks and sorts the IDs of a script reply that read them from
+// the member zset key.
+func memberIDs(key string, vals []any) ([]string, error) {
 	out := make([]string, 0, len(vals))
 	for _, v := range vals {
 		id, ok := v.(string)
 		if !ok || ValidMemberID(id) != nil {
-			return nil, fmt.Errorf("%w: malformed member ID in the member list", ErrCorrupt)
+			return nil, fmt.Errorf("%w: key %s: malformed member ID in the member list", ErrCorrupt, key)
 		}
 		out = append(out, id)
 	}
@@ -395,7 +396,11 @@ func memberIDs(vals []any) ([]string, error) {
 }
 
 // redisErr wraps a failed Redis call so that errors.Is(err, ErrRedis) and
-// errors.Is(err, <the go-redis or context error>) both hold.
+// errors.Is(err, <the go-redis or context error>) both hold; a script's
+// reply that a stored value is corrupt becomes ErrCorrupt instead.
 func redisErr(op string, err error) error {
+	if detail, ok := engine.Corrupt(err); ok {
+		return fmt.Errorf("%w: %s: %s", ErrCorrupt, op, detail)
+	}
 	return fmt.Errorf("%w: %s: %w", ErrRedis, op, err)
 }

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/proxyswitch/proxyswitch/internal/engine"
 	"github.com/proxyswitch/proxyswitch/internal/redistest"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
@@ -55,6 +56,7 @@ func TestClearOnlyOwnNamespace(t *testing.T) {
 		stores[ns] = s
 	}
 	owned := func(ns, key string) bool {
+		ns = engine.EscapeName(ns) // ':' is "%3A" in the keys
 		return strings.HasPrefix(key, "{"+ns+"}:") || strings.HasPrefix(key, ns+":v:{")
 	}
 	before := allKeys(t, rdb)

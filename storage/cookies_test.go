@@ -132,7 +132,8 @@ func TestCookiesBadValues(t *testing.T) {
 	log.Reset()
 	require.NoError(t, rdb.Set(bg, key, "not a hash", 0).Err())
 	require.Empty(t, s.Cookies(u))
-	require.Contains(t, log.String(), "WRONGTYPE")
+	require.Contains(t, log.String(), "corrupt value in redis")
+	require.Contains(t, log.String(), key+": holds the wrong kind of value", "the key a WRONGTYPE met is named")
 
 	s.SetCookies(nil, "a=1")
 	require.Empty(t, s.Cookies(nil))

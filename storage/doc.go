@@ -66,7 +66,11 @@
 //
 // # Redis key layout
 //
-// All keys of a namespace ns are derived from it; none is found by a glob:
+// All keys of a namespace ns are derived from it; none is found by a glob.
+// In the keys, ns is the namespace with '%' written "%25" and ':' "%3A" (a
+// namespace with neither is itself), so no two namespaces, and no
+// namespace and proxy pool (whose tag "{prefix:pool}" always holds a ':'),
+// share a key:
 //
 //	{ns}:meta           hash    shared settings ("buckets")
 //	{ns}:cookiehosts    set     hosts that have cookies (the registry Clear reads)

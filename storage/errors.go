@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/proxyswitch/proxyswitch/internal/engine"
 )
 
 // Sentinel errors. Callers branch on them with errors.Is; every error the
@@ -61,23 +63,39 @@ var (
 	ErrRedis = errors.New("proxyswitch: redis error")
 
 	// ErrCorrupt means a value read from Redis is not what this package
-	// writes there (a foreign or damaged key) or is larger than its limit.
+	// writes there (a foreign or damaged key, a key of another type) or is
+	// larger than its limit. The message names the key and quotes at most
+	// the first bytes of the value.
 	ErrCorrupt = errors.New("proxyswitch: corrupt value in redis")
 )
-
-// corruptPrefix starts the error replies of the Lua scripts that found a
-// value they did not write.
-const corruptPrefix = "PSCORRUPT"
 
 // redisErr wraps a failed Redis call so that errors.Is(err, ErrRedis) and
 // errors.Is(err, <the go-redis or context error>) both hold; a script's
 // PSCORRUPT reply becomes ErrCorrupt instead. go-redis errors name the
 // server address and the command, never the password.
 func redisErr(op string, err error) error {
-	if strings.HasPrefix(err.Error(), corruptPrefix) {
-		return fmt.Errorf("%w: %s: %s", ErrCorrupt, op, strings.TrimSpace(strings.TrimPrefix(err.Error(), corruptPrefix)))
+	if detail, ok := engine.Corrupt(err); ok {
+		return fmt.Errorf("%w: %s: %s", ErrCorrupt, op, detail)
 	}
 	return fmt.Errorf("%w: %s: %w", ErrRedis, op, err)
+}
+
+// withKey names key in err when err is an ErrCorrupt of a command outside a
+// script, which Redis does not name (a WRONGTYPE reply).
+func withKey(err error, key string) error {
+	if err == nil || !errors.Is(err, ErrCorrupt) || strings.Contains(err.Error(), key) {
+		return err
+	}
+	return fmt.Errorf("%w (key %s)", err, key)
+}
+
+// clip is a stored value as an error may quote it: at most 64 bytes, then
+// its length.
+func clip(s string) string {
+	if len(s) <= 64 {
+		return s
+	}
+	return fmt.Sprintf("%s...(%d bytes)", strings.ToValidUTF8(s[:64], ""), len(s))
 }
 
 // invalid builds an ErrInvalidRequest with a reason.

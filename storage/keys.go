@@ -3,13 +3,19 @@ package storage
 import (
 	"strconv"
 	"strings"
+
+	"github.com/proxyswitch/proxyswitch/internal/engine"
 )
 
-// keyspace names the Redis keys of one namespace. The layout makes the key
+// keyspace names the Redis keys of one namespace. In the keys, ns stands
+// for the namespace escaped by engine.EscapeName ('%' as "%25", ':' as
+// "%3A"; a namespace without either is itself). The layout makes the key
 // sets of two namespaces disjoint without any glob: namespaces contain no
 // braces, so in "{ns}:..." the first "}" ends the namespace, and in
-// "ns:v:{b}" the only "{" does; a key of one kind never starts like a key
-// of the other ("{" versus a namespace character).
+// "ns:v:{b}" the first ":" does (the escaped ns holds none); a key of one
+// kind never starts like a key of the other ("{" versus a namespace
+// character). Nor does a key of a pool of the root package: its tag
+// "{prefix:pool}" always holds a ':', "{ns}" never does.
 //
 //	{ns}:meta           hash  shared settings ("buckets")
 //	{ns}:cookiehosts    set   hosts that have a cookie hash (the registry Clear reads)
@@ -32,6 +38,7 @@ type keyspace struct {
 }
 
 func newKeyspace(ns string) keyspace {
+	ns = engine.EscapeName(ns)
 	return keyspace{tag: "{" + ns + "}", visited: ns + ":v:{"}
 }
 

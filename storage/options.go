@@ -119,6 +119,8 @@ func isControl(r rune) bool { return r < 0x20 || r == 0x7f }
 // (visited set, cookies, queue). Collectors that share a namespace share
 // that state; Clear removes one namespace and nothing else. It must not
 // contain braces, spaces or control characters. The default is "colly".
+// A ':' or '%' in it is escaped in the keys ("%3A", "%25"), so no
+// namespace shares a key with another or with a proxy pool.
 func WithNamespace(ns string) Option { return func(c *config) { c.namespace = ns } }
 
 // WithVisitedTTL makes a visited mark expire after d, so the URL is crawled

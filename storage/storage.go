@@ -2,6 +2,7 @@ package storage
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync/atomic"
@@ -90,7 +91,11 @@ func (s *Storage) Init() error {
 	if err != nil {
 		return err
 	}
-	if str, _ := got.(string); str != want {
+	str, _ := got.(string)
+	if n, err := strconv.Atoi(str); err != nil || n < 1 || n > maxBuckets {
+		return fmt.Errorf("%w: key %s, field buckets: not a count of visited buckets: %s", ErrCorrupt, s.keys.meta(), clip(str))
+	}
+	if str != want {
 		return fmt.Errorf("%w: namespace %q uses %v visited buckets, this Storage %s (see WithVisitedBuckets)",
 			ErrConfig, s.cfg.namespace, got, want)
 	}
@@ -109,7 +114,7 @@ func (s *Storage) Clear(ctx context.Context) error {
 	recorded, err := call(ctx, s.cfg.redisTimeout, s.inline, "clear", func(ctx context.Context) (string, error) {
 		return s.rdb.HGet(ctx, s.keys.meta(), "buckets").Result()
 	})
-	if err != nil && err != redis.Nil {
+	if err != nil && err != redis.Nil && !errors.Is(err, ErrCorrupt) { // corrupt: Clear deletes it anyway
 		return err
 	}
 	if n, perr := strconv.Atoi(recorded); perr == nil && n > buckets && n <= maxBuckets {
@@ -130,7 +135,7 @@ func (s *Storage) Clear(ctx context.Context) error {
 	hosts, err := call(ctx, s.cfg.redisTimeout, s.inline, "clear", func(ctx context.Context) ([]string, error) {
 		return s.rdb.SMembers(ctx, s.keys.cookieHosts()).Result()
 	})
-	if err != nil {
+	if err != nil && !errors.Is(err, ErrCorrupt) { // corrupt: no cookie hash to find, Clear deletes it anyway
 		return err
 	}
 	keys := make([]string, 0, len(hosts)+2+len(s.qkeys))

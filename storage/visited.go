@@ -68,7 +68,7 @@ func (s *Storage) isVisited(id uint64) (bool, error) {
 	case err == redis.Nil:
 		return false, nil
 	case err != nil:
-		return false, err
+		return false, withKey(err, key[0])
 	case v == "0":
 		return true, nil
 	}
@@ -213,7 +213,7 @@ func (s *Storage) claim(id uint64) (bool, error) {
 			return s.rdb.HSetNX(ctx, key[0], field, "0").Result()
 		})
 		if err != nil || set {
-			return set, err
+			return set, withKey(err, key[0])
 		}
 	}
 	n, err := s.run(ctx, "visited", visitScript, key, field, s.cfg.visitedTTL.Milliseconds())

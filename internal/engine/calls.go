@@ -167,6 +167,14 @@ func IntAt(res []any, i int) (int64, bool) {
 // with, or an error saying what is wrong with prefix or pool (empty, or
 // holding braces, spaces or line breaks); the caller wraps it in its
 // ErrConfig.
+//
+// The pool name is escaped (EscapeName), the prefix is not: the pool is
+// what follows the last ':' of the tag, so two distinct (prefix, pool) pairs
+// never share a tag ("a:b" and "default" give "{a:b:default}", "a" and
+// "b:default" give "{a:b%3Adefault}"), while names without ':' or '%' keep
+// the keys they always had. A tag always holds a ':', which no storage
+// namespace's tag does (storage escapes its namespace with EscapeName), so
+// pools and storage namespaces never share a key either.
 func KeyBase(prefix, pool string) (string, error) {
 	for _, v := range []struct{ name, val string }{{"prefix", prefix}, {"pool", pool}} {
 		if v.val == "" {
@@ -176,5 +184,57 @@ func KeyBase(prefix, pool string) (string, error) {
 			return "", fmt.Errorf("%s %q must not contain braces, spaces or line breaks", v.name, v.val)
 		}
 	}
-	return "{" + prefix + ":" + pool + "}", nil
+	return "{" + prefix + ":" + EscapeName(pool) + "}", nil
+}
+
+// nameEscaper escapes the two bytes a name component of a key must not
+// hold as they are: ':', which separates components, and '%', the escape.
+var nameEscaper = strings.NewReplacer("%", "%25", ":", "%3A")
+
+// EscapeName returns name with every '%' as "%25" and every ':' as "%3A":
+// one-to-one, free of ':', and name itself when it holds neither (the keys
+// of existing deployments stay where they were).
+func EscapeName(name string) string {
+	if !strings.ContainsAny(name, "%:") {
+		return name
+	}
+	return nameEscaper.Replace(name)
+}
+
+// CorruptPrefix starts the error a script raises when it finds a stored
+// value it did not write (lib.lua's corrupt, checked and meta_slots; the
+// storage scripts reply it too).
+const CorruptPrefix = "PSCORRUPT"
+
+// maxCorruptDetail bounds what Corrupt returns: an error about a corrupt
+// value never carries the value whole.
+const maxCorruptDetail = 320
+
+// Corrupt reports whether err is a script's reply that a stored value is
+// not what the module writes, and returns what it says (the key, what is
+// wrong, the value clipped), at most 320 bytes: a PSCORRUPT error, or a
+// WRONGTYPE one (a key holding another kind of value than the script asks
+// of it, which Redis does not name; the caller names the keys it passed).
+// Safe for concurrent use.
+func Corrupt(err error) (detail string, ok bool) {
+	if err == nil {
+		return "", false
+	}
+	msg := err.Error()
+	switch i := strings.Index(msg, CorruptPrefix); {
+	case i >= 0:
+		detail = strings.TrimSpace(msg[i+len(CorruptPrefix):])
+	case strings.HasPrefix(msg, "WRONGTYPE"):
+		detail = "a key holds the wrong kind of value"
+	default:
+		return "", false
+	}
+	// Redis 7 appends where the script raised it: " script: <sha>, on @user_script:<n>."
+	if j := strings.Index(detail, " script: "); j >= 0 {
+		detail = detail[:j]
+	}
+	if len(detail) > maxCorruptDetail {
+		detail = strings.ToValidUTF8(detail[:maxCorruptDetail], "") + "..."
+	}
+	return detail, true
 }

@@ -3,7 +3,8 @@
 // under lua/ (the root package's scripts) and lua/storage/ (storage's) is one
 // *redis.Script, named after its file, with no list to keep in step.
 //
-// Every script is lua/lib.lua (DEAD, now_ms, num, pool_prefix), then the
+// Every script is lua/lib.lua (DEAD, now_ms, num, checked, corrupt,
+// meta_slots, pool_prefix), then the
 // libraries its header names on "-- include: <file>" lines (such as
 // session_lib.lua), then its own body, so every call stays one EVALSHA.
 // Library files (lib.lua and *_lib.lua) are not scripts of their own.

@@ -25,7 +25,7 @@ if ARGV[2] == '1' then
 elseif ARGV[2] == '-1' then
   redis.call('ZREM', KEYS[1], ARGV[1])
 end
-local out = {now, redis.call('HLEN', KEYS[3]), tonumber(redis.call('HGET', KEYS[4], 'version') or '0'),
+local out = {now, redis.call('HLEN', KEYS[3]), checked(redis.call('HGET', KEYS[4], 'version'), KEYS[4], 'field version', 0, MAX_MS) or 0,
   redis.call('HLEN', KEYS[5])}
 for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. now, '+inf')) do
   out[#out + 1] = id

@@ -30,7 +30,7 @@ if not slots then
   redis.call('HSET', KEYS[3], 'slots', ARGV[3])
   slots = ARGV[3]
 end
-slots = tonumber(slots)
+slots = checked(slots, KEYS[3], 'field slots', 1, MAX_SLOTS)
 
 local ready = {}
 local function free(scope)

@@ -40,6 +40,7 @@ if not slots then
   redis.call('HSET', KEYS[5], 'slots', ARGV[5])
   slots = ARGV[5]
 elseif slots ~= ARGV[5] then
+  checked(slots, KEYS[5], 'field slots', 1, MAX_SLOTS)
   return redis.error_reply('PSCONFIG pool serves ' .. slots .. ' concurrent requests per proxy per site, this client asks for ' .. ARGV[5])
 end
 slots = tonumber(slots)

@@ -21,13 +21,13 @@ end
 local holder = redis.call('HGET', KEYS[2], ARGV[1])
 if holder and holder ~= ARGV[2] then
   local ends = redis.call('ZSCORE', KEYS[1], ARGV[1])
-  if ends then return {0, tonumber(ends)} end
+  if ends then return {0, checked(ends, KEYS[1], 'registration end of ' .. ARGV[1], 0, MAX_MS)} end
 end
 
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
-local keep = tonumber(last[2]) - now + 1000
+local keep = checked(last[2], KEYS[1], 'registration end', 0, MAX_MS) - now + 1000
 redis.call('PEXPIRE', KEYS[1], keep)
 redis.call('PEXPIRE', KEYS[2], keep)
 

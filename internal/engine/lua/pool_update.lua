@@ -24,7 +24,7 @@ local now = now_ms()
 local base, badbase = pool_prefix(ARGV[2])
 if not base then return redis.error_reply(badbase) end
 local mode, idle = ARGV[1], tonumber(ARGV[3])
-local slots = tonumber(redis.call('HGET', KEYS[3], 'slots') or '1')
+local slots = meta_slots(KEYS[3], 1)
 
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - idle)
 local sites = {}

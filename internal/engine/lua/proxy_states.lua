@@ -33,7 +33,7 @@
 -- absent.
 -- Scores are read with num (lib.lua), not tonumber.
 local now = now_ms()
-local slots = tonumber(redis.call('HGET', KEYS[7], 'slots') or ARGV[1]) or 1
+local slots = meta_slots(KEYS[7], tonumber(ARGV[1]) or 1)
 
 local function pairs_of(flat, f)
   local m = {}

@@ -13,7 +13,7 @@
 -- at one by one (leased first, then dead, then quarantined by a ban; the
 -- rest cool down after a release); free slots are counted with ZCOUNT.
 local now = now_ms()
-local slots = tonumber(redis.call('HGET', KEYS[7], 'slots') or ARGV[1] or '1') or 1
+local slots = meta_slots(KEYS[7], tonumber(ARGV[1]) or 1)
 if redis.call('EXISTS', KEYS[2]) == 0 then
   -- Never leased for this site: every live proxy is free, but for those
   -- banned on every site (the site's first lease starts them quarantined).

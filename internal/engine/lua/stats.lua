@@ -15,7 +15,7 @@ local slots = redis.call('HGET', KEYS[4], 'slots')
 local k = 0
 if slots then
   k = tonumber(slots)
-  if not k or k < 1 or k ~= math.floor(k) then k = -1 end
+  if not k or k < 1 or k > MAX_SLOTS or k ~= math.floor(k) then k = -1 end
 end
 if redis.call('EXISTS', KEYS[2]) == 0 then return {size, -1, 0, -1, 0, 0, k} end
 local free = redis.call('ZCOUNT', KEYS[2], '-inf', now)

@@ -8,6 +8,6 @@ local v = redis.call('HGET', KEYS[1], ARGV[1])
 if not v then return 0 end
 if v == '0' then return 1 end
 local expiry = tonumber(v)
-if not expiry then return redis.error_reply('PSCORRUPT visited mark is not a number') end
+if not expiry then corrupt(KEYS[1], 'visited mark is not a number', v) end
 if expiry > now_ms() then return 1 end
 return 0

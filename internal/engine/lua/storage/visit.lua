@@ -14,7 +14,7 @@ local v = redis.call('HGET', KEYS[1], ARGV[1])
 if v then
   if v == '0' then return 0 end
   local expiry = tonumber(v)
-  if not expiry then return redis.error_reply('PSCORRUPT visited mark is not a number') end
+  if not expiry then corrupt(KEYS[1], 'visited mark is not a number', v) end
   now = now_ms()
   if expiry > now then return 0 end
 end
