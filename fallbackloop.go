@@ -199,7 +199,7 @@ func (fp *fbPool) read(ctx context.Context) error {
 		if gone[id] {
 			continue
 		}
-		p, err := fp.rp.sw.poolEntry(id, raw)
+		p, err := fp.rp.sw.poolEntry(fp.rp.keys.proxies(), id, raw)
 		if err != nil {
 			return err
 		}
