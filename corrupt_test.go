@@ -66,6 +66,8 @@ func corruptSpoils() []spoil {
 		field func([]string) string
 	}{
 		{"meta slots", keyspace.meta, lit("slots")},
+		{"meta version", keyspace.meta, lit("version")},
+		{"meta hold", keyspace.meta, lit("hold")},
 		{"lease", func(k keyspace) string { return k.leases(corruptSite) }, slot(0)},
 		{"strikes", func(k keyspace) string { return k.strikes(corruptSite) }, id(1)},
 		{"fails", keyspace.fails, id(0)},

@@ -39,7 +39,7 @@ local function free(scope)
   ready[scope] = true
   if redis.call('EXISTS', fk) == 0 then
     local held = {}
-    local hold = tonumber(redis.call('HGET', KEYS[3], 'hold') or '0') or 0
+    local hold = meta_ms(KEYS[3], 'hold')
     if hold <= now then hold = 0 end
     local q = redis.call('ZRANGEBYSCORE', KEYS[5], '(' .. now, '+inf', 'WITHSCORES')
     for i = 1, #q, 2 do held[q[i]] = num(q[i + 1]) end

@@ -28,7 +28,7 @@
 local now = now_ms()
 local ttl, cooldown, idle = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[6])
 
-local function version() return tonumber(redis.call('HGET', KEYS[5], 'version') or '0') or 0 end
+local function version() return meta_ms(KEYS[5], 'version') end
 local function empty()
   local lost = 1
   if redis.call('HEXISTS', KEYS[5], 'emptied') == 1 then lost = 0 end
@@ -52,7 +52,7 @@ slots = tonumber(slots)
 if redis.call('EXISTS', KEYS[2]) == 0 then
   local ids = redis.call('HKEYS', KEYS[1])
   if #ids == 0 then return empty() end
-  local hold = tonumber(redis.call('HGET', KEYS[5], 'hold') or '0') or 0
+  local hold = meta_ms(KEYS[5], 'hold')
   if hold <= now then hold = 0 end
   local held = {}
   local q = redis.call('ZRANGEBYSCORE', KEYS[7], '(' .. now, '+inf', 'WITHSCORES')

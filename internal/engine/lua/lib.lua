@@ -92,6 +92,13 @@ local function meta_slots(key, def)
   return checked(redis.call('HGET', key, 'slots'), key, 'field slots', 1, MAX_SLOTS) or def
 end
 
+-- meta_ms reads a time or generation in ms that a pool records in its meta
+-- hash (KEYS entry key), field f ("version", "hold"), or 0 when it records
+-- none; a value that is not 0..MAX_MS raises corrupt.
+local function meta_ms(key, f)
+  return checked(redis.call('HGET', key, f), key, 'field ' .. f, 0, MAX_MS) or 0
+end
+
 -- pool_prefix checks the key prefix p ("{prefix:pool}") a script was given
 -- in ARGV to name keys it cannot know up front (those of every site of the
 -- pool, of a session's scopes): p must be a whole hash tag that KEYS[1]
@@ -112,7 +119,7 @@ end
 -- and a re-seed (pool_seed.lua) wrote back an older one. Switches compare it
 -- with the copy of the pool they keep (snapshot.go). Returns the new one.
 local function bump_version(meta)
-  local v = tonumber(redis.call('HGET', meta, 'version') or '0') or 0
+  local v = meta_ms(meta, 'version')
   local t = now_ms()
   if t <= v then t = v + 1 end
   redis.call('HSET', meta, 'version', t)

@@ -41,6 +41,6 @@ redis.call('HSETNX', KEYS[2], 'slots', ARGV[3])
 local hold = tonumber(ARGV[2])
 if hold > 0 then
   local untl = now_ms() + hold
-  if untl > (tonumber(redis.call('HGET', KEYS[2], 'hold') or '0') or 0) then redis.call('HSET', KEYS[2], 'hold', untl) end
+  if untl > meta_ms(KEYS[2], 'hold') then redis.call('HSET', KEYS[2], 'hold', untl) end
 end
 return n
