@@ -391,7 +391,7 @@ func TestBanPathsNeverLeakSecrets(t *testing.T) {
 	assert.NotEmpty(t, dead)
 	all := strings.Join(errs, "\n") + logs.String()
 	assert.Contains(t, all, "quarantine failed", "the Redis failure was logged")
-	assert.Contains(t, all, "crawler:xxxxx@", "proxies are named, redacted")
+	assert.Contains(t, all, "xxxxx:xxxxx@", "proxies are named, redacted")
 	assert.NotContains(t, all, proxyPW)
 	assert.NotContains(t, all, redisPW)
 }

@@ -204,7 +204,7 @@
 //
 // A proxy's ID is a hash of its URL, credentials included; the URL with its
 // password is stored only in the pool hash, where it must be kept to dial.
-// Errors, logs and Request.ProxyURL show it with the password replaced.
+// Errors, logs and Request.ProxyURL show it with its user info (user name and password) masked.
 //
 // # Long requests, and exit
 //

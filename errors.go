@@ -122,7 +122,7 @@ func (e *BlockedError) Unwrap() []error {
 }
 
 // ProxyError describes a problem with one proxy. Proxy is the redacted form
-// of the URL (the password replaced by "xxxxx"), safe to log.
+// of the URL (user name and password masked as "xxxxx"), safe to log.
 type ProxyError struct {
 	Proxy  string // redacted proxy URL; never holds the password
 	Reason string // what is wrong, in words

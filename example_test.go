@@ -21,7 +21,7 @@ func ExampleNew() {
 }
 
 // The whole extension: leases released as soon as each response is in, one
-// IP per redirect chain, Request.ProxyURL filled (password redacted).
+// IP per redirect chain, Request.ProxyURL filled (user info masked).
 func ExampleSwitch_Attach() {
 	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
 	sw, err := proxyswitch.NewSwitch(rdb,
@@ -103,7 +103,7 @@ func ExampleSwitch_Lease() {
 		log.Fatal(err)
 	}
 	defer lease.Release(ctx)
-	fmt.Println("using", lease.Proxy()) // password redacted
+	fmt.Println("using", lease.Proxy()) // user info masked
 }
 
 func ExampleParseProxy() {
@@ -112,7 +112,7 @@ func ExampleParseProxy() {
 	_, err = proxyswitch.ParseProxy("ftp://shopper-7:s3cret@gw.example.net:21")
 	fmt.Println(err)
 	// Output:
-	// http://shopper-7:xxxxx@gw.example.net:8000 <nil>
+	// http://xxxxx:xxxxx@gw.example.net:8000 <nil>
 	// proxyswitch: proxy "ftp://xxxxx@gw.example.net:21": unsupported scheme "ftp" (want http, https, socks5 or socks5h)
 }
 

@@ -217,7 +217,7 @@ func TestProxyURLIsFilledWithoutPassword(t *testing.T) {
 	require.Error(t, c.Visit(bed.Sites[0].URL()+"/status/404"))
 	require.Len(t, seen, 2)
 	for _, u := range seen {
-		assert.Regexp(t, `^http://crawler:xxxxx@127\.0\.0\.1:\d+$`, u)
+		assert.Regexp(t, `^http://xxxxx:xxxxx@127\.0\.0\.1:\d+$`, u)
 	}
 	assert.Equal(t, 2, bed.Sites[0].Recorder().Count(), "the proxies accepted the credentials")
 	assert.NotContains(t, logs.String(), secret)

@@ -28,8 +28,9 @@ import (
 // hash, so it carries no secret) and names the proxy in Redis, logs and
 // metrics.
 type Proxy struct {
-	id  string
-	url *url.URL
+	id    string
+	url   *url.URL
+	shown string // String: the URL with user info masked, computed once
 }
 
 // proxySchemes are the schemes net/http's Transport can dial through.
@@ -210,7 +211,7 @@ func parseURL(raw string) (*Proxy, string) {
 	}
 	canon := &url.URL{Scheme: u.Scheme, User: u.User, Host: net.JoinHostPort(host, strconv.FormatUint(n, 10))}
 	sum := sha256.Sum256([]byte(canon.String()))
-	return &Proxy{id: hex.EncodeToString(sum[:8]), url: canon}, ""
+	return &Proxy{id: hex.EncodeToString(sum[:8]), url: canon, shown: masked(canon)}, ""
 }
 
 // hostProfile maps an internationalised host name to its punycode (UTS #46
@@ -286,8 +287,27 @@ func (p *Proxy) URL() *url.URL {
 	return &u
 }
 
-// String returns the URL with the password replaced by "xxxxx".
-func (p *Proxy) String() string { return p.url.Redacted() }
+// String returns the URL with its user info masked: the user name and the
+// password each become "xxxxx" (http://xxxxx:xxxxx@gw.example:8000). Gateway
+// providers put account names, session ids and targeting in the user name,
+// so it is no less secret than the password; entries that differ only in
+// credentials print alike and are told apart by ID. This is what logs,
+// errors, Request.ProxyURL and the CLI show.
+func (p *Proxy) String() string { return p.shown }
+
+// masked is u with its user info masked, as String shows it.
+func masked(u *url.URL) string {
+	if u.User == nil {
+		return u.String()
+	}
+	m := *u
+	if _, ok := u.User.Password(); ok {
+		m.User = url.UserPassword("xxxxx", "xxxxx")
+	} else {
+		m.User = url.User("xxxxx")
+	}
+	return m.String()
+}
 
 // raw is the canonical URL with credentials, as stored in Redis.
 func (p *Proxy) raw() string { return p.url.String() }

@@ -123,7 +123,7 @@ func TestParseProxyLineFormat(t *testing.T) {
 	ps, err := ReadProxies(strings.NewReader("# provider export\ngw.example:8000:u1:pw1\ngw.example:8000:u2:pw2\n127.0.0.1:3128\n"))
 	require.NoError(t, err)
 	require.Len(t, ps, 3)
-	assert.Equal(t, "http://u2:xxxxx@gw.example:8000", ps[1].String())
+	assert.Equal(t, "http://xxxxx:xxxxx@gw.example:8000", ps[1].String())
 
 	for _, in := range []string{
 		"gw.example:8000:u:p@h2.example:81", // user:password@host:port or host:port:user:password?

@@ -13,22 +13,22 @@ func TestParseProxyAccepts(t *testing.T) {
 	for _, tc := range []struct{ in, want string }{
 		{"http://127.0.0.1:8080", "http://127.0.0.1:8080"},
 		{"HTTP://Proxy.Example.COM:3128/", "http://proxy.example.com:3128"},
-		{"https://user:pa55@gw.example:443", "https://user:xxxxx@gw.example:443"},
+		{"https://user:pa55@gw.example:443", "https://xxxxx:xxxxx@gw.example:443"},
 		{"socks5://10.0.0.1:1080", "socks5://10.0.0.1:1080"},
-		{"socks5h://u:p@[::1]:1080", "socks5h://u:xxxxx@[::1]:1080"},
+		{"socks5h://u:p@[::1]:1080", "socks5h://xxxxx:xxxxx@[::1]:1080"},
 		{"  http://a.b:1  ", "http://a.b:1"},
 		// Without a scheme: http.
 		{"127.0.0.1:8080", "http://127.0.0.1:8080"},
 		{"[::1]:8080", "http://[::1]:8080"},
-		{"gw.example:8000:session-1:pw", "http://session-1:xxxxx@gw.example:8000"},
-		{"gw.example:8000:session-1:p:w@x/y?z#", "http://session-1:xxxxx@gw.example:8000"},
-		{"[2001:db8::1]:8000:u:pw", "http://u:xxxxx@[2001:db8::1]:8000"},
-		{"u:pw@gw.example:8000", "http://u:xxxxx@gw.example:8000"},
-		{"u:pw@[::1]:8000", "http://u:xxxxx@[::1]:8000"},
-		{"u:p/w?#@x@gw.example:8000", "http://u:xxxxx@gw.example:8000"},
-		{"gw.example:8000:u:p@" + canary, "http://u:xxxxx@gw.example:8000"},
-		{"gw.example:8000:u://" + canary, "http://u:xxxxx@gw.example:8000"},
-		{"socks5h://u:pw@[::1]:1080", "socks5h://u:xxxxx@[::1]:1080"},
+		{"gw.example:8000:session-1:pw", "http://xxxxx:xxxxx@gw.example:8000"},
+		{"gw.example:8000:session-1:p:w@x/y?z#", "http://xxxxx:xxxxx@gw.example:8000"},
+		{"[2001:db8::1]:8000:u:pw", "http://xxxxx:xxxxx@[2001:db8::1]:8000"},
+		{"u:pw@gw.example:8000", "http://xxxxx:xxxxx@gw.example:8000"},
+		{"u:pw@[::1]:8000", "http://xxxxx:xxxxx@[::1]:8000"},
+		{"u:p/w?#@x@gw.example:8000", "http://xxxxx:xxxxx@gw.example:8000"},
+		{"gw.example:8000:u:p@" + canary, "http://xxxxx:xxxxx@gw.example:8000"},
+		{"gw.example:8000:u://" + canary, "http://xxxxx:xxxxx@gw.example:8000"},
+		{"socks5h://u:pw@[::1]:1080", "socks5h://xxxxx:xxxxx@[::1]:1080"},
 	} {
 		p, err := ParseProxy(tc.in)
 		require.NoError(t, err, tc.in)
@@ -97,7 +97,7 @@ http://127.0.0.1:1
 	ps, err := ReadProxies(strings.NewReader(in))
 	require.NoError(t, err)
 	require.Len(t, ps, 2, "duplicate dropped")
-	assert.Equal(t, "socks5://u:xxxxx@127.0.0.2:1080", ps[1].String())
+	assert.Equal(t, "socks5://xxxxx:xxxxx@127.0.0.2:1080", ps[1].String())
 
 	_, err = ReadProxies(strings.NewReader("http://127.0.0.1:1\n\nhttp://u:TopSecret@host\n"))
 	require.ErrorIs(t, err, ErrInvalidProxy)

@@ -126,7 +126,7 @@ func New(rdb redis.Scripter, opts ...Option) colly.ProxyFunc {
 // detection with retries through other proxies, and the hooks that tie each
 // lease to its request and release it as soon as the response (or the error)
 // is in, keep one proxy for a whole redirect chain, and fill
-// Request.ProxyURL (password redacted) for your callbacks.
+// Request.ProxyURL (user info masked) for your callbacks.
 //
 // Ban detection runs in a transport Attach installs with c.WithTransport (a
 // clone of WithBaseTransport's, or of http.DefaultTransport, whose Proxy is
@@ -275,7 +275,7 @@ func (s *Switch) onResponseHeaders(r *colly.Response) {
 }
 
 // finish ends a request's binding from OnResponse or OnError: its lease is
-// released and Request.ProxyURL names the proxy (password redacted). Colly
+// released and Request.ProxyURL names the proxy (user info masked). Colly
 // may report one request twice (an OnHTML error after OnResponse); the second
 // call finds nothing to do.
 func (s *Switch) finish(r *colly.Request) { s.finishAfter(r, nil) }

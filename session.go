@@ -135,7 +135,7 @@ type SessionInfo struct {
 	ID         string // random, new for each session of the task
 	Generation int    // the task's sessions in a row: 1 for its first, 2 after one retirement...
 	Pool       string // the pool the session leases from (WithSessionPool)
-	Proxy      string // the session's proxy, password redacted
+	Proxy      string // the session's proxy, user info masked
 	ProxyID    string // its ID (Proxy.ID): what Switch.Ban, Drain... take
 	Requests   int    // requests sent through the session so far, this one included
 	Started    time.Time
@@ -150,7 +150,7 @@ type SessionInfo struct {
 type SessionRetirement struct {
 	Task     string
 	ID       string // the session that ended
-	Proxy    string // its proxy, password redacted (its ID if it left the pool)
+	Proxy    string // its proxy, user info masked (its ID if it left the pool)
 	ProxyID  string // its proxy's ID (Proxy.ID)
 	Reason   string // a verdict's reason ("http_403"...) or one of the Session... reasons
 	Site     string // the site where the reason showed; "" for limits and EndSession

@@ -825,7 +825,7 @@ func TestSessionNeverLeaksSecrets(t *testing.T) {
 	require.NoError(t, c.Request("GET", stepURL(site, "secretive", 4), nil, tctx, nil))
 	require.Len(t, reports, 1)
 	out = append(out, fmt.Sprintf("%+v", *SessionOf(tctx)), fmt.Sprintf("%+v", *SessionOf(tctx).Previous))
-	assert.Contains(t, SessionOf(tctx).Proxy, "crawler:xxxxx@")
+	assert.Contains(t, SessionOf(tctx).Proxy, "xxxxx:xxxxx@")
 	keys, err := rdb.Keys(ctx, s.keys.base+"*").Result()
 	require.NoError(t, err)
 	for _, k := range keys {
@@ -849,7 +849,7 @@ func TestSessionNeverLeaksSecrets(t *testing.T) {
 	require.ErrorIs(t, err, ErrRedis)
 	out = append(out, err.Error(), fmt.Sprintf("%+v", err))
 	all := strings.Join(append(append(out, reports...), logs.String()), "\n")
-	assert.Contains(t, all, "crawler:xxxxx@")
+	assert.Contains(t, all, "xxxxx:xxxxx@")
 	assert.NotContains(t, all, proxyPW)
 	assert.NotContains(t, all, redisPW)
 	assert.Len(t, flow.visitor("secretive").ips, 2, "nothing left while Redis was down")

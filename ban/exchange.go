@@ -18,7 +18,7 @@ import (
 // proxyswitch's *Proxy is one.
 type Proxy interface {
 	ID() string     // the proxy's ID: a hash of its URL, no secret in it
-	String() string // its URL, password redacted
+	String() string // its URL, user info masked
 }
 
 // Exchange is one response (or transport error) as the classifiers see it.

@@ -70,7 +70,7 @@ func TestScriptedCrawl(t *testing.T) {
 	proxies := testbed.NewProxies(t, 6)
 	urls := make([]string, len(proxies))
 	for i, p := range proxies {
-		p.SetCredentials(fmt.Sprintf("user%d", i), proxySecret)
+		p.SetCredentials(fmt.Sprintf("%s-user%d", proxyUser, i), proxySecret)
 		urls[i] = p.URL()
 	}
 	slow, burnt, dead := proxies[3], proxies[4], proxies[5]
@@ -206,6 +206,7 @@ func TestScriptedCrawl(t *testing.T) {
 
 	page3 := scriptedSessions(t, sw, c, col, state, shop, proxies[0], dead)
 	for _, out := range []string{page, page2, page3, logs.String()} {
+		assert.NotContains(t, out, proxyUser)
 		assert.NotContains(t, out, proxySecret)
 		assert.NotContains(t, out, redisSecret)
 	}

@@ -26,11 +26,12 @@ import (
 )
 
 // Canary secrets: the shared Redis requires redisSecret and test proxies
-// require proxySecret. Neither may appear in a scrape, a log line or an
+// require proxyUser-N and proxySecret. None may appear in a scrape, a log line or an
 // error.
 const (
 	redisSecret = "Canary-redis-secret-m7"
 	proxySecret = "Canary-proxy-secret-m7"
+	proxyUser   = "Canary-proxy-user-m7" // gateway users carry account and session
 )
 
 // shared is one redis-server (with a password) for the tests that need no

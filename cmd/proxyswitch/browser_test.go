@@ -175,7 +175,7 @@ func TestStatusPageInChromium(t *testing.T) {
 	})
 	sort.Strings(ids)
 	assert.Equal(t, wantBanned, ids)
-	assert.Contains(t, dom, "http://u1:xxxxx@"+farm.Proxies[0].Addr())
+	assert.Contains(t, dom, "http://xxxxx:xxxxx@"+farm.Proxies[0].Addr())
 	dead := doc.Find("table.dead tbody tr")
 	assert.Equal(t, proxyIDOf(t, urls[7]), dead.AttrOr("data-id", ""))
 	assert.Equal(t, "proxy_connect", dead.Find("td.reason").Text())

@@ -25,7 +25,7 @@ Removes proxies from the pool, by ID (as list shows it) or URL, and says
 how many were in it.`,
 	"list": `usage: proxyswitch [flags] list [SITE]
 
-Without SITE: every proxy of the pool, ID, URL (password redacted) and
+Without SITE: every proxy of the pool, ID, URL (user info masked) and
 state: ok, dead (since when, and the failure that killed it) or drained.
 With SITE (as the workers' site function names it, host[:port] by default;
 "*" for a pool leased with ScopeGlobal): each proxy's state there: free,

@@ -8,7 +8,7 @@
 //	load FILE                   replace the pool with the proxies in FILE ("-" for stdin), atomically
 //	add URL...                  add proxies
 //	remove ID|URL...            remove proxies
-//	list                        list the proxies: ID, URL (password redacted), state (ok, dead, drained)
+//	list                        list the proxies: ID, URL (user info masked), state (ok, dead, drained)
 //	list SITE                   list the proxies with their state on SITE ("*" for a pool leased with
 //	                            ScopeGlobal): free, leased (and how many of its slots), cooling,
 //	                            quarantined (noting a ban on every site), dead or drained; until
@@ -25,7 +25,7 @@
 //	queue NS [stats|dead [N]|requeue ID...]
 //	                            the request queue of storage namespace NS (package storage):
 //	                            ready, in flight and dead counts; the oldest N dead letters
-//	                            (default 20: ID, URL with password redacted, deliveries,
+//	                            (default 20: ID, URL with user info masked, deliveries,
 //	                            since, reason); move dead letters back into the queue
 //	serve [-addr A] [-queue NS,...] [-scrape-timeout D] [POOL...]
 //	                            serve /metrics (pool state, and the request queues of

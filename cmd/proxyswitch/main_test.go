@@ -63,7 +63,7 @@ func TestCLIEndToEnd(t *testing.T) {
 
 	r = cli(t, env, "", "list")
 	require.Equal(t, 0, r.code, r.all())
-	assert.Contains(t, r.stdout, "http://u1:xxxxx@127.0.0.1:3128")
+	assert.Contains(t, r.stdout, "http://xxxxx:xxxxx@127.0.0.1:3128")
 	assert.Contains(t, r.stdout, "socks5://127.0.0.2:1080")
 	assert.NotContains(t, r.stdout, "127.0.0.3", "pools are separate")
 
@@ -232,7 +232,7 @@ func TestCLIOperatorCommands(t *testing.T) {
 	r = run("list")
 	require.Equal(t, 0, r.code, r.all())
 	assert.Regexp(t, `ID\s+PROXY\s+STATE\s+SINCE\s+REASON`, r.stdout)
-	assert.Regexp(t, idSecret+`\s+http://u1:xxxxx@127\.0\.0\.1:3128\s+ok\s+-\s+-`, r.stdout)
+	assert.Regexp(t, idSecret+`\s+http://xxxxx:xxxxx@127\.0\.0\.1:3128\s+ok\s+-\s+-`, r.stdout)
 	assert.Regexp(t, idPlain+`\s+http://127\.0\.0\.2:3128\s+drained\s+\d{4}-\d\d-\d\dT[0-9:]+Z\s+-`, r.stdout)
 	assert.Regexp(t, idThird+`\s+socks5://127\.0\.0\.3:1080\s+dead\s+\d{4}-\d\d-\d\dT[0-9:]+Z\s+proxy_connect`, r.stdout)
 	r = run("revive", idPlain, third, secret)
@@ -355,12 +355,12 @@ func TestCLIListSite(t *testing.T) {
 	const since = `\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ`
 	assert.Regexp(t, `(?m)^ID\s+PROXY\s+STATE\s+LEASED\s+UNTIL\s+STRIKES\s+NOTE\s*$`, r.stdout)
 	for _, row := range []string{
-		proxyIDOf(t, secret) + `\s+http://u1:xxxxx@127\.0\.0\.1:3128\s+quarantined\s+0/1\s+` + when + `\s+1\s+-`,
+		proxyIDOf(t, secret) + `\s+http://xxxxx:xxxxx@127\.0\.0\.1:3128\s+quarantined\s+0/1\s+` + when + `\s+1\s+-`,
 		proxyIDOf(t, plain) + `\s+http://127\.0\.0\.2:3128\s+leased\s+1/1\s+` + when + `\s+0\s+-`,
 		proxyIDOf(t, dead) + `\s+socks5://127\.0\.0\.3:1080\s+dead\s+0/1\s+-\s+0\s+proxy_connect since ` + since,
 		proxyIDOf(t, drained) + `\s+http://127\.0\.0\.4:3128\s+drained\s+0/1\s+-\s+0\s+since ` + since,
 		proxyIDOf(t, cooled) + `\s+http://127\.0\.0\.5:3128\s+cooling\s+0/1\s+` + when + `\s+0\s+-`,
-		proxyIDOf(t, added) + `\s+http://u6:xxxxx@127\.0\.0\.6:3128\s+free\s+0/1\s+-\s+0\s+-`,
+		proxyIDOf(t, added) + `\s+http://xxxxx:xxxxx@127\.0\.0\.6:3128\s+free\s+0/1\s+-\s+0\s+-`,
 	} {
 		assert.Regexp(t, `(?m)^`+row+`\s*$`, r.stdout)
 	}
@@ -391,7 +391,7 @@ func TestCLIListSite(t *testing.T) {
 	r = run("-pool", "wide", "list", "ozon.example")
 	require.Equal(t, 0, r.code, r.all())
 	assert.Regexp(t, proxyIDOf(t, plain)+`\s+http://127\.0\.0\.2:3128\s+leased\s+2/2\s+`+when+`\s+0\s+-`, r.stdout)
-	assert.Regexp(t, proxyIDOf(t, secret)+`\s+http://u1:xxxxx@127\.0\.0\.1:3128\s+quarantined\s+0/2\s+`+when+`\s+0\s+banned on every site`, r.stdout)
+	assert.Regexp(t, proxyIDOf(t, secret)+`\s+http://xxxxx:xxxxx@127\.0\.0\.1:3128\s+quarantined\s+0/2\s+`+when+`\s+0\s+banned on every site`, r.stdout)
 	r = run("-pool", "wide", "list", "avito.example")
 	require.Equal(t, 0, r.code, r.all())
 	assert.Regexp(t, proxyIDOf(t, secret)+`\s+\S+\s+quarantined\s+0/2\s+`+when+`\s+1\s+banned on every site`, r.stdout)
@@ -400,7 +400,7 @@ func TestCLIListSite(t *testing.T) {
 	r = run("list")
 	require.Equal(t, 0, r.code, r.all())
 	assert.Regexp(t, `ID\s+PROXY\s+STATE\s+SINCE\s+REASON`, r.stdout)
-	assert.Regexp(t, proxyIDOf(t, secret)+`\s+http://u1:xxxxx@127\.0\.0\.1:3128\s+ok\s+-\s+-`, r.stdout)
+	assert.Regexp(t, proxyIDOf(t, secret)+`\s+http://xxxxx:xxxxx@127\.0\.0\.1:3128\s+ok\s+-\s+-`, r.stdout)
 
 	assert.NotContains(t, tr.all.String(), proxySecret)
 	assert.NotContains(t, tr.all.String(), redisSecret)

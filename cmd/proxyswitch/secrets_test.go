@@ -71,3 +71,36 @@ func FuzzRedactURL(f *testing.F) {
 		}
 	})
 }
+
+// TestCLIAcceptedProxyUserNeverPrinted: a proxy that parses, with a canary
+// in its user name (gateway users carry the account and the session) and
+// in its password, goes through every command that names proxies; no output
+// shows either, only the proxy's ID and its masked URL.
+func TestCLIAcceptedProxyUserNeverPrinted(t *testing.T) {
+	const user, pass = "Canary9U-customer-X-session-1", "Canary9P"
+	srv := redistest.Start(t)
+	env := map[string]string{EnvRedisURL: "redis://" + srv.Addr() + "/0"}
+	proxy := "http://" + user + ":" + pass + "@127.0.0.1:3128"
+	line := "127.0.0.2:3128:" + user + ":" + pass + "\n"
+	for _, tc := range []struct {
+		stdin string
+		args  []string
+	}{
+		{line, []string{"load", "-"}}, // replaces the pool
+		{"", []string{"add", proxy}},
+		{"", []string{"list"}},
+		{"", []string{"ban", proxy, "ozon.example"}},
+		{"", []string{"list", "ozon.example"}},
+		{"", []string{"stats", "ozon.example"}},
+		{"", []string{"unban", proxy, "ozon.example"}},
+		{"", []string{"drain", proxy}},
+		{"", []string{"revive", proxy}},
+		{"", []string{"remove", proxy}},
+	} {
+		r := cli(t, env, tc.stdin, append([]string{"-v"}, tc.args...)...)
+		assert.Equal(t, 0, r.code, "%v: %s", tc.args[0], r.all())
+		for _, secret := range []string{user, pass, "customer-X"} {
+			assert.NotContains(t, r.all(), secret, tc.args[0])
+		}
+	}
+}

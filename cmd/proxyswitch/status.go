@@ -46,7 +46,7 @@ var statusTemplate = template.Must(template.New("status").Funcs(template.FuncMap
 
 // statusPage is serve's read-only page at /: what each pool holds in Redis,
 // read at each request within a bounded time, redacted as every output of
-// the command (proxies by ID and by their URL with the password replaced).
+// the command (proxies by ID and by their URL with user info masked).
 // It is safe for concurrent use.
 type statusPage struct {
 	pools   []*proxyswitch.Switch

@@ -118,7 +118,7 @@ func TestStatusPage(t *testing.T) {
 	q := doc.Find(`section[data-pool="default"] table.quarantine[data-site="ozon.example"] tbody tr`)
 	require.Equal(t, 1, q.Length(), body)
 	assert.Equal(t, proxyIDOf(t, secret), q.AttrOr("data-id", ""))
-	assert.Equal(t, "http://u1:xxxxx@127.0.0.1:3128", q.Find("td.proxy").Text())
+	assert.Equal(t, "http://xxxxx:xxxxx@127.0.0.1:3128", q.Find("td.proxy").Text())
 	assert.Equal(t, "ban on this site", q.Find("td.reason").Text())
 	assert.Equal(t, "1", q.Find("td.strikes").Text())
 	left, err := time.ParseDuration(q.Find("td.left").Text())
@@ -137,7 +137,7 @@ func TestStatusPage(t *testing.T) {
 	q = doc.Find(`section[data-pool="residential"] table.quarantine tbody tr`)
 	require.Equal(t, 1, q.Length())
 	assert.Equal(t, "ban on every site", q.Find("td.reason").Text())
-	assert.Equal(t, "http://u2:xxxxx@127.0.0.9:3128", q.Find("td.proxy").Text())
+	assert.Equal(t, "http://xxxxx:xxxxx@127.0.0.9:3128", q.Find("td.proxy").Text())
 
 	assert.Equal(t, strconv.Itoa(int(statusRefresh/time.Second)), doc.Find(`meta[http-equiv="refresh"]`).AttrOr("content", ""))
 	assert.Zero(t, doc.Find("script").Length(), "no JavaScript")

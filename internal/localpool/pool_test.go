@@ -244,7 +244,7 @@ func TestLocalPoolHold(t *testing.T) {
 	p.Hold(2 * time.Second)
 	p.Hold(time.Second) // never shortens
 	assert.Equal(t, 2*time.Second, noLease(t, p, "avito.ru"), "sites built later are held too")
-	extra := []*testProxy{{id: "0000000000000099", url: "http://u9:xxxxx@192.0.2.99:8080"}}
+	extra := []*testProxy{{id: "0000000000000099", url: "http://xxxxx:xxxxx@192.0.2.99:8080"}}
 	_, err := p.SetProxies(append(extra, p.proxiesInOrder()...))
 	require.NoError(t, err)
 	assert.Equal(t, 2*time.Second, noLease(t, p, "ozon.ru"), "proxies added later are held too")
