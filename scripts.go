@@ -15,6 +15,7 @@ var (
 	releaseScript  = engine.Root.Script("release")
 	extendScript   = engine.Root.Script("extend")
 	penalizeScript = engine.Root.Script("penalize")
+	liftScript     = engine.Root.Script("lift")
 	reviveScript   = engine.Root.Script("revive")
 	deadScript     = engine.Root.Script("dead")
 
