@@ -247,9 +247,15 @@ func unambiguous(v ban.Verdict) bool {
 
 // pageRefused reports whether the refusals b met on url (site) make it the
 // page's answer rather than the proxies': refused through at least
-// WithBanEvidence's pageProxies distinct proxies, each healthy on the site
-// before, none unambiguously. It then lifts the first strikes the page cost
-// and forgets them.
+// WithBanEvidence's pageProxies distinct proxies, none unambiguously: the
+// first one with no strike on the site before, every later one healthy on
+// the site (a healthy answer there, and no strike since). Proxies burnt
+// from the start never count twice (they never had a healthy answer), but
+// proxies burnt together while healthy look like such a page to a request
+// that meets two of them in a row: it fails with ErrPageRefused, until one
+// of them is refused on a request that another proxy then serves, which
+// confirms its strike. It then lifts the first strikes the page cost (the
+// proxies are as they were before) and forgets them.
 func (s *Switch) pageRefused(ctx context.Context, b *binding, url, site string) bool {
 	need := s.cfg.pageProxies
 	if need == 0 {
@@ -257,8 +263,8 @@ func (s *Switch) pageRefused(ctx context.Context, b *binding, url, site string) 
 	}
 	rs := b.refusalsOf(url, site)
 	healthy := map[string]bool{}
-	for _, r := range rs {
-		if r.pen.healthy {
+	for i, r := range rs {
+		if r.pen.healthy || (i == 0 && r.pen.strikes == 1) {
 			healthy[r.proxy.id] = true
 		}
 	}

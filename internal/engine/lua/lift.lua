@@ -8,12 +8,13 @@
 -- ARGV[3] the end (ms) of the strike to lift, as penalize.lua returned it
 -- ARGV[4] "1": the proxy was healthy on the scope before the strike
 --
--- Only a first strike still on record (one bans in a row, the same end) is
+-- Only a first strike still on record (one ban in a row, the same end) is
 -- lifted: a strike since, or a healthy answer, wins. Its record goes back
--- to healthy ("0|<now>|0") or away, and the slots the strike pushed out
--- (score = its end) are free now; slots pushed further by anything else
--- (a lease, a ban on every site, a dead mark) keep their score.
--- Returns the number of slots made free, or -1 when nothing was lifted.
+-- to what it was: healthy ("0|<now>|0"), or none. The slots the strike
+-- pushed out (score = its end) are free now; slots pushed further by
+-- anything else (a lease, a ban on every site, a dead mark) keep their
+-- score. Returns the number of slots made free, or -1 when nothing was
+-- lifted.
 local now = now_ms()
 local v = redis.call('HGET', KEYS[2], ARGV[1])
 local c, till
