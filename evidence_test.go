@@ -239,3 +239,129 @@ func TestNoProxyErrorSurvivesClientTimeout(t *testing.T) {
 	assert.ErrorIs(t, err, ErrNoProxy, "Visit: %v", err)
 	assert.Zero(t, site.Recorder().Count(), "no request left without a proxy")
 }
+
+// TestPageRefusalsAcrossCollectors runs the refused pages of
+// TestPageRefusals through two collectors with their own Redis clients, 20
+// parallel requests each, with 3 of the 20 proxies burnt from the start
+// (the site answers their IPs 403 on every page): the strikes, lifts and
+// confirmations of both collectors meet on the same proxies. Every other
+// page is served, each refused page fails naming its 403, no IP is used
+// twice at once, the healthy proxies are free at the end, and each burnt
+// proxy is refused on one of the other pages at most: the page served
+// through another proxy then confirms its strike. (A burnt proxy first to
+// meet a refused page is lifted with the page's strikes, unproven, and
+// meets its next page.)
+func TestPageRefusalsAcrossCollectors(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a crawl")
+	}
+	ctx := context.Background()
+	const proxies, burnt, pages, every, workers, collectors = 20, 3, 400, 10, 20, 2
+	h := &testbed.RefusedPages{Next: testbed.DefaultHandler(), Every: every}
+	m := testbed.NewMarketplace(h)
+	m.CaptchaOnConcurrent = true
+	site := testbed.NewSite(t, "refusing", m)
+	ps := testbed.NewProxies(t, proxies)
+	urls := make([]string, proxies)
+	burntIPs := map[string]bool{}
+	for i, p := range ps {
+		urls[i] = p.URL()
+		if i < burnt {
+			m.Burn(p.SourceIP().String(), testbed.Forbid)
+			burntIPs[p.SourceIP().String()] = true
+		}
+	}
+	s := newSwitch(t, shared.Client(t))
+	_, err := s.Add(ctx, urls...)
+	require.NoError(t, err)
+
+	var mu sync.Mutex
+	served := map[string]int{}
+	failed := map[string]error{}
+	var wg sync.WaitGroup
+	var sws []*Switch
+	for i := range collectors {
+		c := colly.NewCollector(colly.Async(true))
+		sw := sibling(t, s, shared.Client(t))
+		sw.Attach(c)
+		sws = append(sws, sw)
+		require.NoError(t, c.Limit(&colly.LimitRule{DomainGlob: "*", Parallelism: workers}))
+		c.OnResponse(func(r *colly.Response) {
+			mu.Lock()
+			defer mu.Unlock()
+			served[r.Request.URL.Path]++
+		})
+		c.OnError(func(r *colly.Response, err error) {
+			mu.Lock()
+			defer mu.Unlock()
+			failed[r.Request.URL.Path] = err
+		})
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for n := i + 1; n <= pages; n += collectors {
+				assert.NoError(t, c.Visit(fmt.Sprintf("%s/p/%d", site.URL(), n)))
+			}
+			c.Wait()
+		}()
+	}
+	wg.Wait()
+	bans := map[BanKey]int64{}
+	for _, sw := range sws {
+		for k, n := range sw.BanCounts() {
+			bans[k] += n
+		}
+	}
+	t.Logf("bans %v", bans)
+
+	normal, page, banned := 0, 0, 0
+	for i := 1; i <= pages; i++ {
+		path := fmt.Sprintf("/p/%d", i)
+		err := failed[path]
+		if !h.Refused(path) {
+			assert.NoError(t, err, path)
+			if served[path] == 1 {
+				normal++
+			}
+			continue
+		}
+		assert.Zero(t, served[path], path)
+		var be *BlockedError
+		if assert.True(t, errors.As(err, &be), "%s: want a *BlockedError, got %v", path, err) {
+			assert.Equal(t, 403, be.Status, "%s: %v", path, err)
+			if errors.Is(err, ErrPageRefused) {
+				page++
+			} else {
+				banned++ // retries ran out before two healthy proxies were refused
+			}
+		}
+	}
+	free := leaseAll(t, s, site.Host())
+	healthyFree := 0
+	for _, p := range ps[burnt:] {
+		if free[proxyID(p)] {
+			healthyFree++
+		}
+	}
+	burntOther := map[string]int{} // burnt IP -> other pages it was refused on
+	burntHits := 0
+	for _, hit := range m.Hits() {
+		if burntIPs[hit.IP] {
+			burntHits++
+			if !h.Refused(hit.Path) {
+				burntOther[hit.IP]++
+			}
+		}
+	}
+	t.Logf("%d of %d other pages served; refused pages: %d as the page's answer, %d as bans; free at the end: %d of %d healthy proxies; requests from burnt IPs: %d, on other pages %v",
+		normal, pages-pages/every, page, banned, healthyFree, proxies-burnt, burntHits, burntOther)
+	assert.Equal(t, pages-pages/every, normal, "other pages served once each")
+	assert.GreaterOrEqual(t, page, pages/every*9/10, "refused pages told from bans")
+	assert.GreaterOrEqual(t, healthyFree, proxies-burnt-2, "healthy proxies free at the end")
+	for ip, n := range burntOther {
+		assert.LessOrEqual(t, n, 1, "burnt IP %s refused on other pages", ip)
+	}
+	assert.Zero(t, m.Count(testbed.DecidedCaptcha), "two requests from one IP at once")
+	assert.Zero(t, site.Recorder().Collisions())
+	assert.Zero(t, site.Recorder().DirectHits())
+}
