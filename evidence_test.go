@@ -361,6 +361,15 @@ func TestPageRefusalsAcrossCollectors(t *testing.T) {
 	for ip, n := range burntOther {
 		assert.LessOrEqual(t, n, 1, "burnt IP %s refused on other pages", ip)
 	}
+	for _, p := range ps[:burnt] {
+		if burntOther[p.SourceIP().String()] == 0 {
+			continue
+		}
+		pp, err := ParseProxy(p.URL())
+		require.NoError(t, err)
+		// Confirmed: the base quarantine (30m), not the first one (1m).
+		assert.Greater(t, time.Until(quarantineEnd(t, s, site.Host(), pp)), 20*time.Minute, "burnt IP %s", p.SourceIP())
+	}
 	assert.Zero(t, m.Count(testbed.DecidedCaptcha), "two requests from one IP at once")
 	assert.Zero(t, site.Recorder().Collisions())
 	assert.Zero(t, site.Recorder().DirectHits())
