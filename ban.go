@@ -20,7 +20,9 @@ import (
 // of all K slots of the proxy in the site's free set to now + quarantine and
 // ends the lease. Every worker of the pool, in any process, skips the proxy
 // for that site from its next lease on, and the proxy comes back by itself
-// when the score passes. Repeat offenders (bans in a row with no healthy
+// when the score passes. A first refusal is a strike with the short first
+// quarantine, a repeated or confirmed one a ban (WithBanEvidence, and the
+// evidence section below). Repeat offenders (bans in a row with no healthy
 // answer in between) get a doubled, jittered quarantine; a healthy answer
 // starts the backoff over (release.lua). A proxy that keeps failing is
 // marked dead: its slots go out of every site's rotation until Revive or
