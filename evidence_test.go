@@ -374,3 +374,39 @@ func TestPageRefusalsAcrossCollectors(t *testing.T) {
 	assert.Zero(t, site.Recorder().Collisions())
 	assert.Zero(t, site.Recorder().DirectHits())
 }
+
+// TestNoProxyAfterABanNamesTheAnswer: a request refused through one proxy
+// whose retry then waits for a proxy until its timeout fails with an error
+// that matches ErrNoProxy and names the refusal before it (ErrBanned, the
+// 403).
+func TestNoProxyAfterABanNamesTheAnswer(t *testing.T) {
+	ctx := context.Background()
+	m := testbed.NewMarketplace(nil)
+	site, proxies, s := marketBed(t, m, false, 2, WithMaxWait(time.Minute))
+	m.Burn(proxies[0].SourceIP().String(), testbed.Forbid)
+	other, err := ParseProxy(proxies[1].URL())
+	require.NoError(t, err)
+	held, err := s.Lease(ctx, site.Host()) // least recently used: the first proxy added
+	require.NoError(t, err)
+	if held.Proxy().ID() != other.ID() {
+		require.NoError(t, held.Release(ctx))
+		held, err = s.Lease(ctx, site.Host())
+		require.NoError(t, err)
+	}
+	require.Equal(t, other.ID(), held.Proxy().ID())
+	defer held.Release(ctx)
+
+	c := newPageCollector(t, s)
+	c.SetRequestTimeout(time.Second)
+	err = c.Visit(site.URL() + "/p/1")
+	require.Error(t, err)
+	assert.ErrorIs(t, err, ErrNoProxy)
+	assert.ErrorIs(t, err, ErrBanned)
+	var be *BlockedError
+	require.ErrorAs(t, err, &be)
+	assert.Equal(t, 403, be.Status)
+	assert.Contains(t, err.Error(), "403 Forbidden")
+	require.Len(t, c.errs, 1)
+	assert.ErrorIs(t, c.errs[0], ErrNoProxy, "OnError")
+	assert.Equal(t, 1, m.Count(testbed.DecidedForbidden))
+}
