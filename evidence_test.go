@@ -73,6 +73,13 @@ func TestBanEvidenceLadder(t *testing.T) {
 	end := quarantineEnd(t, s, site, l.proxy)
 	require.NoError(t, rp.confirm(ctx, site, l.proxy, pen))
 	assert.Equal(t, end, quarantineEnd(t, s, site, l.proxy))
+	// A request still under way through it meets the same refusal: the
+	// same offence, which never shortens the confirmed quarantine.
+	again, err := s.penalize(ctx, site, l.proxy, nil, ban403)
+	require.NoError(t, err)
+	assert.False(t, again.first)
+	assert.Equal(t, end, again.until)
+	assert.Equal(t, end, quarantineEnd(t, s, site, l.proxy))
 
 	// A challenge redirect is proof by itself.
 	require.NoError(t, s.Unban(ctx, l.proxy.ID(), site))

@@ -67,8 +67,8 @@ local id = ARGV[2]
 local base, maxq, minq = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local idle = tonumber(ARGV[11])
 
-local first, hard = tonumber(ARGV[17]) or 0, ARGV[18] == '1'
-local n, dead, healthy = 1, false, false
+local firstq, certain = tonumber(ARGV[17]) or 0, ARGV[18] == '1'
+local n, dead, healthy, running = 1, false, false, 0
 if ARGV[1] == 'ban' or ARGV[1] == 'confirm' then
   local v = redis.call('HGET', KEYS[3], id)
   local c, last, till
@@ -77,13 +77,13 @@ if ARGV[1] == 'ban' or ARGV[1] == 'confirm' then
     if not c or tonumber(c) < 1 or tonumber(till) ~= tonumber(ARGV[19]) then
       return {0, 0, 0, 0, 0, 0, 0}
     end
-    n, hard = tonumber(c), true
+    n, certain = tonumber(c), true
   elseif c and now - tonumber(last) <= 2 * maxq then
     n = tonumber(c) + 1
     healthy = n == 1
     -- Still quarantined: another request through the same proxy (a slot
     -- of WithConcurrency, a request under way) met the same ban.
-    if now < tonumber(till) then n = tonumber(c) end
+    if now < tonumber(till) then n, running = tonumber(c), tonumber(till) end
   end
   redis.call('HDEL', KEYS[4], id)
 else
@@ -106,11 +106,11 @@ else
 end
 
 local e, short = n, false
-if hard then e = n + 1 end
+if certain then e = n + 1 end
 local q = base * 2 ^ (n - 1)
-if ARGV[1] ~= 'fail' and first > 0 then
+if ARGV[1] ~= 'fail' and firstq > 0 then
   if e <= 1 then
-    q, short = first, true
+    q, short = firstq, true
   else
     q = base * 2 ^ (e - 2)
   end
@@ -120,6 +120,11 @@ q = math.floor(q * tonumber(ARGV[8]) / 1000)
 if q > maxq then q = maxq end
 if q < minq then q = minq end
 local untl = now + q
+if running > untl then
+  -- The same offence met again never shortens the quarantine it got
+  -- (confirmed meanwhile, say): its end stays, and it is no first strike.
+  untl, q, short = running, running - now, false
+end
 if ARGV[1] ~= 'fail' then
   redis.call('HSET', KEYS[3], id, n .. '|' .. now .. '|' .. untl)
   redis.call('PEXPIRE', KEYS[3], idle)
