@@ -86,8 +86,10 @@ func (s *Switch) penalize(ctx context.Context, site string, p *Proxy, l *Lease, 
 // callers of Lease who make requests themselves (Attach does this for Colly):
 //
 //   - ban.OK or ban.Neutral: the proxy is released and its backoff starts over;
-//   - ban.Ban: the proxy is quarantined on the lease's site (WithQuarantine) and
-//     the lease ends;
+//   - ban.Ban: the proxy is quarantined on the lease's site and the lease
+//     ends: a strike (WithBanEvidence's first quarantine) on a first refusal
+//     that is not a challenge redirect, a ban (WithQuarantine) when the
+//     proxy was refused there before (nothing here confirms a strike);
 //   - ban.ProxyFailure: the proxy is quarantined for the failure quarantine,
 //     counts towards being marked dead, and the lease ends;
 //   - ban.Pass: the lease is released and nothing else happens.
