@@ -275,28 +275,26 @@ func (s *Switch) pageRefused(ctx context.Context, b *binding, url, site string) 
 	if len(healthy) < need {
 		return false
 	}
-	for _, r := range b.takeRefusals(url, site) {
-		if !r.pen.first {
-			continue
-		}
-		if err := r.rp.lift(ctx, r.site, r.proxy, r.pen); err != nil {
-			s.cfg.logger.Warn("proxyswitch: lifting a strike the page cost failed; it ends by itself",
-				"proxy", r.proxy.String(), "site", r.site, "err", err)
-		}
-	}
+	s.settleStrikes(ctx, b, url, site, (*redisPool).lift, "proxyswitch: lifting a strike the page cost failed; it ends by itself")
 	return true
 }
 
 // confirmRefusals confirms the first strikes b met on url: the URL was
 // then served through another proxy, so the refusals were the proxies'.
 func (s *Switch) confirmRefusals(ctx context.Context, b *binding, url, site string) {
+	s.settleStrikes(ctx, b, url, site, (*redisPool).confirm, "proxyswitch: confirming a strike failed; it stays a first strike")
+}
+
+// settleStrikes takes the refusals b met on url and applies act (lift or
+// confirm) to each first strike among them, logging a failure with msg.
+func (s *Switch) settleStrikes(ctx context.Context, b *binding, url, site string,
+	act func(*redisPool, context.Context, string, *Proxy, penalty) error, msg string) {
 	for _, r := range b.takeRefusals(url, site) {
 		if !r.pen.first {
 			continue
 		}
-		if err := r.rp.confirm(ctx, r.site, r.proxy, r.pen); err != nil {
-			s.cfg.logger.Warn("proxyswitch: confirming a strike failed; it stays a first strike",
-				"proxy", r.proxy.String(), "site", r.site, "err", err)
+		if err := act(r.rp, ctx, r.site, r.proxy, r.pen); err != nil {
+			s.cfg.logger.Warn(msg, "proxy", r.proxy.String(), "site", r.site, "err", err)
 		}
 	}
 }

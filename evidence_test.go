@@ -147,16 +147,7 @@ func TestPageRefusals(t *testing.T) {
 	var mu sync.Mutex
 	served := map[string]int{}
 	failed := map[string]error{}
-	c.OnResponse(func(r *colly.Response) {
-		mu.Lock()
-		defer mu.Unlock()
-		served[r.Request.URL.Path]++
-	})
-	c.OnError(func(r *colly.Response, err error) {
-		mu.Lock()
-		defer mu.Unlock()
-		failed[r.Request.URL.Path] = err
-	})
+	recordPages(c, &mu, served, failed)
 	start := time.Now()
 	for i := 1; i <= pages; i++ {
 		require.NoError(t, c.Visit(fmt.Sprintf("%s/p/%d", site.URL(), i)))
@@ -198,6 +189,21 @@ func TestPageRefusals(t *testing.T) {
 	assert.GreaterOrEqual(t, free, proxies-2, "proxies quarantined at the end")
 	assert.Zero(t, site.Recorder().Collisions())
 	assert.Zero(t, site.Recorder().DirectHits())
+}
+
+// recordPages counts, under mu, the responses c hands over by URL path
+// (served) and the error of each path that failed.
+func recordPages(c *colly.Collector, mu *sync.Mutex, served map[string]int, failed map[string]error) {
+	c.OnResponse(func(r *colly.Response) {
+		mu.Lock()
+		defer mu.Unlock()
+		served[r.Request.URL.Path]++
+	})
+	c.OnError(func(r *colly.Response, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		failed[r.Request.URL.Path] = err
+	})
 }
 
 // TestNoProxyErrorSurvivesClientTimeout: a request that waits for a proxy
@@ -293,16 +299,7 @@ func TestPageRefusalsAcrossCollectors(t *testing.T) {
 		sw.Attach(c)
 		sws = append(sws, sw)
 		require.NoError(t, c.Limit(&colly.LimitRule{DomainGlob: "*", Parallelism: workers}))
-		c.OnResponse(func(r *colly.Response) {
-			mu.Lock()
-			defer mu.Unlock()
-			served[r.Request.URL.Path]++
-		})
-		c.OnError(func(r *colly.Response, err error) {
-			mu.Lock()
-			defer mu.Unlock()
-			failed[r.Request.URL.Path] = err
-		})
+		recordPages(c, &mu, served, failed)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
