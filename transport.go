@@ -105,12 +105,14 @@ func (t *transport) RoundTrip(req *http.Request) (resp *http.Response, err error
 			a.done()
 			return nil, err
 		}
-		before := t.s.reg.lookup(req.Header)
-		calls := before.proxyCalls()
 		if err := t.leaseEarly(a.req); err != nil {
 			a.done()
 			return nil, t.s.reg.lookup(req.Header).noProxy(err)
 		}
+		// After leaseEarly: net/http's own ProxyFunc call is what tells
+		// that the hop went through a proxy.
+		before := t.s.reg.lookup(req.Header)
+		calls := before.proxyCalls()
 		resp, err := t.inner.RoundTrip(a.req)
 		b := t.s.reg.lookup(req.Header)
 		if errors.Is(err, ErrNoProxy) {
