@@ -56,6 +56,8 @@ type penalty struct {
 	strikes    int       // bans (or failures) in a row, this one included
 	dead       bool
 	ended      bool // it ended the lease it was given
+	first      bool // a ban that got the first quarantine: a strike awaiting evidence (WithBanEvidence)
+	healthy    bool // the proxy had a healthy answer on the scope, and no strike, before this ban
 }
 
 // backendFor returns the backend of pool name: the Switch's own, or one

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"strconv"
 	"strings"
@@ -19,7 +20,9 @@ import (
 // of all K slots of the proxy in the site's free set to now + quarantine and
 // ends the lease. Every worker of the pool, in any process, skips the proxy
 // for that site from its next lease on, and the proxy comes back by itself
-// when the score passes. Repeat offenders (bans in a row with no healthy
+// when the score passes. A first refusal is a strike with the short first
+// quarantine, a repeated or confirmed one a ban (WithBanEvidence, and the
+// evidence section below). Repeat offenders (bans in a row with no healthy
 // answer in between) get a doubled, jittered quarantine; a healthy answer
 // starts the backoff over (release.lua). A proxy that keeps failing is
 // marked dead: its slots go out of every site's rotation until Revive or
@@ -86,8 +89,10 @@ func (s *Switch) penalize(ctx context.Context, site string, p *Proxy, l *Lease, 
 // callers of Lease who make requests themselves (Attach does this for Colly):
 //
 //   - ban.OK or ban.Neutral: the proxy is released and its backoff starts over;
-//   - ban.Ban: the proxy is quarantined on the lease's site (WithQuarantine) and
-//     the lease ends;
+//   - ban.Ban: the proxy is quarantined on the lease's site and the lease
+//     ends: a strike (WithBanEvidence's first quarantine) on a first refusal
+//     that is not a challenge redirect, a ban (WithQuarantine) when the
+//     proxy was refused there before (nothing here confirms a strike);
 //   - ban.ProxyFailure: the proxy is quarantined for the failure quarantine,
 //     counts towards being marked dead, and the lease ends;
 //   - ban.Pass: the lease is released and nothing else happens.
@@ -218,4 +223,127 @@ func ProbeURL(target string) func(context.Context, *Proxy) error {
 		}
 		return nil
 	}
+}
+
+// Evidence before verdict (WithBanEvidence).
+//
+// penalize.lua keeps, per site, each proxy's strikes: a first refusal that
+// is not unambiguous gets the short first quarantine; the same proxy
+// refused again, or its refusal confirmed, gets the base one. The request's
+// binding keeps the refusals it met (refusal), from which the transport
+// tells the page from the IP: when the same URL is refused through enough
+// proxies that were healthy on the site, the page refuses everyone, and
+// the strikes it cost are lifted (lift.lua). When the URL is then served
+// through another proxy, the strikes it cost are confirmed.
+
+// refusal is one ban a request met: what is needed to confirm or lift it.
+type refusal struct {
+	url    string     // the hop's URL
+	site   string     // the site the proxy was banned on
+	proxy  *Proxy     // the proxy refused
+	rp     *redisPool // where the strike lives
+	pen    penalty    // what penalize.lua made of it
+	status int        // the site's answer (0: none, a transport error)
+}
+
+// unambiguous reports whether a ban verdict is proof by itself: a redirect
+// to, or a chain landing on, a challenge page.
+func unambiguous(v ban.Verdict) bool {
+	return v.Kind == ban.Ban && v.Reason == ban.ReasonChallenge
+}
+
+// pageRefused reports whether the refusals b met on url (site) make it the
+// page's answer rather than the proxies': refused through at least
+// WithBanEvidence's pageProxies distinct proxies, none unambiguously: the
+// first one with no strike on the site before, every later one healthy on
+// the site (a healthy answer there, and no strike since). Proxies burnt
+// from the start never count twice (they never had a healthy answer), but
+// proxies burnt together while healthy look like such a page to a request
+// that meets two of them in a row: it fails with ErrPageRefused, until one
+// of them is refused on a request that another proxy then serves, which
+// confirms its strike. It then lifts the first strikes the page cost (the
+// proxies are as they were before) and forgets them.
+func (s *Switch) pageRefused(ctx context.Context, b *binding, url, site string) bool {
+	need := s.cfg.pageProxies
+	if need == 0 {
+		return false
+	}
+	rs := b.refusalsOf(url, site)
+	healthy := map[string]bool{}
+	for i, r := range rs {
+		if r.pen.healthy || (i == 0 && r.pen.strikes == 1) {
+			healthy[r.proxy.id] = true
+		}
+	}
+	if len(healthy) < need {
+		return false
+	}
+	s.settleStrikes(ctx, b, url, site, (*redisPool).lift, "proxyswitch: lifting a strike the page cost failed; it ends by itself")
+	return true
+}
+
+// confirmRefusals confirms the first strikes b met on url: the URL was
+// then served through another proxy, so the refusals were the proxies'.
+func (s *Switch) confirmRefusals(ctx context.Context, b *binding, url, site string) {
+	s.settleStrikes(ctx, b, url, site, (*redisPool).confirm, "proxyswitch: confirming a strike failed; it stays a first strike")
+}
+
+// settleStrikes takes the refusals b met on url and applies act (lift or
+// confirm) to each first strike among them, logging a failure with msg.
+func (s *Switch) settleStrikes(ctx context.Context, b *binding, url, site string,
+	act func(*redisPool, context.Context, string, *Proxy, penalty) error, msg string) {
+	for _, r := range b.takeRefusals(url, site) {
+		if !r.pen.first {
+			continue
+		}
+		if err := act(r.rp, ctx, r.site, r.proxy, r.pen); err != nil {
+			s.cfg.logger.Warn(msg, "proxy", r.proxy.String(), "site", r.site, "err", err)
+		}
+	}
+}
+
+// confirm runs penalize.lua's "confirm" on px's strike pen on site: still
+// on record, it becomes a ban of the base quarantine. No lease ends.
+func (rp *redisPool) confirm(ctx context.Context, site string, px *Proxy, pen penalty) error {
+	c, k := rp.cfg, rp.keys
+	scope := rp.sw.scopeOf(site)
+	all := "0"
+	if c.banAllSites {
+		all = "1"
+	}
+	keys := []string{k.free(scope), k.leases(scope), k.strikes(scope), k.fails(), k.dead(), k.sites(), k.quarantine()}
+	argv := []any{"confirm", px.id, "", "", c.quarantine.Milliseconds(), c.maxQuarantine.Milliseconds(), 0,
+		850 + rand.N(301), all, k.base, c.idleTTL.Milliseconds(), "0", c.deadAfter, site, "confirmed", c.slots,
+		c.firstQuarantine.Milliseconds(), "1", pen.until.UnixMilli()}
+	res, err := roundTrip(ctx, rp.timeout, func(ctx context.Context) ([]int64, error) {
+		return penalizeScript.Run(ctx, rp.rdb, keys, argv...).Int64Slice()
+	}, nil)
+	if err != nil {
+		return redisErr("confirm", err)
+	}
+	if len(res) != 7 {
+		return fmt.Errorf("%w: confirm reply of %d items", ErrCorrupt, len(res))
+	}
+	if res[0] > 0 {
+		c.logger.Debug("proxyswitch: strike confirmed", "proxy", px.String(), "site", site,
+			"for", time.Duration(res[0])*time.Millisecond)
+	}
+	return nil
+}
+
+// lift runs lift.lua: px's first strike pen on site is taken back.
+func (rp *redisPool) lift(ctx context.Context, site string, px *Proxy, pen penalty) error {
+	scope := rp.sw.scopeOf(site)
+	healthy := "0"
+	if pen.healthy {
+		healthy = "1"
+	}
+	keys := []string{rp.keys.free(scope), rp.keys.strikes(scope)}
+	_, err := roundTrip(ctx, rp.timeout, func(ctx context.Context) (int64, error) {
+		return liftScript.Run(ctx, rp.rdb, keys, px.id, rp.cfg.slots, pen.until.UnixMilli(), healthy).Int64()
+	}, nil)
+	if err != nil {
+		return redisErr("lift", err)
+	}
+	return nil
 }

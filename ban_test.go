@@ -122,11 +122,12 @@ func proxyID(p *testbed.Proxy) string {
 
 // TestBanBackoff: bans in a row double the quarantine (jittered, capped,
 // never below Retry-After), leases wait it out, and a healthy answer starts
-// the backoff over.
+// the backoff over. WithBanEvidence(0, 0): every refusal a ban at once (the
+// ladder of strikes is TestBanEvidenceLadder's).
 func TestBanBackoff(t *testing.T) {
 	ctx := context.Background()
 	const base, maxq = 50 * time.Millisecond, 400 * time.Millisecond
-	s := newSwitch(t, shared.Client(t), WithQuarantine(base, maxq), WithMaxWait(5*time.Second))
+	s := newSwitch(t, shared.Client(t), WithQuarantine(base, maxq), WithBanEvidence(0, 0), WithMaxWait(5*time.Second))
 	_, err := s.Add(ctx, proxyURLs(1)...)
 	require.NoError(t, err)
 	const site = "shop.example"

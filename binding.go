@@ -1,6 +1,7 @@
 package proxyswitch
 
 import (
+	"fmt"
 	"net/http"
 	"reflect"
 	"sync"
@@ -42,6 +43,73 @@ type binding struct {
 	calls   int           // ProxyFunc calls served: tells the transport a hop used a proxy
 	retries int           // retries through another proxy taken (transport.go)
 	task    *taskState    // the request's task, for its sticky session (session.go); nil for none
+
+	refusals []refusal     // the bans met, for the page-or-IP judgment (ban.go)
+	blocked  *BlockedError // the latest ban or failure retried: named by a later ErrNoProxy
+}
+
+// addRefusal records a ban the request met, and the error it would have
+// failed with had no retry been left.
+func (b *binding) addRefusal(r refusal, blocked *BlockedError) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if r.proxy != nil {
+		b.refusals = append(b.refusals, r)
+	}
+	b.blocked = blocked
+}
+
+// refused reports whether the request met a ban it still remembers.
+func (b *binding) refused() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.refusals) > 0
+}
+
+// refusalsOf returns the refusals met on url of site.
+func (b *binding) refusalsOf(url, site string) []refusal {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []refusal
+	for _, r := range b.refusals {
+		if r.url == url && r.site == site {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// takeRefusals returns the refusals met on url of site and forgets them.
+func (b *binding) takeRefusals(url, site string) []refusal {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []refusal
+	kept := b.refusals[:0]
+	for _, r := range b.refusals {
+		if r.url == url && r.site == site {
+			out = append(out, r)
+		} else {
+			kept = append(kept, r)
+		}
+	}
+	b.refusals = kept
+	return out
+}
+
+// noProxy is err, a failure to lease a proxy for the request's next
+// attempt, naming what the site answered the attempt before, if any: the
+// error then matches ErrNoProxy and that answer's sentinel (ErrBanned...).
+func (b *binding) noProxy(err error) error {
+	if b == nil {
+		return err
+	}
+	b.mu.Lock()
+	last := b.blocked
+	b.mu.Unlock()
+	if last == nil {
+		return err
+	}
+	return fmt.Errorf("%w; the attempt before: %w", err, last)
 }
 
 // proxyCalls returns how many ProxyFunc calls b served (0 for a nil b).

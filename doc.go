@@ -51,13 +51,17 @@
 // refuses, a selector past MaxBodySize) reaches Colly unchecked, never as a
 // ban (ban.ReasonUnchecked).
 //
-// A ban quarantines the proxy for that site, for every worker of the pool
-// from its next lease on (WithQuarantine: 30 min, doubled with jitter for
-// repeat offenders, reset by a healthy answer); a proxy that keeps failing is
-// marked dead until Revive or CheckDead. The request is sent again through
-// another proxy (WithRetries: 2); when no retry is left it fails with a
-// *BlockedError (errors.Is ErrBanned or ErrProxyFailed) through OnError and
-// Visit. A banned page never reaches OnResponse or OnHTML. Setting another
+// A refusal takes the proxy out of that site's rotation, for every worker of
+// the pool from its next lease on: a first one is a strike (WithBanEvidence:
+// 1 min), a repeated or confirmed one a ban (WithQuarantine: 30 min, doubled
+// with jitter for repeat offenders, reset by a healthy answer); a proxy that
+// keeps failing is marked dead until Revive or CheckDead. The request is sent
+// again through another proxy (WithRetries: 2); when no retry is left it
+// fails with a *BlockedError (errors.Is ErrBanned or ErrProxyFailed) through
+// OnError and Visit. A URL refused through two proxies healthy on the site
+// is the page's answer: the request fails at once with a *BlockedError
+// matching ErrPageRefused, naming the site's status, and the strikes it cost
+// are lifted. A banned page never reaches OnResponse or OnHTML. Setting another
 // transport or proxy function on the collector after Attach turns this off;
 // use WithBaseTransport for dialer or TLS settings. New alone does not
 // classify, but it respects the bans other workers recorded.

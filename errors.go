@@ -3,6 +3,7 @@ package proxyswitch
 import (
 	"errors"
 	"fmt"
+	"net/http"
 	"strings"
 
 	"github.com/proxyswitch/proxyswitch/ban"
@@ -66,6 +67,15 @@ var (
 	// reaches OnResponse, OnHTML or OnXML.
 	ErrBanned = errors.New("proxyswitch: banned by the site")
 
+	// ErrPageRefused means a request was given up because the site refused
+	// the page itself, not the proxies: the same URL was refused (a ban status,
+	// a page without its content) through several proxies that the site
+	// serves its other pages (see WithBanEvidence). The error is a
+	// *BlockedError whose Status and Verdict name the site's answer. It does
+	// not match ErrBanned: no proxy was blamed, and sending the request again
+	// through other proxies would only meet the same answer.
+	ErrPageRefused = errors.New("proxyswitch: the site refused the page")
+
 	// ErrProxyFailed means a request was given up because the proxies tried
 	// for it failed (could not connect, refused the credentials, broke the
 	// CONNECT tunnel, answered 502, outlived the attempt timeout) and no retry
@@ -85,34 +95,48 @@ var (
 )
 
 // BlockedError is the error of a request given up after bans or proxy
-// failures. It wraps ErrBanned or ErrProxyFailed (after the last attempt's
+// failures. It wraps ErrPageRefused (Page: the site refused the page to
+// every proxy), ErrBanned or ErrProxyFailed (after the last attempt's
 // verdict) and, when the last attempt failed in transport, that error too.
-// Proxy is redacted: no field or message carries a password.
+// Its message names the site's last answer: its status and the verdict's
+// reason. Proxy is redacted: no field or message carries a password.
 type BlockedError struct {
 	Site     string      // the site, as the site function names it
 	Proxy    string      // the last proxy tried, redacted
 	Verdict  ban.Verdict // what the last attempt showed
 	Attempts int         // proxies tried for the request
+	Status   int         // the HTTP status of the site's last answer; 0 when there was none
+	Page     bool        // the site refused the page itself (ErrPageRefused), not the proxies
 	Err      error       // the last attempt's transport error, if any
 }
 
 func (e *BlockedError) Error() string {
 	what := "banned by"
-	if e.Verdict.Kind == ban.ProxyFailure {
+	switch {
+	case e.Page:
+		what = "page refused by"
+	case e.Verdict.Kind == ban.ProxyFailure:
 		what = "proxy failed on"
 	}
-	msg := fmt.Sprintf("proxyswitch: %s %s (%s) via %q after %d attempt(s)", what, e.Site, e.Verdict.Reason, e.Proxy, e.Attempts)
+	answer := e.Verdict.Reason
+	if e.Status != 0 {
+		answer = fmt.Sprintf("%d %s, %s", e.Status, http.StatusText(e.Status), e.Verdict.Reason)
+	}
+	msg := fmt.Sprintf("proxyswitch: %s %s (%s) via %q after %d attempt(s)", what, e.Site, answer, e.Proxy, e.Attempts)
 	if e.Err != nil {
 		msg += ": " + e.Err.Error()
 	}
 	return msg
 }
 
-// Unwrap returns the sentinel (ErrBanned or ErrProxyFailed) and the
-// transport error, so errors.Is matches either.
+// Unwrap returns the sentinel (ErrPageRefused, ErrBanned or
+// ErrProxyFailed) and the transport error, so errors.Is matches either.
 func (e *BlockedError) Unwrap() []error {
 	sentinel := ErrBanned
-	if e.Verdict.Kind == ban.ProxyFailure {
+	switch {
+	case e.Page:
+		sentinel = ErrPageRefused
+	case e.Verdict.Kind == ban.ProxyFailure:
 		sentinel = ErrProxyFailed
 	}
 	if e.Err == nil {

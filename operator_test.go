@@ -236,7 +236,10 @@ func TestObserverSeesAttemptsAndQuarantines(t *testing.T) {
 		require.NoError(t, c.Visit(fmt.Sprintf("%s/p/%d", bed.Sites[0].URL(), i+1)))
 	}
 	_ = c.Visit(bed.Sites[0].URL() + "/status/404")
-	_ = c.Visit(bed.Sites[0].URL() + "/status/429") // a ban, retried through others until they are all banned
+	// Refused through two proxies healthy on the site's other pages: the
+	// page's answer (WithBanEvidence), given up after two attempts.
+	err := c.Visit(bed.Sites[0].URL() + "/status/429")
+	require.ErrorIs(t, err, ErrPageRefused)
 	require.NoError(t, s.Ban(context.Background(), bed.ProxyURLs()[0], "elsewhere.example", time.Minute))
 
 	kinds := obs.attemptKinds()
@@ -244,9 +247,9 @@ func TestObserverSeesAttemptsAndQuarantines(t *testing.T) {
 	defer obs.mu.Unlock()
 	assert.Equal(t, 5, kinds[ban.OK])
 	assert.Equal(t, 1, kinds[ban.Neutral])
-	assert.Equal(t, 3, kinds[ban.Ban], "the first try and two retries (WithRetries default 2)")
-	require.Len(t, obs.quarantines, 4)
-	last := obs.quarantines[3]
+	assert.Equal(t, 2, kinds[ban.Ban], "the first try and one retry: the page refuses them both")
+	require.Len(t, obs.quarantines, 3)
+	last := obs.quarantines[2]
 	assert.Equal(t, ReasonOperator, last.Reason)
 	assert.Equal(t, "elsewhere.example", last.Site)
 	assert.GreaterOrEqual(t, last.Duration, time.Minute)

@@ -44,6 +44,8 @@ type config struct {
 
 	// ban detection and quarantine (package ban, ban.go, transport.go)
 	quarantine, maxQuarantine         time.Duration
+	firstQuarantine                   time.Duration // WithBanEvidence; at most quarantine once validated
+	pageProxies                       int           // WithBanEvidence: healthy proxies a page must refuse; 0 = never the page
 	failQuarantine, maxFailQuarantine time.Duration
 	banAllSites                       bool
 	deadAfter                         int
@@ -75,6 +77,8 @@ func defaultConfig() config {
 		readLimit:    defaultReadLimit,
 
 		quarantine:        30 * time.Minute,
+		firstQuarantine:   time.Minute,
+		pageProxies:       2,
 		maxQuarantine:     12 * time.Hour,
 		failQuarantine:    time.Minute,
 		maxFailQuarantine: 30 * time.Minute,
@@ -126,6 +130,10 @@ func (c *config) validate() error {
 		return configErr("nil site function")
 	case c.quarantine <= 0 || c.maxQuarantine < c.quarantine:
 		return configErr("quarantine %v, max %v: want 0 < quarantine <= max", c.quarantine, c.maxQuarantine)
+	case c.firstQuarantine < 0:
+		return configErr("negative first quarantine %v", c.firstQuarantine)
+	case c.pageProxies < 0 || c.pageProxies == 1 || c.pageProxies > 100:
+		return configErr("page refusals by %d proxies: want 0 (never the page) or 2..100", c.pageProxies)
 	case c.failQuarantine <= 0 || c.maxFailQuarantine < c.failQuarantine:
 		return configErr("failure quarantine %v, max %v: want 0 < quarantine <= max", c.failQuarantine, c.maxFailQuarantine)
 	case c.deadAfter < 0:
@@ -156,6 +164,7 @@ func (c *config) validate() error {
 		c.logger = slog.Default()
 	}
 	c.maxLeaseTTL = 10 * c.leaseTTL
+	c.firstQuarantine = min(c.firstQuarantine, c.quarantine)
 	return nil
 }
 
@@ -233,15 +242,46 @@ func defaultSite(u *url.URL) string { return strings.ToLower(u.Host) }
 // and backoff state they produce lives in Redis and is shared by every worker
 // of the pool.
 
-// WithQuarantine sets how long a proxy banned by a site stays out of that
-// site's rotation, cluster-wide: base for a first ban, doubling for each
-// further ban in a row (no healthy answer in between), jittered by up to
-// ±15%, capped at max, and never shorter than the site's Retry-After (itself
-// capped at max). Bans live in the site's keys: a site nobody leases for
-// during the idle TTL (WithIdleTTL) forgets them. The default is 30m, at
-// most 12h.
+// WithQuarantine sets how long a proxy proven banned by a site stays out of
+// that site's rotation, cluster-wide: base for a proven ban, doubling for
+// each further ban in a row (no healthy answer in between), jittered by up
+// to ±15%, capped at max, and never shorter than the site's Retry-After
+// (itself capped at max). A first refusal is proof only when it is
+// unambiguous (a redirect to a challenge page) or once it is confirmed:
+// before that it is a strike, quarantined for WithBanEvidence's first
+// quarantine. Bans live in the site's keys: a site nobody leases for during
+// the idle TTL (WithIdleTTL) forgets them. The default is 30m, at most 12h.
 func WithQuarantine(base, max time.Duration) Option {
 	return func(c *config) { c.quarantine, c.maxQuarantine = base, max }
+}
+
+// WithBanEvidence sets how much evidence a refusal (a ban status, a page
+// without its content, a challenge) needs before it becomes a verdict on
+// the proxy, on the refusing site, cluster-wide.
+//
+// A refusal is a strike against the (proxy, site) pair. A first strike
+// takes the proxy out of the site's rotation at once, for first (jittered,
+// never shorter than Retry-After). It becomes a ban (WithQuarantine's base,
+// then doubling) when the evidence comes: the same proxy refused again on
+// the site (no healthy answer in between), or the refusal confirmed (the
+// request it refused then succeeded through another proxy). A redirect to
+// a challenge page (ban.ReasonChallenge) is evidence enough by itself.
+//
+// When one URL is refused through pageProxies different proxies, each of
+// them healthy on the site before (a healthy answer there and no strike
+// since), it is the page that refuses, not the proxies: the request is not
+// retried further, the first strikes it cost are taken back (the proxies
+// are free on the site again), and it fails with a *BlockedError that
+// wraps ErrPageRefused and names the site's answer (its Status). Zero
+// never blames the page.
+//
+// first is at most WithQuarantine's base. WithBanEvidence(0, 0) is the
+// behaviour before it existed: every refusal is a ban at once and is
+// retried through other proxies until WithRetries runs out. The quarantines
+// of the local shard (WithFallback, WithSharding) are always the base one.
+// The default is first 1m and pageProxies 2.
+func WithBanEvidence(first time.Duration, pageProxies int) Option {
+	return func(c *config) { c.firstQuarantine, c.pageProxies = first, pageProxies }
 }
 
 // WithFailureQuarantine sets how long a proxy that failed (see

@@ -206,7 +206,10 @@ func (p *redisPool) extendMember(ctx context.Context, l *Lease, ttl time.Duratio
 func (p *redisPool) penalize(ctx context.Context, site string, px *Proxy, l *Lease, v ban.Verdict) (penalty, error) {
 	c, k := p.cfg, p.keys
 	scope := p.sw.scopeOf(site)
-	kind, base, maxq, hard := "ban", c.quarantine, c.maxQuarantine, "0"
+	kind, base, maxq, hard, first, certain := "ban", c.quarantine, c.maxQuarantine, "0", c.firstQuarantine, "0"
+	if unambiguous(v) {
+		certain = "1"
+	}
 	if v.Kind == ban.ProxyFailure {
 		kind, base, maxq = "fail", c.failQuarantine, c.maxFailQuarantine
 		if v.Reason == ban.ReasonProxyConnect || v.Reason == ban.ReasonProxyAuth {
@@ -224,7 +227,7 @@ func (p *redisPool) penalize(ctx context.Context, site string, px *Proxy, l *Lea
 	keys := []string{k.free(scope), k.leases(scope), k.strikes(scope), k.fails(), k.dead(), k.sites(), k.quarantine()}
 	argv := []any{kind, px.id, member, token, base.Milliseconds(), maxq.Milliseconds(),
 		min(v.RetryAfter, maxq).Milliseconds(), 850 + rand.N(301), all, k.base,
-		c.idleTTL.Milliseconds(), hard, c.deadAfter, site, v.Reason, c.slots}
+		c.idleTTL.Milliseconds(), hard, c.deadAfter, site, v.Reason, c.slots, first.Milliseconds(), certain, 0}
 	res, err := roundTrip(ctx, p.timeout, func(ctx context.Context) ([]int64, error) {
 		return penalizeScript.Run(ctx, p.rdb, keys, argv...).Int64Slice()
 	}, nil)
@@ -234,11 +237,11 @@ func (p *redisPool) penalize(ctx context.Context, site string, px *Proxy, l *Lea
 		}
 		return penalty{}, redisErr("quarantine", err)
 	}
-	if len(res) != 5 {
+	if len(res) != 7 {
 		return penalty{ended: member != ""}, fmt.Errorf("%w: quarantine reply of %d items", ErrCorrupt, len(res))
 	}
 	pen := penalty{quarantine: time.Duration(res[0]) * time.Millisecond, until: time.UnixMilli(res[1]),
-		strikes: int(res[2]), dead: res[3] == 1, ended: member != ""}
+		strikes: int(res[2]), dead: res[3] == 1, ended: member != "", first: res[5] == 1, healthy: res[6] == 1}
 	if pen.dead {
 		c.logger.Warn("proxyswitch: proxy marked dead: out of every site's rotation until revived",
 			"proxy", px.String(), "site", site, "reason", v.Reason, "failures", pen.strikes)

@@ -16,6 +16,7 @@ var (
 	extendScript     = engine.Root.Script("extend")
 	extendManyScript = engine.Root.Script("extend_many") // the renewer (renew.go)
 	penalizeScript   = engine.Root.Script("penalize")
+	liftScript       = engine.Root.Script("lift") // the page-or-IP rule (ban.go)
 	reviveScript     = engine.Root.Script("revive")
 	deadScript       = engine.Root.Script("dead")
 

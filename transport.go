@@ -105,11 +105,20 @@ func (t *transport) RoundTrip(req *http.Request) (resp *http.Response, err error
 			a.done()
 			return nil, err
 		}
+		if err := t.leaseEarly(a.req); err != nil {
+			a.done()
+			return nil, t.s.reg.lookup(req.Header).noProxy(err)
+		}
+		// After leaseEarly: net/http's own ProxyFunc call is what tells
+		// that the hop went through a proxy.
 		before := t.s.reg.lookup(req.Header)
 		calls := before.proxyCalls()
 		resp, err := t.inner.RoundTrip(a.req)
 		b := t.s.reg.lookup(req.Header)
-		if b == nil || !b.hooked || (before == b && b.proxyCalls() == calls) || errors.Is(err, ErrNoProxy) {
+		if errors.Is(err, ErrNoProxy) {
+			return a.hand(resp, b.noProxy(err))
+		}
+		if b == nil || !b.hooked || (before == b && b.proxyCalls() == calls) {
 			// Not ours to judge: no hooks, or no proxy was used.
 			return a.hand(resp, err)
 		}
@@ -122,6 +131,39 @@ func (t *transport) RoundTrip(req *http.Request) (resp *http.Response, err error
 			return resp, err
 		}
 	}
+}
+
+// leaseEarly leases the proxy of a hooked request's hop (without a task)
+// before net/http asks the ProxyFunc for it, when the request has a
+// deadline: the wait for a free proxy then ends a little before that
+// deadline (leaseMargin), so that its ErrNoProxy reaches Colly as it is.
+// Waiting until the deadline itself, the error would race net/http's
+// Client.Timeout, which replaces the error of a request it timed out with
+// one keeping only its text (net/http's setRequestCancel and
+// Client.do): errors.Is(err, ErrNoProxy) would not hold in OnError and
+// Visit. The ProxyFunc then finds the lease in the binding and returns it.
+func (t *transport) leaseEarly(req *http.Request) error {
+	dl, ok := req.Context().Deadline()
+	if !ok {
+		return nil
+	}
+	b := t.s.reg.lookup(req.Header)
+	if b == nil && req.Response != nil && req.Response.Request != nil {
+		b = t.s.reg.lookup(req.Response.Request.Header) // a redirect hop: the ProxyFunc joins it to its chain
+	}
+	if b == nil || !b.hooked || b.taskState() != nil {
+		return nil
+	}
+	ctx, cancel := context.WithDeadline(req.Context(), dl.Add(-leaseMargin(time.Until(dl))))
+	defer cancel()
+	_, err := t.s.ProxyFunc(req.WithContext(ctx))
+	return err
+}
+
+// leaseMargin is how long before a request's deadline, left away, its wait
+// for a proxy ends: a tenth of what is left, at most 250ms.
+func leaseMargin(left time.Duration) time.Duration {
+	return max(min(left/10, 250*time.Millisecond), 0)
 }
 
 // judge classifies one attempt and acts on it. again means: send the hop
@@ -173,6 +215,11 @@ func (t *transport) judge(req *http.Request, a *attempt, b *binding, l *Lease, r
 			if v.Kind == ban.OK {
 				s.cfg.detector.Learn(x)
 			}
+			// Served through this proxy: the refusals of the same URL
+			// through others were theirs (WithBanEvidence).
+			if b.refused() {
+				s.confirmRefusals(context.WithoutCancel(req.Context()), b, x.URL.String(), x.Site)
+			}
 		}
 		resp, err := a.hand(resp, nil)
 		return false, resp, err
@@ -201,14 +248,27 @@ func (t *transport) retry(req *http.Request, b *binding, l *Lease, x *ban.Exchan
 		site = s.cfg.siteFunc(req.Response.Request.URL)
 	}
 	b.dropLease(l)
-	if _, err := s.penalizeLease(context.WithoutCancel(req.Context()), b, site, l, v); err != nil {
+	ctx := context.WithoutCancel(req.Context())
+	pen, err := s.penalizeLease(ctx, b, site, l, v)
+	if err != nil {
 		s.cfg.logger.Warn("proxyswitch: quarantine failed; the proxy's lease will expire by its TTL",
 			"proxy", l.proxy.String(), "site", site, "reason", v.Reason, "err", err)
 	}
 	if l.scope != s.scopeOf(site) {
 		s.releaseQuietly(l)
 	}
-	blocked := &BlockedError{Site: site, Proxy: l.proxy.String(), Verdict: v, Attempts: x.Attempt, Err: redactErr(x.Err, l.proxy)}
+	blocked := &BlockedError{Site: site, Proxy: l.proxy.String(), Verdict: v, Attempts: x.Attempt,
+		Status: x.StatusCode, Err: redactErr(x.Err, l.proxy)}
+	r := refusal{url: x.URL.String(), site: site, status: x.StatusCode}
+	if err == nil && v.Kind == ban.Ban && !unambiguous(v) {
+		r.proxy, r.rp, r.pen = l.proxy, l.be.redis(), pen
+	}
+	b.addRefusal(r, blocked)
+	if r.proxy != nil && s.pageRefused(ctx, b, r.url, site) {
+		// The page refuses every proxy: its answer, not theirs.
+		blocked.Page = true
+		return false, nil, blocked
+	}
 	if callerDone(req) {
 		return false, nil, blocked
 	}

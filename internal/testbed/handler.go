@@ -253,3 +253,35 @@ func sleepCtx(r *http.Request, d time.Duration) bool {
 		return false
 	}
 }
+
+// RefusedPages wraps a site's handler: every Every-th product page
+// (/p/{n} with n a multiple of Every) answers Status to every client,
+// whatever its IP, as a deleted or region-locked page does; every other
+// request goes to Next. Every <= 0 refuses no page.
+type RefusedPages struct {
+	Next   http.Handler
+	Every  int
+	Status int // the answer of a refused page; 0 means 403
+}
+
+// Refused reports whether path is one of the refused pages.
+func (h *RefusedPages) Refused(path string) bool {
+	n, ok := strings.CutPrefix(path, "/p/")
+	if !ok || h.Every <= 0 {
+		return false
+	}
+	i, err := strconv.Atoi(n)
+	return err == nil && i > 0 && i%h.Every == 0
+}
+
+func (h *RefusedPages) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !h.Refused(r.URL.Path) {
+		h.Next.ServeHTTP(w, r)
+		return
+	}
+	code := h.Status
+	if code == 0 {
+		code = http.StatusForbidden
+	}
+	writeHTML(w, code, "<html><body>"+http.StatusText(code)+"</body></html>")
+}

@@ -26,6 +26,21 @@
 -- ARGV[13] fail: failures in a row that make a proxy dead; "0" = never
 -- ARGV[14] site (tells failures on several sites apart)   ARGV[15] reason
 -- ARGV[16] slots per proxy (K)
+-- ARGV[17] ban: the first quarantine ms (WithBanEvidence), "0": every ban is a verdict (base at once)
+-- ARGV[18] ban: "1" when the refusal is unambiguous (a challenge redirect): no first quarantine
+-- ARGV[19] confirm: the end (ms) of the strike to confirm, as this script returned it
+--
+-- ARGV[1] may also be "confirm": the page a strike's refusal was about was
+-- then served through another proxy, which confirms the strike. A strike
+-- still on record (the same end, ARGV[19]) is then sentenced as an
+-- unambiguous one; anything else (a healthy answer, a lift or a newer
+-- strike since) leaves the proxy alone and returns zeros. No lease ends.
+--
+-- Evidence (ban, with ARGV[17] > 0): the n-th strike in a row is weighed
+-- e = n, plus one when it is unambiguous or confirmed. Weight 1 (a first,
+-- unconfirmed refusal) is the first quarantine; weight e >= 2 is
+-- base * 2^(e-2). With ARGV[17] = "0" the n-th ban is base * 2^(n-1), the
+-- verdict on the first refusal it has always been.
 --
 -- Backoff: the n-th ban in a row of a proxy on a site (no healthy response
 -- in between, see release.lua; a run older than twice the max quarantine is
@@ -38,7 +53,13 @@
 -- the pool). A dead proxy's slots go to DEAD in every site's free set, and
 -- new sites start it there too (lease.lua), until revive.lua.
 --
--- Returns {quarantine ms, until ms, offences in a row, dead 0/1, lease ended 0/1}.
+-- The strikes record of a proxy that got a healthy answer on the scope is
+-- "0|<ms of that answer>|0" (release.lua): a strike on such a record is
+-- reported healthy, the evidence that the proxy works on the site (the page
+-- or IP judgment of transport.go).
+--
+-- Returns {quarantine ms, until ms, offences in a row, dead 0/1, lease ended 0/1,
+--          first quarantine 0/1, healthy before 0/1}.
 local pool, badpool = pool_prefix(ARGV[10])
 if not pool then return redis.error_reply(badpool) end
 local now = now_ms()
@@ -46,17 +67,23 @@ local id = ARGV[2]
 local base, maxq, minq = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local idle = tonumber(ARGV[11])
 
-local n, dead = 1, false
-if ARGV[1] == 'ban' then
+local firstq, certain = tonumber(ARGV[17]) or 0, ARGV[18] == '1'
+local n, dead, healthy, running = 1, false, false, 0
+if ARGV[1] == 'ban' or ARGV[1] == 'confirm' then
   local v = redis.call('HGET', KEYS[3], id)
-  if v then
-    local c, last, till = string.match(v, '^(%d+)|(%d+)|(%d+)$')
-    if c and now - tonumber(last) <= 2 * maxq then
-      n = tonumber(c) + 1
-      -- Still quarantined: another request through the same proxy (a slot
-      -- of WithConcurrency, a request under way) met the same ban.
-      if now < tonumber(till) then n = tonumber(c) end
+  local c, last, till
+  if v then c, last, till = string.match(v, '^(%d+)|(%d+)|(%d+)$') end
+  if ARGV[1] == 'confirm' then
+    if not c or tonumber(c) < 1 or tonumber(till) ~= tonumber(ARGV[19]) then
+      return {0, 0, 0, 0, 0, 0, 0}
     end
+    n, certain = tonumber(c), true
+  elseif c and now - tonumber(last) <= 2 * maxq then
+    n = tonumber(c) + 1
+    healthy = n == 1
+    -- Still quarantined: another request through the same proxy (a slot
+    -- of WithConcurrency, a request under way) met the same ban.
+    if now < tonumber(till) then n, running = tonumber(c), tonumber(till) end
   end
   redis.call('HDEL', KEYS[4], id)
 else
@@ -78,13 +105,27 @@ else
   dead = after > 0 and n >= after and (hard == '1' or multi == '1')
 end
 
+local e, short = n, false
+if certain then e = n + 1 end
 local q = base * 2 ^ (n - 1)
+if ARGV[1] ~= 'fail' and firstq > 0 then
+  if e <= 1 then
+    q, short = firstq, true
+  else
+    q = base * 2 ^ (e - 2)
+  end
+end
 if q > maxq then q = maxq end
 q = math.floor(q * tonumber(ARGV[8]) / 1000)
 if q > maxq then q = maxq end
 if q < minq then q = minq end
 local untl = now + q
-if ARGV[1] == 'ban' then
+if running > untl then
+  -- The same offence met again never shortens the quarantine it got
+  -- (confirmed meanwhile, say): its end stays, and it is no first strike.
+  untl, q, short = running, running - now, false
+end
+if ARGV[1] ~= 'fail' then
   redis.call('HSET', KEYS[3], id, n .. '|' .. now .. '|' .. untl)
   redis.call('PEXPIRE', KEYS[3], idle)
 end
@@ -138,4 +179,4 @@ if dead or ARGV[9] == '1' then
     redis.call('PEXPIRE', KEYS[7], maxq + 60000)
   end
 end
-return {q, untl, n, dead and 1 or 0, mine and 1 or 0}
+return {q, untl, n, dead and 1 or 0, mine and 1 or 0, short and 1 or 0, healthy and 1 or 0}

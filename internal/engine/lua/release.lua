@@ -2,18 +2,23 @@
 --
 -- KEYS[1] free zset     "<id>:<slot>" -> unix ms at which it is next available
 -- KEYS[2] lease hash    "<id>:<slot>" -> "<token>|<expiry ms>"
--- KEYS[3] strikes hash  id -> bans in a row on this scope (penalize.lua)
+-- KEYS[3] strikes hash  id -> "<bans in a row>|<ms of the last>|<its end>" on this scope (penalize.lua)
 -- KEYS[4] fails hash    id -> proxy failures in a row (penalize.lua)
 -- ARGV[1] member      ARGV[2] owner token   ARGV[3] cooldown ms
 -- ARGV[4] proxy id whose request got a healthy answer, or "": its runs of bans
---         on this scope and of failures end (the backoff starts over)
+--         on this scope and of failures end (the backoff starts over), and its
+--         strikes record becomes "0|<now>|0": healthy on this scope, the
+--         evidence penalize.lua reports (the hash keeps the free set's TTL)
 --
 -- Returns 1 released, 2 released after its expiry (nobody had taken it yet),
 --         0 not the owner (expired and leased again, or never ours): the lease is untouched.
 -- The proxy is next available at now + cooldown, unless something (a ban) has
 -- already pushed it further out: that is kept.
 if ARGV[4] ~= '' then
-  redis.call('HDEL', KEYS[3], ARGV[4])
+  redis.call('HSET', KEYS[3], ARGV[4], '0|' .. now_ms() .. '|0')
+  if redis.call('PTTL', KEYS[3]) < 0 then
+    redis.call('PEXPIRE', KEYS[3], math.max(redis.call('PTTL', KEYS[1]), 60000))
+  end
   redis.call('HDEL', KEYS[4], ARGV[4])
 end
 local v = redis.call('HGET', KEYS[2], ARGV[1])
