@@ -68,6 +68,7 @@ type renewer struct {
 	done    chan struct{} // closed when the running goroutine exits
 	stop    chan struct{} // closed by Close
 	closed  bool
+	bg      sync.WaitGroup // other background work of the Switch (a read of the pool's copy: snapshot.go), waited for by Close
 }
 
 // every is the renewer's tick: a quarter of the lease TTL, so that a
@@ -249,7 +250,9 @@ func (p *redisPool) extendMany(ctx context.Context, ls []*Lease, ttl time.Durati
 // marked lost, so that those requests fail with ErrLeaseLost), releases in
 // flight on other goroutines (those of the ProxyFunc without hooks run when
 // a request's context ends) are waited for, and with WithFallback or
-// WithSharding the Switch leaves the member list (Stop). From then on
+// WithSharding the Switch leaves the member list (Stop), and its background
+// reads (of the copy of its pool kept to re-seed a Redis that lost it) end.
+// From then on
 // ProxyFunc and Lease fail with an error wrapping ErrNoProxy: no request
 // goes out without a proxy.
 //
@@ -284,7 +287,34 @@ func (s *Switch) Close(ctx context.Context) error {
 	// request.
 	s.reg.forget(func(b *binding) bool { return !b.hooked })
 	err := r.releaseAll(ctx)
-	return errors.Join(err, s.Stop(ctx))
+	err = errors.Join(err, s.Stop(ctx))
+	r.waitBackground(ctx)
+	return err
+}
+
+// background registers one piece of background work of the Switch, which
+// Close waits for; false once the Switch is closed (start none then).
+func (r *renewer) background() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return false
+	}
+	r.bg.Add(1)
+	return true
+}
+
+// backgroundDone ends a piece of work background registered.
+func (r *renewer) backgroundDone() { r.bg.Done() }
+
+// waitBackground waits for the background work, or until ctx ends.
+func (r *renewer) waitBackground(ctx context.Context) {
+	done := make(chan struct{})
+	go func() { r.bg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
 }
 
 // closePoll is how often Close looks again at releases in flight.

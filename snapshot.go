@@ -111,7 +111,12 @@ func (p *redisPool) noteVersion(v int64) {
 		return
 	}
 	p.snap.startAt.Store(now)
+	if !p.sw.renew.background() {
+		p.snap.busy.Store(false)
+		return
+	}
 	go func() {
+		defer p.sw.renew.backgroundDone()
 		defer p.snap.busy.Store(false)
 		if _, err := p.refreshSnapshot(context.Background()); err != nil {
 			p.cfg.logger.Debug("proxyswitch: reading the copy of the pool failed", "pool", p.name, "err", err)

@@ -149,6 +149,8 @@ type app struct {
 	stdin   io.Reader
 	out     io.Writer
 	errOut  io.Writer // warnings meant for the operator
+
+	switches []*proxyswitch.Switch // every Switch newSwitch made: closed when the command ends
 }
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) int {
@@ -199,6 +201,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	a := &app{rdb: rdb, ropt: opt, prefix: *prefix, logger: logger, stdin: stdin, out: stdout, errOut: stderr,
 		opts:    []proxyswitch.Option{proxyswitch.WithPrefix(*prefix), proxyswitch.WithRedisTimeout(*timeout), proxyswitch.WithLogger(logger)},
 		timeout: *timeout}
+	defer a.closeSwitches()
 	if a.sw, err = a.newSwitch(*pool); err != nil {
 		fmt.Fprintln(stderr, "proxyswitch:", message(err))
 		return 2
@@ -227,7 +230,21 @@ func message(err error) string {
 // newSwitch returns a Switch on pool with the flags' options (a.opts) and
 // opts.
 func (a *app) newSwitch(pool string, opts ...proxyswitch.Option) (*proxyswitch.Switch, error) {
-	return proxyswitch.NewSwitch(a.rdb, append(append([]proxyswitch.Option{proxyswitch.WithPool(pool)}, opts...), a.opts...)...)
+	sw, err := proxyswitch.NewSwitch(a.rdb, append(append([]proxyswitch.Option{proxyswitch.WithPool(pool)}, opts...), a.opts...)...)
+	if err == nil {
+		a.switches = append(a.switches, sw)
+	}
+	return sw, err
+}
+
+// closeSwitches closes every Switch the command made: their leases (an
+// operator's ban probes one) and background reads end before the CLI does.
+func (a *app) closeSwitches() {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*a.timeout)
+	defer cancel()
+	for _, sw := range a.switches {
+		_ = sw.Close(ctx)
+	}
 }
 
 // newStorage returns the Storage of namespace ns with the flags' timeout

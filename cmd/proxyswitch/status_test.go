@@ -268,7 +268,9 @@ func TestStatusPageConcurrent(t *testing.T) {
 				if !strings.HasSuffix(strings.TrimSpace(body), "</html>") {
 					t.Errorf("a cut page: %q", body)
 				}
-				if rec.Code == http.StatusServiceUnavailable && !strings.Contains(body, `id="busy"`) {
+				// A 503 says why: too many renders at once, or a read that
+				// ran out of the scrape timeout (a loaded machine).
+				if rec.Code == http.StatusServiceUnavailable && !strings.Contains(body, `id="busy"`) && !strings.Contains(body, `class="error redis-error"`) {
 					t.Errorf("503 without saying why: %s", body)
 				}
 				codes <- rec.Code
