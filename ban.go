@@ -148,7 +148,13 @@ func (s *Switch) Revive(ctx context.Context, proxies ...string) (int, error) {
 	if err != nil || len(ids) == 0 {
 		return 0, err
 	}
-	argv := append([]any{s.keys.base, s.cfg.slots}, ids...)
+	return s.revive(ctx, "", ids)
+}
+
+// revive runs revive.lua for ids, only those marked with reason unless it
+// is empty.
+func (s *Switch) revive(ctx context.Context, reason string, ids []any) (int, error) {
+	argv := append([]any{s.keys.base, s.cfg.slots, reason}, ids...)
 	n, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) (int64, error) {
 		return reviveScript.Run(ctx, s.rdb, []string{s.keys.dead(), s.keys.fails(), s.keys.sites()}, argv...).Int64()
 	}, nil)
