@@ -215,7 +215,7 @@ func TestCheckerNeverCollidesWithCrawl(t *testing.T) {
 	var crawled atomic.Int64
 	for w := 0; w < 3; w++ {
 		csw := newSwitch(t, prefix, proxyswitch.WithMaxWait(time.Second))
-		for g := 0; g < 4; g++ {
+		for g := 0; g < 2; g++ {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -237,7 +237,7 @@ func TestCheckerNeverCollidesWithCrawl(t *testing.T) {
 	}
 	c := &probe.Checker{Switch: sw, EchoURL: ec.site.URL() + "/ip", Timeout: 2 * time.Second, Concurrency: 6}
 	probed, skipped := 0, 0
-	for i := 0; i < 15; i++ {
+	for i := 0; i < 20; i++ {
 		rep, err := c.Check(ctx)
 		require.NoError(t, err)
 		require.Zero(t, rep.Dead, "%+v", rep.Results)
