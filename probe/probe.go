@@ -483,7 +483,8 @@ func (c *Checker) Leader() bool { return c.isLeader.Load() }
 // until ctx ends; then it gives the lock up and returns ctx's error (or a
 // configuration error at once). Every third of LockTTL it takes the lock
 // if it is free or renews it; a holder that cannot renew (Redis down, or
-// the lock found taken over) stops its round at once. A round's failure is
+// the lock found taken over), or whose last renewal is three quarters of
+// the TTL old, stops its round at once: two processes never probe at once. A round's failure is
 // logged and the next comes at the next tick. Run a Checker's Run once at
 // a time.
 func (c *Checker) Run(ctx context.Context) error {
@@ -501,14 +502,18 @@ func (c *Checker) Run(ctx context.Context) error {
 	var b [16]byte
 	_, _ = rand.Read(b[:])
 	token := hex.EncodeToString(b[:])
-	hold := func() bool {
+	// hold takes or renews the lock; it reports whether this process
+	// holds it, and when it was sent (the lock lives ttl from a moment
+	// after that).
+	hold := func() (bool, time.Time) {
+		sent := time.Now()
 		cctx, cancel := context.WithTimeout(ctx, s.lockTTL/3)
 		defer cancel()
 		n, err := leaderScript.Run(cctx, c.Redis, []string{key}, "hold", token, s.lockTTL.Milliseconds()).Int64()
 		if err != nil && ctx.Err() == nil {
 			s.log.Warn("proxyswitch probe: lock", "pool", c.Switch.Pool(), "err", err.Error())
 		}
-		return err == nil && n == 1
+		return err == nil && n == 1, sent
 	}
 	defer func() {
 		c.isLeader.Store(false)
@@ -517,18 +522,36 @@ func (c *Checker) Run(ctx context.Context) error {
 		_ = leaderScript.Run(rctx, c.Redis, []string{key}, "release", token, 0).Err()
 	}()
 
-	// roundCtx is cancelled when leadership is lost.
+	// Leadership ends when a hold fails, or when the last successful one
+	// is three quarters of a TTL old (renewals late under load): the
+	// running round is cancelled then, a quarter TTL before another
+	// process may take the lock.
 	var roundMu sync.Mutex
 	var cancelRound context.CancelFunc
-	setLeader := func(ok bool) {
-		c.isLeader.Store(ok)
-		if !ok {
-			roundMu.Lock()
-			if cancelRound != nil {
-				cancelRound()
-			}
-			roundMu.Unlock()
+	lose := func() {
+		c.isLeader.Store(false)
+		roundMu.Lock()
+		if cancelRound != nil {
+			cancelRound()
 		}
+		roundMu.Unlock()
+	}
+	expire := time.AfterFunc(time.Hour, lose)
+	expire.Stop()
+	defer expire.Stop()
+	setLeader := func(ok bool, sent time.Time) {
+		if !ok {
+			expire.Stop()
+			lose()
+			return
+		}
+		left := time.Until(sent.Add(s.lockTTL * 3 / 4))
+		if left <= 0 {
+			lose()
+			return
+		}
+		expire.Reset(left)
+		c.isLeader.Store(true)
 	}
 	setLeader(hold())
 	keeper := make(chan struct{})
