@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/proxyswitch/proxyswitch/internal/redistest"
+	"github.com/proxyswitch/proxyswitch/internal/reexec"
 )
 
 // shared is the tests' Redis (a private redis-server on a free loopback
@@ -15,6 +16,7 @@ import (
 var shared *redistest.Shared
 
 func TestMain(m *testing.M) {
+	reexec.Main(workerEnv, workerMain) // a checker process (process_test.go) exits here
 	var err error
 	shared, err = redistest.StartSharedFromEnv()
 	if err != nil {
