@@ -168,7 +168,8 @@ func (s *Switch) revive(ctx context.Context, reason string, ids []any) (int, err
 // other, and revives those for which probe returns nil. It returns the
 // revived proxies. The Switch starts no goroutine of its own: call it from
 // yours, on a ticker; any number of workers may run it at once. ProbeURL
-// makes a probe.
+// makes a probe. Package probe is a fuller checker: it probes the live
+// proxies too, under leases, and revives only what it marked dead.
 func (s *Switch) CheckDead(ctx context.Context, probe func(context.Context, *Proxy) error) ([]*Proxy, error) {
 	if probe == nil {
 		return nil, fmt.Errorf("%w: nil probe", ErrConfig)
