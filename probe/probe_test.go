@@ -384,3 +384,19 @@ func TestCheckerOneLeader(t *testing.T) {
 	require.GreaterOrEqual(t, len(who), 2, "rounds by %v", who)
 	require.Positive(t, who[second], "rounds by %v", who)
 }
+
+// TestCheckerConfig: a Checker without a Switch or an echo URL, with an
+// echo URL holding user info, or Run without Redis fail with ErrConfig.
+func TestCheckerConfig(t *testing.T) {
+	ctx := context.Background()
+	sw := newSwitch(t, testPrefix())
+	for _, c := range []*probe.Checker{{}, {Switch: sw}, {Switch: sw, EchoURL: "ftp://x/"},
+		{Switch: sw, EchoURL: "http://u:" + canary + "@127.0.0.1:1/"}, {Switch: sw, EchoURL: "http://127.0.0.1:1/", Timeout: -1},
+		{Switch: sw, EchoURL: "http://127.0.0.1:1/", Sites: []probe.SiteProbe{{URL: "nope"}}}} {
+		_, err := c.Check(ctx)
+		require.ErrorIs(t, err, proxyswitch.ErrConfig)
+		require.NotContains(t, err.Error(), canary)
+	}
+	err := (&probe.Checker{Switch: sw, EchoURL: "http://127.0.0.1:1/"}).Run(ctx)
+	require.ErrorIs(t, err, proxyswitch.ErrConfig)
+}

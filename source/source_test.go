@@ -378,3 +378,24 @@ func TestSyncersConcurrent(t *testing.T) {
 	wg.Wait()
 	require.Equal(t, last, ids(t, reader2))
 }
+
+// TestSyncerConfig: a Syncer without a Switch or a Source, or with a
+// threshold out of range, and an HTTP source with a bad URL fail with a
+// clear error, never a panic.
+func TestSyncerConfig(t *testing.T) {
+	ctx := context.Background()
+	sw := newSwitch(t)
+	for _, sy := range []*source.Syncer{{}, {Switch: sw}, {Source: source.File{Path: "x"}},
+		{Switch: sw, Source: source.File{Path: "x"}, MinFraction: 2}, {Switch: sw, Source: source.File{Path: "x"}, Every: -1}} {
+		_, err := sy.Sync(ctx)
+		require.ErrorIs(t, err, proxyswitch.ErrConfig)
+		require.ErrorIs(t, sy.Run(ctx), proxyswitch.ErrConfig)
+	}
+	for _, u := range []string{"", "ftp://x/y", "http://", "://" + canaryPass} {
+		_, err := (&source.HTTP{URL: u}).Fetch(ctx)
+		require.Error(t, err)
+		noCanary(t, "error", err.Error())
+	}
+	_, err := source.File{Path: filepath.Join(t.TempDir(), "missing")}.Fetch(ctx)
+	require.ErrorIs(t, err, os.ErrNotExist)
+}
