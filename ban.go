@@ -153,7 +153,13 @@ func (s *Switch) Revive(ctx context.Context, proxies ...string) (int, error) {
 	if err != nil || len(ids) == 0 {
 		return 0, err
 	}
-	argv := append([]any{s.keys.base, s.cfg.slots}, ids...)
+	return s.revive(ctx, "", ids)
+}
+
+// revive runs revive.lua for ids, only those marked with reason unless it
+// is empty.
+func (s *Switch) revive(ctx context.Context, reason string, ids []any) (int, error) {
+	argv := append([]any{s.keys.base, s.cfg.slots, reason}, ids...)
 	n, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) (int64, error) {
 		return reviveScript.Run(ctx, s.rdb, []string{s.keys.dead(), s.keys.fails(), s.keys.sites()}, argv...).Int64()
 	}, nil)
@@ -167,7 +173,8 @@ func (s *Switch) Revive(ctx context.Context, proxies ...string) (int, error) {
 // other, and revives those for which probe returns nil. It returns the
 // revived proxies. The Switch starts no goroutine of its own: call it from
 // yours, on a ticker; any number of workers may run it at once. ProbeURL
-// makes a probe.
+// makes a probe. Package probe is a fuller checker: it probes the live
+// proxies too, under leases, and revives only what it marked dead.
 func (s *Switch) CheckDead(ctx context.Context, probe func(context.Context, *Proxy) error) ([]*Proxy, error) {
 	if probe == nil {
 		return nil, fmt.Errorf("%w: nil probe", ErrConfig)

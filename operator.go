@@ -76,7 +76,7 @@ func (s *Switch) Drain(ctx context.Context, proxy string) error {
 	}
 	_, err = roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) (int64, error) {
 		return engine.Drain{Dead: s.keys.dead(), Sites: s.keys.sites(), Pool: s.keys.proxies(),
-			Prefix: s.keys.base, Slots: s.cfg.slots, Proxies: []string{p.id}}.Run(ctx, s.rdb).Int64()
+			Prefix: s.keys.base, Slots: s.cfg.slots, Reason: "drained", Proxies: []string{p.id}}.Run(ctx, s.rdb).Int64()
 	}, nil)
 	if err != nil {
 		return redisErr("drain", err)

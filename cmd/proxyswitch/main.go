@@ -6,6 +6,10 @@
 // Commands:
 //
 //	load FILE                   replace the pool with the proxies in FILE ("-" for stdin), atomically
+//	sync -url URL|-file FILE [-every D] [-once] [...]
+//	                            keep the pool equal to a provider's list or a file (package source)
+//	probe -echo URL [-site URL]... [-every D] [...]
+//	                            probe idle proxies, mark dead and revive them (package probe)
 //	add URL...                  add proxies
 //	remove ID|URL...            remove proxies
 //	list                        list the proxies: ID, URL (user info masked), state (ok, dead, drained)
@@ -115,6 +119,10 @@ const usage = `usage: proxyswitch [flags] <command> [arguments]
 
 commands:
   load FILE                   replace the pool with the proxies in FILE ("-" for stdin)
+  sync -url URL|-file FILE [-every D] [-once]
+                              keep the pool equal to a provider's list (diffed, guarded)
+  probe -echo URL [-site URL]... [-every D]
+                              probe idle proxies: mark dead, revive, exit IPs
   add URL...                  add proxies
   remove ID|URL...            remove proxies
   list [SITE]                 list the proxies with their state (pool-wide, or on SITE)
@@ -361,6 +369,10 @@ func (a *app) dispatch(ctx context.Context, cmd string, args []string) error {
 		return a.serve(ctx, args)
 	case "queue":
 		return a.queue(ctx, args)
+	case "sync":
+		return a.syncCmd(ctx, args)
+	case "probe":
+		return a.probeCmd(ctx, args)
 	}
 	return fmt.Errorf("%w: unknown command %q", errUsage, cmd)
 }

@@ -86,12 +86,13 @@ type Drain struct {
 
 	Prefix  string   // ARGV[1] the pool's key prefix "{prefix:pool}"
 	Slots   int      // ARGV[2] slots per proxy (K)
-	Proxies []string // ARGV[3..] proxy ids
+	Reason  string   // ARGV[3] "drained", or a probe's reason (marks only unmarked proxies)
+	Proxies []string // ARGV[4..] proxy ids
 }
 
 // Run sends the call.
 func (c Drain) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
-	argv := []any{c.Prefix, c.Slots}
+	argv := []any{c.Prefix, c.Slots, c.Reason}
 	for _, id := range c.Proxies {
 		argv = append(argv, id)
 	}

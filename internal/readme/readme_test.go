@@ -38,7 +38,9 @@ var fragmentImports = [][2]string{
 	{"github.com/prometheus/client_golang/prometheus", "prometheus.MustRegister"},
 	{"github.com/proxyswitch/proxyswitch", "proxyswitch.New"},
 	{"github.com/proxyswitch/proxyswitch/metrics", "metrics.New"},
+	{"github.com/proxyswitch/proxyswitch/probe", "probe.DefaultEvery"},
 	{"github.com/proxyswitch/proxyswitch/shard", "shard.Modulo{}"},
+	{"github.com/proxyswitch/proxyswitch/source", "source.DefaultEvery"},
 	{"github.com/proxyswitch/proxyswitch/storage", "storage.New"},
 	{"github.com/redis/go-redis/v9", "redis.NewClient"},
 }

@@ -1,6 +1,6 @@
--- drain.lua: take proxies out of every site's rotation (an operator's call):
--- they are marked dead with the reason "drained", so Dead lists them and
--- Revive brings them back. Requests already under way finish: their
+-- drain.lua: take proxies out of every site's rotation (an operator's call, or
+-- a health probe's): they are marked dead with the reason "drained" (or the
+-- probe's), so Dead lists them and Revive brings them back. Requests already under way finish: their
 -- release keeps the slot out.
 --
 -- KEYS[1] dead hash   id -> "<ms>|<reason>"
@@ -8,22 +8,29 @@
 -- KEYS[3] pool hash   id -> proxy URL
 -- ARGV[1] key prefix "{prefix:pool}" (the free set of scope S is ARGV[1]..":free:"..S)
 -- ARGV[2] slots per proxy (K)
--- ARGV[3..] proxy ids
+-- ARGV[3] reason: "drained" (Drain: marks over any mark, an operator's word
+--         wins) or another (MarkDead: marks only a proxy not marked yet, so
+--         it never hides an operator's drain or a failure's mark)
+-- ARGV[4..] proxy ids
 --
 -- Why a prefix and not KEYS: the free sets are those of every site in
 -- KEYS[2], read here, atomically. The prefix must be KEYS[1]'s hash tag
 -- (lib.lua's pool_prefix), so every key stays in the pool's cluster slot.
--- Returns the number of proxies drained (those in the pool).
+-- Returns the number of proxies marked (those in the pool, and with another
+-- reason than "drained" not marked before).
 local base, badbase = pool_prefix(ARGV[1])
 if not base then return redis.error_reply(badbase) end
 local now = now_ms()
+local reason = ARGV[3]
+if reason == '' or string.find(reason, '|', 1, true) then return redis.error_reply('bad reason') end
 local sites = redis.call('ZRANGE', KEYS[2], 0, -1)
 local n = 0
-for i = 3, #ARGV do
+for i = 4, #ARGV do
   local id = ARGV[i]
-  if redis.call('HEXISTS', KEYS[3], id) == 1 then
+  if redis.call('HEXISTS', KEYS[3], id) == 1 and
+      (reason == 'drained' or redis.call('HEXISTS', KEYS[1], id) == 0) then
     n = n + 1
-    redis.call('HSET', KEYS[1], id, now .. '|drained')
+    redis.call('HSET', KEYS[1], id, now .. '|' .. reason)
     for _, sc in ipairs(sites) do
       local fk = base .. ':free:' .. sc
       for s = 0, tonumber(ARGV[2]) - 1 do

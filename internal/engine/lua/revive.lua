@@ -6,7 +6,10 @@
 -- ARGV[1] key prefix "{prefix:pool}": the free set of scope S is ARGV[1]..":free:"..S,
 --         its lease hash ARGV[1]..":lease:"..S (same hash tag as KEYS)
 -- ARGV[2] slots per proxy (K)
--- ARGV[3..] proxy ids
+-- ARGV[3] reason: "" revives whatever the mark; else only a proxy marked
+--         with this reason (a health probe revives its own marks, never an
+--         operator's drain)
+-- ARGV[4..] proxy ids
 --
 -- Why a prefix and not KEYS: the free sets and lease hashes are those of
 -- every site in KEYS[3], read here, atomically. The prefix must be KEYS[1]'s
@@ -19,10 +22,13 @@ if not base then return redis.error_reply(badbase) end
 local now = now_ms()
 local slots = tonumber(ARGV[2])
 local sites = redis.call('ZRANGE', KEYS[3], 0, -1)
+local want = ARGV[3]
 local revived = 0
-for i = 3, #ARGV do
+for i = 4, #ARGV do
   local id = ARGV[i]
-  if redis.call('HDEL', KEYS[1], id) == 1 then
+  local mark = redis.call('HGET', KEYS[1], id)
+  if mark and (want == '' or string.sub(mark, (string.find(mark, '|', 1, true) or 0) + 1) == want) then
+    redis.call('HDEL', KEYS[1], id)
     revived = revived + 1
     redis.call('HDEL', KEYS[2], id)
     for _, sc in ipairs(sites) do

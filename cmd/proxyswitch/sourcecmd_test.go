@@ -1,0 +1,122 @@
+package main
+
+import (
+	"encoding/json"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/proxyswitch/proxyswitch/internal/redistest"
+	"github.com/proxyswitch/proxyswitch/proxyswitchtest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+const tokenSecret = "Canary-token-secret"
+
+// TestCLISync: sync -once from a provider API (JSON, bearer token from a
+// file) and from a file; the guard refuses an empty list with exit code 1;
+// no secret is ever printed.
+func TestCLISync(t *testing.T) {
+	srv := redistest.Start(t, "--requirepass", redisSecret)
+	env := map[string]string{EnvRedisURL: "redis://:" + redisSecret + "@" + srv.Addr() + "/0"}
+	var mu sync.Mutex
+	list := []string{"127.0.0.1:3128:u1:" + proxySecret, "u2:" + proxySecret + "@127.0.0.2:3128", "127.0.0.3:3128"}
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer "+tokenSecret || r.Header.Get("X-Account") != "acme" {
+			http.Error(w, "denied", http.StatusUnauthorized)
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		json.NewEncoder(w).Encode(map[string]any{"data": map[string]any{"proxies": list}})
+	}))
+	defer api.Close()
+	dir := t.TempDir()
+	tokenFile := filepath.Join(dir, "token")
+	require.NoError(t, os.WriteFile(tokenFile, []byte(tokenSecret+"\n"), 0o600))
+	url := api.URL + "/v1/list?key=" + tokenSecret
+
+	r := cli(t, env, "", "sync", "-url", url, "-token-file", tokenFile, "-header", "X-Account: acme", "-json", "data.proxies", "-once")
+	require.Equal(t, 0, r.code, r.all())
+	assert.Contains(t, r.stdout, api.URL+"/v1/list: added 3, removed 0, pool size 3")
+	r = cli(t, env, "", "sync", "-url", url, "-token-file", tokenFile, "-header", "X-Account: acme", "-json", "data.proxies", "-once")
+	require.Equal(t, 0, r.code, r.all())
+	assert.Contains(t, r.stdout, "unchanged, pool size 3")
+	all := r.all()
+
+	mu.Lock()
+	list = []string{}
+	mu.Unlock()
+	r = cli(t, env, "", "sync", "-url", url, "-token-file", tokenFile, "-header", "X-Account: acme", "-json", "data.proxies", "-once")
+	require.Equal(t, 1, r.code, r.all())
+	assert.Contains(t, r.stdout, "refused by the shrink guard")
+	all += r.all()
+	r = cli(t, env, "", "sync", "-url", url, "-json", "data.proxies", "-once") // no token
+	require.Equal(t, 1, r.code, r.all())
+	assert.Contains(t, r.stdout, "401 Unauthorized")
+	all += r.all()
+
+	file := filepath.Join(dir, "proxies.txt")
+	require.NoError(t, os.WriteFile(file, []byte("127.0.0.3:3128\n127.0.0.4:3128:u4:"+proxySecret+"\n"), 0o600))
+	r = cli(t, env, "", "sync", "-file", file, "-once")
+	require.Equal(t, 0, r.code, r.all())
+	assert.Contains(t, r.stdout, "added 1, removed 2, pool size 2")
+	all += r.all()
+	require.NoError(t, os.WriteFile(file, []byte("127.0.0.3:3128\n127.0.0.4:99999:u4:"+proxySecret+"\n"), 0o600))
+	r = cli(t, env, "", "sync", "-file", file, "-once")
+	require.Equal(t, 1, r.code, r.all())
+	assert.Contains(t, r.stdout, "line 2")
+	all += r.all()
+
+	for _, bad := range [][]string{{"sync"}, {"sync", "-url", url, "-file", file}, {"sync", "-file", file, "-json", "x"},
+		{"sync", "-url", url, "-min-fraction", "2"}, {"sync", "-url", url, "-header", "nocolon"}} {
+		r := cli(t, env, "", bad...)
+		assert.Equal(t, 2, r.code, "%v: %s", bad, r.all())
+		all += r.all()
+	}
+	r = cli(t, env, "", "sync", "-h")
+	require.Equal(t, 0, r.code)
+	assert.Contains(t, r.stdout, "-min-fraction")
+	for _, s := range []string{redisSecret, proxySecret, tokenSecret} {
+		assert.NotContains(t, all, s)
+	}
+}
+
+// TestCLIProbe: one round marks the dead proxy, prints exit IPs, and a
+// second round after its recovery revives it.
+func TestCLIProbe(t *testing.T) {
+	srv := redistest.Start(t, "--requirepass", redisSecret)
+	env := map[string]string{EnvRedisURL: "redis://:" + redisSecret + "@" + srv.Addr() + "/0"}
+	farm := proxyswitchtest.NewFarm(t, 3)
+	farm.Proxies[0].SetCredentials("u", proxySecret)
+	r := cli(t, env, "", append([]string{"add"}, farm.URLs()...)...)
+	require.Equal(t, 0, r.code, r.all())
+	echo := proxyswitchtest.NewSite(t, "echo", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		host, _, _ := net.SplitHostPort(r.RemoteAddr)
+		w.Write([]byte(host))
+	}))
+	farm.Proxies[1].SetMode(proxyswitchtest.ProxyDead)
+	r = cli(t, env, "", "probe", "-echo", echo.URL(), "-timeout", "2s")
+	require.Equal(t, 0, r.code, r.all())
+	assert.Contains(t, r.stdout, farm.Proxies[0].SourceIP().String())
+	assert.Contains(t, r.stdout, farm.Proxies[2].SourceIP().String())
+	assert.Contains(t, r.stdout, "probed 3, skipped 0 (busy), marked dead 1, revived 0")
+	all := r.all()
+	r = cli(t, env, "", "list")
+	assert.Contains(t, r.stdout, "probe")
+	farm.Proxies[1].SetMode(proxyswitchtest.ProxyOK)
+	r = cli(t, env, "", "probe", "-echo", echo.URL())
+	require.Equal(t, 0, r.code, r.all())
+	assert.Contains(t, r.stdout, "marked dead 0, revived 1")
+	all += r.all()
+	r = cli(t, env, "", "probe")
+	assert.Equal(t, 2, r.code)
+	assert.Contains(t, r.stderr, "probe takes -echo URL")
+	assert.NotContains(t, all, proxySecret)
+	assert.NotContains(t, all, redisSecret)
+}

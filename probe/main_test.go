@@ -1,0 +1,33 @@
+package probe_test
+
+import (
+	"fmt"
+	"os"
+	"sync/atomic"
+	"testing"
+
+	"github.com/proxyswitch/proxyswitch/internal/redistest"
+	"github.com/proxyswitch/proxyswitch/internal/reexec"
+)
+
+// shared is the tests' Redis (a private redis-server on a free loopback
+// port, or a cluster with PROXYSWITCH_TEST_REDIS=cluster), each test under
+// a key prefix of its own.
+var shared *redistest.Shared
+
+func TestMain(m *testing.M) {
+	reexec.Main(workerEnv, workerMain) // a checker process (process_test.go) exits here
+	var err error
+	shared, err = redistest.StartSharedFromEnv()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "probe tests:", err)
+		os.Exit(2)
+	}
+	code := m.Run()
+	_ = shared.Close()
+	os.Exit(code)
+}
+
+var prefixSeq atomic.Int64
+
+func testPrefix() string { return fmt.Sprintf("pr%d", prefixSeq.Add(1)) }

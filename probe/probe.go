@@ -1,0 +1,594 @@
+// Package probe is an active health checker for a proxyswitch pool: it
+// probes the pool's idle proxies through an echo URL (reachability,
+// latency, exit IP), marks those that fail dead before a request finds
+// them, and revives them when they recover; optionally it probes sites
+// too, quarantining a proxy that cannot reach a site on that site only.
+//
+// Every probe of a live proxy runs under a lease of that proxy for the
+// probed site (Switch.LeaseProxy): a probe never collides with a crawl
+// request on the echo site, or on a probed site, and a proxy busy there is
+// skipped (it is not idle). The checker marks with a reason of its own
+// (Switch.MarkDead) and revives only what it marked (Switch.ReviveMarked):
+// a proxy an operator drained, or one dead of its failures, is left alone.
+//
+// Checker.Check runs one round (the CLI's "proxyswitch probe"); Checker.Run
+// runs a round every interval on one member of the fleet at a time: the
+// holder of a lock in Redis (a TTL, owner-checked, renewed), so any number
+// of processes may run it and the probe load stays one checker's.
+package probe
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/proxyswitch/proxyswitch"
+	"github.com/proxyswitch/proxyswitch/ban"
+	"github.com/proxyswitch/proxyswitch/internal/engine"
+	"github.com/redis/go-redis/v9"
+)
+
+// Defaults of a Checker's zero fields.
+const (
+	DefaultEvery          = time.Minute
+	DefaultTimeout        = 10 * time.Second
+	DefaultConcurrency    = 8
+	DefaultSiteQuarantine = 10 * time.Minute
+	DefaultLockTTL        = 30 * time.Second
+	DefaultReason         = "probe"
+)
+
+// SiteProbe is a site a proxy must reach: a GET of URL through the proxy
+// passes with a status from 200 to 399. Site is the site's name as the
+// Switch's site function names it; empty is URL's host[:port], lower-cased
+// (the default site function's).
+type SiteProbe struct {
+	URL  string
+	Site string
+}
+
+// Result is one probe of one proxy.
+type Result struct {
+	Proxy *proxyswitch.Proxy
+	// Site is the probed site: the echo URL's, or a SiteProbe's.
+	Site string
+	// Echo is true for the echo probe, false for a site probe.
+	Echo    bool
+	OK      bool
+	Latency time.Duration // from sending the request to the end of the answer
+	// ExitIP is the address the echo URL saw the request come from (its
+	// answer), when it is an IP address; echo probes only.
+	ExitIP string
+	// Err is why the probe failed, without the proxy's password.
+	Err error
+	// Action is what the checker did: "dead" (marked dead), "revived",
+	// "quarantined" (on Site), or "" (nothing).
+	Action string
+}
+
+// Report is what one round did.
+type Report struct {
+	Start, End  time.Time
+	Probed      int // probes sent
+	Skipped     int // live proxies not idle on the echo site (leased, cooling or quarantined there)
+	Dead        int // proxies marked dead this round
+	Revived     int // proxies revived this round
+	Quarantined int // (proxy, site) pairs quarantined this round
+	Results     []Result
+}
+
+// Checker probes the proxies of one Switch's pool. Set the fields before
+// the first Check or Run and leave them; Check and Run are safe for
+// concurrent use (rounds of one Checker are serialised).
+type Checker struct {
+	// Switch is the pool to check (required).
+	Switch *proxyswitch.Switch
+	// EchoURL answers a GET with the client's address (an IP, alone on
+	// the body's first line) and a 2xx status (required). A proxy whose
+	// echo probe fails is marked dead.
+	EchoURL string
+	// EchoSite names the echo URL's site for leases; empty is its
+	// host[:port], lower-cased.
+	EchoSite string
+	// Sites are optional per-site probes, run for proxies that pass the
+	// echo probe; a failure quarantines the proxy on that site only, for
+	// SiteQuarantine (a ban: it counts for the site's backoff).
+	Sites []SiteProbe
+	// Every is Run's interval; 0 is DefaultEvery.
+	Every time.Duration
+	// Timeout bounds each probe; 0 is DefaultTimeout.
+	Timeout time.Duration
+	// Concurrency bounds the probes in flight; 0 is DefaultConcurrency.
+	Concurrency int
+	// SiteQuarantine is how long a site probe's failure keeps the proxy
+	// off the site; 0 is DefaultSiteQuarantine.
+	SiteQuarantine time.Duration
+	// Reason is the dead mark's reason (see Switch.MarkDead); empty is
+	// DefaultReason. Checkers that share a reason revive each other's marks.
+	Reason string
+	// Redis holds Run's lock (required by Run; Check does not use it):
+	// the Switch's Redis. The lock's key is beside the pool's keys.
+	Redis redis.Scripter
+	// LockTTL is the lock's TTL, renewed every third of it; 0 is
+	// DefaultLockTTL. A checker that dies hands over within it.
+	LockTTL time.Duration
+	// Transport, when set, makes the round tripper of each probe through
+	// proxy (the default is an http.Transport with the proxy, no
+	// keep-alive, no environment proxy).
+	Transport func(proxy *url.URL) http.RoundTripper
+	// OnResult, when set, gets every probe's Result, from the goroutine
+	// that ran it (concurrently).
+	OnResult func(Result)
+	// OnReport, when set, gets every round's Report.
+	OnReport func(Report)
+	// Logger gets a line per proxy marked, revived or quarantined (info)
+	// and per failed round (warn); nil is slog.Default(). Nothing logged
+	// holds a password.
+	Logger *slog.Logger
+
+	mu       sync.Mutex // one round at a time
+	isLeader atomic.Bool
+}
+
+type settings struct {
+	echoSite string
+	sites    []SiteProbe
+	every    time.Duration
+	timeout  time.Duration
+	conc     int
+	siteQ    time.Duration
+	reason   string
+	lockTTL  time.Duration
+	log      *slog.Logger
+}
+
+func (c *Checker) settings() (settings, error) {
+	s := settings{every: or(c.Every, DefaultEvery), timeout: or(c.Timeout, DefaultTimeout),
+		siteQ: or(c.SiteQuarantine, DefaultSiteQuarantine), lockTTL: or(c.LockTTL, DefaultLockTTL),
+		conc: c.Concurrency, reason: c.Reason, log: c.Logger}
+	if s.conc == 0 {
+		s.conc = DefaultConcurrency
+	}
+	if s.reason == "" {
+		s.reason = DefaultReason
+	}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w: probe: "+format, append([]any{proxyswitch.ErrConfig}, a...)...)
+	}
+	if c.Switch == nil {
+		return s, bad("Checker needs a Switch")
+	}
+	if s.every < 0 || s.timeout < 0 || s.siteQ < 0 || s.lockTTL < 0 || s.conc < 0 {
+		return s, bad("negative interval, timeout, quarantine, lock TTL or concurrency")
+	}
+	site, err := siteOf(c.EchoURL, c.EchoSite)
+	if err != nil {
+		return s, bad("echo URL: %v", err)
+	}
+	s.echoSite = site
+	for i, sp := range c.Sites {
+		site, err := siteOf(sp.URL, sp.Site)
+		if err != nil {
+			return s, bad("site #%d: %v", i+1, err)
+		}
+		s.sites = append(s.sites, SiteProbe{URL: sp.URL, Site: site})
+	}
+	return s, nil
+}
+
+func or(d, def time.Duration) time.Duration {
+	if d == 0 {
+		return def
+	}
+	return d
+}
+
+// siteOf checks a probe URL and returns its site.
+func siteOf(raw, site string) (string, error) {
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil {
+		return "", errors.New("want an http or https URL with a host and no user info")
+	}
+	if site == "" {
+		site = strings.ToLower(u.Host)
+	}
+	return site, nil
+}
+
+// Check runs one round now: it probes every proxy of the pool idle on the
+// echo site (leasing it there first; a busy one is skipped) and every
+// proxy this checker's Reason marked dead (those are out of every
+// rotation: no lease is taken, and one still leased on the echo site by a
+// request that started before the mark is skipped), marks dead the live
+// ones that fail, revives the marked ones that pass, and runs the site
+// probes on the proxies that passed. Drained proxies and those dead of
+// their failures are not probed. At most Concurrency probes run at once,
+// each within Timeout. The error is the round's (Redis, configuration):
+// a probe's failure is in its Result.
+func (c *Checker) Check(ctx context.Context) (Report, error) {
+	s, err := c.settings()
+	if err != nil {
+		return Report{}, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	rep, err := c.round(ctx, s)
+	if err != nil {
+		s.log.Warn("proxyswitch probe: round failed", "pool", c.Switch.Pool(), "err", err.Error())
+	}
+	if c.OnReport != nil {
+		c.OnReport(rep)
+	}
+	return rep, err
+}
+
+func (c *Checker) round(ctx context.Context, s settings) (Report, error) {
+	rep := Report{Start: time.Now()}
+	defer func() { rep.End = time.Now() }()
+	states, err := c.Switch.ProxyStates(ctx, s.echoSite)
+	if err != nil {
+		return rep, err
+	}
+	type job struct {
+		p      *proxyswitch.Proxy
+		marked bool // marked dead by this checker's reason
+	}
+	var jobs []job
+	for _, st := range states {
+		switch {
+		case st.State == proxyswitch.StateDead && st.Reason == s.reason:
+			if st.LeasedSlots == 0 {
+				jobs = append(jobs, job{p: st.Proxy, marked: true})
+			}
+		case st.State == proxyswitch.StateDead || st.State == proxyswitch.StateDrained:
+		case st.FreeSlots > 0:
+			jobs = append(jobs, job{p: st.Proxy})
+		default:
+			rep.Skipped++
+		}
+	}
+	var mu sync.Mutex
+	add := func(r Result) {
+		if c.OnResult != nil {
+			c.OnResult(r)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		rep.Results = append(rep.Results, r)
+		rep.Probed++
+		switch r.Action {
+		case "dead":
+			rep.Dead++
+		case "revived":
+			rep.Revived++
+		case "quarantined":
+			rep.Quarantined++
+		}
+	}
+	var firstErr error
+	fail := func(err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if firstErr == nil {
+			firstErr = err
+		}
+	}
+	sem := make(chan struct{}, s.conc)
+	var wg sync.WaitGroup
+	for _, j := range jobs {
+		if ctx.Err() != nil {
+			break
+		}
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			ok, err := c.checkOne(ctx, s, j.p, j.marked, add)
+			if err != nil {
+				fail(err)
+				return
+			}
+			if ok {
+				for _, sp := range s.sites {
+					if err := c.checkSite(ctx, s, j.p, sp, add); err != nil {
+						fail(err)
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if firstErr == nil {
+		firstErr = ctx.Err()
+	}
+	return rep, firstErr
+}
+
+// checkOne runs the echo probe of p and acts on it. It reports whether p
+// is alive; the error is Redis'.
+func (c *Checker) checkOne(ctx context.Context, s settings, p *proxyswitch.Proxy, marked bool, add func(Result)) (bool, error) {
+	var l *proxyswitch.Lease
+	if !marked {
+		var err error
+		if l, err = c.lease(ctx, s, s.echoSite, p); l == nil {
+			return false, err
+		}
+		defer l.Release(context.WithoutCancel(ctx))
+	}
+	r := c.probe(ctx, s, p, c.EchoURL, true)
+	r.Site = s.echoSite
+	switch {
+	case !r.OK && !marked:
+		if ctx.Err() != nil {
+			return false, nil // the round ended, not the proxy
+		}
+		n, err := c.Switch.MarkDead(ctx, s.reason, p.ID())
+		if err != nil {
+			return false, err
+		}
+		if n > 0 {
+			r.Action = "dead"
+			s.log.Info("proxyswitch probe: proxy marked dead", "pool", c.Switch.Pool(), "proxy", p.String(), "err", r.Err.Error())
+		}
+	case r.OK && marked:
+		n, err := c.Switch.ReviveMarked(ctx, s.reason, p.ID())
+		if err != nil {
+			return false, err
+		}
+		if n > 0 {
+			r.Action = "revived"
+			s.log.Info("proxyswitch probe: proxy revived", "pool", c.Switch.Pool(), "proxy", p.String(), "latency", r.Latency)
+		}
+	}
+	add(r)
+	return r.OK, nil
+}
+
+// lease leases p on site for one probe, long enough for it: nil with no
+// error when p is not free there.
+func (c *Checker) lease(ctx context.Context, s settings, site string, p *proxyswitch.Proxy) (*proxyswitch.Lease, error) {
+	l, err := c.Switch.LeaseProxy(ctx, site, p.ID())
+	if errors.Is(err, proxyswitch.ErrNoProxy) || errors.Is(err, proxyswitch.ErrEmptyPool) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if time.Until(l.Expiry()) < s.timeout+time.Second {
+		if err := l.Extend(ctx, s.timeout+time.Second); err != nil {
+			_ = l.Release(context.WithoutCancel(ctx))
+			return nil, err
+		}
+	}
+	return l, nil
+}
+
+// checkSite runs one site probe of p under a lease on the site; a failure
+// quarantines p there.
+func (c *Checker) checkSite(ctx context.Context, s settings, p *proxyswitch.Proxy, sp SiteProbe, add func(Result)) error {
+	l, err := c.lease(ctx, s, sp.Site, p)
+	if l == nil {
+		return err
+	}
+	r := c.probe(ctx, s, p, sp.URL, false)
+	r.Site = sp.Site
+	if r.OK || ctx.Err() != nil {
+		add(r)
+		return l.Release(context.WithoutCancel(ctx))
+	}
+	if err := l.Report(ctx, ban.Verdict{Kind: ban.Ban, Reason: ban.ReasonCustom, RetryAfter: s.siteQ}); err != nil {
+		_ = l.Release(context.WithoutCancel(ctx))
+		return err
+	}
+	r.Action = "quarantined"
+	s.log.Info("proxyswitch probe: proxy quarantined on a site", "pool", c.Switch.Pool(), "proxy", p.String(),
+		"site", sp.Site, "for", s.siteQ, "err", r.Err.Error())
+	add(r)
+	return nil
+}
+
+// maxEcho bounds the echo answer read.
+const maxEcho = 1 << 10
+
+// probe sends one GET of target through p within the timeout.
+func (c *Checker) probe(ctx context.Context, s settings, p *proxyswitch.Proxy, target string, echo bool) Result {
+	r := Result{Proxy: p, Echo: echo}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	var rt http.RoundTripper
+	if c.Transport != nil {
+		rt = c.Transport(p.URL())
+	} else {
+		tr := &http.Transport{Proxy: http.ProxyURL(p.URL()), DisableKeepAlives: true}
+		defer tr.CloseIdleConnections()
+		rt = tr
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
+	if err != nil {
+		r.Err = errors.New("probe: bad URL")
+		return r
+	}
+	start := time.Now()
+	resp, err := rt.RoundTrip(req)
+	if err != nil {
+		r.Err = redactErr(err, p)
+		r.Latency = time.Since(start)
+		return r
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxEcho))
+	resp.Body.Close()
+	r.Latency = time.Since(start)
+	if err != nil {
+		r.Err = redactErr(err, p)
+		return r
+	}
+	if echo && (resp.StatusCode < 200 || resp.StatusCode > 299) || !echo && (resp.StatusCode < 200 || resp.StatusCode > 399) {
+		r.Err = fmt.Errorf("probe via %s: answered %s", p, resp.Status)
+		return r
+	}
+	if echo {
+		line, _, _ := strings.Cut(string(body), "\n")
+		if ip := net.ParseIP(strings.TrimSpace(line)); ip != nil {
+			r.ExitIP = ip.String()
+		}
+	}
+	r.OK = true
+	return r
+}
+
+// redactErr is err's text without p's user info: a transport's error may
+// quote the proxy's URL.
+func redactErr(err error, p *proxyswitch.Proxy) error {
+	msg := err.Error()
+	if u := p.URL(); u.User != nil {
+		msg = strings.ReplaceAll(msg, u.String(), p.String())
+		msg = strings.ReplaceAll(msg, u.User.String(), "xxxxx")
+		if pw, ok := u.User.Password(); ok && pw != "" {
+			msg = strings.ReplaceAll(msg, pw, "xxxxx")
+		}
+	}
+	return fmt.Errorf("probe via %s: %s", p, msg)
+}
+
+// leaderKey is the lock's key: beside the pool's keys, in its hash tag.
+func (c *Checker) leaderKey() (string, error) {
+	base, err := engine.KeyBase(c.Switch.Prefix(), c.Switch.Pool())
+	if err != nil {
+		return "", fmt.Errorf("%w: probe: %v", proxyswitch.ErrConfig, err)
+	}
+	return base + ":probe-leader", nil
+}
+
+var leaderScript = engine.Root.Script("leader")
+
+// Leader reports whether this Checker's Run holds the lock now.
+func (c *Checker) Leader() bool { return c.isLeader.Load() }
+
+// Run checks the pool every Every while this process holds the lock,
+// until ctx ends; then it gives the lock up and returns ctx's error (or a
+// configuration error at once). Every third of LockTTL it takes the lock
+// if it is free or renews it; a holder that cannot renew (Redis down, or
+// the lock found taken over), or whose last renewal is three quarters of
+// the TTL old, stops its round at once: two processes never probe at once. A round's failure is
+// logged and the next comes at the next tick. Run a Checker's Run once at
+// a time.
+func (c *Checker) Run(ctx context.Context) error {
+	s, err := c.settings()
+	if err != nil {
+		return err
+	}
+	if c.Redis == nil {
+		return fmt.Errorf("%w: probe: Run needs Redis for its lock", proxyswitch.ErrConfig)
+	}
+	key, err := c.leaderKey()
+	if err != nil {
+		return err
+	}
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	token := hex.EncodeToString(b[:])
+	// hold takes or renews the lock; it reports whether this process
+	// holds it, and when it was sent (the lock lives ttl from a moment
+	// after that).
+	hold := func() (bool, time.Time) {
+		sent := time.Now()
+		cctx, cancel := context.WithTimeout(ctx, s.lockTTL/3)
+		defer cancel()
+		n, err := leaderScript.Run(cctx, c.Redis, []string{key}, "hold", token, s.lockTTL.Milliseconds()).Int64()
+		if err != nil && ctx.Err() == nil {
+			s.log.Warn("proxyswitch probe: lock", "pool", c.Switch.Pool(), "err", err.Error())
+		}
+		return err == nil && n == 1, sent
+	}
+	defer func() {
+		c.isLeader.Store(false)
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		_ = leaderScript.Run(rctx, c.Redis, []string{key}, "release", token, 0).Err()
+	}()
+
+	// Leadership ends when a hold fails, or when the last successful one
+	// is three quarters of a TTL old (renewals late under load): the
+	// running round is cancelled then, a quarter TTL before another
+	// process may take the lock.
+	var roundMu sync.Mutex
+	var cancelRound context.CancelFunc
+	lose := func() {
+		c.isLeader.Store(false)
+		roundMu.Lock()
+		if cancelRound != nil {
+			cancelRound()
+		}
+		roundMu.Unlock()
+	}
+	expire := time.AfterFunc(time.Hour, lose)
+	expire.Stop()
+	defer expire.Stop()
+	setLeader := func(ok bool, sent time.Time) {
+		if !ok {
+			expire.Stop()
+			lose()
+			return
+		}
+		left := time.Until(sent.Add(s.lockTTL * 3 / 4))
+		if left <= 0 {
+			lose()
+			return
+		}
+		expire.Reset(left)
+		c.isLeader.Store(true)
+	}
+	setLeader(hold())
+	keeper := make(chan struct{})
+	go func() {
+		defer close(keeper)
+		t := time.NewTicker(s.lockTTL / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				setLeader(hold())
+			}
+		}
+	}()
+	defer func() { <-keeper }()
+	t := time.NewTicker(s.every)
+	defer t.Stop()
+	for {
+		if c.isLeader.Load() {
+			rctx, cancel := context.WithCancel(ctx)
+			roundMu.Lock()
+			cancelRound = cancel
+			roundMu.Unlock()
+			if c.isLeader.Load() { // not lost between the check and the registration
+				_, _ = c.Check(rctx)
+			}
+			roundMu.Lock()
+			cancelRound = nil
+			roundMu.Unlock()
+			cancel()
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}

@@ -1,0 +1,402 @@
+package probe_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/proxyswitch/proxyswitch"
+	"github.com/proxyswitch/proxyswitch/probe"
+	"github.com/proxyswitch/proxyswitch/proxyswitchtest"
+	"github.com/stretchr/testify/require"
+)
+
+const canary = "CANARYprobe4417"
+
+// echo is an echo site: it answers the client's IP, and counts the
+// requests in flight.
+type echo struct {
+	site          *proxyswitchtest.Site
+	inFlight, max atomic.Int64
+}
+
+func newEcho(t *testing.T, delay time.Duration) *echo {
+	e := &echo{}
+	e.site = proxyswitchtest.NewSite(t, "echo", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := e.inFlight.Add(1)
+		defer e.inFlight.Add(-1)
+		for m := e.max.Load(); n > m && !e.max.CompareAndSwap(m, n); m = e.max.Load() {
+		}
+		time.Sleep(delay)
+		host, _, _ := net.SplitHostPort(r.RemoteAddr)
+		w.Write([]byte(host + "\n"))
+	}))
+	return e
+}
+
+// logBuf collects log lines, safe for concurrent use.
+type logBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuf) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func newSwitch(t *testing.T, prefix string, opts ...proxyswitch.Option) *proxyswitch.Switch {
+	t.Helper()
+	sw, err := proxyswitch.NewSwitch(shared.Client(t), append([]proxyswitch.Option{proxyswitch.WithPrefix(prefix), proxyswitch.WithMaxWait(0)}, opts...)...)
+	require.NoError(t, err)
+	t.Cleanup(func() { sw.Close(context.Background()) })
+	return sw
+}
+
+func idOf(t *testing.T, u string) string {
+	t.Helper()
+	p, err := proxyswitch.ParseProxy(u)
+	require.NoError(t, err)
+	return p.ID()
+}
+
+func deadReasons(t *testing.T, sw *proxyswitch.Switch) map[string]string {
+	t.Helper()
+	dead, err := sw.Dead(context.Background())
+	require.NoError(t, err)
+	out := map[string]string{}
+	for _, d := range dead {
+		out[d.Proxy.ID()] = d.Reason
+	}
+	return out
+}
+
+// leaseAll leases every proxy free for site, and returns their IDs.
+func leaseAll(t *testing.T, sw *proxyswitch.Switch, site string) map[string]bool {
+	t.Helper()
+	ctx := context.Background()
+	got := map[string]bool{}
+	var ls []*proxyswitch.Lease
+	for {
+		l, err := sw.Lease(ctx, site)
+		if errors.Is(err, proxyswitch.ErrNoProxy) {
+			break
+		}
+		require.NoError(t, err)
+		got[l.Proxy().ID()] = true
+		ls = append(ls, l)
+	}
+	for _, l := range ls {
+		require.NoError(t, l.Release(ctx))
+	}
+	return got
+}
+
+// TestCheckerMarksAndRevives: in a pool of 200, the dead, hanging, 502 and
+// 407 proxies are marked dead by one round, before any request leases
+// them; the live ones report their exit IP; the probes in flight never
+// exceed the bound; an operator's drain is neither probed nor revived;
+// the recovered proxies come back in the next round; no password leaks.
+func TestCheckerMarksAndRevives(t *testing.T) {
+	ctx := context.Background()
+	farm := proxyswitchtest.NewFarm(t, 200)
+	for i := 0; i < 10; i++ {
+		farm.Proxies[i].SetCredentials("user", canary)
+	}
+	sw := newSwitch(t, testPrefix())
+	_, err := sw.Add(ctx, farm.URLs()...)
+	require.NoError(t, err)
+	ec := newEcho(t, 5*time.Millisecond)
+
+	bad := map[int]proxyswitchtest.ProxyMode{3: proxyswitchtest.Proxy407}
+	for i := 10; i < 30; i++ {
+		bad[i] = proxyswitchtest.ProxyDead
+	}
+	for i := 30; i < 35; i++ {
+		bad[i] = proxyswitchtest.Proxy502
+	}
+	for i := 35; i < 40; i++ {
+		bad[i] = proxyswitchtest.ProxyHang
+	}
+	for i, m := range bad {
+		farm.Proxies[i].SetMode(m)
+	}
+	// 199 drained alive, 198 drained and dead: the operator's, not the probe's.
+	require.NoError(t, sw.Drain(ctx, farm.Proxies[199].URL()))
+	require.NoError(t, sw.Drain(ctx, farm.Proxies[198].URL()))
+	farm.Proxies[198].SetMode(proxyswitchtest.ProxyDead)
+
+	var logs logBuf
+	var results sync.Map
+	c := &probe.Checker{Switch: sw, EchoURL: ec.site.URL() + "/ip", Timeout: 2 * time.Second, Concurrency: 12,
+		Logger:   slog.New(slog.NewTextHandler(&logs, nil)),
+		OnResult: func(r probe.Result) { results.Store(r.Proxy.ID(), r) }}
+	rep, err := c.Check(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 198, rep.Probed)
+	require.Equal(t, len(bad), rep.Dead)
+	require.LessOrEqual(t, ec.max.Load(), int64(12), "more probes in flight than Concurrency")
+
+	want := map[string]string{idOf(t, farm.Proxies[198].URL()): "drained", idOf(t, farm.Proxies[199].URL()): "drained"}
+	for i := range bad {
+		want[idOf(t, farm.Proxies[i].URL())] = "probe"
+	}
+	require.Equal(t, want, deadReasons(t, sw))
+	for i, p := range farm.Proxies[:198] {
+		v, ok := results.Load(idOf(t, p.URL()))
+		require.True(t, ok, "proxy %d not probed", i)
+		r := v.(probe.Result)
+		if _, isBad := bad[i]; isBad {
+			require.False(t, r.OK)
+			require.Equal(t, "dead", r.Action)
+			require.NotContains(t, r.Err.Error(), canary)
+		} else {
+			require.True(t, r.OK, "proxy %d: %v", i, r.Err)
+			require.Equal(t, p.SourceIP().String(), r.ExitIP)
+			require.Positive(t, r.Latency)
+		}
+	}
+	require.Zero(t, farm.Proxies[198].Requests()+farm.Proxies[199].Requests(), "a drained proxy was probed")
+
+	// Before any request: a crawl of a new site leases only live proxies.
+	leased := leaseAll(t, sw, "shop.example")
+	require.Len(t, leased, 200-len(bad)-2)
+	for id := range want {
+		require.False(t, leased[id], "a dead proxy was leased")
+	}
+
+	// They recover; the next round revives the probe's, not the drains.
+	for i := range bad {
+		farm.Proxies[i].SetMode(proxyswitchtest.ProxyOK)
+	}
+	farm.Proxies[198].SetMode(proxyswitchtest.ProxyOK)
+	rep, err = c.Check(ctx)
+	require.NoError(t, err)
+	require.Equal(t, len(bad), rep.Revived)
+	require.Equal(t, 0, rep.Dead)
+	require.Equal(t, map[string]string{idOf(t, farm.Proxies[198].URL()): "drained", idOf(t, farm.Proxies[199].URL()): "drained"}, deadReasons(t, sw))
+	require.Len(t, leaseAll(t, sw, "shop2.example"), 198)
+	require.NotContains(t, logs.String(), canary)
+	require.Contains(t, logs.String(), "marked dead")
+	require.Contains(t, logs.String(), "revived")
+}
+
+// TestCheckerNeverCollidesWithCrawl: crawl requests of three processes
+// (three Redis clients) to the echo site and probe rounds run together:
+// the echo site never sees two requests at once from one IP, and the
+// probes skip the proxies the crawl holds.
+func TestCheckerNeverCollidesWithCrawl(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	farm := proxyswitchtest.NewFarm(t, 12)
+	prefix := testPrefix()
+	sw := newSwitch(t, prefix)
+	_, err := sw.Add(ctx, farm.URLs()...)
+	require.NoError(t, err)
+	ec := newEcho(t, 3*time.Millisecond)
+	site := strings.ToLower(strings.TrimPrefix(ec.site.URL(), "http://"))
+	var wg sync.WaitGroup
+	var crawled atomic.Int64
+	for w := 0; w < 3; w++ {
+		csw := newSwitch(t, prefix, proxyswitch.WithMaxWait(time.Second))
+		for g := 0; g < 2; g++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for ctx.Err() == nil {
+					l, err := csw.Lease(ctx, site)
+					if err != nil {
+						continue
+					}
+					tr := &http.Transport{Proxy: http.ProxyURL(l.Proxy().URL()), DisableKeepAlives: true}
+					req, _ := http.NewRequestWithContext(ctx, http.MethodGet, ec.site.URL()+"/crawl", nil)
+					if resp, err := tr.RoundTrip(req); err == nil {
+						resp.Body.Close()
+						crawled.Add(1)
+					}
+					_ = l.Release(context.WithoutCancel(ctx))
+				}
+			}()
+		}
+	}
+	c := &probe.Checker{Switch: sw, EchoURL: ec.site.URL() + "/ip", Timeout: 2 * time.Second, Concurrency: 6}
+	probed, skipped := 0, 0
+	for i := 0; i < 20; i++ {
+		rep, err := c.Check(ctx)
+		require.NoError(t, err)
+		require.Zero(t, rep.Dead, "%+v", rep.Results)
+		probed += rep.Probed
+		skipped += rep.Skipped
+	}
+	cancel()
+	wg.Wait()
+	require.Positive(t, crawled.Load())
+	require.Positive(t, probed)
+	require.Zero(t, ec.site.Recorder().Collisions(), "a probe and a request reached the echo site from one IP at once")
+	t.Logf("crawl requests %d, probes %d, skipped as busy %d", crawled.Load(), probed, skipped)
+}
+
+// TestCheckerSiteProbe: a proxy that cannot reach one site is quarantined
+// on that site only, not marked dead.
+func TestCheckerSiteProbe(t *testing.T) {
+	ctx := context.Background()
+	farm := proxyswitchtest.NewFarm(t, 6)
+	sw := newSwitch(t, testPrefix())
+	_, err := sw.Add(ctx, farm.URLs()...)
+	require.NoError(t, err)
+	ec := newEcho(t, 0)
+	cut, blocked := farm.Proxies[2].SourceIP().String(), farm.Proxies[4].SourceIP().String()
+	ozon := proxyswitchtest.NewSite(t, "ozon", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		host, _, _ := net.SplitHostPort(r.RemoteAddr)
+		switch host {
+		case cut:
+			panic(http.ErrAbortHandler) // the connection drops: the proxy answers 502
+		case blocked:
+			http.Error(w, "blocked", http.StatusForbidden)
+		}
+	}))
+	var results []probe.Result
+	var mu sync.Mutex
+	c := &probe.Checker{Switch: sw, EchoURL: ec.site.URL(), Sites: []probe.SiteProbe{{URL: ozon.URL() + "/"}},
+		Timeout: time.Second, SiteQuarantine: time.Hour, OnResult: func(r probe.Result) {
+			mu.Lock()
+			results = append(results, r)
+			mu.Unlock()
+		}}
+	rep, err := c.Check(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 0, rep.Dead)
+	require.Equal(t, 2, rep.Quarantined)
+	require.Equal(t, 12, rep.Probed)
+	ozonSite := strings.TrimPrefix(ozon.URL(), "http://")
+	st, err := sw.ProxyStates(ctx, ozonSite)
+	require.NoError(t, err)
+	var quarantined []string
+	for _, s := range st {
+		if s.State == proxyswitch.StateQuarantined {
+			quarantined = append(quarantined, s.Proxy.ID())
+		}
+	}
+	want := []string{idOf(t, farm.Proxies[2].URL()), idOf(t, farm.Proxies[4].URL())}
+	sort.Strings(quarantined)
+	sort.Strings(want)
+	require.Equal(t, want, quarantined)
+	require.Len(t, leaseAll(t, sw, "avito.example"), 6, "quarantined elsewhere too")
+	require.Empty(t, deadReasons(t, sw))
+}
+
+// TestCheckerOneLeader: three checkers (three Redis clients) run Run
+// together: one probes at a time, its rounds never overlap another's, and
+// when it stops another takes over within the lock TTL.
+func TestCheckerOneLeader(t *testing.T) {
+	farm := proxyswitchtest.NewFarm(t, 8)
+	prefix := testPrefix()
+	ec := newEcho(t, 2*time.Millisecond)
+	type round struct {
+		who        int
+		start, end time.Time
+	}
+	var mu sync.Mutex
+	var rounds []round
+	ctxs := make([]context.CancelFunc, 3)
+	checkers := make([]*probe.Checker, 3)
+	done := make([]chan error, 3)
+	for i := range checkers {
+		sw := newSwitch(t, prefix)
+		if i == 0 {
+			_, err := sw.Add(context.Background(), farm.URLs()...)
+			require.NoError(t, err)
+		}
+		checkers[i] = &probe.Checker{Switch: sw, Redis: shared.Client(t), EchoURL: ec.site.URL(), Every: 40 * time.Millisecond,
+			LockTTL: time.Second, Timeout: time.Second, Logger: slog.New(slog.NewTextHandler(&logBuf{}, nil)),
+			OnReport: func(r probe.Report) {
+				mu.Lock()
+				rounds = append(rounds, round{i, r.Start, r.End})
+				mu.Unlock()
+			}}
+		ctx, cancel := context.WithCancel(context.Background())
+		ctxs[i] = cancel
+		done[i] = make(chan error, 1)
+		go func() { done[i] <- checkers[i].Run(ctx) }()
+	}
+	defer func() {
+		for _, c := range ctxs {
+			c()
+		}
+	}()
+	leader := func() int {
+		n, who := 0, -1
+		for i, c := range checkers {
+			if c.Leader() {
+				n++
+				who = i
+			}
+		}
+		require.LessOrEqual(t, n, 1, "two leaders at once")
+		return who
+	}
+	require.Eventually(t, func() bool { return leader() >= 0 }, 5*time.Second, 5*time.Millisecond)
+	for end := time.Now().Add(600 * time.Millisecond); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+		leader()
+	}
+	var first int
+	require.Eventually(t, func() bool { first = leader(); return first >= 0 }, 5*time.Second, 5*time.Millisecond)
+	ctxs[first]() // it gives the lock up: another takes it within a third of the TTL
+	require.ErrorIs(t, <-done[first], context.Canceled)
+	var second int
+	require.Eventually(t, func() bool { second = leader(); return second >= 0 }, 5*time.Second, 5*time.Millisecond)
+	require.NotEqual(t, first, second)
+	for end := time.Now().Add(300 * time.Millisecond); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+		leader()
+	}
+	for i, c := range ctxs {
+		if i != first {
+			c()
+			require.ErrorIs(t, <-done[i], context.Canceled)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	sort.Slice(rounds, func(a, b int) bool { return rounds[a].start.Before(rounds[b].start) })
+	who := map[int]int{}
+	for i, r := range rounds {
+		who[r.who]++
+		if i > 0 && rounds[i-1].who != r.who {
+			require.False(t, r.start.Before(rounds[i-1].end), "rounds of two checkers overlap")
+		}
+	}
+	require.GreaterOrEqual(t, len(who), 2, "rounds by %v", who)
+	require.Positive(t, who[second], "rounds by %v", who)
+}
+
+// TestCheckerConfig: a Checker without a Switch or an echo URL, with an
+// echo URL holding user info, or Run without Redis fail with ErrConfig.
+func TestCheckerConfig(t *testing.T) {
+	ctx := context.Background()
+	sw := newSwitch(t, testPrefix())
+	for _, c := range []*probe.Checker{{}, {Switch: sw}, {Switch: sw, EchoURL: "ftp://x/"},
+		{Switch: sw, EchoURL: "http://u:" + canary + "@127.0.0.1:1/"}, {Switch: sw, EchoURL: "http://127.0.0.1:1/", Timeout: -1},
+		{Switch: sw, EchoURL: "http://127.0.0.1:1/", Sites: []probe.SiteProbe{{URL: "nope"}}}} {
+		_, err := c.Check(ctx)
+		require.ErrorIs(t, err, proxyswitch.ErrConfig)
+		require.NotContains(t, err.Error(), canary)
+	}
+	err := (&probe.Checker{Switch: sw, EchoURL: "http://127.0.0.1:1/"}).Run(ctx)
+	require.ErrorIs(t, err, proxyswitch.ErrConfig)
+}
