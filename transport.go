@@ -157,6 +157,7 @@ func (t *transport) judge(req *http.Request, a *attempt, b *binding, l *Lease, r
 	v, cerr := s.cfg.detector.Classify(x)
 	if cerr == nil {
 		s.observeAttempt(l.be.pool(), x.Site, l.proxy, v, time.Since(a.start))
+		s.brk.attempt(l, x.Site, v) // the site's circuit breaker counts it (breaker.go)
 	}
 	switch {
 	case cerr != nil:
