@@ -217,13 +217,45 @@ func (b *breaker) attempt(l *Lease, site string, v ban.Verdict) {
 	if v.Kind == ban.OK || v.Kind == ban.Neutral {
 		c.ok++
 	}
-	due := time.Since(b.last) >= b.cfg().Flush || b.states[site].state != 0
 	b.mu.Unlock()
-	if due && b.flushing.CompareAndSwap(false, true) {
+	b.kick()
+}
+
+// due reports whether the pending counts are to be reported now: the last
+// report is Flush old, or a site with counts is not closed (its probes'
+// answers decide). b.mu is held.
+func (b *breaker) due() bool {
+	if len(b.pending) == 0 {
+		return false
+	}
+	if time.Since(b.last) >= b.cfg().Flush {
+		return true
+	}
+	for k := range b.pending {
+		if b.states[k.site].state != 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// kick reports the pending counts in the background when they are due: one
+// goroutine at a time, which goes on while counts that came meanwhile are
+// due (no count of a half-open site is left behind for want of traffic).
+func (b *breaker) kick() {
+	for {
+		b.mu.Lock()
+		due := b.due()
+		b.mu.Unlock()
+		if !due || !b.flushing.CompareAndSwap(false, true) {
+			return
+		}
 		go func() {
+			defer b.kick()
 			defer b.flushing.Store(false)
 			b.flush(context.Background(), nil, "", nil)
 		}()
+		return
 	}
 }
 
@@ -349,6 +381,7 @@ func (b *breaker) report(ctx context.Context, rp *redisPool, sites map[string]*b
 		argv = append(argv, site, n.att, n.bans, n.ok, ids[site])
 		order = append(order, site)
 	}
+	sent := time.Now()
 	res, err := roundTrip(ctx, rp.timeout, func(ctx context.Context) ([]any, error) {
 		return breakerScript.Run(ctx, rp.rdb, keys, argv...).Slice()
 	}, nil)
@@ -372,13 +405,16 @@ func (b *breaker) report(ctx context.Context, rp *redisPool, sites map[string]*b
 		st, _ := intAt(r, 0)
 		until, _ := intAt(r, 1)
 		lifted, _ := intAt(r, 2)
-		prev := b.states[site].state
+		prev := b.states[site]
+		if prev.seen.After(sent) {
+			continue // a newer word on the site came meanwhile (a lease refused, another report)
+		}
 		b.states[site] = brState{state: int(st), until: time.UnixMilli(until), seen: now}
 		switch {
-		case st == 1 && prev != 1:
+		case st == 1 && prev.state != 1:
 			b.s.cfg.logger.Warn("proxyswitch: site paused by its circuit breaker", "pool", rp.name, "site", site,
 				"until", time.UnixMilli(until), "quarantines_lifted", lifted)
-		case st == 0 && prev != 0:
+		case st == 0 && prev.state != 0:
 			b.s.cfg.logger.Info("proxyswitch: site resumed: its circuit breaker closed", "pool", rp.name, "site", site)
 		}
 	}
