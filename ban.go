@@ -114,6 +114,7 @@ func (l *Lease) Report(ctx context.Context, v ban.Verdict) error {
 	case ban.OK, ban.Neutral:
 		l.healthy.Store(true)
 	}
+	l.sw.brk.attempt(l, l.site, v) // the site's circuit breaker counts it (breaker.go)
 	return l.Release(ctx)
 }
 

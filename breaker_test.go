@@ -3,6 +3,7 @@ package proxyswitch
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -90,8 +91,6 @@ func stormCheck(t *testing.T, storm *testbed.Storm, shots []stormShot, quarantin
 			}
 		}
 	}
-	warm := storm.From.Sub(storm.To.Add(-10 * time.Second)) // 0: the storm is 10s
-	_ = warm
 	t.Logf("site requests: %d before (%.0f/s), %d during the 10s storm, %d after; %d proxies quarantined at its end; "+
 		"%d of %d requests started 5-8s after it succeeded", before, float64(before)/stormWarmup.Seconds(), during, after,
 		quarantined, lateOK, late)
@@ -190,4 +189,187 @@ func stormBed(t *testing.T, site *testbed.Site, n int, opts ...Option) (*testbed
 	return site, proxies, s
 }
 
-var _ = ban.Ban
+// TestBreakerPauseResume: an operator's pause on one server holds the
+// site's leases on every server (another Redis client, the breaker
+// disabled there), with an error naming the site and the end of the
+// pause; resuming frees the site at once; bad site names are refused.
+func TestBreakerPauseResume(t *testing.T) {
+	ctx := context.Background()
+	s := newSwitch(t, shared.Client(t), WithMaxWait(100*time.Millisecond))
+	_, err := s.Add(ctx, proxyURLs(3)...)
+	require.NoError(t, err)
+	other := sibling(t, s, shared.Client(t))
+	other.cfg.breaker.Disabled = true
+	const site = "shop.example"
+
+	l, err := other.Lease(ctx, site)
+	require.NoError(t, err)
+	require.NoError(t, l.Release(ctx))
+
+	until, err := s.PauseSite(ctx, site, time.Minute)
+	require.NoError(t, err)
+	assert.WithinDuration(t, time.Now().Add(time.Minute), until, 2*time.Second)
+	start := time.Now()
+	_, err = other.Lease(ctx, site)
+	require.ErrorIs(t, err, ErrSitePaused)
+	require.ErrorIs(t, err, ErrNoProxy)
+	assert.Less(t, time.Since(start), 100*time.Millisecond, "a pause past the max wait fails at once")
+	var pe *SitePausedError
+	require.ErrorAs(t, err, &pe)
+	assert.Equal(t, site, pe.Site)
+	assert.Equal(t, until.UnixMilli(), pe.Until.UnixMilli())
+	assert.Contains(t, err.Error(), site)
+	assert.Contains(t, err.Error(), until.UTC().Format(time.RFC3339Nano))
+	l, err = other.Lease(ctx, "other.example")
+	require.NoError(t, err, "another site is not paused")
+	require.NoError(t, l.Release(ctx))
+
+	sites, err := other.PausedSites(ctx)
+	require.NoError(t, err)
+	require.Len(t, sites, 1)
+	assert.Equal(t, site, sites[0].Site)
+	assert.Equal(t, BreakerOpen, sites[0].State)
+	assert.Equal(t, time.Minute, sites[0].Pause)
+
+	require.NoError(t, other.ResumeSite(ctx, site))
+	l, err = s.Lease(ctx, site)
+	require.NoError(t, err, "resumed on every server")
+	require.NoError(t, l.Release(ctx))
+	sites, err = s.PausedSites(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, sites)
+
+	for _, bad := range []string{"", "a\nb", strings.Repeat("x", 300), "\xff"} {
+		_, err := s.PauseSite(ctx, bad, time.Second)
+		assert.ErrorIs(t, err, ErrConfig, "%q", bad)
+		assert.ErrorIs(t, s.ResumeSite(ctx, bad), ErrConfig, "%q", bad)
+	}
+	_, err = NewSwitch(shared.Client(t), WithBreaker(Breaker{BanRate: 1.5}))
+	assert.ErrorIs(t, err, ErrConfig)
+	_, err = NewSwitch(shared.Client(t), WithBreaker(Breaker{Pause: time.Minute, MaxPause: time.Second}))
+	assert.ErrorIs(t, err, ErrConfig)
+}
+
+// TestBreakerHalfOpen: when a pause ends, the breaker lets Probes leases
+// through and no more; healthy answers to them close it; a ban of a probe
+// opens it again for twice the pause; a ban while paused quarantines
+// nothing.
+func TestBreakerHalfOpen(t *testing.T) {
+	ctx := context.Background()
+	const pause = 300 * time.Millisecond
+	s := newSwitch(t, shared.Client(t), WithMaxWait(0), WithBreaker(Breaker{Pause: pause, Probes: 2, Flush: time.Millisecond}))
+	_, err := s.Add(ctx, proxyURLs(4)...)
+	require.NoError(t, err)
+	const site = "shop.example"
+	ban429 := ban.Verdict{Kind: ban.Ban, Reason: "http_429"}
+
+	// A ban while paused: the lease ends, the proxy is not quarantined.
+	early, err := s.Lease(ctx, site)
+	require.NoError(t, err)
+	_, err = s.PauseSite(ctx, site, pause)
+	require.NoError(t, err)
+	require.NoError(t, early.Report(ctx, ban429))
+	assert.WithinDuration(t, time.Now(), quarantineEnd(t, s, site, early.Proxy()), time.Second, "no quarantine during the pause")
+	_, err = s.Lease(ctx, site)
+	require.ErrorIs(t, err, ErrSitePaused)
+
+	probe := func() []*Lease {
+		t.Helper()
+		time.Sleep(pause + 50*time.Millisecond)
+		var ls []*Lease
+		for range 2 {
+			l, err := s.Lease(ctx, site)
+			require.NoError(t, err, "a probe")
+			ls = append(ls, l)
+		}
+		_, err = s.Lease(ctx, site)
+		require.ErrorIs(t, err, ErrSitePaused, "no third probe")
+		var pe *SitePausedError
+		require.ErrorAs(t, err, &pe)
+		assert.True(t, pe.HalfOpen)
+		return ls
+	}
+
+	// A probe banned: open again, for twice the pause.
+	ls := probe()
+	require.NoError(t, ls[0].Report(ctx, ban429))
+	assert.WithinDuration(t, time.Now(), quarantineEnd(t, s, site, ls[0].Proxy()), time.Second, "no quarantine of a failed probe")
+	sites, err := s.PausedSites(ctx)
+	require.NoError(t, err)
+	require.Len(t, sites, 1)
+	assert.Equal(t, BreakerOpen, sites[0].State)
+	assert.Equal(t, 2*pause, sites[0].Pause)
+	require.NoError(t, ls[1].Report(ctx, ban.Verdict{Kind: ban.OK}))
+
+	// Healthy probes close it.
+	time.Sleep(pause)
+	ls = probe()
+	for _, l := range ls {
+		require.NoError(t, l.Report(ctx, ban.Verdict{Kind: ban.OK}))
+	}
+	require.Eventually(t, func() bool {
+		sites, err := s.PausedSites(ctx)
+		return err == nil && len(sites) == 0
+	}, 2*time.Second, 10*time.Millisecond, "closed by its probes")
+	var held []*Lease
+	for range 4 {
+		l, err := s.Lease(ctx, site)
+		require.NoError(t, err, "closed: every proxy leases")
+		held = append(held, l)
+	}
+	for _, l := range held {
+		require.NoError(t, l.Release(ctx))
+	}
+}
+
+// TestBreakerConcurrent: three servers (own Redis clients), 30 goroutines,
+// every answer a ban. The breaker opens on its burst, every server stops
+// leasing at once, and no proxy stays quarantined: the storm is the site's.
+func TestBreakerConcurrent(t *testing.T) {
+	ctx := context.Background()
+	s := newSwitch(t, shared.Client(t), WithMaxWait(50*time.Millisecond), WithBreaker(Breaker{Burst: 5, Pause: 10 * time.Second}))
+	_, err := s.Add(ctx, proxyURLs(20)...)
+	require.NoError(t, err)
+	servers := []*Switch{s, sibling(t, s, shared.Client(t)), sibling(t, s, shared.Client(t))}
+	const site = "storm.example"
+	var leased, paused atomic.Int64
+	var opened atomic.Int64 // unix ms of the first ErrSitePaused
+	var wg sync.WaitGroup
+	stop := time.Now().Add(time.Second)
+	for g := range 30 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sw := servers[g%3]
+			for time.Now().Before(stop) {
+				l, err := sw.Lease(ctx, site)
+				if err != nil {
+					if !assert.ErrorIs(t, err, ErrNoProxy) {
+						return
+					}
+					if errors.Is(err, ErrSitePaused) {
+						paused.Add(1)
+						opened.CompareAndSwap(0, time.Now().UnixMilli())
+					}
+					time.Sleep(5 * time.Millisecond)
+					continue
+				}
+				leased.Add(1)
+				assert.NoError(t, l.Report(ctx, ban.Verdict{Kind: ban.Ban, Reason: "http_429"}))
+			}
+		}()
+	}
+	wg.Wait()
+	t.Logf("%d leases, %d refused as paused", leased.Load(), paused.Load())
+	assert.Positive(t, paused.Load())
+	assert.LessOrEqual(t, leased.Load(), int64(20+30), "leases stop once the breaker opens")
+	assert.Zero(t, quarantinedOn(t, s, site), "the storm's quarantines are lifted")
+	sites, err := s.PausedSites(ctx)
+	require.NoError(t, err)
+	require.Len(t, sites, 1)
+	assert.Equal(t, BreakerOpen, sites[0].State)
+	for _, sw := range servers {
+		_, err := sw.Lease(ctx, site)
+		assert.ErrorIs(t, err, ErrSitePaused, "paused on every server")
+	}
+}
