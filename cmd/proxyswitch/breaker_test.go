@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"net/http"
 	"testing"
 	"time"
 
@@ -55,4 +56,39 @@ func TestCLIPauseResume(t *testing.T) {
 		r = tr.run(bad...)
 		assert.Equal(t, 2, r.code, "%v: %s", bad, r.all())
 	}
+}
+
+// TestStatusPagePausedSites: the status page lists each pool's paused
+// sites with their state, the end of the pause and the probes.
+func TestStatusPagePausedSites(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	sw, err := proxyswitch.NewSwitch(srv.Client(t))
+	require.NoError(t, err)
+	_, err = sw.Add(ctx, "http://127.0.0.2:3128")
+	require.NoError(t, err)
+	page := newStatusPage([]*proxyswitch.Switch{sw}, DefaultScrapeTimeout, quietLogger)
+	code, doc, body, _ := renderStatus(t, page)
+	require.Equal(t, http.StatusOK, code, body)
+	assert.Zero(t, doc.Find("table.paused").Length(), "no paused site: no section")
+
+	_, err = sw.PauseSite(ctx, "ozon.example", time.Hour)
+	require.NoError(t, err)
+	_, err = sw.PauseSite(ctx, "avito.example", 10*time.Millisecond)
+	require.NoError(t, err)
+	time.Sleep(20 * time.Millisecond)
+	code, doc, body, _ = renderStatus(t, page)
+	require.Equal(t, http.StatusOK, code, body)
+	rows := doc.Find(`section[data-pool="default"] table.paused tbody tr`)
+	require.Equal(t, 2, rows.Length(), body)
+	ozon := doc.Find(`table.paused tr[data-site="ozon.example"]`)
+	assert.Equal(t, proxyswitch.BreakerOpen, ozon.Find("td.state").Text())
+	left, err := time.ParseDuration(ozon.Find("td.left").Text())
+	require.NoError(t, err)
+	assert.InDelta(t, time.Hour.Seconds(), left.Seconds(), 10)
+	assert.Equal(t, "1h0m0s", ozon.Find("td.pause").Text())
+	avito := doc.Find(`table.paused tr[data-site="avito.example"]`)
+	assert.Equal(t, proxyswitch.BreakerHalfOpen, avito.Find("td.state").Text())
+	assert.Equal(t, "0s", avito.Find("td.left").Text())
+	assert.Zero(t, doc.Find(".error").Length(), body)
 }
