@@ -56,6 +56,7 @@ type penalty struct {
 	strikes    int       // bans (or failures) in a row, this one included
 	dead       bool
 	ended      bool // it ended the lease it was given
+	kept       bool // a soft refusal a task's session survived: no quarantine, no retry (sessionscore.go)
 }
 
 // backendFor returns the backend of pool name: the Switch's own, or one

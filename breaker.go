@@ -259,6 +259,21 @@ func (b *breaker) kick() {
 	}
 }
 
+// refused counts a ban on site through l that quarantined nothing (a soft
+// refusal a session survived, sessionscore.go): it weighs in the site's ban
+// rate, reported with the other counts.
+func (b *breaker) refused(l *Lease, site string) {
+	if !b.on() || l == nil || l.be.redis() == nil {
+		return
+	}
+	b.mu.Lock()
+	c := b.count(brKey{l.be.redis(), site})
+	c.att++
+	c.bans++
+	b.mu.Unlock()
+	b.kick()
+}
+
 // count is the pending count of k; b.mu is held.
 func (b *breaker) count(k brKey) *brCount {
 	if b.pending == nil {

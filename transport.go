@@ -202,7 +202,8 @@ func (t *transport) retry(req *http.Request, b *binding, l *Lease, x *ban.Exchan
 		site = s.cfg.siteFunc(req.Response.Request.URL)
 	}
 	b.dropLease(l)
-	if _, err := s.penalizeLease(context.WithoutCancel(req.Context()), b, site, l, v); err != nil {
+	pen, err := s.penalizeLease(context.WithoutCancel(req.Context()), b, site, l, v)
+	if err != nil {
 		s.cfg.logger.Warn("proxyswitch: quarantine failed; the proxy's lease will expire by its TTL",
 			"proxy", l.proxy.String(), "site", site, "reason", v.Reason, "err", err)
 	}
@@ -210,7 +211,7 @@ func (t *transport) retry(req *http.Request, b *binding, l *Lease, x *ban.Exchan
 		s.releaseQuietly(l)
 	}
 	blocked := &BlockedError{Site: site, Proxy: l.proxy.String(), Verdict: v, Attempts: x.Attempt, Err: redactErr(x.Err, l.proxy)}
-	if callerDone(req) {
+	if callerDone(req) || pen.kept {
 		return false, nil, blocked
 	}
 	if landed && x.Redirected() {
