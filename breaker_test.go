@@ -180,11 +180,7 @@ func stormBed(t *testing.T, site *testbed.Site, n int, opts ...Option) (*testbed
 	t.Helper()
 	proxies := testbed.NewProxies(t, n)
 	s := newSwitch(t, shared.Client(t), append([]Option{WithMaxWait(2 * time.Second)}, opts...)...)
-	urls := make([]string, n)
-	for i, p := range proxies {
-		urls[i] = p.URL()
-	}
-	_, err := s.Add(context.Background(), urls...)
+	_, err := s.Add(context.Background(), (&testbed.Bed{Proxies: proxies}).ProxyURLs()...)
 	require.NoError(t, err)
 	return site, proxies, s
 }
