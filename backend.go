@@ -58,6 +58,7 @@ type penalty struct {
 	ended      bool // it ended the lease it was given
 	first      bool // a ban that got the first quarantine: a strike awaiting evidence (WithBanEvidence)
 	healthy    bool // the proxy had a healthy answer on the scope, and no strike, before this ban
+	kept       bool // a soft refusal a task's session survived: no quarantine, no retry (sessionscore.go)
 }
 
 // backendFor returns the backend of pool name: the Switch's own, or one

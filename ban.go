@@ -74,6 +74,11 @@ func (s *Switch) penalize(ctx context.Context, site string, p *Proxy, l *Lease, 
 	if l != nil {
 		be = l.be
 	}
+	if v.Kind == ban.Ban {
+		if pen, ok := s.brk.absorb(ctx, site, be, l); ok {
+			return pen, nil // the site's circuit breaker holds it: the storm is the site's (breaker.go)
+		}
+	}
 	pen, err := be.penalize(ctx, site, p, l, v)
 	if pen.ended && l != nil && l.released.Load() {
 		s.renew.drop(l)
@@ -82,6 +87,9 @@ func (s *Switch) penalize(ctx context.Context, site string, p *Proxy, l *Lease, 
 		return pen, err
 	}
 	s.observeQuarantine(be.pool(), site, p, v, pen)
+	if v.Kind == ban.Ban {
+		s.brk.reportBan(ctx, site, be, p) // may open the site's breaker, lifting this quarantine (breaker.go)
+	}
 	return pen, nil
 }
 
@@ -111,6 +119,7 @@ func (l *Lease) Report(ctx context.Context, v ban.Verdict) error {
 	case ban.OK, ban.Neutral:
 		l.healthy.Store(true)
 	}
+	l.sw.brk.attempt(l, l.site, v) // the site's circuit breaker counts it (breaker.go)
 	return l.Release(ctx)
 }
 

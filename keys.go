@@ -31,6 +31,9 @@ const globalSite = "*"
 //	{prefix:pool}:dead           hash  proxy ID -> "<ms>|<reason>" (operator state: no TTL, until Revive)
 //	{prefix:pool}:members        zset  member ID -> end of its registration, ms (shard/membership.go); TTL: the last registration's end
 //	{prefix:pool}:member-owners  hash  member ID -> token of the process holding it; same TTL
+//	{prefix:pool}:breaker        hash  site -> "<until>|<pause>|<probes>|<passed>" while its circuit breaker is open or
+//	                                   half-open (breaker.go, breaker_lib.lua; no TTL, until it closes)
+//	{prefix:pool}:breaker:<site> hash  the site's ban-rate window (breaker.lua); TTL: twice the window
 //	{prefix:pool}:modes          zset  member ID -> Redis ms at which it last leased from the broker (fallback.go); TTL: member TTL
 //
 // A ban is not a key of its own: it is the score of the proxy's slots in the
@@ -62,10 +65,13 @@ func (k keyspace) liveSessions() string       { return k.base + ":sessions" }
 func (k keyspace) members() string            { return k.base + ":members" }
 func (k keyspace) memberOwners() string       { return k.base + ":member-owners" }
 func (k keyspace) modes() string              { return k.base + ":modes" }
+func (k keyspace) breaker() string            { return k.base + ":breaker" }
+
+func (k keyspace) breakerWindow(site string) string { return k.base + ":breaker:" + site }
 
 // lease is the KEYS of lease.lua for scope.
 func (k keyspace) lease(scope string) []string {
-	return []string{k.proxies(), k.free(scope), k.leases(scope), k.sites(), k.meta(), k.dead(), k.quarantine()}
+	return []string{k.proxies(), k.free(scope), k.leases(scope), k.sites(), k.meta(), k.dead(), k.quarantine(), k.breaker()}
 }
 
 // sessionKeys are the KEYS of session_use.lua and session_end.lua

@@ -113,7 +113,8 @@ func (s *Switch) acquire(ctx context.Context, site, prefer string, renew bool) (
 		return nil, err
 	}
 	scope := s.scopeOf(site)
-	deadline := time.Now().Add(s.cfg.maxWait)
+	start := time.Now()
+	deadline := start.Add(s.cfg.maxWait)
 	backoff := s.cfg.backoffMin
 	for {
 		l, wait, err := be.tryLease(ctx, site, scope, prefer)
@@ -126,6 +127,9 @@ func (s *Switch) acquire(ctx context.Context, site, prefer string, renew bool) (
 		}
 		if err != nil {
 			return nil, err
+		}
+		if err := s.brk.pausedErr(site, start, deadline); err != nil {
+			return nil, err // the site's circuit breaker holds it past the wait (breaker.go)
 		}
 		left := time.Until(deadline)
 		if left <= 0 {

@@ -59,6 +59,7 @@ type config struct {
 	member   memberConfig   // WithMembership (membership.go)
 	session  sessionConfig  // WithSession... options (session.go)
 	routes   routeConfig    // WithRoute, WithSpread (routing.go)
+	breaker  Breaker        // WithBreaker (breaker.go), defaults filled by validate
 }
 
 func defaultConfig() config {
@@ -155,6 +156,11 @@ func (c *config) validate() error {
 	if err := c.routes.validate(c); err != nil {
 		return err
 	}
+	b, err := c.breaker.withDefaults()
+	if err != nil {
+		return err
+	}
+	c.breaker = b
 	d, err := ban.NewDetector(c.banRules)
 	if err != nil {
 		return configErr("%w", err)

@@ -68,8 +68,8 @@ func (p *redisPool) tryLeaseOnce(ctx context.Context, site, scope, prefer string
 	token := p.sw.newToken()
 	ttl := p.cfg.leaseTTL
 	res, err := roundTrip(ctx, p.timeout, func(ctx context.Context) ([]any, error) {
-		return leaseScript.Run(ctx, p.rdb, p.keys.lease(scope), scope, token, ttl.Milliseconds(), p.cfg.cooldown.Milliseconds(),
-			p.cfg.slots, p.cfg.idleTTL.Milliseconds(), prefer).Slice()
+		return leaseScript.Run(ctx, p.rdb, p.keys.lease(scope), append([]any{scope, token, ttl.Milliseconds(), p.cfg.cooldown.Milliseconds(),
+			p.cfg.slots, p.cfg.idleTTL.Milliseconds(), prefer, ""}, p.sw.brk.leaseArgs(site)...)...).Slice()
 	}, p.releaseLate(scope, token))
 	if err != nil {
 		if err, ok := leaseConfigErr(err); ok {
@@ -81,6 +81,11 @@ func (p *redisPool) tryLeaseOnce(ctx context.Context, site, scope, prefer string
 	switch {
 	case status == -1 && len(res) == 3:
 		return nil, 0, p.emptyReply(res), fmt.Errorf("%w: %w: pool %q has no proxies", ErrNoProxy, ErrEmptyPool, p.name)
+	case status == -3 && len(res) == 3: // the site's circuit breaker holds it (breaker.go)
+		wait, _ := intAt(res, 1)
+		until, _ := intAt(res, 2)
+		p.sw.brk.paused(site, until)
+		return nil, waitHint(wait), false, nil
 	case status == 0 && len(res) == 2:
 		wait, _ := intAt(res, 1)
 		return nil, waitHint(wait), false, nil

@@ -167,6 +167,9 @@ type sessionConfig struct {
 	pool        string // WithSessionPool; "" for the Switch's own pool
 	retired     func(SessionRetirement)
 	taskFunc    func(*colly.Request) string
+
+	maxErrors, errorDecay float64 // WithSessionErrorScore (sessionscore.go), when errorsSet
+	errorsSet             bool
 }
 
 // WithSessionTTL sets how long a task's session lives after its last use;
@@ -230,6 +233,9 @@ func (sc *sessionConfig) validate(c *config) error {
 	}
 	if sc.taskFunc == nil {
 		sc.taskFunc = func(r *colly.Request) string { return taskOfCtx(r.Ctx) }
+	}
+	if err := sc.validateErrorScore(); err != nil {
+		return err
 	}
 	switch {
 	case sc.ttl < 100*time.Millisecond || sc.ttl > c.idleTTL:
@@ -542,6 +548,10 @@ func (s *Switch) penalizeLease(ctx context.Context, b *binding, site string, l *
 	ts := b.taskState()
 	if !l.sticky() || ts == nil {
 		return s.penalize(ctx, site, l.proxy, l, v)
+	}
+	if s.keepSession(ctx, l, ts.task, v) {
+		s.brk.refused(l, site)          // the site's circuit breaker still counts it (breaker.go)
+		return penalty{kept: true}, nil // a soft refusal the session survives (sessionscore.go)
 	}
 	l.released.Store(false) // the quarantine ends the session's lease on its site (owner-checked)
 	pen, err := s.penalize(ctx, site, l.proxy, l, v)

@@ -284,8 +284,8 @@ func (p *redisPool) sessionLease(ctx context.Context, site, scope, token, only s
 	reseeded := false
 	for {
 		res, err := roundTrip(ctx, c.redisTimeout, func(ctx context.Context) ([]any, error) {
-			return leaseScript.Run(ctx, p.rdb, keys, scope, token, c.session.ttl.Milliseconds(), c.cooldown.Milliseconds(),
-				c.slots, c.idleTTL.Milliseconds(), only, flag).Slice()
+			return leaseScript.Run(ctx, p.rdb, keys, append([]any{scope, token, c.session.ttl.Milliseconds(), c.cooldown.Milliseconds(),
+				c.slots, c.idleTTL.Milliseconds(), only, flag}, p.sw.brk.leaseArgs(site)...)...).Slice()
 		}, p.releaseLate(scope, token))
 		if err != nil {
 			if cerr, ok := leaseConfigErr(err); ok {
@@ -317,6 +317,13 @@ func (p *redisPool) sessionLease(ctx context.Context, site, scope, token, only s
 			return "", 0, fmt.Errorf("%w: %w: pool %q has no proxies", ErrNoProxy, ErrEmptyPool, c.pool)
 		case st == -2:
 			return "", 0, errProxyGone
+		case st == -3 && len(res) == 3: // the site's circuit breaker holds it (breaker.go)
+			wait, _ = intAt(res, 1)
+			until, _ := intAt(res, 2)
+			p.sw.brk.paused(site, until)
+			if err := p.sw.brk.pausedErr(site, time.Time{}, deadline); err != nil {
+				return "", 0, err
+			}
 		case st == 0 && (len(res) == 2 || len(res) == 3):
 			wait, _ = intAt(res, 1)
 			firm, _ = intAt(res, 2)

@@ -199,6 +199,7 @@ func (t *transport) judge(req *http.Request, a *attempt, b *binding, l *Lease, r
 	v, cerr := s.cfg.detector.Classify(x)
 	if cerr == nil {
 		s.observeAttempt(l.be.pool(), x.Site, l.proxy, v, time.Since(a.start))
+		s.brk.attempt(l, x.Site, v) // the site's circuit breaker counts it (breaker.go)
 	}
 	switch {
 	case cerr != nil:
@@ -259,6 +260,11 @@ func (t *transport) retry(req *http.Request, b *binding, l *Lease, x *ban.Exchan
 	}
 	blocked := &BlockedError{Site: site, Proxy: l.proxy.String(), Verdict: v, Attempts: x.Attempt,
 		Status: x.StatusCode, Err: redactErr(x.Err, l.proxy)}
+	if pen.kept {
+		// A soft refusal the task's session survived (sessionscore.go):
+		// no quarantine, no retry, no evidence against the page.
+		return false, nil, blocked
+	}
 	r := refusal{url: x.URL.String(), site: site, status: x.StatusCode}
 	if err == nil && v.Kind == ban.Ban && !unambiguous(v) {
 		r.proxy, r.rp, r.pen = l.proxy, l.be.redis(), pen

@@ -40,6 +40,7 @@ type workerSpec struct {
 type workerResult struct {
 	OK, Failed int
 	IDs        map[string]int // probe: leases per proxy ID
+	Shots      []stormShot    // storm: every request made (breaker_test.go)
 }
 
 // startWorker returns the command of one worker process; its standard
@@ -95,6 +96,13 @@ func workerMain(spec workerSpec) int {
 			res.IDs[l.Proxy().ID()]++
 			_ = l.Release(context.Background())
 		}
+		b, _ := json.Marshal(res)
+		fmt.Println(string(b))
+		return 0
+	case "storm": // breaker_test.go: Threads workers on URLs[0] until Until
+		c := colly.NewCollector(colly.AllowURLRevisit())
+		sw.Attach(c)
+		res := workerResult{Shots: stormLoop(c, spec.URLs[0], spec.Threads, time.UnixMilli(spec.Until), spec.Prefix+"w"+spec.Task)}
 		b, _ := json.Marshal(res)
 		fmt.Println(string(b))
 		return 0

@@ -16,7 +16,8 @@ const stateReaders = 8
 
 // StateCollector reads the state of one pool from Redis at scrape time:
 // the pool's size, dead and drained proxies, the live member list, the
-// live sticky sessions and, per
+// live sticky sessions, the sites whose circuit breaker is open (paused) or
+// half-open and, per
 // site leased recently, how many proxy slots are free, leased, cooling down,
 // quarantined or dead. The numbers are cluster-wide, the same whichever
 // process reads them: run one, in the standalone exporter (proxyswitch
@@ -33,6 +34,7 @@ type StateCollector struct {
 	health readHealth
 
 	poolProxies, deadProxies, sites, siteSlots, poolMembers, sessions, up, duration *prometheus.Desc
+	sitesPaused, siteBreaker                                                        *prometheus.Desc
 }
 
 // NewState returns a StateCollector for sw's pool. Its series carry the
@@ -63,6 +65,12 @@ func NewState(sw *proxyswitch.Switch, opts ...Option) *StateCollector {
 			"Servers registered in the pool's member list (heartbeat alive)."),
 		sessions: desc("proxyswitch_sessions_live",
 			"Live sticky sessions of the pool's tasks on every server (leasing from its session pool, WithSessionPool): started and not yet retired, ended or lapsed."),
+		sitesPaused: desc("proxyswitch_sites_paused",
+			"Sites whose circuit breaker holds them, by state: open (paused: no lease) or half-open (probe requests decide).",
+			"state"),
+		siteBreaker: desc("proxyswitch_site_breaker",
+			"1 for each site whose circuit breaker is open (paused) or half-open, by site and state; closed sites have no series.",
+			"site", "state"),
 		up: desc("proxyswitch_state_up",
 			"1 if the last read of the pool's state from Redis succeeded, else 0."),
 		duration: desc("proxyswitch_state_read_duration_seconds",
@@ -72,7 +80,8 @@ func NewState(sw *proxyswitch.Switch, opts ...Option) *StateCollector {
 
 // Describe sends the descriptors of every metric the StateCollector exports.
 func (s *StateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{s.poolProxies, s.deadProxies, s.sites, s.siteSlots, s.poolMembers, s.sessions, s.up, s.duration} {
+	for _, d := range []*prometheus.Desc{s.poolProxies, s.deadProxies, s.sites, s.siteSlots, s.poolMembers, s.sessions, s.up, s.duration,
+		s.sitesPaused, s.siteBreaker} {
 		ch <- d
 	}
 }
@@ -142,6 +151,20 @@ func (s *StateCollector) collect(ctx context.Context, gauge func(*prometheus.Des
 		errs = append(errs, err)
 	} else {
 		gauge(s.sessions, float64(n))
+	}
+	if paused, err := s.sw.PausedSites(ctx); err != nil {
+		errs = append(errs, err)
+	} else {
+		n := map[string]int{proxyswitch.BreakerOpen: 0, proxyswitch.BreakerHalfOpen: 0}
+		for i, p := range paused {
+			n[p.State]++
+			if i < s.cfg.maxSites {
+				gauge(s.siteBreaker, 1, siteValue(p.Site), p.State)
+			}
+		}
+		for state, k := range n {
+			gauge(s.sitesPaused, float64(k), state)
+		}
 	}
 	if list, err := s.sw.Members(ctx); err != nil {
 		errs = append(errs, err)

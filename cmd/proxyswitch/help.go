@@ -34,7 +34,8 @@ every site), dead or drained; until when; its bans in a row there.`,
 	"stats": `usage: proxyswitch [flags] stats [SITE...]
 
 A table of proxy slots by state per site (default: every site leased
-recently), and the live sticky sessions. A proxy has one slot per site, or
+recently), the sites paused by their circuit breaker (or by pause), and
+the live sticky sessions. A proxy has one slot per site, or
 k with WithConcurrency(k). BUSY is every slot not FREE: LEASED + COOLING +
 QUARANTINED + DEAD (drained included).`,
 	"ban": `usage: proxyswitch [flags] ban ID|URL SITE [DURATION]
@@ -45,6 +46,17 @@ Quarantines a proxy on SITE, cluster-wide, for at least DURATION (default
 
 Ends a proxy's quarantine on SITE now and starts its backoff over; says so
 when it was not quarantined there.`,
+	"pause": `usage: proxyswitch [flags] pause SITE [DURATION]
+
+Pauses SITE on every server at once: no worker leases a proxy for it for
+DURATION (default: until resume); its requests wait up to their max wait,
+then fail with ErrSitePaused. When the pause ends the site's circuit
+breaker half-opens: a few probe requests go, and close it when they
+succeed. stats lists the paused sites.`,
+	"resume": `usage: proxyswitch [flags] resume SITE
+
+Ends SITE's pause now on every server, whether an operator or its ban rate
+(the circuit breaker) paused it.`,
 	"drain": `usage: proxyswitch [flags] drain ID|URL...
 
 Takes proxies out of every site's rotation (requests under way finish)

@@ -22,6 +22,9 @@
 //	                            (LEASED + COOLING + QUARANTINED + DEAD, drained included)
 //	ban ID|URL SITE [DURATION]  quarantine a proxy on a site, cluster-wide, for at least DURATION (default 1h)
 //	unban ID|URL SITE           end a proxy's quarantine on a site now
+//	pause SITE [DURATION]       pause a site on every server: no proxy leased for it for DURATION
+//	                            (default: until resume), then its circuit breaker half-opens
+//	resume SITE                 close a site's circuit breaker now (a pause by hand or by its ban rate)
 //	drain ID|URL...             take proxies out of every site's rotation (requests under way finish)
 //	revive ID|URL...            bring dead or drained proxies back
 //	clear -yes                  delete every key of the pool (proxies, leases, bans, members) but its
@@ -130,6 +133,8 @@ commands:
                               BUSY = slots not FREE (LEASED+COOLING+QUARANTINED+DEAD)
   ban ID|URL SITE [DURATION]  quarantine a proxy on a site for at least DURATION (default 1h)
   unban ID|URL SITE           end a proxy's quarantine on a site
+  pause SITE [DURATION]       pause a site on every server (default: until resume)
+  resume SITE                 end a site's pause (close its circuit breaker)
   drain ID|URL...             take proxies out of every site's rotation
   revive ID|URL...            bring dead or drained proxies back
   clear -yes                  delete every key of the pool
@@ -363,6 +368,20 @@ func (a *app) dispatch(ctx context.Context, cmd string, args []string) error {
 			_, err = fmt.Fprintf(out, "revived %d of %d proxies (the others were neither dead nor drained)\n", n, len(args))
 		}
 		return err
+	case "pause":
+		return a.pause(ctx, args)
+	case "resume":
+		if len(args) != 1 {
+			return fmt.Errorf("%w: resume takes a SITE", errUsage)
+		}
+		if err := checkSite(args[0]); err != nil {
+			return err
+		}
+		if err := sw.ResumeSite(ctx, args[0]); err != nil {
+			return err
+		}
+		_, err := fmt.Fprintf(out, "resumed %s: its circuit breaker is closed\n", args[0])
+		return err
 	case "clear":
 		return a.clear(ctx, args)
 	case "serve":
@@ -556,11 +575,65 @@ func (a *app) stats(ctx context.Context, sites []string) error {
 			return err
 		}
 	}
+	if err := a.pausedSites(ctx); err != nil {
+		return err
+	}
 	live, err := a.sw.LiveSessions(ctx)
 	if err != nil {
 		return err
 	}
 	_, err = fmt.Fprintf(a.out, "live sticky sessions: %d\n", live)
+	return err
+}
+
+// pausedSites prints the sites whose circuit breaker is open or half-open,
+// if any: "paused sites:" and one line each.
+func (a *app) pausedSites(ctx context.Context) error {
+	paused, err := a.sw.PausedSites(ctx)
+	if err != nil || len(paused) == 0 {
+		return err
+	}
+	if _, err := fmt.Fprintln(a.out, "paused sites (circuit breaker):"); err != nil {
+		return err
+	}
+	for _, p := range paused {
+		var err error
+		if p.State == proxyswitch.BreakerOpen {
+			_, err = fmt.Fprintf(a.out, "  %s open until %s (pause %v)\n", p.Site, p.Until.UTC().Format(time.RFC3339), p.Pause)
+		} else {
+			_, err = fmt.Fprintf(a.out, "  %s half-open: %d probe(s) out, %d passed\n", p.Site, p.Probes, p.Passed)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// pause pauses a site by hand: args are SITE and optionally a DURATION.
+func (a *app) pause(ctx context.Context, args []string) error {
+	if len(args) != 1 && len(args) != 2 {
+		return fmt.Errorf("%w: pause takes a SITE and optionally a DURATION", errUsage)
+	}
+	if err := checkSite(args[0]); err != nil {
+		return err
+	}
+	var d time.Duration
+	if len(args) == 2 {
+		var err error
+		if d, err = time.ParseDuration(args[1]); err != nil || d <= 0 {
+			return fmt.Errorf("%w: pause duration %q: want a positive duration such as 30s or 10m", errUsage, args[1])
+		}
+	}
+	until, err := a.sw.PauseSite(ctx, args[0], d)
+	if err != nil {
+		return err
+	}
+	if d == 0 {
+		_, err = fmt.Fprintf(a.out, "paused %s until resumed\n", args[0])
+	} else {
+		_, err = fmt.Fprintf(a.out, "paused %s until %s\n", args[0], until.UTC().Format(time.RFC3339))
+	}
 	return err
 }
 

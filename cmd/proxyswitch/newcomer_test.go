@@ -118,7 +118,7 @@ func TestCLICommandHelp(t *testing.T) {
 	dead := redistest.Start(t)
 	env := map[string]string{EnvRedisURL: "redis://" + dead.Addr() + "/0"}
 	require.NoError(t, dead.Kill())
-	commands := []string{"load", "add", "remove", "list", "stats", "ban", "unban", "drain", "revive", "clear", "queue", "serve", "sync", "probe"}
+	commands := []string{"load", "add", "remove", "list", "stats", "ban", "unban", "pause", "resume", "drain", "revive", "clear", "queue", "serve", "sync", "probe"}
 	assert.Len(t, commandHelp, len(commands), "a help for every command, and a test of it")
 	flags := map[string][]string{"clear": {"-yes"}, "serve": {"-addr string", "-queue string", "-scrape-timeout duration", "(default 700ms)"}}
 	for _, cmd := range commands {

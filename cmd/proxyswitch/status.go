@@ -90,6 +90,8 @@ type (
 		DetailNote   string // why quarantined proxies are not listed, if they are not
 		Dead         []proxyRow
 		DeadTotal    int
+		Paused       []pausedRow // sites whose circuit breaker is open or half-open
+		PausedTotal  int
 		// Read says which of the counts above were read (a failed read
 		// leaves them out rather than show a 0).
 		Read map[string]bool
@@ -99,6 +101,10 @@ type (
 		Listed           bool // its quarantined proxies were read
 		Quarantine       []proxyRow
 		QuarantinedTotal int // proxies (not slots) quarantined, when Listed
+	}
+	pausedRow struct {
+		proxyswitch.SiteBreaker
+		Left time.Duration // of an open breaker's pause
 	}
 	proxyRow struct {
 		ID, Proxy, Reason string
@@ -220,9 +226,16 @@ func (sp *statusPage) readPool(ctx context.Context, sw *proxyswitch.Switch) pool
 		sort.SliceStable(s.Quarantine, func(a, b int) bool { return s.Quarantine[a].Until.After(s.Quarantine[b].Until) })
 		s.Quarantine = s.Quarantine[:min(len(s.Quarantine), sp.limits.rows)]
 	}
-	// Paused sites: once the library has them, read them here into a
-	// field of poolStatus and give them a section in status.html (there is
-	// a place marked for it).
+	// Paused sites: their circuit breaker is open or half-open.
+	paused, err := sw.PausedSites(ctx)
+	if err != nil {
+		return fail("the paused sites", err)
+	}
+	ps.PausedTotal = len(paused)
+	ps.Read["paused"] = true
+	for _, p := range paused[:min(len(paused), sp.limits.rows)] {
+		ps.Paused = append(ps.Paused, pausedRow{SiteBreaker: p, Left: max(time.Until(p.Until).Round(time.Second), 0)})
+	}
 
 	dead, err := sw.Dead(ctx)
 	if err != nil {

@@ -15,6 +15,9 @@
 -- ARGV[7] preferred proxy id, or "" for none
 -- ARGV[8] "1": the preferred proxy or none (a sticky session reaching a new
 --         site, session.go); absent or "" for any proxy
+-- KEYS[8] breaker hash   ARGV[9] site, or absent/"" with no breaker
+-- ARGV[10] probes of a half-open breaker (breaker_lib.lua, breaker.go)
+-- include: breaker_lib.lua
 --
 -- Returns {1, member, proxy URL, expiry ms, version} on success (version: the
 --                       pool's generation, 0 for none; snapshot.go),
@@ -23,9 +26,14 @@
 --         {-1, lost, version} when the pool is empty: lost is 1 when no operator
 --                       emptied it (no "emptied" mark: Redis lost it, or it was
 --                       never loaded), else 0,
---         {-2}          with ARGV[8] = "1", when the preferred proxy left the pool or is dead.
+--         {-2}          with ARGV[8] = "1", when the preferred proxy left the pool or is dead,
+--         {-3, wait ms, until ms} while the site's breaker holds it (until 0: half-open, probes out).
 -- Time comes from the server's clock (TIME), never from a client.
 local now = now_ms()
+if ARGV[9] and ARGV[9] ~= '' then
+  local paused = breaker_gate(KEYS[8], ARGV[9], tonumber(ARGV[10]), now)
+  if paused then return paused end
+end
 local ttl, cooldown, idle = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[6])
 
 local function version() return meta_ms(KEYS[5], 'version') end

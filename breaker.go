@@ -1,0 +1,571 @@
+package proxyswitch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/proxyswitch/proxyswitch/ban"
+	"github.com/proxyswitch/proxyswitch/internal/engine"
+)
+
+// The site circuit breaker, fleet-wide.
+//
+// A ban is a verdict on a proxy; a storm (a site that rate-limits,
+// challenges or refuses every client for a while) is the site's. The
+// breaker tells them apart by the ban rate of a site as a whole, counted in
+// Redis and shared by every server of the pool: above the threshold the
+// site is paused (open: no lease for it on any server, requests wait up to
+// the max wait or fail with ErrSitePaused), instead of burning the pool one
+// proxy at a time; when the pause ends the site half-opens and lets a few
+// probe requests through; they close the breaker when they succeed, or open
+// it again for twice the pause when one is refused.
+//
+// Cost: nothing per page on the healthy path but a counter in memory. Each
+// Switch counts attempts and healthy answers per site and reports them in
+// one breaker.lua call per pool at most every Breaker.Flush; a ban is
+// reported at once (it is a round trip of its own already, the
+// quarantine). The reply carries each site's state, which the Switch keeps.
+// lease.lua refuses a paused site with one HGET of the pool's breaker hash,
+// so a pause taken on one server stops leases on every server at once.
+//
+// While a site's breaker is open or half-open, its bans are counted but
+// quarantine no proxy, and when the breaker opens the quarantines its
+// storm gave within the window are lifted (the proxies were not at fault).
+
+// ErrSitePaused means a site's circuit breaker holds its requests: the site
+// refused too many of them lately (or an operator paused it), and no proxy
+// is leased for it until the pause ends and probe requests succeed. It is
+// always returned together with ErrNoProxy, by a *SitePausedError.
+var ErrSitePaused = errors.New("proxyswitch: site paused")
+
+// SitePausedError is the error of a request that found its site paused by
+// the circuit breaker. It wraps ErrSitePaused and ErrNoProxy.
+type SitePausedError struct {
+	Site     string
+	Until    time.Time // when the pause ends (Redis clock); zero while half-open
+	HalfOpen bool      // the pause ended and probe requests are out: their answers decide
+}
+
+func (e *SitePausedError) Error() string {
+	if e.HalfOpen {
+		return fmt.Sprintf("proxyswitch: site %s paused by its circuit breaker: half-open, waiting for its probe requests", e.Site)
+	}
+	return fmt.Sprintf("proxyswitch: site %s paused by its circuit breaker until %s", e.Site, e.Until.UTC().Format(time.RFC3339Nano))
+}
+
+// Unwrap returns ErrSitePaused and ErrNoProxy.
+func (e *SitePausedError) Unwrap() []error { return []error{ErrSitePaused, ErrNoProxy} }
+
+// Breaker configures the site circuit breaker (WithBreaker). A zero field
+// takes its default.
+type Breaker struct {
+	// Disabled turns the breaker off: every ban quarantines its proxy, no
+	// site is ever paused (PauseSite still pauses one by hand).
+	Disabled bool
+	// Window is the sliding window of the ban rate. Default 10s.
+	Window time.Duration
+	// MinAttempts: the rate opens the breaker only over at least this many
+	// attempts in the window (all servers together). Default 20.
+	MinAttempts int
+	// BanRate opens the breaker when bans / attempts in the window reach it
+	// (0 < BanRate <= 1). Default 0.5.
+	BanRate float64
+	// MinProxies: the rate opens the breaker only when at least this many
+	// distinct proxies were quarantined there in the window (a single burnt
+	// proxy retried is no storm). Default 3.
+	MinProxies int
+	// Burst opens the breaker, whatever the rate, when this many distinct
+	// proxies are banned in a row on the site (fleet-wide, no healthy answer
+	// in between): a storm that starts after hours of healthy pages.
+	// Default 8.
+	Burst int
+	// Pause is the first pause; each reopening after failed probes doubles
+	// it, up to MaxPause. Defaults 10s and 5m.
+	Pause, MaxPause time.Duration
+	// Probes is how many requests the half-open breaker lets through; it
+	// closes when that many answers are healthy. Default 3.
+	Probes int
+	// Flush is the most time a Switch keeps its counts before reporting
+	// them to Redis. Default 250ms.
+	Flush time.Duration
+}
+
+// Defaults of Breaker.
+const (
+	DefaultBreakerWindow      = 10 * time.Second
+	DefaultBreakerMinAttempts = 20
+	DefaultBreakerBanRate     = 0.5
+	DefaultBreakerMinProxies  = 3
+	DefaultBreakerBurst       = 8
+	DefaultBreakerPause       = 10 * time.Second
+	DefaultBreakerMaxPause    = 5 * time.Minute
+	DefaultBreakerProbes      = 3
+	DefaultBreakerFlush       = 250 * time.Millisecond
+)
+
+// WithBreaker configures the site circuit breaker (see Breaker; it is on by
+// default with Breaker's defaults). WithBreaker(Breaker{Disabled: true})
+// turns it off.
+func WithBreaker(b Breaker) Option { return func(c *config) { c.breaker = b } }
+
+// withDefaults fills b's zero fields and checks the others.
+func (b Breaker) withDefaults() (Breaker, error) {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	defInt := func(n *int, v int) {
+		if *n == 0 {
+			*n = v
+		}
+	}
+	def(&b.Window, DefaultBreakerWindow)
+	def(&b.Pause, DefaultBreakerPause)
+	def(&b.MaxPause, max(DefaultBreakerMaxPause, b.Pause))
+	def(&b.Flush, DefaultBreakerFlush)
+	defInt(&b.MinAttempts, DefaultBreakerMinAttempts)
+	defInt(&b.MinProxies, DefaultBreakerMinProxies)
+	defInt(&b.Burst, DefaultBreakerBurst)
+	defInt(&b.Probes, DefaultBreakerProbes)
+	if b.BanRate == 0 {
+		b.BanRate = DefaultBreakerBanRate
+	}
+	switch {
+	case b.Window < 100*time.Millisecond:
+		return b, configErr("breaker window %v: at least 100ms", b.Window)
+	case b.Pause < 10*time.Millisecond || b.MaxPause < b.Pause:
+		return b, configErr("breaker pause %v, at most %v: at least 10ms, and the max no less", b.Pause, b.MaxPause)
+	case b.Flush < time.Millisecond || b.Flush > b.Window:
+		return b, configErr("breaker flush %v: from 1ms to the window", b.Flush)
+	case b.MinAttempts < 1 || b.MinProxies < 1 || b.Burst < 1 || b.Probes < 1:
+		return b, configErr("breaker counts must be positive (min attempts %d, min proxies %d, burst %d, probes %d)",
+			b.MinAttempts, b.MinProxies, b.Burst, b.Probes)
+	case !(b.BanRate > 0 && b.BanRate <= 1):
+		return b, configErr("breaker ban rate %v: above 0, at most 1", b.BanRate)
+	}
+	return b, nil
+}
+
+// Breaker states, as SiteBreaker reports them.
+const (
+	BreakerOpen     = "open"      // paused: no lease for the site until Until
+	BreakerHalfOpen = "half-open" // the pause ended: probe requests decide
+)
+
+// SiteBreaker is the state of one site whose circuit breaker is not closed.
+type SiteBreaker struct {
+	Site   string
+	State  string        // BreakerOpen or BreakerHalfOpen
+	Until  time.Time     // the end of the pause (Redis clock); in the past when half-open
+	Pause  time.Duration // the current pause: the next reopening doubles it
+	Probes int           // probe requests granted in this half-open period
+	Passed int           // of which answered healthily
+}
+
+// breaker is a Switch's side of the circuit breaker: the counts not yet
+// reported, and the last state it learnt of each site. Safe for concurrent
+// use.
+type breaker struct {
+	s        *Switch
+	mu       sync.Mutex
+	pending  map[brKey]*brCount
+	states   map[string]brState // by site
+	last     time.Time          // the last report
+	flushing atomic.Bool
+}
+
+type brKey struct {
+	rp   *redisPool
+	site string
+}
+
+type brCount struct{ att, bans, ok int64 }
+
+type brState struct {
+	state int       // 0 closed, 1 open, 2 half-open
+	until time.Time // of an open breaker
+	seen  time.Time // when this Switch learnt it
+}
+
+func (b *breaker) cfg() *Breaker { return &b.s.cfg.breaker }
+
+// on reports whether the breaker works for this Switch.
+func (b *breaker) on() bool { return !b.s.cfg.breaker.Disabled }
+
+// attempt counts one classified attempt through l on site (transport.go).
+// Bans are counted by the ban's own report (absorb, reportBan), not here.
+func (b *breaker) attempt(l *Lease, site string, v ban.Verdict) {
+	if !b.on() || l == nil || v.Kind == ban.Ban || v.Kind == ban.Pass {
+		return
+	}
+	rp := l.be.redis()
+	if rp == nil {
+		return
+	}
+	b.mu.Lock()
+	c := b.count(brKey{rp, site})
+	c.att++
+	if v.Kind == ban.OK || v.Kind == ban.Neutral {
+		c.ok++
+	}
+	b.mu.Unlock()
+	b.kick()
+}
+
+// due reports whether the pending counts are to be reported now: the last
+// report is Flush old, or a site with counts is not closed (its probes'
+// answers decide). b.mu is held.
+func (b *breaker) due() bool {
+	if len(b.pending) == 0 {
+		return false
+	}
+	if time.Since(b.last) >= b.cfg().Flush {
+		return true
+	}
+	for k := range b.pending {
+		if b.states[k.site].state != 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// kick reports the pending counts in the background when they are due: one
+// goroutine at a time, which goes on while counts that came meanwhile are
+// due (no count of a half-open site is left behind for want of traffic).
+func (b *breaker) kick() {
+	for {
+		b.mu.Lock()
+		due := b.due()
+		b.mu.Unlock()
+		if !due || !b.flushing.CompareAndSwap(false, true) {
+			return
+		}
+		go func() {
+			defer b.kick()
+			defer b.flushing.Store(false)
+			b.flush(context.Background(), nil, "", nil)
+		}()
+		return
+	}
+}
+
+// refused counts a ban on site through l that quarantined nothing (a soft
+// refusal a session survived, sessionscore.go): it weighs in the site's ban
+// rate, reported with the other counts.
+func (b *breaker) refused(l *Lease, site string) {
+	if !b.on() || l == nil || l.be.redis() == nil {
+		return
+	}
+	b.mu.Lock()
+	c := b.count(brKey{l.be.redis(), site})
+	c.att++
+	c.bans++
+	b.mu.Unlock()
+	b.kick()
+}
+
+// count is the pending count of k; b.mu is held.
+func (b *breaker) count(k brKey) *brCount {
+	if b.pending == nil {
+		b.pending = map[brKey]*brCount{}
+	}
+	c := b.pending[k]
+	if c == nil {
+		c = &brCount{}
+		b.pending[k] = c
+	}
+	return c
+}
+
+// state is the last state this Switch learnt of site.
+func (b *breaker) state(site string) brState {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.states[site]
+}
+
+// holds reports whether site's breaker is open or half-open, as this
+// Switch last learnt it (an open breaker whose pause has ended counts as
+// half-open until the next report says otherwise).
+func (b *breaker) holds(site string) bool { return b.state(site).state != 0 }
+
+// absorb takes a ban on site while its breaker is open or half-open: l
+// ends without quarantine. A ban while half-open is reported at once (a
+// failed probe reopens the breaker); one while open is not counted at all
+// (a request leased before the pause: counted later, it would fail the
+// probes). ok is false when the breaker is closed: the ban is the proxy's,
+// and penalize quarantines it.
+func (b *breaker) absorb(ctx context.Context, site string, be backend, l *Lease) (penalty, bool) {
+	if !b.on() || !b.holds(site) {
+		return penalty{}, false
+	}
+	rp := be.redis()
+	if rp == nil {
+		return penalty{}, false
+	}
+	b.mu.Lock()
+	half := b.states[site].state == 2 || !time.Now().Before(b.states[site].until)
+	if half {
+		c := b.count(brKey{rp, site})
+		c.att++
+		c.bans++
+	}
+	b.mu.Unlock()
+	if half {
+		b.flush(ctx, rp, site, nil)
+	}
+	ended := false
+	if l != nil && l.scope == b.s.scopeOf(site) {
+		ended = true
+		b.s.releaseQuietly(l)
+	}
+	b.s.cfg.logger.Debug("proxyswitch: ban during a site pause: no quarantine", "site", site)
+	return penalty{ended: ended}, true
+}
+
+// reportBan reports at once a ban on site that quarantined p, with the
+// Switch's pending counts of the site: the reply may open the breaker, and
+// lift the quarantines of the storm, p's among them.
+func (b *breaker) reportBan(ctx context.Context, site string, be backend, p *Proxy) {
+	if !b.on() {
+		return
+	}
+	rp := be.redis()
+	if rp == nil {
+		return
+	}
+	b.mu.Lock()
+	c := b.count(brKey{rp, site})
+	c.att++
+	c.bans++
+	b.mu.Unlock()
+	b.flush(ctx, rp, site, p)
+}
+
+// flush reports the pending counts: of every site (rp nil), or of site on
+// rp with quarantined p (may be nil). One breaker.lua call per pool.
+func (b *breaker) flush(ctx context.Context, rp *redisPool, site string, p *Proxy) {
+	b.mu.Lock()
+	batch := map[*redisPool]map[string]*brCount{}
+	for k, c := range b.pending {
+		if rp != nil && (k.rp != rp || k.site != site) {
+			continue
+		}
+		if batch[k.rp] == nil {
+			batch[k.rp] = map[string]*brCount{}
+		}
+		batch[k.rp][k.site] = c
+		delete(b.pending, k)
+	}
+	if rp == nil {
+		b.last = time.Now()
+	}
+	b.mu.Unlock()
+	for pool, sites := range batch {
+		ids := map[string]string{}
+		if p != nil {
+			ids[site] = p.id
+		}
+		if err := b.report(ctx, pool, sites, ids); err != nil {
+			b.s.cfg.logger.Debug("proxyswitch: breaker report failed; its counts are dropped", "pool", pool.name, "err", err)
+		}
+	}
+}
+
+// report runs breaker.lua on rp for sites and keeps the states it returns.
+func (b *breaker) report(ctx context.Context, rp *redisPool, sites map[string]*brCount, ids map[string]string) error {
+	c := b.cfg()
+	bucket := max(c.Window/20, time.Millisecond)
+	keys := []string{rp.keys.breaker()}
+	argv := []any{c.Window.Milliseconds(), c.MinAttempts, int64(c.BanRate*1000 + 0.5), c.Burst,
+		c.Pause.Milliseconds(), c.MaxPause.Milliseconds(), c.Probes, rp.cfg.slots, bucket.Milliseconds(), c.MinProxies}
+	order := make([]string, 0, len(sites))
+	for site, n := range sites {
+		scope := b.s.scopeOf(site)
+		keys = append(keys, rp.keys.breakerWindow(site), rp.keys.free(scope), rp.keys.leases(scope), rp.keys.strikes(scope))
+		argv = append(argv, site, n.att, n.bans, n.ok, ids[site])
+		order = append(order, site)
+	}
+	sent := time.Now()
+	res, err := roundTrip(ctx, rp.timeout, func(ctx context.Context) ([]any, error) {
+		return breakerScript.Run(ctx, rp.rdb, keys, argv...).Slice()
+	}, nil)
+	if err != nil {
+		return redisErr("breaker", err)
+	}
+	now := time.Now()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.states == nil {
+		b.states = map[string]brState{}
+	}
+	if len(res) != len(order) {
+		return fmt.Errorf("%w: breaker reply of %d items for %d sites", ErrCorrupt, len(res), len(order))
+	}
+	for i, site := range order {
+		r, _ := res[i].([]any)
+		if len(r) != 3 {
+			return fmt.Errorf("%w: breaker reply item %d of %d values", ErrCorrupt, i, len(r))
+		}
+		st, _ := intAt(r, 0)
+		until, _ := intAt(r, 1)
+		lifted, _ := intAt(r, 2)
+		prev := b.states[site]
+		if prev.seen.After(sent) {
+			continue // a newer word on the site came meanwhile (a lease refused, another report)
+		}
+		b.states[site] = brState{state: int(st), until: time.UnixMilli(until), seen: now}
+		switch {
+		case st == 1 && prev.state != 1:
+			b.s.cfg.logger.Warn("proxyswitch: site paused by its circuit breaker", "pool", rp.name, "site", site,
+				"until", time.UnixMilli(until), "quarantines_lifted", lifted)
+		case st == 0 && prev.state != 0:
+			b.s.cfg.logger.Info("proxyswitch: site resumed: its circuit breaker closed", "pool", rp.name, "site", site)
+		}
+	}
+	return nil
+}
+
+// paused is lease.lua's {-3, wait ms, until ms}: the site's breaker holds it.
+func (b *breaker) paused(site string, until int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.states == nil {
+		b.states = map[string]brState{}
+	}
+	st := brState{state: 1, until: time.UnixMilli(until), seen: time.Now()}
+	if until == 0 {
+		st.state = 2
+	}
+	b.states[site] = st
+}
+
+// pausedErr is the error of a request for site that gave up (or will,
+// the pause outlasting deadline) waiting for a paused site, when lease.lua
+// said so since t0; nil otherwise.
+func (b *breaker) pausedErr(site string, t0, deadline time.Time) error {
+	st := b.state(site)
+	if st.state == 0 || st.seen.Before(t0) {
+		return nil
+	}
+	if st.state == 2 || !st.until.After(time.Now()) {
+		if time.Now().Before(deadline) {
+			return nil
+		}
+		return &SitePausedError{Site: site, HalfOpen: true}
+	}
+	if st.until.Before(deadline) {
+		return nil
+	}
+	return &SitePausedError{Site: site, Until: st.until}
+}
+
+// leaseArgs are the breaker's arguments of lease.lua (ARGV[9], ARGV[10]).
+// A site paused by hand is refused with the breaker disabled too.
+func (b *breaker) leaseArgs(site string) []any { return []any{site, b.s.cfg.breaker.Probes} }
+
+// checkSite is a site name an operator action accepts.
+func checkSite(site string) error {
+	if site == "" || len(site) > 256 || !utf8.ValidString(site) || strings.IndexFunc(site, unicode.IsControl) >= 0 {
+		return configErr("invalid site name %q: 1 to 256 bytes of UTF-8 without control characters", clip(site))
+	}
+	return nil
+}
+
+// indefinitely is the pause of PauseSite with no duration: until ResumeSite.
+const indefinitely = 100 * 365 * 24 * time.Hour
+
+// PauseSite pauses site in the Switch's pool by hand, on every server at
+// once: no proxy is leased for it for d (d <= 0: until ResumeSite), then its
+// breaker half-opens like one the ban rate opened. Requests for the site
+// wait up to the max wait, then fail with ErrSitePaused. It returns the end
+// of the pause (Redis clock). It works with the breaker disabled too. Safe
+// for concurrent use.
+func (s *Switch) PauseSite(ctx context.Context, site string, d time.Duration) (time.Time, error) {
+	if err := checkSite(site); err != nil {
+		return time.Time{}, err
+	}
+	if d <= 0 {
+		d = indefinitely
+	}
+	until, err := s.setBreaker(ctx, site, max(d.Milliseconds(), 1))
+	if err != nil {
+		return time.Time{}, err
+	}
+	s.brk.paused(site, until)
+	return time.UnixMilli(until), nil
+}
+
+// ResumeSite closes site's breaker in the Switch's pool on every server at
+// once, whether the ban rate or an operator paused it, and forgets its ban
+// rate. Resuming a site that is not paused does nothing. Safe for
+// concurrent use.
+func (s *Switch) ResumeSite(ctx context.Context, site string) error {
+	if err := checkSite(site); err != nil {
+		return err
+	}
+	if _, err := s.setBreaker(ctx, site, 0); err != nil {
+		return err
+	}
+	s.brk.mu.Lock()
+	delete(s.brk.states, site)
+	s.brk.mu.Unlock()
+	return nil
+}
+
+func (s *Switch) setBreaker(ctx context.Context, site string, ms int64) (int64, error) {
+	rp := s.own.redis()
+	n, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) (int64, error) {
+		return breakerSetScript.Run(ctx, s.rdb, []string{rp.keys.breaker(), rp.keys.breakerWindow(site)}, site, ms).Int64()
+	}, nil)
+	if err != nil {
+		return 0, redisErr("pause site", err)
+	}
+	return n, nil
+}
+
+// PausedSites lists the sites of the Switch's pool whose circuit breaker is
+// open or half-open, ordered by site. Safe for concurrent use.
+func (s *Switch) PausedSites(ctx context.Context) ([]SiteBreaker, error) {
+	rp := s.own.redis()
+	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]any, error) {
+		return breakerListScript.Run(ctx, s.rdb, []string{rp.keys.breaker()}).Slice()
+	}, nil)
+	if err != nil {
+		return nil, redisErr("paused sites", err)
+	}
+	now, _ := intAt(res, 0)
+	var out []SiteBreaker
+	for i := 1; i+4 < len(res); i += 5 {
+		site, _ := res[i].(string)
+		u, _ := intAt(res, i+1)
+		p, _ := intAt(res, i+2)
+		g, _ := intAt(res, i+3)
+		o, _ := intAt(res, i+4)
+		sb := SiteBreaker{Site: site, State: BreakerOpen, Until: time.UnixMilli(u), Pause: time.Duration(p) * time.Millisecond,
+			Probes: int(g), Passed: int(o)}
+		if u <= now {
+			sb.State = BreakerHalfOpen
+		}
+		out = append(out, sb)
+	}
+	slices.SortFunc(out, func(a, b SiteBreaker) int { return strings.Compare(a.Site, b.Site) })
+	return out, nil
+}
+
+// The breaker's scripts (internal/engine/lua/breaker*.lua).
+var (
+	breakerScript     = engine.Root.Script("breaker")
+	breakerSetScript  = engine.Root.Script("breaker_set")
+	breakerListScript = engine.Root.Script("breaker_list")
+)

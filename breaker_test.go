@@ -1,0 +1,371 @@
+package proxyswitch
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gocolly/colly/v2"
+	"github.com/proxyswitch/proxyswitch/ban"
+	"github.com/proxyswitch/proxyswitch/internal/testbed"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// stormShot is one request of stormLoop: when it started (unix ms) and
+// whether it reached OnResponse.
+type stormShot struct {
+	Start int64 `json:"s"`
+	OK    bool  `json:"ok"`
+}
+
+// stormLoop runs threads workers on c, each visiting new product pages of
+// base one after the other until until; a worker whose request failed
+// waits 50ms before its next (a crawler goes on with other sites meanwhile).
+// tag makes the URLs of one caller distinct.
+func stormLoop(c *colly.Collector, base string, threads int, until time.Time, tag string) []stormShot {
+	var mu sync.Mutex
+	var shots []stormShot
+	var seq atomic.Int64
+	var wg sync.WaitGroup
+	for range threads {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(until) {
+				start := time.Now()
+				err := c.Visit(fmt.Sprintf("%s/p/%d?%s", base, seq.Add(1), tag))
+				mu.Lock()
+				shots = append(shots, stormShot{Start: start.UnixMilli(), OK: err == nil})
+				mu.Unlock()
+				if err != nil {
+					time.Sleep(50 * time.Millisecond)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return shots
+}
+
+// quarantinedOn counts the proxies of s's pool that wait out a quarantine
+// on site for more than a minute (a lease lives 30s: these are bans).
+func quarantinedOn(t *testing.T, s *Switch, site string) int {
+	t.Helper()
+	ctx := context.Background()
+	rdb := shared.Client(t)
+	tm, err := rdb.Time(ctx).Result()
+	require.NoError(t, err)
+	members, err := rdb.ZRangeByScore(ctx, s.keys.free(s.scopeOf(site)), &redis.ZRangeBy{
+		Min: strconv.FormatInt(tm.Add(time.Minute).UnixMilli(), 10), Max: "+inf"}).Result()
+	require.NoError(t, err)
+	ids := map[string]bool{}
+	for _, m := range members {
+		id, _, _ := strings.Cut(m, ":")
+		ids[id] = true
+	}
+	return len(ids)
+}
+
+// stormCheck runs the storm acceptance of issue 16 on shots and the storm
+// site: few proxies quarantined, the site paused during the storm, and at
+// least 90% of the requests started 5s after it (until 8s after) succeed.
+func stormCheck(t *testing.T, storm *testbed.Storm, shots []stormShot, quarantined int, pausedMid bool) {
+	t.Helper()
+	before, during, after := storm.Counts()
+	var late, lateOK int
+	from, to := storm.To.Add(5*time.Second).UnixMilli(), storm.To.Add(8*time.Second).UnixMilli()
+	for _, sh := range shots {
+		if sh.Start >= from && sh.Start < to {
+			late++
+			if sh.OK {
+				lateOK++
+			}
+		}
+	}
+	t.Logf("site requests: %d before (%.0f/s), %d during the 10s storm, %d after; %d proxies quarantined at its end; "+
+		"%d of %d requests started 5-8s after it succeeded", before, float64(before)/stormWarmup.Seconds(), during, after,
+		quarantined, lateOK, late)
+	assert.LessOrEqual(t, quarantined, 5, "proxies quarantined when the storm ends")
+	assert.True(t, pausedMid, "the site is paused in the middle of the storm")
+	// What the pool would allow: the pace of the healthy warm-up, for 10s.
+	allowed := float64(before) / stormWarmup.Seconds() * 10
+	assert.Less(t, float64(during), allowed/10, "requests the site got during the storm, of %.0f the pool would allow", allowed)
+	require.Positive(t, late, "requests started 5s after the storm")
+	assert.GreaterOrEqual(t, float64(lateOK), 0.9*float64(late), "requests started 5s after the storm that succeed")
+}
+
+// stormWarmup is the healthy crawl before the storm.
+const stormWarmup = 3 * time.Second
+
+// watchStorm samples, in the background, whether s's pool has site paused
+// 3s into the storm and how many proxies are quarantined on it when the
+// storm ends; wait returns both.
+func watchStorm(t *testing.T, s *Switch, site string, storm *testbed.Storm) (wait func() (paused bool, quarantined int)) {
+	var paused bool
+	var quarantined int
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		time.Sleep(time.Until(storm.From.Add(3 * time.Second)))
+		sites, err := s.PausedSites(context.Background())
+		if err == nil {
+			for _, sb := range sites {
+				paused = paused || (sb.Site == site && sb.State == BreakerOpen)
+			}
+		}
+		time.Sleep(time.Until(storm.To))
+		quarantined = quarantinedOn(t, s, site)
+	}()
+	return func() (bool, int) { <-done; return paused, quarantined }
+}
+
+// TestBreakerStorm is issue 16's storm: every request answered 429 for 10s,
+// 50 proxies, 20 workers. The breaker pauses the site instead of burning
+// the pool; after the storm the crawl goes on.
+func TestBreakerStorm(t *testing.T) {
+	storm := testbed.NewStorm(nil, time.Now().Add(stormWarmup), 10*time.Second)
+	site := testbed.NewSite(t, "storm", storm)
+	_, _, s := stormBed(t, site, 50)
+	c := colly.NewCollector(colly.AllowURLRevisit())
+	s.Attach(c)
+	wait := watchStorm(t, s, site.Host(), storm)
+	shots := stormLoop(c, site.URL(), 20, storm.To.Add(8*time.Second), "")
+	paused, quarantined := wait()
+	stormCheck(t, storm, shots, quarantined, paused)
+}
+
+// TestBreakerStormProcesses is the storm with three collectors in separate
+// processes: the pause one of them takes holds the others too.
+func TestBreakerStormProcesses(t *testing.T) {
+	storm := testbed.NewStorm(nil, time.Now().Add(stormWarmup), 10*time.Second)
+	site := testbed.NewSite(t, "storm", storm)
+	_, _, s := stormBed(t, site, 50)
+	wait := watchStorm(t, s, site.Host(), storm)
+	var cmds []func() []stormShot
+	for i := range 3 {
+		cmd := startWorker(t, workerSpec{Mode: "storm", Redis: shared.Addr(), Prefix: s.cfg.prefix, URLs: []string{site.URL()},
+			Threads: 7, Until: storm.To.Add(8 * time.Second).UnixMilli(), Task: strconv.Itoa(i), MaxWait: "2s"})
+		out := make(chan []stormShot, 1)
+		go func() {
+			b, err := cmd.Output()
+			var r workerResult
+			if err == nil {
+				lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+				err = json.Unmarshal([]byte(lines[len(lines)-1]), &r)
+			}
+			assert.NoError(t, err, "worker %d", i)
+			out <- r.Shots
+		}()
+		cmds = append(cmds, func() []stormShot { return <-out })
+	}
+	var shots []stormShot
+	for _, w := range cmds {
+		shots = append(shots, w()...)
+	}
+	paused, quarantined := wait()
+	stormCheck(t, storm, shots, quarantined, paused)
+}
+
+// stormBed is a Switch of n proxies for site, waiting at most 2s for a proxy.
+func stormBed(t *testing.T, site *testbed.Site, n int, opts ...Option) (*testbed.Site, []*testbed.Proxy, *Switch) {
+	t.Helper()
+	proxies := testbed.NewProxies(t, n)
+	s := newSwitch(t, shared.Client(t), append([]Option{WithMaxWait(2 * time.Second)}, opts...)...)
+	_, err := s.Add(context.Background(), (&testbed.Bed{Proxies: proxies}).ProxyURLs()...)
+	require.NoError(t, err)
+	return site, proxies, s
+}
+
+// TestBreakerPauseResume: an operator's pause on one server holds the
+// site's leases on every server (another Redis client, the breaker
+// disabled there), with an error naming the site and the end of the
+// pause; resuming frees the site at once; bad site names are refused.
+func TestBreakerPauseResume(t *testing.T) {
+	ctx := context.Background()
+	s := newSwitch(t, shared.Client(t), WithMaxWait(100*time.Millisecond))
+	_, err := s.Add(ctx, proxyURLs(3)...)
+	require.NoError(t, err)
+	other := sibling(t, s, shared.Client(t))
+	other.cfg.breaker.Disabled = true
+	const site = "shop.example"
+
+	l, err := other.Lease(ctx, site)
+	require.NoError(t, err)
+	require.NoError(t, l.Release(ctx))
+
+	until, err := s.PauseSite(ctx, site, time.Minute)
+	require.NoError(t, err)
+	assert.WithinDuration(t, time.Now().Add(time.Minute), until, 2*time.Second)
+	start := time.Now()
+	_, err = other.Lease(ctx, site)
+	require.ErrorIs(t, err, ErrSitePaused)
+	require.ErrorIs(t, err, ErrNoProxy)
+	assert.Less(t, time.Since(start), 100*time.Millisecond, "a pause past the max wait fails at once")
+	var pe *SitePausedError
+	require.ErrorAs(t, err, &pe)
+	assert.Equal(t, site, pe.Site)
+	assert.Equal(t, until.UnixMilli(), pe.Until.UnixMilli())
+	assert.Contains(t, err.Error(), site)
+	assert.Contains(t, err.Error(), until.UTC().Format(time.RFC3339Nano))
+	l, err = other.Lease(ctx, "other.example")
+	require.NoError(t, err, "another site is not paused")
+	require.NoError(t, l.Release(ctx))
+
+	sites, err := other.PausedSites(ctx)
+	require.NoError(t, err)
+	require.Len(t, sites, 1)
+	assert.Equal(t, site, sites[0].Site)
+	assert.Equal(t, BreakerOpen, sites[0].State)
+	assert.Equal(t, time.Minute, sites[0].Pause)
+
+	require.NoError(t, other.ResumeSite(ctx, site))
+	l, err = s.Lease(ctx, site)
+	require.NoError(t, err, "resumed on every server")
+	require.NoError(t, l.Release(ctx))
+	sites, err = s.PausedSites(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, sites)
+
+	for _, bad := range []string{"", "a\nb", strings.Repeat("x", 300), "\xff"} {
+		_, err := s.PauseSite(ctx, bad, time.Second)
+		assert.ErrorIs(t, err, ErrConfig, "%q", bad)
+		assert.ErrorIs(t, s.ResumeSite(ctx, bad), ErrConfig, "%q", bad)
+	}
+	_, err = NewSwitch(shared.Client(t), WithBreaker(Breaker{BanRate: 1.5}))
+	assert.ErrorIs(t, err, ErrConfig)
+	_, err = NewSwitch(shared.Client(t), WithBreaker(Breaker{Pause: time.Minute, MaxPause: time.Second}))
+	assert.ErrorIs(t, err, ErrConfig)
+}
+
+// TestBreakerHalfOpen: when a pause ends, the breaker lets Probes leases
+// through and no more; healthy answers to them close it; a ban of a probe
+// opens it again for twice the pause; a ban while paused quarantines
+// nothing.
+func TestBreakerHalfOpen(t *testing.T) {
+	ctx := context.Background()
+	const pause = 300 * time.Millisecond
+	s := newSwitch(t, shared.Client(t), WithMaxWait(0), WithBreaker(Breaker{Pause: pause, Probes: 2, Flush: time.Millisecond}))
+	_, err := s.Add(ctx, proxyURLs(4)...)
+	require.NoError(t, err)
+	const site = "shop.example"
+	ban429 := ban.Verdict{Kind: ban.Ban, Reason: "http_429"}
+
+	// A ban while paused: the lease ends, the proxy is not quarantined.
+	early, err := s.Lease(ctx, site)
+	require.NoError(t, err)
+	_, err = s.PauseSite(ctx, site, pause)
+	require.NoError(t, err)
+	require.NoError(t, early.Report(ctx, ban429))
+	assert.WithinDuration(t, time.Now(), quarantineEnd(t, s, site, early.Proxy()), time.Second, "no quarantine during the pause")
+	_, err = s.Lease(ctx, site)
+	require.ErrorIs(t, err, ErrSitePaused)
+
+	probe := func() []*Lease {
+		t.Helper()
+		time.Sleep(pause + 50*time.Millisecond)
+		var ls []*Lease
+		for range 2 {
+			l, err := s.Lease(ctx, site)
+			require.NoError(t, err, "a probe")
+			ls = append(ls, l)
+		}
+		_, err = s.Lease(ctx, site)
+		require.ErrorIs(t, err, ErrSitePaused, "no third probe")
+		var pe *SitePausedError
+		require.ErrorAs(t, err, &pe)
+		assert.True(t, pe.HalfOpen)
+		return ls
+	}
+
+	// A probe banned: open again, for twice the pause.
+	ls := probe()
+	require.NoError(t, ls[0].Report(ctx, ban429))
+	assert.WithinDuration(t, time.Now(), quarantineEnd(t, s, site, ls[0].Proxy()), time.Second, "no quarantine of a failed probe")
+	sites, err := s.PausedSites(ctx)
+	require.NoError(t, err)
+	require.Len(t, sites, 1)
+	assert.Equal(t, BreakerOpen, sites[0].State)
+	assert.Equal(t, 2*pause, sites[0].Pause)
+	require.NoError(t, ls[1].Report(ctx, ban.Verdict{Kind: ban.OK}))
+
+	// Healthy probes close it.
+	time.Sleep(pause)
+	ls = probe()
+	for _, l := range ls {
+		require.NoError(t, l.Report(ctx, ban.Verdict{Kind: ban.OK}))
+	}
+	require.Eventually(t, func() bool {
+		sites, err := s.PausedSites(ctx)
+		return err == nil && len(sites) == 0
+	}, 2*time.Second, 10*time.Millisecond, "closed by its probes")
+	var held []*Lease
+	for range 4 {
+		l, err := s.Lease(ctx, site)
+		require.NoError(t, err, "closed: every proxy leases")
+		held = append(held, l)
+	}
+	for _, l := range held {
+		require.NoError(t, l.Release(ctx))
+	}
+}
+
+// TestBreakerConcurrent: three servers (own Redis clients), 30 goroutines,
+// every answer a ban. The breaker opens on its burst, every server stops
+// leasing at once, and no proxy stays quarantined: the storm is the site's.
+func TestBreakerConcurrent(t *testing.T) {
+	ctx := context.Background()
+	s := newSwitch(t, shared.Client(t), WithMaxWait(50*time.Millisecond), WithBreaker(Breaker{Burst: 5, Pause: 10 * time.Second}))
+	_, err := s.Add(ctx, proxyURLs(20)...)
+	require.NoError(t, err)
+	servers := []*Switch{s, sibling(t, s, shared.Client(t)), sibling(t, s, shared.Client(t))}
+	const site = "storm.example"
+	var leased, paused atomic.Int64
+	var opened atomic.Int64 // unix ms of the first ErrSitePaused
+	var wg sync.WaitGroup
+	stop := time.Now().Add(time.Second)
+	for g := range 30 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sw := servers[g%3]
+			for time.Now().Before(stop) {
+				l, err := sw.Lease(ctx, site)
+				if err != nil {
+					if !assert.ErrorIs(t, err, ErrNoProxy) {
+						return
+					}
+					if errors.Is(err, ErrSitePaused) {
+						paused.Add(1)
+						opened.CompareAndSwap(0, time.Now().UnixMilli())
+					}
+					time.Sleep(5 * time.Millisecond)
+					continue
+				}
+				leased.Add(1)
+				assert.NoError(t, l.Report(ctx, ban.Verdict{Kind: ban.Ban, Reason: "http_429"}))
+			}
+		}()
+	}
+	wg.Wait()
+	t.Logf("%d leases, %d refused as paused", leased.Load(), paused.Load())
+	assert.Positive(t, paused.Load())
+	assert.LessOrEqual(t, leased.Load(), int64(20+30), "leases stop once the breaker opens")
+	assert.Zero(t, quarantinedOn(t, s, site), "the storm's quarantines are lifted")
+	sites, err := s.PausedSites(ctx)
+	require.NoError(t, err)
+	require.Len(t, sites, 1)
+	assert.Equal(t, BreakerOpen, sites[0].State)
+	for _, sw := range servers {
+		_, err := sw.Lease(ctx, site)
+		assert.ErrorIs(t, err, ErrSitePaused, "paused on every server")
+	}
+}
