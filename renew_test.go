@@ -212,7 +212,10 @@ func TestLocalShardLeasesAreRenewed(t *testing.T) {
 // and nothing is left in Redis.
 func TestRenewalUnderContention(t *testing.T) {
 	ctx := context.Background()
-	const ttl = 300 * time.Millisecond
+	// Holds run to 2.25 TTLs: without renewal they are lost. The TTL leaves
+	// a renewal (every TTL/4) 750ms to come late on a loaded machine: at
+	// 300ms a -race run under a load of 15 on 2 cores lost leases.
+	const ttl = time.Second
 	base := newSwitch(t, shared.Client(t), WithLeaseTTL(ttl), WithMaxWait(30*time.Second))
 	_, err := base.Add(ctx, proxyURLs(15)...)
 	require.NoError(t, err)
