@@ -116,8 +116,10 @@ func (s *Switch) acquire(ctx context.Context, site, prefer string, renew bool) (
 	start := time.Now()
 	deadline := start.Add(s.cfg.maxWait)
 	backoff := s.cfg.backoffMin
+	var next time.Duration // the last wait hint: when the next proxy frees
 	for {
 		l, wait, err := be.tryLease(ctx, site, scope, prefer)
+		next = wait
 		if l != nil {
 			if err := s.renew.track(l, renew); err != nil {
 				_ = l.Release(context.WithoutCancel(ctx)) // closed meanwhile
@@ -133,13 +135,31 @@ func (s *Switch) acquire(ctx context.Context, site, prefer string, renew bool) (
 		}
 		left := time.Until(deadline)
 		if left <= 0 {
-			return nil, fmt.Errorf("%w: every proxy of pool %q stayed busy or quarantined for site %s for %v", ErrNoProxy, be.pool(), scope, s.cfg.maxWait)
+			return nil, fmt.Errorf("%w: every proxy of pool %q stayed busy or quarantined for site %s for %v%s", ErrNoProxy, be.pool(), scope, s.cfg.maxWait, nextFree(next))
 		}
 		d := min(wait, backoff, left)
 		backoff = min(2*backoff, s.cfg.backoffMax)
 		if !pause(ctx, d) {
-			return nil, errors.Join(fmt.Errorf("%w: gave up waiting for site %s", ErrNoProxy, scope), ctx.Err())
+			return nil, errors.Join(fmt.Errorf("%w: gave up waiting for site %s%s", ErrNoProxy, scope, nextFree(next)), ctx.Err())
 		}
+	}
+}
+
+// nextFree says when the next proxy of a site frees (its lease ends, its
+// cooldown or quarantine runs out), from the lease script's last wait hint,
+// so that a failed wait names what blocked it: seconds are a busy pool,
+// minutes to hours are quarantines, a day or more is a pool whose proxies
+// are dead, drained or banned for long.
+func nextFree(wait time.Duration) string {
+	switch {
+	case wait <= 0:
+		return ""
+	case wait >= maxWaitHint:
+		return " (no proxy frees within a day: dead, drained or quarantined)"
+	case wait < time.Second:
+		return fmt.Sprintf(" (the next proxy frees in %v)", wait)
+	default:
+		return fmt.Sprintf(" (the next proxy frees in %v)", wait.Round(time.Second))
 	}
 }
 

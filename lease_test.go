@@ -552,3 +552,31 @@ func TestErrorsAreMatchable(t *testing.T) {
 	require.True(t, errors.As(fmt.Errorf("wrapped: %w", err), &pe))
 	assert.ErrorIs(t, fmt.Errorf("wrapped: %w", err), ErrInvalidProxy)
 }
+
+// TestNoProxyNamesWhatBlocked: a wait that fails says when the next proxy
+// frees, so that the error tells a busy pool (all leased) from one held out
+// by quarantines (issue 16, item 6).
+func TestNoProxyNamesWhatBlocked(t *testing.T) {
+	ctx := context.Background()
+	s := newSwitch(t, shared.Client(t), WithMaxWait(100*time.Millisecond))
+	urls := proxyURLs(2)
+	_, err := s.Add(ctx, urls...)
+	require.NoError(t, err)
+
+	held, err := s.Lease(ctx, "ozon.example")
+	require.NoError(t, err)
+	other := urls[0]
+	if p, _ := ParseProxy(other); p.ID() == held.Proxy().ID() {
+		other = urls[1]
+	}
+	require.NoError(t, s.Ban(ctx, other, "ozon.example", time.Hour))
+	_, err = s.Lease(ctx, "ozon.example")
+	require.ErrorIs(t, err, ErrNoProxy)
+	assert.Regexp(t, `the next proxy frees in (29|30)s\)`, err.Error(), "a held lease frees within the lease TTL")
+
+	require.NoError(t, held.Release(ctx))
+	require.NoError(t, s.Ban(ctx, held.Proxy().ID(), "ozon.example", 2*time.Hour))
+	_, err = s.Lease(ctx, "ozon.example")
+	require.ErrorIs(t, err, ErrNoProxy)
+	assert.Regexp(t, `the next proxy frees in (59m\d\ds|1h0m0s)\)`, err.Error())
+}
