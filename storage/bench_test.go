@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -66,15 +68,45 @@ func reportRate(b *testing.B, start time.Time, unit string) {
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), unit)
 }
 
+// redisCPU returns the CPU time the benchmarks' redis-server has used so
+// far (INFO cpu: user + system), 0 if it cannot tell.
+func redisCPU(b *testing.B, rdb *redis.Client) time.Duration {
+	info, err := rdb.Info(bg, "cpu").Result()
+	if err != nil {
+		b.Logf("INFO cpu: %v", err)
+		return 0
+	}
+	var total float64
+	for _, line := range strings.Split(info, "\r\n") {
+		k, v, _ := strings.Cut(line, ":")
+		if k == "used_cpu_sys" || k == "used_cpu_user" {
+			f, _ := strconv.ParseFloat(v, 64)
+			total += f
+		}
+	}
+	return time.Duration(total * float64(time.Second))
+}
+
+// reportRedisCPU reports the redis-server's CPU time per op since before
+// (what redisCPU returned at the start): the server's share of the cost,
+// which the 2-core machine's noise hardly moves.
+func reportRedisCPU(b *testing.B, rdb *redis.Client, before time.Duration) {
+	if before > 0 {
+		b.ReportMetric(float64(redisCPU(b, rdb)-before)/float64(time.Microsecond)/float64(b.N), "redis-µs/op")
+	}
+}
+
 // BenchmarkVisitedNew is Colly's check of a URL not seen before:
 // IsVisited, then Visited (ours: a read, then the atomic claim).
 func BenchmarkVisitedNew(b *testing.B) {
+	info := single.Client(b)
 	for _, bc := range benchStores(b) {
 		b.Run(bc.name, func(b *testing.B) {
 			var next atomic.Uint64
 			next.Store(uint64(time.Now().UnixNano()))
 			b.ReportAllocs()
 			b.SetParallelism(25) // 50 goroutines on 2 cores
+			cpu := redisCPU(b, info)
 			start := time.Now()
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
@@ -91,6 +123,7 @@ func BenchmarkVisitedNew(b *testing.B) {
 				}
 			})
 			reportRate(b, start, "checks/s")
+			reportRedisCPU(b, info, cpu)
 		})
 	}
 }
@@ -99,6 +132,7 @@ func BenchmarkVisitedNew(b *testing.B) {
 // links of a crawl): one IsVisited.
 func BenchmarkVisitedSeen(b *testing.B) {
 	const seen = 4096
+	info := single.Client(b)
 	for _, bc := range benchStores(b) {
 		for i := range seen {
 			if err := bc.s.Visited(uint64(i)); err != nil {
@@ -109,6 +143,7 @@ func BenchmarkVisitedSeen(b *testing.B) {
 			var next atomic.Uint64
 			b.ReportAllocs()
 			b.SetParallelism(25)
+			cpu := redisCPU(b, info)
 			start := time.Now()
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
@@ -120,6 +155,7 @@ func BenchmarkVisitedSeen(b *testing.B) {
 				}
 			})
 			reportRate(b, start, "checks/s")
+			reportRedisCPU(b, info, cpu)
 		})
 	}
 }
@@ -152,8 +188,10 @@ func benchQueue(b *testing.B, bs benchQueueStore, mark func(tok string)) {
 		return marshal(b, fmt.Sprintf("https://shop.example/catalog/item?id=%d&ref=list", benchSeq.Add(1)))
 	}
 	ours, _ := bs.(*Storage)
+	info := single.Client(b)
 	b.ReportAllocs()
 	b.SetParallelism(25)
+	cpu := redisCPU(b, info)
 	start := time.Now()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
@@ -188,6 +226,7 @@ func benchQueue(b *testing.B, bs benchQueueStore, mark func(tok string)) {
 		}
 	})
 	reportRate(b, start, "requests/s")
+	reportRedisCPU(b, info, cpu)
 }
 
 // BenchmarkSeed queues 1,000 URLs: one by one through Colly's
