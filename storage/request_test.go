@@ -2,6 +2,7 @@ package storage
 
 import (
 	"bytes"
+	"math/rand/v2"
 	"net/http"
 	"net/url"
 	"sync"
@@ -81,4 +82,76 @@ func TestRequestHashMatchesColly(t *testing.T) {
 	st, err := qs.Stats(bg)
 	require.NoError(t, err)
 	require.Equal(t, Stats{}, st)
+}
+
+// roundTripFunc answers Colly's requests in memory: no network.
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// TestCanonicalURLFastPath: requestHash hashes a URL that canonicalURL
+// accepts as it is, skipping the parsers. That must give Colly's own ID
+// (checked against Colly, which fetches through an in-memory transport),
+// and canonicalURL must accept only URLs the parsers leave unchanged
+// (checked on random URLs of awkward characters).
+func TestCanonicalURLFastPath(t *testing.T) {
+	canonical := []string{
+		"https://shop.example/catalog/item?id=1&ref=list",
+		"http://a.example/",
+		"http://www.a-b.example/x/y_z~/Caps.html",
+		"https://a.example/q?x=1;y=2&z=a+b,c:d@e/f",
+		"https://a.example/dir/",
+	}
+	spy := &spyStorage{ids: map[uint64]bool{}}
+	c := colly.NewCollector()
+	c.WithTransport(roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		return &http.Response{StatusCode: 200, Body: http.NoBody, Header: http.Header{}, Request: r}, nil
+	}))
+	require.NoError(t, c.SetStorage(spy))
+	for _, u := range canonical {
+		require.True(t, canonicalURL(u), u)
+		require.NoError(t, c.Visit(u))
+		h, ok := requestHash(wireRequest{URL: u})
+		require.True(t, ok)
+		require.True(t, spy.ids[h], "requestHash(%q) is not the ID Colly checked", u)
+	}
+	for _, u := range []string{
+		"HTTP://a.example/", "http://A.example/", "http://a.example", "http://a.example:80/",
+		"http://u@a.example/", "http://1.2.3.4/", "http://a.0x1/", "http://xn--nxasmq6b.example/",
+		"http://a..example/", "http://a.example/./b", "http://a.example/b/..", "http://a.example//b",
+		"http://a.example/b?", "http://a.example/%7E", "http://a.example/a b", "http://a.example/#f",
+		"http://a.example/b?q='", "ftp://a.example/", "http://a.example\\b",
+	} {
+		require.False(t, canonicalURL(u), u)
+	}
+
+	const alphabet = "aZ09-._~/?#%=&+,;:@!$'()*[] \\\"<>{}|^`.xn"
+	rng := rand.New(rand.NewPCG(1, 2))
+	accepted := 0
+	for range 200000 {
+		b := []byte("http://a.example/")
+		if rng.IntN(2) == 0 {
+			b = []byte("https://x" + string(alphabet[rng.IntN(len(alphabet))]) + "y.example")
+		}
+		for range rng.IntN(12) {
+			b = append(b, alphabet[rng.IntN(len(alphabet))])
+		}
+		u := string(b)
+		if !canonicalURL(u) {
+			continue
+		}
+		accepted++
+		norm, ok := collyNormalize(u)
+		require.True(t, ok, u)
+		require.Equal(t, u, norm, "canonicalURL accepted a URL Colly rewrites")
+	}
+	require.Greater(t, accepted, 1000)
+}
+
+// TestRequestHashAllocs: the hash of a URL in canonical form skips the
+// URL parsers (about 90 allocations before).
+func TestRequestHashAllocs(t *testing.T) {
+	w := wireRequest{URL: "https://shop.example/catalog/item?id=1&ref=list"}
+	n := testing.AllocsPerRun(100, func() { requestHash(w) })
+	require.LessOrEqual(t, n, 2.0)
 }
