@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"sync"
 	"time"
-
 )
 
 // Colly checks a URL with IsVisited and then, if it was not visited, calls
