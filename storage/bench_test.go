@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -161,11 +162,36 @@ func BenchmarkVisitedSeen(b *testing.B) {
 }
 
 // BenchmarkQueue is one request through the queue: push, pop and (ours
-// only; the baseline has no such step) acknowledge.
+// only; the references have no such step) acknowledge, from 50 goroutines
+// (so concurrent calls share round trips: see group.go). Colly's own
+// queue.Run pops from one goroutine per process; its threads add and
+// acknowledge concurrently.
+//
+// Two references run beside it: the redisstorage port (RPUSH, LPOP) and a
+// plain list, LPUSH and BRPOP (1s timeout), on the default client.
 func BenchmarkQueue(b *testing.B) {
 	for _, bc := range benchStores(b) {
 		b.Run(bc.name, func(b *testing.B) { benchQueue(b, bc.s, nil) })
 	}
+	list := &listQueue{rdb: benchClient(b), key: testNS() + ":list"}
+	b.Run("list-brpop", func(b *testing.B) { benchQueue(b, list, nil) })
+}
+
+// listQueue is the plainest Redis queue: LPUSH, BRPOP. A popped request is
+// gone (nothing to acknowledge, lost if its worker dies).
+type listQueue struct {
+	rdb *redis.Client
+	key string
+}
+
+func (q *listQueue) AddRequest(r []byte) error { return q.rdb.LPush(bg, q.key, r).Err() }
+
+func (q *listQueue) GetRequest() ([]byte, error) {
+	kv, err := q.rdb.BRPop(bg, time.Second, q.key).Result()
+	if err != nil {
+		return nil, err
+	}
+	return []byte(kv[1]), nil
 }
 
 // BenchmarkQueueRunning is BenchmarkQueue on the default client with what
@@ -184,8 +210,16 @@ var benchSeq atomic.Int64
 // benchQueue runs push, pop and (for this package) mark, if not nil, and
 // acknowledge, from 50 goroutines.
 func benchQueue(b *testing.B, bs benchQueueStore, mark func(tok string)) {
-	next := func() []byte { // distinct requests, as a crawl queues them
-		return marshal(b, fmt.Sprintf("https://shop.example/catalog/item?id=%d&ref=list", benchSeq.Add(1)))
+	next := func() []byte { // distinct requests, serialized as Colly's queue.AddURL does
+		u, err := url.Parse(fmt.Sprintf("https://shop.example/catalog/item?id=%d&ref=list", benchSeq.Add(1)))
+		if err != nil {
+			b.Fatal(err)
+		}
+		r, err := (&colly.Request{URL: u, Method: "GET"}).Marshal()
+		if err != nil {
+			b.Fatal(err)
+		}
+		return r
 	}
 	ours, _ := bs.(*Storage)
 	info := single.Client(b)
