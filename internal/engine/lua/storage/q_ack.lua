@@ -8,8 +8,8 @@
 --   KEYS[5] dead zset       ID -> unix ms it was dead-lettered
 --   KEYS[6] why hash        ID -> last failure
 --   KEYS[7] seq string      last ID handed out
--- ARGV[1 ..] request ID, delivery number pairs (acknowledgements batched
---            into one round trip)
+-- ARGV[1] request ID   ARGV[2] delivery number   ARGV[3], ARGV[4] the next
+-- pair, and so on (acknowledgements batched into one round trip)
 --
 -- Returns one code per pair, in order:
 --   1 acknowledged,
