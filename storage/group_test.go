@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -218,4 +219,71 @@ func TestGroupUnit(t *testing.T) {
 	got, err := g.do(3) // the group still works
 	require.NoError(t, err)
 	require.Equal(t, 6, got)
+}
+
+// stackHook records whether each command ran on the goroutine of a
+// function named caller (inline) or on another one (a watchdog's).
+type stackHook struct {
+	caller          string
+	inline, spawned atomic.Int64
+}
+
+func (h *stackHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *stackHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *stackHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		buf := make([]byte, 1<<16)
+		if strings.Contains(string(buf[:runtime.Stack(buf, false)]), h.caller) {
+			h.inline.Add(1)
+		} else {
+			h.spawned.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// TestRoundTripsInline: on a client that honours context deadlines
+// (ContextTimeoutEnabled) every round trip of the visited check and the
+// queue runs on the caller's goroutine, none on a goroutine of its own; on
+// a default client each runs on a watchdog goroutine (go-redis would
+// ignore the deadline).
+func TestRoundTripsInline(t *testing.T) {
+	for _, ctxTimeout := range []bool{true, false} {
+		rdb := shared.Client(t)
+		if ctxTimeout {
+			if c, ok := rdb.(*redis.Client); ok {
+				o := c.Options()
+				o.ContextTimeoutEnabled = true
+				rdb = redis.NewClient(o)
+				t.Cleanup(func() { _ = rdb.Close() })
+			} else {
+				t.Skip("a cluster client: the check is the same code")
+			}
+		}
+		h := &stackHook{caller: "storage.TestRoundTripsInline"}
+		rdb.AddHook(h)
+		s := newStorage(t, rdb)
+		h.inline.Store(0)
+		h.spawned.Store(0)
+		v, err := s.IsVisited(7)
+		require.NoError(t, err)
+		require.False(t, v)
+		require.NoError(t, s.Visited(7))
+		require.NoError(t, s.AddRequest(marshal(t, "https://a.example/")))
+		tok, _ := pop(t, s)
+		ctx := colly.NewContext()
+		ctx.Put(ctxDelivery, tok)
+		require.NoError(t, s.Ack(&colly.Request{Ctx: ctx}))
+		// At least five commands (an EVALSHA of a script Redis has not
+		// loaded yet is followed by an EVAL).
+		if ctxTimeout {
+			require.GreaterOrEqual(t, h.inline.Load(), int64(5))
+			require.Zero(t, h.spawned.Load())
+		} else {
+			require.Zero(t, h.inline.Load())
+			require.GreaterOrEqual(t, h.spawned.Load(), int64(5))
+		}
+	}
 }
