@@ -56,7 +56,8 @@ for _ = 1, 50 + want do
   if k == want then break end
   local id = redis.call('LPOP', KEYS[1])
   if not id then break end
-  local size = redis.call('HSTRLEN', KEYS[2], id)
+  local payload = redis.call('HGET', KEYS[2], id)
+  local size = payload and #payload or 0
   if size == 0 then
     redis.call('HDEL', KEYS[3], id)  -- acknowledged or cleared meanwhile
   elseif redis.call('ZSCORE', KEYS[4], id) or redis.call('ZSCORE', KEYS[5], id) then
@@ -74,7 +75,7 @@ for _ = 1, 50 + want do
       k = k + 1
       out[#out + 1] = id
       out[#out + 1] = n
-      out[#out + 1] = redis.call('HGET', KEYS[2], id)
+      out[#out + 1] = payload
     end
   end
 end
