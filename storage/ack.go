@@ -250,7 +250,7 @@ func (s *Storage) Nack(r *colly.Request, cause error) error {
 func (s *Storage) settle(tok string, cause error) error {
 	var err error
 	if cause == nil {
-		err = s.ack(context.Background(), tok)
+		err = s.ack(tok)
 	} else {
 		_, err = s.nack(context.Background(), tok, cause.Error(), false)
 	}
@@ -258,13 +258,38 @@ func (s *Storage) settle(tok string, cause error) error {
 	return err
 }
 
-func (s *Storage) ack(ctx context.Context, tok string) error {
+// ack acknowledges the delivery with token tok. It is one q_ack round trip,
+// shared with the acknowledgements other goroutines make meanwhile (see
+// group.go): it returns when the acknowledgement is in Redis.
+func (s *Storage) ack(tok string) error {
 	id, n, err := splitToken(tok)
 	if err != nil {
 		return err
 	}
-	_, err = s.run(ctx, "ack", qAckScript, s.qkeys, id, n)
+	_, err = s.acks.do(ackItem{id, n})
 	return err
+}
+
+// ackItem is one delivery to acknowledge.
+type ackItem struct {
+	id string
+	n  int
+}
+
+// flushAcks acknowledges a batch of deliveries in one q_ack.
+func (s *Storage) flushAcks(items []ackItem) ([]struct{}, error) {
+	args := make([]any, 0, 2*len(items))
+	for _, it := range items {
+		args = append(args, it.id, it.n)
+	}
+	res, err := s.run(context.Background(), "ack", qAckScript, s.qkeys, args...)
+	if err != nil {
+		return nil, err
+	}
+	if codes, _ := res.([]any); len(codes) != len(items) {
+		return nil, fmt.Errorf("%w: unexpected reply from the ack script: %v", ErrCorrupt, clip(fmt.Sprint(res)))
+	}
+	return make([]struct{}, len(items)), nil
 }
 
 // nack fails a delivery; now dead-letters it whatever its count. It returns
@@ -292,7 +317,7 @@ func (s *Storage) nack(ctx context.Context, tok, reason string, now bool) (int64
 func (s *Storage) dropDuplicate(d *delivery) {
 	tok := d.token()
 	s.pending.forget(tok)
-	if err := s.ack(context.Background(), tok); err != nil {
+	if err := s.ack(tok); err != nil {
 		s.cfg.logger.Warn("proxyswitch: acknowledging a request already visited",
 			"namespace", s.cfg.namespace, "delivery", tok, "err", err)
 	}

@@ -129,7 +129,7 @@ func TestCorruptValues(t *testing.T) {
 			call("AddRequest", func() error { return s.AddRequest(marshal(t, "http://a.example/4")) })
 			call("AddURLs", func() error { _, err := s.AddURLs(ctx, "http://a.example/5"); return err })
 			call("GetRequest", func() error { _, err := s.GetRequest(); return err })
-			call("ack", func() error { return s.ack(ctx, tok) })
+			call("ack", func() error { return s.ack(tok) })
 			call("nack", func() error { _, err := s.nack(ctx, tok, "x", false); return err })
 			call("Requeue", func() error { return s.Requeue(ctx, "2") })
 			call("Clear", func() error { return s.Clear(ctx) })

@@ -90,4 +90,15 @@
 //
 // Time (expiry, visibility) always comes from Redis's TIME, never from a
 // client's clock. Every Redis round trip is bounded by WithRedisTimeout.
+//
+// # Round trips
+//
+// AddRequest, GetRequest and the acknowledgement of a delivery (Ack, and
+// the hooks Attach installs) made by several goroutines at once share one
+// script call (group commit: while one call of a kind is in Redis, the
+// next ones gather and go together when it returns; a lone call goes at
+// once). Each still returns only when its own outcome is in Redis, so
+// delivery stays at-least-once and an acknowledgement still follows the
+// callbacks. IsVisited and Visited are one plain command each for a URL
+// without an expiry (HMGET, HSETNX), as GET and SET would be.
 package storage

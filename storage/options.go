@@ -203,7 +203,10 @@ func WithMaxQueued(n int) Option { return func(c *config) { c.maxQueued = n } }
 // included), whatever the client's own timeouts: a client without
 // Options.ContextTimeoutEnabled ignores context deadlines, so each call then
 // runs on a watchdog goroutine; with it (on *redis.Client, *ClusterClient or
-// *Ring), calls run inline, which is cheaper. The default is 2s.
+// *Ring), calls run inline, which is cheaper. A queue call that shares
+// its round trip with concurrent ones (AddRequest, GetRequest, an
+// acknowledgement: see the package doc) may wait for the round trip in
+// flight before its own: up to twice d. The default is 2s.
 func WithRedisTimeout(d time.Duration) Option { return func(c *config) { c.redisTimeout = d } }
 
 // WithRetryIf decides, for a delivered request that reached Colly's OnError,

@@ -23,12 +23,55 @@ import (
 // AddRequest implements Colly's queue.Storage: it validates the serialized
 // request (see ErrInvalidRequest) and appends it to the namespace's queue,
 // unless the queue holds WithMaxQueued requests already (ErrQueueFull). It
-// is one Redis round trip.
+// is one Redis round trip, shared with the AddRequest calls of other
+// goroutines made meanwhile (see group.go): it returns when the request is
+// in Redis.
 func (s *Storage) AddRequest(r []byte) error {
 	if _, err := checkRequest(r, s.cfg.maxRequestSize); err != nil {
 		return err
 	}
-	return s.add(context.Background(), "add request", []any{r})
+	addErr, err := s.adds.do(r)
+	if err != nil {
+		return err
+	}
+	return addErr
+}
+
+// Batch bounds of the grouped round trips (group.go).
+const (
+	addGroupMax      = 64      // AddRequest calls in one q_add
+	addGroupMaxBytes = 1 << 20 // and their bytes, but for a larger request alone
+	popGroupMax      = 16      // GetRequest calls in one q_pop
+	ackGroupMax      = 256     // acknowledgements in one q_ack
+)
+
+// initGroups sets up the grouped round trips of the queue.
+func (s *Storage) initGroups() {
+	s.adds = group[[]byte, error]{max: addGroupMax, maxBytes: addGroupMaxBytes,
+		size: func(r []byte) int { return len(r) }, flush: s.flushAdds}
+	s.pops = group[struct{}, popped]{max: popGroupMax, flush: s.flushPops}
+	s.acks = group[ackItem, struct{}]{max: ackGroupMax, flush: s.flushAcks}
+}
+
+// flushAdds queues a batch of AddRequest calls in one q_add. If together
+// they would pass WithMaxQueued, each is tried alone (some may fit).
+func (s *Storage) flushAdds(reqs [][]byte) ([]error, error) {
+	args := make([]any, len(reqs))
+	for i, r := range reqs {
+		args[i] = r
+	}
+	errs := make([]error, len(reqs))
+	err := s.add(context.Background(), "add request", args)
+	if len(reqs) == 1 || !errors.Is(err, ErrQueueFull) {
+		for i := range errs {
+			errs[i] = err
+		}
+		return errs, nil
+	}
+	for i := range args {
+		errs[i] = s.add(context.Background(), "add request", args[i:i+1])
+	}
+	return errs, nil
 }
 
 // add runs q_add.lua for reqs, in order and all or none.
@@ -55,26 +98,17 @@ func (s *Storage) GetRequest() ([]byte, error) {
 	ctx := context.Background()
 	held := false
 	for range 8 {
-		res, err := s.run(ctx, "get request", qPopScript, s.qkeys,
-			s.cfg.visibility.Milliseconds(), s.cfg.maxDeliveries, s.cfg.maxRequestSize)
+		p, err := s.pops.do(struct{}{})
 		if err != nil {
 			return nil, err
 		}
-		arr, _ := res.([]any)
-		if len(arr) == 2 {
-			wait, _ := arr[1].(int64)
-			if wait > 0 || held {
-				time.Sleep(min(time.Duration(max(wait, 1))*time.Millisecond, s.cfg.pollInterval))
+		if p.id == "" {
+			if p.wait > 0 || held {
+				time.Sleep(min(time.Duration(max(p.wait, 1))*time.Millisecond, s.cfg.pollInterval))
 			}
 			return nil, ErrQueueEmpty
 		}
-		if len(arr) != 4 || arr[0] != int64(1) {
-			return nil, fmt.Errorf("%w: unexpected reply from the queue script: %v", ErrCorrupt, res)
-		}
-		id, _ := arr[1].(string)
-		n, _ := arr[2].(int64)
-		payload, _ := arr[3].(string)
-		b, err := s.deliver(ctx, id, int(n), []byte(payload))
+		b, err := s.deliver(ctx, p.id, p.n, []byte(p.payload))
 		if err == errHeld {
 			held = true
 			continue
@@ -83,6 +117,49 @@ func (s *Storage) GetRequest() ([]byte, error) {
 	}
 	time.Sleep(s.cfg.pollInterval)
 	return nil, ErrQueueEmpty
+}
+
+// popped is one GetRequest's share of a q_pop reply: a delivery, or (id
+// "") none and the ms until an in-flight request comes back (-1: none is
+// in flight).
+type popped struct {
+	id      string
+	n       int
+	payload string
+	wait    int64
+}
+
+// flushPops delivers up to one request to each of a batch of GetRequest
+// calls in one q_pop. Those left without one share the reply's wait.
+func (s *Storage) flushPops(calls []struct{}) ([]popped, error) {
+	res, err := s.run(context.Background(), "get request", qPopScript, s.qkeys,
+		s.cfg.visibility.Milliseconds(), s.cfg.maxDeliveries, s.cfg.maxRequestSize, len(calls))
+	if err != nil {
+		return nil, err
+	}
+	arr, _ := res.([]any)
+	k, ok := int64(-1), len(arr) >= 2
+	if ok {
+		k, _ = arr[0].(int64)
+	}
+	if !ok || k < 0 || k > int64(len(calls)) || int64(len(arr)) != 2+3*k {
+		return nil, fmt.Errorf("%w: unexpected reply from the queue script: %v", ErrCorrupt, clip(fmt.Sprint(res)))
+	}
+	out := make([]popped, len(calls))
+	for i := range out {
+		if int64(i) >= k {
+			out[i].wait, _ = arr[1].(int64)
+			continue
+		}
+		id, _ := arr[2+3*i].(string)
+		n, _ := arr[3+3*i].(int64)
+		payload, _ := arr[4+3*i].(string)
+		if id == "" || n < 1 {
+			return nil, fmt.Errorf("%w: unexpected reply from the queue script: %v", ErrCorrupt, clip(fmt.Sprint(res)))
+		}
+		out[i] = popped{id: id, n: int(n), payload: payload}
+	}
+	return out, nil
 }
 
 // errHeld means deliver handed a request back: this process is already

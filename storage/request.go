@@ -63,8 +63,178 @@ const (
 
 // withDelivery returns the serialized request b with the delivery token in
 // its Ctx, and without an owner left over from an earlier delivery or
-// inherited from a parent request.
+// inherited from a parent request. b must be valid JSON (checkRequest).
+//
+// What Colly's Marshal writes (one "Ctx" member, an object or null, keys
+// without escapes) is edited in place (spliceDelivery); anything else is
+// decoded and encoded again (withDeliverySlow), which costs some 70
+// allocations for a Colly request with a few headers and context values.
 func withDelivery(b []byte, token string) ([]byte, error) {
+	if out, ok := spliceDelivery(b, token); ok {
+		return out, nil
+	}
+	return withDeliverySlow(b, token)
+}
+
+// spliceDelivery is withDelivery by editing the bytes: the Ctx member is
+// written as "Ctx" (the slow way spells it so too), its members named
+// ctxOwner or ctxDelivery are cut out, and ctxDelivery is added with token. It reports false for any form it does not handle: not an object,
+// no Ctx member or more than one, a Ctx that is no object or null, a key
+// with an escape.
+func spliceDelivery(b []byte, token string) ([]byte, bool) {
+	var keyStart, ctxStart, ctxEnd int // the Ctx member: its key, its value
+	found := false
+	ok := jsonMembers(b, func(key []byte, ks, vs, ve int) bool {
+		if !bytes.EqualFold(key, []byte("Ctx")) {
+			return true
+		}
+		if found {
+			return false
+		}
+		found, keyStart, ctxStart, ctxEnd = true, ks, vs, ve
+		return true
+	})
+	if !ok || !found {
+		return nil, false
+	}
+	ctx := b[ctxStart:ctxEnd]
+	tok, err := json.Marshal(token)
+	if err != nil {
+		return nil, false
+	}
+	out := make([]byte, 0, len(b)+len(ctxDelivery)+len(tok)+8)
+	out = append(out, b[:keyStart]...)
+	out = append(out, `"Ctx":{`...)
+	first := true
+	if !bytes.Equal(ctx, []byte("null")) {
+		if !jsonMembers(ctx, func(key []byte, _, vs, ve int) bool {
+			if string(key) == ctxOwner || string(key) == ctxDelivery {
+				return true
+			}
+			if !first {
+				out = append(out, ',')
+			}
+			first = false
+			out = append(out, '"')
+			out = append(out, key...)
+			out = append(out, '"', ':')
+			out = append(out, ctx[vs:ve]...)
+			return true
+		}) {
+			return nil, false
+		}
+	}
+	if !first {
+		out = append(out, ',')
+	}
+	out = append(out, '"')
+	out = append(out, ctxDelivery...)
+	out = append(out, '"', ':')
+	out = append(out, tok...)
+	out = append(out, '}')
+	return append(out, b[ctxEnd:]...), true
+}
+
+// jsonMembers calls f with the key (raw, without its quotes), the index of
+// its opening quote and the span of the value of each member of the JSON object b, in order, until f
+// returns false. It reports false if b is no object, a key holds an escape
+// or f returned false. b must be valid JSON.
+func jsonMembers(b []byte, f func(key []byte, ks, vs, ve int) bool) bool {
+	i := skipSpace(b, 0)
+	if i >= len(b) || b[i] != '{' {
+		return false
+	}
+	i = skipSpace(b, i+1)
+	if i < len(b) && b[i] == '}' {
+		return true
+	}
+	for i < len(b) {
+		if b[i] != '"' {
+			return false
+		}
+		i0, ke := i, skipString(b, i)
+		key := b[i+1 : ke-1]
+		if bytes.IndexByte(key, '\\') >= 0 {
+			return false
+		}
+		i = skipSpace(b, ke)
+		if i >= len(b) || b[i] != ':' {
+			return false
+		}
+		vs := skipSpace(b, i+1)
+		ve := skipValue(b, vs)
+		if !f(key, i0, vs, ve) {
+			return false
+		}
+		i = skipSpace(b, ve)
+		if i >= len(b) {
+			return false
+		}
+		if b[i] == '}' {
+			return true
+		}
+		if b[i] != ',' {
+			return false
+		}
+		i = skipSpace(b, i+1)
+	}
+	return false
+}
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// skipString returns the index after the string that starts at b[i] ('"').
+func skipString(b []byte, i int) int {
+	for i++; i < len(b); i++ {
+		switch b[i] {
+		case '\\':
+			i++
+		case '"':
+			return i + 1
+		}
+	}
+	return len(b)
+}
+
+// skipValue returns the index after the value that starts at b[i].
+func skipValue(b []byte, i int) int {
+	if i >= len(b) {
+		return i
+	}
+	switch b[i] {
+	case '"':
+		return skipString(b, i)
+	case '{', '[':
+		depth := 0
+		for ; i < len(b); i++ {
+			switch b[i] {
+			case '"':
+				i = skipString(b, i) - 1
+			case '{', '[':
+				depth++
+			case '}', ']':
+				if depth--; depth == 0 {
+					return i + 1
+				}
+			}
+		}
+		return len(b)
+	}
+	for i < len(b) && b[i] != ',' && b[i] != '}' && b[i] != ']' && b[i] != ' ' &&
+		b[i] != '\t' && b[i] != '\n' && b[i] != '\r' {
+		i++
+	}
+	return i
+}
+
+// withDeliverySlow is withDelivery for any valid request: decoded and
+// encoded again.
+func withDeliverySlow(b []byte, token string) ([]byte, error) {
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(b, &m); err != nil || m == nil {
 		return nil, invalid("not a JSON object")
@@ -104,25 +274,110 @@ var collyURLParser = whatwg.NewParser(whatwg.WithPercentEncodeSinglePercentSign(
 // WHATWG parser and net/url, and requestHash hashes the normalized URL and
 // the body with FNV-64a. TestRequestHashMatchesColly pins this against
 // Colly itself.
+//
+// A URL that is already in the form all these steps give (canonicalURL:
+// most URLs a crawl queues) is hashed as it is, without them: the parsers
+// cost about 90 allocations a request.
 func requestHash(w wireRequest) (uint64, bool) {
-	u, err := url.Parse(w.URL)
-	if err != nil {
-		return 0, false
-	}
-	wu, err := collyURLParser.Parse(u.String())
-	if err != nil {
-		return 0, false
-	}
-	parsed, err := url.Parse(wu.Href(false))
-	if err != nil {
-		return 0, false
-	}
-	norm := parsed.String()
-	if n, err := collyURLParser.Parse(norm); err == nil {
-		norm = n.String()
+	norm := w.URL
+	if !canonicalURL(norm) {
+		var ok bool
+		if norm, ok = collyNormalize(norm); !ok {
+			return 0, false
+		}
 	}
 	h := fnv.New64a()
 	h.Write([]byte(norm))
 	h.Write(w.Body)
 	return h.Sum64(), true
+}
+
+// collyNormalize is the URL that Colly hashes for a queued request with
+// URL raw (see requestHash).
+func collyNormalize(raw string) (string, bool) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "", false
+	}
+	wu, err := collyURLParser.Parse(u.String())
+	if err != nil {
+		return "", false
+	}
+	parsed, err := url.Parse(wu.Href(false))
+	if err != nil {
+		return "", false
+	}
+	norm := parsed.String()
+	if n, err := collyURLParser.Parse(norm); err == nil {
+		norm = n.String()
+	}
+	return norm, true
+}
+
+// canonicalURL reports whether raw is a URL that collyNormalize returns
+// unchanged, by a conservative test: "http://" or "https://", a host name
+// of lower-case ASCII labels (none empty, none an IDNA "xn--" label, the
+// last starting with a letter so that it is no IPv4 address) with no user
+// info or port, a path that starts with "/" and has no "." or ".."
+// segment and no "//", then at most a non-empty query; path and query made of ASCII
+// letters, digits and "-._~" (the query also "=&+,;:@/"). No percent
+// sign, no fragment. Anything else takes the parsers
+// (TestCanonicalURLFastPath checks the two agree).
+func canonicalURL(raw string) bool {
+	rest, ok := strings.CutPrefix(raw, "https://")
+	if !ok {
+		if rest, ok = strings.CutPrefix(raw, "http://"); !ok {
+			return false
+		}
+	}
+	slash := strings.IndexByte(rest, '/')
+	if slash <= 0 {
+		return false
+	}
+	host, rest := rest[:slash], rest[slash:]
+	label := 0 // start of the current label
+	for i := 0; i <= len(host); i++ {
+		if i < len(host) && host[i] != '.' {
+			c := host[i]
+			if (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '-' {
+				return false
+			}
+			continue
+		}
+		if i == label || strings.HasPrefix(host[label:i], "xn--") {
+			return false
+		}
+		if i == len(host) && (host[label] < 'a' || host[label] > 'z') {
+			return false
+		}
+		label = i + 1
+	}
+	path, query, hasQuery := strings.Cut(rest, "?")
+	if hasQuery && query == "" {
+		return false
+	}
+	for seg := range strings.SplitSeq(path[1:], "/") {
+		if seg == "." || seg == ".." {
+			return false
+		}
+	}
+	if strings.Contains(path, "//") {
+		return false
+	}
+	for i := 0; i < len(path); i++ {
+		if !unreservedOrSlash(path[i]) {
+			return false
+		}
+	}
+	for i := 0; i < len(query); i++ {
+		if c := query[i]; !unreservedOrSlash(c) && !strings.ContainsRune("=&+,;:@", rune(c)) {
+			return false
+		}
+	}
+	return true
+}
+
+func unreservedOrSlash(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' ||
+		c == '-' || c == '.' || c == '_' || c == '~' || c == '/'
 }

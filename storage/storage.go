@@ -40,6 +40,11 @@ type Storage struct {
 	revisits revisits // IDs IsVisited just found visited (visited.go)
 	inline   bool     // the client bounds round trips by the context itself
 
+	// The queue's round trips that concurrent calls share (group.go).
+	adds group[[]byte, error]
+	pops group[struct{}, popped]
+	acks group[ackItem, struct{}]
+
 	attached         atomic.Bool // Attach was called (on some collector)
 	warnedUnattached atomic.Bool // QueueSize reported ErrNotAttached (logged once)
 }
@@ -72,6 +77,7 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Storage, error) {
 	k := newKeyspace(cfg.namespace)
 	s := &Storage{rdb: rdb, cfg: cfg, keys: k, q: k.queue(), inline: bounded.HonoursDeadlines(rdb)}
 	s.qkeys = s.q.all()
+	s.initGroups()
 	s.pending.init(cfg.visibility, cfg.maxFetch)
 	s.cookies.init()
 	return s, nil

@@ -1,4 +1,4 @@
--- q_pop.lua: deliver the next request, keeping it in flight until acknowledged.
+-- q_pop.lua: deliver the next requests, keeping each in flight until acknowledged.
 --
 -- KEYS (every queue script takes the same seven, in this order):
 --   KEYS[1] ready list      request IDs ready for delivery
@@ -9,16 +9,19 @@
 --   KEYS[6] why hash        ID -> last failure
 --   KEYS[7] seq string      last ID handed out
 -- ARGV[1] visibility timeout ms   ARGV[2] max deliveries   ARGV[3] max request bytes
+-- ARGV[4] most requests to deliver (GetRequest calls batched into one round trip)
 --
--- Returns {1, id, delivery number, request}  on success,
---         {0, wait ms}  when nothing is ready (wait: until the next in-flight
---                       request comes back; -1 when nothing is in flight).
+-- Returns {k, wait, id1, delivery number 1, request 1, ..., id k, ...}: the k
+-- requests delivered (0 <= k <= ARGV[4]) and, when k < ARGV[4] (nothing more
+-- is ready), wait: ms until the next in-flight request comes back (-1 when
+-- nothing is in flight; 0 when k = ARGV[4]).
 -- First, requests whose visibility timeout (or retry delay) has passed come
 -- back to the head of the ready list, or go to the dead-letter list after
 -- their last delivery. IDs whose request was acknowledged meanwhile are
 -- dropped on the way. Time comes from the server's clock (TIME).
 local now = now_ms()
 local vis, maxd, maxb = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local want = tonumber(ARGV[4]) or 1
 
 local function bury(id, reason)
   redis.call('ZREM', KEYS[4], id)
@@ -47,10 +50,14 @@ for _, id in ipairs(due) do
   end
 end
 
-for _ = 1, 50 do
+local out = {0, 0}
+local k = 0
+for _ = 1, 50 + want do
+  if k == want then break end
   local id = redis.call('LPOP', KEYS[1])
   if not id then break end
-  local size = redis.call('HSTRLEN', KEYS[2], id)
+  local payload = redis.call('HGET', KEYS[2], id)
+  local size = payload and #payload or 0
   if size == 0 then
     redis.call('HDEL', KEYS[3], id)  -- acknowledged or cleared meanwhile
   elseif redis.call('ZSCORE', KEYS[4], id) or redis.call('ZSCORE', KEYS[5], id) then
@@ -65,11 +72,20 @@ for _ = 1, 50 do
       n = n + 1
       redis.call('HSET', KEYS[3], id, n)
       redis.call('ZADD', KEYS[4], now + vis, id)
-      return {1, id, n, redis.call('HGET', KEYS[2], id)}
+      k = k + 1
+      out[#out + 1] = id
+      out[#out + 1] = n
+      out[#out + 1] = payload
     end
   end
 end
+out[1] = k
+if k == want then return out end
 
 local head = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
-if #head == 0 then return {0, -1} end
-return {0, math.max(1, tonumber(head[2]) - now)}
+if #head == 0 then
+  out[2] = -1
+else
+  out[2] = math.max(1, tonumber(head[2]) - now)
+end
+return out
