@@ -3,7 +3,6 @@ package storage
 import (
 	"bytes"
 	"encoding/json"
-	"hash/fnv"
 	"net/url"
 	"strings"
 
@@ -286,10 +285,25 @@ func requestHash(w wireRequest) (uint64, bool) {
 			return 0, false
 		}
 	}
-	h := fnv.New64a()
-	h.Write([]byte(norm))
-	h.Write(w.Body)
-	return h.Sum64(), true
+	h := fnvString(fnvOffset, norm)
+	for _, c := range w.Body {
+		h = (h ^ uint64(c)) * fnvPrime
+	}
+	return h, true
+}
+
+// FNV-1a, 64 bits (hash/fnv's New64a), over a string without copying it:
+// the request hash is taken for every queued request.
+const (
+	fnvOffset uint64 = 14695981039346656037
+	fnvPrime  uint64 = 1099511628211
+)
+
+func fnvString(h uint64, s string) uint64 {
+	for i := 0; i < len(s); i++ {
+		h = (h ^ uint64(s[i])) * fnvPrime
+	}
+	return h
 }
 
 // collyNormalize is the URL that Colly hashes for a queued request with

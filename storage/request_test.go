@@ -3,6 +3,7 @@ package storage
 import (
 	"bytes"
 	"encoding/json"
+	"hash/fnv"
 	"math/rand/v2"
 	"net/http"
 	"net/url"
@@ -154,7 +155,10 @@ func TestCanonicalURLFastPath(t *testing.T) {
 func TestRequestHashAllocs(t *testing.T) {
 	w := wireRequest{URL: "https://shop.example/catalog/item?id=1&ref=list"}
 	n := testing.AllocsPerRun(100, func() { requestHash(w) })
-	require.LessOrEqual(t, n, 2.0)
+	if raceOn {
+		t.Skipf("%.0f allocations under the race detector, which allocates on its own", n)
+	}
+	require.LessOrEqual(t, n, 6.0) // 1 with Go 1.26, 4 with Go 1.24; 136 through the parsers
 }
 
 // TestWithDeliverySplice: the in-place edit of a delivered request gives
@@ -210,6 +214,9 @@ func TestWithDeliverySplice(t *testing.T) {
 	}
 
 	n := testing.AllocsPerRun(100, func() { _, _ = withDelivery(colly1, "12:3") })
+	if raceOn {
+		t.Skipf("%.0f allocations under the race detector, which allocates on its own", n)
+	}
 	require.LessOrEqual(t, n, 3.0) // 72 decoding and encoding again
 }
 
@@ -238,4 +245,13 @@ func FuzzWithDelivery(f *testing.F) {
 		}
 		require.Equal(t, y, x, string(b))
 	})
+}
+
+// TestFNVString: the request hash's inline FNV-1a is hash/fnv's New64a.
+func TestFNVString(t *testing.T) {
+	for _, in := range []string{"", "a", "https://shop.example/catalog/item?id=1&ref=list", "\x00\xff"} {
+		h := fnv.New64a()
+		h.Write([]byte(in))
+		require.Equal(t, h.Sum64(), fnvString(fnvOffset, in), in)
+	}
 }
