@@ -187,6 +187,10 @@ func parseURL(raw string) (*Proxy, string) {
 	switch {
 	case u.Opaque != "":
 		return nil, "malformed URL"
+	case strings.HasPrefix(u.Host, "[") && !strings.Contains(host, ":"):
+		// Only IPv6 addresses are bracketed (Go 1.24's net/url took
+		// "[1.2.3.4]"; later ones refuse it).
+		return nil, "invalid IPv6 address"
 	case host == "":
 		return nil, "missing host"
 	case port == "":
