@@ -126,7 +126,9 @@ func proxyID(p *testbed.Proxy) string {
 func TestBanBackoff(t *testing.T) {
 	ctx := context.Background()
 	const base, maxq = 50 * time.Millisecond, 400 * time.Millisecond
-	s := newSwitch(t, shared.Client(t), WithQuarantine(base, maxq), WithMaxWait(5*time.Second))
+	// WithFlakyDelay(0): the quarantine alone holds the proxy back (the
+	// flaky delay would keep it out r x 10s: selection_test.go).
+	s := newSwitch(t, shared.Client(t), WithQuarantine(base, maxq), WithMaxWait(5*time.Second), WithFlakyDelay(0))
 	_, err := s.Add(ctx, proxyURLs(1)...)
 	require.NoError(t, err)
 	const site = "shop.example"
@@ -405,7 +407,7 @@ func TestBanCoversEverySlotAndKeepsKeysTidy(t *testing.T) {
 	rdb := shared.Client(t)
 	const site = "ozon.example"
 	s := newSwitch(t, rdb, WithConcurrency(2), WithMaxWait(0), WithBanAllSites(true), WithDeadAfter(1),
-		WithQuarantine(300*time.Millisecond, time.Second))
+		WithQuarantine(300*time.Millisecond, time.Second), WithFlakyDelay(0)) // the quarantine alone, as in TestBanBackoff
 	_, err := s.Add(ctx, proxyURLs(2)...)
 	require.NoError(t, err)
 	a, err := s.Lease(ctx, site)
