@@ -233,9 +233,15 @@ func (p *redisPool) penalize(ctx context.Context, site string, px *Proxy, l *Lea
 	}
 	keys := []string{k.free(scope), k.leases(scope), k.strikes(scope), k.fails(), k.dead(), k.sites(), k.quarantine(),
 		k.health(scope), k.pace(scope)}
+	// A rate-limit refusal under learned pacing is the site's pace, not the
+	// proxy's health: it lengthens the site's cooldown, not the proxy's hold.
+	flaky, pace := c.flakyDelay, paceRefusal(c, v)
+	if pace != "" {
+		flaky = 0
+	}
 	argv := []any{kind, px.id, member, token, base.Milliseconds(), maxq.Milliseconds(),
 		min(v.RetryAfter, maxq).Milliseconds(), 850 + rand.N(301), all, k.base,
-		c.idleTTL.Milliseconds(), hard, c.deadAfter, site, v.Reason, c.slots, c.flakyDelay.Milliseconds(), paceRefusal(c, v)}
+		c.idleTTL.Milliseconds(), hard, c.deadAfter, site, v.Reason, c.slots, flaky.Milliseconds(), pace}
 	res, err := roundTrip(ctx, p.timeout, func(ctx context.Context) ([]int64, error) {
 		return penalizeScript.Run(ctx, p.rdb, keys, argv...).Int64Slice()
 	}, nil)

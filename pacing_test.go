@@ -1,0 +1,65 @@
+package proxyswitch
+
+import (
+	"context"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/proxyswitch/proxyswitch/internal/testbed"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// paceRun crawls a site allowing each IP one request per every (429
+// beyond) through 20 proxies, 40 workers, until it has seen attempts
+// requests, and returns its 429 share and its pages per second over the
+// attempts after the first skip.
+func paceRun(t *testing.T, every time.Duration, attempts, skip int, opts ...Option) (refused, pagesPerSec float64) {
+	t.Helper()
+	site := &testbed.PerIPLimit{Every: every}
+	srv := testbed.NewSite(t, "paced", site)
+	bed := &testbed.Bed{Proxies: testbed.NewProxies(t, 20)}
+	s := newSwitch(t, shared.Client(t), append([]Option{WithQuarantine(100*time.Millisecond, 400*time.Millisecond),
+		WithRetries(2)}, opts...)...)
+	_, err := s.Add(context.Background(), bed.ProxyURLs()...)
+	require.NoError(t, err)
+	for len(site.Attempts()) < attempts { // one batch: no drain in between
+		crawlAsync(t, s, srv, attempts, 40)
+	}
+	as := site.Attempts()[skip:attempts]
+	ok := 0
+	for _, a := range as {
+		if a.Status == http.StatusOK {
+			ok++
+		}
+	}
+	span := as[len(as)-1].At.Sub(as[0].At).Seconds()
+	return 1 - float64(ok)/float64(len(as)), float64(ok) / span
+}
+
+// TestLearnedPacing is issue 16's acceptance for learned pacing, scaled
+// down ten times (a site allowing each IP one request per 200ms, not 2s):
+// 20 proxies and no cooldown configured; after the first 500 requests the
+// 429 share stays under 2%, and pages/s is at least 80% of the best a
+// fixed cooldown achieves (a sweep, learned pacing off). The quarantine of
+// a refused proxy is short (100-400ms): what paces the crawl is the
+// cooldown, learned or fixed.
+func TestLearnedPacing(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a 1,500-request crawl and a sweep")
+	}
+	const every = 200 * time.Millisecond
+	refused, pps := paceRun(t, every, 1500, 500)
+	t.Logf("learned: 429 share %.3f, %.1f pages/s after the first 500 requests", refused, pps)
+	best, bestCD := 0.0, time.Duration(0)
+	for _, cd := range []time.Duration{170 * time.Millisecond, 200 * time.Millisecond, 230 * time.Millisecond} {
+		r, p := paceRun(t, every, 400, 100, WithCooldown(cd), WithLearnedPacing(0))
+		t.Logf("fixed cooldown %v: 429 share %.3f, %.1f pages/s", cd, r, p)
+		if p > best {
+			best, bestCD = p, cd
+		}
+	}
+	assert.Less(t, refused, 0.02, "429 share after the first 500 requests")
+	assert.GreaterOrEqual(t, pps, 0.8*best, "pages/s against the best fixed cooldown (%v: %.1f)", bestCD, best)
+}
