@@ -284,7 +284,7 @@ func WithFlakyDelay(d time.Duration) Option { return func(c *config) { c.flakyDe
 // learned cooldown, never below WithCooldown (the floor and the start) nor
 // above max. A rate-limit refusal (a ban with status 429, or any ban with a
 // Retry-After) lengthens it: twice over while the site has given fewer than
-// 20 healthy answers since the last raise, by a quarter after (at least
+// 20 healthy answers since the last raise, by a quarter after (from 0 to
 // 100ms; at most once per cooldown, as the refusals of requests sent before
 // the raise say nothing new), and the proxies already cooling down on the
 // site wait the difference too. Each healthy answer then adds to the

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/proxyswitch/proxyswitch/ban"
 	"github.com/proxyswitch/proxyswitch/internal/testbed"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -62,4 +63,59 @@ func TestLearnedPacing(t *testing.T) {
 	}
 	assert.Less(t, refused, 0.02, "429 share after the first 500 requests")
 	assert.GreaterOrEqual(t, pps, 0.8*best, "pages/s against the best fixed cooldown (%v: %.1f)", bestCD, best)
+}
+
+// TestLearnedPaceMechanics: a rate-limit refusal raises the site's learned
+// cooldown (from 0 to 100ms; refusals within a cooldown of the raise answer
+// requests sent before it and change nothing), a healthy answer's release
+// uses it and shortens it by one step, 200 healthy answers bring the rate
+// per IP back halfway from the one refused at 0 (2x the raised one: 50ms),
+// SiteState reports it, and other refusals or WithLearnedPacing(0) leave it
+// alone.
+func TestLearnedPaceMechanics(t *testing.T) {
+	ctx := context.Background()
+	const site = "paced.example"
+	s := newSwitch(t, shared.Client(t), WithQuarantine(time.Millisecond, time.Millisecond), WithMaxWait(5*time.Second), WithFlakyDelay(0))
+	_, err := s.Add(ctx, proxyURLs(2)...)
+	require.NoError(t, err)
+	learned := func() time.Duration {
+		st, err := s.SiteState(ctx, site)
+		require.NoError(t, err)
+		return st.Learned
+	}
+	refuse := func(v ban.Verdict) {
+		l, err := s.Lease(ctx, site)
+		require.NoError(t, err)
+		_, err = s.penalize(ctx, site, l.proxy, l, v)
+		require.NoError(t, err)
+	}
+	refuse(ban.Verdict{Kind: ban.Ban, Reason: "http_403"})
+	assert.Zero(t, learned(), "a 403 says nothing of the pace")
+	refuse(ban.Verdict{Kind: ban.Ban, Reason: "http_429"})
+	assert.Equal(t, 100*time.Millisecond, learned(), "the first raise from 0")
+	refuse(ban.Verdict{Kind: ban.Ban, Reason: "http_503", RetryAfter: time.Second})
+	assert.Equal(t, 100*time.Millisecond, learned(), "a refusal within a cooldown of the raise changes nothing")
+
+	l, err := s.Lease(ctx, site)
+	require.NoError(t, err)
+	require.NoError(t, l.Report(ctx, ban.Verdict{Kind: ban.OK}))
+	free := time.UnixMilli(int64(shared.Client(t).ZScore(ctx, s.keys.free(site), l.member).Val()))
+	assert.WithinDuration(t, time.Now().Add(100*time.Millisecond), free, 30*time.Millisecond, "the release paced the proxy")
+	for range 199 {
+		l, err := s.Lease(ctx, site)
+		require.NoError(t, err)
+		require.NoError(t, l.Report(ctx, ban.Verdict{Kind: ban.OK}))
+	}
+	assert.InDelta(t, 50, learned().Milliseconds(), 1, "200 healthy answers climb back to twice the raised rate")
+
+	off := sibling(t, s, shared.Client(t))
+	off.cfg.paceMax = 0
+	time.Sleep(150 * time.Millisecond)
+	l, err = off.Lease(ctx, site)
+	require.NoError(t, err)
+	_, err = off.penalize(ctx, site, l.proxy, l, ban.Verdict{Kind: ban.Ban, Reason: "http_429"})
+	require.NoError(t, err)
+	assert.InDelta(t, 50, learned().Milliseconds(), 1, "WithLearnedPacing(0) learns nothing")
+	refuse(ban.Verdict{Kind: ban.Ban, Reason: "http_429"})
+	assert.InDelta(t, 62.5, float64(learned().Milliseconds()), 1, "a settled pace grows by a quarter")
 }

@@ -215,7 +215,7 @@ end
 -- pace_refused applies one rate-limit refusal to the pace hash key at now
 -- (ms): unless the cooldown was raised less than a cooldown ago (this
 -- refusal answers a request sent before), it grows (x2 while unsettled,
--- else x PACE_CUT, at least PACE_PROBE, at most maxc), and every slot of
+-- else x PACE_CUT; from 0 to PACE_PROBE; at most maxc), and every slot of
 -- the scope's free set free (which) cooling down (score within the old
 -- cooldown from now, not leased: lease hash) is pushed out by the
 -- difference, so that no proxy released before the raise runs early.
@@ -229,7 +229,8 @@ local function pace_refused(key, free, lease, floor, maxc, now, idle)
   local ok = fraction(v[3], key, 'field ok', MAX_MS) or 0
   local c2 = 2 * c
   if ok >= PACE_SETTLED then c2 = PACE_CUT * c end
-  c2 = math.min(math.max(c2, PACE_PROBE), maxc)
+  if c == 0 then c2 = PACE_PROBE end
+  c2 = math.min(c2, maxc)
   if c2 <= c then return end
   local step = 1000 / c2 / PACE_CLIMB -- from 2x below (the rate refused at c = 0: twice c2's)
   if c > 0 then step = (1000 / c - 1000 / c2) / PACE_CLIMB end
