@@ -29,6 +29,17 @@ func (a *attempts) add(x Attempt) {
 	a.mu.Unlock()
 }
 
+// serve records x and answers it: with next (nil: [DefaultHandler]) when
+// its status is 200, else with that status and body.
+func (a *attempts) serve(w http.ResponseWriter, r *http.Request, x Attempt, next http.Handler, body string) {
+	a.add(x)
+	if x.Status != http.StatusOK {
+		writeHTML(w, x.Status, "<html><body>"+body+"</body></html>")
+		return
+	}
+	orDefault(next).ServeHTTP(w, r)
+}
+
 // Attempts returns a copy of the attempts so far, in arrival order.
 func (a *attempts) Attempts() []Attempt {
 	a.mu.Lock()
@@ -60,12 +71,8 @@ func (f *Flaky) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	x := Attempt{ClientIP: ip, At: time.Now(), Status: http.StatusOK, Marked: f.IPs[ip]}
 	if x.Marked && rand.Float64() < f.Rate {
 		x.Status = http.StatusServiceUnavailable
-		f.add(x)
-		writeHTML(w, x.Status, "<html><body>try later</body></html>")
-		return
 	}
-	f.add(x)
-	orDefault(f.Next).ServeHTTP(w, r)
+	f.serve(w, r, x, f.Next, "try later")
 }
 
 // PerIPLimit is a site that allows each client IP one request per Every:
@@ -97,10 +104,6 @@ func (p *PerIPLimit) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	x := Attempt{ClientIP: ip, At: now, Status: http.StatusOK}
 	if !ok {
 		x.Status = http.StatusTooManyRequests
-		p.add(x)
-		writeHTML(w, x.Status, "<html><body>slow down</body></html>")
-		return
 	}
-	p.add(x)
-	orDefault(p.Next).ServeHTTP(w, r)
+	p.serve(w, r, x, p.Next, "slow down")
 }
