@@ -184,7 +184,7 @@ func TestBanBackoff(t *testing.T) {
 func TestDeadProxyRule(t *testing.T) {
 	ctx := context.Background()
 	s := newSwitch(t, shared.Client(t), WithFailureQuarantine(10*time.Millisecond, 20*time.Millisecond),
-		WithQuarantine(10*time.Millisecond, 20*time.Millisecond), WithDeadAfter(3), WithMaxWait(0))
+		WithQuarantine(10*time.Millisecond, 20*time.Millisecond), WithDeadAfter(3), WithMaxWait(0), WithFlakyDelay(0)) // the quarantines alone
 	ps, err := ParseProxies(proxyURLs(6))
 	require.NoError(t, err)
 	_, err = s.Add(ctx, proxyURLs(6)...)
@@ -267,7 +267,8 @@ func TestDeadProxyRule(t *testing.T) {
 func TestDeadProxyOutOfEverySiteUntilHealthCheck(t *testing.T) {
 	ctx := context.Background()
 	bed := testbed.NewBed(t, 3, 4)
-	s := newSwitch(t, shared.Client(t), WithFailureQuarantine(10*time.Millisecond, 20*time.Millisecond), WithDeadAfter(3), WithRetries(3))
+	s := newSwitch(t, shared.Client(t), WithFailureQuarantine(10*time.Millisecond, 20*time.Millisecond), WithDeadAfter(3), WithRetries(3),
+		WithFlakyDelay(0)) // the failure quarantine alone, as in TestBanBackoff
 	_, err := s.Add(ctx, bed.ProxyURLs()...)
 	require.NoError(t, err)
 	dead := bed.Proxies[0]

@@ -3,6 +3,7 @@ package proxyswitch
 import (
 	"context"
 	"net/http"
+	"sync"
 	"testing"
 	"time"
 
@@ -13,9 +14,10 @@ import (
 )
 
 // paceRun crawls a site allowing each IP one request per every (429
-// beyond) through 20 proxies, 40 workers, until it has seen attempts
-// requests, and returns its 429 share and its pages per second over the
-// attempts after the first skip.
+// beyond) through 20 proxies with two collectors (Switches with Redis
+// clients of their own: two servers sharing the learned pace), 20 workers
+// each, until it has seen attempts requests, and returns its 429 share and
+// its pages per second over the attempts after the first skip.
 func paceRun(t *testing.T, every time.Duration, attempts, skip int, opts ...Option) (refused, pagesPerSec float64) {
 	t.Helper()
 	site := &testbed.PerIPLimit{Every: every}
@@ -25,8 +27,17 @@ func paceRun(t *testing.T, every time.Duration, attempts, skip int, opts ...Opti
 		WithRetries(2)}, opts...)...)
 	_, err := s.Add(context.Background(), bed.ProxyURLs()...)
 	require.NoError(t, err)
-	for len(site.Attempts()) < attempts { // one batch: no drain in between
-		crawlAsync(t, s, srv, attempts, 40)
+	other := sibling(t, s, shared.Client(t))
+	for len(site.Attempts()) < attempts { // one batch each: no drain in between
+		var wg sync.WaitGroup
+		for _, sw := range []*Switch{s, other} {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				crawlAsync(t, sw, srv, attempts/2, 20)
+			}()
+		}
+		wg.Wait()
 	}
 	as := site.Attempts()[skip:attempts]
 	ok := 0
@@ -70,13 +81,13 @@ func TestLearnedPacing(t *testing.T) {
 // requests sent before it and change nothing), a healthy answer's release
 // uses it and shortens it by one step, 200 healthy answers bring the rate
 // per IP back halfway from the one refused at 0 (2x the raised one: 50ms),
-// SiteState reports it, and other refusals or WithLearnedPacing(0) leave it
-// alone.
+// SiteState reports it, and other refusals, an operator's ban or
+// WithLearnedPacing(0) leave it alone.
 func TestLearnedPaceMechanics(t *testing.T) {
 	ctx := context.Background()
 	const site = "paced.example"
 	s := newSwitch(t, shared.Client(t), WithQuarantine(time.Millisecond, time.Millisecond), WithMaxWait(5*time.Second), WithFlakyDelay(0))
-	_, err := s.Add(ctx, proxyURLs(2)...)
+	_, err := s.Add(ctx, proxyURLs(3)...)
 	require.NoError(t, err)
 	learned := func() time.Duration {
 		st, err := s.SiteState(ctx, site)
@@ -91,6 +102,10 @@ func TestLearnedPaceMechanics(t *testing.T) {
 	}
 	refuse(ban.Verdict{Kind: ban.Ban, Reason: "http_403"})
 	assert.Zero(t, learned(), "a 403 says nothing of the pace")
+	third, err := ParseProxy(proxyURLs(3)[2])
+	require.NoError(t, err)
+	require.NoError(t, s.Ban(ctx, third.ID(), site, time.Hour))
+	assert.Zero(t, learned(), "nor does an operator's ban, though it has a Retry-After")
 	refuse(ban.Verdict{Kind: ban.Ban, Reason: "http_429"})
 	assert.Equal(t, 100*time.Millisecond, learned(), "the first raise from 0")
 	refuse(ban.Verdict{Kind: ban.Ban, Reason: "http_503", RetryAfter: time.Second})

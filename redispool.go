@@ -235,8 +235,12 @@ func (p *redisPool) penalize(ctx context.Context, site string, px *Proxy, l *Lea
 		k.health(scope), k.pace(scope)}
 	// A rate-limit refusal under learned pacing is the site's pace, not the
 	// proxy's health: it lengthens the site's cooldown, not the proxy's hold.
+	// An operator's ban (Switch.Ban) says nothing of either.
 	flaky, pace := c.flakyDelay, paceRefusal(c, v)
-	if pace != "" {
+	switch {
+	case v.Reason == ReasonOperator:
+		flaky, pace = 0, ""
+	case pace != "":
 		flaky = 0
 	}
 	argv := []any{kind, px.id, member, token, base.Milliseconds(), maxq.Milliseconds(),
