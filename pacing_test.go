@@ -65,7 +65,7 @@ func TestLearnedPacing(t *testing.T) {
 	refused, pps := paceRun(t, every, 1500, 500)
 	t.Logf("learned: 429 share %.3f, %.1f pages/s after the first 500 requests", refused, pps)
 	best, bestCD := 0.0, time.Duration(0)
-	for _, cd := range []time.Duration{170 * time.Millisecond, 200 * time.Millisecond, 230 * time.Millisecond} {
+	for _, cd := range []time.Duration{80 * time.Millisecond, 120 * time.Millisecond, 160 * time.Millisecond, 200 * time.Millisecond} {
 		r, p := paceRun(t, every, 400, 100, WithCooldown(cd), WithLearnedPacing(0))
 		t.Logf("fixed cooldown %v: 429 share %.3f, %.1f pages/s", cd, r, p)
 		if p > best {
