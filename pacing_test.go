@@ -54,7 +54,8 @@ func paceRun(t *testing.T, every time.Duration, attempts, skip int, opts ...Opti
 // down ten times (a site allowing each IP one request per 200ms, not 2s):
 // 20 proxies and no cooldown configured; after the first 500 requests the
 // 429 share stays under 2%, and pages/s is at least 80% of the best a
-// fixed cooldown achieves (a sweep, learned pacing off). The quarantine of
+// fixed cooldown achieves (a sweep, learned pacing off, and the flaky
+// delay off, as a 429 would count against the proxy). The quarantine of
 // a refused proxy is short (100-400ms): what paces the crawl is the
 // cooldown, learned or fixed.
 func TestLearnedPacing(t *testing.T) {
@@ -66,7 +67,7 @@ func TestLearnedPacing(t *testing.T) {
 	t.Logf("learned: 429 share %.3f, %.1f pages/s after the first 500 requests", refused, pps)
 	best, bestCD := 0.0, time.Duration(0)
 	for _, cd := range []time.Duration{80 * time.Millisecond, 120 * time.Millisecond, 160 * time.Millisecond, 200 * time.Millisecond} {
-		r, p := paceRun(t, every, 400, 100, WithCooldown(cd), WithLearnedPacing(0))
+		r, p := paceRun(t, every, 400, 100, WithCooldown(cd), WithLearnedPacing(0), WithFlakyDelay(0))
 		t.Logf("fixed cooldown %v: 429 share %.3f, %.1f pages/s", cd, r, p)
 		if p > best {
 			best, bestCD = p, cd
