@@ -127,7 +127,9 @@ func proxyID(p *testbed.Proxy) string {
 func TestBanBackoff(t *testing.T) {
 	ctx := context.Background()
 	const base, maxq = 50 * time.Millisecond, 400 * time.Millisecond
-	s := newSwitch(t, shared.Client(t), WithQuarantine(base, maxq), WithBanEvidence(0, 0), WithMaxWait(5*time.Second))
+	// WithFlakyDelay(0): the quarantine alone holds the proxy back (the
+	// flaky delay would keep it out r x 10s: selection_test.go).
+	s := newSwitch(t, shared.Client(t), WithQuarantine(base, maxq), WithBanEvidence(0, 0), WithMaxWait(5*time.Second), WithFlakyDelay(0))
 	_, err := s.Add(ctx, proxyURLs(1)...)
 	require.NoError(t, err)
 	const site = "shop.example"
@@ -183,7 +185,7 @@ func TestBanBackoff(t *testing.T) {
 func TestDeadProxyRule(t *testing.T) {
 	ctx := context.Background()
 	s := newSwitch(t, shared.Client(t), WithFailureQuarantine(10*time.Millisecond, 20*time.Millisecond),
-		WithQuarantine(10*time.Millisecond, 20*time.Millisecond), WithDeadAfter(3), WithMaxWait(0))
+		WithQuarantine(10*time.Millisecond, 20*time.Millisecond), WithDeadAfter(3), WithMaxWait(0), WithFlakyDelay(0)) // the quarantines alone
 	ps, err := ParseProxies(proxyURLs(6))
 	require.NoError(t, err)
 	_, err = s.Add(ctx, proxyURLs(6)...)
@@ -266,7 +268,8 @@ func TestDeadProxyRule(t *testing.T) {
 func TestDeadProxyOutOfEverySiteUntilHealthCheck(t *testing.T) {
 	ctx := context.Background()
 	bed := testbed.NewBed(t, 3, 4)
-	s := newSwitch(t, shared.Client(t), WithFailureQuarantine(10*time.Millisecond, 20*time.Millisecond), WithDeadAfter(3), WithRetries(3))
+	s := newSwitch(t, shared.Client(t), WithFailureQuarantine(10*time.Millisecond, 20*time.Millisecond), WithDeadAfter(3), WithRetries(3),
+		WithFlakyDelay(0)) // the failure quarantine alone, as in TestBanBackoff
 	_, err := s.Add(ctx, bed.ProxyURLs()...)
 	require.NoError(t, err)
 	dead := bed.Proxies[0]
@@ -406,7 +409,7 @@ func TestBanCoversEverySlotAndKeepsKeysTidy(t *testing.T) {
 	rdb := shared.Client(t)
 	const site = "ozon.example"
 	s := newSwitch(t, rdb, WithConcurrency(2), WithMaxWait(0), WithBanAllSites(true), WithDeadAfter(1),
-		WithQuarantine(300*time.Millisecond, time.Second))
+		WithQuarantine(300*time.Millisecond, time.Second), WithFlakyDelay(0)) // the quarantine alone, as in TestBanBackoff
 	_, err := s.Add(ctx, proxyURLs(2)...)
 	require.NoError(t, err)
 	a, err := s.Lease(ctx, site)

@@ -71,6 +71,8 @@ func corruptSpoils() []spoil {
 		{"lease", func(k keyspace) string { return k.leases(corruptSite) }, slot(0)},
 		{"strikes", func(k keyspace) string { return k.strikes(corruptSite) }, id(1)},
 		{"fails", keyspace.fails, id(0)},
+		{"health", func(k keyspace) string { return k.health(corruptSite) }, id(0)},
+		{"pace", func(k keyspace) string { return k.pace(corruptSite) }, lit("c")},
 		{"dead", keyspace.dead, id(2)},
 		{"proxies", keyspace.proxies, id(0)},
 		{"member-owners", keyspace.memberOwners, lit("m1")},

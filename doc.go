@@ -7,7 +7,11 @@
 // per lease: a holder whose lease ran out can neither release nor extend the
 // next holder's), bounded by a TTL (a crashed worker's proxies come back by
 // themselves) and handed out least-recently-used first, which spreads the
-// load evenly over the pool. Time is taken from Redis, never from a client.
+// load evenly over the pool; a proxy that fails often on a site waits a
+// little longer there after each request, so it is served less
+// (WithFlakyDelay), and the pause between two requests from one IP to one
+// site is learned from the site's rate-limit refusals (WithLearnedPacing).
+// Time is taken from Redis, never from a client.
 //
 // # Usage
 //
@@ -190,6 +194,8 @@
 //	{prefix:pool}:free:<site>    zset  "<id>:<slot>" -> time it is next free, ms (idle TTL)
 //	{prefix:pool}:lease:<site>   hash  "<id>:<slot>" -> "<token>|<expiry ms>" (idle TTL)
 //	{prefix:pool}:strikes:<site> hash  proxy ID -> "<bans in a row>|<ms of the last>|<its end>" (idle TTL)
+//	{prefix:pool}:health:<site>  hash  proxy ID -> its recent failure rate on the site (idle TTL; WithFlakyDelay)
+//	{prefix:pool}:pace:<site>    hash  the cooldown learned for the site (idle TTL; WithLearnedPacing)
 //	{prefix:pool}:fails          hash  proxy ID -> proxy failures in a row (idle TTL)
 //	{prefix:pool}:quarantine     zset  proxy ID -> end of a ban on every site, ms (max quarantine)
 //	{prefix:pool}:dead           hash  proxy ID -> "<ms>|<reason>" (operator state: no TTL, until Revive)

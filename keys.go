@@ -26,6 +26,8 @@ const globalSite = "*"
 //	{prefix:pool}:free:<site>    zset  "<id>:<slot>" -> next free time (ms); TTL: idle TTL
 //	{prefix:pool}:lease:<site>   hash  "<id>:<slot>" -> "<token>|<expiry ms>"; TTL: idle TTL
 //	{prefix:pool}:strikes:<site> hash  proxy ID -> "<bans in a row>|<ms of the last>|<its end>"; TTL: idle TTL
+//	{prefix:pool}:health:<site>  hash  proxy ID -> its recent failure rate there, 0 < r <= 1 (lib.lua's health_note); TTL: idle TTL
+//	{prefix:pool}:pace:<site>    hash  the cooldown learned for the site: "c", "cut", "ok", "step" (lib.lua's pace_refused); TTL: idle TTL
 //	{prefix:pool}:fails          hash  proxy ID -> proxy failures in a row (see penalize.lua); TTL: idle TTL
 //	{prefix:pool}:quarantine     zset  proxy ID -> end (ms) of a ban on every site; TTL: max quarantine
 //	{prefix:pool}:dead           hash  proxy ID -> "<ms>|<reason>" (operator state: no TTL, until Revive)
@@ -58,6 +60,8 @@ func (k keyspace) sites() string              { return k.base + ":sites" }
 func (k keyspace) free(site string) string    { return k.base + ":free:" + site }
 func (k keyspace) leases(site string) string  { return k.base + ":lease:" + site }
 func (k keyspace) strikes(site string) string { return k.base + ":strikes:" + site }
+func (k keyspace) health(site string) string  { return k.base + ":health:" + site }
+func (k keyspace) pace(site string) string    { return k.base + ":pace:" + site }
 func (k keyspace) fails() string              { return k.base + ":fails" }
 func (k keyspace) quarantine() string         { return k.base + ":quarantine" }
 func (k keyspace) dead() string               { return k.base + ":dead" }
@@ -83,5 +87,5 @@ func (k keyspace) sessionKeys(task string) []string {
 // states are the KEYS of state.lua and proxy_states.lua for scope.
 func (k keyspace) states(scope string) engine.StateKeys {
 	return engine.StateKeys{Pool: k.proxies(), Free: k.free(scope), Lease: k.leases(scope), Strikes: k.strikes(scope),
-		Quarantine: k.quarantine(), Dead: k.dead(), Meta: k.meta()}
+		Quarantine: k.quarantine(), Dead: k.dead(), Meta: k.meta(), Pace: k.pace(scope)}
 }

@@ -48,6 +48,8 @@ type config struct {
 	pageProxies                       int           // WithBanEvidence: healthy proxies a page must refuse; 0 = never the page
 	failQuarantine, maxFailQuarantine time.Duration
 	banAllSites                       bool
+	flakyDelay                        time.Duration // WithFlakyDelay
+	paceMax                           time.Duration // WithLearnedPacing; 0: off
 	deadAfter                         int
 	retries                           int
 	attemptTimeout                    time.Duration
@@ -84,6 +86,8 @@ func defaultConfig() config {
 		failQuarantine:    time.Minute,
 		maxFailQuarantine: 30 * time.Minute,
 		deadAfter:         5,
+		flakyDelay:        defaultFlakyDelay,
+		paceMax:           defaultPaceMax,
 		retries:           2,
 		banRules:          ban.DefaultRules(),
 
@@ -129,6 +133,10 @@ func (c *config) validate() error {
 		return configErr("unknown scope %d", c.scope)
 	case c.siteFunc == nil:
 		return configErr("nil site function")
+	case c.flakyDelay < 0 || c.flakyDelay > maxLearned:
+		return configErr("flaky delay %v is outside 0..%v", c.flakyDelay, maxLearned)
+	case c.paceMax < 0 || c.paceMax > maxLearned:
+		return configErr("learned pacing max %v is outside 0..%v", c.paceMax, maxLearned)
 	case c.quarantine <= 0 || c.maxQuarantine < c.quarantine:
 		return configErr("quarantine %v, max %v: want 0 < quarantine <= max", c.quarantine, c.maxQuarantine)
 	case c.firstQuarantine < 0:
@@ -289,6 +297,50 @@ func WithQuarantine(base, max time.Duration) Option {
 func WithBanEvidence(first time.Duration, pageProxies int) Option {
 	return func(c *config) { c.firstQuarantine, c.pageProxies = first, pageProxies }
 }
+
+// Defaults of WithFlakyDelay and WithLearnedPacing, and the most either
+// accepts.
+const (
+	defaultFlakyDelay = 10 * time.Second
+	defaultPaceMax    = time.Minute
+	maxLearned        = 24 * time.Hour
+)
+
+// WithFlakyDelay sets how much a proxy's recent failures on a site hold it
+// back there (success-aware selection). Each (proxy, site) pair has a failure
+// rate r in Redis, shared by every worker: a moving average over its outcomes
+// there (each ban or proxy failure weighs 1, each healthy answer 0, the
+// latest counting for a fifth, so it follows about the last ten). Each
+// release of a proxy after an answer makes it next free on that site after
+// the cooldown plus r × d. Leases take the proxy free the longest, so a
+// flaky proxy comes round less often than a healthy one, and a proxy that
+// recovered sheds its rate with each healthy answer.
+//
+// Fairness: no proxy is held back more than d beyond the cooldown per
+// request, so each proxy is still leased at least once per turn of the pool
+// (the time the others take to come round) plus d, and one with r = 0 loses
+// nothing. The work is a hash read and at most one write per release and
+// per quarantine, no extra round trip; the lease itself is unchanged
+// (O(log N)). Zero turns it off. The default is 10s; the most 24h.
+func WithFlakyDelay(d time.Duration) Option { return func(c *config) { c.flakyDelay = d } }
+
+// WithLearnedPacing lets the fleet learn each site's pace per IP from its
+// answers, in Redis, so that every worker of the pool paces alike. The
+// cooldown between two requests from one proxy to one site is then the
+// learned cooldown, never below WithCooldown (the floor and the start) nor
+// above max. A rate-limit refusal (a ban with status 429, or any ban with a
+// Retry-After) lengthens it: twice over while the site has given fewer than
+// 20 healthy answers since the last raise, by a quarter after (from 0 to
+// 100ms; at most once per cooldown, as the refusals of requests sent before
+// the raise say nothing new), and the proxies already cooling down on the
+// site wait the difference too. Each healthy answer then adds to the
+// request rate per IP, by an equal step, so that it is back at the refused
+// rate after 200 healthy answers (additive increase, multiplicative
+// decrease). The refusal still quarantines the proxy as any ban does
+// (WithQuarantine). With WithConcurrency above 1, the learned cooldown
+// paces each slot from its release only. Zero turns it off. The default is
+// on, with a max of 1m; the most 24h.
+func WithLearnedPacing(max time.Duration) Option { return func(c *config) { c.paceMax = max } }
 
 // WithFailureQuarantine sets how long a proxy that failed (see
 // ban.ProxyFailure) stays out of the site's rotation: base for a first failure,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"strings"
 	"time"
 
@@ -147,10 +148,11 @@ func (p *redisPool) release(ctx context.Context, l *Lease) error {
 		reset = l.proxy.id
 	}
 	cooldown := max(p.cfg.cooldown, time.Duration(l.hold.Load()))
+	flaky, pace := p.cfg.flakyDelay, p.cfg.paceMax > 0
 	if l.unused.Load() {
-		cooldown = 0
+		cooldown, flaky, pace = 0, 0, false
 	}
-	n, err := p.releaseMemberFor(ctx, l.scope, l.member, l.token, reset, cooldown)
+	n, err := p.releaseMemberFor(ctx, l.scope, l.member, l.token, reset, cooldown, flaky, pace)
 	if err != nil {
 		return err
 	}
@@ -164,14 +166,22 @@ func (p *redisPool) release(ctx context.Context, l *Lease) error {
 // released after expiry, 0 not the owner. A non-empty reset names the proxy
 // whose runs of bans (on scope) and failures end.
 func (p *redisPool) releaseMember(ctx context.Context, scope, member, token, reset string) (int64, error) {
-	return p.releaseMemberFor(ctx, scope, member, token, reset, p.cfg.cooldown)
+	return p.releaseMemberFor(ctx, scope, member, token, reset, p.cfg.cooldown, 0, false)
 }
 
-// releaseMemberFor is releaseMember with the proxy next free after cooldown.
-func (p *redisPool) releaseMemberFor(ctx context.Context, scope, member, token, reset string, cooldown time.Duration) (int64, error) {
-	keys := []string{p.keys.free(scope), p.keys.leases(scope), p.keys.strikes(scope), p.keys.fails()}
+// releaseMemberFor is releaseMember with the proxy next free after cooldown
+// (at least the learned one with pace), plus its failure rate on scope times
+// flaky.
+func (p *redisPool) releaseMemberFor(ctx context.Context, scope, member, token, reset string, cooldown, flaky time.Duration, pace bool) (int64, error) {
+	keys := []string{p.keys.free(scope), p.keys.leases(scope), p.keys.strikes(scope), p.keys.fails(),
+		p.keys.health(scope), p.keys.pace(scope)}
+	paced := "0"
+	if pace {
+		paced = "1"
+	}
 	n, err := roundTrip(ctx, p.timeout, func(ctx context.Context) (int64, error) {
-		return releaseScript.Run(ctx, p.rdb, keys, member, token, cooldown.Milliseconds(), reset).Int64()
+		return releaseScript.Run(ctx, p.rdb, keys, member, token, cooldown.Milliseconds(), reset,
+			flaky.Milliseconds(), paced, p.cfg.idleTTL.Milliseconds()).Int64()
 	}, nil)
 	if err != nil {
 		return 0, redisErr("release", err)
@@ -229,10 +239,22 @@ func (p *redisPool) penalize(ctx context.Context, site string, px *Proxy, l *Lea
 	if c.banAllSites && v.Kind == ban.Ban {
 		all = "1"
 	}
-	keys := []string{k.free(scope), k.leases(scope), k.strikes(scope), k.fails(), k.dead(), k.sites(), k.quarantine()}
+	keys := []string{k.free(scope), k.leases(scope), k.strikes(scope), k.fails(), k.dead(), k.sites(), k.quarantine(),
+		k.health(scope), k.pace(scope)}
+	// A rate-limit refusal under learned pacing is the site's pace, not the
+	// proxy's health: it lengthens the site's cooldown, not the proxy's hold.
+	// An operator's ban (Switch.Ban) says nothing of either.
+	flaky, pace := c.flakyDelay, paceRefusal(c, v)
+	switch {
+	case v.Reason == ReasonOperator:
+		flaky, pace = 0, ""
+	case pace != "":
+		flaky = 0
+	}
 	argv := []any{kind, px.id, member, token, base.Milliseconds(), maxq.Milliseconds(),
 		min(v.RetryAfter, maxq).Milliseconds(), 850 + rand.N(301), all, k.base,
-		c.idleTTL.Milliseconds(), hard, c.deadAfter, site, v.Reason, c.slots, first.Milliseconds(), certain, 0}
+		c.idleTTL.Milliseconds(), hard, c.deadAfter, site, v.Reason, c.slots, first.Milliseconds(), certain, 0,
+		flaky.Milliseconds(), pace}
 	res, err := roundTrip(ctx, p.timeout, func(ctx context.Context) ([]int64, error) {
 		return penalizeScript.Run(ctx, p.rdb, keys, argv...).Int64Slice()
 	}, nil)
@@ -255,6 +277,16 @@ func (p *redisPool) penalize(ctx context.Context, site string, px *Proxy, l *Lea
 			"kind", v.Kind.String(), "reason", v.Reason, "for", pen.quarantine, "in_a_row", pen.strikes)
 	}
 	return pen, nil
+}
+
+// paceRefusal is penalize.lua's ARGV[18]: "<floor ms>|<max ms>" when v is a
+// rate-limit refusal (a ban for 429, or any ban with a Retry-After) and
+// learned pacing is on, else "".
+func paceRefusal(c *config, v ban.Verdict) string {
+	if c.paceMax <= 0 || v.Kind != ban.Ban || (v.Reason != ban.StatusReason(http.StatusTooManyRequests) && v.RetryAfter <= 0) {
+		return ""
+	}
+	return fmt.Sprintf("%d|%d", c.cooldown.Milliseconds(), max(c.paceMax, c.cooldown).Milliseconds())
 }
 
 // roundTrip runs one Redis call, bounded by timeout whatever the client's

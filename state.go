@@ -3,6 +3,7 @@ package proxyswitch
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/proxyswitch/proxyswitch/internal/engine"
 )
@@ -16,6 +17,11 @@ type SiteState struct {
 	Cooling     int // released, waiting out the cooldown (or an expired lease's slot)
 	Quarantined int // banned on this site (or on every site) until the quarantine ends
 	Dead        int // out of every site's rotation until revived (drained ones too)
+
+	// Learned is the cooldown the fleet learned for the site
+	// (WithLearnedPacing), 0 for none; releases use it when it is longer
+	// than WithCooldown.
+	Learned time.Duration
 }
 
 // SiteState reads the state of the pool for site in one round trip. It is
@@ -28,9 +34,9 @@ func (s *Switch) SiteState(ctx context.Context, site string) (SiteState, error) 
 	if err != nil {
 		return SiteState{}, redisErr("state", err)
 	}
-	if len(res) != 5 {
+	if len(res) != 6 {
 		return SiteState{}, fmt.Errorf("%w: state reply of %d items", ErrCorrupt, len(res))
 	}
 	return SiteState{Site: site, Free: int(res[0]), Leased: int(res[1]), Cooling: int(res[2]),
-		Quarantined: int(res[3]), Dead: int(res[4])}, nil
+		Quarantined: int(res[3]), Dead: int(res[4]), Learned: time.Duration(res[5]) * time.Millisecond}, nil
 }

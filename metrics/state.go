@@ -19,7 +19,7 @@ const stateReaders = 8
 // live sticky sessions, the sites whose circuit breaker is open (paused) or
 // half-open and, per
 // site leased recently, how many proxy slots are free, leased, cooling down,
-// quarantined or dead. The numbers are cluster-wide, the same whichever
+// quarantined or dead, and the cooldown learned for it. The numbers are cluster-wide, the same whichever
 // process reads them: run one, in the standalone exporter (proxyswitch
 // serve) or in one worker, not in every worker.
 //
@@ -33,8 +33,8 @@ type StateCollector struct {
 	cfg    config
 	health readHealth
 
-	poolProxies, deadProxies, sites, siteSlots, poolMembers, sessions, up, duration *prometheus.Desc
-	sitesPaused, siteBreaker                                                        *prometheus.Desc
+	poolProxies, deadProxies, sites, siteSlots, siteCooldown, poolMembers, sessions, up, duration *prometheus.Desc
+	sitesPaused, siteBreaker                                                                      *prometheus.Desc
 }
 
 // NewState returns a StateCollector for sw's pool. Its series carry the
@@ -61,6 +61,9 @@ func NewState(sw *proxyswitch.Switch, opts ...Option) *StateCollector {
 		siteSlots: desc("proxyswitch_site_slots",
 			"Proxy slots of the pool by site and state (free, leased, cooling, quarantined, dead); slots are proxies when the concurrency is 1.",
 			"site", "state"),
+		siteCooldown: desc("proxyswitch_site_learned_cooldown_seconds",
+			"The cooldown between two requests from one proxy to the site that the fleet learned from its answers (WithLearnedPacing); 0 for none.",
+			"site"),
 		poolMembers: desc("proxyswitch_pool_members",
 			"Servers registered in the pool's member list (heartbeat alive)."),
 		sessions: desc("proxyswitch_sessions_live",
@@ -80,7 +83,7 @@ func NewState(sw *proxyswitch.Switch, opts ...Option) *StateCollector {
 
 // Describe sends the descriptors of every metric the StateCollector exports.
 func (s *StateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{s.poolProxies, s.deadProxies, s.sites, s.siteSlots, s.poolMembers, s.sessions, s.up, s.duration,
+	for _, d := range []*prometheus.Desc{s.poolProxies, s.deadProxies, s.sites, s.siteSlots, s.siteCooldown, s.poolMembers, s.sessions, s.up, s.duration,
 		s.sitesPaused, s.siteBreaker} {
 		ch <- d
 	}
@@ -124,6 +127,7 @@ func (s *StateCollector) collect(ctx context.Context, gauge func(*prometheus.Des
 			}{{"free", st.Free}, {"leased", st.Leased}, {"cooling", st.Cooling}, {"quarantined", st.Quarantined}, {"dead", st.Dead}} {
 				gauge(s.siteSlots, float64(v.n), site, v.state)
 			}
+			gauge(s.siteCooldown, st.Learned.Seconds(), site)
 		}
 	}
 	// Once the scrape's time is up, every further read would fail the

@@ -127,10 +127,11 @@ func (c Sites) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
 // StateKeys are the KEYS of state.lua and proxy_states.lua for one scope.
 type StateKeys struct {
 	Pool, Free, Lease, Strikes, Quarantine, Dead, Meta string // KEYS[1..7]
+	Pace                                               string // KEYS[8]: the scope's learned pace (state.lua reads it)
 }
 
 func (k StateKeys) keys() []string {
-	return []string{k.Pool, k.Free, k.Lease, k.Strikes, k.Quarantine, k.Dead, k.Meta}
+	return []string{k.Pool, k.Free, k.Lease, k.Strikes, k.Quarantine, k.Dead, k.Meta, k.Pace}
 }
 
 // State runs state.lua: counts of the pool's slots by state on one scope.

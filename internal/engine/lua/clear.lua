@@ -5,9 +5,9 @@
 -- KEYS[1] sites zset  scope -> unix ms of its last lease
 -- KEYS[2..] the other pool-wide keys to delete (pool hash, meta hash, ...)
 -- ARGV[1] key prefix "{prefix:pool}": the per-site keys of site S are
---         ARGV[1]..":free:"..S, ":lease:"..S, ":strikes:"..S and ":breaker:"..S
---         (the window of its circuit breaker, breaker.lua; so is that of every
---         site the breaker hash ARGV[1]..":breaker" names)
+--         ARGV[1]..":free:"..S, ":lease:"..S, ":strikes:"..S, ":health:"..S,
+--         ":pace:"..S and ":breaker:"..S (the window of its circuit breaker,
+--         breaker.lua; so is that of every site the breaker hash ARGV[1]..":breaker" names)
 --
 -- Why a prefix and not KEYS: the sites are the members of KEYS[1], read
 -- here, atomically; a caller listing them first could miss one leased in
@@ -21,7 +21,8 @@ local base, badbase = pool_prefix(ARGV[1])
 if not base then return redis.error_reply(badbase) end
 local n = 0
 for _, sc in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
-  n = n + redis.call('DEL', base .. ':free:' .. sc, base .. ':lease:' .. sc, base .. ':strikes:' .. sc, base .. ':breaker:' .. sc)
+  n = n + redis.call('DEL', base .. ':free:' .. sc, base .. ':lease:' .. sc, base .. ':strikes:' .. sc,
+    base .. ':health:' .. sc, base .. ':pace:' .. sc, base .. ':breaker:' .. sc)
 end
 for _, site in ipairs(redis.call('HKEYS', base .. ':breaker')) do
   n = n + redis.call('DEL', base .. ':breaker:' .. site)

@@ -127,3 +127,120 @@ local function bump_version(meta)
 end
 
 -- Script body.
+
+-- fraction reads a stored non-negative number (a rate, a learned time in
+-- ms) of at most hi, or raises corrupt naming key and what it holds; v
+-- false (no value) is nil. Unlike checked, it allows a fraction.
+local function fraction(v, key, what, hi)
+  if not v then return nil end
+  local ok, n = pcall(num, v)
+  if not ok or type(n) ~= 'number' or n ~= n or n < 0 or n > hi then
+    corrupt(key, what .. string.format(' is not a number from 0 to %.0f', hi), v)
+  end
+  return n
+end
+
+-- Success-aware selection. A health hash per scope (KEYS, "health:<site>")
+-- holds each proxy's recent failure rate there: id -> r, 0 < r <= 1, an
+-- exponentially weighted moving average of its outcomes (1 a ban or a proxy
+-- failure, penalize.lua; 0 a healthy answer, release.lua), the latest
+-- weighing HEALTH_ALPHA; a rate below HEALTH_FORGET is deleted (a healthy
+-- proxy has no field). release.lua delays a proxy's next free time by
+-- r * the flaky delay (WithFlakyDelay), so that least-recently-used order
+-- serves it less often, never less than once per rotation plus that delay.
+local HEALTH_ALPHA, HEALTH_FORGET = 0.2, 0.01
+
+-- health_note records one outcome (failed true or false) of proxy id in the
+-- health hash key, kept for idle ms, and returns its new failure rate.
+local function health_note(key, id, failed, idle)
+  local r = fraction(redis.call('HGET', key, id), key, 'field ' .. id, 1) or 0
+  if not failed and r == 0 then return 0 end
+  r = r * (1 - HEALTH_ALPHA)
+  if failed then r = r + HEALTH_ALPHA end
+  if r < HEALTH_FORGET then
+    redis.call('HDEL', key, id)
+    return 0
+  end
+  redis.call('HSET', key, id, string.format('%.4f', r))
+  redis.call('PEXPIRE', key, idle)
+  return r
+end
+
+-- health_hold makes proxy id, failure rate r, wait at least r * flaky ms
+-- from now on the scope of free set free: each of its slots not leased
+-- (lease hash) whose score is below that is pushed out to it.
+local function health_hold(free, lease, id, slots, r, flaky, now)
+  local untl = now + math.floor(r * flaky)
+  if untl <= now then return end
+  for s = 0, slots - 1 do
+    local m = id .. ':' .. s
+    if redis.call('HEXISTS', lease, m) == 0 then redis.call('ZADD', free, 'XX', 'GT', untl, m) end
+  end
+end
+
+-- Learned pacing. A pace hash per scope (KEYS, "pace:<site>") holds the
+-- cooldown the fleet learned for the site: "c" (ms), "cut" (ms of its last
+-- raise), "ok" (healthy answers since), "step" (req/s per IP added by each
+-- healthy answer). Each healthy answer shortens it (additive increase of the
+-- rate per IP by step: pace_ok); a rate-limit refusal lengthens it
+-- (multiplicative decrease: pace_refused), at most once per cooldown. It
+-- never goes below the floor (WithCooldown) nor above the max
+-- (WithLearnedPacing).
+--
+-- PACE_PROBE is the first cooldown of a site refused at a cooldown of 0;
+-- PACE_SETTLED the healthy answers after which a refusal raises the
+-- cooldown by PACE_CUT (x1.25), not twice over (far from the site's pace
+-- yet); PACE_CLIMB the healthy answers over which the rate climbs back to
+-- the one refused.
+local PACE_PROBE, PACE_SETTLED, PACE_CUT, PACE_CLIMB = 100, 20, 1.25, 200
+local PACE_MAX = 86400000 -- a day: no learned cooldown this module wrote is longer
+
+-- pace_read returns the cooldown learned in the pace hash key, or 0.
+local function pace_read(key)
+  return fraction(redis.call('HGET', key, 'c'), key, 'field c', PACE_MAX) or 0
+end
+
+-- pace_ok applies one healthy answer to the pace hash key: the cooldown c
+-- (as pace_read found it) shortens by one step, down to floor.
+local function pace_ok(key, c, floor, idle)
+  if c <= floor then return end
+  local step = fraction(redis.call('HGET', key, 'step'), key, 'field step', 1e9) or 0
+  local c2 = floor
+  if step > 0 then c2 = math.max(floor, 1000 / (1000 / c + step)) end
+  redis.call('HSET', key, 'c', string.format('%.3f', c2))
+  redis.call('HINCRBY', key, 'ok', 1)
+  redis.call('PEXPIRE', key, idle)
+end
+
+-- pace_refused applies one rate-limit refusal to the pace hash key at now
+-- (ms): unless the cooldown was raised less than a cooldown ago (this
+-- refusal answers a request sent before), it grows (x2 while unsettled,
+-- else x PACE_CUT; from 0 to PACE_PROBE; at most maxc), and every slot of
+-- the scope's free set free (which) cooling down (score within the old
+-- cooldown from now, not leased: lease hash) is pushed out by the
+-- difference, so that no proxy released before the raise runs early.
+-- Bounded work: one pass over the proxies cooling down, at most once per
+-- cooldown. Returns nothing.
+local function pace_refused(key, free, lease, floor, maxc, now, idle)
+  local v = redis.call('HMGET', key, 'c', 'cut', 'ok')
+  local c = math.max(fraction(v[1], key, 'field c', PACE_MAX) or 0, floor)
+  local cut = fraction(v[2], key, 'field cut', MAX_MS) or 0
+  if now - cut < math.max(c, PACE_PROBE) then return end
+  local ok = fraction(v[3], key, 'field ok', MAX_MS) or 0
+  local c2 = 2 * c
+  if ok >= PACE_SETTLED then c2 = PACE_CUT * c end
+  if c == 0 then c2 = PACE_PROBE end
+  c2 = math.min(c2, maxc)
+  if c2 <= c then return end
+  local step = 1000 / c2 / PACE_CLIMB -- from 2x below (the rate refused at c = 0: twice c2's)
+  if c > 0 then step = (1000 / c - 1000 / c2) / PACE_CLIMB end
+  redis.call('HSET', key, 'c', string.format('%.3f', c2), 'cut', now, 'ok', 0, 'step', string.format('%.6f', step))
+  redis.call('PEXPIRE', key, idle)
+  local d = math.floor(c2 - c)
+  local cooling = redis.call('ZRANGEBYSCORE', free, '(' .. now, now + math.ceil(c), 'WITHSCORES')
+  for i = 1, #cooling, 2 do
+    if redis.call('HEXISTS', lease, cooling[i]) == 0 then
+      redis.call('ZADD', free, 'XX', num(cooling[i + 1]) + d, cooling[i])
+    end
+  end
+end

@@ -11,6 +11,8 @@
 -- KEYS[5] dead hash       (pool)        id -> "<ms>|<reason>"
 -- KEYS[6] sites zset      (pool)        scope -> unix ms of its last lease
 -- KEYS[7] quarantine zset (pool)        id -> unix ms until which it is banned on every site
+-- KEYS[8] health hash     of the scope  id -> recent failure rate (lib.lua's health_note)
+-- KEYS[9] pace hash       of the scope  the learned cooldown (lib.lua's pace_refused)
 -- ARGV[1]  "ban" or "fail"              ARGV[2] proxy id
 -- ARGV[3]  member of the lease to end, or ""     ARGV[4] its owner token, or ""
 -- ARGV[5]  base quarantine ms           ARGV[6] max quarantine ms
@@ -41,6 +43,9 @@
 -- unconfirmed refusal) is the first quarantine; weight e >= 2 is
 -- base * 2^(e-2). With ARGV[17] = "0" the n-th ban is base * 2^(n-1), the
 -- verdict on the first refusal it has always been.
+-- ARGV[20] flaky delay ms (WithFlakyDelay): the outcome counts in the health
+--          hash, and the proxy waits at least its failure rate times this; 0: off
+-- ARGV[21] a rate-limit refusal under learned pacing: "<floor ms>|<max ms>"; else ""
 --
 -- Backoff: the n-th ban in a row of a proxy on a site (no healthy response
 -- in between, see release.lua; a run older than twice the max quarantine is
@@ -179,4 +184,10 @@ if dead or ARGV[9] == '1' then
     redis.call('PEXPIRE', KEYS[7], maxq + 60000)
   end
 end
+local flaky = tonumber(ARGV[20] or '0') or 0
+if flaky > 0 then
+  health_hold(KEYS[1], KEYS[2], id, slots, health_note(KEYS[8], id, true, idle), flaky, now)
+end
+local pfloor, pmax = string.match(ARGV[21] or '', '^(%d+)|(%d+)$')
+if pfloor then pace_refused(KEYS[9], KEYS[1], KEYS[2], tonumber(pfloor), tonumber(pmax), now, idle) end
 return {q, untl, n, dead and 1 or 0, mine and 1 or 0, short and 1 or 0, healthy and 1 or 0}

@@ -4,22 +4,46 @@
 -- KEYS[2] lease hash    "<id>:<slot>" -> "<token>|<expiry ms>"
 -- KEYS[3] strikes hash  id -> "<bans in a row>|<ms of the last>|<its end>" on this scope (penalize.lua)
 -- KEYS[4] fails hash    id -> proxy failures in a row (penalize.lua)
--- ARGV[1] member      ARGV[2] owner token   ARGV[3] cooldown ms
+-- KEYS[5] health hash   id -> recent failure rate on this scope (lib.lua's health_note)
+-- KEYS[6] pace hash     the cooldown learned for this scope (lib.lua's pace_ok)
+-- ARGV[1] member      ARGV[2] owner token   ARGV[3] cooldown ms (the floor)
 -- ARGV[4] proxy id whose request got a healthy answer, or "": its runs of bans
---         on this scope and of failures end (the backoff starts over), and its
+--         on this scope and of failures end (the backoff starts over), its
 --         strikes record becomes "0|<now>|0": healthy on this scope, the
---         evidence penalize.lua reports (the hash keeps the free set's TTL)
+--         evidence penalize.lua reports (the hash keeps the free set's TTL),
+--         its failure rate decays, and the learned cooldown shortens
+-- ARGV[5] flaky delay ms: the proxy waits its failure rate times this on top
+--         of the cooldown (0: off, or a lease handed back unused)
+-- ARGV[6] "1": learned pacing, and the lease was used (the cooldown is at
+--         least the learned one); else "0"
+-- ARGV[7] idle TTL ms of the health and pace hashes
 --
 -- Returns 1 released, 2 released after its expiry (nobody had taken it yet),
 --         0 not the owner (expired and leased again, or never ours): the lease is untouched.
--- The proxy is next available at now + cooldown, unless something (a ban) has
+-- The proxy is next available at now + cooldown (the learned one if longer)
+-- + its failure rate times the flaky delay, unless something (a ban) has
 -- already pushed it further out: that is kept.
+local idle = tonumber(ARGV[7])
+local cooldown = tonumber(ARGV[3])
+if ARGV[6] == '1' then
+  local learned = pace_read(KEYS[6])
+  if ARGV[4] ~= '' then pace_ok(KEYS[6], learned, cooldown, idle) end
+  cooldown = math.max(cooldown, math.ceil(learned))
+end
 if ARGV[4] ~= '' then
   redis.call('HSET', KEYS[3], ARGV[4], '0|' .. now_ms() .. '|0')
   if redis.call('PTTL', KEYS[3]) < 0 then
     redis.call('PEXPIRE', KEYS[3], math.max(redis.call('PTTL', KEYS[1]), 60000))
   end
   redis.call('HDEL', KEYS[4], ARGV[4])
+end
+local flaky = tonumber(ARGV[5])
+if flaky > 0 then
+  local id = string.match(ARGV[1], '^(.*):%d+$')
+  local r
+  if ARGV[4] ~= '' then r = health_note(KEYS[5], ARGV[4], false, idle)
+  elseif id then r = fraction(redis.call('HGET', KEYS[5], id), KEYS[5], 'field ' .. id, 1) or 0 end
+  cooldown = cooldown + math.floor((r or 0) * flaky)
 end
 local v = redis.call('HGET', KEYS[2], ARGV[1])
 if not v then return 0 end
@@ -32,7 +56,7 @@ local now = now_ms()
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if score then
   score = num(score)
-  local nextfree = now + tonumber(ARGV[3])
+  local nextfree = now + cooldown
   if score == expiry or score < nextfree then
     redis.call('ZADD', KEYS[1], nextfree, ARGV[1])
   end

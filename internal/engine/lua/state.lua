@@ -7,12 +7,14 @@
 -- KEYS[5] quarantine zset  id -> end (ms) of a ban on every site
 -- KEYS[6] dead hash        id -> "<ms>|<reason>"
 -- KEYS[7] meta hash        "slots" -> concurrency
+-- KEYS[8] pace hash        the cooldown learned for the site (lib.lua's pace_refused)
 -- ARGV[1] the caller's concurrency, for a pool that has not recorded one yet
 --
--- Returns {free, leased, cooling, quarantined, dead}. Busy slots are looked
+-- Returns {free, leased, cooling, quarantined, dead, learned cooldown ms}. Busy slots are looked
 -- at one by one (leased first, then dead, then quarantined by a ban; the
 -- rest cool down after a release); free slots are counted with ZCOUNT.
 local now = now_ms()
+local learned = math.ceil(pace_read(KEYS[8]))
 local slots = meta_slots(KEYS[7], tonumber(ARGV[1]) or 1)
 if redis.call('EXISTS', KEYS[2]) == 0 then
   -- Never leased for this site: every live proxy is free, but for those
@@ -25,7 +27,7 @@ if redis.call('EXISTS', KEYS[2]) == 0 then
       banned = banned + 1
     end
   end
-  return {math.max(size - dead - banned, 0) * slots, 0, 0, banned * slots, dead * slots}
+  return {math.max(size - dead - banned, 0) * slots, 0, 0, banned * slots, dead * slots, learned}
 end
 local free = redis.call('ZCOUNT', KEYS[2], '-inf', now)
 local leased, cooling, quarantined, dead = 0, 0, 0, 0
@@ -50,4 +52,4 @@ for i = 1, #busy, 2 do
     end
   end
 end
-return {free, leased, cooling, quarantined, dead}
+return {free, leased, cooling, quarantined, dead, learned}
