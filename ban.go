@@ -327,10 +327,11 @@ func (rp *redisPool) confirm(ctx context.Context, site string, px *Proxy, pen pe
 	if c.banAllSites {
 		all = "1"
 	}
-	keys := []string{k.free(scope), k.leases(scope), k.strikes(scope), k.fails(), k.dead(), k.sites(), k.quarantine()}
+	keys := []string{k.free(scope), k.leases(scope), k.strikes(scope), k.fails(), k.dead(), k.sites(), k.quarantine(),
+		k.health(scope), k.pace(scope)}
 	argv := []any{"confirm", px.id, "", "", c.quarantine.Milliseconds(), c.maxQuarantine.Milliseconds(), 0,
 		850 + rand.N(301), all, k.base, c.idleTTL.Milliseconds(), "0", c.deadAfter, site, "confirmed", c.slots,
-		c.firstQuarantine.Milliseconds(), "1", pen.until.UnixMilli()}
+		c.firstQuarantine.Milliseconds(), "1", pen.until.UnixMilli(), c.flakyDelay.Milliseconds(), ""}
 	res, err := roundTrip(ctx, rp.timeout, func(ctx context.Context) ([]int64, error) {
 		return penalizeScript.Run(ctx, rp.rdb, keys, argv...).Int64Slice()
 	}, nil)

@@ -24,7 +24,10 @@ import (
 func TestBanEvidenceLadder(t *testing.T) {
 	ctx := context.Background()
 	const first, base, maxq = 100 * time.Millisecond, 400 * time.Millisecond, 4 * time.Second
-	s := newSwitch(t, shared.Client(t), WithQuarantine(base, maxq), WithBanEvidence(first, 2), WithMaxWait(5*time.Second))
+	// WithFlakyDelay(0): the quarantines alone hold the proxy back (a
+	// verdict also raises its failure rate: selection_test.go).
+	s := newSwitch(t, shared.Client(t), WithQuarantine(base, maxq), WithBanEvidence(first, 2), WithMaxWait(5*time.Second),
+		WithFlakyDelay(0))
 	_, err := s.Add(ctx, proxyURLs(1)...)
 	require.NoError(t, err)
 	const site = "shop.example"

@@ -43,7 +43,7 @@
 -- unconfirmed refusal) is the first quarantine; weight e >= 2 is
 -- base * 2^(e-2). With ARGV[17] = "0" the n-th ban is base * 2^(n-1), the
 -- verdict on the first refusal it has always been.
--- ARGV[20] flaky delay ms (WithFlakyDelay): the outcome counts in the health
+-- ARGV[20] flaky delay ms (WithFlakyDelay): a verdict (no first strike) counts in the health
 --          hash, and the proxy waits at least its failure rate times this; 0: off
 -- ARGV[21] a rate-limit refusal under learned pacing: "<floor ms>|<max ms>"; else ""
 --
@@ -184,8 +184,12 @@ if dead or ARGV[9] == '1' then
     redis.call('PEXPIRE', KEYS[7], maxq + 60000)
   end
 end
+-- A first strike (short) is no evidence against the proxy yet: its page
+-- may refuse everyone (lift.lua takes it back). The failure rate counts
+-- verdicts: a repeat, a confirmation ("confirm" passes the delay too), an
+-- unambiguous ban, a proxy failure.
 local flaky = tonumber(ARGV[20] or '0') or 0
-if flaky > 0 then
+if flaky > 0 and not short then
   health_hold(KEYS[1], KEYS[2], id, slots, health_note(KEYS[8], id, true, idle), flaky, now)
 end
 local pfloor, pmax = string.match(ARGV[21] or '', '^(%d+)|(%d+)$')
