@@ -59,6 +59,7 @@ type penalty struct {
 	first      bool // a ban that got the first quarantine: a strike awaiting evidence (WithBanEvidence)
 	healthy    bool // the proxy had a healthy answer on the scope, and no strike, before this ban
 	kept       bool // a soft refusal a task's session survived: no quarantine, no retry (sessionscore.go)
+	paced      bool // a rate-limit refusal under learned pacing: the site's pace, not the proxy's health
 }
 
 // backendFor returns the backend of pool name: the Switch's own, or one

@@ -268,6 +268,15 @@ func unambiguous(v ban.Verdict) bool {
 	return v.Kind == ban.Ban && v.Reason == ban.ReasonChallenge
 }
 
+// rateLimited reports whether a refusal is about the client's pace (a 429,
+// or any refusal with Retry-After): learned pacing and the site's circuit
+// breaker answer those. It is never evidence that a page refuses everyone:
+// a per-IP rate limit refuses one URL through several healthy proxies in a
+// row while the fleet learns the pace.
+func rateLimited(x *ban.Exchange, v ban.Verdict) bool {
+	return x.StatusCode == http.StatusTooManyRequests || v.RetryAfter > 0
+}
+
 // pageRefused reports whether the refusals b met on url (site) make it the
 // page's answer rather than the proxies': refused through at least
 // WithBanEvidence's pageProxies distinct proxies, none unambiguously: the
@@ -329,9 +338,13 @@ func (rp *redisPool) confirm(ctx context.Context, site string, px *Proxy, pen pe
 	}
 	keys := []string{k.free(scope), k.leases(scope), k.strikes(scope), k.fails(), k.dead(), k.sites(), k.quarantine(),
 		k.health(scope), k.pace(scope)}
+	flaky := c.flakyDelay // a confirmed refusal counts in the proxy's failure rate
+	if pen.paced {
+		flaky = 0 // ... unless it was the site's pace (learned pacing)
+	}
 	argv := []any{"confirm", px.id, "", "", c.quarantine.Milliseconds(), c.maxQuarantine.Milliseconds(), 0,
 		850 + rand.N(301), all, k.base, c.idleTTL.Milliseconds(), "0", c.deadAfter, site, "confirmed", c.slots,
-		c.firstQuarantine.Milliseconds(), "1", pen.until.UnixMilli(), c.flakyDelay.Milliseconds(), ""}
+		c.firstQuarantine.Milliseconds(), "1", pen.until.UnixMilli(), flaky.Milliseconds(), ""}
 	res, err := roundTrip(ctx, rp.timeout, func(ctx context.Context) ([]int64, error) {
 		return penalizeScript.Run(ctx, rp.rdb, keys, argv...).Int64Slice()
 	}, nil)

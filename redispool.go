@@ -268,7 +268,8 @@ func (p *redisPool) penalize(ctx context.Context, site string, px *Proxy, l *Lea
 		return penalty{ended: member != ""}, fmt.Errorf("%w: quarantine reply of %d items", ErrCorrupt, len(res))
 	}
 	pen := penalty{quarantine: time.Duration(res[0]) * time.Millisecond, until: time.UnixMilli(res[1]),
-		strikes: int(res[2]), dead: res[3] == 1, ended: member != "", first: res[5] == 1, healthy: res[6] == 1}
+		strikes: int(res[2]), dead: res[3] == 1, ended: member != "", first: res[5] == 1, healthy: res[6] == 1,
+		paced: pace != ""}
 	if pen.dead {
 		c.logger.Warn("proxyswitch: proxy marked dead: out of every site's rotation until revived",
 			"proxy", px.String(), "site", site, "reason", v.Reason, "failures", pen.strikes)

@@ -266,7 +266,7 @@ func (t *transport) retry(req *http.Request, b *binding, l *Lease, x *ban.Exchan
 		return false, nil, blocked
 	}
 	r := refusal{url: x.URL.String(), site: site, status: x.StatusCode}
-	if err == nil && v.Kind == ban.Ban && !unambiguous(v) {
+	if err == nil && v.Kind == ban.Ban && !unambiguous(v) && !rateLimited(x, v) {
 		r.proxy, r.rp, r.pen = l.proxy, l.be.redis(), pen
 	}
 	b.addRefusal(r, blocked)

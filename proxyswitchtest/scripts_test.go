@@ -91,25 +91,25 @@ func TestScenarioSameOnMiniredisAndRedis(t *testing.T) {
 // deadSteps are lines the dead and drained steps of scenario must write.
 var deadSteps = []string{
 	"dead: p3 proxy_connect",
-	"state b.example with a dead proxy: {Site:b.example Free:3 Leased:0 Cooling:0 Quarantined:0 Dead:1} err=<nil>",
+	"state b.example with a dead proxy: {Site:b.example Free:3 Leased:0 Cooling:0 Quarantined:0 Dead:1 Learned:0s} err=<nil>",
 	"lease all on b.example: [p2 p4 p5], p3 leased: false, then no proxy=true redis error=false",
 	"lease all on f.example: [p2 p4 p5], p3 leased: false, then no proxy=true redis error=false",
 	"ban dead: <nil>",
 	"unban dead: <nil>",
-	"state b after a ban and an unban of the dead proxy: {Site:b.example Free:3 Leased:0 Cooling:0 Quarantined:0 Dead:1} err=<nil>",
+	"state b after a ban and an unban of the dead proxy: {Site:b.example Free:3 Leased:0 Cooling:0 Quarantined:0 Dead:1 Learned:0s} err=<nil>",
 	"revive: 1 err=<nil>",
-	"state b after revive: {Site:b.example Free:4 Leased:0 Cooling:0 Quarantined:0 Dead:0} err=<nil>",
+	"state b after revive: {Site:b.example Free:4 Leased:0 Cooling:0 Quarantined:0 Dead:0 Learned:0s} err=<nil>",
 	"lease all on b.example: [p2 p3 p4 p5], p3 leased: true, then no proxy=true redis error=false",
 	"dead: p5 drained",
-	"state c with a drained proxy leased: {Site:c.example Free:3 Leased:1 Cooling:0 Quarantined:0 Dead:0} err=<nil>",
+	"state c with a drained proxy leased: {Site:c.example Free:3 Leased:1 Cooling:0 Quarantined:0 Dead:0 Learned:0s} err=<nil>",
 	"extend drained: <nil>",
 	"release drained: <nil>",
-	"state c with a drained proxy: {Site:c.example Free:3 Leased:0 Cooling:0 Quarantined:0 Dead:1} err=<nil>",
+	"state c with a drained proxy: {Site:c.example Free:3 Leased:0 Cooling:0 Quarantined:0 Dead:1 Learned:0s} err=<nil>",
 	"lease all on c.example: [p2 p3 p4], p5 leased: false, then no proxy=true redis error=false",
 	"revive drained: 1 err=<nil>",
-	"state c after revive: {Site:c.example Free:4 Leased:0 Cooling:0 Quarantined:0 Dead:0} err=<nil>",
+	"state c after revive: {Site:c.example Free:4 Leased:0 Cooling:0 Quarantined:0 Dead:0 Learned:0s} err=<nil>",
 	"lease with every proxy drained: no proxy=true redis error=false",
-	"state g: {Site:g.example Free:0 Leased:0 Cooling:0 Quarantined:0 Dead:1} err=<nil>",
+	"state g: {Site:g.example Free:0 Leased:0 Cooling:0 Quarantined:0 Dead:1 Learned:0s} err=<nil>",
 }
 
 // TestDeadScoreOnMiniredis pins why the scripts read scores with their
