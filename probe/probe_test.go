@@ -1,9 +1,9 @@
 package probe_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
+	"github.com/proxyswitch/proxyswitch/internal/testlog"
 	"log/slog"
 	"net"
 	"net/http"
@@ -41,24 +41,6 @@ func newEcho(t *testing.T, delay time.Duration) *echo {
 		w.Write([]byte(host + "\n"))
 	}))
 	return e
-}
-
-// logBuf collects log lines, safe for concurrent use.
-type logBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 func newSwitch(t *testing.T, prefix string, opts ...proxyswitch.Option) *proxyswitch.Switch {
@@ -142,7 +124,7 @@ func TestCheckerMarksAndRevives(t *testing.T) {
 	require.NoError(t, sw.Drain(ctx, farm.Proxies[198].URL()))
 	farm.Proxies[198].SetMode(proxyswitchtest.ProxyDead)
 
-	var logs logBuf
+	var logs testlog.Buffer
 	var results sync.Map
 	c := &probe.Checker{Switch: sw, EchoURL: ec.site.URL() + "/ip", Timeout: 2 * time.Second, Concurrency: 12,
 		Logger:   slog.New(slog.NewTextHandler(&logs, nil)),
@@ -324,7 +306,7 @@ func TestCheckerOneLeader(t *testing.T) {
 			require.NoError(t, err)
 		}
 		checkers[i] = &probe.Checker{Switch: sw, Redis: shared.Client(t), EchoURL: ec.site.URL(), Every: 40 * time.Millisecond,
-			LockTTL: time.Second, Timeout: time.Second, Logger: slog.New(slog.NewTextHandler(&logBuf{}, nil)),
+			LockTTL: time.Second, Timeout: time.Second, Logger: slog.New(slog.NewTextHandler(&testlog.Buffer{}, nil)),
 			OnReport: func(r probe.Report) {
 				mu.Lock()
 				rounds = append(rounds, round{i, r.Start, r.End})

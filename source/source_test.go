@@ -1,10 +1,10 @@
 package source_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"github.com/proxyswitch/proxyswitch/internal/testlog"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -94,24 +94,6 @@ func providerLines(from, to int) []string {
 
 func itoa(i int) string { return strconv.Itoa(i) }
 
-// logBuf is a slog logger writing into a buffer, safe for concurrent use.
-type logBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 func noCanary(t *testing.T, what, s string) {
 	t.Helper()
 	for _, c := range []string{canaryPass, canaryToken, canaryQuery} {
@@ -160,7 +142,7 @@ func TestSyncerFollowsProvider(t *testing.T) {
 	srv := httptest.NewServer(prov)
 	defer srv.Close()
 	sw := newSwitch(t)
-	var logs logBuf
+	var logs testlog.Buffer
 	var results []source.Result
 	sy := &source.Syncer{Switch: sw,
 		Source: &source.HTTP{URL: srv.URL + "/list?key=" + canaryQuery, Token: canaryToken},
@@ -218,7 +200,7 @@ func TestSyncerFailuresNeverEmptyThePool(t *testing.T) {
 	srv := httptest.NewServer(prov)
 	defer srv.Close()
 	sw := newSwitch(t)
-	var logs logBuf
+	var logs testlog.Buffer
 	src := &source.HTTP{URL: srv.URL + "/list?key=" + canaryQuery, Token: canaryToken,
 		Client: &http.Client{Timeout: 300 * time.Millisecond}}
 	sy := &source.Syncer{Switch: sw, Source: src, Logger: slog.New(slog.NewTextHandler(&logs, nil))}
@@ -291,7 +273,7 @@ func TestFileSourceRun(t *testing.T) {
 	var mu sync.Mutex
 	var errs []error
 	sy := &source.Syncer{Switch: sw, Source: source.File{Path: path}, Every: 20 * time.Millisecond,
-		Logger: slog.New(slog.NewTextHandler(&logBuf{}, nil)),
+		Logger: slog.New(slog.NewTextHandler(&testlog.Buffer{}, nil)),
 		OnSync: func(r source.Result) {
 			mu.Lock()
 			errs = append(errs, r.Err)
@@ -343,7 +325,7 @@ func TestSyncersConcurrent(t *testing.T) {
 		require.NoError(t, err)
 		defer sw.Close(ctx)
 		sy := &source.Syncer{Switch: sw, Source: &source.HTTP{URL: srv.URL + "/list?key=" + canaryQuery, Token: canaryToken},
-			Logger: slog.New(slog.NewTextHandler(&logBuf{}, nil))}
+			Logger: slog.New(slog.NewTextHandler(&testlog.Buffer{}, nil))}
 		for g := 0; g < 3; g++ {
 			wg.Add(1)
 			go func() {
