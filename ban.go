@@ -2,7 +2,6 @@ package proxyswitch
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
@@ -26,7 +25,7 @@ import (
 // answer in between) get a doubled, jittered quarantine; a healthy answer
 // starts the backoff over (release.lua). A proxy that keeps failing is
 // marked dead: its slots go out of every site's rotation until Revive or
-// CheckDead (see WithDeadAfter for the rule).
+// probe.CheckDead (see WithDeadAfter for the rule).
 
 // BanKey names one counter of BanCounts.
 type BanKey struct {
@@ -176,69 +175,6 @@ func (s *Switch) revive(ctx context.Context, reason string, ids []any) (int, err
 		return 0, redisErr("revive", err)
 	}
 	return int(n), nil
-}
-
-// CheckDead is a health check: it probes every dead proxy, one after the
-// other, and revives those for which probe returns nil. It returns the
-// revived proxies. The Switch starts no goroutine of its own: call it from
-// yours, on a ticker; any number of workers may run it at once. ProbeURL
-// makes a probe. Package probe is a fuller checker: it probes the live
-// proxies too, under leases, and revives only what it marked dead.
-func (s *Switch) CheckDead(ctx context.Context, probe func(context.Context, *Proxy) error) ([]*Proxy, error) {
-	if probe == nil {
-		return nil, fmt.Errorf("%w: nil probe", ErrConfig)
-	}
-	dead, err := s.Dead(ctx)
-	if err != nil {
-		return nil, err
-	}
-	var alive []*Proxy
-	for _, d := range dead {
-		if ctx.Err() != nil {
-			break
-		}
-		if probe(ctx, d.Proxy) == nil {
-			alive = append(alive, d.Proxy)
-		}
-	}
-	if len(alive) == 0 {
-		return nil, ctx.Err()
-	}
-	ids := make([]string, len(alive))
-	for i, p := range alive {
-		ids[i] = p.id
-	}
-	if _, err := s.Revive(ctx, ids...); err != nil {
-		return nil, err
-	}
-	return alive, nil
-}
-
-// ProbeURL returns a probe for CheckDead: a GET of target through the proxy,
-// within the context's deadline (10s at most), that passes when an HTTP
-// answer comes back from the site, whatever its status, other than the
-// proxy's own 407, 502 or 504.
-func ProbeURL(target string) func(context.Context, *Proxy) error {
-	return func(ctx context.Context, p *Proxy) error {
-		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		tr := &http.Transport{Proxy: http.ProxyURL(p.URL()), DisableKeepAlives: true}
-		defer tr.CloseIdleConnections()
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
-		if err != nil {
-			return fmt.Errorf("proxyswitch: probe: %w", err)
-		}
-		resp, err := tr.RoundTrip(req)
-		if err != nil {
-			return redactErr(err, p)
-		}
-		resp.Body.Close()
-		switch resp.StatusCode {
-		case http.StatusProxyAuthRequired, http.StatusBadGateway, http.StatusGatewayTimeout:
-			return errors.New("proxyswitch: probe: proxy answered " + resp.Status)
-		}
-		return nil
-	}
 }
 
 // Evidence before verdict (WithBanEvidence).

@@ -59,7 +59,7 @@
 // the pool from its next lease on: a first one is a strike (WithBanEvidence:
 // 1 min), a repeated or confirmed one a ban (WithQuarantine: 30 min, doubled
 // with jitter for repeat offenders, reset by a healthy answer); a proxy that
-// keeps failing is marked dead until Revive or CheckDead. The request is sent
+// keeps failing is marked dead until Revive or probe.CheckDead. The request is sent
 // again through another proxy (WithRetries: 2); when no retry is left it
 // fails with a *BlockedError (errors.Is ErrBanned or ErrProxyFailed) through
 // OnError and Visit. A URL refused through two proxies healthy on the site
@@ -107,7 +107,7 @@
 //	sessions.Context = proxyswitch.UsePools(ctx, "residential", "mobile")
 //
 // A pool too hot for one Redis node is split over several slots with
-// SplitPools, SplitProxies and WithSpread.
+// shard.PoolNames, shard.Split and WithSpread.
 //
 // # When Redis goes away: the fallback, and sharding
 //

@@ -357,7 +357,7 @@ func WithBanAllSites(all bool) Option { return func(c *config) { c.banAllSites =
 
 // WithDeadAfter sets how many proxy failures in a row (no answer from any
 // site in between) mark a proxy dead: out of every site's rotation until
-// Revive or CheckDead brings it back. Failures that only the proxy can cause
+// Revive or probe.CheckDead brings it back. Failures that only the proxy can cause
 // (it refuses connections or the credentials) count alone; others (timeouts,
 // 502s, broken tunnels) count only once they happened on two sites or more,
 // so that one site's outage never kills the pool. Zero never marks a proxy

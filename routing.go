@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-
-	"github.com/proxyswitch/proxyswitch/shard"
 )
 
 // Pools by proxy type: datacenter IPs for bulk catalog scans, residential or
@@ -18,7 +16,7 @@ import (
 // two proxies: keep the pools disjoint.
 //
 // A pool too hot for one Redis node is split the same way: load its proxies
-// into several pools (SplitPools names them, SplitProxies deals the proxies
+// into several pools (shard.PoolNames names them, shard.Split deals the proxies
 // out) and route to all of them with WithSpread, which starts each lease at
 // another one.
 
@@ -42,7 +40,7 @@ func WithRoute(site string, pools ...string) Option {
 	return func(c *config) { c.setRoute(site, route{pools: append([]string(nil), pools...)}) }
 }
 
-// WithSpread is WithRoute for pools that split one hot pool (SplitPools):
+// WithSpread is WithRoute for pools that split one hot pool (shard.PoolNames):
 // each lease starts at another pool, picked round-robin, and goes on to
 // the others in order, so the load spreads evenly over them (and over the
 // Redis Cluster masters their slots live on). The default is no spread.
@@ -66,31 +64,6 @@ type poolsKey struct{}
 // or to Switch.Lease. No pools means the site's route.
 func UsePools(ctx context.Context, pools ...string) context.Context {
 	return context.WithValue(ctx, poolsKey{}, route{pools: append([]string(nil), pools...)})
-}
-
-// SplitPools names n pools that split the pool name: "name.0" to
-// "name.<n-1>". Each has a hash tag of its own, hence a Redis Cluster slot
-// of its own.
-func SplitPools(name string, n int) []string {
-	out := make([]string, max(n, 0))
-	for i := range out {
-		out[i] = fmt.Sprintf("%s.%d", name, i)
-	}
-	return out
-}
-
-// SplitProxies deals ps out to n pools by proxy ID, evenly and the same way
-// on every server: load part i into pool i of SplitPools.
-func SplitProxies(ps []*Proxy, n int) [][]*Proxy {
-	out := make([][]*Proxy, max(n, 0))
-	if n <= 0 {
-		return out
-	}
-	for _, p := range ps {
-		i := shard.Hash(p.id) % uint64(n)
-		out[i] = append(out[i], p)
-	}
-	return out
 }
 
 func (rc *routeConfig) validate(c *config) error {

@@ -10,6 +10,7 @@ import (
 	"github.com/proxyswitch/proxyswitch/ban"
 	"github.com/proxyswitch/proxyswitch/internal/redistest"
 	"github.com/proxyswitch/proxyswitch/internal/testbed"
+	"github.com/proxyswitch/proxyswitch/shard"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -98,11 +99,11 @@ func TestRoutesWithOrderedFallback(t *testing.T) {
 // A pool split over three slots: leases spread evenly over the parts.
 func TestSpreadOverSplitPools(t *testing.T) {
 	ctx := context.Background()
-	parts := SplitPools("hot", 3)
+	parts := shard.PoolNames("hot", 3)
 	s := newSwitch(t, shared.Client(t), WithMaxWait(0), WithSpread("", parts...))
 	ps, err := ParseProxies(proxyURLs(60))
 	require.NoError(t, err)
-	dealt := SplitProxies(ps, 3)
+	dealt := shard.Split(ps, 3, (*Proxy).ID)
 	slots := map[uint16]bool{}
 	for i, part := range parts {
 		assert.InDelta(t, 20, len(dealt[i]), 8, part)

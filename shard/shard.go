@@ -234,9 +234,7 @@ func canonicalIDs(ids []string) ([]uint64, []int32, error) {
 
 // Hash is the hash every server of a cluster must compute alike, for proxy
 // IDs and member names: 64-bit FNV-1a of s, then the MurmurHash3 64-bit
-// finalizer for avalanche. Modulo and Rendezvous are built on it, and
-// package proxyswitch deals proxies out to split pools with it
-// (SplitProxies). It is part of the cluster's contract, pinned by tests:
+// finalizer for avalanche. Modulo, Rendezvous and Split are built on it. It is part of the cluster's contract, pinned by tests:
 // changing it reshuffles every share. It is a pure function, safe for
 // concurrent use.
 func Hash(s string) uint64 {
@@ -256,4 +254,34 @@ func fmix64(k uint64) uint64 {
 	k *= 0xc4ceb9fe1a85ec53
 	k ^= k >> 33
 	return k
+}
+
+// PoolNames names n pools that split the pool name: "name.0" to
+// "name.<n-1>". Each has a hash tag of its own, hence a Redis Cluster slot
+// of its own: give them to proxyswitch.WithSpread, and load part i of Split
+// into pool i.
+func PoolNames(name string, n int) []string {
+	out := make([]string, max(n, 0))
+	for i := range out {
+		out[i] = fmt.Sprintf("%s.%d", name, i)
+	}
+	return out
+}
+
+// Split deals items out to n parts by Hash of their id, evenly and the same
+// way on every server; for proxies:
+//
+//	parts := shard.Split(proxies, 3, (*proxyswitch.Proxy).ID)
+//
+// n <= 0 gives no parts. It is a pure function, safe for concurrent use.
+func Split[T any](items []T, n int, id func(T) string) [][]T {
+	out := make([][]T, max(n, 0))
+	if n <= 0 {
+		return out
+	}
+	for _, it := range items {
+		i := Hash(id(it)) % uint64(n)
+		out[i] = append(out[i], it)
+	}
+	return out
 }
