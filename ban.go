@@ -357,6 +357,7 @@ func (rp *redisPool) confirm(ctx context.Context, site string, px *Proxy, pen pe
 	if res[0] > 0 {
 		c.logger.Debug("proxyswitch: strike confirmed", "proxy", px.String(), "site", site,
 			"for", time.Duration(res[0])*time.Millisecond)
+		rp.sw.observeEvidence(rp.name, site, px, "confirmed", "")
 	}
 	return nil
 }
@@ -369,11 +370,14 @@ func (rp *redisPool) lift(ctx context.Context, site string, px *Proxy, pen penal
 		healthy = "1"
 	}
 	keys := []string{rp.keys.free(scope), rp.keys.strikes(scope)}
-	_, err := roundTrip(ctx, rp.timeout, func(ctx context.Context) (int64, error) {
+	n, err := roundTrip(ctx, rp.timeout, func(ctx context.Context) (int64, error) {
 		return liftScript.Run(ctx, rp.rdb, keys, px.id, rp.cfg.slots, pen.until.UnixMilli(), healthy).Int64()
 	}, nil)
 	if err != nil {
 		return redisErr("lift", err)
+	}
+	if n >= 0 {
+		rp.sw.observeEvidence(rp.name, site, px, "lifted", "")
 	}
 	return nil
 }

@@ -284,6 +284,7 @@ func (t *transport) retry(req *http.Request, b *binding, l *Lease, x *ban.Exchan
 	if r.proxy != nil && s.pageRefused(ctx, b, r.url, site) {
 		// The page refuses every proxy: its answer, not theirs.
 		blocked.Page = true
+		s.observeEvidence(l.be.pool(), site, l.proxy, "page_refused", v.Reason)
 		return false, nil, blocked
 	}
 	if callerDone(req) {
