@@ -330,6 +330,12 @@ func (s *Switch) settleStrikes(ctx context.Context, b *binding, url, site string
 // confirm runs penalize.lua's "confirm" on px's strike pen on site: still
 // on record, it becomes a ban of the base quarantine. No lease ends.
 func (rp *redisPool) confirm(ctx context.Context, site string, px *Proxy, pen penalty) error {
+	if pen.local != nil { // a strike of the local shard (fallbacklease.go)
+		if _, ok := pen.local.Confirm(px.id, site, pen.until); ok {
+			rp.sw.observeEvidence(rp.name, site, px, "confirmed", "")
+		}
+		return nil
+	}
 	c, k := rp.cfg, rp.keys
 	scope := rp.sw.scopeOf(site)
 	all := "0"
@@ -364,6 +370,12 @@ func (rp *redisPool) confirm(ctx context.Context, site string, px *Proxy, pen pe
 
 // lift runs lift.lua: px's first strike pen on site is taken back.
 func (rp *redisPool) lift(ctx context.Context, site string, px *Proxy, pen penalty) error {
+	if pen.local != nil { // a strike of the local shard (fallbacklease.go)
+		if pen.local.Lift(px.id, site, pen.until, pen.healthy) {
+			rp.sw.observeEvidence(rp.name, site, px, "lifted", "")
+		}
+		return nil
+	}
 	scope := rp.sw.scopeOf(site)
 	healthy := "0"
 	if pen.healthy {
