@@ -23,6 +23,14 @@ import (
 // OnError and in Visit, as a request of no task does
 // (TestNoProxyErrorSurvivesClientTimeout).
 func TestSessionNoProxyErrorSurvivesClientTimeout(t *testing.T) {
+	noProxySurvivesClientTimeout(t, true)
+}
+
+// noProxySurvivesClientTimeout sends 20 requests (of a task each, with
+// tasks) that wait for the only proxy, held by another, until Colly's
+// request timeout: every error matches ErrNoProxy, in OnError and in Visit,
+// and no request leaves without a proxy.
+func noProxySurvivesClientTimeout(t *testing.T, tasks bool) {
 	ctx := context.Background()
 	site := testbed.NewSite(t, "busy", nil)
 	s := newSwitch(t, shared.Client(t), WithMaxWait(time.Minute))
@@ -31,8 +39,15 @@ func TestSessionNoProxyErrorSurvivesClientTimeout(t *testing.T) {
 	held, err := s.Lease(ctx, site.Host()) // the only proxy stays busy
 	require.NoError(t, err)
 	defer held.Release(ctx)
+	request := func(c *colly.Collector, u, task string) error {
+		var cc *colly.Context
+		if tasks {
+			cc = NewTaskContext(task)
+		}
+		return c.Request("GET", u, nil, cc, nil)
+	}
 
-	const requests = 10
+	const requests = 20
 	c := colly.NewCollector(colly.AllowURLRevisit(), colly.Async(true))
 	c.SetRequestTimeout(300 * time.Millisecond)
 	s.Attach(c)
@@ -45,7 +60,7 @@ func TestSessionNoProxyErrorSurvivesClientTimeout(t *testing.T) {
 		errs = append(errs, err)
 	})
 	for i := range requests {
-		require.NoError(t, c.Request("GET", fmt.Sprintf("%s/p/%d", site.URL(), i+1), nil, NewTaskContext(fmt.Sprintf("t%d", i)), nil))
+		require.NoError(t, request(c, fmt.Sprintf("%s/p/%d", site.URL(), i+1), fmt.Sprintf("t%d", i)))
 	}
 	c.Wait()
 	require.Len(t, errs, requests)
@@ -61,7 +76,7 @@ func TestSessionNoProxyErrorSurvivesClientTimeout(t *testing.T) {
 	sync := colly.NewCollector(colly.AllowURLRevisit())
 	sync.SetRequestTimeout(300 * time.Millisecond)
 	s.Attach(sync)
-	err = sync.Request("GET", site.URL()+"/p/1", nil, NewTaskContext("sync"), nil)
+	err = request(sync, site.URL()+"/p/1", "sync")
 	assert.ErrorIs(t, err, ErrNoProxy, "Visit: %v", err)
 	assert.Zero(t, site.Recorder().Count(), "no request left without a proxy")
 }
