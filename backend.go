@@ -55,11 +55,12 @@ type penalty struct {
 	until      time.Time // Redis clock
 	strikes    int       // bans (or failures) in a row, this one included
 	dead       bool
-	ended      bool // it ended the lease it was given
-	first      bool // a ban that got the first quarantine: a strike awaiting evidence (WithBanEvidence)
-	healthy    bool // the proxy had a healthy answer on the scope, and no strike, before this ban
-	kept       bool // a soft refusal a task's session survived: no quarantine, no retry (sessionscore.go)
-	paced      bool // a rate-limit refusal under learned pacing: the site's pace, not the proxy's health
+	ended      bool       // it ended the lease it was given
+	first      bool       // a ban that got the first quarantine: a strike awaiting evidence (WithBanEvidence)
+	healthy    bool       // the proxy had a healthy answer on the scope, and no strike, before this ban
+	kept       bool       // a soft refusal a task's session survived: no quarantine, no retry (sessionscore.go)
+	paced      bool       // a rate-limit refusal under learned pacing: the site's pace, not the proxy's health
+	local      *localPool // the local shard the strike lives in (fallbacklease.go); nil: Redis
 }
 
 // backendFor returns the backend of pool name: the Switch's own, or one

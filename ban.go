@@ -266,6 +266,12 @@ func (s *Switch) settleStrikes(ctx context.Context, b *binding, url, site string
 // confirm runs penalize.lua's "confirm" on px's strike pen on site: still
 // on record, it becomes a ban of the base quarantine. No lease ends.
 func (rp *redisPool) confirm(ctx context.Context, site string, px *Proxy, pen penalty) error {
+	if pen.local != nil { // a strike of the local shard (fallbacklease.go)
+		if _, ok := pen.local.Confirm(px.id, site, pen.until); ok {
+			rp.sw.observeEvidence(rp.name, site, px, "confirmed", "")
+		}
+		return nil
+	}
 	c, k := rp.cfg, rp.keys
 	scope := rp.sw.scopeOf(site)
 	all := "0"
@@ -293,23 +299,33 @@ func (rp *redisPool) confirm(ctx context.Context, site string, px *Proxy, pen pe
 	if res[0] > 0 {
 		c.logger.Debug("proxyswitch: strike confirmed", "proxy", px.String(), "site", site,
 			"for", time.Duration(res[0])*time.Millisecond)
+		rp.sw.observeEvidence(rp.name, site, px, "confirmed", "")
 	}
 	return nil
 }
 
 // lift runs lift.lua: px's first strike pen on site is taken back.
 func (rp *redisPool) lift(ctx context.Context, site string, px *Proxy, pen penalty) error {
+	if pen.local != nil { // a strike of the local shard (fallbacklease.go)
+		if pen.local.Lift(px.id, site, pen.until, pen.healthy) {
+			rp.sw.observeEvidence(rp.name, site, px, "lifted", "")
+		}
+		return nil
+	}
 	scope := rp.sw.scopeOf(site)
 	healthy := "0"
 	if pen.healthy {
 		healthy = "1"
 	}
 	keys := []string{rp.keys.free(scope), rp.keys.strikes(scope)}
-	_, err := roundTrip(ctx, rp.timeout, func(ctx context.Context) (int64, error) {
+	n, err := roundTrip(ctx, rp.timeout, func(ctx context.Context) (int64, error) {
 		return liftScript.Run(ctx, rp.rdb, keys, px.id, rp.cfg.slots, pen.until.UnixMilli(), healthy).Int64()
 	}, nil)
 	if err != nil {
 		return redisErr("lift", err)
+	}
+	if n >= 0 {
+		rp.sw.observeEvidence(rp.name, site, px, "lifted", "")
 	}
 	return nil
 }

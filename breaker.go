@@ -450,6 +450,22 @@ func (b *breaker) paused(site string, until int64) {
 	b.states[site] = st
 }
 
+// stillPaused reports whether site's breaker is open as this Switch last
+// learnt it, with the pause's end ahead: the local shard of the fallback
+// honours it while Redis is away, the pause renewed as news (pausedErr
+// names it). wait is what is left of the pause.
+func (b *breaker) stillPaused(site string) (wait time.Duration, paused bool) {
+	st := b.state(site)
+	if st.state != 1 {
+		return 0, false
+	}
+	if wait = time.Until(st.until); wait <= 0 {
+		return 0, false
+	}
+	b.paused(site, st.until.UnixMilli())
+	return wait, true
+}
+
 // pausedErr is the error of a request for site that gave up (or will,
 // the pause outlasting deadline) waiting for a paused site, when lease.lua
 // said so since t0; nil otherwise.

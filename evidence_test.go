@@ -217,50 +217,9 @@ func recordPages(c *colly.Collector, mu *sync.Mutex, served map[string]int, fail
 
 // TestNoProxyErrorSurvivesClientTimeout: a request that waits for a proxy
 // until Colly's request timeout (net/http's Client.Timeout) fails with an
-// error that still matches ErrNoProxy, in OnError and in Visit.
-func TestNoProxyErrorSurvivesClientTimeout(t *testing.T) {
-	ctx := context.Background()
-	site := testbed.NewSite(t, "busy", nil)
-	s := newSwitch(t, shared.Client(t), WithMaxWait(time.Minute))
-	_, err := s.Add(ctx, testbed.NewProxies(t, 1)[0].URL())
-	require.NoError(t, err)
-	held, err := s.Lease(ctx, site.Host()) // the only proxy stays busy
-	require.NoError(t, err)
-	defer held.Release(ctx)
-
-	const requests = 20
-	c := colly.NewCollector(colly.AllowURLRevisit(), colly.Async(true))
-	c.SetRequestTimeout(300 * time.Millisecond)
-	s.Attach(c)
-	require.NoError(t, c.Limit(&colly.LimitRule{DomainGlob: "*", Parallelism: requests}))
-	var mu sync.Mutex
-	var errs []error
-	c.OnError(func(_ *colly.Response, err error) {
-		mu.Lock()
-		defer mu.Unlock()
-		errs = append(errs, err)
-	})
-	for i := range requests {
-		require.NoError(t, c.Visit(fmt.Sprintf("%s/p/%d", site.URL(), i+1)))
-	}
-	c.Wait()
-	require.Len(t, errs, requests)
-	lost := 0
-	for _, err := range errs {
-		if !errors.Is(err, ErrNoProxy) {
-			lost++
-			t.Logf("not ErrNoProxy: %v", err)
-		}
-	}
-	assert.Zero(t, lost, "errors that lost ErrNoProxy, of %d", requests)
-
-	sync := colly.NewCollector(colly.AllowURLRevisit())
-	sync.SetRequestTimeout(300 * time.Millisecond)
-	s.Attach(sync)
-	err = sync.Visit(site.URL() + "/p/1")
-	assert.ErrorIs(t, err, ErrNoProxy, "Visit: %v", err)
-	assert.Zero(t, site.Recorder().Count(), "no request left without a proxy")
-}
+// error that still matches ErrNoProxy, in OnError and in Visit
+// (noProxySurvivesClientTimeout, causes_test.go).
+func TestNoProxyErrorSurvivesClientTimeout(t *testing.T) { noProxySurvivesClientTimeout(t, false) }
 
 // TestPageRefusalsAcrossCollectors runs the refused pages of
 // TestPageRefusals through two collectors with their own Redis clients, 20

@@ -76,7 +76,8 @@ func TestFallbackKillAndRestartEmpty(t *testing.T) {
 	assert.Equal(t, modeLocal.String(), s.FallbackStatus().Mode)
 
 	banned := local.Proxy().ID()
-	require.NoError(t, local.Report(ctx, ban.Verdict{Kind: ban.Ban, Reason: "http_403"}))
+	// A challenge: proof by itself, the base quarantine at once (a 403 would be a first strike).
+	require.NoError(t, local.Report(ctx, ban.Verdict{Kind: ban.Ban, Reason: ban.ReasonChallenge}))
 	held, err := s.Lease(ctx, "shop.example")
 	require.NoError(t, err)
 	require.NotNil(t, held.local)

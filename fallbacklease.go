@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"time"
 
@@ -30,6 +31,11 @@ func newLocalPool(cfg config) *localPool {
 		LeaseTTL: cfg.leaseTTL,
 		MaxWait:  cfg.maxWait,
 		IdleTTL:  cfg.idleTTL,
+
+		Quarantine:      cfg.quarantine,
+		MaxQuarantine:   cfg.maxQuarantine,
+		FirstQuarantine: cfg.firstQuarantine,
+		FlakyDelay:      cfg.flakyDelay,
 	})
 }
 
@@ -152,6 +158,9 @@ func (fp *fbPool) tryLocal(ctx context.Context, site, prefer string) (l *Lease, 
 		}
 		return nil, 0, fmt.Errorf("%w: no local share of pool %q: it was never read from Redis", ErrNoProxy, fp.rp.name), true
 	}
+	if wait, paused := fp.rp.sw.brk.stillPaused(site); paused {
+		return nil, wait, nil, true // the site's breaker as last known: no lease (acquire names the pause)
+	}
 	ll, wait, err := fp.local.TryLease(site, prefer, fp.rp.cfg.leaseTTL)
 	if ll == nil {
 		err = localErr(err)
@@ -189,7 +198,11 @@ func (fp *fbPool) leased(l *Lease) {
 func (fp *fbPool) releaseLocal(ctx context.Context, l *Lease) (err error, handled bool) {
 	f := fp.f
 	if l.local != nil {
-		err = localErr(l.local.Release())
+		if l.healthy.Load() {
+			err = localErr(l.local.ReleaseHealthy()) // the proxy is healthy on the site (its strikes end)
+		} else {
+			err = localErr(l.local.Release())
+		}
 		fp.mu.Lock()
 		adopted := fp.locals[l]
 		delete(fp.locals, l)
@@ -275,27 +288,46 @@ func (fp *fbPool) penalizeLocal(site string, p *Proxy, l *Lease, v ban.Verdict) 
 		lp = l.local.Pool() // back on the broker: a local lease from before
 	}
 	c := fp.rp.cfg
-	d, maxq := c.quarantine, c.maxQuarantine
-	if v.Kind == ban.ProxyFailure {
-		d, maxq = c.failQuarantine, c.maxFailQuarantine
-	}
-	d = max(d, min(v.RetryAfter, maxq))
 	scope := fp.rp.sw.scopeOf(site)
+	var holder *localLease // the local lease the quarantine ends
 	switch {
 	case l != nil && l.local != nil && l.scope == scope && l.released.CompareAndSwap(false, true):
-		_ = l.local.Ban(d)
+		holder = l.local
 		delete(fp.locals, l)
 	case l != nil && l.local == nil && l.scope == scope && l.released.CompareAndSwap(false, true):
 		fp.deferRelease(l)
-		fallthrough
-	default:
-		_ = lp.Ban(p.id, site, d)
 	}
+	if v.Kind == ban.Ban {
+		// A strike, weighed by the evidence as penalize.lua weighs it.
+		lpen := localStrike(lp, holder, p.id, site, unambiguous(v), min(v.RetryAfter, c.maxQuarantine))
+		pen = penalty{quarantine: lpen.Quarantine, until: lpen.Until, strikes: lpen.InARow, first: lpen.First,
+			healthy: lpen.Healthy, local: lp}
+	} else {
+		d := max(c.failQuarantine, min(v.RetryAfter, c.maxFailQuarantine))
+		if holder != nil {
+			_ = holder.Ban(d)
+		} else {
+			_ = lp.Ban(p.id, site, d)
+		}
+		lp.Failed(p.id, site)
+		pen = penalty{quarantine: d, until: time.Now().Add(d), strikes: 1}
+	}
+	pen.ended = true
 	if c.banAllSites && v.Kind == ban.Ban {
-		_ = lp.BanAllSites(p.id, d)
+		_ = lp.BanAllSites(p.id, pen.quarantine)
 	}
-	until := time.Now().Add(d)
 	c.logger.Debug("proxyswitch: proxy quarantined in the local shard", "proxy", p.String(), "site", site,
-		"kind", v.Kind.String(), "reason", v.Reason, "for", d)
-	return penalty{quarantine: d, until: until, strikes: 1, ended: true}, true
+		"kind", v.Kind.String(), "reason", v.Reason, "for", pen.quarantine, "first_strike", pen.first)
+	return pen, true
+}
+
+// localStrike strikes proxy id on site in the local shard lp, ending the
+// local lease holder with it when there is one.
+func localStrike(lp *localPool, holder *localLease, id, site string, certain bool, minimum time.Duration) localpool.Penalty {
+	jitter := 850 + rand.N(301)
+	if holder != nil {
+		return holder.Strike(certain, minimum, jitter)
+	}
+	pen, _ := lp.Strike(id, site, certain, minimum, jitter) // id and site are never empty here
+	return pen
 }

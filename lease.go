@@ -140,6 +140,9 @@ func (s *Switch) acquire(ctx context.Context, site, prefer string, renew bool) (
 		d := min(wait, backoff, left)
 		backoff = min(2*backoff, s.cfg.backoffMax)
 		if !pause(ctx, d) {
+			if err := s.brk.pausedErr(site, start, time.Now()); err != nil {
+				return nil, errors.Join(err, ctx.Err()) // the request ended while its site was paused
+			}
 			return nil, errors.Join(fmt.Errorf("%w: gave up waiting for site %s%s", ErrNoProxy, scope, nextFree(next)), ctx.Err())
 		}
 	}

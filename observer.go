@@ -22,6 +22,10 @@ type Observer interface {
 	// and when it retires or ends one (a session that lapses, unused for its
 	// TTL, is seen by no one: count live ones with Switch.LiveSessions).
 	ObserveSession(SessionEvent)
+	// ObserveEvidence is called for what the ban evidence
+	// (WithBanEvidence) and the sessions' error score
+	// (WithSessionErrorScore) made of a refusal.
+	ObserveEvidence(EvidenceEvent)
 }
 
 // AttemptEvent is one classified attempt of a request.
@@ -56,6 +60,24 @@ type SessionEvent struct {
 	Age      time.Duration // Ended: from its start to its end (Redis clock)
 }
 
+// EvidenceEvent is a step of the evidence against a proxy on a site, or a
+// soft refusal a sticky session scored. What is one of:
+//
+//   - "confirmed": a first strike became a ban (the URL it refused was
+//     then served through another proxy);
+//   - "lifted": a first strike was taken back (the page refuses everyone);
+//   - "page_refused": a request failed with ErrPageRefused (ProxyID: the
+//     last proxy it was refused through);
+//   - "session_kept": a soft refusal (429, 503) the task's session survived,
+//     its error score below the max: no quarantine, no retry;
+//   - "session_spent": a soft refusal that spent the session's error score:
+//     the session retires (ObserveSession then reports its end).
+type EvidenceEvent struct {
+	Pool, Site, ProxyID string
+	What                string
+	Reason              string // the refusal's verdict reason ("http_403"...); "" for confirmed and lifted
+}
+
 // observers returns an Observer that hands every event to each of os in
 // turn (nil ones are skipped); nil for none, the observer itself for one.
 func observers(os ...Observer) Observer {
@@ -75,6 +97,12 @@ func observers(os ...Observer) Observer {
 }
 
 type multiObserver []Observer
+
+func (m multiObserver) ObserveEvidence(e EvidenceEvent) {
+	for _, o := range m {
+		o.ObserveEvidence(e)
+	}
+}
 
 func (m multiObserver) ObserveAttempt(e AttemptEvent) {
 	for _, o := range m {
@@ -148,5 +176,12 @@ func (s *Switch) observeSessionEnd(pool string, r SessionRetirement) {
 	if o := s.observerOf(); o != nil {
 		o.ObserveSession(SessionEvent{Pool: pool, ProxyID: r.ProxyID, Ended: true, Site: r.Site, Reason: r.Reason,
 			Requests: r.Requests, Age: max(r.At.Sub(r.Started), 0)})
+	}
+}
+
+// observeEvidence tells the observer of a step of the evidence (EvidenceEvent's What).
+func (s *Switch) observeEvidence(pool, site string, p *Proxy, what, reason string) {
+	if o := s.observerOf(); o != nil {
+		o.ObserveEvidence(EvidenceEvent{Pool: pool, Site: site, ProxyID: p.id, What: what, Reason: reason})
 	}
 }

@@ -195,6 +195,24 @@ type recordingObserver struct {
 	attempts    []AttemptEvent
 	quarantines []QuarantineEvent
 	sessions    []SessionEvent
+	evidence    []EvidenceEvent
+}
+
+func (o *recordingObserver) ObserveEvidence(e EvidenceEvent) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.evidence = append(o.evidence, e)
+}
+
+// evidenceOf counts the evidence events by What.
+func (o *recordingObserver) evidenceOf() map[string]int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	n := map[string]int{}
+	for _, e := range o.evidence {
+		n[e.What]++
+	}
+	return n
 }
 
 func (o *recordingObserver) ObserveAttempt(e AttemptEvent) {

@@ -493,7 +493,11 @@ func (s *Switch) sessionAttempt(req *http.Request, a *attempt) (*sessionUse, err
 		return nil, err
 	}
 	s.warnRouteIgnored(req.Context(), site)
-	cur, err := ss.useSession(req.Context(), ts.task, site)
+	// The wait for the session's proxy ends before the request's deadline,
+	// as leaseEarly's does: its ErrNoProxy survives net/http's Client.Timeout.
+	ctx, cancel := leaseContext(req.Context())
+	defer cancel()
+	cur, err := ss.useSession(ctx, ts.task, site)
 	if err != nil {
 		return nil, err
 	}

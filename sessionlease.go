@@ -279,7 +279,8 @@ func (p *redisPool) sessionLease(ctx context.Context, site, scope, token, only s
 		flag = "1"
 	}
 	keys := p.keys.lease(scope)
-	deadline := time.Now().Add(c.maxWait)
+	start := time.Now()
+	deadline := start.Add(c.maxWait)
 	backoff := c.backoffMin
 	reseeded := false
 	for {
@@ -321,7 +322,7 @@ func (p *redisPool) sessionLease(ctx context.Context, site, scope, token, only s
 			wait, _ = intAt(res, 1)
 			until, _ := intAt(res, 2)
 			p.sw.brk.paused(site, until)
-			if err := p.sw.brk.pausedErr(site, time.Time{}, deadline); err != nil {
+			if err := p.sw.brk.pausedErr(site, start, deadline); err != nil {
 				return "", 0, err
 			}
 		case st == 0 && (len(res) == 2 || len(res) == 3):
@@ -337,11 +338,14 @@ func (p *redisPool) sessionLease(ctx context.Context, site, scope, token, only s
 			if only != "" {
 				what = "the session's proxy is held by another session or quarantined"
 			}
-			return "", 0, fmt.Errorf("%w: %s on site %s past the %v wait", ErrNoProxy, what, site, c.maxWait)
+			return "", 0, fmt.Errorf("%w: %s on site %s past the %v wait%s", ErrNoProxy, what, site, c.maxWait, nextFree(min(time.Duration(wait)*time.Millisecond, maxWaitHint)))
 		}
 		backoff = min(2*backoff, c.backoffMax)
 		if !pause(ctx, d) {
-			return "", 0, errors.Join(fmt.Errorf("%w: gave up waiting for a session proxy on site %s", ErrNoProxy, site), ctx.Err())
+			if err := p.sw.brk.pausedErr(site, start, time.Now()); err != nil {
+				return "", 0, errors.Join(err, ctx.Err()) // the request ended while its site was paused
+			}
+			return "", 0, errors.Join(fmt.Errorf("%w: gave up waiting for a session proxy on site %s%s", ErrNoProxy, site, nextFree(min(time.Duration(wait)*time.Millisecond, maxWaitHint))), ctx.Err())
 		}
 	}
 }

@@ -85,9 +85,13 @@ func (s *Switch) keepSession(ctx context.Context, l *Lease, task string, v ban.V
 		return false
 	}
 	st, _ := intAt(res, 0)
+	if st == 2 {
+		s.observeEvidence(l.be.pool(), l.site, l.proxy, "session_spent", v.Reason)
+	}
 	if st != 1 || len(res) != 2 {
 		return false
 	}
+	s.observeEvidence(l.be.pool(), l.site, l.proxy, "session_kept", v.Reason)
 	s.cfg.logger.Debug("proxyswitch: soft refusal: the session keeps its proxy", "task", clip(task),
 		"site", l.site, "reason", v.Reason, "error_score", fmt.Sprint(res[1]))
 	return true

@@ -103,7 +103,7 @@ func (t *transport) RoundTrip(req *http.Request) (resp *http.Response, err error
 		}
 		if su, err = t.s.sessionAttempt(req, a); err != nil {
 			a.done()
-			return nil, err
+			return nil, t.s.reg.lookup(req.Header).noProxy(err)
 		}
 		if err := t.leaseEarly(a.req); err != nil {
 			a.done()
@@ -143,8 +143,7 @@ func (t *transport) RoundTrip(req *http.Request) (resp *http.Response, err error
 // Client.do): errors.Is(err, ErrNoProxy) would not hold in OnError and
 // Visit. The ProxyFunc then finds the lease in the binding and returns it.
 func (t *transport) leaseEarly(req *http.Request) error {
-	dl, ok := req.Context().Deadline()
-	if !ok {
+	if _, ok := req.Context().Deadline(); !ok {
 		return nil
 	}
 	b := t.s.reg.lookup(req.Header)
@@ -154,10 +153,22 @@ func (t *transport) leaseEarly(req *http.Request) error {
 	if b == nil || !b.hooked || b.taskState() != nil {
 		return nil
 	}
-	ctx, cancel := context.WithDeadline(req.Context(), dl.Add(-leaseMargin(time.Until(dl))))
+	ctx, cancel := leaseContext(req.Context())
 	defer cancel()
 	_, err := t.s.ProxyFunc(req.WithContext(ctx))
 	return err
+}
+
+// leaseContext is ctx for a wait for a proxy: with ctx's deadline brought
+// forward by leaseMargin, so that the wait's ErrNoProxy ends the request
+// before net/http's Client.Timeout replaces it (leaseEarly; a task's
+// session waits under it too, sessionAttempt).
+func leaseContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return ctx, func() {}
+	}
+	return context.WithDeadline(ctx, dl.Add(-leaseMargin(time.Until(dl))))
 }
 
 // leaseMargin is how long before a request's deadline, left away, its wait
@@ -273,6 +284,7 @@ func (t *transport) retry(req *http.Request, b *binding, l *Lease, x *ban.Exchan
 	if r.proxy != nil && s.pageRefused(ctx, b, r.url, site) {
 		// The page refuses every proxy: its answer, not theirs.
 		blocked.Page = true
+		s.observeEvidence(l.be.pool(), site, l.proxy, "page_refused", v.Reason)
 		return false, nil, blocked
 	}
 	if callerDone(req) {

@@ -65,6 +65,8 @@ type Collector struct {
 	deadMarked *prometheus.CounterVec
 	recovery   *prometheus.HistogramVec
 
+	evidence *prometheus.CounterVec
+
 	sessionsStarted prometheus.Counter
 	sessionsEnded   *prometheus.CounterVec
 	sessionRequests prometheus.Histogram
@@ -139,6 +141,10 @@ func newCollector(pool string, cfg config) *Collector {
 		recovery: histogram("proxyswitch_recovery_duration_seconds",
 			"Time from a proxy's quarantine on a site to its next good answer there (ok or neutral) through this server.",
 			quarantineBuckets, "site"),
+
+		evidence: counter("proxyswitch_evidence_total",
+			"Steps of the ban evidence and the sessions' error score, by site and what: confirmed (a first strike became a ban), lifted (a first strike taken back: the page refuses everyone), page_refused (a request failed with ErrPageRefused), session_kept (a soft refusal a sticky session survived), session_spent (a soft refusal that spent a session's error score: it retires).",
+			"site", "what"),
 
 		sessionsStarted: prometheus.NewCounter(prometheus.CounterOpts{Name: "proxyswitch_sessions_started_total",
 			Help: "Sticky sessions this server started (a task's first request, or its next one after a retirement).", ConstLabels: cl}),
@@ -247,6 +253,21 @@ func (c *Collector) ObserveSession(ev proxyswitch.SessionEvent) {
 	c.sessionAge.Observe(max(ev.Age, 0).Seconds())
 }
 
+// ObserveEvidence counts a step of the ban evidence or of a session's
+// error score. The Switch calls it; it is fast, never blocks and never
+// panics.
+func (c *Collector) ObserveEvidence(ev proxyswitch.EvidenceEvent) {
+	what := ev.What
+	switch what {
+	case "confirmed", "lifted", "page_refused", "session_kept", "session_spent":
+	default:
+		what = "other" // bounded label values, whatever a future Switch reports
+	}
+	if m, err := c.evidence.GetMetricWithLabelValues(c.sites.label(ev.Site), what); err == nil {
+		m.Inc()
+	}
+}
+
 // ObserveMembers tells the Collector the pool's member list, for the
 // ban-spike signal. Wire it to the Membership of this server:
 //
@@ -301,7 +322,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 }
 
 func (c *Collector) vectors() []prometheus.Collector {
-	return []prometheus.Collector{c.attempts, c.bans, c.latency, c.quarantine, c.deadMarked, c.recovery,
+	return []prometheus.Collector{c.attempts, c.bans, c.latency, c.quarantine, c.deadMarked, c.recovery, c.evidence,
 		c.sessionsStarted, c.sessionsEnded, c.sessionRequests, c.sessionAge}
 }
 

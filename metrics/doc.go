@@ -69,6 +69,7 @@
 //	proxyswitch_join_ban_spike                               gauge      once ObserveMembers was called
 //	proxyswitch_last_member_join_timestamp_seconds           gauge      after a join
 //	proxyswitch_join_ban_ratio{window}                       gauge      window: before, after; after a join
+//	proxyswitch_evidence_total{site,what}                    counter    what: confirmed, lifted, page_refused, session_kept, session_spent
 //	proxyswitch_sessions_started_total                       counter    sticky sessions this server started
 //	proxyswitch_sessions_ended_total{reason}                 counter    retired (http_403, max_requests...) or ended (EndSession)
 //	proxyswitch_session_requests                             histogram  requests a session served, when it ended

@@ -44,7 +44,14 @@ func (l *Lease[P]) Released() bool { return l.released.Load() }
 // cooldown, unless a quarantine keeps it longer. A holder whose lease ran
 // out and was taken by someone else gets ErrLeaseLost and changes nothing.
 // Releasing twice, or a lease whose proxy left the share, is a no-op.
-func (l *Lease[P]) Release() error {
+func (l *Lease[P]) Release() error { return l.release(false) }
+
+// ReleaseHealthy is Release after a healthy answer through the lease: the
+// proxy's run of strikes on the site ends and it counts as healthy there
+// (Strike's evidence), and its failure rate decays (Config.FlakyDelay).
+func (l *Lease[P]) ReleaseHealthy() error { return l.release(true) }
+
+func (l *Lease[P]) release(healthy bool) error {
 	if !l.released.CompareAndSwap(false, true) {
 		return nil
 	}
@@ -61,7 +68,7 @@ func (l *Lease[P]) Release() error {
 	now := p.clock()
 	expiry := s.expiry
 	s.token, s.expiry = "", 0
-	if free := now + p.cfg.Cooldown.Milliseconds(); s.next == expiry || s.next < free {
+	if free := now + p.cfg.Cooldown.Milliseconds() + p.outcomeLocked(l.scope, l.proxy.ID(), healthy, now); s.next == expiry || s.next < free {
 		st.setNext(s, free, p.nextSeq())
 	}
 	p.signalLocked()

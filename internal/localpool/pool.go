@@ -39,6 +39,12 @@ type Config struct {
 	LeaseTTL time.Duration // lease time when none is given (WithLeaseTTL)
 	MaxWait  time.Duration // longest wait of Lease (WithMaxWait)
 	IdleTTL  time.Duration // a site nobody leased for that long is forgotten (WithIdleTTL)
+
+	// The evidence rules of Strike (evidence.go), the Switch's
+	// WithQuarantine, WithBanEvidence and WithFlakyDelay.
+	Quarantine, MaxQuarantine time.Duration // a ban's base quarantine, doubling per repeat, and its cap
+	FirstQuarantine           time.Duration // a first, unconfirmed strike's; 0: every ban is a verdict
+	FlakyDelay                time.Duration // a proxy waits its failure rate times this on top of the cooldown; 0: off
 }
 
 // Change is what SetProxies did to the share.
@@ -85,9 +91,11 @@ type Pool[P Item] struct {
 	proxies   map[string]P // the share, by ID
 	ids       []string     // the share's IDs, in the order given
 	sites     map[string]*scopeState
-	bans      map[banKey]int64 // (scope, ID) -> end, unix ms; scope "" = every site
-	reserved  map[banKey]int64 // (scope, ID) -> end of a lease taken elsewhere (Reserve)
-	holdUntil int64            // no lease of any proxy before this (Hold)
+	bans      map[banKey]int64   // (scope, ID) -> end, unix ms; scope "" = every site
+	reserved  map[banKey]int64   // (scope, ID) -> end of a lease taken elsewhere (Reserve)
+	strikes   map[banKey]strike  // (scope, ID) -> its run of bans there (evidence.go)
+	health    map[banKey]float64 // (scope, ID) -> its recent failure rate there (evidence.go)
+	holdUntil int64              // no lease of any proxy before this (Hold)
 	lastSweep int64
 	seq       uint64        // change counter: LRU order among equal times
 	changed   chan struct{} // closed (and replaced) when a slot frees early
@@ -113,6 +121,8 @@ func New[P Item](cfg Config) *Pool[P] {
 		sites:       map[string]*scopeState{},
 		bans:        map[banKey]int64{},
 		reserved:    map[banKey]int64{},
+		strikes:     map[banKey]strike{},
+		health:      map[banKey]float64{},
 		changed:     make(chan struct{}),
 	}
 }
@@ -279,8 +289,14 @@ func (p *Pool[P]) ban(id, scope string, d time.Duration, l *Lease[P]) error {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.banLocked(id, scope, p.clock()+d.Milliseconds(), l)
+	return nil
+}
+
+// banLocked applies a quarantine until the given time (unix ms, the
+// pool's clock); p.mu is held.
+func (p *Pool[P]) banLocked(id, scope string, until int64, l *Lease[P]) {
 	now := p.clock()
-	until := now + d.Milliseconds()
 	k := banKey{scope, id}
 	p.bans[k] = max(p.bans[k], until)
 	if l != nil {
@@ -296,7 +312,6 @@ func (p *Pool[P]) ban(id, scope string, d time.Duration, l *Lease[P]) error {
 			st.raise(id, until, p.nextSeq) // other holders keep their leases
 		}
 	}
-	return nil
 }
 
 // Ban is a quarantine a Pool learnt, to be written back to Redis
@@ -521,12 +536,14 @@ func (p *Pool[P]) sweepLocked(now int64) {
 			}
 		}
 	}
+	p.sweepEvidenceLocked(now)
 	for scope, st := range p.sites {
 		if now-st.lastUse < p.cfg.IdleTTL.Milliseconds() {
 			continue
 		}
 		if !slices.ContainsFunc(st.free, func(s *slotState) bool { return s.live(now) || s.next > now }) {
 			delete(p.sites, scope)
+			p.forgetScopeLocked(scope)
 		}
 	}
 }
