@@ -31,6 +31,9 @@ func TestSessionNoProxyErrorSurvivesClientTimeout(t *testing.T) {
 // request timeout: every error matches ErrNoProxy, in OnError and in Visit,
 // and no request leaves without a proxy.
 func noProxySurvivesClientTimeout(t *testing.T, tasks bool) {
+	// A second: the wait ends 100ms before it (leaseMargin), room enough
+	// for a loaded machine to hand the error over before net/http's timer.
+	const timeout = time.Second
 	ctx := context.Background()
 	site := testbed.NewSite(t, "busy", nil)
 	s := newSwitch(t, shared.Client(t), WithMaxWait(time.Minute))
@@ -49,7 +52,7 @@ func noProxySurvivesClientTimeout(t *testing.T, tasks bool) {
 
 	const requests = 20
 	c := colly.NewCollector(colly.AllowURLRevisit(), colly.Async(true))
-	c.SetRequestTimeout(300 * time.Millisecond)
+	c.SetRequestTimeout(timeout)
 	s.Attach(c)
 	require.NoError(t, c.Limit(&colly.LimitRule{DomainGlob: "*", Parallelism: requests}))
 	var mu sync.Mutex
@@ -74,7 +77,7 @@ func noProxySurvivesClientTimeout(t *testing.T, tasks bool) {
 	assert.Zero(t, lost, "errors that lost ErrNoProxy, of %d", requests)
 
 	sync := colly.NewCollector(colly.AllowURLRevisit())
-	sync.SetRequestTimeout(300 * time.Millisecond)
+	sync.SetRequestTimeout(timeout)
 	s.Attach(sync)
 	err = request(sync, site.URL()+"/p/1", "sync")
 	assert.ErrorIs(t, err, ErrNoProxy, "Visit: %v", err)
