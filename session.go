@@ -503,6 +503,11 @@ func (s *Switch) sessionAttempt(req *http.Request, a *attempt) (*sessionUse, err
 	b.mu.Unlock()
 
 	h := req.Header.Clone()
+	identity, err := s.cfg.client.identity(cur.info.ID)
+	if err != nil {
+		return nil, err
+	}
+	applyIdentity(h, identity) // the session's client identity (WithClient, client.go)
 	h.Del("Cookie")
 	own := ts.cookies
 	if from, to := strings.ToLower(chainOrigin(req).URL.Hostname()), strings.ToLower(req.URL.Hostname()); to != from && !strings.HasSuffix(to, "."+from) {

@@ -59,36 +59,31 @@ const (
 
 type transport struct {
 	s     *Switch
-	inner *http.Transport
+	inner *http.Transport // nil with per-proxy clients (WithClient, client.go)
 	c     *colly.Collector // MaxBodySize is read per request, as Colly does
 }
 
-// newTransport builds the transport Attach installs on c.
+// newTransport builds the transport Attach installs on c: without
+// per-proxy clients (WithClient), one inner *http.Transport whose Proxy is
+// the ProxyFunc, keep-alives off.
 func (s *Switch) newTransport(c *colly.Collector) *transport {
-	var inner *http.Transport
-	switch dt, ok := http.DefaultTransport.(*http.Transport); {
-	case s.cfg.baseTransport != nil:
-		inner = s.cfg.baseTransport.Clone()
-	case ok:
-		inner = dt.Clone()
-	default:
-		inner = &http.Transport{}
+	if s.cfg.client.perProxy() {
+		return &transport{s: s, c: c} // each hop through its proxy's client (client.go)
 	}
+	inner := s.baseTransport()
 	inner.Proxy = s.ProxyFunc
 	inner.DisableKeepAlives = true
-	userHook := inner.OnProxyConnectResponse
-	inner.OnProxyConnectResponse = func(ctx context.Context, u *url.URL, req *http.Request, resp *http.Response) error {
-		if userHook != nil {
-			if err := userHook(ctx, u, req, resp); err != nil {
-				return err
-			}
-		}
-		if resp.StatusCode != http.StatusOK {
-			return &ban.TunnelError{StatusCode: resp.StatusCode}
-		}
-		return nil
-	}
+	tunnelFailures(inner)
 	return &transport{s: s, inner: inner, c: c}
+}
+
+// send sends one attempt: through the inner transport, or through the
+// client of the attempt's proxy (client.go).
+func (t *transport) send(req *http.Request) (*http.Response, error) {
+	if t.inner == nil {
+		return t.sendPerProxy(req)
+	}
+	return t.inner.RoundTrip(req)
 }
 
 // RoundTrip sends one hop, through as many proxies as bans, failures and
@@ -113,7 +108,7 @@ func (t *transport) RoundTrip(req *http.Request) (resp *http.Response, err error
 		// that the hop went through a proxy.
 		before := t.s.reg.lookup(req.Header)
 		calls := before.proxyCalls()
-		resp, err := t.inner.RoundTrip(a.req)
+		resp, err := t.send(a.req)
 		b := t.s.reg.lookup(req.Header)
 		if errors.Is(err, ErrNoProxy) {
 			return a.hand(resp, b.noProxy(err))
@@ -187,6 +182,7 @@ func (t *transport) judge(req *http.Request, a *attempt, b *binding, l *Lease, r
 		// proxy had been exclusive throughout (renew.go).
 		closeBody(resp)
 		a.done()
+		s.clients.closeProxy(l.proxy.id, x.Site) // its connections there may be another holder's business now
 		return false, nil, l.lost("taken over while its request ran")
 	}
 	if x.Err != nil && callerDone(req) {
