@@ -54,7 +54,7 @@ type config struct {
 	retries                           int
 	attemptTimeout                    time.Duration
 	baseTransport                     *http.Transport
-	client                            Client // WithClient (client.go), defaults filled by validate
+	client                            Client        // WithClient (client.go), defaults filled by validate
 	banRules                          ban.Rules     // what the ban options set
 	detector                          *ban.Detector // banRules, compiled by validate
 

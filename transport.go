@@ -59,7 +59,7 @@ const (
 
 type transport struct {
 	s     *Switch
-	inner *http.Transport // nil with per-proxy clients (WithClient, client.go)
+	inner *http.Transport  // nil with per-proxy clients (WithClient, client.go)
 	c     *colly.Collector // MaxBodySize is read per request, as Colly does
 }
 
