@@ -445,8 +445,8 @@ func (s *Switch) baseTransport() *http.Transport {
 // leases the proxy with the ProxyFunc, as net/http would, then picks the
 // proxy's client for the hop's site (and session). Errors before the send
 // wrap ErrNoProxy: nothing left.
-func (t *transport) sendPerProxy(req *http.Request) (*http.Response, error) {
-	s := t.s
+func (t *transport) sendPerProxy(a *attempt) (*http.Response, error) {
+	s, req := t.s, a.req
 	u, err := s.ProxyFunc(req)
 	if err != nil {
 		return nil, err
@@ -472,5 +472,6 @@ func (t *transport) sendPerProxy(req *http.Request) (*http.Response, error) {
 	if err != nil {
 		return nil, err
 	}
+	a.startTimer(s.cfg.attemptTimeout) // the proxy is leased: WithAttemptTimeout's bound starts
 	return rt.RoundTrip(req)
 }

@@ -338,3 +338,39 @@ func TestClientConfig(t *testing.T) {
 		assert.ErrorIs(t, err, ErrConfig, name)
 	}
 }
+
+// hangRT is a custom RoundTripper whose proxy never answers and that calls
+// no httptrace hook: only the request's context ends it.
+type hangRT struct{}
+
+func (hangRT) RoundTrip(req *http.Request) (*http.Response, error) {
+	<-req.Context().Done()
+	return nil, req.Context().Err()
+}
+
+// WithAttemptTimeout bounds an attempt through a custom RoundTripper too
+// (its bound starts as the proxy's client is picked, not at net/http's
+// GetConn): the hanging proxy is dropped and the request served through
+// another one within its own timeout.
+func TestClientAttemptTimeout(t *testing.T) {
+	bed := testbed.NewBed(t, 1, 2)
+	hung := bed.Proxies[0].Addr()
+	s := newSwitch(t, shared.Client(t), WithAttemptTimeout(200*time.Millisecond), WithClient(Client{
+		New: func(proxy *url.URL) (http.RoundTripper, error) {
+			if proxy.Host == hung {
+				return hangRT{}, nil
+			}
+			return &fingerprintRT{proxy: proxy, inner: &http.Transport{Proxy: http.ProxyURL(proxy)}, sent: new(atomic.Int64)}, nil
+		}}))
+	_, err := s.Add(context.Background(), bed.ProxyURLs()...)
+	require.NoError(t, err)
+	c := colly.NewCollector(colly.AllowURLRevisit())
+	c.SetRequestTimeout(3 * time.Second)
+	s.Attach(c)
+	for i := range 2 {
+		require.NoError(t, c.Visit(fmt.Sprintf("%s/p/%d", bed.Sites[0].URL(), i+1)))
+	}
+	assert.Positive(t, s.BanCounts()[BanKey{Site: bed.Sites[0].Host(), Reason: "proxy_timeout"}])
+	assert.Equal(t, 2, bed.SiteHits())
+	assertNoLeases(t, s, bed.Sites...)
+}

@@ -79,11 +79,11 @@ func (s *Switch) newTransport(c *colly.Collector) *transport {
 
 // send sends one attempt: through the inner transport, or through the
 // client of the attempt's proxy (client.go).
-func (t *transport) send(req *http.Request) (*http.Response, error) {
+func (t *transport) send(a *attempt) (*http.Response, error) {
 	if t.inner == nil {
-		return t.sendPerProxy(req)
+		return t.sendPerProxy(a)
 	}
-	return t.inner.RoundTrip(req)
+	return t.inner.RoundTrip(a.req)
 }
 
 // RoundTrip sends one hop, through as many proxies as bans, failures and
@@ -108,7 +108,7 @@ func (t *transport) RoundTrip(req *http.Request) (resp *http.Response, err error
 		// that the hop went through a proxy.
 		before := t.s.reg.lookup(req.Header)
 		calls := before.proxyCalls()
-		resp, err := t.send(a.req)
+		resp, err := t.send(a)
 		b := t.s.reg.lookup(req.Header)
 		if errors.Is(err, ErrNoProxy) {
 			return a.hand(resp, b.noProxy(err))
@@ -423,7 +423,7 @@ type attempt struct {
 	req    *http.Request // what the inner transport gets
 	ctx    context.Context
 	cancel context.CancelCauseFunc // nil without an attempt timeout
-	timer  *time.Timer             // set from GetConn, on the RoundTrip goroutine
+	timer  *time.Timer             // set by startTimer, on the RoundTrip goroutine
 	start  time.Time               // when the attempt was prepared, for the observer's latency
 }
 
@@ -434,11 +434,7 @@ func (t *transport) newAttempt(req *http.Request, n int) (*attempt, error) {
 	a := &attempt{req: req, ctx: req.Context(), start: time.Now()}
 	if d := t.s.cfg.attemptTimeout; d > 0 {
 		a.ctx, a.cancel = context.WithCancelCause(a.ctx)
-		a.ctx = httptrace.WithClientTrace(a.ctx, &httptrace.ClientTrace{GetConn: func(string) {
-			if a.timer == nil {
-				a.timer = time.AfterFunc(d, func() { a.cancel(errAttemptTimeout) })
-			}
-		}})
+		a.ctx = httptrace.WithClientTrace(a.ctx, &httptrace.ClientTrace{GetConn: func(string) { a.startTimer(d) }})
 	}
 	if n == 1 && a.cancel == nil {
 		return a, nil
@@ -453,6 +449,15 @@ func (t *transport) newAttempt(req *http.Request, n int) (*attempt, error) {
 		a.req.Body = body
 	}
 	return a, nil
+}
+
+// startTimer starts the attempt's bound d, once: at GetConn, or when the
+// client of its proxy is picked (client.go: a custom RoundTripper may never
+// call the trace's hooks).
+func (a *attempt) startTimer(d time.Duration) {
+	if a.cancel != nil && a.timer == nil {
+		a.timer = time.AfterFunc(d, func() { a.cancel(errAttemptTimeout) })
+	}
 }
 
 func (a *attempt) timedOut() bool {
