@@ -21,7 +21,9 @@ import (
 //
 // Each hop of a request goes through the inner *http.Transport, whose Proxy
 // is the Switch's ProxyFunc, so the hop leases (or keeps) its proxy exactly
-// as without the transport. Then the response is read (at most the
+// as without the transport; with WithClient's per-proxy clients, the hop
+// calls the ProxyFunc itself and goes through the client of the proxy it
+// got (client.go: send, sendPerProxy). Then the response is read (at most the
 // collector's MaxBodySize, gunzipped once if Colly would gunzip it; the
 // buffered bytes replace the body Colly reads, see buffer)
 // and classified (package ban: the Switch's ban.Detector). On a ban or a proxy failure the proxy is
