@@ -218,7 +218,9 @@ func (c *clientCache) get(req *http.Request, p *Proxy, u *url.URL, site, session
 	if e := c.m[k]; e != nil {
 		e.used = now
 		c.lru.MoveToFront(e.elem)
+		gone := c.evictLocked(now, k.proxy) // the sweep of unused pools, when due
 		c.mu.Unlock()
+		closeAll(gone)
 		return e.rt, nil
 	}
 	c.mu.Unlock()

@@ -374,3 +374,16 @@ func TestClientAttemptTimeout(t *testing.T) {
 	assert.Equal(t, 2, bed.SiteHits())
 	assertNoLeases(t, s, bed.Sites...)
 }
+
+// Pools unused for the idle timeout are dropped, and their connections
+// closed, by the next request's sweep.
+func TestClientIdleSweep(t *testing.T) {
+	bed, s := bedSwitch(t, 2, 1, WithClient(Client{KeepAlive: true, IdleTimeout: 300 * time.Millisecond}))
+	c := colly.NewCollector(colly.AllowURLRevisit())
+	s.Attach(c)
+	require.NoError(t, c.Visit(bed.Sites[0].URL()+"/p/1"))
+	time.Sleep(1100 * time.Millisecond) // past the idle timeout and the sweep interval
+	require.NoError(t, c.Visit(bed.Sites[1].URL()+"/p/1"))
+	require.Eventually(t, func() bool { return s.clients.size() == 1 }, 2*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { _, open := bed.Proxies[0].Conns(); return open == 1 }, 2*time.Second, 10*time.Millisecond)
+}
