@@ -387,3 +387,45 @@ func TestClientIdleSweep(t *testing.T) {
 	require.Eventually(t, func() bool { return s.clients.size() == 1 }, 2*time.Second, 10*time.Millisecond)
 	require.Eventually(t, func() bool { _, open := bed.Proxies[0].Conns(); return open == 1 }, 2*time.Second, 10*time.Millisecond)
 }
+
+// BenchmarkClientSession measures one request of a sticky session to a TLS
+// site through a fake proxy (CONNECT, then TLS), with keep-alives off (the
+// default: a new tunnel and TLS handshake per request) and on (one
+// connection for the session), side by side in one run. conns/op counts
+// the connections the proxy accepted. Run:
+//
+//	go test -run '^$' -bench 'BenchmarkClientSession' -benchtime 300x -count 6 . | tee bench.txt
+//
+// See BENCHMARKS.md.
+func BenchmarkClientSession(b *testing.B) {
+	for _, keep := range []bool{false, true} {
+		name := "conn=per-request"
+		if keep {
+			name = "conn=keepalive"
+		}
+		b.Run(name, func(b *testing.B) {
+			site := testbed.NewTLSSite(b, "tls", nil)
+			proxy := testbed.NewProxies(b, 1)[0]
+			s := newSwitch(b, shared.Client(b), WithBaseTransport(&http.Transport{TLSClientConfig: site.TLSConfig()}),
+				WithClient(Client{KeepAlive: keep}))
+			_, err := s.Add(context.Background(), proxy.URL())
+			require.NoError(b, err)
+			c := colly.NewCollector(colly.AllowURLRevisit())
+			s.Attach(c)
+			ctx := NewTaskContext("bench")
+			u := site.URL() + "/p/1"
+			require.NoError(b, c.Request("GET", u, nil, ctx, nil)) // the session starts
+			before, _ := proxy.Conns()
+			b.ResetTimer()
+			for range b.N {
+				if err := c.Request("GET", u, nil, ctx, nil); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.StopTimer()
+			after, _ := proxy.Conns()
+			b.ReportMetric(float64(after-before)/float64(b.N), "conns/op")
+			require.NoError(b, s.Close(context.Background()))
+		})
+	}
+}
