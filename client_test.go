@@ -65,11 +65,12 @@ func (b *banIPs) userAgents() []string {
 
 // A custom RoundTripper through Attach keeps every guarantee under many
 // goroutines: no two requests from one IP at once on a site, no request
-// without a proxy, no lease left, and bans seen and retried.
+// without a proxy, no lease left, bans seen and retried, and sticky
+// sessions (on a third site) that keep one IP each.
 func TestClientCustomRoundTripper(t *testing.T) {
 	guard := &banIPs{next: testbed.DefaultHandler()}
-	bed := &testbed.Bed{Sites: []*testbed.Site{testbed.NewSite(t, "guarded", guard), testbed.NewSite(t, "open", nil)},
-		Proxies: testbed.NewProxies(t, 4)}
+	bed := &testbed.Bed{Sites: []*testbed.Site{testbed.NewSite(t, "guarded", guard), testbed.NewSite(t, "open", nil),
+		testbed.NewSite(t, "shop", nil)}, Proxies: testbed.NewProxies(t, 4)}
 	burnt := bed.Proxies[0].SourceIP().String()
 	guard.banned.Store(burnt, true)
 
@@ -91,13 +92,45 @@ func TestClientCustomRoundTripper(t *testing.T) {
 	var ok, failed atomic.Int64
 	c.OnResponse(func(*colly.Response) { ok.Add(1) })
 	c.OnError(func(_ *colly.Response, err error) { failed.Add(1); t.Log(err) })
-	const n = 80
+	const n, tasks, steps = 80, 2, 10
+	var wg sync.WaitGroup
+	for k := range tasks { // each task's flow, one step after the other, beside the crawl
+		task := fmt.Sprintf("task%d", k)
+		tc := colly.NewCollector(colly.AllowURLRevisit())
+		s.Attach(tc)
+		tc.OnResponse(func(*colly.Response) { ok.Add(1) })
+		tc.OnError(func(_ *colly.Response, err error) { failed.Add(1); t.Log(err) })
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx := NewTaskContext(task)
+			for i := range steps {
+				assert.NoError(t, tc.Request("GET", fmt.Sprintf("%s/p/%d?task=%s", bed.Sites[2].URL(), i+1, task), nil, ctx, nil))
+			}
+		}()
+	}
 	for i := range n {
 		require.NoError(t, c.Visit(fmt.Sprintf("%s/p/%d", bed.Sites[i%2].URL(), i+1)))
 	}
 	c.Wait()
+	wg.Wait()
+	for k := range tasks {
+		_, err := s.EndSession(context.Background(), fmt.Sprintf("task%d", k))
+		require.NoError(t, err)
+	}
 
-	assert.Equal(t, int64(n), ok.Load(), "every page served, the guarded ones through another proxy")
+	assert.Equal(t, int64(n+tasks*steps), ok.Load(), "every page served, the guarded ones through another proxy")
+	ipsOf := map[string]map[string]bool{}
+	for _, h := range bed.Sites[2].Recorder().Hits() {
+		if ipsOf[h.Query] == nil {
+			ipsOf[h.Query] = map[string]bool{}
+		}
+		ipsOf[h.Query][h.ClientIP] = true
+	}
+	assert.Len(t, ipsOf, tasks)
+	for task, ips := range ipsOf {
+		assert.Len(t, ips, 1, "%s: one IP for its session", task)
+	}
 	assert.Zero(t, failed.Load())
 	assertGroundTruth(t, bed)
 	assertNoLeases(t, s, bed.Sites...)
@@ -111,7 +144,7 @@ func TestClientCustomRoundTripper(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	for host, k := range built {
-		assert.LessOrEqual(t, k, 2, "proxy %s: one client per site", host)
+		assert.LessOrEqual(t, k, 2+tasks, "proxy %s: one client per site, and per session", host)
 	}
 }
 
