@@ -462,3 +462,30 @@ func BenchmarkClientSession(b *testing.B) {
 		})
 	}
 }
+
+// Client.Identity derives a session's identity from its ID; a panic in it
+// fails the request before anything leaves.
+func TestClientIdentityFunc(t *testing.T) {
+	guard := &banIPs{next: testbed.DefaultHandler()}
+	site := testbed.NewSite(t, "shop", guard)
+	proxies := testbed.NewProxies(t, 1)
+	var panics atomic.Bool
+	s := newSwitch(t, shared.Client(t), WithClient(Client{Identity: func(id string) http.Header {
+		if panics.Load() {
+			panic("no identity")
+		}
+		return http.Header{"User-Agent": {"ua-" + id}}
+	}}))
+	_, err := s.Add(context.Background(), proxies[0].URL())
+	require.NoError(t, err)
+	c := colly.NewCollector(colly.AllowURLRevisit())
+	s.Attach(c)
+	ctx := NewTaskContext("visitor")
+	require.NoError(t, c.Request("GET", site.URL()+"/p/1", nil, ctx, nil))
+	require.Equal(t, []string{"ua-" + SessionOf(ctx).ID}, guard.userAgents())
+
+	panics.Store(true)
+	err = c.Request("GET", site.URL()+"/p/2", nil, ctx, nil)
+	require.ErrorIs(t, err, ErrNoProxy)
+	assert.Len(t, guard.userAgents(), 1, "nothing sent")
+}
