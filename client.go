@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
+	"io"
 	"net/http"
 	"net/textproto"
 	"net/url"
@@ -43,7 +44,9 @@ type Client struct {
 	// RoundTripper does on the wire is its own. Of an *http.Transport it
 	// returns, Attach sets OnProxyConnectResponse (calling the one it had
 	// first) so that a refused CONNECT is a proxy failure, and with
-	// KeepAlive off DisableKeepAlives. Bans, retries, leases and sessions
+	// KeepAlive off DisableKeepAlives; of another RoundTripper, with
+	// KeepAlive off, Attach closes the idle connections as each response
+	// body is closed. Bans, retries, leases and sessions
 	// work as with the default transport. The default clones
 	// WithBaseTransport's transport (or http.DefaultTransport) with its
 	// Proxy set to proxy.
@@ -475,5 +478,29 @@ func (t *transport) sendPerProxy(a *attempt) (*http.Response, error) {
 		return nil, err
 	}
 	a.startTimer(s.cfg.attemptTimeout) // the proxy is leased: WithAttemptTimeout's bound starts
-	return rt.RoundTrip(req)
+	resp, err := rt.RoundTrip(req)
+	if _, ok := rt.(*http.Transport); ok || s.cfg.client.KeepAlive {
+		return resp, err
+	}
+	// Keep-alives off, and a RoundTripper that may keep connections: its
+	// idle ones close as each response ends.
+	if resp == nil || resp.Body == nil {
+		closeIdle(rt)
+	} else {
+		resp.Body = &closeIdleBody{ReadCloser: resp.Body, rt: rt}
+	}
+	return resp, err
+}
+
+// closeIdleBody is a response body that closes its RoundTripper's idle
+// connections (its own among them) once closed.
+type closeIdleBody struct {
+	io.ReadCloser
+	rt http.RoundTripper
+}
+
+func (b *closeIdleBody) Close() error {
+	err := b.ReadCloser.Close()
+	closeIdle(b.rt)
+	return err
 }

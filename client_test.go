@@ -489,3 +489,23 @@ func TestClientIdentityFunc(t *testing.T) {
 	require.ErrorIs(t, err, ErrNoProxy)
 	assert.Len(t, guard.userAgents(), 1, "nothing sent")
 }
+
+// With keep-alives off, a custom RoundTripper that would keep its
+// connections has them closed as each response ends: one connection per
+// request, none left open.
+func TestClientCustomNoKeepAlive(t *testing.T) {
+	bed := testbed.NewBed(t, 1, 1)
+	s := newSwitch(t, shared.Client(t), WithClient(Client{New: func(proxy *url.URL) (http.RoundTripper, error) {
+		return &fingerprintRT{proxy: proxy, inner: &http.Transport{Proxy: http.ProxyURL(proxy)}, sent: new(atomic.Int64)}, nil
+	}}))
+	_, err := s.Add(context.Background(), bed.ProxyURLs()...)
+	require.NoError(t, err)
+	c := colly.NewCollector(colly.AllowURLRevisit())
+	s.Attach(c)
+	for i := range 5 {
+		require.NoError(t, c.Visit(fmt.Sprintf("%s/p/%d", bed.Sites[0].URL(), i+1)))
+	}
+	accepted, _ := bed.Proxies[0].Conns()
+	assert.Equal(t, 5, accepted)
+	require.Eventually(t, func() bool { _, open := bed.Proxies[0].Conns(); return open == 0 }, 5*time.Second, 10*time.Millisecond)
+}

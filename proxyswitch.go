@@ -133,8 +133,8 @@ func New(rdb redis.Scripter, opts ...Option) colly.ProxyFunc {
 // Ban detection runs in a transport Attach installs with c.WithTransport (a
 // clone of WithBaseTransport's, or of http.DefaultTransport, whose Proxy is
 // ProxyFunc; or, with WithClient, a RoundTripper per proxy, any kind,
-// reached after the ProxyFunc leased the proxy): every response is read (at most c.MaxBodySize) and classified
-// before Colly sees it. A ban or a proxy failure quarantines the proxy for
+// reached after the ProxyFunc leased the proxy): every response is read
+// (at most c.MaxBodySize) and classified before Colly sees it. A ban or a proxy failure quarantines the proxy for
 // every worker of the pool and sends the request again through another
 // proxy (WithRetries); when no retry is left the request fails with a
 // *BlockedError (ErrBanned or ErrProxyFailed) through OnError and Visit. A
