@@ -86,10 +86,20 @@ func (s *Switch) penalize(ctx context.Context, site string, p *Proxy, l *Lease, 
 		return pen, err
 	}
 	s.observeQuarantine(be.pool(), site, p, v, pen)
+	s.clients.closeProxy(p.id, s.quarantineScope(site, v)) // its idle connections there (client.go)
 	if v.Kind == ban.Ban {
 		s.brk.reportBan(ctx, site, be, p) // may open the site's breaker, lifting this quarantine (breaker.go)
 	}
 	return pen, nil
+}
+
+// quarantineScope is the site a verdict quarantines a proxy on: site for a
+// ban, "" (every site) for a proxy failure or with WithBanAllSites.
+func (s *Switch) quarantineScope(site string, v ban.Verdict) string {
+	if v.Kind == ban.ProxyFailure || s.cfg.banAllSites {
+		return ""
+	}
+	return site
 }
 
 // Report ends the lease with what the request made through it showed, for

@@ -67,7 +67,10 @@
 // matching ErrPageRefused, naming the site's status, and the strikes it cost
 // are lifted. A banned page never reaches OnResponse or OnHTML. Setting another
 // transport or proxy function on the collector after Attach turns this off;
-// use WithBaseTransport for dialer or TLS settings. New alone does not
+// use WithBaseTransport for dialer or TLS settings, and WithClient for any
+// RoundTripper per proxy (a TLS or HTTP/2 fingerprint), keep-alive
+// connections per (proxy, site) and a client identity per sticky session.
+// New alone does not
 // classify, but it respects the bans other workers recorded.
 //
 // Operators act on single proxies with Ban, Unban, Drain and Revive, read

@@ -83,6 +83,9 @@ func (s *Switch) MarkDead(ctx context.Context, reason string, proxies ...string)
 	if err != nil {
 		return 0, redisErr("mark dead", err)
 	}
+	for _, id := range strs {
+		s.clients.closeProxy(id, "")
+	}
 	return int(n), nil
 }
 

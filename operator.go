@@ -81,6 +81,7 @@ func (s *Switch) Drain(ctx context.Context, proxy string) error {
 	if err != nil {
 		return redisErr("drain", err)
 	}
+	s.clients.closeProxy(p.id, "")
 	return nil
 }
 

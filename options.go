@@ -54,6 +54,7 @@ type config struct {
 	retries                           int
 	attemptTimeout                    time.Duration
 	baseTransport                     *http.Transport
+	client                            Client        // WithClient (client.go), defaults filled by validate
 	banRules                          ban.Rules     // what the ban options set
 	detector                          *ban.Detector // banRules, compiled by validate
 
@@ -169,6 +170,11 @@ func (c *config) validate() error {
 		return err
 	}
 	c.breaker = b
+	cl, err := c.client.withDefaults()
+	if err != nil {
+		return err
+	}
+	c.client = cl
 	d, err := ban.NewDetector(c.banRules)
 	if err != nil {
 		return configErr("%w", err)
@@ -382,8 +388,9 @@ func WithAttemptTimeout(d time.Duration) Option { return func(c *config) { c.att
 
 // WithBaseTransport sets the transport Attach clones for its requests (TLS
 // settings, timeouts, dialer); Attach replaces its Proxy with the Switch's
-// ProxyFunc and turns keep-alives off, as Colly's SetProxyFunc does. The
-// default is a clone of http.DefaultTransport.
+// ProxyFunc and turns keep-alives off, as Colly's SetProxyFunc does
+// (WithClient can keep them, or replace the transport by any
+// RoundTripper). The default is a clone of http.DefaultTransport.
 func WithBaseTransport(t *http.Transport) Option { return func(c *config) { c.baseTransport = t } }
 
 // WithBanStatus sets the HTTP status codes that mean a site bans the proxy,

@@ -39,7 +39,13 @@ func (s *Switch) Remove(ctx context.Context, proxies ...string) (PoolChange, err
 	if err != nil {
 		return PoolChange{}, err
 	}
-	return s.update(ctx, "remove", ids)
+	change, err := s.update(ctx, "remove", ids)
+	if err == nil {
+		for _, id := range ids {
+			s.clients.closeProxy(id.(string), "")
+		}
+	}
+	return change, err
 }
 
 // proxyIDs maps proxies named by URL or by ID to their IDs.

@@ -61,6 +61,7 @@ type Switch struct {
 	observer     atomic.Pointer[observerBox] // SetObserver; nil: none
 	renew        renewer                     // the live leases: renewed while their request runs, released by Close (renew.go)
 	brk          breaker                     // the site circuit breaker's counts and states (breaker.go)
+	clients      clientCache                 // the per-proxy clients of WithClient (client.go)
 }
 
 // NewSwitch returns a Switch leasing from the pool that opts name (by default
@@ -79,7 +80,7 @@ func NewSwitch(rdb redis.Scripter, opts ...Option) (*Switch, error) {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	s := &Switch{rdb: rdb, cfg: cfg, tokenPrefix: hex.EncodeToString(b[:]) + "-"}
-	s.renew.s, s.brk.s = s, s
+	s.renew.s, s.brk.s, s.clients.s = s, s, s
 	if err := s.build(); err != nil {
 		return nil, err
 	}
@@ -131,8 +132,9 @@ func New(rdb redis.Scripter, opts ...Option) colly.ProxyFunc {
 //
 // Ban detection runs in a transport Attach installs with c.WithTransport (a
 // clone of WithBaseTransport's, or of http.DefaultTransport, whose Proxy is
-// ProxyFunc): every response is read (at most c.MaxBodySize) and classified
-// before Colly sees it. A ban or a proxy failure quarantines the proxy for
+// ProxyFunc; or, with WithClient, a RoundTripper per proxy, any kind,
+// reached after the ProxyFunc leased the proxy): every response is read
+// (at most c.MaxBodySize) and classified before Colly sees it. A ban or a proxy failure quarantines the proxy for
 // every worker of the pool and sends the request again through another
 // proxy (WithRetries); when no retry is left the request fails with a
 // *BlockedError (ErrBanned or ErrProxyFailed) through OnError and Visit. A

@@ -286,6 +286,7 @@ func (s *Switch) Close(ctx context.Context) error {
 	// the set, released below); those of the hooks' requests end with their
 	// request.
 	s.reg.forget(func(b *binding) bool { return !b.hooked })
+	s.clients.close() // the idle connections of every proxy (client.go)
 	err := r.releaseAll(ctx)
 	err = errors.Join(err, s.Stop(ctx))
 	r.waitBackground(ctx)

@@ -501,12 +501,17 @@ func (s *Switch) sessionAttempt(req *http.Request, a *attempt) (*sessionUse, err
 	if err != nil {
 		return nil, err
 	}
+	identity, err := s.cfg.client.identity(cur.info.ID)
+	if err != nil {
+		return nil, err
+	}
 	cur.lease.be = sb // its quarantine goes where its pool's do
 	b.mu.Lock()
 	b.lease, b.proxy = cur.lease, cur.lease.proxy
 	b.mu.Unlock()
 
 	h := req.Header.Clone()
+	applyIdentity(h, identity) // the session's client identity (WithClient, client.go)
 	h.Del("Cookie")
 	own := ts.cookies
 	if from, to := strings.ToLower(chainOrigin(req).URL.Hostname()), strings.ToLower(req.URL.Hostname()); to != from && !strings.HasSuffix(to, "."+from) {

@@ -21,7 +21,9 @@ import (
 //
 // Each hop of a request goes through the inner *http.Transport, whose Proxy
 // is the Switch's ProxyFunc, so the hop leases (or keeps) its proxy exactly
-// as without the transport. Then the response is read (at most the
+// as without the transport; with WithClient's per-proxy clients, the hop
+// calls the ProxyFunc itself and goes through the client of the proxy it
+// got (client.go: send, sendPerProxy). Then the response is read (at most the
 // collector's MaxBodySize, gunzipped once if Colly would gunzip it; the
 // buffered bytes replace the body Colly reads, see buffer)
 // and classified (package ban: the Switch's ban.Detector). On a ban or a proxy failure the proxy is
@@ -59,36 +61,31 @@ const (
 
 type transport struct {
 	s     *Switch
-	inner *http.Transport
+	inner *http.Transport  // nil with per-proxy clients (WithClient, client.go)
 	c     *colly.Collector // MaxBodySize is read per request, as Colly does
 }
 
-// newTransport builds the transport Attach installs on c.
+// newTransport builds the transport Attach installs on c: without
+// per-proxy clients (WithClient), one inner *http.Transport whose Proxy is
+// the ProxyFunc, keep-alives off.
 func (s *Switch) newTransport(c *colly.Collector) *transport {
-	var inner *http.Transport
-	switch dt, ok := http.DefaultTransport.(*http.Transport); {
-	case s.cfg.baseTransport != nil:
-		inner = s.cfg.baseTransport.Clone()
-	case ok:
-		inner = dt.Clone()
-	default:
-		inner = &http.Transport{}
+	if s.cfg.client.perProxy() {
+		return &transport{s: s, c: c} // each hop through its proxy's client (client.go)
 	}
+	inner := s.baseTransport()
 	inner.Proxy = s.ProxyFunc
 	inner.DisableKeepAlives = true
-	userHook := inner.OnProxyConnectResponse
-	inner.OnProxyConnectResponse = func(ctx context.Context, u *url.URL, req *http.Request, resp *http.Response) error {
-		if userHook != nil {
-			if err := userHook(ctx, u, req, resp); err != nil {
-				return err
-			}
-		}
-		if resp.StatusCode != http.StatusOK {
-			return &ban.TunnelError{StatusCode: resp.StatusCode}
-		}
-		return nil
-	}
+	tunnelFailures(inner)
 	return &transport{s: s, inner: inner, c: c}
+}
+
+// send sends one attempt: through the inner transport, or through the
+// client of the attempt's proxy (client.go).
+func (t *transport) send(a *attempt) (*http.Response, error) {
+	if t.inner == nil {
+		return t.sendPerProxy(a)
+	}
+	return t.inner.RoundTrip(a.req)
 }
 
 // RoundTrip sends one hop, through as many proxies as bans, failures and
@@ -113,7 +110,7 @@ func (t *transport) RoundTrip(req *http.Request) (resp *http.Response, err error
 		// that the hop went through a proxy.
 		before := t.s.reg.lookup(req.Header)
 		calls := before.proxyCalls()
-		resp, err := t.inner.RoundTrip(a.req)
+		resp, err := t.send(a)
 		b := t.s.reg.lookup(req.Header)
 		if errors.Is(err, ErrNoProxy) {
 			return a.hand(resp, b.noProxy(err))
@@ -198,6 +195,7 @@ func (t *transport) judge(req *http.Request, a *attempt, b *binding, l *Lease, r
 		// proxy had been exclusive throughout (renew.go).
 		closeBody(resp)
 		a.done()
+		s.clients.closeProxy(l.proxy.id, x.Site) // its connections there may be another holder's business now
 		return false, nil, l.lost("taken over while its request ran")
 	}
 	if x.Err != nil && callerDone(req) {
@@ -439,7 +437,7 @@ type attempt struct {
 	req    *http.Request // what the inner transport gets
 	ctx    context.Context
 	cancel context.CancelCauseFunc // nil without an attempt timeout
-	timer  *time.Timer             // set from GetConn, on the RoundTrip goroutine
+	timer  *time.Timer             // set by startTimer, on the RoundTrip goroutine
 	start  time.Time               // when the attempt was prepared, for the observer's latency
 }
 
@@ -450,11 +448,7 @@ func (t *transport) newAttempt(req *http.Request, n int) (*attempt, error) {
 	a := &attempt{req: req, ctx: req.Context(), start: time.Now()}
 	if d := t.s.cfg.attemptTimeout; d > 0 {
 		a.ctx, a.cancel = context.WithCancelCause(a.ctx)
-		a.ctx = httptrace.WithClientTrace(a.ctx, &httptrace.ClientTrace{GetConn: func(string) {
-			if a.timer == nil {
-				a.timer = time.AfterFunc(d, func() { a.cancel(errAttemptTimeout) })
-			}
-		}})
+		a.ctx = httptrace.WithClientTrace(a.ctx, &httptrace.ClientTrace{GetConn: func(string) { a.startTimer(d) }})
 	}
 	if n == 1 && a.cancel == nil {
 		return a, nil
@@ -469,6 +463,15 @@ func (t *transport) newAttempt(req *http.Request, n int) (*attempt, error) {
 		a.req.Body = body
 	}
 	return a, nil
+}
+
+// startTimer starts the attempt's bound d, once: at GetConn, or when the
+// client of its proxy is picked (client.go: a custom RoundTripper may never
+// call the trace's hooks).
+func (a *attempt) startTimer(d time.Duration) {
+	if a.cancel != nil && a.timer == nil {
+		a.timer = time.AfterFunc(d, func() { a.cancel(errAttemptTimeout) })
+	}
 }
 
 func (a *attempt) timedOut() bool {

@@ -96,6 +96,8 @@ type Proxy struct {
 	delay    atomic.Int64
 	creds    atomic.Pointer[credentials]
 	requests atomic.Int64
+	accepted atomic.Int64 // client connections accepted
+	open     atomic.Int64 // client connections open (tunnels included)
 
 	mu     sync.Mutex // lifecycle: ln, conns, closed; active.Add
 	ln     net.Listener
@@ -265,6 +267,14 @@ func (p *Proxy) SetDelay(d time.Duration) { p.delay.Store(int64(d)) }
 // counts once, whatever travels through it).
 func (p *Proxy) Requests() int { return int(p.requests.Load()) }
 
+// Conns returns how many client connections the proxy accepted since it
+// started, and how many of them are open now (a CONNECT tunnel's included
+// until it ends): with keep-alives, requests reuse connections, and a
+// client that closes its idle connections shows here.
+func (p *Proxy) Conns() (accepted, open int) {
+	return int(p.accepted.Load()), int(p.open.Load())
+}
+
 // MaxConcurrentPerHost returns the maximum number of simultaneously
 // in-flight forwarded requests to a single target host.
 func (p *Proxy) MaxConcurrentPerHost() int {
@@ -357,8 +367,11 @@ func (p *Proxy) untrack(c net.Conn) {
 func (p *Proxy) connState(c net.Conn, s http.ConnState) {
 	switch s {
 	case http.StateNew:
+		p.accepted.Add(1)
+		p.open.Add(1)
 		p.track(c)
 	case http.StateClosed:
+		p.open.Add(-1)
 		p.untrack(c)
 	}
 	// Hijacked (CONNECT) connections stay tracked until the tunnel ends.
@@ -561,6 +574,7 @@ func (p *Proxy) tunnel(w http.ResponseWriter, r *http.Request, target string, mo
 		http.Error(w, "proxyswitchtest proxy: hijack: "+err.Error(), http.StatusInternalServerError)
 		return
 	}
+	defer p.open.Add(-1) // hijacked: the server reports no StateClosed
 	defer p.untrack(client)
 	defer client.Close()
 	if _, err := io.WriteString(client, "HTTP/1.1 200 Connection Established\r\n\r\n"); err != nil {

@@ -31,6 +31,8 @@ import (
 var fragmentImports = [][2]string{
 	{"context", "context.Background"},
 	{"log", "log.Println"},
+	{"net/http", "http.NewRequest"},
+	{"net/url", "url.Parse"},
 	{"os", "os.Getenv"},
 	{"time", "time.Second"},
 	{"github.com/gocolly/colly/v2", "colly.NewCollector"},

@@ -1,0 +1,506 @@
+package proxyswitch
+
+import (
+	"container/list"
+	"context"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"net/http"
+	"net/textproto"
+	"net/url"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/proxyswitch/proxyswitch/ban"
+)
+
+// The client a request leaves through (WithClient).
+//
+// Without WithClient, Attach's transport sends every hop through one
+// *http.Transport whose Proxy is the Switch's ProxyFunc, with keep-alives
+// off (transport.go). With it, the transport leases the hop's proxy first
+// (the same ProxyFunc), then sends the hop through a RoundTripper of that
+// proxy's own: one per (proxy, site), and per session for a task's requests
+// (so two sessions that meet on one proxy never share a connection), built
+// by Client.New or cloned from the base transport, kept in the Switch's
+// clientCache below and closed when the proxy leaves this Switch's hands.
+
+// Client configures the client each request leaves through (WithClient).
+// A zero field takes its default.
+type Client struct {
+	// New builds the RoundTripper that sends requests through proxy (the
+	// proxy's URL, credentials included: never log it), for instance a
+	// uTLS or HTTP/2-fingerprint transport. It is called once per
+	// (proxy, site) and per session (a task's requests), on a request
+	// goroutine, and must return a new RoundTripper each time: Attach
+	// closes its idle connections (CloseIdleConnections, when it has
+	// one) with its proxy. It must send every request through proxy and
+	// never directly: Attach fails closed where it can tell (an error or
+	// a panic of New, a nil RoundTripper, an *http.Transport whose Proxy
+	// names another proxy or none without a dialer of its own all fail the
+	// request with ErrNoProxy, and nothing is sent); what a custom
+	// RoundTripper does on the wire is its own. Of an *http.Transport it
+	// returns, Attach sets OnProxyConnectResponse (calling the one it had
+	// first) so that a refused CONNECT is a proxy failure, and with
+	// KeepAlive off DisableKeepAlives; of another RoundTripper, with
+	// KeepAlive off, Attach closes the idle connections as each response
+	// body is closed. Bans, retries, leases and sessions
+	// work as with the default transport. The default clones
+	// WithBaseTransport's transport (or http.DefaultTransport) with its
+	// Proxy set to proxy.
+	New func(proxy *url.URL) (http.RoundTripper, error)
+
+	// KeepAlive lets connections be reused by later requests through the
+	// same proxy to the same site (and of the same session), so that a
+	// sticky session opens one connection per site, as one browser does,
+	// instead of a TCP and TLS handshake per request. Reuse is safe under
+	// the leases: a connection of (proxy, site) carries only requests that
+	// hold that proxy's lease for that site. It is off by default, as
+	// Colly's SetProxyFunc has it, because an idle connection outlives the
+	// lease: while another worker holds the proxy for the site, the site
+	// sees a second connection from the same address (idle, but open), and
+	// through a rotating gateway an idle connection keeps the exit address
+	// it was opened with. Idle connections close after IdleTimeout, when
+	// their pool is evicted (MaxPerProxy, MaxTotal), when this Switch
+	// quarantines the proxy on the site (a ban: that site's connections;
+	// a proxy failure: all of them) or marks it dead or drained
+	// (Drain, MarkDead, Remove), when a request finds its lease lost, and
+	// on Close. A quarantine made by another worker closes them at the
+	// IdleTimeout at the latest.
+	KeepAlive bool
+
+	// MaxPerProxy is the most connection pools kept per proxy (one per
+	// site, and per session): the least recently used beyond it is closed.
+	// Each pool the default transport builds keeps at most
+	// WithConcurrency's k idle connections per host (1 by default), so a
+	// proxy keeps at most MaxPerProxy × k idle connections per host of a
+	// site. Default 8.
+	MaxPerProxy int
+	// MaxTotal is the most connection pools kept in all, over every proxy.
+	// Default 512.
+	MaxTotal int
+	// IdleTimeout closes a connection (and drops its pool) unused for this
+	// long. Default 30s.
+	IdleTimeout time.Duration
+
+	// Identities are client identities (a User-Agent and the headers that
+	// go with it: Accept-Language, Sec-CH-UA...) for sticky sessions: each
+	// session picks one at its start, by a hash of its ID, so every worker
+	// that continues the session applies the same one, and every request
+	// of the session carries its headers (replacing the request's own of
+	// the same names). A new session (after a retirement) picks afresh.
+	// Requests of no task are left as they are. Default none.
+	Identities []http.Header
+	// Identity, instead of Identities, returns the identity of the session
+	// with the given ID. It must return the same headers for the same ID
+	// on every worker (derive them from the ID), must be fast and must not
+	// panic (a panic fails the request). Attach does not modify the
+	// returned headers. Default none.
+	Identity func(session string) http.Header
+}
+
+// Defaults of Client.
+const (
+	defaultClientPerProxy = 8
+	defaultClientTotal    = 512
+	defaultClientIdle     = 30 * time.Second
+)
+
+// WithClient sets the client requests leave through: a RoundTripper built
+// per proxy (a custom TLS or HTTP/2 fingerprint), keep-alive connections
+// per (proxy, site) and client identities for sticky sessions (see
+// Client). It applies to the transport Attach installs. The default is
+// Client{}: the base transport (WithBaseTransport), keep-alives off, no
+// identities. The Switch's clients are safe for concurrent use.
+func WithClient(cl Client) Option { return func(c *config) { c.client = cl } }
+
+// withDefaults fills cl's zero fields and checks the others.
+func (cl Client) withDefaults() (Client, error) {
+	switch {
+	case cl.MaxPerProxy < 0:
+		return cl, configErr("client pools per proxy %d is negative", cl.MaxPerProxy)
+	case cl.MaxTotal < 0:
+		return cl, configErr("client pools in all %d is negative", cl.MaxTotal)
+	case cl.IdleTimeout < 0:
+		return cl, configErr("client idle timeout %v is negative", cl.IdleTimeout)
+	case cl.Identity != nil && len(cl.Identities) > 0:
+		return cl, configErr("client: set Identities or Identity, not both")
+	}
+	for i, h := range cl.Identities {
+		if len(h) == 0 {
+			return cl, configErr("client identity #%d is empty", i+1)
+		}
+	}
+	if cl.MaxPerProxy == 0 {
+		cl.MaxPerProxy = defaultClientPerProxy
+	}
+	if cl.MaxTotal == 0 {
+		cl.MaxTotal = defaultClientTotal
+	}
+	cl.MaxPerProxy = min(cl.MaxPerProxy, cl.MaxTotal)
+	if cl.IdleTimeout == 0 {
+		cl.IdleTimeout = defaultClientIdle
+	}
+	cl.Identities = slices.Clone(cl.Identities)
+	return cl, nil
+}
+
+// perProxy reports whether requests go through clients of their proxy's own
+// (a New function, or keep-alives): else through the one inner transport.
+func (cl *Client) perProxy() bool { return cl.New != nil || cl.KeepAlive }
+
+// identity returns the identity of session id, or nil.
+func (cl *Client) identity(id string) (h http.Header, err error) {
+	switch {
+	case cl.Identity != nil:
+		defer func() {
+			if p := recover(); p != nil {
+				h, err = nil, fmt.Errorf("%w: the client identity function panicked: %v", ErrNoProxy, p)
+			}
+		}()
+		return cl.Identity(id), nil
+	case len(cl.Identities) > 0:
+		f := fnv.New64a()
+		f.Write([]byte(id))
+		return cl.Identities[f.Sum64()%uint64(len(cl.Identities))], nil
+	}
+	return nil, nil
+}
+
+// applyIdentity sets the headers of identity on h, replacing h's own of
+// the same names.
+func applyIdentity(h, identity http.Header) {
+	for k, vs := range identity {
+		if len(vs) > 0 {
+			h[textproto.CanonicalMIMEHeaderKey(k)] = slices.Clone(vs)
+		}
+	}
+}
+
+// clientKey names one connection pool: a proxy, a site, and the session
+// (its lease token) for a task's requests.
+type clientKey struct{ proxy, site, session string }
+
+type clientEntry struct {
+	key  clientKey
+	rt   http.RoundTripper
+	used time.Time
+	elem *list.Element
+}
+
+// clientCache is a Switch's RoundTrippers per (proxy, site, session),
+// least recently used first out. Safe for concurrent use.
+type clientCache struct {
+	s  *Switch
+	mu sync.Mutex
+	m  map[clientKey]*clientEntry
+	by map[string]map[clientKey]*clientEntry // proxy ID -> its pools
+	// lru holds *clientEntry, most recently used in front.
+	lru       list.List
+	closed    bool
+	lastSweep time.Time
+}
+
+// clientSweep is how often, at most, the cache looks for unused pools.
+const clientSweep = time.Second
+
+// get returns the RoundTripper for req's hop through the leased proxy p (u
+// its URL) on site, building it on first use. session is the session's
+// lease token, "" for a request of no task. Every error wraps ErrNoProxy:
+// nothing was sent.
+func (c *clientCache) get(req *http.Request, p *Proxy, u *url.URL, site, session string) (http.RoundTripper, error) {
+	k := clientKey{proxy: p.id, site: site, session: session}
+	now := time.Now()
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil, errClosed
+	}
+	if e := c.m[k]; e != nil {
+		e.used = now
+		c.lru.MoveToFront(e.elem)
+		gone := c.evictLocked(now, k.proxy) // the sweep of unused pools, when due
+		c.mu.Unlock()
+		closeAll(gone)
+		return e.rt, nil
+	}
+	c.mu.Unlock()
+
+	rt, err := c.build(req, p, u)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		closeIdle(rt)
+		return nil, errClosed
+	}
+	if e := c.m[k]; e != nil { // built by another request meanwhile
+		e.used = now
+		c.lru.MoveToFront(e.elem)
+		c.mu.Unlock()
+		closeIdle(rt)
+		return e.rt, nil
+	}
+	e := &clientEntry{key: k, rt: rt, used: now}
+	e.elem = c.lru.PushFront(e)
+	if c.m == nil {
+		c.m, c.by = make(map[clientKey]*clientEntry), make(map[string]map[clientKey]*clientEntry)
+	}
+	c.m[k] = e
+	mine := c.by[k.proxy]
+	if mine == nil {
+		mine = make(map[clientKey]*clientEntry)
+		c.by[k.proxy] = mine
+	}
+	mine[k] = e
+	gone := c.evictLocked(now, k.proxy)
+	c.mu.Unlock()
+	closeAll(gone)
+	return rt, nil
+}
+
+// evictLocked drops the pools beyond the bounds (proxy's first, then in
+// all) and, at most every clientSweep, those unused for the idle timeout.
+func (c *clientCache) evictLocked(now time.Time, proxy string) []*clientEntry {
+	cl := &c.s.cfg.client
+	var gone []*clientEntry
+	for len(c.by[proxy]) > cl.MaxPerProxy {
+		var oldest *clientEntry
+		for _, e := range c.by[proxy] {
+			if oldest == nil || e.used.Before(oldest.used) {
+				oldest = e
+			}
+		}
+		gone = append(gone, c.dropLocked(oldest))
+	}
+	for c.lru.Len() > cl.MaxTotal {
+		gone = append(gone, c.dropLocked(c.lru.Back().Value.(*clientEntry)))
+	}
+	if now.Sub(c.lastSweep) >= clientSweep {
+		c.lastSweep = now
+		for c.lru.Len() > 0 {
+			e := c.lru.Back().Value.(*clientEntry)
+			if now.Sub(e.used) < cl.IdleTimeout {
+				break
+			}
+			gone = append(gone, c.dropLocked(e))
+		}
+	}
+	return gone
+}
+
+func (c *clientCache) dropLocked(e *clientEntry) *clientEntry {
+	c.lru.Remove(e.elem)
+	delete(c.m, e.key)
+	if mine := c.by[e.key.proxy]; mine != nil {
+		delete(mine, e.key)
+		if len(mine) == 0 {
+			delete(c.by, e.key.proxy)
+		}
+	}
+	return e
+}
+
+// closeProxy closes the idle connections of proxy id's pools on site ("":
+// every site) and forgets them: the next request through the proxy there
+// connects anew.
+func (c *clientCache) closeProxy(id, site string) {
+	c.mu.Lock()
+	var gone []*clientEntry
+	for k, e := range c.by[id] {
+		if site == "" || k.site == site {
+			gone = append(gone, e)
+		}
+	}
+	for _, e := range gone {
+		c.dropLocked(e)
+	}
+	c.mu.Unlock()
+	closeAll(gone)
+}
+
+// close closes every pool's idle connections; get fails from then on.
+func (c *clientCache) close() {
+	c.mu.Lock()
+	c.closed = true
+	var gone []*clientEntry
+	for _, e := range c.m {
+		gone = append(gone, e)
+	}
+	c.m, c.by = nil, nil
+	c.lru.Init()
+	c.mu.Unlock()
+	closeAll(gone)
+}
+
+// size returns the number of pools kept.
+func (c *clientCache) size() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.lru.Len()
+}
+
+func closeAll(es []*clientEntry) {
+	for _, e := range es {
+		closeIdle(e.rt)
+	}
+}
+
+// closeIdle closes rt's idle connections, if it can say so.
+func closeIdle(rt http.RoundTripper) {
+	if ci, ok := rt.(interface{ CloseIdleConnections() }); ok {
+		ci.CloseIdleConnections()
+	}
+}
+
+// build makes the RoundTripper of proxy p (u its URL) for req's hop: New's,
+// or a clone of the base transport.
+func (c *clientCache) build(req *http.Request, p *Proxy, u *url.URL) (http.RoundTripper, error) {
+	s := c.s
+	cl := &s.cfg.client
+	if cl.New == nil {
+		t := s.baseTransport()
+		t.Proxy = http.ProxyURL(u)
+		t.DisableKeepAlives = !cl.KeepAlive
+		t.MaxIdleConnsPerHost = s.cfg.slots
+		t.IdleConnTimeout = cl.IdleTimeout
+		tunnelFailures(t)
+		return t, nil
+	}
+	rt, err := callNew(cl.New, p.URL())
+	if err != nil {
+		return nil, fmt.Errorf("%w: building the client of proxy %s: %w", ErrNoProxy, p, redactErr(err, p))
+	}
+	if rt == nil || isNilPointer(rt) {
+		return nil, fmt.Errorf("%w: the client built for proxy %s is nil", ErrNoProxy, p)
+	}
+	if t, ok := rt.(*http.Transport); ok {
+		if err := checkTransport(t, req, u, p); err != nil {
+			return nil, err
+		}
+		if !cl.KeepAlive {
+			t.DisableKeepAlives = true
+		}
+		tunnelFailures(t)
+	}
+	return rt, nil
+}
+
+// callNew calls a Client.New function, turning a panic into an error.
+func callNew(f func(*url.URL) (http.RoundTripper, error), u *url.URL) (rt http.RoundTripper, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			rt, err = nil, fmt.Errorf("the client function panicked: %v", p)
+		}
+	}()
+	return f(u)
+}
+
+// checkTransport refuses an *http.Transport built for proxy p that would
+// not send req through it: its Proxy names another proxy, or it has none
+// and no dialer of its own (it would connect directly).
+func checkTransport(t *http.Transport, req *http.Request, u *url.URL, p *Proxy) error {
+	if t.Proxy == nil {
+		if t.DialContext == nil && t.DialTLSContext == nil && t.Dial == nil && t.DialTLS == nil { //nolint:staticcheck // a user's transport may set the old ones
+			return fmt.Errorf("%w: the *http.Transport built for proxy %s has no Proxy and no dialer: it would connect directly", ErrNoProxy, p)
+		}
+		return nil // its own dialer: a SOCKS dialer, say
+	}
+	got, err := t.Proxy(req)
+	if err != nil || got == nil || got.String() != u.String() {
+		return fmt.Errorf("%w: the *http.Transport built for proxy %s sends through another proxy, or none", ErrNoProxy, p)
+	}
+	return nil
+}
+
+// tunnelFailures makes a CONNECT the proxy refuses a *ban.TunnelError (a
+// proxy failure), after t's own hook.
+func tunnelFailures(t *http.Transport) {
+	userHook := t.OnProxyConnectResponse
+	t.OnProxyConnectResponse = func(ctx context.Context, u *url.URL, req *http.Request, resp *http.Response) error {
+		if userHook != nil {
+			if err := userHook(ctx, u, req, resp); err != nil {
+				return err
+			}
+		}
+		if resp.StatusCode != http.StatusOK {
+			return &ban.TunnelError{StatusCode: resp.StatusCode}
+		}
+		return nil
+	}
+}
+
+// baseTransport returns a clone of the transport requests are built from:
+// WithBaseTransport's, or http.DefaultTransport.
+func (s *Switch) baseTransport() *http.Transport {
+	if s.cfg.baseTransport != nil {
+		return s.cfg.baseTransport.Clone()
+	}
+	if dt, ok := http.DefaultTransport.(*http.Transport); ok {
+		return dt.Clone()
+	}
+	return &http.Transport{}
+}
+
+// sendPerProxy sends req's hop through a client of its proxy's own: it
+// leases the proxy with the ProxyFunc, as net/http would, then picks the
+// proxy's client for the hop's site (and session). Errors before the send
+// wrap ErrNoProxy: nothing left.
+func (t *transport) sendPerProxy(a *attempt) (*http.Response, error) {
+	s, req := t.s, a.req
+	u, err := s.ProxyFunc(req)
+	if err != nil {
+		return nil, err
+	}
+	if u == nil {
+		return nil, fmt.Errorf("%w: no proxy for the request", ErrNoProxy)
+	}
+	var l *Lease
+	if b := s.reg.lookup(req.Header); b != nil {
+		l = b.currentLease()
+	}
+	var p *Proxy
+	session := ""
+	if l != nil && l.proxy.raw() == u.String() {
+		p = l.proxy
+		if l.sticky() {
+			session = l.token
+		}
+	} else if p, err = s.proxyFor(u.String()); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrNoProxy, err)
+	}
+	rt, err := s.clients.get(req, p, u, s.cfg.siteFunc(req.URL), session)
+	if err != nil {
+		return nil, err
+	}
+	a.startTimer(s.cfg.attemptTimeout) // the proxy is leased: WithAttemptTimeout's bound starts
+	resp, err := rt.RoundTrip(req)
+	if _, ok := rt.(*http.Transport); ok || s.cfg.client.KeepAlive {
+		return resp, err
+	}
+	// Keep-alives off, and a RoundTripper that may keep connections: its
+	// idle ones close as each response ends.
+	if resp == nil || resp.Body == nil {
+		closeIdle(rt)
+	} else {
+		resp.Body = &closeIdleBody{ReadCloser: resp.Body, rt: rt}
+	}
+	return resp, err
+}
+
+// closeIdleBody is a response body that closes its RoundTripper's idle
+// connections (its own among them) once closed.
+type closeIdleBody struct {
+	io.ReadCloser
+	rt http.RoundTripper
+}
+
+func (b *closeIdleBody) Close() error {
+	err := b.ReadCloser.Close()
+	closeIdle(b.rt)
+	return err
+}
