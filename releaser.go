@@ -1,0 +1,105 @@
+package proxyswitch
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/proxyswitch/proxyswitch/internal/bounded"
+)
+
+// Releases in batches.
+//
+// Every release of a lease from Redis (a request's end, Lease.Release,
+// Close) goes through its pool's release group (internal/group): while one
+// release_many.lua call is in Redis, the releases that arrive gather, and
+// when it returns one of their callers sends them all in the next call
+// (release.lua once per lease, owner-checked exactly as a single release;
+// every key of a pool shares its hash tag, so one call covers all its sites,
+// in Redis Cluster too). A lone release goes at once, alone: nothing waits
+// on a timer. Under load (many collectors' requests ending at once) n
+// releases cost one round trip and one script call instead of n, so a
+// crawler makes about one Redis round trip per page: its lease.
+//
+// Each release still returns only when its outcome is in Redis, so
+// everything a caller saw of a release before holds: Close and Collector.Wait
+// return with the leases given back, a process that exits right after loses
+// nothing, and the cooldown runs from when the request ended (a release that
+// waited for its batch has its cooldown shortened by the wait). A quarantine
+// decided meanwhile is never overtaken: release.lua keeps a score something
+// pushed past the lease's expiry.
+//
+// The releases of the hooks run in Colly's OnResponse and OnError, after
+// LimitRule's parallelism slot is freed: they hold no request's slot.
+
+// releaseBatch bounds the leases one release_many.lua call releases.
+const releaseBatch = 256
+
+// queuedRelease is one release waiting for its batch, with what release.lua
+// needs of it.
+type queuedRelease struct {
+	l        *Lease
+	reset    string        // the proxy whose backoff starts over, or ""
+	cooldown time.Duration // from at
+	flaky    time.Duration
+	pace     bool
+	at       time.Time // when the release was asked for
+}
+
+// releaseMany runs release_many.lua for qs (leases of this pool):
+// release.lua's reply for each, in order. It is the release group's flush,
+// bounded by the pool's timeout.
+func (p *redisPool) releaseMany(qs []queuedRelease) ([]int64, error) {
+	keys := make([]string, 1, 6)
+	keys[0] = p.keys.fails()
+	var scopes map[string]int
+	first := "" // the first scope: most batches have no other, and need no map
+	argv := make([]any, 1, 1+7*len(qs))
+	argv[0] = p.cfg.idleTTL.Milliseconds()
+	now := time.Now()
+	for _, q := range qs {
+		l := q.l
+		i := 1
+		switch {
+		case len(keys) == 1:
+			first = l.scope
+			keys = p.appendReleaseKeys(keys, l.scope)
+		case l.scope == first:
+		default:
+			if scopes == nil {
+				scopes = map[string]int{}
+			}
+			var ok bool
+			if i, ok = scopes[l.scope]; !ok {
+				keys = p.appendReleaseKeys(keys, l.scope)
+				i = (len(keys) - 1) / 5
+				scopes[l.scope] = i
+			}
+		}
+		cooldown := q.cooldown
+		if cooldown > 0 {
+			cooldown = max(cooldown-now.Sub(q.at), 0) // from when the release was asked for
+		}
+		paced := "0"
+		if q.pace {
+			paced = "1"
+		}
+		argv = append(argv, i, l.member, l.token, cooldown.Milliseconds(), q.reset, q.flaky.Milliseconds(), paced)
+	}
+	res, err := bounded.Call(context.Background(), p.timeout, p.inline, func(ctx context.Context) ([]int64, error) {
+		return releaseManyScript.Run(ctx, p.rdb, keys, argv...).Int64Slice()
+	}, nil)
+	if err != nil {
+		return nil, redisErr("release", err)
+	}
+	if len(res) != len(qs) {
+		return nil, fmt.Errorf("%w: release reply of %d items for %d leases", ErrCorrupt, len(res), len(qs))
+	}
+	return res, nil
+}
+
+// appendReleaseKeys appends release_many.lua's five keys of scope.
+func (p *redisPool) appendReleaseKeys(keys []string, scope string) []string {
+	return append(keys, p.keys.free(scope), p.keys.leases(scope), p.keys.strikes(scope),
+		p.keys.health(scope), p.keys.pace(scope))
+}

@@ -1,0 +1,114 @@
+package proxyswitch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// slowScripts counts a client's script calls and delays each, so that
+// concurrent callers pile up behind the one in flight.
+type slowScripts struct {
+	n     atomic.Int64
+	delay atomic.Int64 // ns
+}
+
+func (h *slowScripts) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *slowScripts) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *slowScripts) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if name := strings.ToLower(cmd.Name()); name == "evalsha" || name == "eval" {
+			h.n.Add(1)
+			time.Sleep(time.Duration(h.delay.Load()))
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// TestReleasesShareRoundTrips: 60 leases on three sites released at once
+// share script calls (release_many.lua, group commit), each release
+// owner-checked on its own: a lease whose token is no longer the holder's
+// gets ErrLeaseLost and stays, the others are released, and every
+// release returns only once its outcome is in Redis.
+func TestReleasesShareRoundTrips(t *testing.T) {
+	ctx := context.Background()
+	rdb := shared.Client(t)
+	hook := &slowScripts{}
+	rdb.AddHook(hook)
+	s := newSwitch(t, rdb)
+	_, err := s.Add(ctx, proxyURLs(20)...)
+	require.NoError(t, err)
+	sites := []string{"a.example", "b.example", "c.example"}
+	var leases []*Lease
+	for _, site := range sites {
+		for range 20 {
+			l, err := s.Lease(ctx, site)
+			require.NoError(t, err)
+			leases = append(leases, l)
+		}
+	}
+	stolen := leases[7]
+	stolen.token = "not-the-holder"
+
+	hook.delay.Store(int64(20 * time.Millisecond))
+	hook.n.Store(0)
+	var wg sync.WaitGroup
+	errs := make([]error, len(leases))
+	start := make(chan struct{})
+	for i, l := range leases {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			errs[i] = l.Release(ctx)
+		}()
+	}
+	close(start)
+	wg.Wait()
+	hook.delay.Store(0)
+	calls := hook.n.Load()
+	t.Logf("%d releases in %d script calls", len(leases), calls)
+	assert.LessOrEqual(t, calls, int64(len(leases)/4), "releases made at once share script calls")
+	for i, err := range errs {
+		if leases[i] == stolen {
+			assert.True(t, errors.Is(err, ErrLeaseLost), "the lease no longer ours: %v", err)
+			continue
+		}
+		assert.NoError(t, err, "lease %d", i)
+	}
+	for _, site := range sites {
+		st, err := s.Stats(ctx, site)
+		require.NoError(t, err)
+		want := 0
+		if site == stolen.scope {
+			want = 1
+		}
+		assert.Equal(t, want, st.LeaseRecords, "lease records left for %s", site)
+	}
+}
+
+// TestReleaseManyRejectsBadScopeIndex: release_many.lua refuses a lease
+// whose scope index names no keys instead of touching other keys.
+func TestReleaseManyRejectsBadScopeIndex(t *testing.T) {
+	ctx := context.Background()
+	rdb := shared.Client(t)
+	s := newSwitch(t, rdb)
+	k := s.keys
+	keys := []string{k.fails(), k.free("a"), k.leases("a"), k.strikes("a"), k.health("a"), k.pace("a")}
+	for _, idx := range []any{0, 2, "x"} {
+		err := releaseManyScript.Run(ctx, rdb, keys, 60000, idx, "m:0", "tok", 0, "", 0, "0").Err()
+		require.Error(t, err, fmt.Sprint(idx))
+		assert.Contains(t, err.Error(), "PSARGS")
+	}
+}
