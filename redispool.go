@@ -30,6 +30,7 @@ type redisPool struct {
 	inline  bool          // the client honours context deadlines: the lease path's calls run on the caller's goroutine (bounded.Call)
 
 	releases group.Group[queuedRelease, int64] // concurrent releases share one release_many.lua call (releaser.go)
+	scopeKeys scopeKeyCache                    // the lease and release keys of each scope, built once
 	snap     snapState                         // the copy of the pool, to re-seed a Redis that lost it (snapshot.go)
 }
 
@@ -76,8 +77,9 @@ func (p *redisPool) tryLeaseOnce(ctx context.Context, site, scope, prefer string
 	token := p.sw.newToken()
 	ttl := p.cfg.leaseTTL
 	res, err := bounded.Call(ctx, p.timeout, p.inline, func(ctx context.Context) ([]any, error) {
-		return leaseScript.Run(ctx, p.rdb, p.keys.lease(scope), append([]any{scope, token, ttl.Milliseconds(), p.cfg.cooldown.Milliseconds(),
-			p.cfg.slots, p.cfg.idleTTL.Milliseconds(), prefer, ""}, p.sw.brk.leaseArgs(site)...)...).Slice()
+		argv := append(make([]any, 0, 10), scope, token, ttl.Milliseconds(), p.cfg.cooldown.Milliseconds(),
+			p.cfg.slots, p.cfg.idleTTL.Milliseconds(), prefer, "")
+		return leaseScript.Run(ctx, p.rdb, p.scopeKeys.get(p, scope).lease, append(argv, p.sw.brk.leaseArgs(site)...)...).Slice()
 	}, p.releaseLate(scope, token))
 	if err != nil {
 		if err, ok := leaseConfigErr(err); ok {

@@ -3,6 +3,8 @@ package proxyswitch
 import (
 	"context"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/proxyswitch/proxyswitch/internal/bounded"
@@ -100,6 +102,36 @@ func (p *redisPool) releaseMany(qs []queuedRelease) ([]int64, error) {
 
 // appendReleaseKeys appends release_many.lua's five keys of scope.
 func (p *redisPool) appendReleaseKeys(keys []string, scope string) []string {
-	return append(keys, p.keys.free(scope), p.keys.leases(scope), p.keys.strikes(scope),
-		p.keys.health(scope), p.keys.pace(scope))
+	return append(keys, p.scopeKeys.get(p, scope).release...)
+}
+
+// maxCachedScopes bounds the scopes whose keys a pool keeps built: past
+// it, the keys of new scopes are built on each call.
+const maxCachedScopes = 10_000
+
+// scopeKeys are the keys of one scope that every lease and release sends.
+type scopeKeys struct {
+	lease   []string // lease.lua's KEYS
+	release []string // release_many.lua's five keys of the scope
+}
+
+// scopeKeyCache keeps each scope's keys built (the key names of a scope
+// never change), so that a lease or a release does not concatenate them
+// again. Safe for concurrent use; the slices it returns are shared: read
+// only.
+type scopeKeyCache struct {
+	m sync.Map     // scope -> *scopeKeys
+	n atomic.Int64 // scopes stored
+}
+
+func (c *scopeKeyCache) get(p *redisPool, scope string) *scopeKeys {
+	if v, ok := c.m.Load(scope); ok {
+		return v.(*scopeKeys)
+	}
+	k := &scopeKeys{lease: p.keys.lease(scope), release: []string{p.keys.free(scope), p.keys.leases(scope),
+		p.keys.strikes(scope), p.keys.health(scope), p.keys.pace(scope)}}
+	if c.n.Add(1) <= maxCachedScopes {
+		c.m.Store(scope, k)
+	}
+	return k
 }
