@@ -29,9 +29,9 @@ type redisPool struct {
 	timeout time.Duration // bounds each call made for a request
 	inline  bool          // the client honours context deadlines: the lease path's calls run on the caller's goroutine (bounded.Call)
 
-	releases group.Group[queuedRelease, int64] // concurrent releases share one release_many.lua call (releaser.go)
-	scopeKeys scopeKeyCache                    // the lease and release keys of each scope, built once
-	snap     snapState                         // the copy of the pool, to re-seed a Redis that lost it (snapshot.go)
+	releases  group.Group[queuedRelease, int64] // concurrent releases share one release_many.lua call (releaser.go)
+	scopeKeys scopeKeyCache                     // the lease and release keys of each scope, built once
+	snap      snapState                         // the copy of the pool, to re-seed a Redis that lost it (snapshot.go)
 }
 
 func newRedisPool(s *Switch, name string) (*redisPool, error) {
