@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -110,5 +111,62 @@ func TestReleaseManyRejectsBadScopeIndex(t *testing.T) {
 		err := releaseManyScript.Run(ctx, rdb, keys, 60000, idx, "m:0", "tok", 0, "", 0, "0").Err()
 		require.Error(t, err, fmt.Sprint(idx))
 		assert.Contains(t, err.Error(), "PSARGS")
+	}
+}
+
+// callerHook records whether each lease.lua and release_many.lua call runs on the goroutine of a
+// function whose name contains caller (inline) or on another one.
+type callerHook struct {
+	caller          string
+	inline, spawned atomic.Int64
+}
+
+func (h *callerHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *callerHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *callerHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if args := cmd.Args(); len(args) > 1 && strings.ToLower(cmd.Name()) == "evalsha" &&
+			(args[1] == leaseScript.Hash() || args[1] == releaseManyScript.Hash()) {
+			buf := make([]byte, 64<<10)
+			if strings.Contains(string(buf[:runtime.Stack(buf, false)]), h.caller) {
+				h.inline.Add(1)
+			} else {
+				h.spawned.Add(1)
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// TestLeasePathRunsInline: on a client that honours context deadlines
+// (ContextTimeoutEnabled) a lease and its release run on the caller's
+// goroutine; on a default client each on a watchdog goroutine of its own
+// (bounded.Call), which go-redis' own timeouts then need.
+func TestLeasePathRunsInline(t *testing.T) {
+	if shared.Server == nil {
+		t.Skip("single-node client options")
+	}
+	ctx := context.Background()
+	for _, honours := range []bool{true, false} {
+		rdb := shared.Server.Client(t, func(o *redis.Options) { o.ContextTimeoutEnabled = honours })
+		s := newSwitch(t, rdb)
+		_, err := s.Add(ctx, proxyURLs(2)...)
+		require.NoError(t, err)
+		h := &callerHook{caller: "TestLeasePathRunsInline"}
+		rdb.AddHook(h)
+		for range 3 {
+			l, err := s.Lease(ctx, "a.example")
+			require.NoError(t, err)
+			require.NoError(t, l.Release(ctx))
+		}
+		if honours {
+			assert.Equal(t, int64(6), h.inline.Load(), "inline")
+			assert.Zero(t, h.spawned.Load(), "spawned")
+		} else {
+			assert.Zero(t, h.inline.Load(), "inline")
+			assert.Equal(t, int64(6), h.spawned.Load(), "spawned")
+		}
 	}
 }
