@@ -139,7 +139,7 @@ func (s *Switch) acquire(ctx context.Context, site, prefer string, renew bool) (
 		}
 		d := min(wait, backoff, left)
 		backoff = min(2*backoff, s.cfg.backoffMax)
-		if !pause(ctx, d) {
+		if !s.waiters.pause(ctx, be.pool(), scope, d) {
 			return nil, errors.Join(fmt.Errorf("%w: gave up waiting for site %s%s", ErrNoProxy, scope, nextFree(next)), ctx.Err())
 		}
 	}

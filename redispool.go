@@ -165,6 +165,12 @@ func (p *redisPool) release(ctx context.Context, l *Lease) error {
 	if n == 0 {
 		return l.lost("expired and leased again")
 	}
+	if cooldown == 0 {
+		// Free now (unless a learned pace or a flaky delay holds it: the
+		// waiter then gets the script's wait hint): a lease waiting for
+		// this scope in this Switch tries at once.
+		p.sw.waiters.wake(p.name, l.scope)
+	}
 	return nil
 }
 

@@ -170,3 +170,41 @@ func TestLeasePathRunsInline(t *testing.T) {
 		}
 	}
 }
+
+// TestReleaseWakesALocalWaiter: a lease waiting for the only proxy of a
+// site gets it as soon as this Switch releases it there, not after its
+// backoff (2s here); a release on another site wakes nobody.
+func TestReleaseWakesALocalWaiter(t *testing.T) {
+	ctx := context.Background()
+	s := newSwitch(t, shared.Client(t))
+	s.cfg.backoffMin, s.cfg.backoffMax = 2*time.Second, 2*time.Second
+	_, err := s.Add(ctx, proxyURLs(1)...)
+	require.NoError(t, err)
+	held, err := s.Lease(ctx, "a.example")
+	require.NoError(t, err)
+	other, err := s.Lease(ctx, "b.example")
+	require.NoError(t, err)
+	got := make(chan time.Time, 1)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		l, err := s.Lease(ctx, "a.example")
+		assert.NoError(t, err)
+		got <- time.Now()
+		if l != nil {
+			assert.NoError(t, l.Release(ctx))
+		}
+	}()
+	time.Sleep(100 * time.Millisecond) // the waiter tried once and sleeps
+	require.NoError(t, other.Release(ctx))
+	select {
+	case <-got:
+		t.Fatal("a release on another site woke the waiter")
+	case <-time.After(100 * time.Millisecond):
+	}
+	released := time.Now()
+	require.NoError(t, held.Release(ctx))
+	at := <-got
+	<-done
+	assert.Less(t, at.Sub(released), 500*time.Millisecond, "woken by the release, not by its 2s backoff")
+}
