@@ -139,7 +139,7 @@ func (s *Switch) acquire(ctx context.Context, site, prefer string, renew bool) (
 		}
 		d := min(wait, backoff, left)
 		backoff = min(2*backoff, s.cfg.backoffMax)
-		if !pause(ctx, d) {
+		if !s.waiters.pause(ctx, be.pool(), scope, d) {
 			if err := s.brk.pausedErr(site, start, time.Now()); err != nil {
 				return nil, errors.Join(err, ctx.Err()) // the request ended while its site was paused
 			}

@@ -11,6 +11,7 @@ import (
 	"github.com/proxyswitch/proxyswitch/ban"
 	"github.com/proxyswitch/proxyswitch/internal/bounded"
 	"github.com/proxyswitch/proxyswitch/internal/engine"
+	"github.com/proxyswitch/proxyswitch/internal/group"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -26,7 +27,11 @@ type redisPool struct {
 	name    string
 	keys    keyspace
 	timeout time.Duration // bounds each call made for a request
-	snap    snapState     // the copy of the pool, to re-seed a Redis that lost it (snapshot.go)
+	inline  bool          // the client honours context deadlines: the lease path's calls run on the caller's goroutine (bounded.Call)
+
+	releases  group.Group[queuedRelease, int64] // concurrent releases share one release_many.lua call (releaser.go)
+	scopeKeys scopeKeyCache                     // the lease and release keys of each scope, built once
+	snap      snapState                         // the copy of the pool, to re-seed a Redis that lost it (snapshot.go)
 }
 
 func newRedisPool(s *Switch, name string) (*redisPool, error) {
@@ -38,7 +43,10 @@ func newRedisPool(s *Switch, name string) (*redisPool, error) {
 	if s.cfg.fallback.set > 0 {
 		timeout = min(timeout, s.cfg.fallback.timeout)
 	}
-	return &redisPool{sw: s, rdb: s.rdb, cfg: &s.cfg, name: name, keys: keys, timeout: timeout}, nil
+	p := &redisPool{sw: s, rdb: s.rdb, cfg: &s.cfg, name: name, keys: keys, timeout: timeout,
+		inline: bounded.HonoursDeadlines(s.rdb)}
+	p.releases = group.Group[queuedRelease, int64]{Max: releaseBatch, Corrupt: ErrCorrupt, Flush: p.releaseMany}
+	return p, nil
 }
 
 func (p *redisPool) pool() string                { return p.name }
@@ -68,9 +76,10 @@ func (p *redisPool) tryLease(ctx context.Context, site, scope, prefer string) (*
 func (p *redisPool) tryLeaseOnce(ctx context.Context, site, scope, prefer string) (l *Lease, wait time.Duration, lost bool, err error) {
 	token := p.sw.newToken()
 	ttl := p.cfg.leaseTTL
-	res, err := roundTrip(ctx, p.timeout, func(ctx context.Context) ([]any, error) {
-		return leaseScript.Run(ctx, p.rdb, p.keys.lease(scope), append([]any{scope, token, ttl.Milliseconds(), p.cfg.cooldown.Milliseconds(),
-			p.cfg.slots, p.cfg.idleTTL.Milliseconds(), prefer, ""}, p.sw.brk.leaseArgs(site)...)...).Slice()
+	res, err := bounded.Call(ctx, p.timeout, p.inline, func(ctx context.Context) ([]any, error) {
+		argv := append(make([]any, 0, 10), scope, token, ttl.Milliseconds(), p.cfg.cooldown.Milliseconds(),
+			p.cfg.slots, p.cfg.idleTTL.Milliseconds(), prefer, "")
+		return leaseScript.Run(ctx, p.rdb, p.scopeKeys.get(p, scope).lease, append(argv, p.sw.brk.leaseArgs(site)...)...).Slice()
 	}, p.releaseLate(scope, token))
 	if err != nil {
 		if err, ok := leaseConfigErr(err); ok {
@@ -140,26 +149,43 @@ func (p *redisPool) releaseLate(scope, token string) func([]any, error) {
 	}
 }
 
-// release runs the owner-checked release script for l. If the request made
-// through l got a healthy answer, the proxy's backoff starts over.
+// release runs the owner-checked release script for l, in one
+// release_many.lua call with the releases made at the same time (releaser.go).
+// If the request made through l got a healthy answer, the proxy's backoff
+// starts over.
 func (p *redisPool) release(ctx context.Context, l *Lease) error {
-	reset := ""
-	if l.healthy.Load() {
-		reset = l.proxy.id
+	if err := ctx.Err(); err != nil {
+		return redisErr("release", err)
 	}
-	cooldown := max(p.cfg.cooldown, time.Duration(l.hold.Load()))
-	flaky, pace := p.cfg.flakyDelay, p.cfg.paceMax > 0
-	if l.unused.Load() {
-		cooldown, flaky, pace = 0, 0, false
-	}
-	n, err := p.releaseMemberFor(ctx, l.scope, l.member, l.token, reset, cooldown, flaky, pace)
+	reset, cooldown, flaky, pace := p.releaseArgs(l)
+	n, err := p.releases.Do(queuedRelease{l: l, reset: reset, cooldown: cooldown, flaky: flaky, pace: pace, at: time.Now()})
 	if err != nil {
 		return err
 	}
 	if n == 0 {
 		return l.lost("expired and leased again")
 	}
+	if cooldown == 0 {
+		// Free now (unless a learned pace or a flaky delay holds it: the
+		// waiter then gets the script's wait hint): a lease waiting for
+		// this scope in this Switch tries at once.
+		p.sw.waiters.wake(p.name, l.scope)
+	}
 	return nil
+}
+
+// releaseArgs is what release.lua needs of l: the proxy whose backoff starts
+// over (a healthy answer) or "", the cooldown, the flaky delay, pacing.
+func (p *redisPool) releaseArgs(l *Lease) (reset string, cooldown, flaky time.Duration, pace bool) {
+	if l.healthy.Load() {
+		reset = l.proxy.id
+	}
+	cooldown = max(p.cfg.cooldown, time.Duration(l.hold.Load()))
+	flaky, pace = p.cfg.flakyDelay, p.cfg.paceMax > 0
+	if l.unused.Load() {
+		cooldown, flaky, pace = 0, 0, false
+	}
+	return reset, cooldown, flaky, pace
 }
 
 // releaseMember releases one slot if token still owns it: 1 released, 2
@@ -179,7 +205,7 @@ func (p *redisPool) releaseMemberFor(ctx context.Context, scope, member, token, 
 	if pace {
 		paced = "1"
 	}
-	n, err := roundTrip(ctx, p.timeout, func(ctx context.Context) (int64, error) {
+	n, err := bounded.Call(ctx, p.timeout, p.inline, func(ctx context.Context) (int64, error) {
 		return releaseScript.Run(ctx, p.rdb, keys, member, token, cooldown.Milliseconds(), reset,
 			flaky.Milliseconds(), paced, p.cfg.idleTTL.Milliseconds()).Int64()
 	}, nil)
@@ -205,7 +231,7 @@ func (p *redisPool) extend(ctx context.Context, l *Lease, ttl time.Duration) err
 // extendMember runs extend.lua for l's slot and token: the new expiry,
 // or 0 when the slot is no longer l's.
 func (p *redisPool) extendMember(ctx context.Context, l *Lease, ttl time.Duration) (int64, error) {
-	n, err := roundTrip(ctx, p.timeout, func(ctx context.Context) (int64, error) {
+	n, err := bounded.Call(ctx, p.timeout, p.inline, func(ctx context.Context) (int64, error) {
 		return extendScript.Run(ctx, p.rdb, []string{p.keys.free(l.scope), p.keys.leases(l.scope)},
 			l.member, l.token, ttl.Milliseconds()).Int64()
 	}, nil)

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/proxyswitch/proxyswitch/internal/bounded"
 )
 
 // Renewal and Close.
@@ -233,7 +235,7 @@ func (p *redisPool) extendMany(ctx context.Context, ls []*Lease, ttl time.Durati
 		}
 		argv = append(argv, i, l.member, l.token)
 	}
-	res, err := roundTrip(ctx, p.timeout, func(ctx context.Context) ([]int64, error) {
+	res, err := bounded.Call(ctx, p.timeout, p.inline, func(ctx context.Context) ([]int64, error) {
 		return extendManyScript.Run(ctx, p.rdb, keys, argv...).Int64Slice()
 	}, nil)
 	if err != nil {

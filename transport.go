@@ -11,6 +11,7 @@ import (
 	"net/http/httptrace"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/gocolly/colly/v2"
@@ -320,7 +321,14 @@ func (t *transport) buffer(resp *http.Response, x *ban.Exchange, a *attempt) err
 		limit, stream = int64(t.c.MaxBodySize), false
 	}
 	orig := resp.Body
-	var buf bytes.Buffer
+	buf := bodyBuffers.Get().(*bytes.Buffer)
+	buf.Reset()
+	pooled := false // buf went to Colly in a body that hands it back on Close
+	defer func() {
+		if !pooled {
+			putBodyBuffer(buf)
+		}
+	}()
 	if n := resp.ContentLength; n > 0 && n <= limit {
 		// Room for the whole body and the read that meets its end: one
 		// allocation, where growing by doubling copies it several times.
@@ -363,15 +371,31 @@ func (t *transport) buffer(resp *http.Response, x *ban.Exchange, a *attempt) err
 		a.done()
 		return nil
 	}
+	pooled = true // from here on, Colly reads raw: buf goes back when it closes the body
 	if stream && x.Truncated {
-		resp.Body = &doneBody{Reader: io.MultiReader(bytes.NewReader(raw), orig), close: orig.Close, done: a.done}
+		resp.Body = &doneBody{Reader: io.MultiReader(bytes.NewReader(raw), orig), close: orig.Close, done: a.done, buf: buf}
 		return nil
 	}
 	orig.Close()
-	resp.Body = io.NopCloser(bytes.NewReader(raw))
-	a.done()
+	resp.Body = &doneBody{Reader: bytes.NewReader(raw), close: noClose, done: a.done, buf: buf}
 	return nil
 }
+
+// bodyBuffers are the buffers buffer reads bodies into: each goes back
+// when Colly, having copied the body, closes it, so a crawl reuses a few
+// buffers instead of allocating (and growing) one per page.
+var bodyBuffers = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// maxPooledBody is the largest buffer kept for reuse.
+const maxPooledBody = 1 << 20
+
+func putBodyBuffer(b *bytes.Buffer) {
+	if b.Cap() <= maxPooledBody {
+		bodyBuffers.Put(b)
+	}
+}
+
+func noClose() error { return nil }
 
 // How a response body is encoded, as the transport reads it.
 const (
@@ -508,18 +532,33 @@ func (a *attempt) hand(resp *http.Response, err error) (*http.Response, error) {
 	return resp, err
 }
 
-// doneBody is a response body that ends its attempt when closed.
+// doneBody is a response body that ends its attempt when closed, and
+// hands back the buffer its bytes are read from, if any (bodyBuffers):
+// once closed, it reads nothing more.
 type doneBody struct {
 	io.Reader
 	close func() error
 	done  func()
+	buf   *bytes.Buffer
+	once  sync.Once
 }
 
 func (d *doneBody) Close() error {
 	err := d.close()
 	d.done()
+	d.once.Do(func() {
+		if d.buf != nil {
+			d.Reader = eofReader{}
+			putBodyBuffer(d.buf)
+		}
+	})
 	return err
 }
+
+// eofReader is the body of a doneBody after Close.
+type eofReader struct{}
+
+func (eofReader) Read([]byte) (int, error) { return 0, io.EOF }
 
 func closeBody(resp *http.Response) {
 	if resp != nil && resp.Body != nil {

@@ -90,9 +90,10 @@ func DefaultChallengeURLs() []string {
 func DefaultBanStatus() []int { return []int{403, 429, 503} }
 
 type expectRule struct {
-	site string         // "" = every site
-	url  *regexp.Regexp // matched against the request URI; nil = every page
-	sels []cascadia.Selector
+	site  string         // "" = every site
+	url   *regexp.Regexp // matched against the request URI; nil = every page
+	sels  []cascadia.Selector
+	quick bool // every selector is a quickSelector: a scan of the tags may find them (Exchange.contains)
 }
 
 // Detector runs the classifiers and the built-in checks of its Rules on
@@ -141,7 +142,9 @@ func NewDetector(r Rules) (*Detector, error) {
 		if len(e.Selectors) == 0 {
 			return nil, fmt.Errorf("ban: expected content for site %q, URL %q names no selector", e.Site, e.URL)
 		}
+		rule.quick = true
 		for _, sel := range e.Selectors {
+			rule.quick = rule.quick && quickSelector.MatchString(strings.TrimSpace(sel))
 			cs, err := cascadia.Compile(sel)
 			if err != nil {
 				return nil, fmt.Errorf("ban: CSS selector %q: %w", sel, err)
@@ -261,7 +264,7 @@ func (d *Detector) classifyResponse(x *Exchange) Verdict {
 		if x.Undecoded {
 			return unchecked
 		}
-		switch found, ok := x.contains(e.sels); {
+		switch found, ok := x.contains(e.sels, e.quick); {
 		case !ok:
 			return unchecked
 		case !found && x.Truncated:

@@ -7,10 +7,14 @@ import (
 	"mime"
 	"net/http"
 	"net/url"
+	"regexp"
 	"strings"
+	"unsafe"
 
 	"github.com/PuerkitoBio/goquery"
 	"github.com/andybalholm/cascadia"
+	"golang.org/x/net/html"
+	"golang.org/x/net/html/atom"
 	"golang.org/x/net/html/charset"
 )
 
@@ -73,7 +77,16 @@ func (x *Exchange) Document() (*goquery.Document, error) {
 // when it could not be parsed. A page transcoded from UTF-16 (Document)
 // that lacks one is read once more as it came, in case its charset was
 // declared wrong.
-func (x *Exchange) contains(sels []cascadia.Selector) (found, ok bool) {
+//
+// With quick (every selector matches an element by the element alone: see
+// quickSelector) the page's tags are scanned first, without building the
+// document (scanFinds): when the scan finds them all, that is the answer,
+// and the page is parsed only when it lacks one (to be sure) or when a
+// classifier asks for the Document.
+func (x *Exchange) contains(sels []cascadia.Selector, quick bool) (found, ok bool) {
+	if quick && !x.parsed && x.scanFinds(sels) {
+		return true, true
+	}
 	doc, err := x.Document()
 	if err != nil {
 		return false, false
@@ -88,6 +101,115 @@ func (x *Exchange) contains(sels []cascadia.Selector) (found, ok bool) {
 		return false, true // read one way it lacks a selector, the other way it does not parse
 	}
 	return containsAll(doc, sels), true
+}
+
+// quickSelector matches the selectors that a single element decides: a tag
+// (or *), #ids, .classes and [attribute] tests, with no combinator and no
+// pseudo-class, which would need the element's place in the document.
+var quickSelector = regexp.MustCompile(`^(?:[A-Za-z][A-Za-z0-9-]*|\*)?(?:[.#][A-Za-z0-9_-]+|\[[A-Za-z_][A-Za-z0-9_-]*(?:[~|^$*]?=(?:"[^"\\]*"|'[^'\\]*'|[A-Za-z0-9_-]+))?\])*$`)
+
+// scanMaxDepth is how deep the elements scanFinds keeps track of may nest
+// before it leaves the answer to the parser (which refuses documents nested
+// deeper than 512 elements: such a page is unchecked, not found).
+const scanMaxDepth = 256
+
+// scanFinds reports whether the page surely contains each of sels (quick
+// selectors), from its tags alone (golang.org/x/net/html's tokenizer: no
+// tree is built). It is conservative: false means "parse it to know". It
+// says false for a page in UTF-16, one that nests deeper than scanMaxDepth
+// (as far as a stack of open tags tells), and it does not count the tags
+// that the parser merges, renames or may drop (uncounted, and whatever is
+// inside select, template, svg or math), so that every element it matches
+// is one the document has (FuzzScanFinds checks it against the parser).
+func (x *Exchange) scanFinds(sels []cascadia.Selector) bool {
+	if len(sels) == 0 || len(sels) > 64 || len(x.Body) == 0 {
+		return false
+	}
+	if _, name, _ := charset.DetermineEncoding(x.Body, x.Header.Get("Content-Type")); strings.HasPrefix(name, "utf-16") {
+		return false
+	}
+	z := html.NewTokenizer(bytes.NewReader(x.Body))
+	var seen uint64
+	all := uint64(1)<<len(sels) - 1
+	var open []atom.Atom // the open elements, as far as the tags tell
+	skip := 0            // > 0: inside an element whose content is not counted (open[skip-1] opened it)
+	n := &html.Node{Type: html.ElementNode}
+	for {
+		tt := z.Next()
+		switch tt {
+		case html.ErrorToken:
+			return z.Err() == io.EOF && seen == all
+		case html.EndTagToken:
+			name, _ := z.TagName()
+			a := atom.Lookup(name)
+			for i := len(open) - 1; i >= 0; i-- {
+				if open[i] == a {
+					open = open[:i]
+					if skip > len(open) {
+						skip = 0
+					}
+					break
+				}
+			}
+		case html.StartTagToken, html.SelfClosingTagToken:
+			name, more := z.TagName()
+			a := atom.Lookup(name)
+			// The element's name and attributes are views of the
+			// tokenizer's buffer (no copy), valid until the next token:
+			// the selectors read them at once and keep nothing.
+			n.Data, n.DataAtom = view(name), a
+			n.Attr = n.Attr[:0]
+			for more {
+				var k, v []byte
+				k, v, more = z.TagAttr()
+				n.Attr = append(n.Attr, html.Attribute{Key: view(k), Val: view(v)})
+			}
+			if tt == html.StartTagToken && !voidElement(a) {
+				open = append(open, a)
+				if len(open) > scanMaxDepth {
+					return false
+				}
+				if skip == 0 && (a == atom.Select || a == atom.Template || a == atom.Svg || a == atom.Math) {
+					skip = len(open)
+				}
+			}
+			if skip > 0 || uncounted(a) {
+				continue
+			}
+			for i, sel := range sels {
+				if seen&(1<<i) == 0 && sel.Match(n) {
+					seen |= 1 << i
+				}
+			}
+		}
+	}
+}
+
+// view is b as a string without a copy: only while b does not change.
+func view(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
+
+// uncounted reports whether the parser may merge, rename or drop an
+// element of that tag, by where it stands: the document's own elements
+// (html, head, body), image (read as img), table parts outside a table,
+// frames.
+func uncounted(a atom.Atom) bool {
+	switch a {
+	case atom.Html, atom.Head, atom.Body, atom.Image, atom.Frameset, atom.Frame,
+		atom.Caption, atom.Col, atom.Colgroup, atom.Tbody, atom.Thead, atom.Tfoot, atom.Tr, atom.Td, atom.Th:
+		return true
+	}
+	return false
+}
+
+// voidElement reports whether an element of that tag never has content (no
+// end tag), so it never stays open.
+func voidElement(a atom.Atom) bool {
+	switch a {
+	case atom.Area, atom.Base, atom.Br, atom.Col, atom.Embed, atom.Hr, atom.Img, atom.Input, atom.Keygen,
+		atom.Link, atom.Meta, atom.Param, atom.Source, atom.Track, atom.Wbr:
+		return true
+	}
+	return false
 }
 
 func containsAll(doc *goquery.Document, sels []cascadia.Selector) bool {

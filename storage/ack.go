@@ -260,13 +260,13 @@ func (s *Storage) settle(tok string, cause error) error {
 
 // ack acknowledges the delivery with token tok. It is one q_ack round trip,
 // shared with the acknowledgements other goroutines make meanwhile (see
-// group.go): it returns when the acknowledgement is in Redis.
+// internal/group): it returns when the acknowledgement is in Redis.
 func (s *Storage) ack(tok string) error {
 	id, n, err := splitToken(tok)
 	if err != nil {
 		return err
 	}
-	_, err = s.acks.do(ackItem{id, n})
+	_, err = s.acks.Do(ackItem{id, n})
 	return err
 }
 

@@ -163,7 +163,7 @@ func BenchmarkVisitedSeen(b *testing.B) {
 
 // BenchmarkQueue is one request through the queue: push, pop and (ours
 // only; the references have no such step) acknowledge, from 50 goroutines
-// (so concurrent calls share round trips: see group.go). Colly's own
+// (so concurrent calls share round trips: see internal/group). Colly's own
 // queue.Run pops from one goroutine per process; its threads add and
 // acknowledge concurrently.
 //

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/proxyswitch/proxyswitch/internal/group"
 )
 
 // The queue gives at-least-once delivery. GetRequest moves a request from
@@ -24,20 +26,20 @@ import (
 // request (see ErrInvalidRequest) and appends it to the namespace's queue,
 // unless the queue holds WithMaxQueued requests already (ErrQueueFull). It
 // is one Redis round trip, shared with the AddRequest calls of other
-// goroutines made meanwhile (see group.go): it returns when the request is
+// goroutines made meanwhile (see internal/group): it returns when the request is
 // in Redis.
 func (s *Storage) AddRequest(r []byte) error {
 	if _, err := checkRequest(r, s.cfg.maxRequestSize); err != nil {
 		return err
 	}
-	addErr, err := s.adds.do(r)
+	addErr, err := s.adds.Do(r)
 	if err != nil {
 		return err
 	}
 	return addErr
 }
 
-// Batch bounds of the grouped round trips (group.go).
+// Batch bounds of the grouped round trips (internal/group).
 const (
 	addGroupMax      = 64      // AddRequest calls in one q_add
 	addGroupMaxBytes = 1 << 20 // and their bytes, but for a larger request alone
@@ -47,10 +49,10 @@ const (
 
 // initGroups sets up the grouped round trips of the queue.
 func (s *Storage) initGroups() {
-	s.adds = group[[]byte, error]{max: addGroupMax, maxBytes: addGroupMaxBytes,
-		size: func(r []byte) int { return len(r) }, flush: s.flushAdds}
-	s.pops = group[struct{}, popped]{max: popGroupMax, flush: s.flushPops}
-	s.acks = group[ackItem, struct{}]{max: ackGroupMax, flush: s.flushAcks}
+	s.adds = group.Group[[]byte, error]{Corrupt: ErrCorrupt, Max: addGroupMax, MaxBytes: addGroupMaxBytes,
+		Size: func(r []byte) int { return len(r) }, Flush: s.flushAdds}
+	s.pops = group.Group[struct{}, popped]{Corrupt: ErrCorrupt, Max: popGroupMax, Flush: s.flushPops}
+	s.acks = group.Group[ackItem, struct{}]{Corrupt: ErrCorrupt, Max: ackGroupMax, Flush: s.flushAcks}
 }
 
 // flushAdds queues a batch of AddRequest calls in one q_add. If together
@@ -98,7 +100,7 @@ func (s *Storage) GetRequest() ([]byte, error) {
 	ctx := context.Background()
 	held := false
 	for range 8 {
-		p, err := s.pops.do(struct{}{})
+		p, err := s.pops.Do(struct{}{})
 		if err != nil {
 			return nil, err
 		}

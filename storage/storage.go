@@ -10,6 +10,7 @@ import (
 	"github.com/gocolly/colly/v2/queue"
 	collystorage "github.com/gocolly/colly/v2/storage"
 	"github.com/proxyswitch/proxyswitch/internal/bounded"
+	"github.com/proxyswitch/proxyswitch/internal/group"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -40,10 +41,10 @@ type Storage struct {
 	revisits revisits // IDs IsVisited just found visited (visited.go)
 	inline   bool     // the client bounds round trips by the context itself
 
-	// The queue's round trips that concurrent calls share (group.go).
-	adds group[[]byte, error]
-	pops group[struct{}, popped]
-	acks group[ackItem, struct{}]
+	// The queue's round trips that concurrent calls share (internal/group).
+	adds group.Group[[]byte, error]
+	pops group.Group[struct{}, popped]
+	acks group.Group[ackItem, struct{}]
 
 	attached         atomic.Bool // Attach was called (on some collector)
 	warnedUnattached atomic.Bool // QueueSize reported ErrNotAttached (logged once)

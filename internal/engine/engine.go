@@ -6,7 +6,11 @@
 // Every script is lua/lib.lua (DEAD, now_ms, num, checked, corrupt,
 // meta_slots, pool_prefix), then the
 // libraries its header names on "-- include: <file>" lines (such as
-// session_lib.lua), then its own body, so every call stays one EVALSHA.
+// session_lib.lua), then the scripts it names on "-- embed: <file> as
+// <name>" lines, each as a local function <name>(KEYS, ARGV) (its body
+// as it is, KEYS and ARGV its parameters: release_many.lua runs
+// release.lua once per lease this way, without a second copy of it), then
+// its own body, so every call stays one EVALSHA.
 // Library files (lib.lua and *_lib.lua) are not scripts of their own.
 //
 // Script.Run sends EVALSHA and falls back to EVAL on NOSCRIPT, so a
@@ -45,6 +49,11 @@ const LibFile = "lib.lua"
 // script's body.
 const includePrefix = "-- include: "
 
+// embedPrefix starts a header line naming a script of the same directory to
+// put in front of a script's body as a local function: "-- embed: <file> as
+// <name>".
+const embedPrefix = "-- embed: "
+
 // Registry is the scripts of one directory, by name (file name without
 // ".lua").
 type Registry struct {
@@ -82,18 +91,11 @@ func New(fsys fs.FS, dir string) (*Registry, error) {
 		if err != nil {
 			return nil, fmt.Errorf("engine: %w", err)
 		}
-		src := string(lib)
-		for _, inc := range Includes(string(body)) {
-			if !IsLibrary(inc) || inc == LibFile {
-				return nil, fmt.Errorf("engine: %s/%s includes %q, which is not a *_lib.lua library", dir, file, inc)
-			}
-			b, err := fs.ReadFile(fsys, path.Join(dir, inc))
-			if err != nil {
-				return nil, fmt.Errorf("engine: %s/%s: include: %w", dir, file, err)
-			}
-			src += string(b)
+		src, err := compose(fsys, dir, file, string(body))
+		if err != nil {
+			return nil, err
 		}
-		r.scripts[strings.TrimSuffix(file, ".lua")] = redis.NewScript(src + string(body))
+		r.scripts[strings.TrimSuffix(file, ".lua")] = redis.NewScript(string(lib) + src)
 	}
 	if len(r.scripts) == 0 {
 		return nil, fmt.Errorf("engine: no script in %s", dir)
@@ -107,6 +109,67 @@ func mustNew(fsys fs.FS, dir string) *Registry {
 		panic(err)
 	}
 	return r
+}
+
+// compose returns the source of script file of dir after lib.lua: its
+// includes, its embedded scripts (each with its own includes, a library
+// named twice put in once) and its body.
+func compose(fsys fs.FS, dir, file, body string) (string, error) {
+	var libs, funcs string
+	seen := map[string]bool{}
+	include := func(of, src string) error {
+		for _, inc := range Includes(src) {
+			if !IsLibrary(inc) || inc == LibFile {
+				return fmt.Errorf("engine: %s/%s includes %q, which is not a *_lib.lua library", dir, of, inc)
+			}
+			if seen[inc] {
+				continue
+			}
+			seen[inc] = true
+			b, err := fs.ReadFile(fsys, path.Join(dir, inc))
+			if err != nil {
+				return fmt.Errorf("engine: %s/%s: include: %w", dir, of, err)
+			}
+			libs += string(b)
+		}
+		return nil
+	}
+	if err := include(file, body); err != nil {
+		return "", err
+	}
+	for line := range strings.Lines(body) {
+		spec, ok := strings.CutPrefix(strings.TrimRight(line, "\r\n"), embedPrefix)
+		if !ok {
+			continue
+		}
+		inner, name, ok := strings.Cut(strings.TrimSpace(spec), " as ")
+		inner, name = strings.TrimSpace(inner), strings.TrimSpace(name)
+		if !ok || !luaName(name) || IsLibrary(inner) || inner == file || !strings.HasSuffix(inner, ".lua") {
+			return "", fmt.Errorf("engine: %s/%s: malformed embed %q (want \"-- embed: <script>.lua as <name>\")", dir, file, spec)
+		}
+		b, err := fs.ReadFile(fsys, path.Join(dir, inner))
+		if err != nil {
+			return "", fmt.Errorf("engine: %s/%s: embed: %w", dir, file, err)
+		}
+		if strings.Contains(string(b), embedPrefix) {
+			return "", fmt.Errorf("engine: %s/%s: embed: %s embeds scripts itself", dir, file, inner)
+		}
+		if err := include(inner, string(b)); err != nil {
+			return "", err
+		}
+		funcs += "local function " + name + "(KEYS, ARGV)\n" + string(b) + "\nend\n"
+	}
+	return libs + funcs + body, nil
+}
+
+// luaName reports whether s is a plain Lua identifier.
+func luaName(s string) bool {
+	for i, c := range s {
+		if c != '_' && (c < 'a' || c > 'z') && (c < 'A' || c > 'Z') && (i == 0 || c < '0' || c > '9') {
+			return false
+		}
+	}
+	return s != ""
 }
 
 // Includes returns the libraries a script's source names on its

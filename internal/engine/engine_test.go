@@ -151,6 +151,21 @@ func TestNew(t *testing.T) {
 		_, err := New(bad, "lua")
 		assert.Error(t, err, name)
 	}
+	// An embedded script: its includes (each library once), then its body
+	// as a local function, then the embedding script's body.
+	emb := maps.Clone(fsys)
+	emb["lua/many.lua"] = &fstest.MapFile{Data: []byte("-- many.lua: x\n-- include: b_lib.lua\n-- embed: one.lua as one_of\nreturn one_of({}, {})\n")}
+	r, err = New(emb, "lua")
+	require.NoError(t, err)
+	want = "-- lib\n-- b\n-- a\nlocal function one_of(KEYS, ARGV)\n" + string(fsys["lua/one.lua"].Data) + "\nend\n" + string(emb["lua/many.lua"].Data)
+	assert.Equal(t, redis.NewScript(want).Hash(), r.Script("many").Hash(), "lib.lua, the includes once, the embedded script as a function, the body")
+	for name, spec := range map[string]string{"missing": "three.lua as f", "a library": "a_lib.lua as f", "no name": "one.lua", "bad name": "one.lua as 1f", "itself": "many.lua as f"} {
+		bad := maps.Clone(emb)
+		bad["lua/many.lua"] = &fstest.MapFile{Data: []byte("-- many.lua: x\n-- embed: " + spec + "\nreturn 1\n")}
+		_, err := New(bad, "lua")
+		assert.Error(t, err, name)
+	}
+
 	_, err = New(fstest.MapFS{"lua/one.lua": {Data: []byte("return 1")}}, "lua")
 	assert.Error(t, err, "no lib.lua")
 	_, err = New(fstest.MapFS{"lua/lib.lua": {Data: []byte("")}}, "lua")

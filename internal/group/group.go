@@ -1,11 +1,14 @@
-package storage
+// Package group commits concurrent calls of one kind in one Redis round
+// trip (group commit). It is shared by the root package (the release of
+// finished requests' leases) and storage (the queue's adds, pops and acks).
+package group
 
 import (
 	"fmt"
 	"sync"
 )
 
-// group commits concurrent calls of one kind (AddRequest, GetRequest, the
+// Group commits concurrent calls of one kind (AddRequest, GetRequest, the
 // acknowledgement of a delivery) in one Redis round trip: while one call's
 // script runs, the calls that arrive gather in a batch, and when it
 // returns, one of their callers runs the whole batch as one script call.
@@ -20,15 +23,18 @@ import (
 // arrived plus its own batch's, each bounded by WithRedisTimeout.
 //
 // At most one batch of a group is in Redis at a time; the batch flushed
-// next is the oldest waiting one, and at most max items (and about
-// maxBytes of them, if set) share one.
-type group[T, R any] struct {
-	max      int
-	maxBytes int
-	size     func(T) int // the bytes an item adds to its batch's script call; nil: not counted
-	// flush runs one batch: it returns one result per item, in order, or
+// next is the oldest waiting one, and at most Max items (and about
+// MaxBytes of them, if set) share one.
+type Group[T, R any] struct {
+	Max      int         // items per batch at most
+	MaxBytes int         // bytes per batch at most (as Size counts them), if set
+	Size     func(T) int // the bytes an item adds to its batch's script call; nil: not counted
+	// Flush runs one batch: it returns one result per item, in order, or
 	// an error for all of them.
-	flush func(items []T) ([]R, error)
+	Flush func(items []T) ([]R, error)
+	// Corrupt is the error a batch fails with when Flush returns a result
+	// count other than its item count, or panics (wrapped).
+	Corrupt error
 
 	mu    sync.Mutex
 	busy  bool           // a batch is being flushed
@@ -44,16 +50,17 @@ type batch[T, R any] struct {
 	lead  chan struct{} // holds one token when it is this batch's turn: the caller who takes it flushes the batch
 }
 
-// do runs item in the next batch and returns its result.
-func (g *group[T, R]) do(item T) (R, error) {
+// Do runs item in the next batch and returns its result. It is safe for
+// concurrent use.
+func (g *Group[T, R]) Do(item T) (R, error) {
 	n := 0
-	if g.size != nil {
-		n = g.size(item)
+	if g.Size != nil {
+		n = g.Size(item)
 	}
 	g.mu.Lock()
 	var b *batch[T, R]
-	if last := len(g.queue) - 1; last >= 0 && len(g.queue[last].items) < g.max &&
-		(g.maxBytes == 0 || g.queue[last].bytes+n <= g.maxBytes) {
+	if last := len(g.queue) - 1; last >= 0 && len(g.queue[last].items) < g.Max &&
+		(g.MaxBytes == 0 || g.queue[last].bytes+n <= g.MaxBytes) {
 		b = g.queue[last]
 	} else {
 		b = &batch[T, R]{done: make(chan struct{}), lead: make(chan struct{}, 1)}
@@ -87,21 +94,19 @@ func (g *group[T, R]) do(item T) (R, error) {
 // run flushes b, which has left the queue, then hands the turn on.
 // If flush panics, the waiting batches are still handed on before the
 // panic goes up.
-func (g *group[T, R]) run(b *batch[T, R]) {
+func (g *Group[T, R]) run(b *batch[T, R]) {
 	defer g.next()
-	b.err = errBatchPanicked // until flush returns
+	b.err = fmt.Errorf("%w: a batched round trip panicked", g.Corrupt) // until Flush returns
 	defer close(b.done)
-	res, err := g.flush(b.items)
+	res, err := g.Flush(b.items)
 	if err == nil && len(res) != len(b.items) {
-		err = fmt.Errorf("%w: %d results for a batch of %d", ErrCorrupt, len(res), len(b.items))
+		err = fmt.Errorf("%w: %d results for a batch of %d", g.Corrupt, len(res), len(b.items))
 	}
 	b.res, b.err = res, err
 }
 
-var errBatchPanicked = fmt.Errorf("%w: a batched round trip panicked", ErrCorrupt)
-
 // next hands the turn to the oldest waiting batch, or marks the group idle.
-func (g *group[T, R]) next() {
+func (g *Group[T, R]) next() {
 	g.mu.Lock()
 	if len(g.queue) == 0 {
 		g.busy = false

@@ -1,0 +1,210 @@
+package proxyswitch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// slowScripts counts a client's script calls and delays each, so that
+// concurrent callers pile up behind the one in flight.
+type slowScripts struct {
+	n     atomic.Int64
+	delay atomic.Int64 // ns
+}
+
+func (h *slowScripts) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *slowScripts) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *slowScripts) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if name := strings.ToLower(cmd.Name()); name == "evalsha" || name == "eval" {
+			h.n.Add(1)
+			time.Sleep(time.Duration(h.delay.Load()))
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// TestReleasesShareRoundTrips: 60 leases on three sites released at once
+// share script calls (release_many.lua, group commit), each release
+// owner-checked on its own: a lease whose token is no longer the holder's
+// gets ErrLeaseLost and stays, the others are released, and every
+// release returns only once its outcome is in Redis.
+func TestReleasesShareRoundTrips(t *testing.T) {
+	ctx := context.Background()
+	rdb := shared.Client(t)
+	hook := &slowScripts{}
+	rdb.AddHook(hook)
+	s := newSwitch(t, rdb)
+	_, err := s.Add(ctx, proxyURLs(20)...)
+	require.NoError(t, err)
+	sites := []string{"a.example", "b.example", "c.example"}
+	var leases []*Lease
+	for _, site := range sites {
+		for range 20 {
+			l, err := s.Lease(ctx, site)
+			require.NoError(t, err)
+			leases = append(leases, l)
+		}
+	}
+	stolen := leases[7]
+	stolen.token = "not-the-holder"
+
+	hook.delay.Store(int64(20 * time.Millisecond))
+	hook.n.Store(0)
+	var wg sync.WaitGroup
+	errs := make([]error, len(leases))
+	start := make(chan struct{})
+	for i, l := range leases {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			errs[i] = l.Release(ctx)
+		}()
+	}
+	close(start)
+	wg.Wait()
+	hook.delay.Store(0)
+	calls := hook.n.Load()
+	t.Logf("%d releases in %d script calls", len(leases), calls)
+	assert.LessOrEqual(t, calls, int64(len(leases)/4), "releases made at once share script calls")
+	for i, err := range errs {
+		if leases[i] == stolen {
+			assert.True(t, errors.Is(err, ErrLeaseLost), "the lease no longer ours: %v", err)
+			continue
+		}
+		assert.NoError(t, err, "lease %d", i)
+	}
+	for _, site := range sites {
+		st, err := s.Stats(ctx, site)
+		require.NoError(t, err)
+		want := 0
+		if site == stolen.scope {
+			want = 1
+		}
+		assert.Equal(t, want, st.LeaseRecords, "lease records left for %s", site)
+	}
+}
+
+// TestReleaseManyRejectsBadScopeIndex: release_many.lua refuses a lease
+// whose scope index names no keys instead of touching other keys.
+func TestReleaseManyRejectsBadScopeIndex(t *testing.T) {
+	ctx := context.Background()
+	rdb := shared.Client(t)
+	s := newSwitch(t, rdb)
+	k := s.keys
+	keys := []string{k.fails(), k.free("a"), k.leases("a"), k.strikes("a"), k.health("a"), k.pace("a")}
+	for _, idx := range []any{0, 2, "x"} {
+		err := releaseManyScript.Run(ctx, rdb, keys, 60000, idx, "m:0", "tok", 0, "", 0, "0").Err()
+		require.Error(t, err, fmt.Sprint(idx))
+		assert.Contains(t, err.Error(), "PSARGS")
+	}
+}
+
+// callerHook records whether each lease.lua and release_many.lua call runs on the goroutine of a
+// function whose name contains caller (inline) or on another one.
+type callerHook struct {
+	caller          string
+	inline, spawned atomic.Int64
+}
+
+func (h *callerHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *callerHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *callerHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if args := cmd.Args(); len(args) > 1 && strings.ToLower(cmd.Name()) == "evalsha" &&
+			(args[1] == leaseScript.Hash() || args[1] == releaseManyScript.Hash()) {
+			buf := make([]byte, 64<<10)
+			if strings.Contains(string(buf[:runtime.Stack(buf, false)]), h.caller) {
+				h.inline.Add(1)
+			} else {
+				h.spawned.Add(1)
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// TestLeasePathRunsInline: on a client that honours context deadlines
+// (ContextTimeoutEnabled) a lease and its release run on the caller's
+// goroutine; on a default client each on a watchdog goroutine of its own
+// (bounded.Call), which go-redis' own timeouts then need.
+func TestLeasePathRunsInline(t *testing.T) {
+	if shared.Server == nil {
+		t.Skip("single-node client options")
+	}
+	ctx := context.Background()
+	for _, honours := range []bool{true, false} {
+		rdb := shared.Server.Client(t, func(o *redis.Options) { o.ContextTimeoutEnabled = honours })
+		s := newSwitch(t, rdb)
+		_, err := s.Add(ctx, proxyURLs(2)...)
+		require.NoError(t, err)
+		h := &callerHook{caller: "TestLeasePathRunsInline"}
+		rdb.AddHook(h)
+		for range 3 {
+			l, err := s.Lease(ctx, "a.example")
+			require.NoError(t, err)
+			require.NoError(t, l.Release(ctx))
+		}
+		if honours {
+			assert.Equal(t, int64(6), h.inline.Load(), "inline")
+			assert.Zero(t, h.spawned.Load(), "spawned")
+		} else {
+			assert.Zero(t, h.inline.Load(), "inline")
+			assert.Equal(t, int64(6), h.spawned.Load(), "spawned")
+		}
+	}
+}
+
+// TestReleaseWakesALocalWaiter: a lease waiting for the only proxy of a
+// site gets it as soon as this Switch releases it there, not after its
+// backoff (2s here); a release on another site wakes nobody.
+func TestReleaseWakesALocalWaiter(t *testing.T) {
+	ctx := context.Background()
+	s := newSwitch(t, shared.Client(t))
+	s.cfg.backoffMin, s.cfg.backoffMax = 2*time.Second, 2*time.Second
+	_, err := s.Add(ctx, proxyURLs(1)...)
+	require.NoError(t, err)
+	held, err := s.Lease(ctx, "a.example")
+	require.NoError(t, err)
+	other, err := s.Lease(ctx, "b.example")
+	require.NoError(t, err)
+	got := make(chan time.Time, 1)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		l, err := s.Lease(ctx, "a.example")
+		assert.NoError(t, err)
+		got <- time.Now()
+		if l != nil {
+			assert.NoError(t, l.Release(ctx))
+		}
+	}()
+	time.Sleep(100 * time.Millisecond) // the waiter tried once and sleeps
+	require.NoError(t, other.Release(ctx))
+	select {
+	case <-got:
+		t.Fatal("a release on another site woke the waiter")
+	case <-time.After(100 * time.Millisecond):
+	}
+	released := time.Now()
+	require.NoError(t, held.Release(ctx))
+	at := <-got
+	<-done
+	assert.Less(t, at.Sub(released), 500*time.Millisecond, "woken by the release, not by its 2s backoff")
+}
