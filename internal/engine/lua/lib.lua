@@ -174,7 +174,7 @@ local function health_hold(free, lease, id, slots, r, flaky, now)
   if untl <= now then return end
   for s = 0, slots - 1 do
     local m = id .. ':' .. s
-    if redis.call('HEXISTS', lease, m) == 0 then redis.call('ZADD', free, 'XX', 'GT', untl, m) end
+    if redis.call('HEXISTS', lease, m) == 0 then redis.call('ZADD', free, 'GT', untl, m) end
   end
 end
 
