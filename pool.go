@@ -61,7 +61,7 @@ func proxyIDs(proxies []string) ([]any, error) {
 	return ids, nil
 }
 
-// Replace makes the pool exactly urls. For up to 2,000 proxies (in the pool
+// Replace makes the pool exactly urls. For up to 500 proxies (in the pool
 // and in urls) it is atomic: workers see either the old set or the new one,
 // never a mix. A larger Replace runs in steps of bounded work (so that no
 // Redis call blocks others for long): the proxies to drop go first, then
@@ -160,7 +160,7 @@ func (s *Switch) Stats(ctx context.Context, site string) (SiteStats, error) {
 // the script may consume fewer (its own work bound) and the rest is sent
 // again. A Replace of at most updateChunk proxies, of a pool of at most as
 // many, is one atomic call.
-const updateChunk = 2000
+const updateChunk = 500
 
 func (s *Switch) update(ctx context.Context, mode string, args []any) (PoolChange, error) {
 	if mode == "replace" {

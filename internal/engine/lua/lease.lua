@@ -180,13 +180,10 @@ end
 -- no "index" mark in the meta hash; pool_update.lua and pool_seed.lua
 -- write both) is put in order here, one bounded page per lease.
 if meta[4] ~= 'done' then
-  local page = redis.call('HSCAN', KEYS[1], meta[4] or '0', 'COUNT', 500)
-  local batch = {}
-  for i = 1, #page[2], 2 do
-    batch[#batch + 1] = redis.call('HINCRBY', KEYS[5], 'seq', 1)
-    batch[#batch + 1] = page[2][i]
-  end
-  if #batch > 0 then redis.call('ZADD', KEYS[9], 'NX', unpack(batch)) end
+  local page = redis.call('HSCAN', KEYS[1], meta[4] or '0', 'COUNT', 200)
+  local ids = {}
+  for i = 1, #page[2], 2 do ids[#ids + 1] = page[2][i] end
+  order_add(KEYS[9], KEYS[5], ids)
   if page[1] == '0' then page[1] = 'done' end
   redis.call('HSET', KEYS[5], 'index', page[1])
 end

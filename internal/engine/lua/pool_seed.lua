@@ -27,17 +27,12 @@ if redis.call('EXISTS', KEYS[1]) == 1 or redis.call('HEXISTS', KEYS[2], 'emptied
 local n = tonumber(ARGV[4])
 if not n or n <= 0 or #ARGV < 4 + 2 * n then return 0 end
 local last = 4 + 2 * n
-local seq = tonumber(redis.call('HINCRBY', KEYS[2], 'seq', n)) - n
 for i = 5, last, 1000 do
   local j = math.min(i + 999, last)
   redis.call('HSET', KEYS[1], unpack(ARGV, i, j))
-  local batch = {}
-  for k = i, j, 2 do
-    seq = seq + 1
-    batch[#batch + 1] = seq
-    batch[#batch + 1] = ARGV[k]
-  end
-  redis.call('ZADD', KEYS[4], 'NX', unpack(batch))
+  local ids = {}
+  for k = i, j, 2 do ids[#ids + 1] = ARGV[k] end
+  order_add(KEYS[4], KEYS[2], ids)
 end
 for i = last + 1, #ARGV - 1, 2 do
   if redis.call('HEXISTS', KEYS[1], ARGV[i]) == 1 then redis.call('HSETNX', KEYS[3], ARGV[i], ARGV[i + 1]) end
