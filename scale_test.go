@@ -193,3 +193,53 @@ func loadPerCPU() float64 {
 	}
 	return f / float64(runtime.NumCPU())
 }
+
+// TestRotationBoundedScan: lease.lua looks at a bounded window of the
+// pool's order per call, so with the only free proxy far past a site's
+// cursor, a lease still finds it (the cursor moves window by window, the
+// caller retrying after 1 ms), and with every proxy out the wait is the
+// soonest end, not the 1 ms of a window. Every proxy is offered once per
+// turn: 300 leases in a row take 300 proxies.
+func TestRotationBoundedScan(t *testing.T) {
+	ctx := context.Background()
+	const n, site = 300, "shop.example"
+	s := newSwitch(t, shared.Client(t), WithMaxWait(5*time.Second), WithLeaseTTL(time.Minute))
+	_, err := s.Add(ctx, scaleURLs(0, n)...)
+	require.NoError(t, err)
+	held := map[string]*Lease{}
+	for range n {
+		l, err := s.Lease(ctx, site)
+		require.NoError(t, err)
+		require.NotContains(t, held, l.Proxy().ID(), "a proxy offered twice in one turn")
+		held[l.Proxy().ID()] = l
+	}
+	// Free one proxy: the next lease must find it wherever the cursor is.
+	var one *Lease
+	for _, l := range held {
+		one = l
+		break
+	}
+	require.NoError(t, one.Release(ctx))
+	l, err := s.Lease(ctx, site)
+	require.NoError(t, err)
+	assert.Equal(t, one.Proxy().ID(), l.Proxy().ID(), "the only free proxy")
+	held[l.Proxy().ID()] = l
+
+	// Every proxy out: the wait names the soonest lease end (a minute).
+	w := sibling(t, s, shared.Client(t))
+	w.cfg.maxWait = 0
+	_, wait, err := w.own.tryLease(ctx, site, site, "")
+	require.NoError(t, err)
+	assert.Greater(t, wait, 30*time.Second, "the wait of a pool leased out is the soonest lease end")
+
+	// A site's busy set holds what is out on it, no more.
+	for _, l := range held {
+		require.NoError(t, l.Release(ctx))
+	}
+	for range 2 * n { // the leases prune two passed entries each
+		l, err := s.Lease(ctx, site)
+		require.NoError(t, err)
+		require.NoError(t, l.Release(ctx))
+	}
+	assert.Zero(t, shared.Client(t).ZCard(ctx, s.keys.free(site)).Val(), "no cooldown: nothing out, no entries")
+}

@@ -108,20 +108,16 @@ local function out(m, id)
 end
 
 -- banned is how long proxy id is out on every site (dead: DEAD; banned on
--- every site: the ban's end), or nil. A site that first meets it this way
--- records it on its free slots (so that its busy set knows the slot is out).
+-- every site: the ban's end), or nil. A site that first meets a ban this way
+-- records it on its free slots (its busy set then counts them out until the
+-- ban ends); a dead proxy is not recorded (it may stay dead for good: the
+-- dead hash counts it).
 local function banned(id, free)
-  local until_ = nil
-  if redis.call('HEXISTS', KEYS[6], id) == 1 then
-    until_ = DEAD
-  else
-    local q = num(redis.call('ZSCORE', KEYS[7], id))
-    if q and q > now then until_ = q end
-  end
-  if until_ then
-    for _, m in ipairs(free) do redis.call('ZADD', KEYS[2], 'GT', until_, m) end
-  end
-  return until_
+  if redis.call('HEXISTS', KEYS[6], id) == 1 then return DEAD end
+  local q = num(redis.call('ZSCORE', KEYS[7], id))
+  if not q or q <= now then return nil end
+  for _, m in ipairs(free) do redis.call('ZADD', KEYS[2], 'GT', q, m) end
+  return q
 end
 
 -- try returns the first free slot of proxy id on the site (member), or nil
@@ -230,7 +226,7 @@ if not member then
       -- Only part of the pool looked at: out everywhere only if the busy
       -- set covers every slot of the pool; else move on and come back soon.
       redis.call('HSET', KEYS[10], ARGV[1], string.format('%.0f', num(last)) .. '|' .. booked)
-      local outs = redis.call('ZCOUNT', KEYS[2], '(' .. now, '+inf')
+      local outs = redis.call('ZCOUNT', KEYS[2], '(' .. now, '(' .. DEAD) + redis.call('HLEN', KEYS[6]) * slots
       if outs < redis.call('HLEN', KEYS[1]) * slots then return {0, 1} end
       local head = redis.call('ZRANGE', KEYS[2], '(' .. now, '+inf', 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
       soonest = head[2] and num(head[2]) or now + 1
