@@ -10,8 +10,10 @@ import (
 	"github.com/proxyswitch/proxyswitch/internal/engine"
 )
 
-// Pool administration. Every change is one Lua script, atomic across the
-// cluster, and takes effect on the next lease of every worker: no restart.
+// Pool administration. Every change takes effect on the next lease of every
+// worker: no restart. A change of at most updateChunk proxies is one Lua
+// script, atomic across the cluster; a larger one is several, each of
+// bounded work (no script blocks Redis for long at any pool size).
 
 // PoolChange reports what a pool update did.
 type PoolChange struct {
@@ -59,8 +61,14 @@ func proxyIDs(proxies []string) ([]any, error) {
 	return ids, nil
 }
 
-// Replace makes the pool exactly urls, atomically: workers see either the old
-// set or the new one, never a mix. Use it to reload a list from a file
+// Replace makes the pool exactly urls. For up to 500 proxies (in the pool
+// and in urls) it is atomic: workers see either the old set or the new one,
+// never a mix. A larger Replace runs in steps of bounded work (so that no
+// Redis call blocks others for long): the proxies to drop go first, then
+// the new ones are added, and a worker leasing meanwhile may get any proxy
+// of either set that is still in the pool; the pool's generation (which
+// Switches watch to refresh their copy) moves once, at the end. Two large
+// Replaces of one pool at once may interleave: run one at a time. Use it to reload a list from a file
 // (ReadProxies) or a provider's API at run time. Proxies kept keep their
 // state (leases, cooldowns). All URLs are validated first; on any error the
 // pool is unchanged.
@@ -148,22 +156,135 @@ func (s *Switch) Stats(ctx context.Context, site string) (SiteStats, error) {
 	return st, nil
 }
 
+// updateChunk is the most entries (ids) one pool_update.lua call carries;
+// the script may consume fewer (its own work bound) and the rest is sent
+// again. A Replace of at most updateChunk proxies, of a pool of at most as
+// many, is one atomic call.
+const updateChunk = 500
+
 func (s *Switch) update(ctx context.Context, mode string, args []any) (PoolChange, error) {
+	if mode == "replace" {
+		return s.replace(ctx, args)
+	}
+	return s.updateChunked(ctx, mode, args, false)
+}
+
+// updateCall runs one pool_update.lua call: the change so far (PoolChange)
+// and the entries it consumed.
+func (s *Switch) updateCall(ctx context.Context, mode string, args []any, changed bool) (PoolChange, int, error) {
 	call := engine.PoolUpdate{
 		Pool: s.keys.proxies(), Sites: s.keys.sites(), Meta: s.keys.meta(),
 		Dead: s.keys.dead(), Fails: s.keys.fails(), Quarantine: s.keys.quarantine(),
-		Mode: mode, Prefix: s.keys.base, IdleTTL: s.cfg.idleTTL, Entries: args,
+		Order: s.keys.order(), Cursor: s.keys.cursor(),
+		Mode: mode, Prefix: s.keys.base, IdleTTL: s.cfg.idleTTL, Changed: changed, Entries: args,
 	}
 	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]int64, error) {
 		return call.Run(ctx, s.rdb).Int64Slice()
 	}, nil)
 	if err != nil {
-		return PoolChange{}, redisErr("pool "+mode, err)
+		return PoolChange{}, 0, redisErr("pool "+mode, err)
 	}
-	if len(res) != 3 {
-		return PoolChange{}, fmt.Errorf("%w: pool update reply of %d items", ErrCorrupt, len(res))
+	if len(res) != 4 {
+		return PoolChange{}, 0, fmt.Errorf("%w: pool update reply of %d items", ErrCorrupt, len(res))
 	}
-	return PoolChange{Added: int(res[0]), Removed: int(res[1]), Size: int(res[2])}, nil
+	return PoolChange{Added: int(res[0]), Removed: int(res[1]), Size: int(res[2])}, int(res[3]), nil
+}
+
+// updateChunked applies mode ("add": id, URL pairs; "remove": ids) in calls
+// of bounded work; the pool's generation moves once, with the last call.
+// changed: an earlier part of the same change (Replace's removals) changed
+// the pool.
+func (s *Switch) updateChunked(ctx context.Context, mode string, args []any, changed bool) (PoolChange, error) {
+	per := 1
+	if mode == "add" {
+		per = 2
+	}
+	var total PoolChange
+	for first := true; first || len(args) > 0; first = false {
+		n := min(len(args)/per, updateChunk)
+		pc, done, err := s.updateCall(ctx, mode, args[:n*per], changed)
+		if err != nil {
+			return total, err
+		}
+		if done < 1 && n > 0 {
+			return total, fmt.Errorf("%w: pool update consumed no entry", ErrCorrupt)
+		}
+		total.Added += pc.Added
+		total.Removed += pc.Removed
+		total.Size = pc.Size
+		changed = changed || pc.Added+pc.Removed > 0
+		args = args[min(done, n)*per:]
+	}
+	return total, nil
+}
+
+// replace makes the pool exactly the id, URL pairs of args: one atomic
+// call for a small pool, else the proxies to remove (found by paging
+// through the pool) then those to add or update, in calls of bounded work.
+func (s *Switch) replace(ctx context.Context, args []any) (PoolChange, error) {
+	ids, err := s.poolIDs(ctx)
+	if err != nil {
+		return PoolChange{}, err
+	}
+	if len(args)/2 <= updateChunk && len(ids) <= updateChunk {
+		pc, _, err := s.updateCall(ctx, "replace", args, false)
+		return pc, err
+	}
+	keep := make(map[string]bool, len(args)/2)
+	for i := 0; i+1 < len(args); i += 2 {
+		keep[args[i].(string)] = true
+	}
+	var drop []any
+	for _, id := range ids {
+		if !keep[id] {
+			drop = append(drop, id)
+		}
+	}
+	var out PoolChange
+	if len(drop) > 0 {
+		rm, err := s.updateChunked(ctx, "remove", drop, false)
+		if err != nil {
+			return rm, err
+		}
+		out.Removed = rm.Removed
+	}
+	add, err := s.updateChunked(ctx, "add", args, out.Removed > 0)
+	out.Added, out.Size = add.Added, add.Size
+	return out, err
+}
+
+// poolIDs pages through the pool hash (pool_snapshot.lua: bounded work per
+// call) and returns the ID of every proxy once.
+func (s *Switch) poolIDs(ctx context.Context) ([]string, error) {
+	k := s.keys
+	var ids []string
+	seen := map[string]bool{}
+	cursor := "0"
+	for first := true; first || cursor != "0"; first = false {
+		c := cursor
+		res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]any, error) {
+			return poolSnapshotScript.Run(ctx, s.rdb, []string{k.proxies(), k.meta(), k.dead()}, c, snapshotPage).Slice()
+		}, nil)
+		if err != nil {
+			return nil, redisErr("read the pool", err)
+		}
+		n, ok := intAt(res, 4)
+		next, ok2 := "", false
+		if len(res) >= 5 {
+			next, ok2 = res[3].(string)
+		}
+		if !ok || !ok2 || n < 0 || len(res) < 5+2*int(n) {
+			return nil, fmt.Errorf("%w: malformed pool snapshot reply", ErrCorrupt)
+		}
+		cursor = next
+		for i := 5; i < 5+2*int(n); i += 2 {
+			if id, _ := res[i].(string); id != "" && !seen[id] { // HSCAN may return an entry twice
+				seen[id] = true
+				ids = append(ids, id)
+			}
+		}
+	}
+	return ids, nil
 }
 
 func pairs(ps []*Proxy) []any {

@@ -51,20 +51,27 @@ func (c Stats) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
 	return statsScript.Run(ctx, rdb, []string{c.Pool, c.Free, c.Lease, c.Meta})
 }
 
-// PoolUpdate runs pool_update.lua: add, remove or replace proxies.
+// PoolUpdate runs pool_update.lua: add, remove or replace proxies. "add" and
+// "remove" do bounded work per call: the reply's fourth item is the number
+// of entries consumed, and the caller sends the rest again.
 type PoolUpdate struct {
-	Pool, Sites, Meta, Dead, Fails, Quarantine string // KEYS[1..6]
+	Pool, Sites, Meta, Dead, Fails, Quarantine, Order, Cursor string // KEYS[1..8]
 
-	Mode    string        // ARGV[1] "add", "remove" or "replace"
+	Mode    string        // ARGV[1] "add", "remove", "replace" or "done"
 	Prefix  string        // ARGV[2] the pool's key prefix "{prefix:pool}"
 	IdleTTL time.Duration // ARGV[3] sites not leased for that long are forgotten
-	Entries []any         // ARGV[4..] add, replace: id, URL, ...; remove: id, ...
+	Changed bool          // ARGV[4] earlier calls of the same change changed the pool
+	Entries []any         // ARGV[5..] add, replace: id, URL, ...; remove: id, ...
 }
 
 // Run sends the call.
 func (c PoolUpdate) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
-	argv := append([]any{c.Mode, c.Prefix, c.IdleTTL.Milliseconds()}, c.Entries...)
-	return poolUpdateScript.Run(ctx, rdb, []string{c.Pool, c.Sites, c.Meta, c.Dead, c.Fails, c.Quarantine}, argv...)
+	changed := "0"
+	if c.Changed {
+		changed = "1"
+	}
+	argv := append([]any{c.Mode, c.Prefix, c.IdleTTL.Milliseconds(), changed}, c.Entries...)
+	return poolUpdateScript.Run(ctx, rdb, []string{c.Pool, c.Sites, c.Meta, c.Dead, c.Fails, c.Quarantine, c.Order, c.Cursor}, argv...)
 }
 
 // Unban runs unban.lua: end a proxy's quarantine on one scope.
