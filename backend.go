@@ -60,6 +60,7 @@ type penalty struct {
 	healthy    bool // the proxy had a healthy answer on the scope, and no strike, before this ban
 	kept       bool // a soft refusal a task's session survived: no quarantine, no retry (sessionscore.go)
 	paced      bool // a rate-limit refusal under learned pacing: the site's pace, not the proxy's health
+	rotated    bool // a gateway's virtual proxy replaced by a new session, not quarantined (gateway.go)
 }
 
 // backendFor returns the backend of pool name: the Switch's own, or one

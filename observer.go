@@ -39,6 +39,10 @@ type QuarantineEvent struct {
 	Duration                    time.Duration // the quarantine applied
 	InARow                      int           // offences in a row, this one included
 	Dead                        bool          // the proxy was marked dead
+	// Rotated says the proxy, a virtual proxy of a gateway entry, was
+	// replaced by a new session of its gateway instead of quarantined
+	// (Duration is 0).
+	Rotated bool
 }
 
 // SessionEvent is a sticky session starting, or ending in this process.
@@ -130,7 +134,7 @@ func (s *Switch) observeAttempt(pool, site string, p *Proxy, v ban.Verdict, late
 func (s *Switch) observeQuarantine(pool, site string, p *Proxy, v ban.Verdict, pen penalty) {
 	if o := s.observerOf(); o != nil {
 		o.ObserveQuarantine(QuarantineEvent{Pool: pool, Site: site, ProxyID: p.id, Reason: v.Reason, Kind: v.Kind,
-			Duration: pen.quarantine, InARow: pen.strikes, Dead: pen.dead})
+			Duration: pen.quarantine, InARow: pen.strikes, Dead: pen.dead, Rotated: pen.rotated})
 	}
 }
 

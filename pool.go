@@ -28,7 +28,7 @@ func (s *Switch) Add(ctx context.Context, urls ...string) (PoolChange, error) {
 	if err != nil {
 		return PoolChange{}, err
 	}
-	return s.update(ctx, "add", pairs(ps))
+	return s.update(ctx, "add", entries(ps))
 }
 
 // Remove takes proxies out of the pool, named by URL or by ID (Proxy.ID, as
@@ -42,12 +42,21 @@ func (s *Switch) Remove(ctx context.Context, proxies ...string) (PoolChange, err
 	return s.update(ctx, "remove", ids)
 }
 
-// proxyIDs maps proxies named by URL or by ID to their IDs.
+// proxyIDs maps proxies named by URL or by ID to their IDs, and a gateway
+// template to "gw:<template>" (pool_update.lua's name of all its members).
 func proxyIDs(proxies []string) ([]any, error) {
 	ids := make([]any, 0, len(proxies))
 	for i, v := range proxies {
 		if isProxyID(v) {
 			ids = append(ids, v)
+			continue
+		}
+		if isTemplate(v) {
+			t, _, err := parseGateway(v)
+			if err != nil {
+				return nil, fmt.Errorf("proxy #%d: %w", i+1, err)
+			}
+			ids = append(ids, "gw:"+t)
 			continue
 		}
 		p, err := ParseProxy(v)
@@ -74,7 +83,7 @@ func (s *Switch) Replace(ctx context.Context, urls []string) (PoolChange, error)
 
 // ReplaceProxies is Replace for proxies already parsed (by ReadProxies, say).
 func (s *Switch) ReplaceProxies(ctx context.Context, ps []*Proxy) (PoolChange, error) {
-	return s.update(ctx, "replace", pairs(ps))
+	return s.update(ctx, "replace", entries(ps))
 }
 
 // List returns the proxies of the pool, ordered by their redacted URL.
@@ -151,7 +160,7 @@ func (s *Switch) Stats(ctx context.Context, site string) (SiteStats, error) {
 func (s *Switch) update(ctx context.Context, mode string, args []any) (PoolChange, error) {
 	call := engine.PoolUpdate{
 		Pool: s.keys.proxies(), Sites: s.keys.sites(), Meta: s.keys.meta(),
-		Dead: s.keys.dead(), Fails: s.keys.fails(), Quarantine: s.keys.quarantine(),
+		Dead: s.keys.dead(), Fails: s.keys.fails(), Quarantine: s.keys.quarantine(), Gateways: s.keys.gateways(),
 		Mode: mode, Prefix: s.keys.base, IdleTTL: s.cfg.idleTTL, Entries: args,
 	}
 	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]int64, error) {
@@ -166,10 +175,11 @@ func (s *Switch) update(ctx context.Context, mode string, args []any) (PoolChang
 	return PoolChange{Added: int(res[0]), Removed: int(res[1]), Size: int(res[2])}, nil
 }
 
-func pairs(ps []*Proxy) []any {
-	out := make([]any, 0, 2*len(ps))
+// entries are pool_update.lua's entries of ps: id, URL, gateway template.
+func entries(ps []*Proxy) []any {
+	out := make([]any, 0, 3*len(ps))
 	for _, p := range ps {
-		out = append(out, p.id, p.raw())
+		out = append(out, p.id, p.raw(), p.gw)
 	}
 	return out
 }

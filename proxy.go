@@ -31,6 +31,7 @@ type Proxy struct {
 	id    string
 	url   *url.URL
 	shown string // String: the URL with user info masked, computed once
+	gw    string // the gateway template it was expanded from (gateway.go), or ""
 }
 
 // proxySchemes are the schemes net/http's Transport can dial through.
@@ -68,6 +69,13 @@ func ParseProxy(raw string) (*Proxy, error) {
 	raw = strings.TrimSpace(raw)
 	if raw == "" {
 		return nil, bad("empty URL")
+	}
+	if isTemplate(raw) {
+		if _, _, err := parseGateway(raw); err != nil {
+			return nil, err
+		}
+		return nil, &ProxyError{Proxy: redactRaw(sessionToken.ReplaceAllString(raw, "s")),
+			Reason: "a gateway template names many proxies: give it to Add, Replace, ParseProxies or ReadProxies", Err: ErrInvalidProxy}
 	}
 	if strings.ContainsAny(raw, " \t\r\n") {
 		return nil, bad("URL contains white space")
@@ -330,7 +338,11 @@ func redactRaw(raw string) string {
 }
 
 // ParseProxies validates every URL and returns the proxies in order, with
-// duplicates (same identity) dropped. On any invalid URL it returns an error
+// duplicates (same identity) dropped. A gateway template ({session:N} in
+// the user info: see the gateway entries in gateway.go's doc and the README)
+// becomes N virtual proxies with new session ids, which Add and
+// ReplaceProxies take only as far as the pool lacks sessions of that
+// gateway; a template given twice counts once. On any invalid URL it returns an error
 // naming its position (1-based) and reason, and no proxies: a pool is never
 // half-loaded.
 func ParseProxies(raws []string) ([]*Proxy, error) {
@@ -362,6 +374,19 @@ func parseAll(raws []string, where func(i int) string) ([]*Proxy, error) {
 	out := make([]*Proxy, 0, len(raws))
 	seen := make(map[string]bool, len(raws))
 	for i, raw := range raws {
+		if isTemplate(raw) {
+			t, n, err := parseGateway(raw)
+			if err == nil && !seen["gw:"+t] {
+				seen["gw:"+t] = true
+				var ps []*Proxy
+				ps, err = expandGateway(t, n)
+				out = append(out, ps...)
+			}
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", where(i), err)
+			}
+			continue
+		}
 		p, err := ParseProxy(raw)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", where(i), err)

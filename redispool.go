@@ -219,6 +219,11 @@ func (p *redisPool) extendMember(ctx context.Context, l *Lease, ttl time.Duratio
 // WithBanAllSites and a ban.Ban) wait out the quarantine, its run of bans or
 // failures grows, and l ends if it is p's lease on that scope.
 func (p *redisPool) penalize(ctx context.Context, site string, px *Proxy, l *Lease, v ban.Verdict) (penalty, error) {
+	if rotates(p.cfg, v) {
+		if pen, ok := p.rotate(ctx, site, px, l); ok {
+			return pen, nil
+		}
+	}
 	c, k := p.cfg, p.keys
 	scope := p.sw.scopeOf(site)
 	kind, base, maxq, hard, first, certain := "ban", c.quarantine, c.maxQuarantine, "0", c.firstQuarantine, "0"

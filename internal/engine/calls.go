@@ -20,6 +20,7 @@ var (
 	listScript        = Root.Script("list")
 	statsScript       = Root.Script("stats")
 	poolUpdateScript  = Root.Script("pool_update")
+	gatewayOfScript   = Root.Script("gateway_of")
 	unbanScript       = Root.Script("unban")
 	drainScript       = Root.Script("drain")
 	clearScript       = Root.Script("clear")
@@ -53,18 +54,32 @@ func (c Stats) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
 
 // PoolUpdate runs pool_update.lua: add, remove or replace proxies.
 type PoolUpdate struct {
-	Pool, Sites, Meta, Dead, Fails, Quarantine string // KEYS[1..6]
+	Pool, Sites, Meta, Dead, Fails, Quarantine, Gateways string // KEYS[1..7]
 
-	Mode    string        // ARGV[1] "add", "remove" or "replace"
+	Mode    string        // ARGV[1] "add", "remove", "replace" or "rotate"
 	Prefix  string        // ARGV[2] the pool's key prefix "{prefix:pool}"
 	IdleTTL time.Duration // ARGV[3] sites not leased for that long are forgotten
-	Entries []any         // ARGV[4..] add, replace: id, URL, ...; remove: id, ...
+	// ARGV[4..] add, replace: id, URL, template ("" for a plain proxy), ...;
+	// remove: id or "gw:<template>", ...; rotate: old id, new id, new URL,
+	// lease member, token (see pool_update.lua)
+	Entries []any
 }
 
 // Run sends the call.
 func (c PoolUpdate) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
 	argv := append([]any{c.Mode, c.Prefix, c.IdleTTL.Milliseconds()}, c.Entries...)
-	return poolUpdateScript.Run(ctx, rdb, []string{c.Pool, c.Sites, c.Meta, c.Dead, c.Fails, c.Quarantine}, argv...)
+	return poolUpdateScript.Run(ctx, rdb, []string{c.Pool, c.Sites, c.Meta, c.Dead, c.Fails, c.Quarantine, c.Gateways}, argv...)
+}
+
+// GatewayOf runs gateway_of.lua: the gateway template of a proxy, "" for none.
+type GatewayOf struct {
+	Gateways string // KEYS[1] the pool's gateways hash
+	Proxy    string // ARGV[1] proxy id
+}
+
+// Run sends the call.
+func (c GatewayOf) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
+	return gatewayOfScript.Run(ctx, rdb, []string{c.Gateways}, c.Proxy)
 }
 
 // Unban runs unban.lua: end a proxy's quarantine on one scope.
