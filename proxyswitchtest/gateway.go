@@ -23,7 +23,7 @@ type GatewayConfig struct {
 	// default is 16.
 	Exits int
 	// FirstExit is the SourceIP index of the first exit. The default is
-	// 1000 (127.0.4.245), clear of a Farm of up to 1000 proxies.
+	// 1000 (127.0.4.239), clear of a Farm of up to 1000 proxies.
 	FirstExit int
 	// Password, when set, is the password every request must carry (407
 	// otherwise); the user name is free. The default accepts any.
@@ -33,8 +33,8 @@ type GatewayConfig struct {
 // Gateway is a fake rotating gateway of a proxy provider: one listening
 // port, and behind it Exits exit IPs. The session id in a request's proxy
 // user name or password ("...-session-<id>", "...-sessid-<id>" or
-// "..._session-<id>": the syntaxes of Bright Data, Decodo, Oxylabs and
-// IPRoyal) picks its exit, sticky: the same id leaves from the same IP; a
+// "..._session-<id>": the syntaxes of Bright Data, Oxylabs and IPRoyal)
+// picks its exit, sticky: the same id leaves from the same IP; a
 // new id gets an exit no session holds, or, when every exit is held, the
 // one used least recently (whose session then loses it). A request without
 // a session id leaves from the next exit in turn. The site sees the exit IP
