@@ -86,7 +86,7 @@ func (s *Switch) backendFor(name string) (backend, error) {
 func (s *Switch) source(ctx context.Context, site string) (backend, error) {
 	r := s.routeFor(ctx, site)
 	if r == nil {
-		return s.own, nil
+		return s.withSelector(ctx, s.own)
 	}
 	rt := &router{spread: r.spread, pools: make([]backend, len(r.pools))}
 	for i, name := range r.pools {
@@ -97,9 +97,9 @@ func (s *Switch) source(ctx context.Context, site string) (backend, error) {
 		rt.pools[i] = be
 	}
 	if len(rt.pools) == 1 {
-		return rt.pools[0], nil
+		return s.withSelector(ctx, rt.pools[0])
 	}
-	return rt, nil
+	return s.withSelector(ctx, rt)
 }
 
 // router leases from several pools in order: a later pool only while every

@@ -180,7 +180,7 @@ func (p *redisPool) rotate(ctx context.Context, site string, px *Proxy, l *Lease
 	k := p.keys
 	call := engine.PoolUpdate{
 		Pool: k.proxies(), Sites: k.sites(), Meta: k.meta(), Dead: k.dead(), Fails: k.fails(),
-		Quarantine: k.quarantine(), Gateways: k.gateways(), Mode: "rotate", Prefix: k.base, IdleTTL: p.cfg.idleTTL,
+		Quarantine: k.quarantine(), Gateways: k.gateways(), Labels: k.labels(), Mode: "rotate", Prefix: k.base, IdleTTL: p.cfg.idleTTL,
 		Entries: []any{px.id, np.id, np.raw(), member, token},
 	}
 	res, err := roundTrip(ctx, p.timeout, func(ctx context.Context) ([]int64, error) {

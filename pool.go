@@ -104,6 +104,13 @@ func (rp *redisPool) list(ctx context.Context) ([]*Proxy, error) {
 		}
 		out = append(out, p)
 	}
+	labels, err := rp.labelsOf(ctx, true)
+	if err != nil {
+		return nil, err
+	}
+	for i, p := range out {
+		out[i] = p.withLabels(labels[p.id])
+	}
 	sortProxies(out, func(p *Proxy) *Proxy { return p })
 	return out, nil
 }
@@ -161,7 +168,8 @@ func (s *Switch) update(ctx context.Context, mode string, args []any) (PoolChang
 	call := engine.PoolUpdate{
 		Pool: s.keys.proxies(), Sites: s.keys.sites(), Meta: s.keys.meta(),
 		Dead: s.keys.dead(), Fails: s.keys.fails(), Quarantine: s.keys.quarantine(), Gateways: s.keys.gateways(),
-		Mode: mode, Prefix: s.keys.base, IdleTTL: s.cfg.idleTTL, Entries: args,
+		Labels: s.keys.labels(),
+		Mode:   mode, Prefix: s.keys.base, IdleTTL: s.cfg.idleTTL, Entries: args,
 	}
 	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]int64, error) {
 		return call.Run(ctx, s.rdb).Int64Slice()
@@ -175,11 +183,12 @@ func (s *Switch) update(ctx context.Context, mode string, args []any) (PoolChang
 	return PoolChange{Added: int(res[0]), Removed: int(res[1]), Size: int(res[2])}, nil
 }
 
-// entries are pool_update.lua's entries of ps: id, URL, gateway template.
+// entries are pool_update.lua's entries of ps: id, URL, gateway template,
+// labels.
 func entries(ps []*Proxy) []any {
-	out := make([]any, 0, 3*len(ps))
+	out := make([]any, 0, 4*len(ps))
 	for _, p := range ps {
-		out = append(out, p.id, p.raw(), p.gw)
+		out = append(out, p.id, p.raw(), p.gw, p.labels)
 	}
 	return out
 }

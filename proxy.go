@@ -28,10 +28,11 @@ import (
 // hash, so it carries no secret) and names the proxy in Redis, logs and
 // metrics.
 type Proxy struct {
-	id    string
-	url   *url.URL
-	shown string // String: the URL with user info masked, computed once
-	gw    string // the gateway template it was expanded from (gateway.go), or ""
+	id     string
+	url    *url.URL
+	shown  string // String: the URL with user info masked, computed once
+	gw     string // the gateway template it was expanded from (gateway.go), or ""
+	labels string // its labels, canonical "k=v,k=v" (labels.go), or ""
 }
 
 // proxySchemes are the schemes net/http's Transport can dial through.
@@ -373,13 +374,20 @@ func ReadProxies(r io.Reader) ([]*Proxy, error) {
 func parseAll(raws []string, where func(i int) string) ([]*Proxy, error) {
 	out := make([]*Proxy, 0, len(raws))
 	seen := make(map[string]bool, len(raws))
-	for i, raw := range raws {
+	for i, line := range raws {
+		raw, labels, err := splitLabels(line)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", where(i), err)
+		}
 		if isTemplate(raw) {
 			t, n, err := parseGateway(raw)
 			if err == nil && !seen["gw:"+t] {
 				seen["gw:"+t] = true
 				var ps []*Proxy
 				ps, err = expandGateway(t, n)
+				for _, p := range ps {
+					p.labels = labels
+				}
 				out = append(out, ps...)
 			}
 			if err != nil {
@@ -390,6 +398,11 @@ func parseAll(raws []string, where func(i int) string) ([]*Proxy, error) {
 		p, err := ParseProxy(raw)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", where(i), err)
+		}
+		if labels != "" {
+			q := *p
+			q.labels = labels
+			p = &q
 		}
 		if !seen[p.id] {
 			seen[p.id] = true

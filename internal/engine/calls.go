@@ -21,6 +21,7 @@ var (
 	statsScript       = Root.Script("stats")
 	poolUpdateScript  = Root.Script("pool_update")
 	gatewayOfScript   = Root.Script("gateway_of")
+	labelsScript      = Root.Script("labels")
 	unbanScript       = Root.Script("unban")
 	drainScript       = Root.Script("drain")
 	clearScript       = Root.Script("clear")
@@ -54,12 +55,13 @@ func (c Stats) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
 
 // PoolUpdate runs pool_update.lua: add, remove or replace proxies.
 type PoolUpdate struct {
-	Pool, Sites, Meta, Dead, Fails, Quarantine, Gateways string // KEYS[1..7]
+	Pool, Sites, Meta, Dead, Fails, Quarantine, Gateways, Labels string // KEYS[1..8]
 
 	Mode    string        // ARGV[1] "add", "remove", "replace" or "rotate"
 	Prefix  string        // ARGV[2] the pool's key prefix "{prefix:pool}"
 	IdleTTL time.Duration // ARGV[3] sites not leased for that long are forgotten
-	// ARGV[4..] add, replace: id, URL, template ("" for a plain proxy), ...;
+	// ARGV[4..] add, replace: id, URL, template ("" for a plain proxy),
+	// labels ("k=v,k=v" or ""), ...;
 	// remove: id or "gw:<template>", ...; rotate: old id, new id, new URL,
 	// lease member, token (see pool_update.lua)
 	Entries []any
@@ -68,7 +70,7 @@ type PoolUpdate struct {
 // Run sends the call.
 func (c PoolUpdate) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
 	argv := append([]any{c.Mode, c.Prefix, c.IdleTTL.Milliseconds()}, c.Entries...)
-	return poolUpdateScript.Run(ctx, rdb, []string{c.Pool, c.Sites, c.Meta, c.Dead, c.Fails, c.Quarantine, c.Gateways}, argv...)
+	return poolUpdateScript.Run(ctx, rdb, []string{c.Pool, c.Sites, c.Meta, c.Dead, c.Fails, c.Quarantine, c.Gateways, c.Labels}, argv...)
 }
 
 // GatewayOf runs gateway_of.lua: the gateway template of a proxy, "" for none.
@@ -80,6 +82,16 @@ type GatewayOf struct {
 // Run sends the call.
 func (c GatewayOf) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
 	return gatewayOfScript.Run(ctx, rdb, []string{c.Gateways}, c.Proxy)
+}
+
+// Labels runs labels.lua: the labels of the pool's proxies, id, labels, ...
+type Labels struct {
+	Labels string // KEYS[1] the pool's labels hash
+}
+
+// Run sends the call.
+func (c Labels) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
+	return labelsScript.Run(ctx, rdb, []string{c.Labels})
 }
 
 // Unban runs unban.lua: end a proxy's quarantine on one scope.

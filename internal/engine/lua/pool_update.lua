@@ -11,6 +11,9 @@
 --         a removed proxy leaves no ban state behind
 -- KEYS[7] gateways hash  id -> gateway template ("{session}" in its user info):
 --         the pool's virtual proxies, one provider session each (gateway.go)
+-- KEYS[8] labels hash    id -> "k=v,k=v" (labels.go): set by add and replace for
+--         every entry given (an empty one deletes), removed with the proxy,
+--         carried over by rotate
 -- ARGV[1] mode: "add" | "remove" | "replace" | "rotate"
 -- ARGV[2] key prefix of the per-site keys ("{prefix:pool}"); the free set of
 --         site S is ARGV[2]..":free:"..S, its lease hash ARGV[2]..":lease:"..S,
@@ -19,8 +22,8 @@
 --         Why a prefix and not KEYS: the sites are those of KEYS[2], read
 --         here, atomically, with the change.
 -- ARGV[3] idle TTL ms: sites not leased for that long are forgotten
--- ARGV[4..] add/replace: id, URL, template, id, URL, template, ... (template ""
---           for a plain proxy; a gateway's N candidates carry its template:
+-- ARGV[4..] add/replace: id, URL, template, labels, ... (template ""
+--           for a plain proxy, labels "" for none; a gateway's N candidates carry its template:
 --           the pool keeps N members of that template, the ones it has
 --           first, and takes candidates only for the missing ones; add never
 --           removes)
@@ -47,7 +50,16 @@ for _, s in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
   if redis.call('EXISTS', base .. ':free:' .. s) == 1 then sites[#sites + 1] = s end
 end
 
-local function add(id, url)
+local function label(id, labels)
+  if labels ~= '' then
+    redis.call('HSET', KEYS[8], id, labels)
+  else
+    redis.call('HDEL', KEYS[8], id)
+  end
+end
+
+local function add(id, url, labels)
+  label(id, labels)
   if redis.call('HSET', KEYS[1], id, url) == 0 then return 0 end
   for _, s in ipairs(sites) do
     local fk = base .. ':free:' .. s
@@ -65,6 +77,7 @@ local function remove(id, keep_live, mine, token)
   redis.call('HDEL', KEYS[5], id)
   redis.call('ZREM', KEYS[6], id)
   redis.call('HDEL', KEYS[7], id)
+  redis.call('HDEL', KEYS[8], id)
   for _, s in ipairs(sites) do
     redis.call('HDEL', base .. ':strikes:' .. s, id)
     for k = 0, slots - 1 do
@@ -88,8 +101,8 @@ end
 -- gateway template (in the order given).
 local plain, cands, templates = {}, {}, {}
 if mode == 'add' or mode == 'replace' then
-  for i = 4, #ARGV, 3 do
-    local e = {ARGV[i], ARGV[i + 1]}
+  for i = 4, #ARGV, 4 do
+    local e = {ARGV[i], ARGV[i + 1], ARGV[i + 3] or ''}
     local t = ARGV[i + 2] or ''
     if t == '' then
       plain[#plain + 1] = e
@@ -121,9 +134,12 @@ local function gateways(have)
   for _, t in ipairs(templates) do
     local want = #cands[t]
     local n = math.min(#(have[t] or {}), want)
+    for _, id in ipairs(have[t] or {}) do -- the sessions kept take the entry's labels
+      label(id, cands[t][1][3])
+    end
     for _, e in ipairs(cands[t]) do
       if n >= want then break end
-      if add(e[1], e[2]) == 1 then
+      if add(e[1], e[2], e[3]) == 1 then
         redis.call('HSET', KEYS[7], e[1], t)
         added, n = added + 1, n + 1
       end
@@ -134,7 +150,7 @@ end
 
 local added, removed = 0, 0
 if mode == 'add' then
-  for _, e in ipairs(plain) do added = added + add(e[1], e[2]) end
+  for _, e in ipairs(plain) do added = added + add(e[1], e[2], e[3]) end
   added = added + gateways(members())
 elseif mode == 'remove' then
   local have
@@ -160,13 +176,14 @@ elseif mode == 'replace' then
   for _, id in ipairs(redis.call('HKEYS', KEYS[1])) do
     if not keep[id] then removed = removed + remove(id) end
   end
-  for _, e in ipairs(plain) do added = added + add(e[1], e[2]) end
+  for _, e in ipairs(plain) do added = added + add(e[1], e[2], e[3]) end
   added = added + gateways(members())
 elseif mode == 'rotate' then
   local old, t = ARGV[4], redis.call('HGET', KEYS[7], ARGV[4])
   if t and redis.call('HEXISTS', KEYS[1], old) == 1 and redis.call('HEXISTS', KEYS[1], ARGV[5]) == 0 then
+    local labels = redis.call('HGET', KEYS[8], old) or ''
     removed = remove(old, true, ARGV[7], ARGV[8])
-    added = add(ARGV[5], ARGV[6])
+    added = add(ARGV[5], ARGV[6], labels)
     redis.call('HSET', KEYS[7], ARGV[5], t)
   end
 else
