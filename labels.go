@@ -157,9 +157,50 @@ func matches(labels string, want []string) bool {
 
 // labelCache is a Switch's copy of one pool's labels.
 type labelCache struct {
-	mu   sync.Mutex
-	at   time.Time
-	byID map[string]string
+	mu         sync.Mutex
+	at         time.Time
+	byID       map[string]string
+	refreshing bool // a background read runs (cachedLabels)
+}
+
+// labelMetricsAge is how old the copy of a pool's labels that events
+// carry may grow before a background read renews it.
+const labelMetricsAge = 10 * time.Second
+
+// labelsFor returns the labels of proxy id of pool for an observer's event,
+// from the pool's copy, without waiting: a copy older than labelMetricsAge
+// (or none) is read again in the background, one read at a time.
+func (s *Switch) labelsFor(pool, id string) string {
+	be, err := s.backendFor(pool)
+	if err != nil {
+		return ""
+	}
+	p := be.redis()
+	c := &p.labelIdx
+	c.mu.Lock()
+	m, stale := c.byID, !c.refreshing && (c.byID == nil || time.Since(c.at) > labelMetricsAge)
+	if stale {
+		c.refreshing = true
+	}
+	c.mu.Unlock()
+	if stale {
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), p.timeout)
+			defer cancel()
+			_, err := p.labelsOf(ctx, true)
+			c.mu.Lock()
+			if err != nil { // keep the copy, and try again after labelMetricsAge
+				s.cfg.logger.Debug("proxyswitch: reading the pool's labels failed", "pool", pool, "err", err)
+				if c.byID == nil {
+					c.byID = map[string]string{}
+				}
+				c.at = time.Now()
+			}
+			c.refreshing = false
+			c.mu.Unlock()
+		}()
+	}
+	return m[id]
 }
 
 // labelsOf returns the labels of the pool's proxies by ID, read again when

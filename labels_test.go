@@ -111,6 +111,8 @@ func TestLabelledCrawlNeverLeavesThroughAnotherLabel(t *testing.T) {
 	s := newSwitch(t, shared.Client(t), WithMaxWait(20*time.Second))
 	_, err := s.Replace(context.Background(), lines)
 	require.NoError(t, err)
+	obs := &recordingObserver{}
+	s.SetObserver(obs)
 
 	var mu sync.Mutex
 	var failed []string
@@ -148,4 +150,15 @@ func TestLabelledCrawlNeverLeavesThroughAnotherLabel(t *testing.T) {
 	}
 	assert.Equal(t, 40, ruHits)
 	assert.Greater(t, len(anyIPs), 2, "the requests of no label use the whole pool")
+
+	// The observer (metrics) sees each attempt's labels.
+	obs.mu.Lock()
+	defer obs.mu.Unlock()
+	byLabels := map[string]int{}
+	for _, e := range obs.attempts {
+		byLabels[e.Labels]++
+	}
+	assert.Zero(t, byLabels[""], "every proxy has labels: %v", byLabels)
+	assert.GreaterOrEqual(t, byLabels["country=ru"]+byLabels["country=ru,type=residential"], 40, "%v", byLabels)
+	assert.Equal(t, 80, len(obs.attempts))
 }
