@@ -34,6 +34,8 @@ const globalSite = "*"
 //	{prefix:pool}:fails          hash  proxy ID -> proxy failures in a row (see penalize.lua); TTL: idle TTL
 //	{prefix:pool}:quarantine     zset  proxy ID -> end (ms) of a ban on every site; TTL: max quarantine
 //	{prefix:pool}:dead           hash  proxy ID -> "<ms>|<reason>" (operator state: no TTL, until Revive)
+//	{prefix:pool}:gateways       hash  proxy ID -> gateway template, for the virtual proxies of gateway entries (gateway.go; no TTL)
+//	{prefix:pool}:labels         hash  proxy ID -> its labels "k=v,k=v" (labels.go; no TTL)
 //	{prefix:pool}:members        zset  member ID -> end of its registration, ms (shard/membership.go); TTL: the last registration's end
 //	{prefix:pool}:member-owners  hash  member ID -> token of the process holding it; same TTL
 //	{prefix:pool}:breaker        hash  site -> "<until>|<pause>|<probes>|<passed>" while its circuit breaker is open or
@@ -72,6 +74,8 @@ func (k keyspace) pace(site string) string    { return k.base + ":pace:" + site 
 func (k keyspace) fails() string              { return k.base + ":fails" }
 func (k keyspace) quarantine() string         { return k.base + ":quarantine" }
 func (k keyspace) dead() string               { return k.base + ":dead" }
+func (k keyspace) gateways() string           { return k.base + ":gateways" }
+func (k keyspace) labels() string             { return k.base + ":labels" }
 func (k keyspace) liveSessions() string       { return k.base + ":sessions" }
 func (k keyspace) members() string            { return k.base + ":members" }
 func (k keyspace) memberOwners() string       { return k.base + ":member-owners" }

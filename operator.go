@@ -96,7 +96,7 @@ func (s *Switch) Drain(ctx context.Context, proxy string) error {
 func (s *Switch) Clear(ctx context.Context) error {
 	_, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) (int64, error) {
 		return engine.Clear{Sites: s.keys.sites(), Others: []string{s.keys.proxies(), s.keys.meta(), s.keys.fails(),
-			s.keys.quarantine(), s.keys.dead(), s.keys.members(), s.keys.memberOwners(), s.keys.modes(), s.keys.liveSessions(), s.keys.breaker(), s.keys.order(), s.keys.cursor()},
+			s.keys.quarantine(), s.keys.dead(), s.keys.members(), s.keys.memberOwners(), s.keys.modes(), s.keys.liveSessions(), s.keys.breaker(), s.keys.order(), s.keys.cursor(), s.keys.gateways(), s.keys.labels()},
 			Prefix: s.keys.base}.Run(ctx, s.rdb).Int64()
 	}, nil)
 	if err != nil {

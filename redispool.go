@@ -20,13 +20,14 @@ import (
 // WithSessionPool make one per pool they name, with the Switch's options.
 // Safe for concurrent use.
 type redisPool struct {
-	sw      *Switch // the Switch it serves: options, proxy cache, tokens
-	rdb     redis.Scripter
-	cfg     *config
-	name    string
-	keys    keyspace
-	timeout time.Duration // bounds each call made for a request
-	snap    snapState     // the copy of the pool, to re-seed a Redis that lost it (snapshot.go)
+	sw       *Switch // the Switch it serves: options, proxy cache, tokens
+	rdb      redis.Scripter
+	cfg      *config
+	name     string
+	keys     keyspace
+	timeout  time.Duration // bounds each call made for a request
+	snap     snapState     // the copy of the pool, to re-seed a Redis that lost it (snapshot.go)
+	labelIdx labelCache    // the labels of its proxies, for labelled leases (labels.go)
 }
 
 func newRedisPool(s *Switch, name string) (*redisPool, error) {
@@ -48,7 +49,7 @@ func (p *redisPool) redis() *redisPool           { return p }
 // tryLease runs lease.lua once; if it finds the pool lost by Redis, it
 // re-seeds the pool from this Switch's copy and runs it once more.
 func (p *redisPool) tryLease(ctx context.Context, site, scope, prefer string) (*Lease, time.Duration, error) {
-	l, wait, lost, err := p.tryLeaseOnce(ctx, site, scope, prefer)
+	l, wait, lost, err := p.tryLeaseOnce(ctx, site, scope, prefer, false)
 	if !lost {
 		return l, wait, err
 	}
@@ -59,18 +60,23 @@ func (p *redisPool) tryLease(ctx context.Context, site, scope, prefer string) (*
 	if !again {
 		return nil, 0, err
 	}
-	l, wait, _, err = p.tryLeaseOnce(ctx, site, scope, prefer)
+	l, wait, _, err = p.tryLeaseOnce(ctx, site, scope, prefer, false)
 	return l, wait, err
 }
 
 // tryLeaseOnce runs lease.lua once. lost reports an empty pool that no
-// operator emptied (err is then ErrEmptyPool's).
-func (p *redisPool) tryLeaseOnce(ctx context.Context, site, scope, prefer string) (l *Lease, wait time.Duration, lost bool, err error) {
+// operator emptied (err is then ErrEmptyPool's). With only, the preferred
+// proxy or none (labels.go): errProxyGone if it left the pool.
+func (p *redisPool) tryLeaseOnce(ctx context.Context, site, scope, prefer string, only bool) (l *Lease, wait time.Duration, lost bool, err error) {
 	token := p.sw.newToken()
 	ttl := p.cfg.leaseTTL
+	firm := ""
+	if only {
+		firm = "1"
+	}
 	res, err := roundTrip(ctx, p.timeout, func(ctx context.Context) ([]any, error) {
 		return leaseScript.Run(ctx, p.rdb, p.keys.lease(scope), append([]any{scope, token, ttl.Milliseconds(), p.cfg.cooldown.Milliseconds(),
-			p.cfg.slots, p.cfg.idleTTL.Milliseconds(), prefer, ""}, p.sw.brk.leaseArgs(site)...)...).Slice()
+			p.cfg.slots, p.cfg.idleTTL.Milliseconds(), prefer, firm}, p.sw.brk.leaseArgs(site)...)...).Slice()
 	}, p.releaseLate(scope, token))
 	if err != nil {
 		if err, ok := leaseConfigErr(err); ok {
@@ -87,9 +93,11 @@ func (p *redisPool) tryLeaseOnce(ctx context.Context, site, scope, prefer string
 		until, _ := intAt(res, 2)
 		p.sw.brk.paused(site, until)
 		return nil, waitHint(wait), false, nil
-	case status == 0 && len(res) == 2:
+	case status == 0 && (len(res) == 2 || only && len(res) == 3):
 		wait, _ := intAt(res, 1)
 		return nil, waitHint(wait), false, nil
+	case status == -2 && only:
+		return nil, 0, false, errProxyGone
 	case status == 1 && len(res) == 5:
 		member, _ := res[1].(string)
 		raw, _ := res[2].(string)
@@ -219,6 +227,11 @@ func (p *redisPool) extendMember(ctx context.Context, l *Lease, ttl time.Duratio
 // WithBanAllSites and a ban.Ban) wait out the quarantine, its run of bans or
 // failures grows, and l ends if it is p's lease on that scope.
 func (p *redisPool) penalize(ctx context.Context, site string, px *Proxy, l *Lease, v ban.Verdict) (penalty, error) {
+	if rotates(p.cfg, v) {
+		if pen, ok := p.rotate(ctx, site, px, l); ok {
+			return pen, nil
+		}
+	}
 	c, k := p.cfg, p.keys
 	scope := p.sw.scopeOf(site)
 	kind, base, maxq, hard, first, certain := "ban", c.quarantine, c.maxQuarantine, "0", c.firstQuarantine, "0"
