@@ -285,3 +285,33 @@ func TestGatewayStickyTasksKeepOneExitIP(t *testing.T) {
 	assert.Len(t, slices.DeleteFunc(slices.Clone(after), func(id string) bool { return slices.Contains(before, id) }), 1,
 		"the banned session was replaced by one new")
 }
+
+// A rotation ends the banned lease only: the same session's live leases on
+// other sites stay with their holders (extended, released as usual), and
+// the old session is never leased again.
+func TestGatewayRotationLeavesOtherLeases(t *testing.T) {
+	ctx := context.Background()
+	s := newSwitch(t, shared.Client(t), WithMaxWait(0))
+	_, err := s.Add(ctx, "http://user-session-{session:1}:pw@gw.example:7000")
+	require.NoError(t, err)
+	a, err := s.Lease(ctx, "a.example")
+	require.NoError(t, err)
+	b, err := s.LeaseProxy(ctx, "b.example", a.proxy.id)
+	require.NoError(t, err)
+	require.NoError(t, a.Report(ctx, ban.Verdict{Kind: ban.Ban, Reason: "http_403"}))
+	require.NotContains(t, poolIDs(t, s), a.proxy.id)
+
+	require.NoError(t, b.Extend(ctx, time.Minute), "b's lease is still b's")
+	c, err := s.Lease(ctx, "b.example")
+	require.NoError(t, err, "the new session is free on b")
+	assert.NotEqual(t, a.proxy.id, c.proxy.id)
+	require.NoError(t, b.Release(ctx))
+	require.NoError(t, c.Release(ctx))
+	for range 3 { // the old session's slot, released, is dropped, never leased
+		l, err := s.Lease(ctx, "b.example")
+		if err == nil {
+			assert.NotEqual(t, a.proxy.id, l.proxy.id)
+			require.NoError(t, l.Release(ctx))
+		}
+	}
+}

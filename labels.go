@@ -265,7 +265,7 @@ func (b *labelled) tryLease(ctx context.Context, site, scope, prefer string) (*L
 			switch {
 			case l != nil:
 				return l, 0, nil
-			case errors.Is(err, errProxyGone):
+			case errors.Is(err, errProxyGone): // dead, or left the pool since the copy was read
 				continue
 			case err != nil:
 				return nil, 0, err
@@ -283,7 +283,10 @@ func (b *labelled) tryLease(ctx context.Context, site, scope, prefer string) (*L
 		return nil, 0, fmt.Errorf("%w: no proxy of pool %s carries the labels %s", ErrNoProxy,
 			strings.Join(names, ", "), strings.Join(b.want, ","))
 	}
-	return nil, max(wait, 0), nil
+	if wait < 0 { // every candidate tried was dead or gone: try others a little later
+		wait = 50 * time.Millisecond
+	}
+	return nil, wait, nil
 }
 
 // withSelector wraps be for the labels ctx asks for, if any.

@@ -51,6 +51,7 @@ func (s *Switch) Remove(ctx context.Context, proxies ...string) (PoolChange, err
 func proxyIDs(proxies []string) ([]any, error) {
 	ids := make([]any, 0, len(proxies))
 	for i, v := range proxies {
+		v, _, _ = splitLabels(v) // a pool line names its proxy; labels do not matter here
 		if isProxyID(v) {
 			ids = append(ids, v)
 			continue
