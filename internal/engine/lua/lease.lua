@@ -184,9 +184,20 @@ if meta[4] ~= 'done' then
   redis.call('HSET', KEYS[5], 'index', page[1])
 end
 
+-- all_out is the soonest score of the site's busy set when it covers every
+-- slot of the pool (out on the site, or dead), else nil: a saturated pool
+-- answers a wait at once, not after looking at SCAN busy proxies.
+local function all_out()
+  local outs = redis.call('ZCOUNT', KEYS[2], '(' .. now, '(' .. DEAD) + redis.call('HLEN', KEYS[6]) * slots
+  if outs < redis.call('HLEN', KEYS[1]) * slots then return nil end
+  local head = redis.call('ZRANGE', KEYS[2], '(' .. now, '+inf', 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
+  return head[2] and num(head[2]) or now + 1
+end
+
 if not member then
   if hold > now then return {0, hold - now} end
-  -- The rotation: up to SCAN proxies after the cursor, wrapping once.
+  -- The rotation: up to SCAN proxies after the cursor, wrapping once. When
+  -- the first is not free, a pool with every slot out stops the search.
   local seen, soonest, last, whole = 0, nil, nil, false
   local from, to, wrapped = '(' .. string.format('%.0f', place), '+inf', false
   while not member and seen < SCAN do
@@ -202,8 +213,12 @@ if not member then
           member = m
           break
         end
-      elseif w and (not soonest or w < soonest) then
-        soonest = w
+      else
+        if w and (not soonest or w < soonest) then soonest = w end
+        if seen == 1 then
+          local full = all_out()
+          if full then return {0, math.max(full - now, 1)} end
+        end
       end
     end
     if not member and #ids < 2 * n then
@@ -225,11 +240,9 @@ if not member then
     if not whole then
       -- Only part of the pool looked at: out everywhere only if the busy
       -- set covers every slot of the pool; else move on and come back soon.
+      -- (all_out found the pool not saturated at the first proxy.)
       redis.call('HSET', KEYS[10], ARGV[1], string.format('%.0f', num(last)) .. '|' .. booked)
-      local outs = redis.call('ZCOUNT', KEYS[2], '(' .. now, '(' .. DEAD) + redis.call('HLEN', KEYS[6]) * slots
-      if outs < redis.call('HLEN', KEYS[1]) * slots then return {0, 1} end
-      local head = redis.call('ZRANGE', KEYS[2], '(' .. now, '+inf', 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
-      soonest = head[2] and num(head[2]) or now + 1
+      return {0, 1}
     end
     if not soonest then return {0, 1} end
     return {0, math.max(soonest - now, 1)}
