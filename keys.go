@@ -50,7 +50,10 @@ const globalSite = "*"
 // site costs memory for what is in use on it, not for the pool. A dead
 // proxy's slots sit at DEAD (lib.lua) in the busy sets of the sites known
 // when it died; lease.lua checks the dead hash and the quarantine zset for
-// each proxy it offers, so a site met later skips them too.
+// each proxy it offers, so a site met later skips them too. lease.lua sets
+// the TTLs of a site's keys at most once a second: a busy set or lease hash
+// emptied and written again within that second (a release took its last
+// entry) carries no TTL until the site's next lease a second later.
 type keyspace struct {
 	base string // "{prefix:pool}"
 }
