@@ -60,6 +60,7 @@ type penalty struct {
 	healthy    bool       // the proxy had a healthy answer on the scope, and no strike, before this ban
 	kept       bool       // a soft refusal a task's session survived: no quarantine, no retry (sessionscore.go)
 	paced      bool       // a rate-limit refusal under learned pacing: the site's pace, not the proxy's health
+	rotated    bool       // a gateway's virtual proxy replaced by a new session, not quarantined (gateway.go)
 	local      *localPool // the local shard the strike lives in (fallbacklease.go); nil: Redis
 }
 
@@ -86,7 +87,7 @@ func (s *Switch) backendFor(name string) (backend, error) {
 func (s *Switch) source(ctx context.Context, site string) (backend, error) {
 	r := s.routeFor(ctx, site)
 	if r == nil {
-		return s.own, nil
+		return s.withSelector(ctx, s.own)
 	}
 	rt := &router{spread: r.spread, pools: make([]backend, len(r.pools))}
 	for i, name := range r.pools {
@@ -97,9 +98,9 @@ func (s *Switch) source(ctx context.Context, site string) (backend, error) {
 		rt.pools[i] = be
 	}
 	if len(rt.pools) == 1 {
-		return rt.pools[0], nil
+		return s.withSelector(ctx, rt.pools[0])
 	}
-	return rt, nil
+	return s.withSelector(ctx, rt)
 }
 
 // router leases from several pools in order: a later pool only while every

@@ -44,7 +44,7 @@ func benchSwitch(b *testing.B, size int) {
 			b.Fatal(err)
 		}
 	}
-	// The first lease of a site builds its free set (O(N), once): not timed.
+	// The first lease of a site (its cursor, its bookkeeping): not timed.
 	l, err := s.Lease(ctx, "bench.example")
 	if err != nil {
 		b.Fatal(err)

@@ -6,7 +6,8 @@
 // A lease is atomic (one Lua script, one round trip), owner-checked (a token
 // per lease: a holder whose lease ran out can neither release nor extend the
 // next holder's), bounded by a TTL (a crashed worker's proxies come back by
-// themselves) and handed out least-recently-used first, which spreads the
+// themselves) and handed out in turn (each site's cursor offers every proxy
+// of the pool once per turn, skipping those out there), which spreads the
 // load evenly over the pool; a proxy that fails often on a site waits a
 // little longer there after each request, so it is served less
 // (WithFlakyDelay), and the pause between two requests from one IP to one
@@ -210,8 +211,9 @@
 //	{prefix:pool}:sessions       zset  session ID -> its expiry, ms: the live sessions (idle TTL)
 //
 // A ban is no key of its own: it is the score of the proxy's slots in the
-// site's free set, pushed to the end of the quarantine, so a lease skips it
-// with no extra lookup and it ends by itself. Likewise a session's hold on
+// site's busy set ("free:<site>": only the slots out on the site, so a site
+// costs memory for what is in use there, not for the pool), pushed to the
+// end of the quarantine, so a lease skips it and it ends by itself. Likewise a session's hold on
 // its proxy is the score of the proxy's slots, pushed to the session's
 // expiry by each of its requests, under the owner token "s:<session ID>".
 //

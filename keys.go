@@ -22,8 +22,11 @@ const globalSite = "*"
 //	                                   "emptied" while an operator left the pool empty (an empty pool
 //	                                   without it was lost by Redis and is re-seeded: snapshot.go);
 //	                                   "hold", ms until which a re-seeded pool leases nothing
-//	{prefix:pool}:sites          zset  site -> last lease (ms); TTL: idle TTL
-//	{prefix:pool}:free:<site>    zset  "<id>:<slot>" -> next free time (ms); TTL: idle TTL
+//	{prefix:pool}:order          zset  proxy ID -> its place in the rotation (pool_update.lua; no TTL)
+//	{prefix:pool}:cursor         hash  site -> "<place last offered>|<ms of its last bookkeeping>" (lease.lua); TTL: idle TTL
+//	{prefix:pool}:sites          zset  site -> last lease (ms, refreshed at most once a second); TTL: idle TTL
+//	{prefix:pool}:free:<site>    zset  "<id>:<slot>" -> time (ms) until which the slot is out on the site
+//	                                   (leased, cooling, quarantined, dead); no entry: free there; TTL: idle TTL
 //	{prefix:pool}:lease:<site>   hash  "<id>:<slot>" -> "<token>|<expiry ms>"; TTL: idle TTL
 //	{prefix:pool}:strikes:<site> hash  proxy ID -> "<bans in a row>|<ms of the last>|<its end>"; TTL: idle TTL
 //	{prefix:pool}:health:<site>  hash  proxy ID -> its recent failure rate there, 0 < r <= 1 (lib.lua's health_note); TTL: idle TTL
@@ -31,6 +34,8 @@ const globalSite = "*"
 //	{prefix:pool}:fails          hash  proxy ID -> proxy failures in a row (see penalize.lua); TTL: idle TTL
 //	{prefix:pool}:quarantine     zset  proxy ID -> end (ms) of a ban on every site; TTL: max quarantine
 //	{prefix:pool}:dead           hash  proxy ID -> "<ms>|<reason>" (operator state: no TTL, until Revive)
+//	{prefix:pool}:gateways       hash  proxy ID -> gateway template, for the virtual proxies of gateway entries (gateway.go; no TTL)
+//	{prefix:pool}:labels         hash  proxy ID -> its labels "k=v,k=v" (labels.go; no TTL)
 //	{prefix:pool}:members        zset  member ID -> end of its registration, ms (shard/membership.go); TTL: the last registration's end
 //	{prefix:pool}:member-owners  hash  member ID -> token of the process holding it; same TTL
 //	{prefix:pool}:breaker        hash  site -> "<until>|<pause>|<probes>|<passed>" while its circuit breaker is open or
@@ -39,9 +44,16 @@ const globalSite = "*"
 //	{prefix:pool}:modes          zset  member ID -> Redis ms at which it last leased from the broker (fallback.go); TTL: member TTL
 //
 // A ban is not a key of its own: it is the score of the proxy's slots in the
-// site's free set, pushed to the end of the quarantine, so the lease script
-// skips it with no extra lookup and it ends by itself. A dead proxy's slots
-// sit at DEAD (lib.lua) in every free set.
+// site's busy set ("free:<site>"), pushed to the end of the quarantine, so it
+// ends by itself. A site's busy set holds only the slots out on the site:
+// entries whose score passed are pruned by leases (two per lease), so a
+// site costs memory for what is in use on it, not for the pool. A dead
+// proxy's slots sit at DEAD (lib.lua) in the busy sets of the sites known
+// when it died; lease.lua checks the dead hash and the quarantine zset for
+// each proxy it offers, so a site met later skips them too. lease.lua sets
+// the TTLs of a site's keys at most once a second: a busy set or lease hash
+// emptied and written again within that second (a release took its last
+// entry) carries no TTL until the site's next lease a second later.
 type keyspace struct {
 	base string // "{prefix:pool}"
 }
@@ -65,17 +77,21 @@ func (k keyspace) pace(site string) string    { return k.base + ":pace:" + site 
 func (k keyspace) fails() string              { return k.base + ":fails" }
 func (k keyspace) quarantine() string         { return k.base + ":quarantine" }
 func (k keyspace) dead() string               { return k.base + ":dead" }
+func (k keyspace) gateways() string           { return k.base + ":gateways" }
+func (k keyspace) labels() string             { return k.base + ":labels" }
 func (k keyspace) liveSessions() string       { return k.base + ":sessions" }
 func (k keyspace) members() string            { return k.base + ":members" }
 func (k keyspace) memberOwners() string       { return k.base + ":member-owners" }
 func (k keyspace) modes() string              { return k.base + ":modes" }
 func (k keyspace) breaker() string            { return k.base + ":breaker" }
+func (k keyspace) order() string              { return k.base + ":order" }
+func (k keyspace) cursor() string             { return k.base + ":cursor" }
 
 func (k keyspace) breakerWindow(site string) string { return k.base + ":breaker:" + site }
 
 // lease is the KEYS of lease.lua for scope.
 func (k keyspace) lease(scope string) []string {
-	return []string{k.proxies(), k.free(scope), k.leases(scope), k.sites(), k.meta(), k.dead(), k.quarantine(), k.breaker()}
+	return []string{k.proxies(), k.free(scope), k.leases(scope), k.sites(), k.meta(), k.dead(), k.quarantine(), k.breaker(), k.order(), k.cursor()}
 }
 
 // sessionKeys are the KEYS of session_use.lua and session_end.lua

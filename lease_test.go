@@ -402,7 +402,7 @@ func TestKeysShareOneSlotAndExpire(t *testing.T) {
 		defer l.Release(ctx)
 	}
 	keys := keysMatching(t, rdb, "{"+s.cfg.prefix+":*")
-	require.Len(t, keys, 7) // proxies, meta, sites, 2 x (free, lease)
+	require.Len(t, keys, 9) // proxies, meta, order, sites, cursor, 2 x (free, lease)
 	slot := -1
 	for _, k := range keys {
 		assert.True(t, strings.HasPrefix(k, "{"+s.cfg.prefix+":residential}:"), k)
@@ -416,7 +416,7 @@ func TestKeysShareOneSlotAndExpire(t *testing.T) {
 		assert.Equal(t, slot, ks, k)
 		ttl, err := rdb.PTTL(ctx, k).Result()
 		require.NoError(t, err)
-		if strings.HasSuffix(k, ":proxies") || strings.HasSuffix(k, ":meta") {
+		if strings.HasSuffix(k, ":proxies") || strings.HasSuffix(k, ":meta") || strings.HasSuffix(k, ":order") {
 			assert.Equal(t, time.Duration(-1), ttl, "%s is configuration and lives on", k)
 		} else {
 			assert.Greater(t, ttl, time.Hour, "%s carries a TTL", k)

@@ -34,6 +34,11 @@ type AttemptEvent struct {
 	Kind                ban.Kind      // ban.OK, ban.Neutral, ban.Ban or ban.ProxyFailure
 	Reason              string        // the verdict's reason ("" for OK; ban.ReasonUnchecked for a Neutral page the content checks could not read)
 	Latency             time.Duration // from sending the attempt to its verdict
+	// Labels are the proxy's labels, "key=value" joined by ',' in key
+	// order ("" for none), as this Switch's copy of the pool's labels has
+	// them (read again in the background every 10 seconds at most: a
+	// proxy's first attempts after a relabel may carry the old ones).
+	Labels string
 }
 
 // QuarantineEvent is one quarantine applied to a proxy on a site.
@@ -43,6 +48,10 @@ type QuarantineEvent struct {
 	Duration                    time.Duration // the quarantine applied
 	InARow                      int           // offences in a row, this one included
 	Dead                        bool          // the proxy was marked dead
+	// Rotated says the proxy, a virtual proxy of a gateway entry, was
+	// replaced by a new session of its gateway instead of quarantined
+	// (Duration is 0).
+	Rotated bool
 }
 
 // SessionEvent is a sticky session starting, or ending in this process.
@@ -151,14 +160,15 @@ func (s *Switch) observerOf() Observer {
 
 func (s *Switch) observeAttempt(pool, site string, p *Proxy, v ban.Verdict, latency time.Duration) {
 	if o := s.observerOf(); o != nil {
-		o.ObserveAttempt(AttemptEvent{Pool: pool, Site: site, ProxyID: p.id, Kind: v.Kind, Reason: v.Reason, Latency: latency})
+		o.ObserveAttempt(AttemptEvent{Pool: pool, Site: site, ProxyID: p.id, Kind: v.Kind, Reason: v.Reason, Latency: latency,
+			Labels: s.labelsFor(pool, p.id)})
 	}
 }
 
 func (s *Switch) observeQuarantine(pool, site string, p *Proxy, v ban.Verdict, pen penalty) {
 	if o := s.observerOf(); o != nil {
 		o.ObserveQuarantine(QuarantineEvent{Pool: pool, Site: site, ProxyID: p.id, Reason: v.Reason, Kind: v.Kind,
-			Duration: pen.quarantine, InARow: pen.strikes, Dead: pen.dead})
+			Duration: pen.quarantine, InARow: pen.strikes, Dead: pen.dead, Rotated: pen.rotated})
 	}
 }
 

@@ -49,7 +49,8 @@ func (s *Switch) Ban(ctx context.Context, proxy, site string, d time.Duration) e
 
 // Unban ends proxy's quarantine on site now and starts its backoff over. A
 // slot held by a live lease comes back when that lease ends; a dead or
-// drained proxy stays out (see Revive).
+// drained proxy stays out (see Revive), and so does one banned on every
+// site (WithBanAllSites) until that ban ends: leases check it for every site.
 func (s *Switch) Unban(ctx context.Context, proxy, site string) error {
 	p, err := s.find(ctx, proxy)
 	if err != nil {
@@ -97,7 +98,7 @@ func (s *Switch) Drain(ctx context.Context, proxy string) error {
 func (s *Switch) Clear(ctx context.Context) error {
 	_, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) (int64, error) {
 		return engine.Clear{Sites: s.keys.sites(), Others: []string{s.keys.proxies(), s.keys.meta(), s.keys.fails(),
-			s.keys.quarantine(), s.keys.dead(), s.keys.members(), s.keys.memberOwners(), s.keys.modes(), s.keys.liveSessions(), s.keys.breaker()},
+			s.keys.quarantine(), s.keys.dead(), s.keys.members(), s.keys.memberOwners(), s.keys.modes(), s.keys.liveSessions(), s.keys.breaker(), s.keys.order(), s.keys.cursor(), s.keys.gateways(), s.keys.labels()},
 			Prefix: s.keys.base}.Run(ctx, s.rdb).Int64()
 	}, nil)
 	if err != nil {

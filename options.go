@@ -318,7 +318,7 @@ const (
 // there (each ban or proxy failure weighs 1, each healthy answer 0, the
 // latest counting for a fifth, so it follows about the last ten). Each
 // release of a proxy after an answer makes it next free on that site after
-// the cooldown plus r × d. Leases take the proxy free the longest, so a
+// the cooldown plus r × d. The rotation skips a proxy while it waits, so a
 // flaky proxy comes round less often than a healthy one, and a proxy that
 // recovered sheds its rate with each healthy answer.
 //

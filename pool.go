@@ -5,13 +5,17 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/proxyswitch/proxyswitch/internal/engine"
 )
 
-// Pool administration. Every change is one Lua script, atomic across the
-// cluster, and takes effect on the next lease of every worker: no restart.
+// Pool administration. Every change takes effect on the next lease of every
+// worker: no restart. A change of at most updateChunk proxies is one Lua
+// script, atomic across the cluster; a larger one is several, each of
+// bounded work (no script blocks Redis for long at any pool size).
 
 // PoolChange reports what a pool update did.
 type PoolChange struct {
@@ -28,7 +32,7 @@ func (s *Switch) Add(ctx context.Context, urls ...string) (PoolChange, error) {
 	if err != nil {
 		return PoolChange{}, err
 	}
-	return s.update(ctx, "add", pairs(ps))
+	return s.update(ctx, "add", entries(ps))
 }
 
 // Remove takes proxies out of the pool, named by URL or by ID (Proxy.ID, as
@@ -48,12 +52,22 @@ func (s *Switch) Remove(ctx context.Context, proxies ...string) (PoolChange, err
 	return change, err
 }
 
-// proxyIDs maps proxies named by URL or by ID to their IDs.
+// proxyIDs maps proxies named by URL or by ID to their IDs, and a gateway
+// template to "gw:<template>" (pool_update.lua's name of all its members).
 func proxyIDs(proxies []string) ([]any, error) {
 	ids := make([]any, 0, len(proxies))
 	for i, v := range proxies {
+		v, _, _ = splitLabels(v) // a pool line names its proxy; labels do not matter here
 		if isProxyID(v) {
 			ids = append(ids, v)
+			continue
+		}
+		if isTemplate(v) {
+			t, _, err := parseGateway(v)
+			if err != nil {
+				return nil, fmt.Errorf("proxy #%d: %w", i+1, err)
+			}
+			ids = append(ids, "gw:"+t)
 			continue
 		}
 		p, err := ParseProxy(v)
@@ -65,8 +79,14 @@ func proxyIDs(proxies []string) ([]any, error) {
 	return ids, nil
 }
 
-// Replace makes the pool exactly urls, atomically: workers see either the old
-// set or the new one, never a mix. Use it to reload a list from a file
+// Replace makes the pool exactly urls. For up to 500 proxies (in the pool
+// and in urls) it is atomic: workers see either the old set or the new one,
+// never a mix. A larger Replace runs in steps of bounded work (so that no
+// Redis call blocks others for long): the proxies to drop go first, then
+// the new ones are added, and a worker leasing meanwhile may get any proxy
+// of either set that is still in the pool; the pool's generation (which
+// Switches watch to refresh their copy) moves once, at the end. Two large
+// Replaces of one pool at once may interleave: run one at a time. Use it to reload a list from a file
 // (ReadProxies) or a provider's API at run time. Proxies kept keep their
 // state (leases, cooldowns). All URLs are validated first; on any error the
 // pool is unchanged.
@@ -80,7 +100,7 @@ func (s *Switch) Replace(ctx context.Context, urls []string) (PoolChange, error)
 
 // ReplaceProxies is Replace for proxies already parsed (by ReadProxies, say).
 func (s *Switch) ReplaceProxies(ctx context.Context, ps []*Proxy) (PoolChange, error) {
-	return s.update(ctx, "replace", pairs(ps))
+	return s.update(ctx, "replace", entries(ps))
 }
 
 // List returns the proxies of the pool, ordered by their redacted URL.
@@ -100,6 +120,13 @@ func (rp *redisPool) list(ctx context.Context) ([]*Proxy, error) {
 			return nil, err
 		}
 		out = append(out, p)
+	}
+	labels, err := rp.labelsOf(ctx, true)
+	if err != nil {
+		return nil, err
+	}
+	for i, p := range out {
+		out[i] = p.withLabels(labels[p.id])
 	}
 	sortProxies(out, func(p *Proxy) *Proxy { return p })
 	return out, nil
@@ -154,28 +181,200 @@ func (s *Switch) Stats(ctx context.Context, site string) (SiteStats, error) {
 	return st, nil
 }
 
+// updateChunk is the most entries (proxies, or ids to remove) one
+// pool_update.lua call carries; the script may consume fewer (its own work
+// bound) and the rest is sent again. A Replace of at most updateChunk
+// proxies, of a pool of at most as many, is one atomic call.
+const updateChunk = 500
+
+// entryItems is the number of pool_update.lua's ARGV items per add or
+// replace entry (entries).
+const entryItems = 5
+
 func (s *Switch) update(ctx context.Context, mode string, args []any) (PoolChange, error) {
-	call := engine.PoolUpdate{
-		Pool: s.keys.proxies(), Sites: s.keys.sites(), Meta: s.keys.meta(),
-		Dead: s.keys.dead(), Fails: s.keys.fails(), Quarantine: s.keys.quarantine(),
-		Mode: mode, Prefix: s.keys.base, IdleTTL: s.cfg.idleTTL, Entries: args,
+	if mode == "replace" {
+		return s.replace(ctx, args)
 	}
+	return s.updateChunked(ctx, mode, args, false)
+}
+
+// poolUpdate is the pool_update.lua call of mode on the pool of k.
+func (k keyspace) poolUpdate(mode string, idle time.Duration, changed bool, entries []any) engine.PoolUpdate {
+	return engine.PoolUpdate{
+		Pool: k.proxies(), Sites: k.sites(), Meta: k.meta(),
+		Dead: k.dead(), Fails: k.fails(), Quarantine: k.quarantine(),
+		Order: k.order(), Cursor: k.cursor(), Gateways: k.gateways(), Labels: k.labels(),
+		Mode: mode, Prefix: k.base, IdleTTL: idle, Changed: changed, Entries: entries,
+	}
+}
+
+// updateCall runs one pool_update.lua call: the change so far (PoolChange)
+// and the entries it consumed.
+func (s *Switch) updateCall(ctx context.Context, mode string, args []any, changed bool) (PoolChange, int, error) {
+	call := s.keys.poolUpdate(mode, s.cfg.idleTTL, changed, args)
 	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]int64, error) {
 		return call.Run(ctx, s.rdb).Int64Slice()
 	}, nil)
 	if err != nil {
-		return PoolChange{}, redisErr("pool "+mode, err)
+		return PoolChange{}, 0, redisErr("pool "+mode, err)
 	}
-	if len(res) != 3 {
-		return PoolChange{}, fmt.Errorf("%w: pool update reply of %d items", ErrCorrupt, len(res))
+	if len(res) != 4 {
+		return PoolChange{}, 0, fmt.Errorf("%w: pool update reply of %d items", ErrCorrupt, len(res))
 	}
-	return PoolChange{Added: int(res[0]), Removed: int(res[1]), Size: int(res[2])}, nil
+	return PoolChange{Added: int(res[0]), Removed: int(res[1]), Size: int(res[2])}, int(res[3]), nil
 }
 
-func pairs(ps []*Proxy) []any {
-	out := make([]any, 0, 2*len(ps))
+// updateChunked applies mode ("add": entries; "remove": ids) in calls
+// of bounded work; the pool's generation moves once, with the last call.
+// changed: an earlier part of the same change (Replace's removals) changed
+// the pool.
+func (s *Switch) updateChunked(ctx context.Context, mode string, args []any, changed bool) (PoolChange, error) {
+	per := 1
+	if mode == "add" {
+		per = entryItems
+	}
+	var total PoolChange
+	for first := true; first || len(args) > 0; first = false {
+		n := min(len(args)/per, updateChunk)
+		pc, done, err := s.updateCall(ctx, mode, args[:n*per], changed)
+		if err != nil {
+			return total, err
+		}
+		// No entry consumed is progress only while a large gateway's
+		// members go (pool_update.lua removes them over several calls).
+		if done < 1 && n > 0 && pc.Removed == 0 {
+			return total, fmt.Errorf("%w: pool update consumed no entry", ErrCorrupt)
+		}
+		total.Added += pc.Added
+		total.Removed += pc.Removed
+		total.Size = pc.Size
+		changed = changed || pc.Added+pc.Removed > 0
+		args = args[min(done, n)*per:]
+	}
+	return total, nil
+}
+
+// replace makes the pool exactly the entries of args: one atomic call for
+// a small pool, else the proxies to remove (found by paging through the
+// pool and its gateways) then those to add or update, in calls of bounded
+// work. A gateway keeps the members it has, as the atomic call keeps them.
+func (s *Switch) replace(ctx context.Context, args []any) (PoolChange, error) {
+	ids, err := s.hashKeys(ctx, s.keys.proxies())
+	if err != nil {
+		return PoolChange{}, err
+	}
+	if len(args)/entryItems <= updateChunk && len(ids) <= updateChunk {
+		pc, _, err := s.updateCall(ctx, "replace", args, false)
+		return pc, err
+	}
+	keep := make(map[string]bool, len(args)/entryItems)
+	size := map[string]int{} // gateway template -> its N
+	for i := 0; i+entryItems <= len(args); i += entryItems {
+		if t, _ := args[i+2].(string); t != "" {
+			size[t], _ = strconv.Atoi(fmt.Sprint(args[i+3]))
+			continue
+		}
+		keep[args[i].(string)] = true
+	}
+	if len(size) > 0 {
+		gw, err := s.hashKeys(ctx, s.keys.gateways())
+		if err != nil {
+			return PoolChange{}, err
+		}
+		// The members each gateway keeps: its first N, by ID (pool_update.lua's rule).
+		slices.Sort(gw)
+		kept := map[string]int{}
+		inPool := make(map[string]bool, len(ids))
+		for _, id := range ids {
+			inPool[id] = true
+		}
+		for _, kv := range gw {
+			id, t, _ := strings.Cut(kv, "\x00")
+			if n, ok := size[t]; ok && inPool[id] && kept[t] < n {
+				kept[t]++
+				keep[id] = true
+			}
+		}
+	}
+	var drop []any
+	for _, id := range ids {
+		if !keep[id] {
+			drop = append(drop, id)
+		}
+	}
+	var out PoolChange
+	if len(drop) > 0 {
+		rm, err := s.updateChunked(ctx, "remove", drop, false)
+		if err != nil {
+			return rm, err
+		}
+		out.Removed = rm.Removed
+	}
+	add, err := s.updateChunked(ctx, "add", args, out.Removed > 0)
+	out.Added, out.Size = add.Added, add.Size
+	return out, err
+}
+
+// hashKeys pages through a hash of the pool keyed by proxy ID (the pool
+// hash, or the gateways hash) with pool_snapshot.lua (bounded work per
+// call) and returns each field once: the ID, and for a hash other than the
+// pool hash the ID, a NUL and its value.
+func (s *Switch) hashKeys(ctx context.Context, key string) ([]string, error) {
+	k := s.keys
+	withValue := key != k.proxies()
+	var out []string
+	seen := map[string]bool{}
+	cursor := "0"
+	for first := true; first || cursor != "0"; first = false {
+		c := cursor
+		res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]any, error) {
+			return poolSnapshotScript.Run(ctx, s.rdb, []string{key, k.meta(), k.dead()}, c, snapshotPage).Slice()
+		}, nil)
+		if err != nil {
+			return nil, redisErr("read the pool", err)
+		}
+		n, ok := intAt(res, 4)
+		next, ok2 := "", false
+		if len(res) >= 5 {
+			next, ok2 = res[3].(string)
+		}
+		if !ok || !ok2 || n < 0 || len(res) < 5+2*int(n) {
+			return nil, fmt.Errorf("%w: malformed pool snapshot reply", ErrCorrupt)
+		}
+		cursor = next
+		for i := 5; i < 5+2*int(n); i += 2 {
+			id, _ := res[i].(string)
+			if id == "" || seen[id] { // HSCAN may return an entry twice
+				continue
+			}
+			seen[id] = true
+			if withValue {
+				v, _ := res[i+1].(string)
+				id += "\x00" + v
+			}
+			out = append(out, id)
+		}
+	}
+	return out, nil
+}
+
+// entries are pool_update.lua's entries of ps: id, URL, gateway template,
+// gateway size (the number of the template's proxies in ps: ParseProxies
+// expands a template once), labels.
+func entries(ps []*Proxy) []any {
+	size := map[string]int{}
 	for _, p := range ps {
-		out = append(out, p.id, p.raw())
+		if p.gw != "" {
+			size[p.gw]++
+		}
+	}
+	out := make([]any, 0, entryItems*len(ps))
+	for _, p := range ps {
+		n := ""
+		if p.gw != "" {
+			n = strconv.Itoa(size[p.gw])
+		}
+		out = append(out, p.id, p.raw(), p.gw, n, p.labels)
 	}
 	return out
 }

@@ -28,9 +28,11 @@ import (
 // hash, so it carries no secret) and names the proxy in Redis, logs and
 // metrics.
 type Proxy struct {
-	id    string
-	url   *url.URL
-	shown string // String: the URL with user info masked, computed once
+	id     string
+	url    *url.URL
+	shown  string // String: the URL with user info masked, computed once
+	gw     string // the gateway template it was expanded from (gateway.go), or ""
+	labels string // its labels, canonical "k=v,k=v" (labels.go), or ""
 }
 
 // proxySchemes are the schemes net/http's Transport can dial through.
@@ -68,6 +70,13 @@ func ParseProxy(raw string) (*Proxy, error) {
 	raw = strings.TrimSpace(raw)
 	if raw == "" {
 		return nil, bad("empty URL")
+	}
+	if isTemplate(raw) {
+		if _, _, err := parseGateway(raw); err != nil {
+			return nil, err
+		}
+		return nil, &ProxyError{Proxy: redactRaw(sessionToken.ReplaceAllString(raw, "s")),
+			Reason: "a gateway template names many proxies: give it to Add, Replace, ParseProxies or ReadProxies", Err: ErrInvalidProxy}
 	}
 	if strings.ContainsAny(raw, " \t\r\n") {
 		return nil, bad("URL contains white space")
@@ -330,7 +339,11 @@ func redactRaw(raw string) string {
 }
 
 // ParseProxies validates every URL and returns the proxies in order, with
-// duplicates (same identity) dropped. On any invalid URL it returns an error
+// duplicates (same identity) dropped. A gateway template ({session:N} in
+// the user info: see the gateway entries in gateway.go's doc and the README)
+// becomes N virtual proxies with new session ids, which Add and
+// ReplaceProxies take only as far as the pool lacks sessions of that
+// gateway; a template given twice counts once. On any invalid URL it returns an error
 // naming its position (1-based) and reason, and no proxies: a pool is never
 // half-loaded.
 func ParseProxies(raws []string) ([]*Proxy, error) {
@@ -361,10 +374,35 @@ func ReadProxies(r io.Reader) ([]*Proxy, error) {
 func parseAll(raws []string, where func(i int) string) ([]*Proxy, error) {
 	out := make([]*Proxy, 0, len(raws))
 	seen := make(map[string]bool, len(raws))
-	for i, raw := range raws {
+	for i, line := range raws {
+		raw, labels, err := splitLabels(line)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", where(i), err)
+		}
+		if isTemplate(raw) {
+			t, n, err := parseGateway(raw)
+			if err == nil && !seen["gw:"+t] {
+				seen["gw:"+t] = true
+				var ps []*Proxy
+				ps, err = expandGateway(t, n)
+				for _, p := range ps {
+					p.labels = labels
+				}
+				out = append(out, ps...)
+			}
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", where(i), err)
+			}
+			continue
+		}
 		p, err := ParseProxy(raw)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", where(i), err)
+		}
+		if labels != "" {
+			q := *p
+			q.labels = labels
+			p = &q
 		}
 		if !seen[p.id] {
 			seen[p.id] = true

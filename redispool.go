@@ -32,6 +32,7 @@ type redisPool struct {
 	releases  group.Group[queuedRelease, int64] // concurrent releases share one release_many.lua call (releaser.go)
 	scopeKeys scopeKeyCache                     // the lease and release keys of each scope, built once
 	snap      snapState                         // the copy of the pool, to re-seed a Redis that lost it (snapshot.go)
+	labelIdx  labelCache                        // the labels of its proxies, for labelled leases (labels.go)
 }
 
 func newRedisPool(s *Switch, name string) (*redisPool, error) {
@@ -56,7 +57,7 @@ func (p *redisPool) redis() *redisPool           { return p }
 // tryLease runs lease.lua once; if it finds the pool lost by Redis, it
 // re-seeds the pool from this Switch's copy and runs it once more.
 func (p *redisPool) tryLease(ctx context.Context, site, scope, prefer string) (*Lease, time.Duration, error) {
-	l, wait, lost, err := p.tryLeaseOnce(ctx, site, scope, prefer)
+	l, wait, lost, err := p.tryLeaseOnce(ctx, site, scope, prefer, false)
 	if !lost {
 		return l, wait, err
 	}
@@ -67,18 +68,23 @@ func (p *redisPool) tryLease(ctx context.Context, site, scope, prefer string) (*
 	if !again {
 		return nil, 0, err
 	}
-	l, wait, _, err = p.tryLeaseOnce(ctx, site, scope, prefer)
+	l, wait, _, err = p.tryLeaseOnce(ctx, site, scope, prefer, false)
 	return l, wait, err
 }
 
 // tryLeaseOnce runs lease.lua once. lost reports an empty pool that no
-// operator emptied (err is then ErrEmptyPool's).
-func (p *redisPool) tryLeaseOnce(ctx context.Context, site, scope, prefer string) (l *Lease, wait time.Duration, lost bool, err error) {
+// operator emptied (err is then ErrEmptyPool's). With only, the preferred
+// proxy or none (labels.go): errProxyGone if it left the pool.
+func (p *redisPool) tryLeaseOnce(ctx context.Context, site, scope, prefer string, only bool) (l *Lease, wait time.Duration, lost bool, err error) {
 	token := p.sw.newToken()
 	ttl := p.cfg.leaseTTL
+	firm := ""
+	if only {
+		firm = "1"
+	}
 	res, err := bounded.Call(ctx, p.timeout, p.inline, func(ctx context.Context) ([]any, error) {
 		argv := append(make([]any, 0, 10), scope, token, ttl.Milliseconds(), p.cfg.cooldown.Milliseconds(),
-			p.cfg.slots, p.cfg.idleTTL.Milliseconds(), prefer, "")
+			p.cfg.slots, p.cfg.idleTTL.Milliseconds(), prefer, firm)
 		return leaseScript.Run(ctx, p.rdb, p.scopeKeys.get(p, scope).lease, append(argv, p.sw.brk.leaseArgs(site)...)...).Slice()
 	}, p.releaseLate(scope, token))
 	if err != nil {
@@ -96,9 +102,11 @@ func (p *redisPool) tryLeaseOnce(ctx context.Context, site, scope, prefer string
 		until, _ := intAt(res, 2)
 		p.sw.brk.paused(site, until)
 		return nil, waitHint(wait), false, nil
-	case status == 0 && len(res) == 2:
+	case status == 0 && (len(res) == 2 || only && len(res) == 3):
 		wait, _ := intAt(res, 1)
 		return nil, waitHint(wait), false, nil
+	case status == -2 && only:
+		return nil, 0, false, errProxyGone
 	case status == 1 && len(res) == 5:
 		member, _ := res[1].(string)
 		raw, _ := res[2].(string)
@@ -245,6 +253,11 @@ func (p *redisPool) extendMember(ctx context.Context, l *Lease, ttl time.Duratio
 // WithBanAllSites and a ban.Ban) wait out the quarantine, its run of bans or
 // failures grows, and l ends if it is p's lease on that scope.
 func (p *redisPool) penalize(ctx context.Context, site string, px *Proxy, l *Lease, v ban.Verdict) (penalty, error) {
+	if rotates(p.cfg, v) {
+		if pen, ok := p.rotate(ctx, site, px, l); ok {
+			return pen, nil
+		}
+	}
 	c, k := p.cfg, p.keys
 	scope := p.sw.scopeOf(site)
 	kind, base, maxq, hard, first, certain := "ban", c.quarantine, c.maxQuarantine, "0", c.firstQuarantine, "0"

@@ -248,7 +248,7 @@ func (p *redisPool) seedOnce(ctx context.Context) (int, error) {
 	argv = append(append(argv, snap.pairs...), snap.dead...)
 	k := p.keys
 	n, err := roundTrip(ctx, p.cfg.redisTimeout, func(ctx context.Context) (int64, error) {
-		return poolSeedScript.Run(ctx, p.rdb, []string{k.proxies(), k.meta(), k.dead()}, argv...).Int64()
+		return poolSeedScript.Run(ctx, p.rdb, []string{k.proxies(), k.meta(), k.dead(), k.order()}, argv...).Int64()
 	}, nil)
 	if err != nil {
 		return 0, redisErr("re-seed", err)

@@ -59,6 +59,8 @@ type Collector struct {
 	sites siteLabels
 
 	attempts   *prometheus.CounterVec
+	byLabel    *prometheus.CounterVec // attempts by proxy label
+	labels     siteLabels             // the label values byLabel knows (bounded like sites)
 	bans       *prometheus.CounterVec
 	latency    *prometheus.HistogramVec
 	quarantine *prometheus.HistogramVec
@@ -120,12 +122,16 @@ func newCollector(pool string, cfg config) *Collector {
 		cfg:     cfg,
 		now:     time.Now,
 		sites:   siteLabels{max: cfg.maxSites},
+		labels:  siteLabels{max: cfg.maxSites},
 		pending: make(map[siteProxy]time.Time),
 		joins:   joinTracker{window: cfg.joinWindow},
 
 		attempts: counter("proxyswitch_attempts_total",
 			"Attempts sent through a proxy and classified, by site and outcome (ok, neutral, unchecked, ban, proxy_failure; unchecked: a 2xx page the content checks could not read, a neutral one); a retried request counts once per attempt.",
 			"site", "outcome"),
+		byLabel: counter("proxyswitch_label_attempts_total",
+			"Attempts as proxyswitch_attempts_total counts them, by a label of the proxy they went through (\"country=ru\", \"type=residential\": each label of the proxy counts the attempt once) and outcome; proxies without labels count in none. At most WithMaxSites distinct labels, the rest as _other.",
+			"label", "outcome"),
 		bans: counter("proxyswitch_bans_total",
 			"Attempts classified as a ban or a proxy failure, by site, kind (ban, proxy_failure) and reason (http_403, missing_selector, proxy_connect...).",
 			"site", "kind", "reason"),
@@ -198,6 +204,13 @@ func (c *Collector) ObserveAttempt(ev proxyswitch.AttemptEvent) {
 	}
 	if m, err := c.attempts.GetMetricWithLabelValues(site, outcome); err == nil {
 		m.Inc()
+	}
+	if ev.Labels != "" {
+		for _, l := range strings.Split(ev.Labels, ",") {
+			if m, err := c.byLabel.GetMetricWithLabelValues(c.labels.label(l), outcome); err == nil {
+				m.Inc()
+			}
+		}
 	}
 	if m, err := c.latency.GetMetricWithLabelValues(site); err == nil {
 		m.Observe(max(ev.Latency, 0).Seconds())
@@ -322,7 +335,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 }
 
 func (c *Collector) vectors() []prometheus.Collector {
-	return []prometheus.Collector{c.attempts, c.bans, c.latency, c.quarantine, c.deadMarked, c.recovery, c.evidence,
+	return []prometheus.Collector{c.attempts, c.byLabel, c.bans, c.latency, c.quarantine, c.deadMarked, c.recovery, c.evidence,
 		c.sessionsStarted, c.sessionsEnded, c.sessionRequests, c.sessionAge}
 }
 

@@ -301,7 +301,7 @@ func TestObserverIsTheSwitchs(t *testing.T) {
 	for d := range ch {
 		got = append(got, d.String())
 	}
-	assert.Len(t, got, 20)
+	assert.Len(t, got, 21)
 	assert.Panics(t, func() { New(nil) })
 	assert.Panics(t, func() { NewState(nil) })
 }
@@ -362,4 +362,29 @@ func TestConcurrentUse(t *testing.T) {
 	assert.Equal(t, 400.0, v)
 	v, _ = f.value("proxyswitch_tracked_proxies")
 	assert.Equal(t, 56.0, v)
+}
+
+func TestCollectorCountsAttemptsByLabel(t *testing.T) {
+	c, _ := testCollector(WithMaxSites(3))
+	ru := attempt("a.example", "p1", ban.OK, "", 0)
+	ru.Labels = "country=ru,type=residential"
+	for range 3 {
+		c.ObserveAttempt(ru)
+	}
+	ru.Kind = ban.Ban
+	c.ObserveAttempt(ru)
+	de := attempt("a.example", "p2", ban.OK, "", 0)
+	de.Labels = "country=de,type=datacenter"
+	c.ObserveAttempt(de)
+	c.ObserveAttempt(attempt("a.example", "p3", ban.OK, "", 0)) // no labels: in no series
+	f, page := scrape(t, c)
+	f.expect(t, []want{
+		{"proxyswitch_label_attempts_total", []string{"pool=main", "server=w1", "label=country=ru", "outcome=ok"}, 3},
+		{"proxyswitch_label_attempts_total", []string{"label=country=ru", "outcome=ban"}, 1},
+		{"proxyswitch_label_attempts_total", []string{"label=type=residential", "outcome=ok"}, 3},
+		{"proxyswitch_label_attempts_total", []string{"label=country=de", "outcome=ok"}, 1},
+		{"proxyswitch_label_attempts_total", []string{"label=" + OtherSite, "outcome=ok"}, 1}, // the 4th label, past the bound
+		{"proxyswitch_attempts_total", []string{"site=a.example", "outcome=ok"}, 5},
+	}...)
+	assert.NotContains(t, page, `label=""`)
 }

@@ -3,7 +3,6 @@ package proxyswitchtest
 import (
 	"context"
 	"crypto/tls"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -461,15 +460,7 @@ func (p *Proxy) authorized(r *http.Request) bool {
 	if c == nil {
 		return true
 	}
-	scheme, enc, ok := strings.Cut(r.Header.Get("Proxy-Authorization"), " ")
-	if !ok || !strings.EqualFold(scheme, "Basic") {
-		return false
-	}
-	raw, err := base64.StdEncoding.DecodeString(strings.TrimSpace(enc))
-	if err != nil {
-		return false
-	}
-	user, pass, ok := strings.Cut(string(raw), ":")
+	user, pass, ok := proxyAuth(r)
 	return ok && user == c.user && pass == c.pass
 }
 

@@ -381,3 +381,37 @@ func TestSyncerConfig(t *testing.T) {
 	_, err := source.File{Path: filepath.Join(t.TempDir(), "missing")}.Fetch(ctx)
 	require.ErrorIs(t, err, os.ErrNotExist)
 }
+
+// TestSyncerRelabels: a list whose proxies stay but whose labels change is
+// a change: the sync writes it, and the pool's proxies carry the new labels.
+func TestSyncerRelabels(t *testing.T) {
+	ctx := context.Background()
+	sw := newSwitch(t)
+	path := filepath.Join(t.TempDir(), "proxies.txt")
+	write := func(lines ...string) {
+		require.NoError(t, os.WriteFile(path, []byte(strings.Join(lines, "\n")), 0o600))
+	}
+	sy := &source.Syncer{Switch: sw, Source: source.File{Path: path}, Logger: slog.New(slog.NewTextHandler(&testlog.Buffer{}, nil))}
+	labels := func() []string {
+		ps, err := sw.List(ctx)
+		require.NoError(t, err)
+		var out []string
+		for _, p := range ps {
+			out = append(out, p.Labels()["country"])
+		}
+		return out
+	}
+	write("http://10.0.0.1:3128 country=ru", "http://10.0.0.2:3128 country=ru")
+	r, err := sy.Sync(ctx)
+	require.NoError(t, err)
+	require.True(t, r.Written)
+	require.Equal(t, []string{"ru", "ru"}, labels())
+	r, err = sy.Sync(ctx)
+	require.NoError(t, err)
+	require.False(t, r.Written, "nothing changed")
+	write("http://10.0.0.1:3128 country=ru", "http://10.0.0.2:3128 country=kz")
+	r, err = sy.Sync(ctx)
+	require.NoError(t, err)
+	require.True(t, r.Written, "a label changed")
+	require.Equal(t, []string{"ru", "kz"}, labels())
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"sync"
 	"time"
 
@@ -125,15 +126,18 @@ func (s *Syncer) sync(ctx context.Context) Result {
 		return r
 	}
 	r.Before, r.Size = len(cur), len(cur)
-	have := make(map[string]bool, len(cur))
+	have := make(map[string]map[string]string, len(cur)) // ID -> labels
 	for _, p := range cur {
-		have[p.ID()] = true
+		have[p.ID()] = p.Labels()
 	}
 	want := make(map[string]bool, len(ps))
+	relabelled := 0
 	for _, p := range ps {
 		want[p.ID()] = true
-		if !have[p.ID()] {
+		if l, ok := have[p.ID()]; !ok {
 			r.Added++
+		} else if !maps.Equal(l, p.Labels()) {
+			relabelled++
 		}
 	}
 	for id := range have {
@@ -141,7 +145,7 @@ func (s *Syncer) sync(ctx context.Context) Result {
 			r.Removed++
 		}
 	}
-	if r.Added == 0 && r.Removed == 0 {
+	if r.Added == 0 && r.Removed == 0 && relabelled == 0 {
 		return r
 	}
 	if !s.NoGuard && len(cur) > 0 {

@@ -12,7 +12,7 @@ import (
 var commandHelp = map[string]string{
 	"load": `usage: proxyswitch [flags] load FILE
 
-Replaces the pool with the proxies in FILE ("-" for stdin), atomically:
+Replaces the pool with the proxies in FILE ("-" for stdin), atomically up to 500 proxies:
 workers see the old set or the new one. One proxy a line, # comments:
 URLs (http, https, socks5, socks5h, with host and port), or host:port,
 user:pass@host:port and host:port:user:pass, meaning http.`,

@@ -5,7 +5,7 @@
 //
 // Commands:
 //
-//	load FILE                   replace the pool with the proxies in FILE ("-" for stdin), atomically
+//	load FILE                   replace the pool with the proxies in FILE ("-" for stdin), atomically up to 500 proxies
 //	sync -url URL|-file FILE [-every D] [-once] [...]
 //	                            keep the pool equal to a provider's list or a file (package source)
 //	probe -echo URL [-site URL]... [-every D] [...]

@@ -20,6 +20,8 @@ var (
 	listScript        = Root.Script("list")
 	statsScript       = Root.Script("stats")
 	poolUpdateScript  = Root.Script("pool_update")
+	gatewayOfScript   = Root.Script("gateway_of")
+	labelsScript      = Root.Script("labels")
 	unbanScript       = Root.Script("unban")
 	drainScript       = Root.Script("drain")
 	clearScript       = Root.Script("clear")
@@ -51,20 +53,54 @@ func (c Stats) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
 	return statsScript.Run(ctx, rdb, []string{c.Pool, c.Free, c.Lease, c.Meta})
 }
 
-// PoolUpdate runs pool_update.lua: add, remove or replace proxies.
+// PoolUpdate runs pool_update.lua: add, remove or replace proxies, or rotate
+// a gateway's session. "add" and "remove" do bounded work per call: the
+// reply's fourth item is the number of entries consumed, and the caller
+// sends the rest again.
 type PoolUpdate struct {
-	Pool, Sites, Meta, Dead, Fails, Quarantine string // KEYS[1..6]
+	Pool, Sites, Meta, Dead, Fails, Quarantine, Order, Cursor, Gateways, Labels string // KEYS[1..10]
 
-	Mode    string        // ARGV[1] "add", "remove" or "replace"
+	Mode    string        // ARGV[1] "add", "remove", "replace", "rotate" or "done"
 	Prefix  string        // ARGV[2] the pool's key prefix "{prefix:pool}"
 	IdleTTL time.Duration // ARGV[3] sites not leased for that long are forgotten
-	Entries []any         // ARGV[4..] add, replace: id, URL, ...; remove: id, ...
+	Changed bool          // ARGV[4] earlier calls of the same change changed the pool
+	// ARGV[5..] add, replace: id, URL, gateway template ("" for a plain
+	// proxy), gateway size N ("" for a plain proxy), labels ("k=v,k=v" or
+	// ""), ...; remove: id or "gw:<template>", ...; rotate: old id, new id,
+	// new URL, lease member, token (see pool_update.lua)
+	Entries []any
 }
 
 // Run sends the call.
 func (c PoolUpdate) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
-	argv := append([]any{c.Mode, c.Prefix, c.IdleTTL.Milliseconds()}, c.Entries...)
-	return poolUpdateScript.Run(ctx, rdb, []string{c.Pool, c.Sites, c.Meta, c.Dead, c.Fails, c.Quarantine}, argv...)
+	changed := "0"
+	if c.Changed {
+		changed = "1"
+	}
+	argv := append([]any{c.Mode, c.Prefix, c.IdleTTL.Milliseconds(), changed}, c.Entries...)
+	return poolUpdateScript.Run(ctx, rdb, []string{c.Pool, c.Sites, c.Meta, c.Dead, c.Fails, c.Quarantine, c.Order, c.Cursor,
+		c.Gateways, c.Labels}, argv...)
+}
+
+// GatewayOf runs gateway_of.lua: the gateway template of a proxy, "" for none.
+type GatewayOf struct {
+	Gateways string // KEYS[1] the pool's gateways hash
+	Proxy    string // ARGV[1] proxy id
+}
+
+// Run sends the call.
+func (c GatewayOf) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
+	return gatewayOfScript.Run(ctx, rdb, []string{c.Gateways}, c.Proxy)
+}
+
+// Labels runs labels.lua: the labels of the pool's proxies, id, labels, ...
+type Labels struct {
+	Labels string // KEYS[1] the pool's labels hash
+}
+
+// Run sends the call.
+func (c Labels) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
+	return labelsScript.Run(ctx, rdb, []string{c.Labels})
 }
 
 // Unban runs unban.lua: end a proxy's quarantine on one scope.

@@ -16,19 +16,22 @@
 -- One key stays, or comes: the meta hash ("{prefix:pool}:meta"), with
 -- "emptied" set and a new "version", so that no Switch takes the cleared
 -- pool for one that Redis lost and re-seeds it (pool_seed.lua).
+-- Keys go with UNLINK: Redis frees a large value (the pool hash and order
+-- of a million proxies) in a background thread, so the call's own work is
+-- one step per key, whatever the pool's size.
 -- Returns the number of keys deleted.
 local base, badbase = pool_prefix(ARGV[1])
 if not base then return redis.error_reply(badbase) end
 local n = 0
 for _, sc in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
-  n = n + redis.call('DEL', base .. ':free:' .. sc, base .. ':lease:' .. sc, base .. ':strikes:' .. sc,
+  n = n + redis.call('UNLINK', base .. ':free:' .. sc, base .. ':lease:' .. sc, base .. ':strikes:' .. sc,
     base .. ':health:' .. sc, base .. ':pace:' .. sc, base .. ':breaker:' .. sc)
 end
 for _, site in ipairs(redis.call('HKEYS', base .. ':breaker')) do
-  n = n + redis.call('DEL', base .. ':breaker:' .. site)
+  n = n + redis.call('UNLINK', base .. ':breaker:' .. site)
 end
 for i = 1, #KEYS do
-  n = n + redis.call('DEL', KEYS[i])
+  n = n + redis.call('UNLINK', KEYS[i])
 end
 redis.call('HSET', base .. ':meta', 'emptied', '1')
 bump_version(base .. ':meta')

@@ -16,8 +16,8 @@ local function extend_member(free, leases, member, token, newexp, now, live_only
   if not sep or string.sub(v, 1, sep - 1) ~= token then return 0 end
   local expiry = tonumber(string.sub(v, sep + 1))
   if live_only and (not expiry or expiry <= now) then return 0 end
-  local score = num(redis.call('ZSCORE', free, member))
-  if not score then return 0 end
+  -- No entry: the lease's score passed and lease.lua pruned it (score 0).
+  local score = num(redis.call('ZSCORE', free, member)) or 0
   if score < newexp then
     redis.call('ZADD', free, newexp, member)
   end

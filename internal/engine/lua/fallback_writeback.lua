@@ -8,7 +8,7 @@
 --                          until which a re-seeded pool's proxies stay out (pool_seed.lua)
 -- KEYS[4] dead hash        id -> "<ms>|<reason>"
 -- KEYS[5] quarantine zset  id -> unix ms until which it is banned on every site
--- ARGV[1] key prefix "{prefix:pool}": the free set of scope S is ARGV[1]..":free:"..S,
+-- ARGV[1] key prefix "{prefix:pool}": the busy set of scope S is ARGV[1]..":free:"..S,
 --         its lease hash ARGV[1]..":lease:"..S (same hash tag as KEYS; checked).
 --         Why a prefix and not KEYS: a ban on every site ("" scope) reaches
 --         the sites of KEYS[2], read here, atomically.
@@ -18,8 +18,9 @@
 --   "lease", scope,                     member,   token, ms left
 --
 -- A quarantine only ever lengthens (GT); proxies no longer in the pool are
--- skipped. A scope whose free set is gone (Redis restarted empty) gets it
--- back as lease.lua builds it (the re-seed's hold included). Time comes from TIME.
+-- skipped. A slot with no entry in a scope's busy set is free there: it
+-- gets one (the re-seed's hold stays in the meta hash, which lease.lua
+-- reads). Time comes from TIME.
 -- Returns {quarantines written, leases written}.
 local now = now_ms()
 local base, badbase = pool_prefix(ARGV[1])
@@ -37,34 +38,16 @@ local function free(scope)
   local fk = base .. ':free:' .. scope
   if ready[scope] then return fk end
   ready[scope] = true
-  if redis.call('EXISTS', fk) == 0 then
-    local held = {}
-    local hold = meta_ms(KEYS[3], 'hold')
-    if hold <= now then hold = 0 end
-    local q = redis.call('ZRANGEBYSCORE', KEYS[5], '(' .. now, '+inf', 'WITHSCORES')
-    for i = 1, #q, 2 do held[q[i]] = num(q[i + 1]) end
-    for _, id in ipairs(redis.call('HKEYS', KEYS[4])) do held[id] = DEAD end
-    local batch = {}
-    for _, id in ipairs(redis.call('HKEYS', KEYS[1])) do
-      for s = 0, slots - 1 do
-        batch[#batch + 1] = math.max(held[id] or 0, hold)
-        batch[#batch + 1] = id .. ':' .. s
-      end
-      if #batch >= 4000 then
-        redis.call('ZADD', fk, unpack(batch))
-        batch = {}
-      end
-    end
-    if #batch > 0 then redis.call('ZADD', fk, unpack(batch)) end
-  end
   redis.call('ZADD', KEYS[2], now, scope)
   redis.call('PEXPIRE', KEYS[2], idle)
-  redis.call('PEXPIRE', fk, idle)
   return fk
 end
 
+-- push keeps every slot of proxy id out on the busy set fk until untl (a
+-- slot with no entry is free there: it gets one).
 local function push(fk, id, untl)
-  for s = 0, slots - 1 do redis.call('ZADD', fk, 'XX', 'GT', untl, id .. ':' .. s) end
+  for s = 0, slots - 1 do redis.call('ZADD', fk, 'GT', untl, id .. ':' .. s) end
+  redis.call('PEXPIRE', fk, idle)
 end
 
 local bans, leases = 0, 0
@@ -84,7 +67,9 @@ for i = 5, #ARGV - 4, 5 do
     local id = string.match(who, '^(.*):%d+$')
     if id and redis.call('HEXISTS', KEYS[1], id) == 1 then
       leases = leases + 1
-      redis.call('ZADD', free(scope), 'XX', 'GT', untl, who)
+      local fk = free(scope)
+      redis.call('ZADD', fk, 'GT', untl, who)
+      redis.call('PEXPIRE', fk, idle)
       local lk = base .. ':lease:' .. scope
       redis.call('HSET', lk, who, token .. '|' .. untl)
       redis.call('PEXPIRE', lk, idle)

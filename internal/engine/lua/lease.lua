@@ -1,13 +1,17 @@
--- lease.lua: lease the least recently used free proxy of one pool for one site.
+-- lease.lua: lease a free proxy of one pool for one site, offering the
+-- pool's proxies to the site in turn.
 --
 -- KEYS[1] pool hash      id -> proxy URL
--- KEYS[2] free zset      "<id>:<slot>" -> unix ms at which it is next available
+-- KEYS[2] busy zset      "<id>:<slot>" -> unix ms until which it is out on this site
+--                        (leased, cooling down, quarantined, dead); a slot with no
+--                        entry, or a passed score, is free on the site
 -- KEYS[3] lease hash     "<id>:<slot>" -> "<token>|<expiry ms>"
--- KEYS[4] sites zset     site -> unix ms of its last lease
+-- KEYS[4] sites zset     site -> unix ms of its last lease (written at most once a second)
 -- KEYS[5] meta hash      "slots" -> concurrent requests per proxy per site;
 --                        "version" -> generation of the pool; "emptied" -> 1 while it
 --                        is empty on purpose; "hold" -> ms until which a re-seeded
---                        pool's proxies stay out (pool_seed.lua)
+--                        pool's proxies stay out (pool_seed.lua); "index" -> "done"
+--                        when every proxy of the pool is in the order (KEYS[9])
 -- KEYS[6] dead hash      id -> "<ms>|<reason>" (proxies out of every rotation)
 -- KEYS[7] quarantine zset id -> unix ms until which it is banned on every site
 -- ARGV[1] site (scope)   ARGV[2] owner token      ARGV[3] lease TTL ms
@@ -17,7 +21,19 @@
 --         site, session.go); absent or "" for any proxy
 -- KEYS[8] breaker hash   ARGV[9] site, or absent/"" with no breaker
 -- ARGV[10] probes of a half-open breaker (breaker_lib.lua, breaker.go)
+-- KEYS[9] order zset     id -> its place in the pool's rotation (pool_update.lua)
+-- KEYS[10] cursor hash   site -> "<place of the proxy last offered>|<ms of the site's last bookkeeping>"
 -- include: breaker_lib.lua
+--
+-- Rotation: the site's cursor walks the pool's order (KEYS[9]) and the
+-- lease takes the first proxy after it with a slot free on the site, not
+-- dead, not banned on every site: every proxy is offered once per turn of
+-- the cursor, as least-recently-used order offered it once per rotation. A
+-- site thus costs memory only for the slots out on it (KEYS[2]), pruned as
+-- their scores pass (two per lease), plus its cursor. One call looks at
+-- most SCAN proxies: when none of them is free and the site's busy set does
+-- not cover the whole pool, the cursor moves past them and the reply is a
+-- 1 ms wait (the caller retries: bounded work per call, progress each call).
 --
 -- Returns {1, member, proxy URL, expiry ms, version} on success (version: the
 --                       pool's generation, 0 for none; snapshot.go),
@@ -35,15 +51,10 @@ if ARGV[9] and ARGV[9] ~= '' then
   if paused then return paused end
 end
 local ttl, cooldown, idle = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[6])
+local SCAN, PRUNE = 128, 2
 
-local function version() return meta_ms(KEYS[5], 'version') end
-local function empty()
-  local lost = 1
-  if redis.call('HEXISTS', KEYS[5], 'emptied') == 1 then lost = 0 end
-  return {-1, lost, version()}
-end
-
-local slots = redis.call('HGET', KEYS[5], 'slots')
+local meta = redis.call('HMGET', KEYS[5], 'slots', 'version', 'hold', 'index')
+local slots = meta[1]
 if not slots then
   redis.call('HSET', KEYS[5], 'slots', ARGV[5])
   slots = ARGV[5]
@@ -52,48 +63,89 @@ elseif slots ~= ARGV[5] then
   return redis.error_reply('PSCONFIG pool serves ' .. slots .. ' concurrent requests per proxy per site, this client asks for ' .. ARGV[5])
 end
 slots = tonumber(slots)
+local version = checked(meta[2], KEYS[5], 'field version', 0, MAX_MS) or 0
+local hold = checked(meta[3], KEYS[5], 'field hold', 0, MAX_MS) or 0
 
--- First lease for this site (or its keys idled out): every proxy starts free,
--- except dead ones and those banned on every site (penalize.lua), and
--- every one while a re-seeded pool is held (pool_seed.lua: requests leased
--- before Redis lost the pool may still run).
-if redis.call('EXISTS', KEYS[2]) == 0 then
-  local ids = redis.call('HKEYS', KEYS[1])
-  if #ids == 0 then return empty() end
-  local hold = meta_ms(KEYS[5], 'hold')
-  if hold <= now then hold = 0 end
-  local held = {}
-  local q = redis.call('ZRANGEBYSCORE', KEYS[7], '(' .. now, '+inf', 'WITHSCORES')
-  for i = 1, #q, 2 do held[q[i]] = num(q[i + 1]) end
-  for _, id in ipairs(redis.call('HKEYS', KEYS[6])) do held[id] = DEAD end
-  local batch = {}
-  for _, id in ipairs(ids) do
-    for s = 0, slots - 1 do
-      batch[#batch + 1] = math.max(held[id] or 0, hold)
-      batch[#batch + 1] = id .. ':' .. s
-    end
-    if #batch >= 4000 then
-      redis.call('ZADD', KEYS[2], unpack(batch))
-      batch = {}
+local function empty()
+  local lost = 1
+  if redis.call('HEXISTS', KEYS[5], 'emptied') == 1 then lost = 0 end
+  return {-1, lost, version}
+end
+
+-- The site's cursor and its bookkeeping: the sites zset and the TTLs of
+-- the site's keys are refreshed at most once a second.
+local cur = redis.call('HGET', KEYS[10], ARGV[1])
+local place, booked = 0, 0
+if cur then
+  local p, b = string.match(cur, '^(%d+)|(%d+)$')
+  if not p then corrupt(KEYS[10], 'field ' .. ARGV[1] .. ' is not a cursor', cur) end
+  place, booked = tonumber(p), tonumber(b)
+end
+local fresh = now - booked >= 1000
+if fresh then
+  booked = now
+  redis.call('ZADD', KEYS[4], now, ARGV[1])
+  redis.call('PEXPIRE', KEYS[4], idle)
+  redis.call('HSET', KEYS[10], ARGV[1], string.format('%.0f', place) .. '|' .. now)
+  redis.call('PEXPIRE', KEYS[10], idle)
+end
+
+-- Prune: slots whose score passed are free; their entries go.
+local gone = redis.call('ZRANGE', KEYS[2], '-inf', now, 'BYSCORE', 'LIMIT', 0, PRUNE)
+if #gone > 0 then redis.call('ZREM', KEYS[2], unpack(gone)) end
+
+-- out is the score of slot m on the site (0: free there). A slot at DEAD
+-- whose proxy is no longer dead (revive.lua) is out only while a lease
+-- taken before its death runs.
+local function out(m, id)
+  local sc = num(redis.call('ZSCORE', KEYS[2], m)) or 0
+  if sc >= DEAD and redis.call('HEXISTS', KEYS[6], id) == 0 then
+    local v = redis.call('HGET', KEYS[3], m)
+    local exp = v and tonumber(string.match(v, '|(%d+)$'))
+    if exp and exp > now then sc = exp else sc = 0 end
+  end
+  return sc
+end
+
+-- banned is how long proxy id is out on every site (dead: DEAD; banned on
+-- every site: the ban's end), or nil. A site that first meets a ban this way
+-- records it on its free slots (its busy set then counts them out until the
+-- ban ends); a dead proxy is not recorded (it may stay dead for good: the
+-- dead hash counts it).
+local function banned(id, free)
+  if redis.call('HEXISTS', KEYS[6], id) == 1 then return DEAD end
+  local q = num(redis.call('ZSCORE', KEYS[7], id))
+  if not q or q <= now then return nil end
+  for _, m in ipairs(free) do redis.call('ZADD', KEYS[2], 'GT', q, m) end
+  return q
+end
+
+-- try returns the first free slot of proxy id on the site (member), or nil
+-- and the time until which the proxy is out.
+local function try(id)
+  local soonest, free = nil, {}
+  for s = 0, slots - 1 do
+    local m = id .. ':' .. s
+    local sc = out(m, id)
+    if sc <= now then
+      free[#free + 1] = m
+    elseif not soonest or sc < soonest then
+      soonest = sc
     end
   end
-  if #batch > 0 then redis.call('ZADD', KEYS[2], unpack(batch)) end
+  if #free == 0 then return nil, soonest end
+  local b = banned(id, free)
+  if b then return nil, b end
+  return free[1]
 end
-redis.call('ZADD', KEYS[4], now, ARGV[1])
-redis.call('PEXPIRE', KEYS[4], idle)
-redis.call('PEXPIRE', KEYS[2], idle)
 
 local member, url
 -- A preferred proxy (same IP across a redirect chain or a session) wins if free.
-if ARGV[7] ~= '' then
-  for s = 0, slots - 1 do
-    local m = ARGV[7] .. ':' .. s
-    local score = num(redis.call('ZSCORE', KEYS[2], m))
-    if score and score <= now then
-      url = redis.call('HGET', KEYS[1], ARGV[7])
-      if url then member = m end
-      break
-    end
+if ARGV[7] ~= '' and hold <= now then
+  local m = try(ARGV[7])
+  if m then
+    url = redis.call('HGET', KEYS[1], ARGV[7])
+    if url then member = m end
   end
 end
 
@@ -102,50 +154,120 @@ end
 -- (token "s:..."), a quarantine or a cooldown end at the score, not before.
 if not member and ARGV[8] == '1' then
   if redis.call('HEXISTS', KEYS[1], ARGV[7]) == 0 then return {-2} end
+  if redis.call('HEXISTS', KEYS[6], ARGV[7]) == 1 then return {-2} end
+  if hold > now then return {0, hold - now, 1} end
   local soonest, firm
   for s = 0, slots - 1 do
     local m = ARGV[7] .. ':' .. s
-    local score = num(redis.call('ZSCORE', KEYS[2], m))
-    if score and (not soonest or score < soonest) then
+    local score = out(m, ARGV[7])
+    if not soonest or score < soonest then
       soonest, firm = score, 1
       local tok, exp = string.match(redis.call('HGET', KEYS[3], m) or '', '^(.*)|(%d+)$')
       if tok and string.sub(tok, 1, 2) ~= 's:' and tonumber(exp) == score then firm = 0 end
     end
   end
+  local q = num(redis.call('ZSCORE', KEYS[7], ARGV[7]))
+  if q and q > soonest then soonest, firm = q, 1 end
   if not soonest or soonest >= DEAD then return {-2} end
   return {0, math.max(soonest - now, 1), firm}
 end
 
--- Otherwise the lowest score: free the longest, i.e. least recently used.
--- Members whose proxy left the pool are dropped on the way (bounded loop).
-local tries = 0
-while not member do
-  local head = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
-  if #head == 0 then return empty() end
-  local score = num(head[2])
-  if score > now then return {0, score - now} end
-  local id = string.match(head[1], '^(.*):%d+$')
-  url = id and redis.call('HGET', KEYS[1], id)
-  if url then
-    member = head[1]
-  else
-    redis.call('ZREM', KEYS[2], head[1])
-    tries = tries + 1
-    if tries >= 64 then return {0, 1} end
+-- A pool written without its order (by hand, or before the order existed:
+-- no "index" mark in the meta hash; pool_update.lua and pool_seed.lua
+-- write both) is put in order here, one bounded page per lease.
+if meta[4] ~= 'done' then
+  local page = redis.call('HSCAN', KEYS[1], meta[4] or '0', 'COUNT', 200)
+  local ids = {}
+  for i = 1, #page[2], 2 do ids[#ids + 1] = page[2][i] end
+  order_add(KEYS[9], KEYS[5], ids)
+  if page[1] == '0' then page[1] = 'done' end
+  redis.call('HSET', KEYS[5], 'index', page[1])
+end
+
+-- all_out is the soonest score of the site's busy set when it covers every
+-- slot of the pool (out on the site, or dead), else nil: a saturated pool
+-- answers a wait at once, not after looking at SCAN busy proxies.
+local function all_out()
+  local outs = redis.call('ZCOUNT', KEYS[2], '(' .. now, '(' .. DEAD) + redis.call('HLEN', KEYS[6]) * slots
+  if outs < redis.call('HLEN', KEYS[1]) * slots then return nil end
+  local head = redis.call('ZRANGE', KEYS[2], '(' .. now, '+inf', 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
+  return head[2] and num(head[2]) or now + 1
+end
+
+if not member then
+  if hold > now then return {0, hold - now} end
+  -- The rotation: up to SCAN proxies after the cursor, wrapping once. When
+  -- the first is not free, a pool with every slot out stops the search.
+  local seen, soonest, last, whole = 0, nil, nil, false
+  local from, to, wrapped = '(' .. string.format('%.0f', place), '+inf', false
+  while not member and seen < SCAN do
+    local n = math.min(16, SCAN - seen)
+    local ids = redis.call('ZRANGE', KEYS[9], from, to, 'BYSCORE', 'LIMIT', 0, n, 'WITHSCORES')
+    for i = 1, #ids, 2 do
+      seen = seen + 1
+      last = ids[i + 1]
+      local m, w = try(ids[i])
+      if m then
+        url = redis.call('HGET', KEYS[1], ids[i])
+        if url then
+          member = m
+          break
+        end
+      else
+        if w and (not soonest or w < soonest) then soonest = w end
+        if seen == 1 then
+          local full = all_out()
+          if full then return {0, math.max(full - now, 1)} end
+        end
+      end
+    end
+    if not member and #ids < 2 * n then
+      if wrapped or place <= 0 then
+        whole = true
+        break
+      end
+      -- Past the end of the order: once more from its start, up to the cursor.
+      wrapped, from, to = true, '-inf', string.format('%.0f', place)
+    elseif not member then
+      from = '(' .. last
+    end
   end
+  if not member then
+    if seen == 0 then
+      if redis.call('HLEN', KEYS[1]) == 0 then return empty() end
+      return {0, 1} -- an order not written yet (pool_update.lua writes it with the pool)
+    end
+    if not whole then
+      -- Only part of the pool looked at: out everywhere only if the busy
+      -- set covers every slot of the pool; else move on and come back soon.
+      -- (all_out found the pool not saturated at the first proxy.)
+      redis.call('HSET', KEYS[10], ARGV[1], string.format('%.0f', num(last)) .. '|' .. booked)
+      return {0, 1}
+    end
+    if not soonest then return {0, 1} end
+    return {0, math.max(soonest - now, 1)}
+  end
+  place = num(last)
+  fresh = true -- the cursor moved
+end
+if fresh then
+  redis.call('HSET', KEYS[10], ARGV[1], string.format('%.0f', place) .. '|' .. booked)
 end
 
 local expiry = now + ttl
 redis.call('ZADD', KEYS[2], expiry, member)
 redis.call('HSET', KEYS[3], member, ARGV[2] .. '|' .. expiry)
-redis.call('PEXPIRE', KEYS[3], idle)
+if booked == now then -- the bookkeeping above: the keys may be new
+  redis.call('PEXPIRE', KEYS[2], idle)
+  redis.call('PEXPIRE', KEYS[3], idle)
+end
 
 -- Pacing with K > 1: no other slot of this proxy may start before the cooldown.
 if cooldown > 0 and slots > 1 then
   local id = string.match(member, '^(.*):%d+$')
   for s = 0, slots - 1 do
     local m = id .. ':' .. s
-    if m ~= member then redis.call('ZADD', KEYS[2], 'XX', 'GT', now + cooldown, m) end
+    if m ~= member then redis.call('ZADD', KEYS[2], 'GT', now + cooldown, m) end
   end
 end
-return {1, member, url, expiry, version()}
+return {1, member, url, expiry, version}

@@ -126,6 +126,24 @@ local function bump_version(meta)
   return t
 end
 
+-- order_add puts the ids of list (a table) in a pool's rotation order
+-- (zset key: id -> place, lease.lua), those not there yet: a proxy's place
+-- is the first 13 hex digits of its ID (a hash: the order mixes proxies
+-- added together, as the old least-recently-used start did), moved on to
+-- the next free number when taken, so that no two proxies share one (the
+-- cursor of a site passes a place once). An ID that is no hash takes the
+-- meta hash's counter "seq" (past every hash place). Returns nothing.
+local function order_add(key, meta, list)
+  for _, id in ipairs(list) do
+    if not redis.call('ZSCORE', key, id) then
+      local p = string.match(id, '^%x+$') and #id >= 13 and tonumber(string.sub(id, 1, 13), 16)
+      if not p then p = 2 ^ 52 + redis.call('HINCRBY', meta, 'seq', 1) end
+      while redis.call('ZCOUNT', key, p, p) > 0 do p = p + 1 end
+      redis.call('ZADD', key, p, id)
+    end
+  end
+end
+
 -- Script body.
 
 -- fraction reads a stored non-negative number (a rate, a learned time in
@@ -174,7 +192,7 @@ local function health_hold(free, lease, id, slots, r, flaky, now)
   if untl <= now then return end
   for s = 0, slots - 1 do
     local m = id .. ':' .. s
-    if redis.call('HEXISTS', lease, m) == 0 then redis.call('ZADD', free, 'XX', 'GT', untl, m) end
+    if redis.call('HEXISTS', lease, m) == 0 then redis.call('ZADD', free, 'GT', untl, m) end
   end
 end
 

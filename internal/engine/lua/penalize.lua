@@ -160,18 +160,16 @@ local slots = tonumber(ARGV[16])
 local function push(fk, lk)
   for s = 0, slots - 1 do
     local m = id .. ':' .. s
-    local sc = redis.call('ZSCORE', fk, m)
-    if sc then
-      sc = num(sc)
-      if sc < untl or (fk == KEYS[1] and m == mine and sc == mineexp) then
-        redis.call('ZADD', fk, untl, m)
-      else
-        local v = redis.call('HGET', lk, m)
-        local exp = v and tonumber(string.match(v, '|(%d+)$'))
-        if exp and exp == sc and sc < DEAD then redis.call('ZADD', fk, sc + 1, m) end
-      end
+    local sc = num(redis.call('ZSCORE', fk, m)) or 0 -- no entry: free on the scope
+    if sc < untl or (fk == KEYS[1] and m == mine and sc == mineexp) then
+      redis.call('ZADD', fk, untl, m)
+    else
+      local v = redis.call('HGET', lk, m)
+      local exp = v and tonumber(string.match(v, '|(%d+)$'))
+      if exp and exp == sc and sc < DEAD then redis.call('ZADD', fk, sc + 1, m) end
     end
   end
+  if redis.call('PTTL', fk) < 0 then redis.call('PEXPIRE', fk, idle) end
 end
 push(KEYS[1], KEYS[2])
 if dead or ARGV[9] == '1' then

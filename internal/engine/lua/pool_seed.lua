@@ -7,6 +7,7 @@
 -- KEYS[2] meta hash  "emptied" -> 1 when an operator emptied the pool (pool_update.lua,
 --         clear.lua); "version" -> its generation; "slots"; "hold" (see below)
 -- KEYS[3] dead hash  id -> "<ms>|<reason>" (dead and drained proxies)
+-- KEYS[4] order zset id -> its place in the rotation (lease.lua), written with the pool
 -- ARGV[1] the copy's generation ("version"), 0 for none
 -- ARGV[2] hold ms: the proxies stay out of every site's rotation that long
 --         (lease.lua and fallback_writeback.lua read "hold" when they build a
@@ -27,7 +28,11 @@ local n = tonumber(ARGV[4])
 if not n or n <= 0 or #ARGV < 4 + 2 * n then return 0 end
 local last = 4 + 2 * n
 for i = 5, last, 1000 do
-  redis.call('HSET', KEYS[1], unpack(ARGV, i, math.min(i + 999, last)))
+  local j = math.min(i + 999, last)
+  redis.call('HSET', KEYS[1], unpack(ARGV, i, j))
+  local ids = {}
+  for k = i, j, 2 do ids[#ids + 1] = ARGV[k] end
+  order_add(KEYS[4], KEYS[2], ids)
 end
 for i = last + 1, #ARGV - 1, 2 do
   if redis.call('HEXISTS', KEYS[1], ARGV[i]) == 1 then redis.call('HSETNX', KEYS[3], ARGV[i], ARGV[i + 1]) end
@@ -38,6 +43,7 @@ else
   bump_version(KEYS[2])
 end
 redis.call('HSETNX', KEYS[2], 'slots', ARGV[3])
+redis.call('HSET', KEYS[2], 'index', 'done') -- the order is written with the pool
 local hold = tonumber(ARGV[2])
 if hold > 0 then
   local untl = now_ms() + hold

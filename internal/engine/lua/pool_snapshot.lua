@@ -1,7 +1,8 @@
 -- pool_snapshot.lua: one page of the copy of a pool every Switch keeps, to
 -- re-seed a Redis that lost it (snapshot.go, pool_seed.lua). Read-only.
 --
--- KEYS[1] pool hash  id -> proxy URL
+-- KEYS[1] pool hash  id -> proxy URL (or another hash of the pool keyed by proxy
+--         ID: pool.go's hashKeys pages the gateways hash with it for a large Replace)
 -- KEYS[2] meta hash  "version" -> generation; "emptied" -> 1 while empty on purpose; "slots"
 -- KEYS[3] dead hash  id -> "<ms>|<reason>"
 -- ARGV[1] HSCAN cursor of the pool hash, "0" for the first page

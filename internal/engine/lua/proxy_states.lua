@@ -2,7 +2,7 @@
 -- (read-only), slot by slot as state.lua counts them.
 --
 -- KEYS[1] pool hash        id -> proxy URL
--- KEYS[2] free zset        "<id>:<slot>" -> unix ms at which it is next available
+-- KEYS[2] busy zset        "<id>:<slot>" -> unix ms until which it is out on the site (none: free)
 -- KEYS[3] lease hash       "<id>:<slot>" -> "<token>|<expiry ms>"
 -- KEYS[4] strikes hash     id -> "<bans in a row>|<ms of the last>|<its end>"
 -- KEYS[5] quarantine zset  id -> end (ms) of a ban on every site
@@ -21,10 +21,8 @@
 -- A slot is free when its score has passed; else leased while a lease on it
 -- is live, dead at DEAD, quarantined while a ban on the scope or on every
 -- site runs, and cooling otherwise: the order of state.lua, whose counts the
--- sums over the proxies equal. (On a site with no free set, state.lua counts
--- a proxy banned on every site as free, where its first lease starts it
--- quarantined, as here, and one slot per proxy before the pool's first lease
--- fixes the concurrency, where this script takes ARGV[1].) A leased slot
+-- sums over the proxies equal. A slot with no entry in the site's busy set
+-- is free there unless its proxy is dead or banned on every site. A leased slot
 -- that a ban pushed past its lease's end (a proxy banned while a request
 -- through it is under way) counts as leased, but the proxy is quarantined
 -- until that score.
@@ -48,12 +46,8 @@ local strikes = pairs_of(redis.call('HGETALL', KEYS[4]), function(v)
   return {n = tonumber(string.match(v, '^(%d+)|')) or 0, ends = ends(v) or 0}
 end)
 local all = pairs_of(redis.call('ZRANGEBYSCORE', KEYS[5], '(' .. now, '+inf', 'WITHSCORES'), num)
-local tracked = redis.call('EXISTS', KEYS[2]) == 1
-local scores, leases = {}, {}
-if tracked then
-  scores = pairs_of(redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES'), num)
-  leases = pairs_of(redis.call('HGETALL', KEYS[3]), ends)
-end
+local scores = pairs_of(redis.call('ZRANGE', KEYS[2], '(' .. now, '+inf', 'BYSCORE', 'WITHSCORES'), num)
+local leases = pairs_of(redis.call('HGETALL', KEYS[3]), ends)
 
 local out = {now, slots, #pool / 2}
 for i = 1, #pool, 2 do
@@ -63,40 +57,28 @@ for i = 1, #pool, 2 do
   local banned = st.ends > now or allEnd > now
   local free, leased, cooling, quarantined, deadSlots = 0, 0, 0, 0, 0
   local leaseUntil, coolUntil, quarUntil = 0, 0, 0
-  if not tracked then
-    -- Never leased for this site (or its keys idled out): the first lease
-    -- starts dead proxies dead and those banned on every site quarantined
-    -- (lease.lua), every other one free.
-    if dead[id] then
-      deadSlots = slots
-    elseif allEnd > now then
-      quarantined, quarUntil = slots, allEnd
-    else
-      free = slots
-    end
-  end
-  for s = 0, tracked and slots - 1 or -1 do
+  for s = 0, slots - 1 do
     local m = id .. ':' .. s
-    local sc = scores[m]
-    if sc == nil then
-      -- Not tracked on this site: in no state (state.lua counts it nowhere).
+    local sc = scores[m] or 0 -- no entry (or a passed score): free on the site
+    if sc >= DEAD and not dead[id] then sc = 0 end -- revived
+    local exp = leases[m]
+    if exp and exp > now and sc > now then
+      leased = leased + 1
+      leaseUntil = math.max(leaseUntil, exp)
+      if banned and sc > exp and sc < DEAD then quarUntil = math.max(quarUntil, sc) end
+    elseif dead[id] then
+      deadSlots = deadSlots + 1
+    elseif allEnd > now then
+      quarantined = quarantined + 1
+      quarUntil = math.max(quarUntil, allEnd, sc < DEAD and sc or 0)
     elseif sc <= now then
       free = free + 1
+    elseif banned then
+      quarantined = quarantined + 1
+      quarUntil = math.max(quarUntil, sc)
     else
-      local exp = leases[m]
-      if exp and exp > now then
-        leased = leased + 1
-        leaseUntil = math.max(leaseUntil, exp)
-        if banned and sc > exp and sc < DEAD then quarUntil = math.max(quarUntil, sc) end
-      elseif sc >= DEAD then
-        deadSlots = deadSlots + 1
-      elseif banned then
-        quarantined = quarantined + 1
-        quarUntil = math.max(quarUntil, sc)
-      else
-        cooling = cooling + 1
-        coolUntil = math.max(coolUntil, sc)
-      end
+      cooling = cooling + 1
+      coolUntil = math.max(coolUntil, sc)
     end
   end
   local n = #out

@@ -1,6 +1,6 @@
 -- release.lua: give a lease back, only if the caller still owns it.
 --
--- KEYS[1] free zset     "<id>:<slot>" -> unix ms at which it is next available
+-- KEYS[1] busy zset     "<id>:<slot>" -> unix ms until which it is out on the scope (none: free)
 -- KEYS[2] lease hash    "<id>:<slot>" -> "<token>|<expiry ms>"
 -- KEYS[3] strikes hash  id -> "<bans in a row>|<ms of the last>|<its end>" on this scope (penalize.lua)
 -- KEYS[4] fails hash    id -> proxy failures in a row (penalize.lua)
@@ -53,13 +53,13 @@ local expiry = tonumber(string.sub(v, sep + 1))
 redis.call('HDEL', KEYS[2], ARGV[1])
 
 local now = now_ms()
-local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if score then
-  score = num(score)
-  local nextfree = now + cooldown
-  if score == expiry or score < nextfree then
-    redis.call('ZADD', KEYS[1], nextfree, ARGV[1])
-  end
+-- No entry: the slot's score passed and lease.lua pruned it (score 0).
+local score = num(redis.call('ZSCORE', KEYS[1], ARGV[1])) or 0
+local nextfree = now + cooldown
+if nextfree > now and (score == expiry or score < nextfree) then
+  redis.call('ZADD', KEYS[1], nextfree, ARGV[1])
+elseif score == expiry then
+  redis.call('ZREM', KEYS[1], ARGV[1])
 end
 if expiry and expiry > now then return 1 end
 return 2

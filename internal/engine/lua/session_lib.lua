@@ -65,7 +65,7 @@ local function hold(base, scope, proxy, member, token, exp, slots, idle)
   redis.call('HSET', lk, member, token .. '|' .. exp)
   for s = 0, slots - 1 do
     local m = proxy .. ':' .. s
-    if m ~= member then redis.call('ZADD', fk, 'XX', 'GT', exp, m) end
+    if m ~= member then redis.call('ZADD', fk, 'GT', exp, m) end
   end
   redis.call('PEXPIRE', fk, idle)
   redis.call('PEXPIRE', lk, idle)

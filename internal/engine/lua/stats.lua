@@ -1,14 +1,17 @@
 -- stats.lua: a read-only snapshot of one pool as seen by one site.
 --
 -- KEYS[1] pool hash   id -> proxy URL
--- KEYS[2] free zset   "<id>:<slot>" -> unix ms at which it is next available
+-- KEYS[2] busy zset   "<id>:<slot>" -> unix ms until which it is out on the site
 -- KEYS[3] lease hash  "<id>:<slot>" -> "<token>|<expiry ms>"
 -- KEYS[4] meta hash   "slots" -> the concurrency the pool records
 --
 -- Returns {proxies in the pool, slots free now, live leases, slots tracked,
 --          slots not free (leased, cooling down or quarantined), lease records,
 --          recorded concurrency (0: none yet, -1: not a positive integer)}.
--- If the site has no free set yet every slot counts as free: -1 in "tracked".
+-- A slot with no entry in the site's busy set (KEYS[2]) is free there; the
+-- busy set's entries whose score passed (not pruned yet) are free too. If the
+-- site has no busy set, or the pool records no concurrency yet, every slot
+-- counts as free: -1 in "tracked".
 local now = now_ms()
 local size = redis.call('HLEN', KEYS[1])
 local slots = redis.call('HGET', KEYS[4], 'slots')
@@ -17,9 +20,10 @@ if slots then
   k = tonumber(slots)
   if not k or k < 1 or k > MAX_SLOTS or k ~= math.floor(k) then k = -1 end
 end
-if redis.call('EXISTS', KEYS[2]) == 0 then return {size, -1, 0, -1, 0, 0, k} end
-local free = redis.call('ZCOUNT', KEYS[2], '-inf', now)
+if k <= 0 or redis.call('EXISTS', KEYS[2]) == 0 then return {size, -1, 0, -1, 0, 0, k} end
 local tracked = redis.call('ZCARD', KEYS[2])
+local out = redis.call('ZCOUNT', KEYS[2], '(' .. now, '+inf')
+local free = math.max(size * k - out, 0)
 local live, records = 0, 0
 local cursor = '0'
 repeat
@@ -33,4 +37,4 @@ repeat
     if exp and exp > now then live = live + 1 end
   end
 until cursor == '0'
-return {size, free, live, tracked, tracked - free, records, k}
+return {size, free, live, tracked, out, records, k}

