@@ -333,23 +333,34 @@ func (b *breaker) absorb(ctx context.Context, site string, be backend, l *Lease)
 	return penalty{ended: ended}, true
 }
 
-// reportBan reports at once a ban on site that quarantined p, with the
-// Switch's pending counts of the site: the reply may open the breaker, and
-// lift the quarantines of the storm, p's among them.
-func (b *breaker) reportBan(ctx context.Context, site string, be backend, p *Proxy) {
-	if !b.on() {
-		return
-	}
-	rp := be.redis()
-	if rp == nil {
+// reportBan reports at once a ban on site through rp that quarantined p,
+// with att attempts (0 when the attempt was counted before: a first strike
+// confirmed) and the Switch's pending counts of the site: the reply may
+// open the breaker, and lift the quarantines of the storm, p's among them.
+func (b *breaker) reportBan(ctx context.Context, site string, rp *redisPool, p *Proxy, att int64) {
+	if !b.on() || rp == nil {
 		return
 	}
 	b.mu.Lock()
 	c := b.count(brKey{rp, site})
-	c.att++
+	c.att += att
 	c.bans++
 	b.mu.Unlock()
 	b.flush(ctx, rp, site, p)
+}
+
+// tally counts att refused attempts on site through rp that are no
+// evidence yet (a first strike, the pace's refusal: penalty.evidence):
+// they weigh in the site's ban rate as attempts, reported with the other
+// counts.
+func (b *breaker) tally(rp *redisPool, site string, att int64) {
+	if !b.on() || rp == nil {
+		return
+	}
+	b.mu.Lock()
+	b.count(brKey{rp, site}).att += att
+	b.mu.Unlock()
+	b.kick()
 }
 
 // flush reports the pending counts: of every site (rp nil), or of site on

@@ -437,11 +437,7 @@ func TestBanSpikeAfterJoin(t *testing.T) {
 	site := testbed.NewSite(t, "market", market)
 	proxies := testbed.NewProxies(t, 6)
 	prefix := nextPrefix()
-	// WithBanEvidence(0, 0): three of six proxies burnt at once while
-	// healthy would look like pages refusing everyone to a request meeting
-	// two of them in a row; this test is about the spike, counted on bans.
-	sw := switchOn(t, shared.Client(t), prefix, proxyswitch.WithQuarantine(time.Hour, time.Hour), proxyswitch.WithRetries(3),
-		proxyswitch.WithBanEvidence(0, 0))
+	sw := switchOn(t, shared.Client(t), prefix, proxyswitch.WithQuarantine(time.Hour, time.Hour), proxyswitch.WithRetries(3))
 	for _, p := range proxies {
 		_, err := sw.Add(ctx, p.URL())
 		require.NoError(t, err)
