@@ -28,6 +28,16 @@ import (
 // probe requests through; they close the breaker when they succeed, or open
 // it again for twice the pause when one is refused.
 //
+// What it counts as a ban is evidence against the site, not every refusal:
+// a verdict on a proxy (a repeat, an unambiguous refusal, a first strike
+// confirmed when its URL is then served through another proxy), the first
+// strikes of a request that ends refused through every proxy it tried
+// (neither served nor a page refusing everyone), and a rate-limit refusal
+// of a proxy that had rested (in a storm even rested proxies are refused;
+// penalty.evidence). A first strike still awaiting its evidence, a page's
+// refusals and the pace's refusals while learned pacing learns count as
+// attempts only.
+//
 // Cost: nothing per page on the healthy path but a counter in memory. Each
 // Switch counts attempts and healthy answers per site and reports them in
 // one breaker.lua call per pool at most every Breaker.Flush; a ban is
