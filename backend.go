@@ -58,10 +58,26 @@ type penalty struct {
 	ended      bool       // it ended the lease it was given
 	first      bool       // a ban that got the first quarantine: a strike awaiting evidence (WithBanEvidence)
 	healthy    bool       // the proxy had a healthy answer on the scope, and no strike, before this ban
+	witness    bool       // healthy by an answer (no lift) since the site's last verdict on a proxy: healthy on its other pages
+	lifted     time.Time  // healthy by a lift (a page's verdict) since that verdict: when (zero: not so; Redis clock)
+	at         time.Time  // when this ban was judged (Redis clock)
 	kept       bool       // a soft refusal a task's session survived: no quarantine, no retry (sessionscore.go)
 	paced      bool       // a rate-limit refusal under learned pacing: the site's pace, not the proxy's health
+	hold       bool       // paced, of a proxy that had not rested: the pace's refusal, held out for the cooldown, no strike
+	tired      bool       // a hold of a proxy rested past the site's accepted rest, if not twice over: a storm's sign
 	rotated    bool       // a gateway's virtual proxy replaced by a new session, not quarantined (gateway.go)
 	local      *localPool // the local shard the strike lives in (fallbacklease.go); nil: Redis
+}
+
+// evidence reports whether a ban's penalty is evidence of a site's trouble
+// for its circuit breaker at once: a verdict on the proxy (a repeat, an
+// unambiguous refusal), or a rate-limit refusal of a proxy that had rested
+// (in a storm even rested proxies are refused: tired, or no hold). A first
+// strike is not, until confirmed or left unresolved (transport.go), nor is
+// the pace's refusal (hold), nor a refusal the breaker absorbed or a
+// session kept.
+func (p penalty) evidence() bool {
+	return !p.kept && (p.tired || !p.hold && (!p.first || p.paced))
 }
 
 // backendFor returns the backend of pool name: the Switch's own, or one

@@ -85,10 +85,20 @@ func (s *Switch) penalize(ctx context.Context, site string, p *Proxy, l *Lease, 
 	if err != nil {
 		return pen, err
 	}
-	s.observeQuarantine(be.pool(), site, p, v, pen)
-	s.clients.closeProxy(p.id, s.quarantineScope(site, v)) // its idle connections there (client.go)
+	if !pen.hold {
+		s.observeQuarantine(be.pool(), site, p, v, pen)
+		s.clients.closeProxy(p.id, s.quarantineScope(site, v)) // its idle connections there (client.go)
+	}
 	if v.Kind == ban.Ban {
-		s.brk.reportBan(ctx, site, be, p) // may open the site's breaker, lifting this quarantine (breaker.go)
+		// The site's circuit breaker counts the attempt, and the ban when
+		// it is evidence (penalty.evidence): the report may open the
+		// breaker, lifting this quarantine. A first strike is reported when
+		// confirmed or left unresolved (strikeEvidence).
+		if pen.evidence() {
+			s.brk.reportBan(ctx, site, be.redis(), p, 1)
+		} else {
+			s.brk.tally(be.redis(), site, 1)
+		}
 	}
 	return pen, nil
 }
@@ -225,14 +235,21 @@ func rateLimited(x *ban.Exchange, v ban.Verdict) bool {
 
 // pageRefused reports whether the refusals b met on url (site) make it the
 // page's answer rather than the proxies': refused through at least
-// WithBanEvidence's pageProxies distinct proxies, none unambiguously: the
-// first one with no strike on the site before, every later one healthy on
-// the site (a healthy answer there, and no strike since). Proxies burnt
-// from the start never count twice (they never had a healthy answer), but
-// proxies burnt together while healthy look like such a page to a request
-// that meets two of them in a row: it fails with ErrPageRefused, until one
-// of them is refused on a request that another proxy then serves, which
-// confirms its strike. It then lifts the first strikes the page cost (the
+// WithBanEvidence's pageProxies distinct proxies, none unambiguously, each
+// a witness. The first refusal's proxy is one when it had no strike on the
+// site before; a later one only when it is healthy on the site's other
+// pages: a healthy answer there, and no strike since, after the site's
+// last verdict on a proxy (penalize.lua); or a lift of its strike (another
+// page's verdict) after that verdict and after the first refusal.
+// Proxies burnt from the start never count twice (they never had a
+// healthy answer). Proxies burnt together while healthy look like such a
+// page to a request that meets two of them in a row, before any of them
+// is proven burnt: it fails with ErrPageRefused, and they are lifted as
+// unproven, no witnesses of refusals older than the lift (the next request
+// that meets them both started after it); once one of them is
+// refused on a request that another proxy then serves, its strike is
+// confirmed, a verdict, and none of the others is a witness until it is
+// healthy again. It then lifts the first strikes the page cost (the
 // proxies are as they were before) and forgets them.
 func (s *Switch) pageRefused(ctx context.Context, b *binding, url, site string) bool {
 	need := s.cfg.pageProxies
@@ -240,13 +257,13 @@ func (s *Switch) pageRefused(ctx context.Context, b *binding, url, site string) 
 		return false
 	}
 	rs := b.refusalsOf(url, site)
-	healthy := map[string]bool{}
+	witness := map[string]bool{}
 	for i, r := range rs {
-		if r.pen.healthy || (i == 0 && r.pen.strikes == 1) {
-			healthy[r.proxy.id] = true
+		if r.pen.witness || (i == 0 && r.pen.strikes == 1) || r.pen.lifted.After(rs[0].pen.at) {
+			witness[r.proxy.id] = true
 		}
 	}
-	if len(healthy) < need {
+	if len(witness) < need {
 		return false
 	}
 	s.settleStrikes(ctx, b, url, site, (*redisPool).lift, "proxyswitch: lifting a strike the page cost failed; it ends by itself")
@@ -255,8 +272,29 @@ func (s *Switch) pageRefused(ctx context.Context, b *binding, url, site string) 
 
 // confirmRefusals confirms the first strikes b met on url: the URL was
 // then served through another proxy, so the refusals were the proxies'.
+// Each strike confirmed is a ban for the site's circuit breaker.
 func (s *Switch) confirmRefusals(ctx context.Context, b *binding, url, site string) {
-	s.settleStrikes(ctx, b, url, site, (*redisPool).confirm, "proxyswitch: confirming a strike failed; it stays a first strike")
+	s.settleStrikes(ctx, b, url, site, func(rp *redisPool, ctx context.Context, site string, px *Proxy, pen penalty) error {
+		ok, err := rp.confirm(ctx, site, px, pen)
+		if ok {
+			s.brk.reportBan(ctx, site, rp, px, 0)
+		}
+		return err
+	}, "proxyswitch: confirming a strike failed; it stays a first strike")
+}
+
+// unresolvedRefusals reports to the site's circuit breaker the first
+// strikes b met on url that nothing settled: the request ends refused
+// through every proxy it tried, neither served (confirm) nor the page's
+// answer (lift). That is evidence against the site or the proxies (a
+// storm refuses every page through every proxy), though not enough to
+// sentence any one of them: their strikes stay first strikes.
+func (s *Switch) unresolvedRefusals(ctx context.Context, b *binding, url, site string) {
+	for _, r := range b.takeRefusals(url, site) {
+		if r.pen.first {
+			s.brk.reportBan(ctx, r.site, r.rp, r.proxy, 0)
+		}
+	}
 }
 
 // settleStrikes takes the refusals b met on url and applies act (lift or
@@ -274,13 +312,14 @@ func (s *Switch) settleStrikes(ctx context.Context, b *binding, url, site string
 }
 
 // confirm runs penalize.lua's "confirm" on px's strike pen on site: still
-// on record, it becomes a ban of the base quarantine. No lease ends.
-func (rp *redisPool) confirm(ctx context.Context, site string, px *Proxy, pen penalty) error {
+// on record, it becomes a ban of the base quarantine (ok). No lease ends.
+func (rp *redisPool) confirm(ctx context.Context, site string, px *Proxy, pen penalty) (ok bool, _ error) {
 	if pen.local != nil { // a strike of the local shard (fallbacklease.go)
 		if _, ok := pen.local.Confirm(px.id, site, pen.until); ok {
 			rp.sw.observeEvidence(rp.name, site, px, "confirmed", "")
+			return true, nil
 		}
-		return nil
+		return false, nil
 	}
 	c, k := rp.cfg, rp.keys
 	scope := rp.sw.scopeOf(site)
@@ -294,24 +333,28 @@ func (rp *redisPool) confirm(ctx context.Context, site string, px *Proxy, pen pe
 	if pen.paced {
 		flaky = 0 // ... unless it was the site's pace (learned pacing)
 	}
+	healthy := "0" // a healthy proxy burnt: the site's burnt mark (penalize.lua)
+	if pen.healthy {
+		healthy = "1"
+	}
 	argv := []any{"confirm", px.id, "", "", c.quarantine.Milliseconds(), c.maxQuarantine.Milliseconds(), 0,
 		850 + rand.N(301), all, k.base, c.idleTTL.Milliseconds(), "0", c.deadAfter, site, "confirmed", c.slots,
-		c.firstQuarantine.Milliseconds(), "1", pen.until.UnixMilli(), flaky.Milliseconds(), ""}
+		c.firstQuarantine.Milliseconds(), healthy, pen.until.UnixMilli(), flaky.Milliseconds(), ""}
 	res, err := roundTrip(ctx, rp.timeout, func(ctx context.Context) ([]int64, error) {
 		return penalizeScript.Run(ctx, rp.rdb, keys, argv...).Int64Slice()
 	}, nil)
 	if err != nil {
-		return redisErr("confirm", err)
+		return false, redisErr("confirm", err)
 	}
-	if len(res) != 7 {
-		return fmt.Errorf("%w: confirm reply of %d items", ErrCorrupt, len(res))
+	if len(res) != 11 {
+		return false, fmt.Errorf("%w: confirm reply of %d items", ErrCorrupt, len(res))
 	}
 	if res[0] > 0 {
 		c.logger.Debug("proxyswitch: strike confirmed", "proxy", px.String(), "site", site,
 			"for", time.Duration(res[0])*time.Millisecond)
 		rp.sw.observeEvidence(rp.name, site, px, "confirmed", "")
 	}
-	return nil
+	return res[0] > 0, nil
 }
 
 // lift runs lift.lua: px's first strike pen on site is taken back.

@@ -28,6 +28,16 @@ import (
 // probe requests through; they close the breaker when they succeed, or open
 // it again for twice the pause when one is refused.
 //
+// What it counts as a ban is evidence against the site, not every refusal:
+// a verdict on a proxy (a repeat, an unambiguous refusal, a first strike
+// confirmed when its URL is then served through another proxy), the first
+// strikes of a request that ends refused through every proxy it tried
+// (neither served nor a page refusing everyone), and a rate-limit refusal
+// of a proxy that had rested (in a storm even rested proxies are refused;
+// penalty.evidence). A first strike still awaiting its evidence, a page's
+// refusals and the pace's refusals while learned pacing learns count as
+// attempts only.
+//
 // Cost: nothing per page on the healthy path but a counter in memory. Each
 // Switch counts attempts and healthy answers per site and reports them in
 // one breaker.lua call per pool at most every Breaker.Flush; a ban is
@@ -333,23 +343,34 @@ func (b *breaker) absorb(ctx context.Context, site string, be backend, l *Lease)
 	return penalty{ended: ended}, true
 }
 
-// reportBan reports at once a ban on site that quarantined p, with the
-// Switch's pending counts of the site: the reply may open the breaker, and
-// lift the quarantines of the storm, p's among them.
-func (b *breaker) reportBan(ctx context.Context, site string, be backend, p *Proxy) {
-	if !b.on() {
-		return
-	}
-	rp := be.redis()
-	if rp == nil {
+// reportBan reports at once a ban on site through rp that quarantined p,
+// with att attempts (0 when the attempt was counted before: a first strike
+// confirmed) and the Switch's pending counts of the site: the reply may
+// open the breaker, and lift the quarantines of the storm, p's among them.
+func (b *breaker) reportBan(ctx context.Context, site string, rp *redisPool, p *Proxy, att int64) {
+	if !b.on() || rp == nil {
 		return
 	}
 	b.mu.Lock()
 	c := b.count(brKey{rp, site})
-	c.att++
+	c.att += att
 	c.bans++
 	b.mu.Unlock()
 	b.flush(ctx, rp, site, p)
+}
+
+// tally counts att refused attempts on site through rp that are no
+// evidence yet (a first strike, the pace's refusal: penalty.evidence):
+// they weigh in the site's ban rate as attempts, reported with the other
+// counts.
+func (b *breaker) tally(rp *redisPool, site string, att int64) {
+	if !b.on() || rp == nil {
+		return
+	}
+	b.mu.Lock()
+	b.count(brKey{rp, site}).att += att
+	b.mu.Unlock()
+	b.kick()
 }
 
 // flush reports the pending counts: of every site (rp nil), or of site on

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -71,13 +72,17 @@ func TestBanEvidenceLadder(t *testing.T) {
 	// Confirmed: the base quarantine, from the confirmation on.
 	rp := l.be.redis()
 	before := time.Now()
-	require.NoError(t, rp.confirm(ctx, site, l.proxy, pen))
+	confirmed, err := rp.confirm(ctx, site, l.proxy, pen)
+	require.NoError(t, err)
+	assert.True(t, confirmed)
 	end := quarantineEnd(t, s, site, l.proxy)
 	// From the confirmation on, however long it took under load.
 	assert.GreaterOrEqual(t, end.Sub(before), base*85/100-5*time.Millisecond, "confirmed strike")
 	assert.LessOrEqual(t, end.Sub(before), base*115/100+time.Since(before), "confirmed strike")
 	// A stale confirmation (the strike's end does not match) changes nothing.
-	require.NoError(t, rp.confirm(ctx, site, l.proxy, pen))
+	confirmed, err = rp.confirm(ctx, site, l.proxy, pen)
+	require.NoError(t, err)
+	assert.False(t, confirmed, "stale")
 	assert.Equal(t, end, quarantineEnd(t, s, site, l.proxy))
 	// A request still under way through it meets the same refusal: the
 	// same offence, which never shortens the confirmed quarantine.
@@ -111,6 +116,7 @@ func TestBanEvidenceLadder(t *testing.T) {
 	pen, err = s.penalize(ctx, site, l.proxy, l, ban403)
 	require.NoError(t, err)
 	assert.True(t, pen.healthy, "still healthy after the lift")
+	assert.False(t, pen.witness, "but no witness of a page: a lift is no healthy answer")
 	assert.Equal(t, 1, pen.strikes)
 
 	// Today's behaviour: every refusal is a ban at once.
@@ -143,10 +149,7 @@ func TestPageRefusals(t *testing.T) {
 	for i, p := range ps {
 		urls[i] = p.URL()
 	}
-	// The site circuit breaker is off: this measures the page-or-IP rule
-	// alone. (Its first strikes count as bans for the breaker until they
-	// are lifted, so an unlucky first window can pause the site: issue 16.)
-	s := newSwitch(t, shared.Client(t), WithBreaker(Breaker{Disabled: true}))
+	s := newSwitch(t, shared.Client(t))
 	_, err := s.Add(ctx, urls...)
 	require.NoError(t, err)
 
@@ -252,10 +255,7 @@ func TestPageRefusalsAcrossCollectors(t *testing.T) {
 			burntIPs[p.SourceIP().String()] = true
 		}
 	}
-	// The site circuit breaker is off: this measures the page-or-IP rule
-	// alone. (Its first strikes count as bans for the breaker until they
-	// are lifted, so an unlucky first window can pause the site: issue 16.)
-	s := newSwitch(t, shared.Client(t), WithBreaker(Breaker{Disabled: true}))
+	s := newSwitch(t, shared.Client(t))
 	_, err := s.Add(ctx, urls...)
 	require.NoError(t, err)
 
@@ -384,4 +384,50 @@ func TestNoProxyAfterABanNamesTheAnswer(t *testing.T) {
 	require.Len(t, c.errs, 1)
 	assert.ErrorIs(t, c.errs[0], ErrNoProxy, "OnError")
 	assert.Equal(t, 1, m.Count(testbed.DecidedForbidden))
+}
+
+// TestBurntTogetherIsNoPage: three of six proxies healthy on a site are
+// burnt at once (the site answers their IPs 403 from then on) while one
+// collector crawls pages one after the other, through the proxies in turn
+// (least recently used first): the first, third and fourth of the turn.
+// The first is refused on the next page, which the second serves: its
+// strike is confirmed, a verdict. The page after it is refused through the
+// third and the fourth, both healthy on the site before: no page refusing
+// everyone, as the fourth's last healthy answer is older than the verdict
+// on the first (it may have been burnt with it); the fifth serves the page
+// and confirms their strikes. Every page is served, each burnt IP refused
+// once, and quarantined for the base quarantine.
+func TestBurntTogetherIsNoPage(t *testing.T) {
+	m := testbed.NewMarketplace(nil)
+	site, proxies, s := marketBed(t, m, false, 6, WithRetries(3))
+	c := newPageCollector(t, s)
+	visit := func(from, to int) {
+		t.Helper()
+		for i := from; i <= to; i++ {
+			require.NoError(t, c.Visit(fmt.Sprintf("%s/p/%d", site.URL(), i)))
+		}
+	}
+	visit(1, 12) // each proxy healthy on the site, twice
+	hits := site.Recorder().Hits()
+	var turn []string // the proxies' IPs, least recently used first
+	for _, h := range hits[len(hits)-6:] {
+		turn = append(turn, h.ClientIP)
+	}
+	burnt := []string{turn[0], turn[2], turn[3]}
+	for _, ip := range burnt {
+		m.Burn(ip, testbed.Forbid)
+	}
+	visit(13, 30)
+	assert.Equal(t, 30, c.products)
+	assert.Empty(t, c.errs)
+	assert.Equal(t, 3, m.Count(testbed.DecidedForbidden), "each burnt IP refused once")
+	for _, p := range proxies {
+		if !slices.Contains(burnt, p.SourceIP().String()) {
+			continue
+		}
+		pp, err := ParseProxy(p.URL())
+		require.NoError(t, err)
+		assert.Greater(t, time.Until(quarantineEnd(t, s, site.Host(), pp)), 20*time.Minute, "burnt IP %s confirmed", p.SourceIP())
+	}
+	assert.Len(t, leaseAll(t, s, site.Host()), 3, "the healthy proxies are free")
 }

@@ -288,8 +288,12 @@ func WithQuarantine(base, max time.Duration) Option {
 // a challenge page (ban.ReasonChallenge) is evidence enough by itself.
 //
 // When one URL is refused through pageProxies different proxies, each of
-// them healthy on the site before (a healthy answer there and no strike
-// since), it is the page that refuses, not the proxies: the request is not
+// them healthy on the site's other pages (the first one: no strike there;
+// every later one: a healthy answer there and no strike since, later than
+// the site's last verdict on a proxy that was healthy there, as proxies
+// burnt together with it may not be; or the lift of a strike by another
+// page's verdict, after the URL's first refusal), it is the page that
+// refuses, not the proxies: the request is not
 // retried further, the first strikes it cost are taken back (the proxies
 // are free on the site again), and it fails with a *BlockedError that
 // wraps ErrPageRefused and names the site's answer (its Status). Zero
@@ -342,8 +346,19 @@ func WithFlakyDelay(d time.Duration) Option { return func(c *config) { c.flakyDe
 // site wait the difference too. Each healthy answer then adds to the
 // request rate per IP, by an equal step, so that it is back at the refused
 // rate after 200 healthy answers (additive increase, multiplicative
-// decrease). The refusal still quarantines the proxy as any ban does
-// (WithQuarantine). With WithConcurrency above 1, the learned cooldown
+// decrease). Such a refusal is the site's pace, not the proxy's: the proxy
+// waits out the learned cooldown (or the Retry-After, if longer) and is
+// neither struck nor quarantined, and the site's circuit breaker does not
+// count it. Only a proxy that had rested is refused otherwise: under a
+// per-IP limit a proxy idle on the site longer than the limit is served,
+// so a rate-limit refusal of a proxy whose last healthy answer there is
+// twice as old as the site's accepted rest (about the shortest time
+// between two healthy answers of one proxy there lately), or of a proxy
+// struck there since, is a refusal like any other (WithBanEvidence,
+// WithQuarantine) and evidence of a storm for the breaker; one past the
+// accepted rest by a quarter is still the pace for the proxy, but evidence
+// for the breaker. With WithLearnedPacing(0) a rate-limit refusal is a
+// refusal like any other. With WithConcurrency above 1, the learned cooldown
 // paces each slot from its release only. Zero turns it off. The default is
 // on, with a max of 1m; the most 24h.
 func WithLearnedPacing(max time.Duration) Option { return func(c *config) { c.paceMax = max } }

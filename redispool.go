@@ -303,15 +303,21 @@ func (p *redisPool) penalize(ctx context.Context, site string, px *Proxy, l *Lea
 		}
 		return penalty{}, redisErr("quarantine", err)
 	}
-	if len(res) != 7 {
+	if len(res) != 11 {
 		return penalty{ended: member != ""}, fmt.Errorf("%w: quarantine reply of %d items", ErrCorrupt, len(res))
 	}
 	pen := penalty{quarantine: time.Duration(res[0]) * time.Millisecond, until: time.UnixMilli(res[1]),
 		strikes: int(res[2]), dead: res[3] == 1, ended: member != "", first: res[5] == 1, healthy: res[6] == 1,
-		paced: pace != ""}
+		witness: res[7] == 1, paced: pace != "", hold: res[8] >= 1, tired: res[8] == 2, at: time.UnixMilli(res[10])}
+	if res[9] > 0 {
+		pen.lifted = time.UnixMilli(res[9])
+	}
 	if pen.dead {
 		c.logger.Warn("proxyswitch: proxy marked dead: out of every site's rotation until revived",
 			"proxy", px.String(), "site", site, "reason", v.Reason, "failures", pen.strikes)
+	} else if pen.hold {
+		c.logger.Debug("proxyswitch: rate-limited: the proxy waits the site's pace", "proxy", px.String(), "site", site,
+			"reason", v.Reason, "for", pen.quarantine)
 	} else {
 		c.logger.Debug("proxyswitch: proxy quarantined", "proxy", px.String(), "site", site,
 			"kind", v.Kind.String(), "reason", v.Reason, "for", pen.quarantine, "in_a_row", pen.strikes)

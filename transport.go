@@ -292,11 +292,13 @@ func (t *transport) retry(req *http.Request, b *binding, l *Lease, x *ban.Exchan
 	if landed && x.Redirected() {
 		origin := chainOrigin(req)
 		if !replayable(origin) || chainLen(req) >= maxChainHops || !b.takeRetry(s.cfg.retries) {
+			s.unresolvedRefusals(ctx, b, r.url, site)
 			return false, nil, blocked
 		}
 		return false, restartResponse(req, origin.URL), nil
 	}
 	if !replayable(req) || !b.takeRetry(s.cfg.retries) {
+		s.unresolvedRefusals(ctx, b, r.url, site) // no retry left: evidence for the site's circuit breaker
 		return false, nil, blocked
 	}
 	return true, nil, nil

@@ -438,8 +438,13 @@ func TestBanSpikeAfterJoin(t *testing.T) {
 	proxies := testbed.NewProxies(t, 6)
 	prefix := nextPrefix()
 	// WithBanEvidence(0, 0): three of six proxies burnt at once while
-	// healthy would look like pages refusing everyone to a request meeting
-	// two of them in a row; this test is about the spike, counted on bans.
+	// healthy. Once one of them is proven burnt (a page it refused is
+	// served through another proxy), the others are no witnesses of a page
+	// refusing everyone until healthy again; but a request that meets two
+	// of them in a row before that sees what a page refusing everyone shows
+	// (two proxies healthy on the site's other pages refuse it) and fails
+	// with ErrPageRefused (3 of 4 runs, by the order of the rotation). This
+	// test is about the spike, counted on bans.
 	sw := switchOn(t, shared.Client(t), prefix, proxyswitch.WithQuarantine(time.Hour, time.Hour), proxyswitch.WithRetries(3),
 		proxyswitch.WithBanEvidence(0, 0))
 	for _, p := range proxies {

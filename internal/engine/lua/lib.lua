@@ -213,6 +213,60 @@ end
 local PACE_PROBE, PACE_SETTLED, PACE_CUT, PACE_CLIMB = 100, 20, 1.25, 200
 local PACE_MAX = 86400000 -- a day: no learned cooldown this module wrote is longer
 
+-- A rate-limit refusal is the site's pace only when the proxy had not
+-- rested: under a per-IP limit, a proxy idle on the site longer than the
+-- limit is served; in a storm (the site refuses everyone) even rested
+-- proxies are refused. The pace hash's "rest" (ms) is the site's accepted
+-- rest: about the shortest time between two healthy answers of one proxy
+-- lately (pace_rest_note, on each healthy answer after another one). A
+-- refusal of a proxy whose last healthy answer there is PACE_RESTED times
+-- that old or more is not the pace (penalize.lua). Under a per-IP limit
+-- every accepted rest is at least the limit, so no refusal (which comes
+-- sooner than the limit) is ever that old; a new accepted rest below the
+-- one kept replaces it, one above moves it up by 1/PACE_REST_DRIFT of the
+-- difference, at most by 1/PACE_REST_DRIFT of itself (a site whose limit
+-- tightened is learned again; a proxy idle for hours moves it little).
+-- A hold of a proxy rested past PACE_TIRED times the accepted rest is
+-- still the pace for the proxy (latency blurs a rest measured in Redis),
+-- but evidence of a storm for the site's circuit breaker.
+local PACE_RESTED, PACE_TIRED, PACE_REST_DRIFT = 2, 1.25, 32
+
+-- pace_rest returns the site's accepted rest in the pace hash key (ms), or
+-- nil while no proxy has had two healthy answers there.
+local function pace_rest(key)
+  return fraction(redis.call('HGET', key, 'rest'), key, 'field rest', MAX_MS)
+end
+
+-- pace_rest_note records one accepted rest t (ms: from a proxy's healthy
+-- answer to its next one) in the pace hash key, kept for idle ms.
+local function pace_rest_note(key, t, idle)
+  local r = pace_rest(key)
+  if r == nil or t < r then
+    r = t
+  else
+    r = r + math.min(t - r, r) / PACE_REST_DRIFT
+  end
+  redis.call('HSET', key, 'rest', string.format('%.0f', r))
+  redis.call('PEXPIRE', key, idle)
+end
+
+-- The pace hash also holds "burnt": the ms of the site's last verdict on a
+-- proxy healthy there before (penalize.lua: a confirmation, an unambiguous
+-- refusal; no first strike). A proxy whose last healthy answer there is
+-- older may have been burnt with it: it is no witness of a page refusing
+-- everyone.
+
+-- site_burnt returns the site's last verdict (ms) in the pace hash key, or 0.
+local function site_burnt(key)
+  return fraction(redis.call('HGET', key, 'burnt'), key, 'field burnt', MAX_MS) or 0
+end
+
+-- site_burnt_mark records a verdict at now in the pace hash key, kept for idle ms.
+local function site_burnt_mark(key, now, idle)
+  redis.call('HSET', key, 'burnt', now)
+  redis.call('PEXPIRE', key, idle)
+end
+
 -- pace_read returns the cooldown learned in the pace hash key, or 0.
 local function pace_read(key)
   return fraction(redis.call('HGET', key, 'c'), key, 'field c', PACE_MAX) or 0
@@ -238,18 +292,18 @@ end
 -- cooldown from now, not leased: lease hash) is pushed out by the
 -- difference, so that no proxy released before the raise runs early.
 -- Bounded work: one pass over the proxies cooling down, at most once per
--- cooldown. Returns nothing.
+-- cooldown. Returns the cooldown after it (ms).
 local function pace_refused(key, free, lease, floor, maxc, now, idle)
   local v = redis.call('HMGET', key, 'c', 'cut', 'ok')
   local c = math.max(fraction(v[1], key, 'field c', PACE_MAX) or 0, floor)
   local cut = fraction(v[2], key, 'field cut', MAX_MS) or 0
-  if now - cut < math.max(c, PACE_PROBE) then return end
+  if now - cut < math.max(c, PACE_PROBE) then return c end
   local ok = fraction(v[3], key, 'field ok', MAX_MS) or 0
   local c2 = 2 * c
   if ok >= PACE_SETTLED then c2 = PACE_CUT * c end
   if c == 0 then c2 = PACE_PROBE end
   c2 = math.min(c2, maxc)
-  if c2 <= c then return end
+  if c2 <= c then return c end
   local step = 1000 / c2 / PACE_CLIMB -- from 2x below (the rate refused at c = 0: twice c2's)
   if c > 0 then step = (1000 / c - 1000 / c2) / PACE_CLIMB end
   redis.call('HSET', key, 'c', string.format('%.3f', c2), 'cut', now, 'ok', 0, 'step', string.format('%.6f', step))
@@ -261,4 +315,5 @@ local function pace_refused(key, free, lease, floor, maxc, now, idle)
       redis.call('ZADD', free, 'XX', num(cooling[i + 1]) + d, cooling[i])
     end
   end
+  return c2
 end

@@ -10,7 +10,11 @@
 --
 -- Only a first strike still on record (one ban in a row, the same end) is
 -- lifted: a strike since, or a healthy answer, wins. Its record goes back
--- to what it was: healthy ("0|<now>|0"), or none. The slots the strike
+-- to what it was: healthy, or none; healthy as lifted ("0|<now>|1"): no
+-- strike, and a witness of a page refusing everyone only for refusals that
+-- come after the lift, until its next healthy answer (penalize.lua, ban.go),
+-- so that proxies burnt together, judged a page once, are not judged so
+-- again each time a request meets two of them in a row. The slots the strike
 -- pushed out (score = its end) are free now; slots pushed further by
 -- anything else (a lease, a ban on every site, a dead mark) keep their
 -- score. Returns the number of slots made free, or -1 when nothing was
@@ -21,7 +25,7 @@ local c, till
 if v then c, till = string.match(v, '^(%d+)|%d+|(%d+)$') end
 if not c or tonumber(c) ~= 1 or tonumber(till) ~= tonumber(ARGV[3]) then return -1 end
 if ARGV[4] == '1' then
-  redis.call('HSET', KEYS[2], ARGV[1], '0|' .. now .. '|0')
+  redis.call('HSET', KEYS[2], ARGV[1], '0|' .. now .. '|1')
 else
   redis.call('HDEL', KEYS[2], ARGV[1])
 end

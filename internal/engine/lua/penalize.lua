@@ -29,7 +29,8 @@
 -- ARGV[14] site (tells failures on several sites apart)   ARGV[15] reason
 -- ARGV[16] slots per proxy (K)
 -- ARGV[17] ban: the first quarantine ms (WithBanEvidence), "0": every ban is a verdict (base at once)
--- ARGV[18] ban: "1" when the refusal is unambiguous (a challenge redirect): no first quarantine
+-- ARGV[18] ban: "1" when the refusal is unambiguous (a challenge redirect): no first quarantine;
+--          confirm: "1" when the proxy was healthy on the scope before the strike
 -- ARGV[19] confirm: the end (ms) of the strike to confirm, as this script returned it
 --
 -- ARGV[1] may also be "confirm": the page a strike's refusal was about was
@@ -47,6 +48,17 @@
 --          hash, and the proxy waits at least its failure rate times this; 0: off
 -- ARGV[21] a rate-limit refusal under learned pacing: "<floor ms>|<max ms>"; else ""
 --
+-- Paced refusals (ban with ARGV[21]): a refusal of a proxy that had not
+-- rested (lib.lua's PACE_RESTED: its last healthy answer on the scope is
+-- younger than twice the site's accepted rest, or while none is known
+-- four times the learned cooldown, at least 100ms) is the site's pace, not
+-- the proxy's: the learned cooldown grows (pace_refused) and the proxy
+-- waits it out, or the Retry-After if longer, with no strike, no backoff,
+-- no ban on every site (a "hold"). A rested proxy refused (or one struck
+-- since its last healthy answer, or one new to the site once anything is
+-- learned of its pace) is no pace: the refusal is a strike as any other,
+-- and leaves the cooldown alone.
+--
 -- Backoff: the n-th ban in a row of a proxy on a site (no healthy response
 -- in between, see release.lua; a run older than twice the max quarantine is
 -- forgotten; a ban met while the last one still runs is the same offence)
@@ -59,12 +71,20 @@
 -- new sites start it there too (lease.lua), until revive.lua.
 --
 -- The strikes record of a proxy that got a healthy answer on the scope is
--- "0|<ms of that answer>|0" (release.lua): a strike on such a record is
--- reported healthy, the evidence that the proxy works on the site (the page
--- or IP judgment of transport.go).
+-- "0|<ms of that answer>|0" (release.lua), "0|<ms>|1" after a lift
+-- (lift.lua): a strike on such a record is reported healthy. It is also
+-- reported a witness, the evidence that the proxy works on the site's
+-- other pages (the page or IP judgment of ban.go), when that healthy answer
+-- was no lift and came after the site's last verdict on a proxy healthy
+-- there before (the pace hash's "burnt": proxies burnt together with a
+-- proxy proven burnt are no witnesses until they are healthy again). A lift after that verdict is reported by its time (the
+-- page or IP judgment counts it only when it comes after the refusals it
+-- weighs).
 --
 -- Returns {quarantine ms, until ms, offences in a row, dead 0/1, lease ended 0/1,
---          first quarantine 0/1, healthy before 0/1}.
+--          first quarantine 0/1, healthy before 0/1, witness 0/1,
+--          hold 0/1 (2: a hold of a proxy rested past PACE_TIRED times the accepted rest),
+--          ms of the lift after the last verdict (0: none), now ms}.
 local pool, badpool = pool_prefix(ARGV[10])
 if not pool then return redis.error_reply(badpool) end
 local now = now_ms()
@@ -72,23 +92,82 @@ local id = ARGV[2]
 local base, maxq, minq = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local idle = tonumber(ARGV[11])
 
+-- end_lease ends the lease ARGV[3] if ARGV[4] owns it (owner-checked):
+-- its slot's score is the lease's expiry, which the quarantine replaces.
+-- Returns the member ended (nil for none) and the lease's expiry.
+local function end_lease()
+  if ARGV[3] == '' then return nil end
+  local v = redis.call('HGET', KEYS[2], ARGV[3])
+  local sep = v and string.find(v, '|', 1, true)
+  if sep and string.sub(v, 1, sep - 1) == ARGV[4] then
+    redis.call('HDEL', KEYS[2], ARGV[3])
+    return ARGV[3], tonumber(string.sub(v, sep + 1))
+  end
+  return nil
+end
+
+-- push moves every slot of the proxy in free set fk (lease hash lk) out to
+-- untl. A slot another request holds past untl keeps its lease's expiry,
+-- plus 1 ms so that its release (release.lua keeps a score that is not the
+-- lease's own) cannot bring it back before the quarantine ends. mine, mineexp:
+-- the lease end_lease ended, whose slot's score is that lease's expiry.
+local slots = tonumber(ARGV[16])
+local function push(fk, lk, untl, mine, mineexp)
+  for s = 0, slots - 1 do
+    local m = id .. ':' .. s
+    local sc = num(redis.call('ZSCORE', fk, m)) or 0 -- no entry: free on the scope
+    if sc < untl or (fk == KEYS[1] and m == mine and sc == mineexp) then
+      redis.call('ZADD', fk, untl, m)
+    else
+      local v = redis.call('HGET', lk, m)
+      local exp = v and tonumber(string.match(v, '|(%d+)$'))
+      if exp and exp == sc and sc < DEAD then redis.call('ZADD', fk, sc + 1, m) end
+    end
+  end
+  if redis.call('PTTL', fk) < 0 then redis.call('PEXPIRE', fk, idle) end
+end
+
 local firstq, certain = tonumber(ARGV[17]) or 0, ARGV[18] == '1'
-local n, dead, healthy, running = 1, false, false, 0
+local pfloor, pmax = string.match(ARGV[21] or '', '^(%d+)|(%d+)$')
+local n, dead, healthy, running, witness, hold, lifted, tired = 1, false, false, 0, false, false, 0, false
 if ARGV[1] == 'ban' or ARGV[1] == 'confirm' then
   local v = redis.call('HGET', KEYS[3], id)
   local c, last, till
   if v then c, last, till = string.match(v, '^(%d+)|(%d+)|(%d+)$') end
   if ARGV[1] == 'confirm' then
     if not c or tonumber(c) < 1 or tonumber(till) ~= tonumber(ARGV[19]) then
-      return {0, 0, 0, 0, 0, 0, 0}
+      return {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, now}
     end
-    n, certain = tonumber(c), true
+    n, certain, healthy = tonumber(c), true, ARGV[18] == '1'
   elseif c and now - tonumber(last) <= 2 * maxq then
     n = tonumber(c) + 1
     healthy = n == 1
+    if healthy and tonumber(last) > site_burnt(KEYS[9]) then
+      if tonumber(till) == 0 then witness = true else lifted = tonumber(last) end
+    end
     -- Still quarantined: another request through the same proxy (a slot
     -- of WithConcurrency, a request under way) met the same ban.
     if now < tonumber(till) then n, running = tonumber(c), tonumber(till) end
+  end
+  if ARGV[1] == 'ban' and pfloor then
+    -- (Rested or not, from the record as it is: a healthy answer is no
+    -- run of bans that twice the max quarantine forgets.)
+    local rest = pace_rest(KEYS[9])
+    if c and tonumber(c) == 0 then
+      -- No accepted rest known yet: twice the learned cooldown's double
+      -- (a proxy refused while the pace doubles has rested about it).
+      local ref = rest or 2 * math.max(pace_read(KEYS[9]), PACE_PROBE)
+      hold = now - tonumber(last) < PACE_RESTED * ref
+      -- Rested past the accepted rest, not twice over: the pace's
+      -- refusal for the proxy, yet evidence of a storm for the breaker.
+      if hold and rest and now - tonumber(last) >= PACE_TIRED * rest then tired = true end
+    elseif c and now - tonumber(last) <= 2 * maxq then
+      hold = false -- struck since its last healthy answer
+    else
+      -- New to the site (a per-IP limit serves a new IP): the pace only
+      -- while nothing is learned, the first refusal of all.
+      hold = not rest and pace_read(KEYS[9]) == 0
+    end
   end
   redis.call('HDEL', KEYS[4], id)
 else
@@ -108,6 +187,15 @@ else
   redis.call('PEXPIRE', KEYS[4], idle)
   local after = tonumber(ARGV[13])
   dead = after > 0 and n >= after and (hard == '1' or multi == '1')
+end
+
+if hold then
+  -- The site's pace: the proxy waits the learned cooldown (raised by this
+  -- refusal) or the Retry-After, and nothing else happens.
+  local q = math.max(minq, math.ceil(pace_refused(KEYS[9], KEYS[1], KEYS[2], tonumber(pfloor), tonumber(pmax), now, idle)))
+  local mine, mineexp = end_lease()
+  push(KEYS[1], KEYS[2], now + q, mine, mineexp)
+  return {q, now + q, 0, 0, mine and 1 or 0, 0, healthy and 1 or 0, witness and 1 or 0, tired and 2 or 1, lifted, now}
 end
 
 local e, short = n, false
@@ -133,6 +221,9 @@ end
 if ARGV[1] ~= 'fail' then
   redis.call('HSET', KEYS[3], id, n .. '|' .. now .. '|' .. untl)
   redis.call('PEXPIRE', KEYS[3], idle)
+  -- A verdict on a proxy healthy there before: the site burns IPs that
+  -- worked (a proxy burnt from the start, or a repeat, says nothing new).
+  if not short and healthy then site_burnt_mark(KEYS[9], now, idle) end
 end
 if dead then
   untl = DEAD
@@ -140,41 +231,11 @@ if dead then
   bump_version(pool .. ':meta') -- the dead list is part of the pool's generation
 end
 
--- End the lease first (owner-checked): its slot's score is the lease's
--- expiry, which the quarantine replaces.
-local mine, mineexp = nil, nil
-if ARGV[3] ~= '' then
-  local v = redis.call('HGET', KEYS[2], ARGV[3])
-  local sep = v and string.find(v, '|', 1, true)
-  if sep and string.sub(v, 1, sep - 1) == ARGV[4] then
-    redis.call('HDEL', KEYS[2], ARGV[3])
-    mine, mineexp = ARGV[3], tonumber(string.sub(v, sep + 1))
-  end
-end
-
--- Every slot of the proxy is pushed out to untl. A slot another request
--- holds past untl keeps its lease's expiry, plus 1 ms so that its release
--- (release.lua keeps a score that is not the lease's own) cannot bring it
--- back before the quarantine ends.
-local slots = tonumber(ARGV[16])
-local function push(fk, lk)
-  for s = 0, slots - 1 do
-    local m = id .. ':' .. s
-    local sc = num(redis.call('ZSCORE', fk, m)) or 0 -- no entry: free on the scope
-    if sc < untl or (fk == KEYS[1] and m == mine and sc == mineexp) then
-      redis.call('ZADD', fk, untl, m)
-    else
-      local v = redis.call('HGET', lk, m)
-      local exp = v and tonumber(string.match(v, '|(%d+)$'))
-      if exp and exp == sc and sc < DEAD then redis.call('ZADD', fk, sc + 1, m) end
-    end
-  end
-  if redis.call('PTTL', fk) < 0 then redis.call('PEXPIRE', fk, idle) end
-end
-push(KEYS[1], KEYS[2])
+local mine, mineexp = end_lease()
+push(KEYS[1], KEYS[2], untl, mine, mineexp)
 if dead or ARGV[9] == '1' then
   for _, sc in ipairs(redis.call('ZRANGE', KEYS[6], 0, -1)) do
-    push(pool .. ':free:' .. sc, pool .. ':lease:' .. sc)
+    push(pool .. ':free:' .. sc, pool .. ':lease:' .. sc, untl, mine, mineexp)
   end
   if not dead then
     redis.call('ZREMRANGEBYSCORE', KEYS[7], '-inf', now)
@@ -190,6 +251,5 @@ local flaky = tonumber(ARGV[20] or '0') or 0
 if flaky > 0 and not short then
   health_hold(KEYS[1], KEYS[2], id, slots, health_note(KEYS[8], id, true, idle), flaky, now)
 end
-local pfloor, pmax = string.match(ARGV[21] or '', '^(%d+)|(%d+)$')
-if pfloor then pace_refused(KEYS[9], KEYS[1], KEYS[2], tonumber(pfloor), tonumber(pmax), now, idle) end
-return {q, untl, n, dead and 1 or 0, mine and 1 or 0, short and 1 or 0, healthy and 1 or 0}
+return {q, untl, n, dead and 1 or 0, mine and 1 or 0, short and 1 or 0, healthy and 1 or 0, witness and 1 or 0, 0,
+  lifted, now}

@@ -15,7 +15,8 @@
 -- ARGV[5] flaky delay ms: the proxy waits its failure rate times this on top
 --         of the cooldown (0: off, or a lease handed back unused)
 -- ARGV[6] "1": learned pacing, and the lease was used (the cooldown is at
---         least the learned one); else "0"
+--         least the learned one, and a healthy answer after another one
+--         notes the proxy's rest in between: lib.lua's pace_rest_note); else "0"
 -- ARGV[7] idle TTL ms of the health and pace hashes
 --
 -- Returns 1 released, 2 released after its expiry (nobody had taken it yet),
@@ -31,7 +32,12 @@ if ARGV[6] == '1' then
   cooldown = math.max(cooldown, math.ceil(learned))
 end
 if ARGV[4] ~= '' then
-  redis.call('HSET', KEYS[3], ARGV[4], '0|' .. now_ms() .. '|0')
+  local t = now_ms()
+  if ARGV[6] == '1' then
+    local h = tonumber(string.match(redis.call('HGET', KEYS[3], ARGV[4]) or '', '^0|(%d+)|0$'))
+    if h and h > 0 and t > h then pace_rest_note(KEYS[6], t - h, idle) end
+  end
+  redis.call('HSET', KEYS[3], ARGV[4], '0|' .. t .. '|0')
   if redis.call('PTTL', KEYS[3]) < 0 then
     redis.call('PEXPIRE', KEYS[3], math.max(redis.call('PTTL', KEYS[1]), 60000))
   end
