@@ -301,7 +301,10 @@ func (fp *fbPool) penalizeLocal(site string, p *Proxy, l *Lease, v ban.Verdict) 
 		// A strike, weighed by the evidence as penalize.lua weighs it.
 		lpen := localStrike(lp, holder, p.id, site, unambiguous(v), min(v.RetryAfter, c.maxQuarantine))
 		pen = penalty{quarantine: lpen.Quarantine, until: lpen.Until, strikes: lpen.InARow, first: lpen.First,
-			healthy: lpen.Healthy, local: lp}
+			healthy: lpen.Healthy, local: lp,
+			// The local shard keeps no site verdicts (penalize.lua's "burnt"):
+			// healthy there is a witness of a page refusing everyone.
+			witness: lpen.Healthy, at: time.Now()}
 	} else {
 		d := max(c.failQuarantine, min(v.RetryAfter, c.maxFailQuarantine))
 		if holder != nil {
