@@ -73,3 +73,26 @@ func TestLibCorrupt(t *testing.T) {
 	_, ok = Corrupt(nil)
 	assert.False(t, ok)
 }
+
+// lib.lua's tonumber returns nil for nil on both Lua engines: a pattern
+// that does not match (tonumber(string.match(...))) must not fail a script
+// on miniredis (gopher-lua raises "value expected" for a bare nil), as it
+// failed every release of a crawl on an embedded Redis once.
+func TestLibTonumberNil(t *testing.T) {
+	ctx := context.Background()
+	mr := miniredis.RunT(t)
+	for name, rdb := range map[string]redis.UniversalClient{
+		"redis-server": redistest.Start(t).Client(t),
+		"miniredis":    redis.NewClient(&redis.Options{Addr: mr.Addr()}),
+	} {
+		t.Run(name, func(t *testing.T) {
+			body := "local a = tonumber(string.match('x', '^(%d+)$'))\n" +
+				"local b = tonumber(ARGV[9])\n" +
+				"if a == nil and b == nil then return tonumber('ff', 16) + tonumber('12') end\n" +
+				"return -1"
+			n, err := libScript(t, body).Run(ctx, rdb, []string{"{k}:none"}).Int()
+			require.NoError(t, err)
+			assert.Equal(t, 255+12, n)
+		})
+	}
+}

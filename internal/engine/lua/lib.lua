@@ -7,6 +7,17 @@
 -- set (penalize.lua, drain.lua; revive.lua brings them back).
 local DEAD = 1e15
 
+-- tonumber, for every script, returns nil for nil as Redis' Lua 5.1 does:
+-- gopher-lua (miniredis' Lua) raises "value expected" instead, so that
+-- tonumber(string.match(v, ...)) of a value that does not match would fail
+-- the script on an embedded Redis only.
+local lua_tonumber = tonumber
+local function tonumber(v, base)
+  if v == nil then return nil end
+  if base == nil then return lua_tonumber(v) end
+  return lua_tonumber(v, base)
+end
+
 -- now_ms is the server's clock (TIME) in ms: time never comes from a client.
 local function now_ms()
   local t = redis.call('TIME')
