@@ -347,6 +347,10 @@ func (s *Switch) releaseQuietly(l *Lease) {
 		s.cfg.logger.Warn("proxyswitch: a request outlived its lease (not renewed in time: Redis unreachable or slow, "+
 			"or the pool was cleared)", "proxy", l.proxy.String(), "site", l.scope)
 	default:
+		// Renewed no more: the lease expires by its TTL, as said (a lease
+		// the renewer kept extending after a failed release would hold its
+		// proxy for good).
+		s.renew.drop(l)
 		s.cfg.logger.Warn("proxyswitch: release failed; the lease will expire by its TTL",
 			"proxy", l.proxy.String(), "site", l.scope, "err", err)
 	}
