@@ -208,3 +208,45 @@ func TestReleaseWakesALocalWaiter(t *testing.T) {
 	<-done
 	assert.Less(t, at.Sub(released), 500*time.Millisecond, "woken by the release, not by its 2s backoff")
 }
+
+// failScripts fails every script call while on.
+type failScripts struct{ on atomic.Bool }
+
+func (h *failScripts) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *failScripts) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *failScripts) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if name := strings.ToLower(cmd.Name()); h.on.Load() && (name == "evalsha" || name == "eval") {
+			err := errors.New("ERR injected script failure")
+			cmd.SetErr(err)
+			return err
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// TestFailedReleaseIsRenewedNoMore: a request's lease whose release fails
+// leaves the renewer's set, so it expires by its TTL as the warning says;
+// before, the renewer extended it for good and its proxy served no one
+// (the demo's crawl on an embedded Redis stalled so, 480 leases held).
+func TestFailedReleaseIsRenewedNoMore(t *testing.T) {
+	ctx := context.Background()
+	rdb := shared.Client(t)
+	s := newSwitch(t, rdb)
+	_, err := s.Add(ctx, proxyURLs(1)...)
+	require.NoError(t, err)
+	l, err := s.Lease(ctx, "a.example")
+	require.NoError(t, err)
+	require.NoError(t, s.renew.track(l, true))
+	h := &failScripts{}
+	rdb.AddHook(h)
+	h.on.Store(true)
+	s.releaseQuietly(l)
+	h.on.Store(false)
+	s.renew.mu.Lock()
+	_, live := s.renew.live[l]
+	s.renew.mu.Unlock()
+	assert.False(t, live, "a lease whose release failed is renewed no more")
+}
