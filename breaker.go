@@ -191,6 +191,8 @@ type breaker struct {
 	states   map[string]brState // by site
 	last     time.Time          // the last report
 	flushing atomic.Bool
+	closed   bool           // Switch.Close: no background report starts (under mu)
+	flushes  sync.WaitGroup // the background report running (kick)
 }
 
 type brKey struct {
@@ -255,13 +257,16 @@ func (b *breaker) due() bool {
 func (b *breaker) kick() {
 	for {
 		b.mu.Lock()
-		due := b.due()
-		b.mu.Unlock()
+		due := !b.closed && b.due()
 		if !due || !b.flushing.CompareAndSwap(false, true) {
+			b.mu.Unlock()
 			return
 		}
+		b.flushes.Add(1)
+		b.mu.Unlock()
 		go func() {
 			defer b.kick()
+			defer b.flushes.Done()
 			defer b.flushing.Store(false)
 			b.flush(context.Background(), nil, "", nil)
 		}()
@@ -371,6 +376,20 @@ func (b *breaker) tally(rp *redisPool, site string, att int64) {
 	b.count(brKey{rp, site}).att += att
 	b.mu.Unlock()
 	b.kick()
+}
+
+// close stops the background reports and waits for the one running, if
+// any (Switch.Close: nothing of the Switch runs after it returns).
+func (b *breaker) close(ctx context.Context) {
+	b.mu.Lock()
+	b.closed = true
+	b.mu.Unlock()
+	done := make(chan struct{})
+	go func() { b.flushes.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
 }
 
 // flush reports the pending counts: of every site (rp nil), or of site on

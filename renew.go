@@ -292,6 +292,7 @@ func (s *Switch) Close(ctx context.Context) error {
 	err := r.releaseAll(ctx)
 	err = errors.Join(err, s.Stop(ctx))
 	r.waitBackground(ctx)
+	s.brk.close(ctx) // its background report (breaker.go)
 	return err
 }
 
