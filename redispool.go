@@ -326,10 +326,14 @@ func (p *redisPool) penalize(ctx context.Context, site string, px *Proxy, l *Lea
 }
 
 // paceRefusal is penalize.lua's ARGV[18]: "<floor ms>|<max ms>" when v is a
-// rate-limit refusal (a ban for 429, or any ban with a Retry-After) and
+// rate-limit refusal (a ban for 429, or for another status with a Retry-After) and
 // learned pacing is on, else "".
 func paceRefusal(c *config, v ban.Verdict) string {
-	if c.paceMax <= 0 || v.Kind != ban.Ban || (v.Reason != ban.StatusReason(http.StatusTooManyRequests) && v.RetryAfter <= 0) {
+	// A site's answer about the pace: a 429, or a status with Retry-After
+	// (a 503 that says when to come back). A verdict of the user's or of a
+	// probe with a RetryAfter is a quarantine of that length, not the pace.
+	status := strings.HasPrefix(v.Reason, "http_")
+	if c.paceMax <= 0 || v.Kind != ban.Ban || (v.Reason != ban.StatusReason(http.StatusTooManyRequests) && (v.RetryAfter <= 0 || !status)) {
 		return ""
 	}
 	return fmt.Sprintf("%d|%d", c.cooldown.Milliseconds(), max(c.paceMax, c.cooldown).Milliseconds())
