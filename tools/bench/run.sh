@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Re-measures every number in BENCHMARKS.md in one session, writing the raw
+# `go test -bench` output of each section to a directory (default
+# /tmp/proxyswitch-bench). Rounds are interleaved: each round runs every
+# contender of a section once, back to back, so a ratio compares the same
+# minutes of load. The machine's load is logged before each round; read the
+# medians and the per-round ratios, not one round.
+#
+#   bash tools/bench/run.sh [outdir] [rounds]    # ~15 minutes on 2 cores
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+out=${1:-/tmp/proxyswitch-bench}
+rounds=${2:-3}
+mkdir -p "$out"
+bin=$(mktemp -d)
+trap 'rm -rf "$bin"' EXIT
+go test -c -o "$bin/root.test" .
+go test -c -o "$bin/storage.test" ./storage/
+go test -c -o "$bin/ban.test" ./ban/
+go test -c -o "$bin/shard.test" ./shard/
+git rev-parse --short HEAD > "$out/commit"
+date -u > "$out/started"
+
+load() { echo "# $(date -u +%H:%M:%S) load: $(cut -d' ' -f1-3 /proc/loadavg)"; }
+bench() { # file binary pattern benchtime [extra flags...]
+  local f=$1 b=$2 p=$3 t=$4; shift 4
+  { load; "$bin/$b" -test.run '^$' -test.bench "$p" -test.benchmem -test.benchtime "$t" "$@" | grep -E '^Benchmark|^ok|FAIL'; } >> "$out/$f"
+}
+
+for i in $(seq "$rounds"); do
+  echo "round $i/$rounds"
+  bench hot.txt root.test 'BenchmarkCrawl|BenchmarkLeasePairs' 2s
+  bench lease.txt root.test 'BenchmarkLease$' 2s
+  bench storage.txt storage.test . 1s
+  bench session.txt root.test 'BenchmarkSessionUse$|BenchmarkClientSession' 300x
+  bench expect.txt ban.test 'BenchmarkExpect' 1s
+done
+bench shard.txt shard.test 'BenchmarkShare' 20x -test.count 3
+{ load; "$bin/shard.test" -test.run 'TestShardingSimulation' -test.v -test.count 1 | grep -v '^=== RUN'; } > "$out/shard-sim.txt"
+{ load; PROXYSWITCH_SCALE_STRICT=${PROXYSWITCH_SCALE_STRICT:-} "$bin/root.test" -test.run 'TestMillionProxies$' -test.v -test.count 1 -test.timeout 20m; load; } > "$out/scale.txt" 2>&1 || echo "scale test failed: see $out/scale.txt"
+date -u > "$out/finished"
+echo "raw output in $out"
