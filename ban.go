@@ -173,15 +173,24 @@ func (rp *redisPool) dead(ctx context.Context) ([]ProxyState, error) {
 	return out, nil
 }
 
-// Revive brings dead proxies, named by URL or ID, back into every site's
-// rotation at once, with their failure record cleared. It returns how many
-// of them were dead. It is safe to call while workers lease.
-func (s *Switch) Revive(ctx context.Context, proxies ...string) (int, error) {
+// Revive brings dead or drained proxies, named by URL or ID, back into
+// every site's rotation at once, with their failure record cleared. With
+// reason "" it revives any of them; with another reason only those whose
+// mark is reason's, as Drain set it (a proxy drained by an operator, dead
+// of its failures, or marked by another reason, stays out), so that a
+// health checker revives only what it marked. It returns how many it
+// revived. It is safe to call while workers lease.
+func (s *Switch) Revive(ctx context.Context, reason string, proxies ...string) (int, error) {
+	if reason != "" {
+		if err := checkReason(reason); err != nil {
+			return 0, err
+		}
+	}
 	ids, err := proxyIDs(proxies)
 	if err != nil || len(ids) == 0 {
 		return 0, err
 	}
-	return s.revive(ctx, "", ids)
+	return s.revive(ctx, reason, ids)
 }
 
 // revive runs revive.lua for ids, only those marked with reason unless it

@@ -128,7 +128,7 @@
 // leases over and, once every server has done so, leases from Redis again:
 //
 //	sw, err := proxyswitch.NewSwitch(rdb, proxyswitch.WithFallback("crawler-1", nil),
-//		proxyswitch.WithAttemptTimeout(5*time.Second))
+//		proxyswitch.WithTimeouts(proxyswitch.Timeouts{Attempt: 5*time.Second}))
 //	if err := sw.Start(ctx); err != nil { ... }
 //	defer sw.Stop(context.Background())
 //

@@ -97,9 +97,9 @@ type fallbackConfig struct {
 // lease and Stop when done. Every worker of the pool must use the fallback
 // with the same sharder.
 //
-// How fast: Redis counts as gone after WithFallbackTimeout (1s); then the
+// How fast: Redis counts as gone after Timeouts.Fallback (1s); then the
 // local shard waits until any attempt another server began through one of
-// its proxies is over: the attempt timeout (WithAttemptTimeout) when set,
+// its proxies is over: the attempt timeout (Timeouts.Attempt) when set,
 // otherwise the lease TTL. Set an attempt timeout to switch within seconds.
 // When Redis answers again the Switch leases from it once every server of
 // the member list has written back (at most the member TTL, 3s, for a
@@ -127,15 +127,6 @@ func WithSharding(self string, sh shard.Sharder) Option {
 		c.fallback.self, c.fallback.sharder, c.fallback.sharded = self, sh, true
 		c.fallback.set++
 	}
-}
-
-// WithFallbackTimeout sets, for a Switch with WithFallback or WithSharding,
-// how long a Redis call may go unanswered before the Switch counts Redis
-// as unreachable: it bounds every lease, release and quarantine call (in
-// place of WithRedisTimeout, when shorter) and the health probe, which runs
-// every quarter of it. The default is 1s.
-func WithFallbackTimeout(d time.Duration) Option {
-	return func(c *config) { c.fallback.timeout = d }
 }
 
 func (fc *fallbackConfig) validate() error {

@@ -67,25 +67,6 @@ func (s *Switch) Unban(ctx context.Context, proxy, site string) error {
 	return nil
 }
 
-// Drain takes proxy out of every site's rotation: requests already using it
-// finish, none starts. It is listed by Dead with the reason "drained" and
-// comes back with Revive.
-func (s *Switch) Drain(ctx context.Context, proxy string) error {
-	p, err := s.find(ctx, proxy)
-	if err != nil {
-		return err
-	}
-	_, err = roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) (int64, error) {
-		return engine.Drain{Dead: s.keys.dead(), Sites: s.keys.sites(), Pool: s.keys.proxies(),
-			Prefix: s.keys.base, Slots: s.cfg.slots, Reason: "drained", Proxies: []string{p.id}}.Run(ctx, s.rdb).Int64()
-	}, nil)
-	if err != nil {
-		return redisErr("drain", err)
-	}
-	s.clients.closeProxy(p.id, "")
-	return nil
-}
-
 // Clear deletes every key of the pool: its proxies, settings, leases, bans,
 // dead list, members and the set LiveSessions counts (session records and
 // cookie jars, kept per task, lapse with their TTL; a session whose lease

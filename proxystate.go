@@ -24,7 +24,7 @@ const (
 // ProxyStates. Times are by Redis' clock. It is a snapshot: a value, safe
 // to share between goroutines.
 //
-// A proxy has one slot per site, or k with WithConcurrency(k), each in one
+// A proxy has one slot per site, or k with WithRotation(Rotation{Concurrency: k}), each in one
 // state; the slot counts of all proxies add up to SiteState's counts for
 // the site. State sums the slots up, the first that applies in this order:
 // dead or drained (the proxy is marked so, even while a request that

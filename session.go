@@ -134,7 +134,7 @@ type SessionInfo struct {
 	Task       string
 	ID         string // random, new for each session of the task
 	Generation int    // the task's sessions in a row: 1 for its first, 2 after one retirement...
-	Pool       string // the pool the session leases from (WithSessionPool)
+	Pool       string // the pool the session leases from (Sessions.Pool)
 	Proxy      string // the session's proxy, user info masked
 	ProxyID    string // its ID (Proxy.ID): what Switch.Ban, Drain... take
 	Requests   int    // requests sent through the session so far, this one included
@@ -164,56 +164,88 @@ type sessionConfig struct {
 	ttl         time.Duration
 	maxRequests int
 	maxAge      time.Duration
-	pool        string // WithSessionPool; "" for the Switch's own pool
+	pool        string // Sessions.Pool; "" for the Switch's own pool
 	retired     func(SessionRetirement)
 	taskFunc    func(*colly.Request) string
 
-	maxErrors, errorDecay float64 // WithSessionErrorScore (sessionscore.go), when errorsSet
-	errorsSet             bool
+	maxErrors, errorDecay float64 // Sessions.MaxErrorScore, ErrorDecay (sessionscore.go)
 }
 
-// WithSessionTTL sets how long a task's session lives after its last use;
-// every request of the task renews it. While it lives, its proxy serves no
-// one else on the sites it visited. The session's own requests are not
-// paced by WithCooldown (pace a flow with Colly's LimitRule Delay). A
-// request of a session holds its proxy by the session, not by a renewed
-// lease: keep the session TTL above the request timeout. It must not exceed the idle TTL. The
-// default is 10 minutes (DefaultSessionTTL), or the idle TTL if shorter.
-func WithSessionTTL(d time.Duration) Option { return func(c *config) { c.session.ttl = d } }
+// Sessions configures the sticky sessions of tasks. A zero field keeps the
+// default (or what an earlier WithSessions set); Off sets a numeric field to
+// zero.
+type Sessions struct {
+	// TTL is how long a task's session lives after its last use; every
+	// request of the task renews it. While it lives, its proxy serves no one
+	// else on the sites it visited. The session's own requests are not
+	// paced by Rotation.Cooldown (pace a flow with Colly's LimitRule Delay).
+	// A request of a session holds its proxy by the session, not by a
+	// renewed lease: keep the session TTL above the request timeout. It
+	// must not exceed the idle TTL. The default is 10 minutes
+	// (DefaultSessionTTL), or the idle TTL if shorter.
+	TTL time.Duration
 
-// WithSessionMaxRequests retires a session once it has sent n requests
-// (every hop of a redirect chain counts); the task's next request starts a
-// new one, with another proxy and no cookies. The default is 0: no limit.
-func WithSessionMaxRequests(n int) Option { return func(c *config) { c.session.maxRequests = n } }
+	// MaxRequests retires a session once it has sent that many requests
+	// (every hop of a redirect chain counts); the task's next request
+	// starts a new one, with another proxy and no cookies. The default is
+	// 0: no limit.
+	MaxRequests int
 
-// WithSessionMaxAge retires a session once it is older than d, counted from
-// its first request. The default is 0: no limit.
-func WithSessionMaxAge(d time.Duration) Option { return func(c *config) { c.session.maxAge = d } }
+	// MaxAge retires a session once it is older than that, counted from its
+	// first request. The default is 0: no limit.
+	MaxAge time.Duration
 
-// WithSessionPool makes sessions lease from another pool under the same
-// prefix and Redis, for instance residential or mobile proxies for shopper
-// flows while bulk catalog scans use the Switch's own datacenter pool:
-//
-//	sw, err := proxyswitch.NewSwitch(rdb, proxyswitch.WithPool("datacenter"),
-//		proxyswitch.WithSessionPool("residential"))
-//
-// The session pool takes every other option of the Switch, as a pool of
-// WithRoute does (its bans count in the Switch's BanCounts and reach its
-// observer). Load it as any pool, through a Switch of its own:
-// NewSwitch(rdb, WithPool("residential")).Replace. Sessions lease from this
-// one pool: routes (WithRoute, UsePools) apply to requests of no task only
-// (without WithSessionPool, a task's request to a routed site logs a
-// warning once).
-// The default is the Switch's own pool.
-func WithSessionPool(pool string) Option { return func(c *config) { c.session.pool = pool } }
+	// Pool makes sessions lease from another pool under the same prefix
+	// and Redis, for instance residential or mobile proxies for shopper
+	// flows while bulk catalog scans use the Switch's own datacenter pool:
+	//
+	//	sw, err := proxyswitch.NewSwitch(rdb, proxyswitch.WithPool("datacenter"),
+	//		proxyswitch.WithSessions(proxyswitch.Sessions{Pool: "residential"}))
+	//
+	// The session pool takes every other option of the Switch, as a pool of
+	// WithRoute does (its bans count in the Switch's BanCounts and reach its
+	// observer). Load it as any pool, through a Switch of its own:
+	// NewSwitch(rdb, WithPool("residential")).Replace. Sessions lease from
+	// this one pool: routes (WithRoute, UsePools) apply to requests of no
+	// task only (without a session pool, a task's request to a routed site
+	// logs a warning once). The default ("") is the Switch's own pool.
+	Pool string
 
-// WithSessionRetired sets a function told of every session retired (by a
-// ban, a proxy failure, a limit, its proxy leaving the pool), once, by the
-// worker that retired it, on a request goroutine: it must be fast, must not
-// block and must not panic (a panic is recovered and logged). Sessions that
-// lapse or that EndSession ends are not reported. The default is none.
-func WithSessionRetired(f func(SessionRetirement)) Option {
-	return func(c *config) { c.session.retired = f }
+	// Retired is told of every session retired (by a ban, a proxy failure,
+	// a limit, its proxy leaving the pool), once, by the worker that
+	// retired it, on a request goroutine: it must be fast, must not block
+	// and must not panic (a panic is recovered and logged). Sessions that
+	// lapse or that EndSession ends are not reported. The default is none.
+	Retired func(SessionRetirement)
+
+	// MaxErrorScore and ErrorDecay set how many soft refusals (429, 503) a
+	// sticky session tolerates: each adds 1 to its error score, each
+	// healthy request takes ErrorDecay off it, and the refusal that brings
+	// the score to MaxErrorScore retires the session. MaxErrorScore 1
+	// retires it on its first refusal (as a hard ban always does). The
+	// defaults are 3 and 0.5 (DefaultSessionMaxErrorScore,
+	// DefaultSessionErrorDecay); MaxErrorScore must be at least 1,
+	// ErrorDecay at least 0 (Off).
+	MaxErrorScore, ErrorDecay float64
+}
+
+// WithSessions configures the sticky sessions of tasks (Sessions). Zero
+// fields keep their values.
+func WithSessions(ss Sessions) Option {
+	return func(c *config) {
+		sc := &c.session
+		setField(&sc.ttl, ss.TTL)
+		setField(&sc.maxRequests, ss.MaxRequests)
+		setField(&sc.maxAge, ss.MaxAge)
+		if ss.Pool != "" {
+			sc.pool = ss.Pool
+		}
+		if ss.Retired != nil {
+			sc.retired = ss.Retired
+		}
+		setField(&sc.maxErrors, ss.MaxErrorScore)
+		setField(&sc.errorDecay, ss.ErrorDecay)
+	}
 }
 
 // WithTaskFunc sets how a request names its task ("" for none); it runs in

@@ -62,12 +62,12 @@ func workerMain(spec workerSpec) int {
 	}
 	// A generous Redis bound: these workers test collisions and crash
 	// recovery, not timeouts, and CI machines can be loaded.
-	opts := []Option{WithPrefix(spec.Prefix), WithLeaseTTL(ttl), WithRedisTimeout(10 * time.Second)}
+	opts := []Option{WithPrefix(spec.Prefix), WithTimeouts(Timeouts{LeaseTTL: ttl}), WithTimeouts(Timeouts{Redis: 10 * time.Second})}
 	if d, err := time.ParseDuration(spec.AttemptTimeout); err == nil {
-		opts = append(opts, WithAttemptTimeout(d))
+		opts = append(opts, WithTimeouts(Timeouts{Attempt: d}))
 	}
 	if d, err := time.ParseDuration(spec.MaxWait); err == nil {
-		opts = append(opts, WithMaxWait(d))
+		opts = append(opts, WithTimeouts(Timeouts{MaxWait: d}))
 	}
 	sw, err := NewSwitch(rdb, opts...)
 	if err != nil {

@@ -41,7 +41,7 @@ func CheckDead(ctx context.Context, sw *proxyswitch.Switch, fn func(context.Cont
 	for i, p := range alive {
 		ids[i] = p.ID()
 	}
-	if _, err := sw.Revive(ctx, ids...); err != nil {
+	if _, err := sw.Revive(ctx, "", ids...); err != nil {
 		return nil, err
 	}
 	return alive, nil

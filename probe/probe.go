@@ -36,6 +36,7 @@ import (
 	"github.com/proxyswitch/proxyswitch"
 	"github.com/proxyswitch/proxyswitch/ban"
 	"github.com/proxyswitch/proxyswitch/internal/engine"
+	"github.com/proxyswitch/proxyswitch/internal/hooks"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -337,7 +338,7 @@ func (c *Checker) checkOne(ctx context.Context, s settings, p *proxyswitch.Proxy
 		if ctx.Err() != nil {
 			return false, nil // the round ended, not the proxy
 		}
-		n, err := c.Switch.MarkDead(ctx, s.reason, p.ID())
+		n, err := c.Switch.Drain(ctx, s.reason, p.ID())
 		if err != nil {
 			return false, err
 		}
@@ -346,7 +347,7 @@ func (c *Checker) checkOne(ctx context.Context, s settings, p *proxyswitch.Proxy
 			s.log.Info("proxyswitch probe: proxy marked dead", "pool", c.Switch.Pool(), "proxy", p.String(), "err", r.Err.Error())
 		}
 	case r.OK && marked:
-		n, err := c.Switch.ReviveMarked(ctx, s.reason, p.ID())
+		n, err := c.Switch.Revive(ctx, s.reason, p.ID())
 		if err != nil {
 			return false, err
 		}
@@ -467,7 +468,7 @@ func redactErr(err error, p *proxyswitch.Proxy) error {
 
 // leaderKey is the lock's key: beside the pool's keys, in its hash tag.
 func (c *Checker) leaderKey() (string, error) {
-	base, err := engine.KeyBase(c.Switch.Prefix(), c.Switch.Pool())
+	base, err := engine.KeyBase(hooks.Prefix(c.Switch), c.Switch.Pool())
 	if err != nil {
 		return "", fmt.Errorf("%w: probe: %v", proxyswitch.ErrConfig, err)
 	}

@@ -100,10 +100,10 @@ func runProxyswitch(ctx context.Context, s setup) (outcome, error) {
 	opts := []proxyswitch.Option{
 		proxyswitch.WithPrefix(s.Prefix),
 		proxyswitch.WithPool("cluster-demo"),
-		proxyswitch.WithCooldown(proxyswitchtest.SafeInterval), // under every platform's rate limit
-		proxyswitch.WithBanAllSites(true),                      // the platforms share their blacklist
-		proxyswitch.WithRetries(s.Retries),
-		proxyswitch.WithMaxWait(time.Minute),
+		proxyswitch.WithRotation(proxyswitch.Rotation{Cooldown: proxyswitchtest.SafeInterval}), // under every platform's rate limit
+		proxyswitch.WithBans(proxyswitch.Bans{AllSites: true}),                                 // the platforms share their blacklist
+		proxyswitch.WithBans(proxyswitch.Bans{Retries: s.Retries}),
+		proxyswitch.WithTimeouts(proxyswitch.Timeouts{MaxWait: time.Minute}),
 		proxyswitch.WithLogger(s.Logger),
 	}
 	// Placeholders and captcha pages come with 200: name what a real page has.

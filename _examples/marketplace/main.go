@@ -63,8 +63,8 @@ func main() {
 	// The crawler.
 	opts := []proxyswitch.Option{
 		proxyswitch.WithPrefix("marketplace"),
-		proxyswitch.WithCooldown(proxyswitchtest.SafeInterval), // under every marketplace's rate limit
-		proxyswitch.WithBanAllSites(true),                      // they share their blacklist
+		proxyswitch.WithRotation(proxyswitch.Rotation{Cooldown: proxyswitchtest.SafeInterval}), // under every marketplace's rate limit
+		proxyswitch.WithBans(proxyswitch.Bans{AllSites: true}),                                 // they share their blacklist
 	}
 	for _, p := range market.Platforms {
 		// A placeholder or a captcha page comes with 200: say what a real
