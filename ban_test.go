@@ -62,7 +62,7 @@ func leaseAll(t *testing.T, s *Switch, site string) map[string]bool {
 // again afterwards.
 func TestQuarantineIsClusterWide(t *testing.T) {
 	m := testbed.NewMarketplace(nil)
-	site, proxies, s := marketBed(t, m, false, 3, WithBans(Bans{Retries: Off}), WithBans(Bans{Quarantine: 2 * time.Second, QuarantineMax: 10 * time.Second}))
+	site, proxies, s := marketBed(t, m, false, 3, WithBans(Bans{Retries: Off, Quarantine: 2 * time.Second, QuarantineMax: 10 * time.Second}))
 	burnt := proxies[0]
 	m.Burn(burnt.SourceIP().String(), testbed.Forbid)
 	pb, err := ParseProxy(burnt.URL())
@@ -135,7 +135,7 @@ func TestBanBackoff(t *testing.T) {
 	const base, maxq = 50 * time.Millisecond, 400 * time.Millisecond
 	// WithRotation(Rotation{FlakyDelay: Off}): the quarantine alone holds the proxy back (the
 	// flaky delay would keep it out r x 10s: selection_test.go).
-	s := newSwitch(t, shared.Client(t), WithBans(Bans{Quarantine: base, QuarantineMax: maxq}), WithBans(Bans{EvidenceFirst: Off, PageProxies: Off}), WithTimeouts(Timeouts{MaxWait: 5 * time.Second}), WithRotation(Rotation{FlakyDelay: Off}))
+	s := newSwitch(t, shared.Client(t), WithBans(Bans{Quarantine: base, QuarantineMax: maxq, EvidenceFirst: Off, PageProxies: Off}), WithTimeouts(Timeouts{MaxWait: 5 * time.Second}), WithRotation(Rotation{FlakyDelay: Off}))
 	_, err := s.Add(ctx, proxyURLs(1)...)
 	require.NoError(t, err)
 	const site = "shop.example"
@@ -190,8 +190,7 @@ func TestBanBackoff(t *testing.T) {
 // and what Dead, Revive and Remove do.
 func TestDeadProxyRule(t *testing.T) {
 	ctx := context.Background()
-	s := newSwitch(t, shared.Client(t), WithBans(Bans{FailureQuarantine: 10 * time.Millisecond, FailureQuarantineMax: 20 * time.Millisecond}),
-		WithBans(Bans{Quarantine: 10 * time.Millisecond, QuarantineMax: 20 * time.Millisecond}), WithBans(Bans{DeadAfter: 3}), WithTimeouts(Timeouts{MaxWait: Off}), WithRotation(Rotation{FlakyDelay: Off})) // the quarantines alone
+	s := newSwitch(t, shared.Client(t), WithBans(Bans{FailureQuarantine: 10 * time.Millisecond, FailureQuarantineMax: 20 * time.Millisecond, Quarantine: 10 * time.Millisecond, QuarantineMax: 20 * time.Millisecond, DeadAfter: 3}), WithTimeouts(Timeouts{MaxWait: Off}), WithRotation(Rotation{FlakyDelay: Off})) // the quarantines alone
 	ps, err := ParseProxies(proxyURLs(6))
 	require.NoError(t, err)
 	_, err = s.Add(ctx, proxyURLs(6)...)
@@ -274,7 +273,7 @@ func TestDeadProxyRule(t *testing.T) {
 func TestDeadProxyOutOfEverySiteUntilHealthCheck(t *testing.T) {
 	ctx := context.Background()
 	bed := testbed.NewBed(t, 3, 4)
-	s := newSwitch(t, shared.Client(t), WithBans(Bans{FailureQuarantine: 10 * time.Millisecond, FailureQuarantineMax: 20 * time.Millisecond}), WithBans(Bans{DeadAfter: 3}), WithBans(Bans{Retries: 3}),
+	s := newSwitch(t, shared.Client(t), WithBans(Bans{FailureQuarantine: 10 * time.Millisecond, FailureQuarantineMax: 20 * time.Millisecond, DeadAfter: 3, Retries: 3}),
 		WithRotation(Rotation{FlakyDelay: Off})) // the failure quarantine alone, as in TestBanBackoff
 	_, err := s.Add(ctx, bed.ProxyURLs()...)
 	require.NoError(t, err)
@@ -316,7 +315,7 @@ func TestBanAllSites(t *testing.T) {
 	for _, all := range []bool{false, true} {
 		t.Run(fmt.Sprint("all=", all), func(t *testing.T) {
 			m := testbed.NewMarketplace(nil)
-			site, proxies, s := marketBed(t, m, false, 3, WithBans(Bans{AllSites: all}), WithBans(Bans{Retries: Off}), WithTimeouts(Timeouts{MaxWait: Off}))
+			site, proxies, s := marketBed(t, m, false, 3, WithBans(Bans{AllSites: all, Retries: Off}), WithTimeouts(Timeouts{MaxWait: Off}))
 			leaseAll(t, s, "b.example") // b has a free set before the ban
 			m.Burn(proxies[0].SourceIP().String(), testbed.Forbid)
 			c := newPageCollector(t, s)
@@ -356,7 +355,7 @@ func TestBanPathsNeverLeakSecrets(t *testing.T) {
 	proxies[2].SetMode(testbed.ProxyDead)
 	var logs testlog.Buffer
 	s := newSwitch(t, srv.Client(t), WithLogger(logs.Logger()),
-		WithBans(Bans{Retries: Off}), WithBans(Bans{DeadAfter: 1}), WithTimeouts(Timeouts{Redis: 500 * time.Millisecond}))
+		WithBans(Bans{Retries: Off, DeadAfter: 1}), WithTimeouts(Timeouts{Redis: 500 * time.Millisecond}))
 	_, err := s.Add(ctx, urls...)
 	require.NoError(t, err)
 
@@ -402,8 +401,7 @@ func TestBanCoversEverySlotAndKeepsKeysTidy(t *testing.T) {
 	ctx := context.Background()
 	rdb := shared.Client(t)
 	const site = "ozon.example"
-	s := newSwitch(t, rdb, WithRotation(Rotation{Concurrency: 2}), WithTimeouts(Timeouts{MaxWait: Off}), WithBans(Bans{AllSites: true}), WithBans(Bans{DeadAfter: 1}),
-		WithBans(Bans{Quarantine: 300 * time.Millisecond, QuarantineMax: time.Second}), WithRotation(Rotation{FlakyDelay: Off})) // the quarantine alone, as in TestBanBackoff
+	s := newSwitch(t, rdb, WithRotation(Rotation{Concurrency: 2}), WithTimeouts(Timeouts{MaxWait: Off}), WithBans(Bans{AllSites: true, DeadAfter: 1, Quarantine: 300 * time.Millisecond, QuarantineMax: time.Second}), WithRotation(Rotation{FlakyDelay: Off})) // the quarantine alone, as in TestBanBackoff
 	_, err := s.Add(ctx, proxyURLs(2)...)
 	require.NoError(t, err)
 	a, err := s.Lease(ctx, site)
@@ -453,7 +451,7 @@ func TestBanCoversEverySlotAndKeepsKeysTidy(t *testing.T) {
 // all under the pool's hash tag, so they run on a Redis Cluster too.
 func TestBansOnRedisCluster(t *testing.T) {
 	ctx := context.Background()
-	s := newSwitch(t, redistest.StartCluster(t, 3).Client(t), WithBans(Bans{AllSites: true}), WithBans(Bans{DeadAfter: 1}), WithTimeouts(Timeouts{MaxWait: Off}))
+	s := newSwitch(t, redistest.StartCluster(t, 3).Client(t), WithBans(Bans{AllSites: true, DeadAfter: 1}), WithTimeouts(Timeouts{MaxWait: Off}))
 	ps, err := ParseProxies(proxyURLs(3))
 	require.NoError(t, err)
 	_, err = s.Add(ctx, proxyURLs(3)...)

@@ -170,7 +170,7 @@ func TestFailedRequestNamesItsCause(t *testing.T) {
 		name: "a dead Redis",
 		prepare: func(t *testing.T) setup {
 			srv := redistest.Start(t)
-			s := newSwitch(t, srv.Client(t), WithTimeouts(Timeouts{MaxWait: 200 * time.Millisecond}), WithTimeouts(Timeouts{Redis: 300 * time.Millisecond}))
+			s := newSwitch(t, srv.Client(t), WithTimeouts(Timeouts{MaxWait: 200 * time.Millisecond, Redis: 300 * time.Millisecond}))
 			_, err := s.Add(context.Background(), testbed.NewProxies(t, 1)[0].URL())
 			require.NoError(t, err)
 			require.NoError(t, srv.Kill())

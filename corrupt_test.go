@@ -132,7 +132,7 @@ func TestCorruptValues(t *testing.T) {
 	for _, sp := range corruptSpoils() {
 		t.Run(sp.name, func(t *testing.T) {
 			ctx := context.Background()
-			s := newSwitch(t, rdb, WithTimeouts(Timeouts{MaxWait: Off}), WithRotation(Rotation{Concurrency: 1}), WithRotation(Rotation{Cooldown: Off}))
+			s := newSwitch(t, rdb, WithTimeouts(Timeouts{MaxWait: Off}), WithRotation(Rotation{Concurrency: 1, Cooldown: Off}))
 			urls := proxyURLs(3)
 			_, err := s.Add(ctx, urls...)
 			require.NoError(t, err)

@@ -27,7 +27,7 @@ func TestBanEvidenceLadder(t *testing.T) {
 	const first, base, maxq = 100 * time.Millisecond, 400 * time.Millisecond, 4 * time.Second
 	// WithRotation(Rotation{FlakyDelay: Off}): the quarantines alone hold the proxy back (a
 	// verdict also raises its failure rate: selection_test.go).
-	s := newSwitch(t, shared.Client(t), WithBans(Bans{Quarantine: base, QuarantineMax: maxq}), WithBans(Bans{EvidenceFirst: first, PageProxies: 2}), WithTimeouts(Timeouts{MaxWait: 5 * time.Second}),
+	s := newSwitch(t, shared.Client(t), WithBans(Bans{Quarantine: base, QuarantineMax: maxq, EvidenceFirst: first, PageProxies: 2}), WithTimeouts(Timeouts{MaxWait: 5 * time.Second}),
 		WithRotation(Rotation{FlakyDelay: Off}))
 	_, err := s.Add(ctx, proxyURLs(1)...)
 	require.NoError(t, err)
@@ -120,7 +120,7 @@ func TestBanEvidenceLadder(t *testing.T) {
 	assert.Equal(t, 1, pen.strikes)
 
 	// Today's behaviour: every refusal is a ban at once.
-	old := newSwitch(t, shared.Client(t), WithBans(Bans{Quarantine: base, QuarantineMax: maxq}), WithBans(Bans{EvidenceFirst: Off, PageProxies: Off}))
+	old := newSwitch(t, shared.Client(t), WithBans(Bans{Quarantine: base, QuarantineMax: maxq, EvidenceFirst: Off, PageProxies: Off}))
 	_, err = old.Add(ctx, proxyURLs(1)...)
 	require.NoError(t, err)
 	l, err = old.Lease(ctx, site)

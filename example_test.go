@@ -124,8 +124,7 @@ func ExampleNewTaskContext() {
 	sw, err := proxyswitch.NewSwitch(rdb,
 		proxyswitch.WithPool("datacenter"),                                  // requests of no task
 		proxyswitch.WithSessions(proxyswitch.Sessions{Pool: "residential"}), // sessions
-		proxyswitch.WithSessions(proxyswitch.Sessions{TTL: 15 * time.Minute}),
-		proxyswitch.WithSessions(proxyswitch.Sessions{MaxRequests: 200}),
+		proxyswitch.WithSessions(proxyswitch.Sessions{TTL: 15 * time.Minute, MaxRequests: 200}),
 		proxyswitch.WithSessions(proxyswitch.Sessions{Retired: func(r proxyswitch.SessionRetirement) {
 			log.Printf("task %s lost its IP %s (%s): it goes on with a fresh IP and no cookies", r.Task, r.Proxy, r.Reason)
 		}}),

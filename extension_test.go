@@ -87,8 +87,7 @@ func TestNoLeakOnAnyPath(t *testing.T) {
 	// Short quarantines: ten 403s and 503s with their retries must not take
 	// all eight proxies out of rotation for the rest of the test.
 	bed, s := bedSwitch(t, 2, 8, WithTimeouts(Timeouts{MaxWait: 20 * time.Second}),
-		WithBans(Bans{Quarantine: 50 * time.Millisecond, QuarantineMax: 400 * time.Millisecond}),
-		WithBans(Bans{FailureQuarantine: 50 * time.Millisecond, FailureQuarantineMax: 400 * time.Millisecond}))
+		WithBans(Bans{Quarantine: 50 * time.Millisecond, QuarantineMax: 400 * time.Millisecond, FailureQuarantine: 50 * time.Millisecond, FailureQuarantineMax: 400 * time.Millisecond}))
 	bed.Proxies[6].SetMode(testbed.ProxyDead)
 	bed.Proxies[7].SetMode(testbed.ProxyHang)
 	a, b := bed.Sites[0].URL(), bed.Sites[1].URL()
@@ -419,7 +418,7 @@ func TestNoCollisionsAcrossProcesses(t *testing.T) {
 // proxies can be leased again within the lease TTL plus a second.
 func TestKilledWorkerLeasesComeBack(t *testing.T) {
 	const ttl = 2 * time.Second
-	s := newSwitch(t, shared.Client(t), WithTimeouts(Timeouts{MaxWait: Off}), WithTimeouts(Timeouts{LeaseTTL: ttl}))
+	s := newSwitch(t, shared.Client(t), WithTimeouts(Timeouts{MaxWait: Off, LeaseTTL: ttl}))
 	_, err := s.Add(context.Background(), proxyURLs(3)...)
 	require.NoError(t, err)
 	sites := []string{"ozon.example", "ozon.example", "ozon.example", "avito.example"}

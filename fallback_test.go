@@ -20,7 +20,7 @@ import (
 func fastFallback(self string) []Option {
 	return []Option{WithFallback(self, nil), WithTimeouts(Timeouts{Fallback: 300 * time.Millisecond}),
 		WithMembership(shard.MemberConfig{Heartbeat: 100 * time.Millisecond, TTL: time.Second}),
-		WithTimeouts(Timeouts{Attempt: 600 * time.Millisecond}), WithTimeouts(Timeouts{MaxWait: 5 * time.Second})}
+		WithTimeouts(Timeouts{Attempt: 600 * time.Millisecond, MaxWait: 5 * time.Second})}
 }
 
 // startSwitch starts s and stops it with the test.

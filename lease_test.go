@@ -147,7 +147,7 @@ func TestCooldownPacesAnIP(t *testing.T) {
 	require.NoError(t, l2.Release(ctx))
 
 	// With K=2 the cooldown also spaces two starts.
-	k := newSwitch(t, shared.Client(t), WithRotation(Rotation{Cooldown: cooldown}), WithRotation(Rotation{Concurrency: 2}))
+	k := newSwitch(t, shared.Client(t), WithRotation(Rotation{Cooldown: cooldown, Concurrency: 2}))
 	_, err = k.Add(ctx, proxyURLs(1)...)
 	require.NoError(t, err)
 	_, err = k.Lease(ctx, "ozon.example")
@@ -160,7 +160,7 @@ func TestCooldownPacesAnIP(t *testing.T) {
 
 func TestExpiredHolderCannotTouchNextHoldersLease(t *testing.T) {
 	ctx := context.Background()
-	s := newSwitch(t, shared.Client(t), WithTimeouts(Timeouts{LeaseTTL: 200 * time.Millisecond}), WithTimeouts(Timeouts{MaxWait: Off}))
+	s := newSwitch(t, shared.Client(t), WithTimeouts(Timeouts{LeaseTTL: 200 * time.Millisecond, MaxWait: Off}))
 	_, err := s.Add(ctx, proxyURLs(1)...)
 	require.NoError(t, err)
 

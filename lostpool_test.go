@@ -74,7 +74,7 @@ func lostPoolCrawl(t *testing.T, fault string, withFallback bool) {
 	prefix := testPrefix()
 	var lcs []*chaosCollector
 	for i := range 3 {
-		opts := []Option{WithPrefix(prefix), WithTimeouts(Timeouts{Attempt: time.Second}), WithTimeouts(Timeouts{MaxWait: 10 * time.Second})}
+		opts := []Option{WithPrefix(prefix), WithTimeouts(Timeouts{Attempt: time.Second, MaxWait: 10 * time.Second})}
 		if withFallback {
 			// The default fallback timeout (1s): go-redis' retries hide a
 			// quick restart, so the switch need not trip.
@@ -261,7 +261,7 @@ func TestReseedOnceAndNeverOverAnOperator(t *testing.T) {
 	prefix := testPrefix()
 	var sws []*Switch
 	for range 3 {
-		sw, err := NewSwitch(srv.Client(t), WithPrefix(prefix), WithTimeouts(Timeouts{Attempt: 100 * time.Millisecond}), WithTimeouts(Timeouts{MaxWait: 5 * time.Second}))
+		sw, err := NewSwitch(srv.Client(t), WithPrefix(prefix), WithTimeouts(Timeouts{Attempt: 100 * time.Millisecond, MaxWait: 5 * time.Second}))
 		require.NoError(t, err)
 		sws = append(sws, sw)
 	}
@@ -400,7 +400,7 @@ func TestReseedHoldsProxiesOfLostLeases(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.Start(t)
 	const bound = 800 * time.Millisecond
-	a := newSwitch(t, srv.Client(t), WithTimeouts(Timeouts{Attempt: bound}), WithTimeouts(Timeouts{MaxWait: 5 * time.Second}))
+	a := newSwitch(t, srv.Client(t), WithTimeouts(Timeouts{Attempt: bound, MaxWait: 5 * time.Second}))
 	b := sibling(t, a, srv.Client(t))
 	_, err := a.Add(ctx, proxyURLs(1)...)
 	require.NoError(t, err)

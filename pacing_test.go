@@ -72,7 +72,7 @@ func TestLearnedPacing(t *testing.T) {
 	t.Logf("learned: 429 share %.3f, %.1f pages/s after the first 500 requests", refused, pps)
 	best, bestCD := 0.0, time.Duration(0)
 	for _, cd := range []time.Duration{80 * time.Millisecond, 120 * time.Millisecond, 160 * time.Millisecond, 200 * time.Millisecond} {
-		r, p := paceRun(t, every, 400, 100, WithRotation(Rotation{Cooldown: cd}), WithRotation(Rotation{LearnedPacing: Off}), WithRotation(Rotation{FlakyDelay: Off}),
+		r, p := paceRun(t, every, 400, 100, WithRotation(Rotation{Cooldown: cd, LearnedPacing: Off, FlakyDelay: Off}),
 			WithBans(Bans{Quarantine: 100 * time.Millisecond, QuarantineMax: 400 * time.Millisecond}), WithBreaker(Breaker{Disabled: true}))
 		t.Logf("fixed cooldown %v: 429 share %.3f, %.1f pages/s", cd, r, p)
 		if p > best {

@@ -66,8 +66,7 @@ func TestProxyStatesEveryState(t *testing.T) {
 	ctx := context.Background()
 	const site = "ozon.example"
 	rdb := shared.Client(t)
-	s := newSwitch(t, rdb, WithRotation(Rotation{Cooldown: time.Minute}), WithTimeouts(Timeouts{MaxWait: Off}), WithBans(Bans{DeadAfter: 1}),
-		WithBans(Bans{Quarantine: 20 * time.Millisecond, QuarantineMax: 12 * time.Hour}))
+	s := newSwitch(t, rdb, WithRotation(Rotation{Cooldown: time.Minute}), WithTimeouts(Timeouts{MaxWait: Off}), WithBans(Bans{DeadAfter: 1, Quarantine: 20 * time.Millisecond, QuarantineMax: 12 * time.Hour}))
 	urls := proxyURLs(8)
 	_, err := s.Add(ctx, urls...)
 	require.NoError(t, err)

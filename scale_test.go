@@ -203,7 +203,7 @@ func loadPerCPU() float64 {
 func TestRotationBoundedScan(t *testing.T) {
 	ctx := context.Background()
 	const n, site = 300, "shop.example"
-	s := newSwitch(t, shared.Client(t), WithTimeouts(Timeouts{MaxWait: 5 * time.Second}), WithTimeouts(Timeouts{LeaseTTL: time.Minute}))
+	s := newSwitch(t, shared.Client(t), WithTimeouts(Timeouts{MaxWait: 5 * time.Second, LeaseTTL: time.Minute}))
 	_, err := s.Add(ctx, scaleURLs(0, n)...)
 	require.NoError(t, err)
 	held := map[string]*Lease{}

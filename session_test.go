@@ -940,7 +940,7 @@ func BenchmarkSessionUse(b *testing.B) {
 // A retired session's proxy stays out for the lease TTL: the session's other
 // requests may still be under way through it. EndSession frees it at once.
 func TestSessionRetirementWaitsForRequestsUnderWay(t *testing.T) {
-	flow, site, _, s := sessionShop(t, 1, WithSessions(Sessions{MaxRequests: 1}), WithTimeouts(Timeouts{LeaseTTL: time.Second}), WithTimeouts(Timeouts{MaxWait: Off}))
+	flow, site, _, s := sessionShop(t, 1, WithSessions(Sessions{MaxRequests: 1}), WithTimeouts(Timeouts{LeaseTTL: time.Second, MaxWait: Off}))
 	c := attached(s)
 	ctx := NewTaskContext("brief")
 	require.NoError(t, c.Request("GET", stepURL(site, "brief", 1), nil, ctx, nil))

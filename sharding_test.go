@@ -32,7 +32,7 @@ func TestShardingSharedNothing(t *testing.T) {
 			opts := func(self string) []Option {
 				return []Option{WithPrefix(prefix), WithSharding(self, sh), WithTimeouts(Timeouts{Fallback: 300 * time.Millisecond}),
 					WithMembership(shard.MemberConfig{Heartbeat: 100 * time.Millisecond, TTL: time.Second}),
-					WithTimeouts(Timeouts{Attempt: time.Second}), WithTimeouts(Timeouts{MaxWait: 5 * time.Second})}
+					WithTimeouts(Timeouts{Attempt: time.Second, MaxWait: 5 * time.Second})}
 			}
 			admin, err := NewSwitch(srv.Client(t), WithPrefix(prefix))
 			require.NoError(t, err)

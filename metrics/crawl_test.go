@@ -82,9 +82,7 @@ func TestScriptedCrawl(t *testing.T) {
 	var logs testlog.Buffer
 	prefix := nextPrefix()
 	sw := switchOn(t, shared.Client(t), prefix, proxyswitch.WithLogger(logs.Logger()),
-		proxyswitch.WithBans(proxyswitch.Bans{Quarantine: time.Hour, QuarantineMax: 2 * time.Hour}),
-		proxyswitch.WithBans(proxyswitch.Bans{FailureQuarantine: 10 * time.Minute, FailureQuarantineMax: 20 * time.Minute}),
-		proxyswitch.WithBans(proxyswitch.Bans{DeadAfter: 2}), proxyswitch.WithSessions(proxyswitch.Sessions{MaxRequests: 3}))
+		proxyswitch.WithBans(proxyswitch.Bans{Quarantine: time.Hour, QuarantineMax: 2 * time.Hour, FailureQuarantine: 10 * time.Minute, FailureQuarantineMax: 20 * time.Minute, DeadAfter: 2}), proxyswitch.WithSessions(proxyswitch.Sessions{MaxRequests: 3}))
 	_, err := sw.Add(ctx, urls...)
 	require.NoError(t, err)
 	col := New(sw, WithServer("worker-1"), WithTopProxies(3))
@@ -445,8 +443,7 @@ func TestBanSpikeAfterJoin(t *testing.T) {
 	// (two proxies healthy on the site's other pages refuse it) and fails
 	// with ErrPageRefused (3 of 4 runs, by the order of the rotation). This
 	// test is about the spike, counted on bans.
-	sw := switchOn(t, shared.Client(t), prefix, proxyswitch.WithBans(proxyswitch.Bans{Quarantine: time.Hour, QuarantineMax: time.Hour}), proxyswitch.WithBans(proxyswitch.Bans{Retries: 3}),
-		proxyswitch.WithBans(proxyswitch.Bans{EvidenceFirst: proxyswitch.Off, PageProxies: proxyswitch.Off}))
+	sw := switchOn(t, shared.Client(t), prefix, proxyswitch.WithBans(proxyswitch.Bans{Quarantine: time.Hour, QuarantineMax: time.Hour, Retries: 3, EvidenceFirst: proxyswitch.Off, PageProxies: proxyswitch.Off}))
 	for _, p := range proxies {
 		_, err := sw.Add(ctx, p.URL())
 		require.NoError(t, err)

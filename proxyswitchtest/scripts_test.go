@@ -181,7 +181,7 @@ func scenario(t *testing.T, rdb *redis.Client, kill, restartEmpty func()) []stri
 	}
 
 	sw, err := proxyswitch.NewSwitch(rdb, proxyswitch.WithPrefix("scripts"), proxyswitch.WithTimeouts(proxyswitch.Timeouts{MaxWait: proxyswitch.Off}),
-		proxyswitch.WithBans(proxyswitch.Bans{DeadAfter: 1}), proxyswitch.WithBans(proxyswitch.Bans{Quarantine: time.Minute, QuarantineMax: time.Hour}))
+		proxyswitch.WithBans(proxyswitch.Bans{DeadAfter: 1, Quarantine: time.Minute, QuarantineMax: time.Hour}))
 	require.NoError(t, err)
 	require.NoError(t, sw.Clear(ctx))
 
@@ -330,7 +330,7 @@ func scenario(t *testing.T, rdb *redis.Client, kill, restartEmpty func()) []stri
 	fb, err := proxyswitch.NewSwitch(rdb, proxyswitch.WithPrefix("scripts"), proxyswitch.WithPool("fallback"),
 		proxyswitch.WithFallback("server-1", nil), proxyswitch.WithTimeouts(proxyswitch.Timeouts{Fallback: 300 * time.Millisecond}),
 		proxyswitch.WithMembership(shard.MemberConfig{Heartbeat: 100 * time.Millisecond, TTL: time.Second}),
-		proxyswitch.WithTimeouts(proxyswitch.Timeouts{Attempt: 600 * time.Millisecond}), proxyswitch.WithTimeouts(proxyswitch.Timeouts{MaxWait: 5 * time.Second}))
+		proxyswitch.WithTimeouts(proxyswitch.Timeouts{Attempt: 600 * time.Millisecond, MaxWait: 5 * time.Second}))
 	require.NoError(t, err)
 	require.NoError(t, fb.Clear(ctx))
 	_, err = fb.Add(ctx, urls...)

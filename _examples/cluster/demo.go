@@ -97,12 +97,15 @@ func runProxyswitch(ctx context.Context, s setup) (outcome, error) {
 	market := proxyswitchtest.StartMarket(s.Market)
 	defer market.Close()
 
+	retries := s.Retries
+	if retries == 0 {
+		retries = proxyswitch.Off // a zero field would keep the default
+	}
 	opts := []proxyswitch.Option{
 		proxyswitch.WithPrefix(s.Prefix),
 		proxyswitch.WithPool("cluster-demo"),
 		proxyswitch.WithRotation(proxyswitch.Rotation{Cooldown: proxyswitchtest.SafeInterval}), // under every platform's rate limit
-		proxyswitch.WithBans(proxyswitch.Bans{AllSites: true}),                                 // the platforms share their blacklist
-		proxyswitch.WithBans(proxyswitch.Bans{Retries: s.Retries}),
+		proxyswitch.WithBans(proxyswitch.Bans{AllSites: true, Retries: retries}),               // the platforms share their blacklist
 		proxyswitch.WithTimeouts(proxyswitch.Timeouts{MaxWait: time.Minute}),
 		proxyswitch.WithLogger(s.Logger),
 	}

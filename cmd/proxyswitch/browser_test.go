@@ -101,8 +101,7 @@ func TestStatusPageInChromium(t *testing.T) {
 
 	// The crawl: 40 pages, 4 at a time, then two shoppers' sticky sessions.
 	var logs testlog.Buffer
-	sw, err := proxyswitch.NewSwitch(srv.Client(t), proxyswitch.WithLogger(logs.Logger()), proxyswitch.WithBans(proxyswitch.Bans{DeadAfter: 1}), proxyswitch.WithBans(proxyswitch.Bans{Retries: 4}),
-		proxyswitch.WithBans(proxyswitch.Bans{Quarantine: time.Hour, QuarantineMax: 2 * time.Hour}), proxyswitch.WithBans(proxyswitch.Bans{FailureQuarantine: time.Hour, FailureQuarantineMax: 2 * time.Hour}))
+	sw, err := proxyswitch.NewSwitch(srv.Client(t), proxyswitch.WithLogger(logs.Logger()), proxyswitch.WithBans(proxyswitch.Bans{DeadAfter: 1, Retries: 4, Quarantine: time.Hour, QuarantineMax: 2 * time.Hour, FailureQuarantine: time.Hour, FailureQuarantineMax: 2 * time.Hour}))
 	require.NoError(t, err)
 	_, err = sw.Replace(ctx, urls)
 	require.NoError(t, err)

@@ -267,7 +267,7 @@ func (a *app) newStorage(ns string) (*storage.Storage, error) {
 }
 
 // matchConcurrency makes a.sw act on every slot of each proxy: the pool's
-// recorded concurrency (WithConcurrency of its workers) replaces the
+// recorded concurrency (Rotation.Concurrency of its workers) replaces the
 // default of 1, which would ban, unban, drain or revive slot 0 only (or
 // be refused).
 func (a *app) matchConcurrency(ctx context.Context) error {
