@@ -186,7 +186,7 @@ func TestBanBackoff(t *testing.T) {
 	assert.Equal(t, map[BanKey]int64{{site, "http_403"}: 6, {site, "http_429"}: 2}, s.BanCounts())
 }
 
-// TestDeadProxyRule pins when failures make a proxy dead (WithDeadAfter)
+// TestDeadProxyRule pins when failures make a proxy dead (Bans.DeadAfter)
 // and what Dead, Revive and Remove do.
 func TestDeadProxyRule(t *testing.T) {
 	ctx := context.Background()
@@ -308,7 +308,7 @@ func TestDeadProxyOutOfEverySiteUntilHealthCheck(t *testing.T) {
 	assert.Positive(t, bed.Sites[2].Recorder().IPs()[dead.SourceIP().String()], "back in rotation")
 }
 
-// TestBanAllSites: with WithBanAllSites a ban takes the proxy out of every
+// TestBanAllSites: with Bans.AllSites a ban takes the proxy out of every
 // site's rotation, sites first crawled later included; without it, only out
 // of the banning site's.
 func TestBanAllSites(t *testing.T) {

@@ -381,7 +381,7 @@ func (hangRT) RoundTrip(req *http.Request) (*http.Response, error) {
 	return nil, req.Context().Err()
 }
 
-// WithAttemptTimeout bounds an attempt through a custom RoundTripper too
+// Timeouts.Attempt bounds an attempt through a custom RoundTripper too
 // (its bound starts as the proxy's client is picked, not at net/http's
 // GetConn): the hanging proxy is dropped and the request served through
 // another one within its own timeout.

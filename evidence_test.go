@@ -18,7 +18,7 @@ import (
 )
 
 // TestBanEvidenceLadder pins what penalize.lua makes of the evidence
-// (WithBanEvidence): a first refusal gets the first quarantine, the same
+// (Bans.EvidenceFirst): a first refusal gets the first quarantine, the same
 // proxy refused again or its refusal confirmed gets the base one, a
 // challenge redirect gets the base one at once, and a healthy answer is
 // reported with the next strike. WithBans(Bans{EvidenceFirst: Off, PageProxies: Off}) is the old verdict.

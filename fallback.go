@@ -34,7 +34,7 @@ import (
 // before it went away may still run on proxies of this server's share, and
 // nothing tells which: so the local shard starts serving only once they are
 // over. Each attempt through a proxy ends within the attempt timeout
-// (WithAttemptTimeout) when one is set, else within the lease TTL: the
+// (Timeouts.Attempt) when one is set, else within the lease TTL: the
 // shard is held that long (localPool.Hold). This server's own Redis leases
 // still running are reserved in the shard until released.
 //

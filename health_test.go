@@ -23,7 +23,7 @@ func deadReasons(t *testing.T, s *Switch) map[string]string {
 }
 
 // TestMarkDeadKeepsOthersMarks: a probe's mark never hides an operator's
-// drain or a failure's mark, and ReviveMarked brings back only its own.
+// drain or a failure's mark, and Revive with a reason brings back only its own.
 func TestMarkDeadKeepsOthersMarks(t *testing.T) {
 	ctx := context.Background()
 	s := newSwitch(t, shared.Client(t), WithBans(Bans{DeadAfter: 1}), WithTimeouts(Timeouts{MaxWait: Off}))

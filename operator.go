@@ -50,7 +50,7 @@ func (s *Switch) Ban(ctx context.Context, proxy, site string, d time.Duration) e
 // Unban ends proxy's quarantine on site now and starts its backoff over. A
 // slot held by a live lease comes back when that lease ends; a dead or
 // drained proxy stays out (see Revive), and so does one banned on every
-// site (WithBanAllSites) until that ban ends: leases check it for every site.
+// site (Bans.AllSites) until that ban ends: leases check it for every site.
 func (s *Switch) Unban(ctx context.Context, proxy, site string) error {
 	p, err := s.find(ctx, proxy)
 	if err != nil {

@@ -256,7 +256,7 @@ func TestObserverSeesAttemptsAndQuarantines(t *testing.T) {
 	}
 	_ = c.Visit(bed.Sites[0].URL() + "/status/404")
 	// Refused through two proxies healthy on the site's other pages: the
-	// page's answer (WithBanEvidence), given up after two attempts.
+	// page's answer (Bans.EvidenceFirst), given up after two attempts.
 	err := c.Visit(bed.Sites[0].URL() + "/status/403") // a 429 is the pace, never the page (rateLimited)
 	require.ErrorIs(t, err, ErrPageRefused)
 	require.NoError(t, s.Ban(context.Background(), bed.ProxyURLs()[0], "elsewhere.example", time.Minute))

@@ -44,12 +44,12 @@ type config struct {
 
 	// ban detection and quarantine (package ban, ban.go, transport.go)
 	quarantine, maxQuarantine         time.Duration
-	firstQuarantine                   time.Duration // WithBanEvidence; at most quarantine once validated
-	pageProxies                       int           // WithBanEvidence: healthy proxies a page must refuse; 0 = never the page
+	firstQuarantine                   time.Duration // Bans.EvidenceFirst; at most quarantine once validated
+	pageProxies                       int           // Bans.EvidenceFirst: healthy proxies a page must refuse; 0 = never the page
 	failQuarantine, maxFailQuarantine time.Duration
 	banAllSites                       bool
-	flakyDelay                        time.Duration // WithFlakyDelay
-	paceMax                           time.Duration // WithLearnedPacing; 0: off
+	flakyDelay                        time.Duration // Rotation.FlakyDelay
+	paceMax                           time.Duration // Rotation.LearnedPacing; 0: off
 	deadAfter                         int
 	retries                           int
 	attemptTimeout                    time.Duration

@@ -37,7 +37,7 @@ import (
 // leases, renews every lease and the record to now + TTL, counts the
 // request and returns the proxy and the session's cookies, in one round
 // trip. While the session lives, its proxy's slots on each site it visited
-// stay out of rotation for everyone else (with WithConcurrency above 1, all
+// stay out of rotation for everyone else (with Rotation.Concurrency above 1, all
 // of them: one live session per IP per site); concurrent requests of the
 // task share the IP. A session nobody uses lapses after its TTL: the record
 // expires and the slots' scores pass, with no reaper. A request of the task
@@ -59,9 +59,9 @@ import (
 // through it can be over (the lease TTL), its jar is deleted and its record
 // becomes a tombstone saying why. The request's retry, or the task's next request on
 // any worker, starts a new session with another proxy and an empty jar.
-// Limits (WithSessionMaxRequests, WithSessionMaxAge), a proxy removed from
+// Limits (Sessions.MaxRequests, Sessions.MaxAge), a proxy removed from
 // the pool or marked dead, and a lease lost while the session lived retire
-// it the same way at its next use. WithSessionRetired reports each
+// it the same way at its next use. Sessions.Retired reports each
 // retirement once, on the worker that made it; SessionOf shows the task's
 // session and what ended the one before.
 
@@ -78,13 +78,13 @@ const SessionKey = "proxyswitch.session"
 // Reasons a session is retired for, besides the ban and failure reasons of
 // the verdict that retired it ("http_403", "proxy_connect"...).
 const (
-	SessionMaxRequests  = "max_requests"  // it served WithSessionMaxRequests requests
-	SessionMaxAge       = "max_age"       // it grew older than WithSessionMaxAge
+	SessionMaxRequests  = "max_requests"  // it served Sessions.MaxRequests requests
+	SessionMaxAge       = "max_age"       // it grew older than Sessions.MaxAge
 	SessionProxyRemoved = "proxy_removed" // its proxy left the pool, or is dead
 	SessionProxyDead    = "proxy_dead"    // its proxy was marked dead or drained
 	SessionQuarantined  = "quarantined"   // its proxy was banned on one of its sites by someone else (an operator, another slot)
 	SessionLeaseLost    = "lease_lost"    // one of its leases was lost (the pool was cleared, say)
-	SessionEnded        = "ended"         // EndSession ended it (never reported to WithSessionRetired)
+	SessionEnded        = "ended"         // EndSession ended it (never reported to Sessions.Retired)
 )
 
 const (
@@ -293,7 +293,7 @@ type sessions struct {
 }
 
 // sessionBackend returns the backend sessions lease from: the Switch's own
-// pool, or the one WithSessionPool names (made on first use).
+// pool, or the one Sessions.Pool names (made on first use).
 func (s *Switch) sessionBackend() (backend, error) {
 	s.sess.once.Do(func() {
 		name := s.cfg.session.pool
@@ -360,7 +360,7 @@ func (s *Switch) SessionCookies(ctx context.Context, task string, u *url.URL) ([
 }
 
 // LiveSessions counts the live sessions of the Switch's session pool (the
-// one WithSessionPool names, else its own), on every server: those started
+// one Sessions.Pool names, else its own), on every server: those started
 // and neither ended, retired nor lapsed (unused for their TTL), by Redis'
 // clock. It is one round trip, bounded by the Redis timeout, and safe for
 // concurrent use.
@@ -605,7 +605,7 @@ func (s *Switch) penalizeLease(ctx context.Context, b *binding, site string, l *
 
 // warnRouteIgnored tells the logger, once per Switch, that a request of a
 // task goes to a site routed to other pools (WithRoute, UsePools) while no
-// WithSessionPool names the sessions' pool: sessions lease from the
+// Sessions.Pool names the sessions' pool: sessions lease from the
 // Switch's own pool, which may not be what the route meant (residential
 // proxies for a shop, say).
 func (s *Switch) warnRouteIgnored(ctx context.Context, site string) {
@@ -618,12 +618,12 @@ func (s *Switch) warnRouteIgnored(ctx context.Context, site string) {
 	}
 	if s.warnedRoute.CompareAndSwap(false, true) {
 		s.cfg.logger.Warn("proxyswitch: requests of a task lease from the session pool, not from their route's pools; "+
-			"name the sessions' pool with WithSessionPool", "site", site, "route", r.pools, "session_pool", s.cfg.pool)
+			"name the sessions' pool with Sessions.Pool", "site", site, "route", r.pools, "session_pool", s.cfg.pool)
 	}
 }
 
 // sessionEnded tells the observer of a session this process ended, and
-// WithSessionRetired's function of a retirement (any reason but
+// Sessions.Retired's function of a retirement (any reason but
 // SessionEnded).
 func (s *Switch) sessionEnded(pool string, r SessionRetirement) {
 	s.observeSessionEnd(pool, r)
@@ -632,7 +632,7 @@ func (s *Switch) sessionEnded(pool string, r SessionRetirement) {
 	}
 }
 
-// reportRetired hands a retirement to WithSessionRetired's function.
+// reportRetired hands a retirement to Sessions.Retired's function.
 func (s *Switch) reportRetired(r SessionRetirement) {
 	s.cfg.logger.Debug("proxyswitch: session retired", "task", r.Task, "session", r.ID, "proxy", r.Proxy,
 		"reason", r.Reason, "site", r.Site, "requests", r.Requests)

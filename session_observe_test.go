@@ -143,7 +143,7 @@ func TestLiveSessionsLapse(t *testing.T) {
 	assert.Empty(t, got.ended)
 }
 
-// Sessions of WithSessionPool lease from another pool: their events reach
+// Sessions of Sessions.Pool lease from another pool: their events reach
 // the Switch's observer with that pool's name, and LiveSessions counts
 // them there.
 func TestSessionEventsOfSessionPool(t *testing.T) {
@@ -216,7 +216,7 @@ func TestObserversFanOut(t *testing.T) {
 }
 
 // Sessions lease from the session pool whatever a site's route says; a
-// task's request to a routed site says so once, unless WithSessionPool
+// task's request to a routed site says so once, unless Sessions.Pool
 // names the sessions' pool.
 func TestSessionWarnsRouteIgnored(t *testing.T) {
 	for _, tc := range []struct {

@@ -518,7 +518,7 @@ func TestSessionBadInput(t *testing.T) {
 	assert.False(t, ended)
 }
 
-// WithSessionMaxRequests and WithSessionMaxAge retire a session: the next
+// Sessions.MaxRequests and Sessions.MaxAge retire a session: the next
 // request starts a new one, and the retirement is reported.
 func TestSessionLimits(t *testing.T) {
 	var reasons []string
@@ -619,7 +619,7 @@ func TestSessionAcrossSites(t *testing.T) {
 	assert.Empty(t, flowB.errors())
 }
 
-// With WithConcurrency above 1 a session still keeps its proxy to itself on
+// With Rotation.Concurrency above 1 a session still keeps its proxy to itself on
 // its sites: no other session and no request of no task shares the IP.
 func TestSessionHoldsEverySlot(t *testing.T) {
 	ctx := context.Background()

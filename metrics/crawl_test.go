@@ -145,7 +145,7 @@ func TestScriptedCrawl(t *testing.T) {
 	assert.EqualValues(t, 22, n)
 
 	// Quarantine lengths, jittered by up to 15%: a ban's is the first
-	// quarantine of WithBanEvidence (1m; the retry served through another
+	// quarantine of Bans.EvidenceFirst (1m; the retry served through another
 	// proxy then confirms it, unobserved, to the base), a failure's the base.
 	n, sum, ok := f.histogram("proxyswitch_quarantine_duration_seconds", "site="+b, "kind=ban")
 	require.True(t, ok)
@@ -216,7 +216,7 @@ func TestScriptedCrawl(t *testing.T) {
 }
 
 // scriptedSessions is TestScriptedCrawl's last act: sticky sessions on
-// shop, with WithSessionMaxRequests(3). The operator drains the dead proxy
+// shop, with Sessions{MaxRequests: 3}. The operator drains the dead proxy
 // (revived in Redis, still refusing connections) and unbans proxy 0 on the
 // shop: with proxy 1 drained, the sessions have proxies 0, 2, 3 and 4. The
 // shop's recorder is the ground truth: each session of a task is a run of
@@ -435,7 +435,7 @@ func TestBanSpikeAfterJoin(t *testing.T) {
 	site := testbed.NewSite(t, "market", market)
 	proxies := testbed.NewProxies(t, 6)
 	prefix := nextPrefix()
-	// WithBanEvidence(0, 0): three of six proxies burnt at once while
+	// Bans{EvidenceFirst: Off, PageProxies: Off}: three of six proxies burnt at once while
 	// healthy. Once one of them is proven burnt (a page it refused is
 	// served through another proxy), the others are no witnesses of a page
 	// refusing everyone until healthy again; but a request that meets two

@@ -8,7 +8,7 @@
 // probed site (Switch.LeaseProxy): a probe never collides with a crawl
 // request on the echo site, or on a probed site, and a proxy busy there is
 // skipped (it is not idle). The checker marks with a reason of its own
-// (Switch.MarkDead) and revives only what it marked (Switch.ReviveMarked):
+// (Switch.Drain with a reason) and revives only what it marked (Switch.Revive with a reason):
 // a proxy an operator drained, or one dead of its failures, is left alone.
 //
 // Checker.Check runs one round (the CLI's "proxyswitch probe"); Checker.Run
@@ -115,7 +115,7 @@ type Checker struct {
 	// SiteQuarantine is how long a site probe's failure keeps the proxy
 	// off the site; 0 is DefaultSiteQuarantine.
 	SiteQuarantine time.Duration
-	// Reason is the dead mark's reason (see Switch.MarkDead); empty is
+	// Reason is the dead mark's reason (see Switch.Drain with a reason); empty is
 	// DefaultReason. Checkers that share a reason revive each other's marks.
 	Reason string
 	// Redis holds Run's lock (required by Run; Check does not use it):

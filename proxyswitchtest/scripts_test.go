@@ -218,7 +218,7 @@ func scenario(t *testing.T, rdb *redis.Client, kill, restartEmpty func()) []stri
 	state, _ = sw.SiteState(ctx, "a.example")
 	say("state a after the ban: %+v", state)
 
-	// A proxy failure that kills (WithDeadAfter(1)); the dead proxy in
+	// A proxy failure that kills (Bans{DeadAfter: 1}); the dead proxy in
 	// Dead, in SiteState and out of every lease, on a site that knew it and
 	// on a new one; an operator's ban (a lease preferring it) and unban
 	// leave it dead; revive.

@@ -12,11 +12,11 @@
 // limits per IP, a captcha for two requests at once from one IP,
 // placeholder pages, and a blacklist they share, on which some of the
 // proxies already are.
-// proxyswitch paces every IP under the rate limits (WithCooldown), never
+// proxyswitch paces every IP under the rate limits (Rotation.Cooldown), never
 // sends two requests from one IP to one site at once, recognises each kind
 // of refusal (status codes, the captcha redirect, pages without the
 // selectors a real page has), quarantines the proxy on every marketplace
-// (WithBanAllSites: they share their blacklist) and sends the page again
+// (Bans.AllSites: they share their blacklist) and sends the page again
 // through another proxy.
 package main
 

@@ -169,7 +169,7 @@ func TestStatusPageInChromium(t *testing.T) {
 		assert.Equal(t, "ban on this site", s.Find("td.reason").Text())
 		left, err := time.ParseDuration(s.Find("td.left").Text())
 		if assert.NoError(t, err) {
-			assert.InDelta(t, time.Hour.Seconds(), left.Seconds(), (10 * time.Minute).Seconds(), "WithQuarantine(1h) with its ±15% jitter")
+			assert.InDelta(t, time.Hour.Seconds(), left.Seconds(), (10 * time.Minute).Seconds(), "Bans{Quarantine: 1h} with its ±15% jitter")
 		}
 	})
 	sort.Strings(ids)

@@ -571,7 +571,7 @@ func (a *app) stats(ctx context.Context, sites []string) error {
 		return err
 	}
 	if len(sites) > 0 {
-		if _, err := fmt.Fprintln(a.out, "(slots: one per proxy, or k with WithConcurrency(k); BUSY = every slot not FREE: LEASED + COOLING + QUARANTINED + DEAD)"); err != nil {
+		if _, err := fmt.Fprintln(a.out, "(slots: one per proxy, or k with Rotation{Concurrency: k}; BUSY = every slot not FREE: LEASED + COOLING + QUARANTINED + DEAD)"); err != nil {
 			return err
 		}
 	}

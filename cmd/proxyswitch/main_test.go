@@ -262,7 +262,7 @@ func TestCLIOperatorCommands(t *testing.T) {
 }
 
 // The operator commands act on every slot of a pool whose workers run k
-// requests per proxy at once (WithConcurrency): the CLI reads k from Redis.
+// requests per proxy at once (Rotation.Concurrency): the CLI reads k from Redis.
 func TestCLIOperatorCommandsWithConcurrency(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.Start(t, "--requirepass", redisSecret)
