@@ -373,12 +373,12 @@ func TestBadBanOptions(t *testing.T) {
 		"ratio":          {WithSizeDrop(1.5), "size drop ratio 1.5"},
 		"negative ratio": {WithSizeDrop(-0.1), "size drop ratio -0.1"},
 		"classifier":     {WithClassifier(nil), "nil classifier"},
-		"retries":        {WithBans(Bans{Retries: -1}), "retries -1"},
-		"quarantine":     {WithBans(Bans{Quarantine: time.Hour, QuarantineMax: time.Minute}), "quarantine 1h0m0s, max 1m0s"},
-		"zero q":         {WithBans(Bans{Quarantine: Off, QuarantineMax: time.Minute}), "quarantine 0s"},
-		"fail q":         {WithBans(Bans{FailureQuarantine: -1, FailureQuarantineMax: time.Minute}), "failure quarantine"},
-		"dead":           {WithBans(Bans{DeadAfter: -2}), "dead-after count -2"},
-		"attempt":        {WithTimeouts(Timeouts{Attempt: -time.Second}), "attempt timeout"},
+		"retries":        {WithBans(Bans{Retries: -2}), "Bans.Retries -2"},
+		"quarantine":     {WithBans(Bans{Quarantine: time.Hour, QuarantineMax: time.Minute}), "Bans.Quarantine 1h0m0s, QuarantineMax 1m0s"},
+		"zero q":         {WithBans(Bans{Quarantine: Off, QuarantineMax: time.Minute}), "Bans.Quarantine 0s"},
+		"fail q":         {WithBans(Bans{FailureQuarantine: -time.Second, FailureQuarantineMax: time.Minute}), "Bans.FailureQuarantine -1s"},
+		"dead":           {WithBans(Bans{DeadAfter: -2}), "Bans.DeadAfter -2"},
+		"attempt":        {WithTimeouts(Timeouts{Attempt: -time.Second}), "Timeouts.Attempt -1s"},
 	} {
 		var err error
 		require.NotPanics(t, func() { _, err = NewSwitch(rdb, tc.opt) }, name)

@@ -66,7 +66,7 @@ type Client struct {
 	// their pool is evicted (MaxPerProxy, MaxTotal), when this Switch
 	// quarantines the proxy on the site (a ban: that site's connections;
 	// a proxy failure: all of them) or marks it dead or drained
-	// (Drain, Drain with a reason, Remove), when a request finds its lease lost, and
+	// (Drain, Remove), when a request finds its lease lost, and
 	// on Close. A quarantine made by another worker closes them at the
 	// IdleTimeout at the latest.
 	KeepAlive bool

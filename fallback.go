@@ -132,7 +132,7 @@ func WithSharding(self string, sh shard.Sharder) Option {
 func (fc *fallbackConfig) validate() error {
 	if fc.set == 0 {
 		if fc.timeout < 0 {
-			return fmt.Errorf("%w: negative fallback timeout %v", ErrConfig, fc.timeout)
+			return fmt.Errorf("%w: negative Timeouts.Fallback %v", ErrConfig, fc.timeout)
 		}
 		return nil
 	}
@@ -149,7 +149,7 @@ func (fc *fallbackConfig) validate() error {
 	case fc.timeout == 0:
 		fc.timeout = defaultFallbackTimeout
 	case fc.timeout < 20*time.Millisecond:
-		return fmt.Errorf("%w: fallback timeout %v is below 20ms", ErrConfig, fc.timeout)
+		return fmt.Errorf("%w: Timeouts.Fallback %v is below 20ms", ErrConfig, fc.timeout)
 	}
 	return nil
 }

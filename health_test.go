@@ -65,7 +65,7 @@ func TestMarkDeadKeepsOthersMarks(t *testing.T) {
 	require.NoError(t, err, "the revived proxy is not leasable")
 	require.NoError(t, l.Release(ctx))
 
-	for _, bad := range []string{"", "drained", "a|b", "two words", string(make([]byte, 65))} {
+	for _, bad := range []string{"drained", "a|b", "two words", string(make([]byte, 65))} {
 		_, err := s.Drain(ctx, bad, urls[4])
 		require.ErrorIs(t, err, ErrConfig, "%q", bad)
 		_, err = s.Revive(ctx, bad, urls[4])
@@ -74,6 +74,19 @@ func TestMarkDeadKeepsOthersMarks(t *testing.T) {
 	n, err = s.Revive(ctx, "", urls[0], urls[1], urls[3])
 	require.NoError(t, err)
 	require.Equal(t, 3, n, "Revive still revives any mark")
+
+	// An operator's drain (reason "") takes several proxies, all in the
+	// pool or none: one not in the pool drains nothing.
+	_, err = s.Drain(ctx, "", urls[4], proxyURLs(6)[5])
+	require.ErrorIs(t, err, ErrNotInPool)
+	require.Empty(t, deadReasons(t, s), "nothing drained")
+	n, err = s.Drain(ctx, "", urls[4], id(0))
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	require.Equal(t, map[string]string{id(0): "drained", id(4): "drained"}, deadReasons(t, s))
+	n, err = s.Revive(ctx, "", urls[4], id(0))
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
 }
 
 // TestLeaseProxy: it leases the named proxy or fails at once; many

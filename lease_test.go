@@ -450,7 +450,7 @@ func TestBadOptions(t *testing.T) {
 	for name, opt := range map[string]Option{
 		"ttl":         WithTimeouts(Timeouts{LeaseTTL: time.Millisecond}),
 		"wait":        WithTimeouts(Timeouts{MaxWait: -time.Second}),
-		"cooldown":    WithRotation(Rotation{Cooldown: -1}),
+		"cooldown":    WithRotation(Rotation{Cooldown: -time.Second}),
 		"concurrency": WithRotation(Rotation{Concurrency: Off}),
 		"prefix":      WithPrefix("a{b}"),
 		"pool":        WithPool(""),

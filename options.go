@@ -120,39 +120,39 @@ func (c *config) apply(opts []Option) {
 func (c *config) validate() error {
 	switch {
 	case c.leaseTTL < 100*time.Millisecond:
-		return configErr("lease TTL %v is below 100ms", c.leaseTTL)
+		return configErr("Timeouts.LeaseTTL %v is below 100ms", c.leaseTTL)
 	case c.maxWait < 0:
-		return configErr("negative max wait %v", c.maxWait)
+		return configErr("Timeouts.MaxWait %v is negative (Off for no wait)", c.maxWait)
 	case c.cooldown < 0:
-		return configErr("negative cooldown %v", c.cooldown)
+		return configErr("Rotation.Cooldown %v is negative (Off for none)", c.cooldown)
 	case c.redisTimeout <= 0:
-		return configErr("redis timeout %v must be positive", c.redisTimeout)
+		return configErr("Timeouts.Redis %v must be positive", c.redisTimeout)
 	case c.idleTTL < time.Minute || c.idleTTL < 2*c.leaseTTL:
-		return configErr("idle TTL %v must be at least a minute and twice the lease TTL", c.idleTTL)
+		return configErr("Timeouts.IdleTTL %v must be at least a minute and twice the lease TTL", c.idleTTL)
 	case c.slots < 1 || c.slots > 1000:
-		return configErr("concurrency %d per proxy per site is outside 1..1000", c.slots)
+		return configErr("Rotation.Concurrency %d per proxy per site is outside 1..1000", c.slots)
 	case c.scope != ScopeSite && c.scope != ScopeGlobal:
-		return configErr("unknown scope %d", c.scope)
+		return configErr("unknown Rotation.Scope %d", c.scope)
 	case c.siteFunc == nil:
 		return configErr("nil site function")
 	case c.flakyDelay < 0 || c.flakyDelay > maxLearned:
-		return configErr("flaky delay %v is outside 0..%v", c.flakyDelay, maxLearned)
+		return configErr("Rotation.FlakyDelay %v is outside 0..%v (Off for 0)", c.flakyDelay, maxLearned)
 	case c.paceMax < 0 || c.paceMax > maxLearned:
-		return configErr("learned pacing max %v is outside 0..%v", c.paceMax, maxLearned)
+		return configErr("Rotation.LearnedPacing %v is outside 0..%v (Off for 0)", c.paceMax, maxLearned)
 	case c.quarantine <= 0 || c.maxQuarantine < c.quarantine:
-		return configErr("quarantine %v, max %v: want 0 < quarantine <= max", c.quarantine, c.maxQuarantine)
+		return configErr("Bans.Quarantine %v, QuarantineMax %v: want 0 < Quarantine <= QuarantineMax", c.quarantine, c.maxQuarantine)
 	case c.firstQuarantine < 0:
-		return configErr("negative first quarantine %v", c.firstQuarantine)
+		return configErr("Bans.EvidenceFirst %v is negative (Off for 0)", c.firstQuarantine)
 	case c.pageProxies < 0 || c.pageProxies == 1 || c.pageProxies > 100:
-		return configErr("page refusals by %d proxies: want 0 (never the page) or 2..100", c.pageProxies)
+		return configErr("Bans.PageProxies %d: want Off (never the page) or 2..100", c.pageProxies)
 	case c.failQuarantine <= 0 || c.maxFailQuarantine < c.failQuarantine:
-		return configErr("failure quarantine %v, max %v: want 0 < quarantine <= max", c.failQuarantine, c.maxFailQuarantine)
+		return configErr("Bans.FailureQuarantine %v, FailureQuarantineMax %v: want 0 < FailureQuarantine <= FailureQuarantineMax", c.failQuarantine, c.maxFailQuarantine)
 	case c.deadAfter < 0:
-		return configErr("negative dead-after count %d", c.deadAfter)
+		return configErr("Bans.DeadAfter %d is negative (Off for never)", c.deadAfter)
 	case c.retries < 0 || c.retries > 100:
-		return configErr("retries %d outside 0..100", c.retries)
+		return configErr("Bans.Retries %d outside 0..100 (Off for 0)", c.retries)
 	case c.attemptTimeout < 0:
-		return configErr("negative attempt timeout %v", c.attemptTimeout)
+		return configErr("Timeouts.Attempt %v is negative (Off for no bound)", c.attemptTimeout)
 	}
 	if err := c.member.validate(); err != nil {
 		return err

@@ -271,11 +271,11 @@ func (sc *sessionConfig) validate(c *config) error {
 	}
 	switch {
 	case sc.ttl < 100*time.Millisecond || sc.ttl > c.idleTTL:
-		return bad("session TTL %v outside 100ms..the idle TTL (%v)", sc.ttl, c.idleTTL)
+		return bad("Sessions.TTL %v outside 100ms..the idle TTL (%v)", sc.ttl, c.idleTTL)
 	case sc.maxRequests < 0:
-		return bad("negative max requests per session %d", sc.maxRequests)
+		return bad("Sessions.MaxRequests %d is negative (Off for no limit)", sc.maxRequests)
 	case sc.maxAge < 0:
-		return bad("negative max session age %v", sc.maxAge)
+		return bad("Sessions.MaxAge %v is negative (Off for no limit)", sc.maxAge)
 	}
 	if sc.pool != "" {
 		if _, err := newKeyspace(c.prefix, sc.pool); err != nil {

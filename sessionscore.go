@@ -40,7 +40,7 @@ func (sc *sessionConfig) errorScore() (max, decay float64) { return sc.maxErrors
 
 func (sc *sessionConfig) validateErrorScore() error {
 	if m, d := sc.errorScore(); !(m >= 1 && m <= 1e6) || !(d >= 0 && d <= 1e6) {
-		return configErr("session error score: max %v (from 1), decay %v (from 0)", m, d)
+		return configErr("Sessions.MaxErrorScore %v (from 1), ErrorDecay %v (from 0)", m, d)
 	}
 	return nil
 }

@@ -124,6 +124,6 @@ func TestSessionSoftRefusal(t *testing.T) {
 
 	_, err := NewSwitch(shared.Client(t), WithSessions(Sessions{MaxErrorScore: 0.5, ErrorDecay: 0.5}))
 	assert.ErrorIs(t, err, ErrConfig)
-	_, err = NewSwitch(shared.Client(t), WithSessions(Sessions{MaxErrorScore: 3, ErrorDecay: -1}))
+	_, err = NewSwitch(shared.Client(t), WithSessions(Sessions{MaxErrorScore: 3, ErrorDecay: -0.5}))
 	assert.ErrorIs(t, err, ErrConfig)
 }

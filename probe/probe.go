@@ -115,7 +115,7 @@ type Checker struct {
 	// SiteQuarantine is how long a site probe's failure keeps the proxy
 	// off the site; 0 is DefaultSiteQuarantine.
 	SiteQuarantine time.Duration
-	// Reason is the dead mark's reason (see Switch.Drain with a reason); empty is
+	// Reason is the dead mark's reason (see Switch.Drain); empty is
 	// DefaultReason. Checkers that share a reason revive each other's marks.
 	Reason string
 	// Redis holds Run's lock (required by Run; Check does not use it):
