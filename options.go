@@ -296,9 +296,11 @@ func WithClassifier(f ban.Classifier) Option {
 }
 
 // Off, given to a numeric field of Rotation, Timeouts, Bans or Sessions,
-// sets it to zero (the field's documented "zero" meaning: off, no bound, no
+// sets it to zero (the field's documented "Off" meaning: off, no bound, no
 // wait), where a zero field leaves the value as it is (the default, or what
-// an earlier option set). Other negative values are rejected by NewSwitch.
+// an earlier option set): pass Off, not a variable that may hold 0, to turn
+// a field off. NewSwitch rejects Off where zero is invalid (LeaseTTL,
+// Quarantine...) and any other negative value, naming the field.
 const Off = -1
 
 // setField sets *dst to v: 0 keeps *dst, Off sets 0, any other value is
