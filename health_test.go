@@ -22,9 +22,9 @@ func deadReasons(t *testing.T, s *Switch) map[string]string {
 	return out
 }
 
-// TestMarkDeadKeepsOthersMarks: a probe's mark never hides an operator's
+// TestDrainReasonKeepsOthersMarks: a probe's mark never hides an operator's
 // drain or a failure's mark, and Revive with a reason brings back only its own.
-func TestMarkDeadKeepsOthersMarks(t *testing.T) {
+func TestDrainReasonKeepsOthersMarks(t *testing.T) {
 	ctx := context.Background()
 	s := newSwitch(t, shared.Client(t), WithBans(Bans{DeadAfter: 1}), WithTimeouts(Timeouts{MaxWait: Off}))
 	urls := proxyURLs(5)

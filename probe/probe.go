@@ -8,8 +8,9 @@
 // probed site (Switch.LeaseProxy): a probe never collides with a crawl
 // request on the echo site, or on a probed site, and a proxy busy there is
 // skipped (it is not idle). The checker marks with a reason of its own
-// (Switch.Drain with a reason) and revives only what it marked (Switch.Revive with a reason):
-// a proxy an operator drained, or one dead of its failures, is left alone.
+// (Switch.Drain with its reason) and revives only what it marked
+// (Switch.Revive with that reason): a proxy an operator drained, or one dead
+// of its failures, is left alone.
 //
 // Checker.Check runs one round (the CLI's "proxyswitch probe"); Checker.Run
 // runs a round every interval on one member of the fleet at a time: the
