@@ -56,7 +56,7 @@ type penalty struct {
 	strikes    int       // bans (or failures) in a row, this one included
 	dead       bool
 	ended      bool       // it ended the lease it was given
-	first      bool       // a ban that got the first quarantine: a strike awaiting evidence (WithBanEvidence)
+	first      bool       // a ban that got the first quarantine: a strike awaiting evidence (Bans.EvidenceFirst)
 	healthy    bool       // the proxy had a healthy answer on the scope, and no strike, before this ban
 	witness    bool       // healthy by an answer (no lift) since the site's last verdict on a proxy: healthy on its other pages
 	lifted     time.Time  // healthy by a lift (a page's verdict) since that verdict: when (zero: not so; Redis clock)
@@ -82,7 +82,7 @@ func (p penalty) evidence() bool {
 
 // backendFor returns the backend of pool name: the Switch's own, or one
 // made on first use with the Switch's options (WithRoute, UsePools,
-// WithSessionPool), behind the Switch's fallback when it has one.
+// Sessions.Pool), behind the Switch's fallback when it has one.
 func (s *Switch) backendFor(name string) (backend, error) {
 	if name == s.cfg.pool {
 		return s.own, nil

@@ -20,12 +20,12 @@ import (
 // ends the lease. Every worker of the pool, in any process, skips the proxy
 // for that site from its next lease on, and the proxy comes back by itself
 // when the score passes. A first refusal is a strike with the short first
-// quarantine, a repeated or confirmed one a ban (WithBanEvidence, and the
+// quarantine, a repeated or confirmed one a ban (Bans.EvidenceFirst, and the
 // evidence section below). Repeat offenders (bans in a row with no healthy
 // answer in between) get a doubled, jittered quarantine; a healthy answer
 // starts the backoff over (release.lua). A proxy that keeps failing is
 // marked dead: its slots go out of every site's rotation until Revive or
-// probe.CheckDead (see WithDeadAfter for the rule).
+// probe.CheckDead (see Bans.DeadAfter for the rule).
 
 // BanKey names one counter of BanCounts.
 type BanKey struct {
@@ -104,7 +104,7 @@ func (s *Switch) penalize(ctx context.Context, site string, p *Proxy, l *Lease, 
 }
 
 // quarantineScope is the site a verdict quarantines a proxy on: site for a
-// ban, "" (every site) for a proxy failure or with WithBanAllSites.
+// ban, "" (every site) for a proxy failure or with Bans.AllSites.
 func (s *Switch) quarantineScope(site string, v ban.Verdict) string {
 	if v.Kind == ban.ProxyFailure || s.cfg.banAllSites {
 		return ""
@@ -117,8 +117,8 @@ func (s *Switch) quarantineScope(site string, v ban.Verdict) string {
 //
 //   - ban.OK or ban.Neutral: the proxy is released and its backoff starts over;
 //   - ban.Ban: the proxy is quarantined on the lease's site and the lease
-//     ends: a strike (WithBanEvidence's first quarantine) on a first refusal
-//     that is not a challenge redirect, a ban (WithQuarantine) when the
+//     ends: a strike (Bans.EvidenceFirst's first quarantine) on a first refusal
+//     that is not a challenge redirect, a ban (Bans.Quarantine) when the
 //     proxy was refused there before (nothing here confirms a strike);
 //   - ban.ProxyFailure: the proxy is quarantined for the failure quarantine,
 //     counts towards being marked dead, and the lease ends;
@@ -173,15 +173,24 @@ func (rp *redisPool) dead(ctx context.Context) ([]ProxyState, error) {
 	return out, nil
 }
 
-// Revive brings dead proxies, named by URL or ID, back into every site's
-// rotation at once, with their failure record cleared. It returns how many
-// of them were dead. It is safe to call while workers lease.
-func (s *Switch) Revive(ctx context.Context, proxies ...string) (int, error) {
+// Revive brings dead or drained proxies, named by URL or ID, back into
+// every site's rotation at once, with their failure record cleared. With
+// reason "" it revives any of them; with another reason only those whose
+// mark is reason's, as Drain set it (a proxy drained by an operator, dead
+// of its failures, or marked by another reason, stays out), so that a
+// health checker revives only what it marked. It returns how many it
+// revived. It is safe to call while workers lease.
+func (s *Switch) Revive(ctx context.Context, reason string, proxies ...string) (int, error) {
+	if reason != "" {
+		if err := checkReason(reason); err != nil {
+			return 0, err
+		}
+	}
 	ids, err := proxyIDs(proxies)
 	if err != nil || len(ids) == 0 {
 		return 0, err
 	}
-	return s.revive(ctx, "", ids)
+	return s.revive(ctx, reason, ids)
 }
 
 // revive runs revive.lua for ids, only those marked with reason unless it
@@ -197,7 +206,7 @@ func (s *Switch) revive(ctx context.Context, reason string, ids []any) (int, err
 	return int(n), nil
 }
 
-// Evidence before verdict (WithBanEvidence).
+// Evidence before verdict (Bans.EvidenceFirst).
 //
 // penalize.lua keeps, per site, each proxy's strikes: a first refusal that
 // is not unambiguous gets the short first quarantine; the same proxy
@@ -235,7 +244,7 @@ func rateLimited(x *ban.Exchange, v ban.Verdict) bool {
 
 // pageRefused reports whether the refusals b met on url (site) make it the
 // page's answer rather than the proxies': refused through at least
-// WithBanEvidence's pageProxies distinct proxies, none unambiguously, each
+// Bans.EvidenceFirst's pageProxies distinct proxies, none unambiguously, each
 // a witness. The first refusal's proxy is one when it had no strike on the
 // site before; a later one only when it is healthy on the site's other
 // pages: a healthy answer there, and no strike since, after the site's

@@ -62,7 +62,7 @@ func leaseAll(t *testing.T, s *Switch, site string) map[string]bool {
 // again afterwards.
 func TestQuarantineIsClusterWide(t *testing.T) {
 	m := testbed.NewMarketplace(nil)
-	site, proxies, s := marketBed(t, m, false, 3, WithRetries(0), WithQuarantine(2*time.Second, 10*time.Second))
+	site, proxies, s := marketBed(t, m, false, 3, WithBans(Bans{Retries: Off, Quarantine: 2 * time.Second, QuarantineMax: 10 * time.Second}))
 	burnt := proxies[0]
 	m.Burn(burnt.SourceIP().String(), testbed.Forbid)
 	pb, err := ParseProxy(burnt.URL())
@@ -128,14 +128,14 @@ func proxyID(p *testbed.Proxy) string {
 
 // TestBanBackoff: bans in a row double the quarantine (jittered, capped,
 // never below Retry-After), leases wait it out, and a healthy answer starts
-// the backoff over. WithBanEvidence(0, 0): every refusal a ban at once (the
+// the backoff over. WithBans(Bans{EvidenceFirst: Off, PageProxies: Off}): every refusal a ban at once (the
 // ladder of strikes is TestBanEvidenceLadder's).
 func TestBanBackoff(t *testing.T) {
 	ctx := context.Background()
 	const base, maxq = 50 * time.Millisecond, 400 * time.Millisecond
-	// WithFlakyDelay(0): the quarantine alone holds the proxy back (the
+	// WithRotation(Rotation{FlakyDelay: Off}): the quarantine alone holds the proxy back (the
 	// flaky delay would keep it out r x 10s: selection_test.go).
-	s := newSwitch(t, shared.Client(t), WithQuarantine(base, maxq), WithBanEvidence(0, 0), WithMaxWait(5*time.Second), WithFlakyDelay(0))
+	s := newSwitch(t, shared.Client(t), WithBans(Bans{Quarantine: base, QuarantineMax: maxq, EvidenceFirst: Off, PageProxies: Off}), WithTimeouts(Timeouts{MaxWait: 5 * time.Second}), WithRotation(Rotation{FlakyDelay: Off}))
 	_, err := s.Add(ctx, proxyURLs(1)...)
 	require.NoError(t, err)
 	const site = "shop.example"
@@ -186,12 +186,11 @@ func TestBanBackoff(t *testing.T) {
 	assert.Equal(t, map[BanKey]int64{{site, "http_403"}: 6, {site, "http_429"}: 2}, s.BanCounts())
 }
 
-// TestDeadProxyRule pins when failures make a proxy dead (WithDeadAfter)
+// TestDeadProxyRule pins when failures make a proxy dead (Bans.DeadAfter)
 // and what Dead, Revive and Remove do.
 func TestDeadProxyRule(t *testing.T) {
 	ctx := context.Background()
-	s := newSwitch(t, shared.Client(t), WithFailureQuarantine(10*time.Millisecond, 20*time.Millisecond),
-		WithQuarantine(10*time.Millisecond, 20*time.Millisecond), WithDeadAfter(3), WithMaxWait(0), WithFlakyDelay(0)) // the quarantines alone
+	s := newSwitch(t, shared.Client(t), WithBans(Bans{FailureQuarantine: 10 * time.Millisecond, FailureQuarantineMax: 20 * time.Millisecond, Quarantine: 10 * time.Millisecond, QuarantineMax: 20 * time.Millisecond, DeadAfter: 3}), WithTimeouts(Timeouts{MaxWait: Off}), WithRotation(Rotation{FlakyDelay: Off})) // the quarantines alone
 	ps, err := ParseProxies(proxyURLs(6))
 	require.NoError(t, err)
 	_, err = s.Add(ctx, proxyURLs(6)...)
@@ -252,7 +251,7 @@ func TestDeadProxyRule(t *testing.T) {
 		assert.NotContains(t, ids, ps[2].ID(), "dead on %s", site)
 	}
 
-	n, err := s.Revive(ctx, ps[1].URL().String(), ps[5].ID())
+	n, err := s.Revive(ctx, "", ps[1].URL().String(), ps[5].ID())
 	require.NoError(t, err)
 	assert.Equal(t, 1, n, "only one of them was dead")
 	assert.Contains(t, leaseAll(t, s, "fresh.example"), ps[1].ID(), "revived on every site at once")
@@ -274,8 +273,8 @@ func TestDeadProxyRule(t *testing.T) {
 func TestDeadProxyOutOfEverySiteUntilHealthCheck(t *testing.T) {
 	ctx := context.Background()
 	bed := testbed.NewBed(t, 3, 4)
-	s := newSwitch(t, shared.Client(t), WithFailureQuarantine(10*time.Millisecond, 20*time.Millisecond), WithDeadAfter(3), WithRetries(3),
-		WithFlakyDelay(0)) // the failure quarantine alone, as in TestBanBackoff
+	s := newSwitch(t, shared.Client(t), WithBans(Bans{FailureQuarantine: 10 * time.Millisecond, FailureQuarantineMax: 20 * time.Millisecond, DeadAfter: 3, Retries: 3}),
+		WithRotation(Rotation{FlakyDelay: Off})) // the failure quarantine alone, as in TestBanBackoff
 	_, err := s.Add(ctx, bed.ProxyURLs()...)
 	require.NoError(t, err)
 	dead := bed.Proxies[0]
@@ -300,7 +299,7 @@ func TestDeadProxyOutOfEverySiteUntilHealthCheck(t *testing.T) {
 		"never leased on a site first crawled after it died")
 
 	dead.SetMode(testbed.ProxyOK)
-	n, err := s.Revive(ctx, proxyID(dead)) // what probe.CheckDead does once its probe passes
+	n, err := s.Revive(ctx, "", proxyID(dead)) // what probe.CheckDead does once its probe passes
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 	for i := range 8 {
@@ -309,14 +308,14 @@ func TestDeadProxyOutOfEverySiteUntilHealthCheck(t *testing.T) {
 	assert.Positive(t, bed.Sites[2].Recorder().IPs()[dead.SourceIP().String()], "back in rotation")
 }
 
-// TestBanAllSites: with WithBanAllSites a ban takes the proxy out of every
+// TestBanAllSites: with Bans.AllSites a ban takes the proxy out of every
 // site's rotation, sites first crawled later included; without it, only out
 // of the banning site's.
 func TestBanAllSites(t *testing.T) {
 	for _, all := range []bool{false, true} {
 		t.Run(fmt.Sprint("all=", all), func(t *testing.T) {
 			m := testbed.NewMarketplace(nil)
-			site, proxies, s := marketBed(t, m, false, 3, WithBanAllSites(all), WithRetries(0), WithMaxWait(0))
+			site, proxies, s := marketBed(t, m, false, 3, WithBans(Bans{AllSites: all, Retries: Off}), WithTimeouts(Timeouts{MaxWait: Off}))
 			leaseAll(t, s, "b.example") // b has a free set before the ban
 			m.Burn(proxies[0].SourceIP().String(), testbed.Forbid)
 			c := newPageCollector(t, s)
@@ -356,7 +355,7 @@ func TestBanPathsNeverLeakSecrets(t *testing.T) {
 	proxies[2].SetMode(testbed.ProxyDead)
 	var logs testlog.Buffer
 	s := newSwitch(t, srv.Client(t), WithLogger(logs.Logger()),
-		WithRetries(0), WithDeadAfter(1), WithRedisTimeout(500*time.Millisecond))
+		WithBans(Bans{Retries: Off, DeadAfter: 1}), WithTimeouts(Timeouts{Redis: 500 * time.Millisecond}))
 	_, err := s.Add(ctx, urls...)
 	require.NoError(t, err)
 
@@ -402,8 +401,7 @@ func TestBanCoversEverySlotAndKeepsKeysTidy(t *testing.T) {
 	ctx := context.Background()
 	rdb := shared.Client(t)
 	const site = "ozon.example"
-	s := newSwitch(t, rdb, WithConcurrency(2), WithMaxWait(0), WithBanAllSites(true), WithDeadAfter(1),
-		WithQuarantine(300*time.Millisecond, time.Second), WithFlakyDelay(0)) // the quarantine alone, as in TestBanBackoff
+	s := newSwitch(t, rdb, WithRotation(Rotation{Concurrency: 2}), WithTimeouts(Timeouts{MaxWait: Off}), WithBans(Bans{AllSites: true, DeadAfter: 1, Quarantine: 300 * time.Millisecond, QuarantineMax: time.Second}), WithRotation(Rotation{FlakyDelay: Off})) // the quarantine alone, as in TestBanBackoff
 	_, err := s.Add(ctx, proxyURLs(2)...)
 	require.NoError(t, err)
 	a, err := s.Lease(ctx, site)
@@ -453,7 +451,7 @@ func TestBanCoversEverySlotAndKeepsKeysTidy(t *testing.T) {
 // all under the pool's hash tag, so they run on a Redis Cluster too.
 func TestBansOnRedisCluster(t *testing.T) {
 	ctx := context.Background()
-	s := newSwitch(t, redistest.StartCluster(t, 3).Client(t), WithBanAllSites(true), WithDeadAfter(1), WithMaxWait(0))
+	s := newSwitch(t, redistest.StartCluster(t, 3).Client(t), WithBans(Bans{AllSites: true, DeadAfter: 1}), WithTimeouts(Timeouts{MaxWait: Off}))
 	ps, err := ParseProxies(proxyURLs(3))
 	require.NoError(t, err)
 	_, err = s.Add(ctx, proxyURLs(3)...)
@@ -478,7 +476,7 @@ func TestBansOnRedisCluster(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, ps[2].ID(), l.Proxy().ID(), "a new site starts without them")
 	require.NoError(t, l.Report(ctx, ban.Verdict{Kind: ban.OK}))
-	n, err := s.Revive(ctx, ps[1].ID())
+	n, err := s.Revive(ctx, "", ps[1].ID())
 	require.NoError(t, err)
 	assert.Equal(t, 1, n)
 	assert.Equal(t, 2, free("a.example"))

@@ -92,8 +92,8 @@ func TestDetectsSiteBans(t *testing.T) {
 	t.Run("429 with Retry-After, then 403", func(t *testing.T) {
 		m := testbed.NewMarketplace(nil)
 		m.RateLimit, m.RateWindow, m.RetryAfter, m.BlockAfter = 2, time.Minute, 2*time.Second, 1
-		site, _, s := marketBed(t, m, false, 1, WithRetries(0), WithMaxWait(0),
-			WithQuarantine(100*time.Millisecond, 10*time.Second))
+		site, _, s := marketBed(t, m, false, 1, WithBans(Bans{Retries: Off}), WithTimeouts(Timeouts{MaxWait: Off}),
+			WithBans(Bans{Quarantine: 100 * time.Millisecond, QuarantineMax: 10 * time.Second}))
 		c := newPageCollector(t, s)
 		require.NoError(t, c.Visit(site.URL()+"/p/1"))
 		require.NoError(t, c.Visit(site.URL()+"/p/2"))
@@ -120,7 +120,7 @@ func TestDetectsSiteBans(t *testing.T) {
 	t.Run("captcha redirect for two requests from one IP", func(t *testing.T) {
 		m := testbed.NewMarketplace(&testbed.ShopHandler{Delay: 400 * time.Millisecond, PageSize: 2048})
 		m.CaptchaOnConcurrent = true
-		site, proxies, s := marketBed(t, m, false, 1, WithRetries(0))
+		site, proxies, s := marketBed(t, m, false, 1, WithBans(Bans{Retries: Off}))
 		c := newPageCollector(t, s)
 		// Someone else (a scraper outside the pool) uses the same IP at once.
 		var wg sync.WaitGroup
@@ -146,7 +146,7 @@ func TestDetectsSiteBans(t *testing.T) {
 
 	t.Run("captcha redirect: the page again through another proxy", func(t *testing.T) {
 		m := testbed.NewMarketplace(nil)
-		site, proxies, s := marketBed(t, m, false, 2, WithRetries(1))
+		site, proxies, s := marketBed(t, m, false, 2, WithBans(Bans{Retries: 1}))
 		m.Burn(proxies[0].SourceIP().String(), testbed.Challenge)
 		// Hold the good proxy so that the request starts on the burnt one,
 		// and free it once that one is banned.
@@ -178,7 +178,7 @@ func TestDetectsSiteBans(t *testing.T) {
 
 	t.Run("placeholder without the product selector", func(t *testing.T) {
 		m := testbed.NewMarketplace(nil)
-		site, proxies, s := marketBed(t, m, false, 1, WithRetries(0),
+		site, proxies, s := marketBed(t, m, false, 1, WithBans(Bans{Retries: Off}),
 			WithExpect(testbed.NewSite(t, "other", nil).Host(), "", "div.nothing-there"), // another site's rule does not apply
 			WithExpect("", `^/p/\d+`, "div.product", "p.description"))
 		m.Burn(proxies[0].SourceIP().String(), testbed.Placeholder)
@@ -192,7 +192,7 @@ func TestDetectsSiteBans(t *testing.T) {
 
 	t.Run("truncated page: a size drop", func(t *testing.T) {
 		m := testbed.NewMarketplace(nil)
-		site, proxies, s := marketBed(t, m, false, 2, WithRetries(1), WithExpect("", `^/p/`, "div.product"))
+		site, proxies, s := marketBed(t, m, false, 2, WithBans(Bans{Retries: 1}), WithExpect("", `^/p/`, "div.product"))
 		c := newPageCollector(t, s)
 		const learnt = 20 // pages that teach the usual size: 4 more than the 16 the size check needs
 		for i := range learnt {
@@ -211,7 +211,7 @@ func TestDetectsSiteBans(t *testing.T) {
 
 	t.Run("a ban never reaches OnResponse, even with ParseHTTPErrorResponse", func(t *testing.T) {
 		m := testbed.NewMarketplace(nil)
-		site, proxies, s := marketBed(t, m, false, 1, WithRetries(0))
+		site, proxies, s := marketBed(t, m, false, 1, WithBans(Bans{Retries: Off}))
 		m.Burn(proxies[0].SourceIP().String(), testbed.Forbid)
 		c := newPageCollector(t, s, colly.ParseHTTPErrorResponse())
 		var hookErr error
@@ -224,7 +224,7 @@ func TestDetectsSiteBans(t *testing.T) {
 	})
 
 	t.Run("a real 404 is not a ban", func(t *testing.T) {
-		site, _, s := marketBed(t, nil, false, 1, WithRetries(3))
+		site, _, s := marketBed(t, nil, false, 1, WithBans(Bans{Retries: 3}))
 		c := newPageCollector(t, s)
 		for range 3 {
 			err := c.Visit(site.URL() + "/nothing-here")
@@ -266,7 +266,7 @@ func TestDetectsProxyFailures(t *testing.T) {
 			if tc.drop {
 				timeout = 10 * time.Second // the drop, not the timeout, ends the attempt
 			}
-			site, proxies, s := marketBed(t, nil, tc.tls, 2, WithRetries(1), WithAttemptTimeout(timeout))
+			site, proxies, s := marketBed(t, nil, tc.tls, 2, WithBans(Bans{Retries: 1}), WithTimeouts(Timeouts{Attempt: timeout}))
 			proxies[0].SetMode(tc.mode)
 			if tc.drop {
 				go func() {
@@ -373,12 +373,12 @@ func TestBadBanOptions(t *testing.T) {
 		"ratio":          {WithSizeDrop(1.5), "size drop ratio 1.5"},
 		"negative ratio": {WithSizeDrop(-0.1), "size drop ratio -0.1"},
 		"classifier":     {WithClassifier(nil), "nil classifier"},
-		"retries":        {WithRetries(-1), "retries -1"},
-		"quarantine":     {WithQuarantine(time.Hour, time.Minute), "quarantine 1h0m0s, max 1m0s"},
-		"zero q":         {WithQuarantine(0, time.Minute), "quarantine 0s"},
-		"fail q":         {WithFailureQuarantine(-1, time.Minute), "failure quarantine"},
-		"dead":           {WithDeadAfter(-2), "dead-after count -2"},
-		"attempt":        {WithAttemptTimeout(-time.Second), "attempt timeout"},
+		"retries":        {WithBans(Bans{Retries: -2}), "Bans.Retries -2"},
+		"quarantine":     {WithBans(Bans{Quarantine: time.Hour, QuarantineMax: time.Minute}), "Bans.Quarantine 1h0m0s, QuarantineMax 1m0s"},
+		"zero q":         {WithBans(Bans{Quarantine: Off, QuarantineMax: time.Minute}), "Bans.Quarantine 0s"},
+		"fail q":         {WithBans(Bans{FailureQuarantine: -time.Second, FailureQuarantineMax: time.Minute}), "Bans.FailureQuarantine -1s"},
+		"dead":           {WithBans(Bans{DeadAfter: -2}), "Bans.DeadAfter -2"},
+		"attempt":        {WithTimeouts(Timeouts{Attempt: -time.Second}), "Timeouts.Attempt -1s"},
 	} {
 		var err error
 		require.NotPanics(t, func() { _, err = NewSwitch(rdb, tc.opt) }, name)
@@ -468,7 +468,7 @@ func TestUncheckedPagesAreNotBans(t *testing.T) {
 		pages[r.URL.Path](w)
 	}))
 	proxies := testbed.NewProxies(t, 1)
-	s := newSwitch(t, shared.Client(t), WithRetries(0), WithExpect("", "", "div.product"))
+	s := newSwitch(t, shared.Client(t), WithBans(Bans{Retries: Off}), WithExpect("", "", "div.product"))
 	_, err := s.Add(context.Background(), proxies[0].URL())
 	require.NoError(t, err)
 	obs := &recordingObserver{}

@@ -179,7 +179,7 @@ func TestBreakerStormProcesses(t *testing.T) {
 func stormBed(t *testing.T, site *testbed.Site, n int, opts ...Option) (*testbed.Site, []*testbed.Proxy, *Switch) {
 	t.Helper()
 	proxies := testbed.NewProxies(t, n)
-	s := newSwitch(t, shared.Client(t), append([]Option{WithMaxWait(2 * time.Second)}, opts...)...)
+	s := newSwitch(t, shared.Client(t), append([]Option{WithTimeouts(Timeouts{MaxWait: 2 * time.Second})}, opts...)...)
 	_, err := s.Add(context.Background(), (&testbed.Bed{Proxies: proxies}).ProxyURLs()...)
 	require.NoError(t, err)
 	return site, proxies, s
@@ -191,7 +191,7 @@ func stormBed(t *testing.T, site *testbed.Site, n int, opts ...Option) (*testbed
 // pause; resuming frees the site at once; bad site names are refused.
 func TestBreakerPauseResume(t *testing.T) {
 	ctx := context.Background()
-	s := newSwitch(t, shared.Client(t), WithMaxWait(100*time.Millisecond))
+	s := newSwitch(t, shared.Client(t), WithTimeouts(Timeouts{MaxWait: 100 * time.Millisecond}))
 	_, err := s.Add(ctx, proxyURLs(3)...)
 	require.NoError(t, err)
 	other := sibling(t, s, shared.Client(t))
@@ -253,7 +253,7 @@ func TestBreakerPauseResume(t *testing.T) {
 func TestBreakerHalfOpen(t *testing.T) {
 	ctx := context.Background()
 	const pause = 300 * time.Millisecond
-	s := newSwitch(t, shared.Client(t), WithMaxWait(0), WithBreaker(Breaker{Pause: pause, Probes: 2, Flush: time.Millisecond}))
+	s := newSwitch(t, shared.Client(t), WithTimeouts(Timeouts{MaxWait: Off}), WithBreaker(Breaker{Pause: pause, Probes: 2, Flush: time.Millisecond}))
 	_, err := s.Add(ctx, proxyURLs(4)...)
 	require.NoError(t, err)
 	const site = "shop.example"
@@ -323,7 +323,7 @@ func TestBreakerHalfOpen(t *testing.T) {
 // leasing at once, and no proxy stays quarantined: the storm is the site's.
 func TestBreakerConcurrent(t *testing.T) {
 	ctx := context.Background()
-	s := newSwitch(t, shared.Client(t), WithMaxWait(50*time.Millisecond), WithBreaker(Breaker{Burst: 5, Pause: 10 * time.Second}))
+	s := newSwitch(t, shared.Client(t), WithTimeouts(Timeouts{MaxWait: 50 * time.Millisecond}), WithBreaker(Breaker{Burst: 5, Pause: 10 * time.Second}))
 	_, err := s.Add(ctx, proxyURLs(20)...)
 	require.NoError(t, err)
 	servers := []*Switch{s, sibling(t, s, shared.Client(t)), sibling(t, s, shared.Client(t))}

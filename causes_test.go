@@ -36,7 +36,7 @@ func noProxySurvivesClientTimeout(t *testing.T, tasks bool) {
 	const timeout = time.Second
 	ctx := context.Background()
 	site := testbed.NewSite(t, "busy", nil)
-	s := newSwitch(t, shared.Client(t), WithMaxWait(time.Minute))
+	s := newSwitch(t, shared.Client(t), WithTimeouts(Timeouts{MaxWait: time.Minute}))
 	_, err := s.Add(ctx, testbed.NewProxies(t, 1)[0].URL())
 	require.NoError(t, err)
 	held, err := s.Lease(ctx, site.Host()) // the only proxy stays busy
@@ -105,7 +105,7 @@ func TestFailedRequestNamesItsCause(t *testing.T) {
 		name: "the site's answer",
 		prepare: func(t *testing.T) setup {
 			site := testbed.NewSite(t, "forbids", forbid)
-			s := newSwitch(t, shared.Client(t), WithMaxWait(200*time.Millisecond))
+			s := newSwitch(t, shared.Client(t), WithTimeouts(Timeouts{MaxWait: 200 * time.Millisecond}))
 			_, err := s.Add(context.Background(), testbed.NewProxies(t, 1)[0].URL())
 			require.NoError(t, err)
 			return setup{s, site}
@@ -121,7 +121,7 @@ func TestFailedRequestNamesItsCause(t *testing.T) {
 		name: "a quarantine",
 		prepare: func(t *testing.T) setup {
 			site := testbed.NewSite(t, "quarantined", nil)
-			s := newSwitch(t, shared.Client(t), WithMaxWait(200*time.Millisecond))
+			s := newSwitch(t, shared.Client(t), WithTimeouts(Timeouts{MaxWait: 200 * time.Millisecond}))
 			p := testbed.NewProxies(t, 1)[0].URL()
 			_, err := s.Add(context.Background(), p)
 			require.NoError(t, err)
@@ -134,7 +134,7 @@ func TestFailedRequestNamesItsCause(t *testing.T) {
 		name: "a paused site",
 		prepare: func(t *testing.T) setup {
 			site := testbed.NewSite(t, "paused", nil)
-			s := newSwitch(t, shared.Client(t), WithMaxWait(200*time.Millisecond))
+			s := newSwitch(t, shared.Client(t), WithTimeouts(Timeouts{MaxWait: 200 * time.Millisecond}))
 			_, err := s.Add(context.Background(), testbed.NewProxies(t, 1)[0].URL())
 			require.NoError(t, err)
 			_, err = s.PauseSite(context.Background(), site.Host(), time.Hour)
@@ -149,7 +149,7 @@ func TestFailedRequestNamesItsCause(t *testing.T) {
 		timeout: 600 * time.Millisecond,
 		prepare: func(t *testing.T) setup {
 			site := testbed.NewSite(t, "paused-deadline", nil)
-			s := newSwitch(t, shared.Client(t), WithMaxWait(time.Minute))
+			s := newSwitch(t, shared.Client(t), WithTimeouts(Timeouts{MaxWait: time.Minute}))
 			_, err := s.Add(context.Background(), testbed.NewProxies(t, 1)[0].URL())
 			require.NoError(t, err)
 			_, err = s.PauseSite(context.Background(), site.Host(), 30*time.Second)
@@ -162,7 +162,7 @@ func TestFailedRequestNamesItsCause(t *testing.T) {
 	}, {
 		name: "an empty pool",
 		prepare: func(t *testing.T) setup {
-			return setup{newSwitch(t, shared.Client(t), WithMaxWait(200*time.Millisecond)), testbed.NewSite(t, "empty", nil)}
+			return setup{newSwitch(t, shared.Client(t), WithTimeouts(Timeouts{MaxWait: 200 * time.Millisecond})), testbed.NewSite(t, "empty", nil)}
 		},
 		is:   []error{ErrNoProxy, ErrEmptyPool},
 		text: `pool is empty`,
@@ -170,7 +170,7 @@ func TestFailedRequestNamesItsCause(t *testing.T) {
 		name: "a dead Redis",
 		prepare: func(t *testing.T) setup {
 			srv := redistest.Start(t)
-			s := newSwitch(t, srv.Client(t), WithMaxWait(200*time.Millisecond), WithRedisTimeout(300*time.Millisecond))
+			s := newSwitch(t, srv.Client(t), WithTimeouts(Timeouts{MaxWait: 200 * time.Millisecond, Redis: 300 * time.Millisecond}))
 			_, err := s.Add(context.Background(), testbed.NewProxies(t, 1)[0].URL())
 			require.NoError(t, err)
 			require.NoError(t, srv.Kill())

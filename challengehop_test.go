@@ -102,7 +102,7 @@ func TestChallengeRedirectWithoutRevisits(t *testing.T) {
 			site := testbed.NewSite(t, "shop", gate)
 			gate.setLocation(strings.Replace(tc.location, "SITE", site.URL(), 1))
 			tps := testbed.NewProxies(t, proxies)
-			s := newSwitch(t, shared.Client(t), WithRetries(burnt))
+			s := newSwitch(t, shared.Client(t), WithBans(Bans{Retries: burnt}))
 			obs := &recordingObserver{}
 			s.SetObserver(obs)
 			urls := make([]string, proxies)
@@ -209,7 +209,7 @@ func TestChallengeRedirectRetriesRunOut(t *testing.T) {
 	gate := &captchaGate{n: 3, location: testbed.CaptchaPath}
 	site := testbed.NewSite(t, "shop", gate)
 	tps := testbed.NewProxies(t, 4)
-	s := newSwitch(t, shared.Client(t), WithRetries(1))
+	s := newSwitch(t, shared.Client(t), WithBans(Bans{Retries: 1}))
 	urls := make([]string, len(tps))
 	for i, p := range tps {
 		urls[i] = p.URL()

@@ -76,7 +76,7 @@ func chaos(t *testing.T, fault string) {
 	var ccs []*chaosCollector
 	for i := range chaosCollectors {
 		name := fmt.Sprintf("crawler-%d", i+1)
-		sw, err := NewSwitch(srv.Client(t), append(fastFallback(name), WithPrefix(prefix), WithMaxWait(8*time.Second))...)
+		sw, err := NewSwitch(srv.Client(t), append(fastFallback(name), WithPrefix(prefix), WithTimeouts(Timeouts{MaxWait: 8 * time.Second}))...)
 		require.NoError(t, err)
 		if i == 0 {
 			_, err = sw.Add(ctx, bed.ProxyURLs()...)

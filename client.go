@@ -66,7 +66,7 @@ type Client struct {
 	// their pool is evicted (MaxPerProxy, MaxTotal), when this Switch
 	// quarantines the proxy on the site (a ban: that site's connections;
 	// a proxy failure: all of them) or marks it dead or drained
-	// (Drain, MarkDead, Remove), when a request finds its lease lost, and
+	// (Drain, Remove), when a request finds its lease lost, and
 	// on Close. A quarantine made by another worker closes them at the
 	// IdleTimeout at the latest.
 	KeepAlive bool
@@ -74,7 +74,7 @@ type Client struct {
 	// MaxPerProxy is the most connection pools kept per proxy (one per
 	// site, and per session): the least recently used beyond it is closed.
 	// Each pool the default transport builds keeps at most
-	// WithConcurrency's k idle connections per host (1 by default), so a
+	// Rotation.Concurrency's k idle connections per host (1 by default), so a
 	// proxy keeps at most MaxPerProxy × k idle connections per host of a
 	// site. Default 8.
 	MaxPerProxy int
@@ -477,7 +477,7 @@ func (t *transport) sendPerProxy(a *attempt) (*http.Response, error) {
 	if err != nil {
 		return nil, err
 	}
-	a.startTimer(s.cfg.attemptTimeout) // the proxy is leased: WithAttemptTimeout's bound starts
+	a.startTimer(s.cfg.attemptTimeout) // the proxy is leased: Timeouts.Attempt's bound starts
 	resp, err := rt.RoundTrip(req)
 	if _, ok := rt.(*http.Transport); ok || s.cfg.client.KeepAlive {
 		return resp, err

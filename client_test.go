@@ -252,7 +252,7 @@ func TestClientQuarantineClosesIdle(t *testing.T) {
 	other := testbed.NewSite(t, "other", nil)
 	proxies := testbed.NewProxies(t, 2)
 	p0 := proxies[0]
-	s := newSwitch(t, shared.Client(t), WithClient(Client{KeepAlive: true}), WithMaxWait(100*time.Millisecond))
+	s := newSwitch(t, shared.Client(t), WithClient(Client{KeepAlive: true}), WithTimeouts(Timeouts{MaxWait: 100 * time.Millisecond}))
 	_, err := s.Add(context.Background(), p0.URL())
 	require.NoError(t, err)
 	c := colly.NewCollector(colly.AllowURLRevisit())
@@ -284,7 +284,7 @@ func TestClientQuarantineClosesIdle(t *testing.T) {
 	require.NoError(t, c.Visit(other.URL()+"/p/2"))
 	_, open = p1.Conns()
 	require.Equal(t, 1, open)
-	require.NoError(t, s.Drain(context.Background(), p1.URL()))
+	require.NoError(t, func() error { _, err := s.Drain(context.Background(), "", p1.URL()); return err }())
 	require.Eventually(t, func() bool { _, open := p1.Conns(); return open == 0 }, 5*time.Second, 10*time.Millisecond)
 	assertNoLeases(t, s, site, other)
 }
@@ -381,14 +381,14 @@ func (hangRT) RoundTrip(req *http.Request) (*http.Response, error) {
 	return nil, req.Context().Err()
 }
 
-// WithAttemptTimeout bounds an attempt through a custom RoundTripper too
+// Timeouts.Attempt bounds an attempt through a custom RoundTripper too
 // (its bound starts as the proxy's client is picked, not at net/http's
 // GetConn): the hanging proxy is dropped and the request served through
 // another one within its own timeout.
 func TestClientAttemptTimeout(t *testing.T) {
 	bed := testbed.NewBed(t, 1, 2)
 	hung := bed.Proxies[0].Addr()
-	s := newSwitch(t, shared.Client(t), WithAttemptTimeout(200*time.Millisecond), WithClient(Client{
+	s := newSwitch(t, shared.Client(t), WithTimeouts(Timeouts{Attempt: 200 * time.Millisecond}), WithClient(Client{
 		New: func(proxy *url.URL) (http.RoundTripper, error) {
 			if proxy.Host == hung {
 				return hangRT{}, nil

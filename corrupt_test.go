@@ -132,7 +132,7 @@ func TestCorruptValues(t *testing.T) {
 	for _, sp := range corruptSpoils() {
 		t.Run(sp.name, func(t *testing.T) {
 			ctx := context.Background()
-			s := newSwitch(t, rdb, WithMaxWait(0), WithConcurrency(1), WithCooldown(0))
+			s := newSwitch(t, rdb, WithTimeouts(Timeouts{MaxWait: Off}), WithRotation(Rotation{Concurrency: 1, Cooldown: Off}))
 			urls := proxyURLs(3)
 			_, err := s.Add(ctx, urls...)
 			require.NoError(t, err)
@@ -193,8 +193,8 @@ func TestCorruptValues(t *testing.T) {
 			call("Release", func() error { return held.Release(ctx) })
 			call("Ban", func() error { return s.Ban(ctx, ids[0], corruptSite, time.Hour) })
 			call("Unban", func() error { return s.Unban(ctx, ids[1], corruptSite) })
-			call("Drain", func() error { return s.Drain(ctx, ids[2]) })
-			call("Revive", func() error { _, err := s.Revive(ctx, ids[2]); return err })
+			call("Drain", func() error { _, err := s.Drain(ctx, "", ids[2]); return err })
+			call("Revive", func() error { _, err := s.Revive(ctx, "", ids[2]); return err })
 			call("Add", func() error { _, err := s.Add(ctx, proxyURLs(4)[3]); return err })
 			call("Remove", func() error { _, err := s.Remove(ctx, ids[0]); return err })
 			call("Replace", func() error { _, err := s.Replace(ctx, urls); return err })
@@ -212,7 +212,7 @@ func TestCorruptValuesOnMiniredis(t *testing.T) {
 	mr := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
-	s := newSwitch(t, rdb, WithMaxWait(0))
+	s := newSwitch(t, rdb, WithTimeouts(Timeouts{MaxWait: Off}))
 	_, err := s.Add(ctx, proxyURLs(2)...)
 	require.NoError(t, err)
 	_, err = s.Lease(ctx, corruptSite)

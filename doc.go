@@ -10,8 +10,8 @@
 // of the pool once per turn, skipping those out there), which spreads the
 // load evenly over the pool; a proxy that fails often on a site waits a
 // little longer there after each request, so it is served less
-// (WithFlakyDelay), and the pause between two requests from one IP to one
-// site is learned from the site's rate-limit refusals (WithLearnedPacing).
+// (Rotation.FlakyDelay), and the pause between two requests from one IP to one
+// site is learned from the site's rate-limit refusals (Rotation.LearnedPacing).
 // Time is taken from Redis, never from a client.
 //
 // # Usage
@@ -57,11 +57,11 @@
 // ban (ban.ReasonUnchecked).
 //
 // A refusal takes the proxy out of that site's rotation, for every worker of
-// the pool from its next lease on: a first one is a strike (WithBanEvidence:
-// 1 min), a repeated or confirmed one a ban (WithQuarantine: 30 min, doubled
+// the pool from its next lease on: a first one is a strike (Bans.EvidenceFirst:
+// 1 min), a repeated or confirmed one a ban (Bans.Quarantine: 30 min, doubled
 // with jitter for repeat offenders, reset by a healthy answer); a proxy that
 // keeps failing is marked dead until Revive or probe.CheckDead. The request is sent
-// again through another proxy (WithRetries: 2); when no retry is left it
+// again through another proxy (Bans.Retries: 2); when no retry is left it
 // fails with a *BlockedError (errors.Is ErrBanned or ErrProxyFailed) through
 // OnError and Visit. A URL refused through two proxies healthy on the site
 // is the page's answer: the request fails at once with a *BlockedError
@@ -87,7 +87,7 @@
 // (Replace with an empty list, Remove of every proxy and Clear leave one)
 // re-seeds it, once across the cluster, never over an operator's write.
 // Quarantines, cooldowns, leases and sessions are lost with Redis; the
-// re-seeded pool leases nothing for the attempt bound (WithAttemptTimeout,
+// re-seeded pool leases nothing for the attempt bound (Timeouts.Attempt,
 // else the lease TTL), since requests whose leases were lost may still run.
 //
 // # Failing closed
@@ -120,15 +120,15 @@
 // keeps its own share of the pool, computed from the last known member list
 // by a sharder of package shard (shard.Rendezvous, consistent hashing, by
 // default; shard.Modulo) so that shares never overlap. When Redis is
-// unreachable or hangs (every call bounded by WithFallbackTimeout, 1s) the
+// unreachable or hangs (every call bounded by Timeouts.Fallback, 1s) the
 // server leases from its share in memory, once the attempts other servers started through its
-// proxies are over (WithAttemptTimeout: set it, or the switch waits the
+// proxies are over (Timeouts.Attempt: set it, or the switch waits the
 // lease TTL); bans go on locally. When Redis answers again the server
 // re-seeds a pool Redis lost, writes its bans back, hands its running
 // leases over and, once every server has done so, leases from Redis again:
 //
 //	sw, err := proxyswitch.NewSwitch(rdb, proxyswitch.WithFallback("crawler-1", nil),
-//		proxyswitch.WithAttemptTimeout(5*time.Second))
+//		proxyswitch.WithTimeouts(proxyswitch.Timeouts{Attempt: 5*time.Second}))
 //	if err := sw.Start(ctx); err != nil { ... }
 //	defer sw.Stop(context.Background())
 //
@@ -157,18 +157,18 @@
 // another way). Sessions therefore need Attach.
 //
 // A session holds its proxy on every site it visits, for no one else, until
-// it lapses: WithSessionTTL (10 minutes) after its last request, with no
+// it lapses: Sessions.TTL (10 minutes) after its last request, with no
 // reaper. Each session keeps its own cookies in Redis: the transport sends
 // them (with the request's own Cookie header) and takes the site's
 // Set-Cookie into them, so they never reach the collector's jar or its
 // storage backend, and the collector's never reach a session. A ban or a
 // proxy failure through a session's proxy retires the session: the request's
 // retry and the task's next requests go on in a new session, with another
-// proxy and no cookies. WithSessionMaxRequests and WithSessionMaxAge retire
-// sessions too; WithSessionRetired reports every retirement, SessionOf shows
+// proxy and no cookies. Sessions.MaxRequests and Sessions.MaxAge retire
+// sessions too; Sessions.Retired reports every retirement, SessionOf shows
 // a request's session and what ended the one before, EndSession ends one when
 // its flow is done, LiveSessions counts the live ones on every server, and
-// the observer sees each session start and end. WithSessionPool makes
+// the observer sees each session start and end. Sessions.Pool makes
 // sessions lease from their own pool (residential or mobile proxies, say)
 // while requests of no task use the Switch's. Sessions live in Redis only:
 // with Redis unreachable (or under WithSharding) a request of a task fails
@@ -178,7 +178,7 @@
 //
 // With every proxy busy, a request waits (sleeping on the time until the
 // next proxy frees, capped by a jittered backoff of 5 to 250ms, never
-// spinning on Redis) up to WithMaxWait (30s). Colly's request timeout (10s by
+// spinning on Redis) up to Timeouts.MaxWait (30s). Colly's request timeout (10s by
 // default) counts that wait too: give crawls with more workers than proxies a
 // longer timeout with Collector.SetRequestTimeout.
 //
@@ -198,8 +198,8 @@
 //	{prefix:pool}:free:<site>    zset  "<id>:<slot>" -> time it is next free, ms (idle TTL)
 //	{prefix:pool}:lease:<site>   hash  "<id>:<slot>" -> "<token>|<expiry ms>" (idle TTL)
 //	{prefix:pool}:strikes:<site> hash  proxy ID -> "<bans in a row>|<ms of the last>|<its end>" (idle TTL)
-//	{prefix:pool}:health:<site>  hash  proxy ID -> its recent failure rate on the site (idle TTL; WithFlakyDelay)
-//	{prefix:pool}:pace:<site>    hash  the cooldown learned for the site (idle TTL; WithLearnedPacing)
+//	{prefix:pool}:health:<site>  hash  proxy ID -> its recent failure rate on the site (idle TTL; Rotation.FlakyDelay)
+//	{prefix:pool}:pace:<site>    hash  the cooldown learned for the site (idle TTL; Rotation.LearnedPacing)
 //	{prefix:pool}:fails          hash  proxy ID -> proxy failures in a row (idle TTL)
 //	{prefix:pool}:quarantine     zset  proxy ID -> end of a ban on every site, ms (max quarantine)
 //	{prefix:pool}:dead           hash  proxy ID -> "<ms>|<reason>" (operator state: no TTL, until Revive)
@@ -223,7 +223,7 @@
 //
 // # Long requests, and exit
 //
-// A lease lives for the lease TTL (WithLeaseTTL, 30s) unless renewed: the
+// A lease lives for the lease TTL (Timeouts.LeaseTTL, 30s) unless renewed: the
 // Switch renews the leases of running requests every quarter of it, from one
 // goroutine per Switch that starts with the first lease and ends when none
 // is left, with one script call per pool whatever the number of leases. A

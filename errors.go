@@ -70,7 +70,7 @@ var (
 	// ErrPageRefused means a request was given up because the site refused
 	// the page itself, not the proxies: the same URL was refused (a ban status,
 	// a page without its content) through several proxies that the site
-	// serves its other pages (see WithBanEvidence). The error is a
+	// serves its other pages (see Bans.EvidenceFirst). The error is a
 	// *BlockedError whose Status and Verdict name the site's answer. It does
 	// not match ErrBanned: no proxy was blamed, and sending the request again
 	// through other proxies would only meet the same answer.

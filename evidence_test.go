@@ -18,17 +18,17 @@ import (
 )
 
 // TestBanEvidenceLadder pins what penalize.lua makes of the evidence
-// (WithBanEvidence): a first refusal gets the first quarantine, the same
+// (Bans.EvidenceFirst): a first refusal gets the first quarantine, the same
 // proxy refused again or its refusal confirmed gets the base one, a
 // challenge redirect gets the base one at once, and a healthy answer is
-// reported with the next strike. WithBanEvidence(0, 0) is the old verdict.
+// reported with the next strike. WithBans(Bans{EvidenceFirst: Off, PageProxies: Off}) is the old verdict.
 func TestBanEvidenceLadder(t *testing.T) {
 	ctx := context.Background()
 	const first, base, maxq = 100 * time.Millisecond, 400 * time.Millisecond, 4 * time.Second
-	// WithFlakyDelay(0): the quarantines alone hold the proxy back (a
+	// WithRotation(Rotation{FlakyDelay: Off}): the quarantines alone hold the proxy back (a
 	// verdict also raises its failure rate: selection_test.go).
-	s := newSwitch(t, shared.Client(t), WithQuarantine(base, maxq), WithBanEvidence(first, 2), WithMaxWait(5*time.Second),
-		WithFlakyDelay(0))
+	s := newSwitch(t, shared.Client(t), WithBans(Bans{Quarantine: base, QuarantineMax: maxq, EvidenceFirst: first, PageProxies: 2}), WithTimeouts(Timeouts{MaxWait: 5 * time.Second}),
+		WithRotation(Rotation{FlakyDelay: Off}))
 	_, err := s.Add(ctx, proxyURLs(1)...)
 	require.NoError(t, err)
 	const site = "shop.example"
@@ -120,7 +120,7 @@ func TestBanEvidenceLadder(t *testing.T) {
 	assert.Equal(t, 1, pen.strikes)
 
 	// Today's behaviour: every refusal is a ban at once.
-	old := newSwitch(t, shared.Client(t), WithQuarantine(base, maxq), WithBanEvidence(0, 0))
+	old := newSwitch(t, shared.Client(t), WithBans(Bans{Quarantine: base, QuarantineMax: maxq, EvidenceFirst: Off, PageProxies: Off}))
 	_, err = old.Add(ctx, proxyURLs(1)...)
 	require.NoError(t, err)
 	l, err = old.Lease(ctx, site)
@@ -128,7 +128,7 @@ func TestBanEvidenceLadder(t *testing.T) {
 	pen, err = old.penalize(ctx, site, l.proxy, l, ban403)
 	require.NoError(t, err)
 	assert.False(t, pen.first)
-	within(pen.quarantine, base, "WithBanEvidence(0, 0)")
+	within(pen.quarantine, base, "WithBans(Bans{EvidenceFirst: Off, PageProxies: Off})")
 }
 
 // TestPageRefusals is issue 16's acceptance for refused pages: a site
@@ -357,7 +357,7 @@ func TestPageRefusalsAcrossCollectors(t *testing.T) {
 func TestNoProxyAfterABanNamesTheAnswer(t *testing.T) {
 	ctx := context.Background()
 	m := testbed.NewMarketplace(nil)
-	site, proxies, s := marketBed(t, m, false, 2, WithMaxWait(time.Minute))
+	site, proxies, s := marketBed(t, m, false, 2, WithTimeouts(Timeouts{MaxWait: time.Minute}))
 	m.Burn(proxies[0].SourceIP().String(), testbed.Forbid)
 	other, err := ParseProxy(proxies[1].URL())
 	require.NoError(t, err)
@@ -399,7 +399,7 @@ func TestNoProxyAfterABanNamesTheAnswer(t *testing.T) {
 // once, and quarantined for the base quarantine.
 func TestBurntTogetherIsNoPage(t *testing.T) {
 	m := testbed.NewMarketplace(nil)
-	site, proxies, s := marketBed(t, m, false, 6, WithRetries(3))
+	site, proxies, s := marketBed(t, m, false, 6, WithBans(Bans{Retries: 3}))
 	c := newPageCollector(t, s)
 	visit := func(from, to int) {
 		t.Helper()

@@ -26,7 +26,7 @@ func ExampleSwitch_Attach() {
 	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
 	sw, err := proxyswitch.NewSwitch(rdb,
 		proxyswitch.WithPool("datacenter"),
-		proxyswitch.WithCooldown(2*time.Second), // at most one request per IP per site every 2s, cluster-wide
+		proxyswitch.WithRotation(proxyswitch.Rotation{Cooldown: 2 * time.Second}), // at most one request per IP per site every 2s, cluster-wide
 	)
 	if err != nil {
 		log.Fatal(err)
@@ -122,13 +122,12 @@ func ExampleParseProxy() {
 func ExampleNewTaskContext() {
 	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
 	sw, err := proxyswitch.NewSwitch(rdb,
-		proxyswitch.WithPool("datacenter"),         // requests of no task
-		proxyswitch.WithSessionPool("residential"), // sessions
-		proxyswitch.WithSessionTTL(15*time.Minute),
-		proxyswitch.WithSessionMaxRequests(200),
-		proxyswitch.WithSessionRetired(func(r proxyswitch.SessionRetirement) {
+		proxyswitch.WithPool("datacenter"),                                  // requests of no task
+		proxyswitch.WithSessions(proxyswitch.Sessions{Pool: "residential"}), // sessions
+		proxyswitch.WithSessions(proxyswitch.Sessions{TTL: 15 * time.Minute, MaxRequests: 200}),
+		proxyswitch.WithSessions(proxyswitch.Sessions{Retired: func(r proxyswitch.SessionRetirement) {
 			log.Printf("task %s lost its IP %s (%s): it goes on with a fresh IP and no cookies", r.Task, r.Proxy, r.Reason)
-		}),
+		}}),
 	)
 	if err != nil {
 		log.Fatal(err)

@@ -86,9 +86,8 @@ func TestCollectorWithDefaultsThroughAttach(t *testing.T) {
 func TestNoLeakOnAnyPath(t *testing.T) {
 	// Short quarantines: ten 403s and 503s with their retries must not take
 	// all eight proxies out of rotation for the rest of the test.
-	bed, s := bedSwitch(t, 2, 8, WithMaxWait(20*time.Second),
-		WithQuarantine(50*time.Millisecond, 400*time.Millisecond),
-		WithFailureQuarantine(50*time.Millisecond, 400*time.Millisecond))
+	bed, s := bedSwitch(t, 2, 8, WithTimeouts(Timeouts{MaxWait: 20 * time.Second}),
+		WithBans(Bans{Quarantine: 50 * time.Millisecond, QuarantineMax: 400 * time.Millisecond, FailureQuarantine: 50 * time.Millisecond, FailureQuarantineMax: 400 * time.Millisecond}))
 	bed.Proxies[6].SetMode(testbed.ProxyDead)
 	bed.Proxies[7].SetMode(testbed.ProxyHang)
 	a, b := bed.Sites[0].URL(), bed.Sites[1].URL()
@@ -174,7 +173,7 @@ func TestNoLeakOnAnyPath(t *testing.T) {
 }
 
 func TestRedirectChainKeepsOneIP(t *testing.T) {
-	bed, s := bedSwitch(t, 2, 6, WithCooldown(time.Second))
+	bed, s := bedSwitch(t, 2, 6, WithRotation(Rotation{Cooldown: time.Second}))
 	a, b := bed.Sites[0], bed.Sites[1]
 	c := colly.NewCollector()
 	s.Attach(c)
@@ -241,7 +240,7 @@ func TestFailClosed(t *testing.T) {
 	})
 	t.Run("redis down", func(t *testing.T) {
 		srv := redistest.Start(t)
-		s := newSwitch(t, srv.Client(t), WithRedisTimeout(300*time.Millisecond))
+		s := newSwitch(t, srv.Client(t), WithTimeouts(Timeouts{Redis: 300 * time.Millisecond}))
 		_, err := s.Add(context.Background(), testbed.NewProxy(t, testbed.SourceIP(0)).URL())
 		require.NoError(t, err)
 		require.NoError(t, srv.Kill())
@@ -254,7 +253,7 @@ func TestFailClosed(t *testing.T) {
 	})
 	t.Run("redis hung", func(t *testing.T) {
 		srv := redistest.Start(t)
-		s := newSwitch(t, srv.Client(t), WithRedisTimeout(300*time.Millisecond))
+		s := newSwitch(t, srv.Client(t), WithTimeouts(Timeouts{Redis: 300 * time.Millisecond}))
 		_, err := s.Add(context.Background(), testbed.NewProxy(t, testbed.SourceIP(0)).URL())
 		require.NoError(t, err)
 		require.NoError(t, srv.Pause())
@@ -268,13 +267,13 @@ func TestFailClosed(t *testing.T) {
 	})
 	t.Run("invalid options", func(t *testing.T) {
 		c := colly.NewCollector()
-		c.SetProxyFunc(New(shared.Client(t), WithLeaseTTL(-1)))
+		c.SetProxyFunc(New(shared.Client(t), WithTimeouts(Timeouts{LeaseTTL: -1})))
 		err, _ := visit(t, c)
 		assert.ErrorIs(t, err, ErrNoProxy)
 		assert.ErrorIs(t, err, ErrConfig)
 	})
 	t.Run("all proxies busy", func(t *testing.T) {
-		s := newSwitch(t, shared.Client(t), WithMaxWait(200*time.Millisecond))
+		s := newSwitch(t, shared.Client(t), WithTimeouts(Timeouts{MaxWait: 200 * time.Millisecond}))
 		_, err := s.Add(context.Background(), testbed.NewProxy(t, testbed.SourceIP(0)).URL())
 		require.NoError(t, err)
 		l, err := s.Lease(context.Background(), site.Host())
@@ -294,7 +293,7 @@ func TestFailClosed(t *testing.T) {
 func TestProxyFuncAloneWarnsOnceAndReleases(t *testing.T) {
 	bed := testbed.NewBed(t, 1, 3)
 	var logs testlog.Buffer
-	s := newSwitch(t, shared.Client(t), WithLogger(slog.New(slog.NewTextHandler(&logs, nil))), WithLeaseTTL(time.Second))
+	s := newSwitch(t, shared.Client(t), WithLogger(slog.New(slog.NewTextHandler(&logs, nil))), WithTimeouts(Timeouts{LeaseTTL: time.Second}))
 	_, err := s.Add(context.Background(), bed.ProxyURLs()...)
 	require.NoError(t, err)
 
@@ -341,7 +340,7 @@ func crawlURLs(sites []*testbed.Site, n int) []string {
 // proxies per site, so every lease is contended.
 func TestNoCollisionsAcrossCollectors(t *testing.T) {
 	const collectors, workers, perCollector = 3, 50, 2000
-	bed, s := bedSwitch(t, 4, 30, WithMaxWait(30*time.Second))
+	bed, s := bedSwitch(t, 4, 30, WithTimeouts(Timeouts{MaxWait: 30 * time.Second}))
 	urls := crawlURLs(bed.Sites, collectors*perCollector)
 	var ok, failed atomic.Int64
 	var wg sync.WaitGroup
@@ -419,7 +418,7 @@ func TestNoCollisionsAcrossProcesses(t *testing.T) {
 // proxies can be leased again within the lease TTL plus a second.
 func TestKilledWorkerLeasesComeBack(t *testing.T) {
 	const ttl = 2 * time.Second
-	s := newSwitch(t, shared.Client(t), WithMaxWait(0), WithLeaseTTL(ttl))
+	s := newSwitch(t, shared.Client(t), WithTimeouts(Timeouts{MaxWait: Off, LeaseTTL: ttl}))
 	_, err := s.Add(context.Background(), proxyURLs(3)...)
 	require.NoError(t, err)
 	sites := []string{"ozon.example", "ozon.example", "ozon.example", "avito.example"}

@@ -34,7 +34,7 @@ import (
 // before it went away may still run on proxies of this server's share, and
 // nothing tells which: so the local shard starts serving only once they are
 // over. Each attempt through a proxy ends within the attempt timeout
-// (WithAttemptTimeout) when one is set, else within the lease TTL: the
+// (Timeouts.Attempt) when one is set, else within the lease TTL: the
 // shard is held that long (localPool.Hold). This server's own Redis leases
 // still running are reserved in the shard until released.
 //
@@ -97,9 +97,9 @@ type fallbackConfig struct {
 // lease and Stop when done. Every worker of the pool must use the fallback
 // with the same sharder.
 //
-// How fast: Redis counts as gone after WithFallbackTimeout (1s); then the
+// How fast: Redis counts as gone after Timeouts.Fallback (1s); then the
 // local shard waits until any attempt another server began through one of
-// its proxies is over: the attempt timeout (WithAttemptTimeout) when set,
+// its proxies is over: the attempt timeout (Timeouts.Attempt) when set,
 // otherwise the lease TTL. Set an attempt timeout to switch within seconds.
 // When Redis answers again the Switch leases from it once every server of
 // the member list has written back (at most the member TTL, 3s, for a
@@ -129,19 +129,10 @@ func WithSharding(self string, sh shard.Sharder) Option {
 	}
 }
 
-// WithFallbackTimeout sets, for a Switch with WithFallback or WithSharding,
-// how long a Redis call may go unanswered before the Switch counts Redis
-// as unreachable: it bounds every lease, release and quarantine call (in
-// place of WithRedisTimeout, when shorter) and the health probe, which runs
-// every quarter of it. The default is 1s.
-func WithFallbackTimeout(d time.Duration) Option {
-	return func(c *config) { c.fallback.timeout = d }
-}
-
 func (fc *fallbackConfig) validate() error {
 	if fc.set == 0 {
 		if fc.timeout < 0 {
-			return fmt.Errorf("%w: negative fallback timeout %v", ErrConfig, fc.timeout)
+			return fmt.Errorf("%w: negative Timeouts.Fallback %v", ErrConfig, fc.timeout)
 		}
 		return nil
 	}
@@ -158,7 +149,7 @@ func (fc *fallbackConfig) validate() error {
 	case fc.timeout == 0:
 		fc.timeout = defaultFallbackTimeout
 	case fc.timeout < 20*time.Millisecond:
-		return fmt.Errorf("%w: fallback timeout %v is below 20ms", ErrConfig, fc.timeout)
+		return fmt.Errorf("%w: Timeouts.Fallback %v is below 20ms", ErrConfig, fc.timeout)
 	}
 	return nil
 }

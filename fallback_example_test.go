@@ -21,7 +21,7 @@ func ExampleWithFallback() {
 	sw, err := proxyswitch.NewSwitch(rdb,
 		proxyswitch.WithPool("datacenter"),
 		proxyswitch.WithFallback(host, shard.Rendezvous{}),
-		proxyswitch.WithAttemptTimeout(5*time.Second)) // also how long the switch waits for others' attempts
+		proxyswitch.WithTimeouts(proxyswitch.Timeouts{Attempt: 5 * time.Second})) // also how long the switch waits for others' attempts
 	if err != nil {
 		log.Fatal(err)
 	}

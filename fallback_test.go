@@ -18,9 +18,9 @@ import (
 // 300ms, heartbeats every 100ms, attempts bounded by 600ms (the switch-over
 // hold).
 func fastFallback(self string) []Option {
-	return []Option{WithFallback(self, nil), WithFallbackTimeout(300 * time.Millisecond),
+	return []Option{WithFallback(self, nil), WithTimeouts(Timeouts{Fallback: 300 * time.Millisecond}),
 		WithMembership(shard.MemberConfig{Heartbeat: 100 * time.Millisecond, TTL: time.Second}),
-		WithAttemptTimeout(600 * time.Millisecond), WithMaxWait(5 * time.Second)}
+		WithTimeouts(Timeouts{Attempt: 600 * time.Millisecond, MaxWait: 5 * time.Second})}
 }
 
 // startSwitch starts s and stops it with the test.
@@ -178,8 +178,8 @@ func TestFallbackBadOptions(t *testing.T) {
 		"no member ID":     {WithFallback("", nil)},
 		"space in ID":      {WithSharding("crawler 1", shard.Modulo{})},
 		"both schemes":     {WithFallback("a", nil), WithSharding("a", nil)},
-		"tiny timeout":     {WithFallback("a", nil), WithFallbackTimeout(time.Millisecond)},
-		"negative timeout": {WithFallbackTimeout(-time.Second)},
+		"tiny timeout":     {WithFallback("a", nil), WithTimeouts(Timeouts{Fallback: time.Millisecond})},
+		"negative timeout": {WithTimeouts(Timeouts{Fallback: -time.Second})},
 	} {
 		_, err := NewSwitch(rdb, opts...)
 		assert.ErrorIs(t, err, ErrConfig, name)

@@ -23,7 +23,7 @@ func TestLargeGatewayInBoundedCalls(t *testing.T) {
 	ctx := context.Background()
 	const site = "shop.example"
 	rdb := shared.Client(t)
-	s := newSwitch(t, rdb, WithMaxWait(0))
+	s := newSwitch(t, rdb, WithTimeouts(Timeouts{MaxWait: Off}))
 	gw := func(n string) string { return "http://user-session-{session:" + n + "}:pw@gw.example:7000 country=ru" }
 	inStep := func(size, sessions int) {
 		t.Helper()

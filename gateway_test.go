@@ -106,7 +106,7 @@ func TestGatewayEntriesKeepTheirSessions(t *testing.T) {
 // reporting twice); the pool keeps its size.
 func TestGatewayBanRotatesOnce(t *testing.T) {
 	ctx := context.Background()
-	s := newSwitch(t, shared.Client(t), WithMaxWait(0))
+	s := newSwitch(t, shared.Client(t), WithTimeouts(Timeouts{MaxWait: Off}))
 	s2 := sibling(t, s, shared.Client(t))
 	_, err := s.Add(ctx, "http://user-session-{session:3}:pw@gw.example:7000", "http://plain:pw@127.0.0.2:8080")
 	require.NoError(t, err)
@@ -188,7 +188,7 @@ func TestGatewayCrawlRotatesBannedSessions(t *testing.T) {
 	sites := []*gatewaySite{newGatewaySite(t, "a"), newGatewaySite(t, "b")}
 	exits := gw.Exits()
 	sites[0].burn(exits[0]) // the first session's exit
-	s := newSwitch(t, shared.Client(t), WithMaxWait(20*time.Second))
+	s := newSwitch(t, shared.Client(t), WithTimeouts(Timeouts{MaxWait: 20 * time.Second}))
 	_, err := s.Add(context.Background(), gw.Template("customer-test", 4))
 	require.NoError(t, err)
 	before := poolIDs(t, s)
@@ -242,7 +242,7 @@ func TestGatewayCrawlRotatesBannedSessions(t *testing.T) {
 func TestGatewayStickyTasksKeepOneExitIP(t *testing.T) {
 	gw := proxyswitchtest.NewGateway(t, proxyswitchtest.GatewayConfig{Exits: 32})
 	site := newGatewaySite(t, "shop")
-	s := newSwitch(t, shared.Client(t), WithMaxWait(20*time.Second))
+	s := newSwitch(t, shared.Client(t), WithTimeouts(Timeouts{MaxWait: 20 * time.Second}))
 	_, err := s.Add(context.Background(), gw.Template("customer-test", 6))
 	require.NoError(t, err)
 	before := poolIDs(t, s)
@@ -291,7 +291,7 @@ func TestGatewayStickyTasksKeepOneExitIP(t *testing.T) {
 // the old session is never leased again.
 func TestGatewayRotationLeavesOtherLeases(t *testing.T) {
 	ctx := context.Background()
-	s := newSwitch(t, shared.Client(t), WithMaxWait(0))
+	s := newSwitch(t, shared.Client(t), WithTimeouts(Timeouts{MaxWait: Off}))
 	_, err := s.Add(ctx, "http://user-session-{session:1}:pw@gw.example:7000")
 	require.NoError(t, err)
 	a, err := s.Lease(ctx, "a.example")

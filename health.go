@@ -7,11 +7,12 @@ import (
 	"unicode"
 
 	"github.com/proxyswitch/proxyswitch/internal/engine"
+	"github.com/proxyswitch/proxyswitch/internal/hooks"
 )
 
 // The few calls a health checker needs (package probe is one): lease one
-// given proxy, mark proxies dead with a reason of its own, and revive only
-// what it marked. Each is one Lua script.
+// given proxy, mark proxies dead with a reason of its own (Drain), and
+// revive only what it marked (Revive). Each is one Lua script.
 
 // LeaseProxy leases proxy (a URL or an ID, as List shows it) for site now,
 // if one of its slots is free there: unlike Lease it does not wait and
@@ -56,52 +57,57 @@ func (s *Switch) LeaseProxy(ctx context.Context, site, proxy string) (*Lease, er
 	return l, nil
 }
 
-// MarkDead takes proxies (URLs or IDs) out of every site's rotation as
-// Drain does, marked with reason: Dead lists them as StateDead with that
-// Reason, and Revive or ReviveMarked(reason) brings them back. A proxy
-// already dead or drained keeps its mark (an operator's drain is never
-// turned into a probe's mark), and one not in the pool is skipped. reason
-// is a short name of the caller ("probe"): not empty, at most 64 printable
-// characters, no '|', not "drained". It returns how many proxies it
-// marked. It is safe for concurrent use.
-func (s *Switch) MarkDead(ctx context.Context, reason string, proxies ...string) (int, error) {
-	if err := checkReason(reason); err != nil {
-		return 0, err
+// Drain takes proxies (URLs or IDs) out of every site's rotation: requests
+// already using them finish, none starts. Dead lists them with their mark,
+// and Revive brings them back. It returns how many proxies it marked. It
+// is safe for concurrent use.
+//
+// With reason "" it is an operator's drain: every proxy must be in the pool
+// (otherwise it fails with ErrNotInPool and drains none), Dead lists it with
+// the reason "drained", and that mark wins over any other. With another
+// reason it is a health checker's mark (package probe's is "probe"): Dead
+// lists the proxy as StateDead with that Reason, a proxy already dead or
+// drained keeps its mark (an operator's drain is never turned into a
+// probe's mark), and one not in the pool is skipped. Such a reason is a
+// short name of the caller: at most 64 printable characters, no spaces, no
+// '|', not "drained".
+func (s *Switch) Drain(ctx context.Context, reason string, proxies ...string) (int, error) {
+	var strs []string
+	if reason == "" {
+		for _, proxy := range proxies {
+			p, err := s.find(ctx, proxy)
+			if err != nil {
+				return 0, err
+			}
+			strs = append(strs, p.id)
+		}
+		reason = "drained"
+	} else {
+		if err := checkReason(reason); err != nil {
+			return 0, err
+		}
+		ids, err := proxyIDs(proxies)
+		if err != nil {
+			return 0, err
+		}
+		for _, id := range ids {
+			strs = append(strs, id.(string))
+		}
 	}
-	ids, err := proxyIDs(proxies)
-	if err != nil || len(ids) == 0 {
-		return 0, err
-	}
-	strs := make([]string, len(ids))
-	for i, id := range ids {
-		strs[i] = id.(string)
+	if len(strs) == 0 {
+		return 0, nil
 	}
 	n, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) (int64, error) {
 		return engine.Drain{Dead: s.keys.dead(), Sites: s.keys.sites(), Pool: s.keys.proxies(),
 			Prefix: s.keys.base, Slots: s.cfg.slots, Reason: reason, Proxies: strs}.Run(ctx, s.rdb).Int64()
 	}, nil)
 	if err != nil {
-		return 0, redisErr("mark dead", err)
+		return 0, redisErr("drain", err)
 	}
 	for _, id := range strs {
 		s.clients.closeProxy(id, "")
 	}
 	return int(n), nil
-}
-
-// ReviveMarked is Revive for the proxies among proxies (URLs or IDs) whose
-// dead mark is reason's, as MarkDead set it: a proxy drained, or dead of
-// its failures, or marked by another reason, stays out. It returns how many
-// it revived. It is safe for concurrent use.
-func (s *Switch) ReviveMarked(ctx context.Context, reason string, proxies ...string) (int, error) {
-	if err := checkReason(reason); err != nil {
-		return 0, err
-	}
-	ids, err := proxyIDs(proxies)
-	if err != nil || len(ids) == 0 {
-		return 0, err
-	}
-	return s.revive(ctx, reason, ids)
 }
 
 func checkReason(reason string) error {
@@ -113,6 +119,4 @@ func checkReason(reason string) error {
 	return nil
 }
 
-// Prefix returns the key prefix of the Switch's pool (WithPrefix; default
-// "proxyswitch"), for tools that keep keys of their own beside the pool's.
-func (s *Switch) Prefix() string { return s.cfg.prefix }
+func init() { hooks.Prefix = func(sw any) string { return sw.(*Switch).cfg.prefix } }

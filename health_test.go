@@ -22,11 +22,11 @@ func deadReasons(t *testing.T, s *Switch) map[string]string {
 	return out
 }
 
-// TestMarkDeadKeepsOthersMarks: a probe's mark never hides an operator's
-// drain or a failure's mark, and ReviveMarked brings back only its own.
-func TestMarkDeadKeepsOthersMarks(t *testing.T) {
+// TestDrainReasonKeepsOthersMarks: a probe's mark never hides an operator's
+// drain or a failure's mark, and Revive with a reason brings back only its own.
+func TestDrainReasonKeepsOthersMarks(t *testing.T) {
 	ctx := context.Background()
-	s := newSwitch(t, shared.Client(t), WithDeadAfter(1), WithMaxWait(0))
+	s := newSwitch(t, shared.Client(t), WithBans(Bans{DeadAfter: 1}), WithTimeouts(Timeouts{MaxWait: Off}))
 	urls := proxyURLs(5)
 	_, err := s.Add(ctx, urls...)
 	require.NoError(t, err)
@@ -36,14 +36,14 @@ func TestMarkDeadKeepsOthersMarks(t *testing.T) {
 	require.NoError(t, err)
 
 	// 0: drained by the operator; 1: dead of a failure; 2, 3: the probe's.
-	require.NoError(t, s.Drain(ctx, urls[0]))
+	require.NoError(t, func() error { _, err := s.Drain(ctx, "", urls[0]); return err }())
 	l, err := s.LeaseProxy(ctx, site, urls[1])
 	require.NoError(t, err)
 	require.NoError(t, l.Report(ctx, ban.Verdict{Kind: ban.ProxyFailure, Reason: ban.ReasonProxyConnect}))
 	before := deadReasons(t, s)
 	require.Contains(t, before, id(1))
 
-	n, err := s.MarkDead(ctx, "probe", urls[0], urls[1], urls[2], id(3))
+	n, err := s.Drain(ctx, "probe", urls[0], urls[1], urls[2], id(3))
 	require.NoError(t, err)
 	require.Equal(t, 2, n, "only the unmarked proxies are marked")
 	got := deadReasons(t, s)
@@ -55,8 +55,8 @@ func TestMarkDeadKeepsOthersMarks(t *testing.T) {
 	require.ErrorIs(t, err, ErrNoProxy, "a marked proxy is leased")
 
 	// The operator drains 3 after the probe marked it: the drain wins.
-	require.NoError(t, s.Drain(ctx, urls[3]))
-	n, err = s.ReviveMarked(ctx, "probe", urls[0], urls[1], urls[2], urls[3], urls[4])
+	require.NoError(t, func() error { _, err := s.Drain(ctx, "", urls[3]); return err }())
+	n, err = s.Revive(ctx, "probe", urls[0], urls[1], urls[2], urls[3], urls[4])
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 	got = deadReasons(t, s)
@@ -65,22 +65,35 @@ func TestMarkDeadKeepsOthersMarks(t *testing.T) {
 	require.NoError(t, err, "the revived proxy is not leasable")
 	require.NoError(t, l.Release(ctx))
 
-	for _, bad := range []string{"", "drained", "a|b", "two words", string(make([]byte, 65))} {
-		_, err := s.MarkDead(ctx, bad, urls[4])
+	for _, bad := range []string{"drained", "a|b", "two words", string(make([]byte, 65))} {
+		_, err := s.Drain(ctx, bad, urls[4])
 		require.ErrorIs(t, err, ErrConfig, "%q", bad)
-		_, err = s.ReviveMarked(ctx, bad, urls[4])
+		_, err = s.Revive(ctx, bad, urls[4])
 		require.ErrorIs(t, err, ErrConfig, "%q", bad)
 	}
-	n, err = s.Revive(ctx, urls[0], urls[1], urls[3])
+	n, err = s.Revive(ctx, "", urls[0], urls[1], urls[3])
 	require.NoError(t, err)
 	require.Equal(t, 3, n, "Revive still revives any mark")
+
+	// An operator's drain (reason "") takes several proxies, all in the
+	// pool or none: one not in the pool drains nothing.
+	_, err = s.Drain(ctx, "", urls[4], proxyURLs(6)[5])
+	require.ErrorIs(t, err, ErrNotInPool)
+	require.Empty(t, deadReasons(t, s), "nothing drained")
+	n, err = s.Drain(ctx, "", urls[4], id(0))
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	require.Equal(t, map[string]string{id(0): "drained", id(4): "drained"}, deadReasons(t, s))
+	n, err = s.Revive(ctx, "", urls[4], id(0))
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
 }
 
 // TestLeaseProxy: it leases the named proxy or fails at once; many
 // goroutines on several clients racing for one proxy never both hold it.
 func TestLeaseProxy(t *testing.T) {
 	ctx := context.Background()
-	s := newSwitch(t, shared.Client(t), WithMaxWait(0))
+	s := newSwitch(t, shared.Client(t), WithTimeouts(Timeouts{MaxWait: Off}))
 	urls := proxyURLs(4)
 	_, err := s.Add(ctx, urls...)
 	require.NoError(t, err)

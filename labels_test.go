@@ -45,7 +45,7 @@ func TestLabelLines(t *testing.T) {
 
 func TestLabelsKeptInStep(t *testing.T) {
 	ctx := context.Background()
-	s := newSwitch(t, shared.Client(t), WithMaxWait(0))
+	s := newSwitch(t, shared.Client(t), WithTimeouts(Timeouts{MaxWait: Off}))
 	_, err := s.Replace(ctx, []string{"http://10.0.0.1:3128 country=de", "http://10.0.0.2:3128 country=ru",
 		"http://u-session-{session:2}:pw@10.0.0.3:7000 country=ru type=residential"})
 	require.NoError(t, err)
@@ -108,7 +108,7 @@ func TestLabelledCrawlNeverLeavesThroughAnotherLabel(t *testing.T) {
 	for _, ip := range gw.Exits() {
 		ru[ip] = true
 	}
-	s := newSwitch(t, shared.Client(t), WithMaxWait(20*time.Second))
+	s := newSwitch(t, shared.Client(t), WithTimeouts(Timeouts{MaxWait: 20 * time.Second}))
 	_, err := s.Replace(context.Background(), lines)
 	require.NoError(t, err)
 	obs := &recordingObserver{}

@@ -79,7 +79,7 @@ func (l *Lease) lost(why string) error {
 // Lease waits for a free proxy for site (a host name, or whatever the site
 // function returns) and leases it. It waits at most the max-wait option, or
 // until ctx ends, and then fails with ErrNoProxy (as it does after Close).
-// The lease lives for the lease TTL (WithLeaseTTL) unless released or
+// The lease lives for the lease TTL (Timeouts.LeaseTTL) unless released or
 // extended: unlike the leases of the ProxyFunc's requests, the Switch does
 // not renew it (call Extend while you need it longer). Close releases it if
 // it is still held. Most users never call Lease: the ProxyFunc and the hooks

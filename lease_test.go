@@ -65,7 +65,7 @@ func TestLeaseReleaseLRU(t *testing.T) {
 
 func TestExclusivePerSite(t *testing.T) {
 	ctx := context.Background()
-	s := newSwitch(t, shared.Client(t), WithMaxWait(150*time.Millisecond))
+	s := newSwitch(t, shared.Client(t), WithTimeouts(Timeouts{MaxWait: 150 * time.Millisecond}))
 	_, err := s.Add(ctx, proxyURLs(2)...)
 	require.NoError(t, err)
 
@@ -96,7 +96,7 @@ func TestExclusivePerSite(t *testing.T) {
 
 func TestScopeGlobal(t *testing.T) {
 	ctx := context.Background()
-	s := newSwitch(t, shared.Client(t), WithScope(ScopeGlobal), WithMaxWait(0))
+	s := newSwitch(t, shared.Client(t), WithRotation(Rotation{Scope: ScopeGlobal}), WithTimeouts(Timeouts{MaxWait: Off}))
 	_, err := s.Add(ctx, proxyURLs(1)...)
 	require.NoError(t, err)
 	l, err := s.Lease(ctx, "ozon.example")
@@ -110,7 +110,7 @@ func TestScopeGlobal(t *testing.T) {
 
 func TestConcurrencyK(t *testing.T) {
 	ctx := context.Background()
-	s := newSwitch(t, shared.Client(t), WithConcurrency(2), WithMaxWait(0))
+	s := newSwitch(t, shared.Client(t), WithRotation(Rotation{Concurrency: 2}), WithTimeouts(Timeouts{MaxWait: Off}))
 	_, err := s.Add(ctx, proxyURLs(1)...)
 	require.NoError(t, err)
 	l1, err := s.Lease(ctx, "wb.example")
@@ -122,7 +122,7 @@ func TestConcurrencyK(t *testing.T) {
 	require.ErrorIs(t, err, ErrNoProxy)
 
 	// A worker that disagrees on K is refused, not silently inconsistent.
-	other, err := NewSwitch(shared.Client(t), WithPrefix(s.cfg.prefix), WithConcurrency(3))
+	other, err := NewSwitch(shared.Client(t), WithPrefix(s.cfg.prefix), WithRotation(Rotation{Concurrency: 3}))
 	require.NoError(t, err)
 	_, err = other.Lease(ctx, "wb.example")
 	require.ErrorIs(t, err, ErrConfig)
@@ -132,7 +132,7 @@ func TestConcurrencyK(t *testing.T) {
 func TestCooldownPacesAnIP(t *testing.T) {
 	ctx := context.Background()
 	const cooldown = 300 * time.Millisecond
-	s := newSwitch(t, shared.Client(t), WithCooldown(cooldown))
+	s := newSwitch(t, shared.Client(t), WithRotation(Rotation{Cooldown: cooldown}))
 	_, err := s.Add(ctx, proxyURLs(1)...)
 	require.NoError(t, err)
 	l, err := s.Lease(ctx, "ozon.example")
@@ -147,7 +147,7 @@ func TestCooldownPacesAnIP(t *testing.T) {
 	require.NoError(t, l2.Release(ctx))
 
 	// With K=2 the cooldown also spaces two starts.
-	k := newSwitch(t, shared.Client(t), WithCooldown(cooldown), WithConcurrency(2))
+	k := newSwitch(t, shared.Client(t), WithRotation(Rotation{Cooldown: cooldown, Concurrency: 2}))
 	_, err = k.Add(ctx, proxyURLs(1)...)
 	require.NoError(t, err)
 	_, err = k.Lease(ctx, "ozon.example")
@@ -160,7 +160,7 @@ func TestCooldownPacesAnIP(t *testing.T) {
 
 func TestExpiredHolderCannotTouchNextHoldersLease(t *testing.T) {
 	ctx := context.Background()
-	s := newSwitch(t, shared.Client(t), WithLeaseTTL(200*time.Millisecond), WithMaxWait(0))
+	s := newSwitch(t, shared.Client(t), WithTimeouts(Timeouts{LeaseTTL: 200 * time.Millisecond, MaxWait: Off}))
 	_, err := s.Add(ctx, proxyURLs(1)...)
 	require.NoError(t, err)
 
@@ -191,7 +191,7 @@ func TestExpiredHolderCannotTouchNextHoldersLease(t *testing.T) {
 func TestLeaseTTLIgnoresRequestDeadline(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	s := newSwitch(t, shared.Client(t), WithLeaseTTL(time.Second))
+	s := newSwitch(t, shared.Client(t), WithTimeouts(Timeouts{LeaseTTL: time.Second}))
 	_, err := s.Add(ctx, proxyURLs(1)...)
 	require.NoError(t, err)
 	l, err := s.Lease(ctx, "ozon.example")
@@ -202,7 +202,7 @@ func TestLeaseTTLIgnoresRequestDeadline(t *testing.T) {
 
 func TestWaitForRelease(t *testing.T) {
 	ctx := context.Background()
-	s := newSwitch(t, shared.Client(t), WithMaxWait(5*time.Second))
+	s := newSwitch(t, shared.Client(t), WithTimeouts(Timeouts{MaxWait: 5 * time.Second}))
 	_, err := s.Add(ctx, proxyURLs(1)...)
 	require.NoError(t, err)
 	l, err := s.Lease(ctx, "ozon.example")
@@ -235,7 +235,7 @@ func TestWaitDoesNotSpinOnRedis(t *testing.T) {
 	rdb := shared.Client(t)
 	var calls atomic.Int64
 	rdb.AddHook(countHook{&calls})
-	s := newSwitch(t, rdb, WithMaxWait(time.Second))
+	s := newSwitch(t, rdb, WithTimeouts(Timeouts{MaxWait: time.Second}))
 	_, err := s.Add(ctx, proxyURLs(1)...)
 	require.NoError(t, err)
 	_, err = s.Lease(ctx, "ozon.example")
@@ -270,7 +270,7 @@ func TestEmptyPool(t *testing.T) {
 func TestRedisDown(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client(t, func(o *redis.Options) { o.Password = "Canary-redis-pw" })
-	s := newSwitch(t, rdb, WithRedisTimeout(500*time.Millisecond))
+	s := newSwitch(t, rdb, WithTimeouts(Timeouts{Redis: 500 * time.Millisecond}))
 	require.NoError(t, srv.Kill())
 	start := time.Now()
 	_, err := s.Lease(context.Background(), "ozon.example")
@@ -284,7 +284,7 @@ func TestRedisDown(t *testing.T) {
 
 func TestRedisHung(t *testing.T) {
 	srv := redistest.Start(t)
-	s := newSwitch(t, srv.Client(t), WithRedisTimeout(300*time.Millisecond))
+	s := newSwitch(t, srv.Client(t), WithTimeouts(Timeouts{Redis: 300 * time.Millisecond}))
 	_, err := s.Add(context.Background(), proxyURLs(1)...)
 	require.NoError(t, err)
 	require.NoError(t, srv.Pause())
@@ -299,7 +299,7 @@ func TestRedisHung(t *testing.T) {
 func TestCorruptPoolEntry(t *testing.T) {
 	ctx := context.Background()
 	rdb := shared.Client(t)
-	s := newSwitch(t, rdb, WithMaxWait(0))
+	s := newSwitch(t, rdb, WithTimeouts(Timeouts{MaxWait: Off}))
 	require.NoError(t, rdb.HSet(ctx, s.keys.proxies(), "0123456789abcdef", "gopher://u:Canary@x:1").Err())
 	_, err := s.Lease(ctx, "ozon.example")
 	require.ErrorIs(t, err, ErrNoProxy)
@@ -312,7 +312,7 @@ func TestCorruptPoolEntry(t *testing.T) {
 	require.ErrorIs(t, err, ErrCorrupt)
 
 	// A damaged lease record does not break release or lease.
-	s2 := newSwitch(t, rdb, WithMaxWait(0))
+	s2 := newSwitch(t, rdb, WithTimeouts(Timeouts{MaxWait: Off}))
 	_, err = s2.Add(ctx, proxyURLs(1)...)
 	require.NoError(t, err)
 	l, err := s2.Lease(ctx, "ozon.example")
@@ -323,7 +323,7 @@ func TestCorruptPoolEntry(t *testing.T) {
 
 func TestPoolAdministration(t *testing.T) {
 	ctx := context.Background()
-	s := newSwitch(t, shared.Client(t), WithMaxWait(0))
+	s := newSwitch(t, shared.Client(t), WithTimeouts(Timeouts{MaxWait: Off}))
 	urls := proxyURLs(4)
 	ch, err := s.Add(ctx, urls[:2]...)
 	require.NoError(t, err)
@@ -448,16 +448,16 @@ func redisKeySlot(key string) uint16 {
 func TestBadOptions(t *testing.T) {
 	rdb := shared.Client(t)
 	for name, opt := range map[string]Option{
-		"ttl":         WithLeaseTTL(time.Millisecond),
-		"wait":        WithMaxWait(-time.Second),
-		"cooldown":    WithCooldown(-1),
-		"concurrency": WithConcurrency(0),
+		"ttl":         WithTimeouts(Timeouts{LeaseTTL: time.Millisecond}),
+		"wait":        WithTimeouts(Timeouts{MaxWait: -time.Second}),
+		"cooldown":    WithRotation(Rotation{Cooldown: -time.Second}),
+		"concurrency": WithRotation(Rotation{Concurrency: Off}),
 		"prefix":      WithPrefix("a{b}"),
 		"pool":        WithPool(""),
 		"site func":   WithSiteFunc(nil),
-		"timeout":     WithRedisTimeout(0),
-		"idle":        WithIdleTTL(time.Second),
-		"scope":       WithScope(Scope(7)),
+		"timeout":     WithTimeouts(Timeouts{Redis: Off}),
+		"idle":        WithTimeouts(Timeouts{IdleTTL: time.Second}),
+		"scope":       WithRotation(Rotation{Scope: Scope(7)}),
 	} {
 		_, err := NewSwitch(rdb, opt)
 		assert.ErrorIs(t, err, ErrConfig, name)
@@ -468,7 +468,7 @@ func TestBadOptions(t *testing.T) {
 	_, err = NewSwitch(nilClient)
 	assert.ErrorIs(t, err, ErrConfig, "a typed nil client is caught, not dereferenced")
 
-	pf := New(rdb, WithConcurrency(-1))
+	pf := New(rdb, WithRotation(Rotation{Concurrency: -1}))
 	u, err := pf(nil)
 	assert.Nil(t, u)
 	assert.ErrorIs(t, err, ErrNoProxy)
@@ -481,7 +481,7 @@ func TestBadOptions(t *testing.T) {
 // no proxy is ever held twice for one site.
 func TestNoTwoHoldersAtOnce(t *testing.T) {
 	ctx := context.Background()
-	base := newSwitch(t, shared.Client(t), WithMaxWait(10*time.Second))
+	base := newSwitch(t, shared.Client(t), WithTimeouts(Timeouts{MaxWait: 10 * time.Second}))
 	_, err := base.Add(ctx, proxyURLs(20)...)
 	require.NoError(t, err)
 
@@ -558,7 +558,7 @@ func TestErrorsAreMatchable(t *testing.T) {
 // by quarantines (issue 16, item 6).
 func TestNoProxyNamesWhatBlocked(t *testing.T) {
 	ctx := context.Background()
-	s := newSwitch(t, shared.Client(t), WithMaxWait(100*time.Millisecond))
+	s := newSwitch(t, shared.Client(t), WithTimeouts(Timeouts{MaxWait: 100 * time.Millisecond}))
 	urls := proxyURLs(2)
 	_, err := s.Add(ctx, urls...)
 	require.NoError(t, err)

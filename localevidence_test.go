@@ -54,7 +54,7 @@ func TestLocalShardEvidence(t *testing.T) {
 
 	srv := redistest.Start(t)
 	s := newSwitch(t, srv.Client(t), append(fastFallback("crawler-1"), WithBreaker(Breaker{Disabled: true}),
-		WithBanEvidence(time.Minute, 2), WithQuarantine(30*time.Minute, time.Hour))...)
+		WithBans(Bans{EvidenceFirst: time.Minute, PageProxies: 2, Quarantine: 30 * time.Minute, QuarantineMax: time.Hour}))...)
 	obs := &recordingObserver{}
 	s.SetObserver(obs)
 	_, err = s.Add(ctx, urls...)

@@ -29,7 +29,7 @@ func newLocalPoolWith(opts ...Option) (*localPool, error) {
 // The local shard takes the Switch's options, and its errors are the
 // package's own.
 func TestLocalPoolOptionsAndErrors(t *testing.T) {
-	_, err := newLocalPoolWith(WithConcurrency(0))
+	_, err := newLocalPoolWith(WithRotation(Rotation{Concurrency: Off}))
 	assert.ErrorIs(t, err, ErrConfig)
 	p, err := newLocalPoolWith(nil)
 	require.NoError(t, err, "a nil option is skipped")
@@ -44,7 +44,7 @@ func TestLocalPoolOptionsAndErrors(t *testing.T) {
 	_, err = p.SetProxies([]*Proxy{nil})
 	assert.ErrorIs(t, localErr(err), ErrConfig)
 
-	p, err = newLocalPoolWith(WithScope(ScopeGlobal), WithLeaseTTL(time.Minute), WithPool("dc"))
+	p, err = newLocalPoolWith(WithRotation(Rotation{Scope: ScopeGlobal}), WithTimeouts(Timeouts{LeaseTTL: time.Minute}), WithPool("dc"))
 	require.NoError(t, err)
 	ps, err := ParseProxies(proxyURLsForShard(1))
 	require.NoError(t, err)
@@ -76,7 +76,7 @@ func TestLocalPoolsOfThreeServersNeverShareAProxy(t *testing.T) {
 	for _, m := range members {
 		share, err := shareProxies(shard.Rendezvous{}, ps, members, m)
 		require.NoError(t, err)
-		p, err := newLocalPoolWith(WithMaxWait(5 * time.Second))
+		p, err := newLocalPoolWith(WithTimeouts(Timeouts{MaxWait: 5 * time.Second}))
 		require.NoError(t, err)
 		_, err = p.SetProxies(share)
 		require.NoError(t, err)

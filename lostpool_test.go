@@ -74,7 +74,7 @@ func lostPoolCrawl(t *testing.T, fault string, withFallback bool) {
 	prefix := testPrefix()
 	var lcs []*chaosCollector
 	for i := range 3 {
-		opts := []Option{WithPrefix(prefix), WithAttemptTimeout(time.Second), WithMaxWait(10 * time.Second)}
+		opts := []Option{WithPrefix(prefix), WithTimeouts(Timeouts{Attempt: time.Second, MaxWait: 10 * time.Second})}
 		if withFallback {
 			// The default fallback timeout (1s): go-redis' retries hide a
 			// quick restart, so the switch need not trip.
@@ -174,10 +174,10 @@ func TestOperatorEmptiedPoolStaysEmpty(t *testing.T) {
 			prefix := testPrefix()
 			var sws []*Switch
 			for i := range 3 {
-				opts := []Option{WithPrefix(prefix), WithMaxWait(0)}
+				opts := []Option{WithPrefix(prefix), WithTimeouts(Timeouts{MaxWait: Off})}
 				if fb {
 					opts = append(opts, fastFallback(fmt.Sprintf("w%d", i))...)
-					opts = append(opts, WithMaxWait(0))
+					opts = append(opts, WithTimeouts(Timeouts{MaxWait: Off}))
 				}
 				sw, err := NewSwitch(srv.Client(t), opts...)
 				require.NoError(t, err)
@@ -261,7 +261,7 @@ func TestReseedOnceAndNeverOverAnOperator(t *testing.T) {
 	prefix := testPrefix()
 	var sws []*Switch
 	for range 3 {
-		sw, err := NewSwitch(srv.Client(t), WithPrefix(prefix), WithAttemptTimeout(100*time.Millisecond), WithMaxWait(5*time.Second))
+		sw, err := NewSwitch(srv.Client(t), WithPrefix(prefix), WithTimeouts(Timeouts{Attempt: 100 * time.Millisecond, MaxWait: 5 * time.Second}))
 		require.NoError(t, err)
 		sws = append(sws, sw)
 	}
@@ -271,7 +271,7 @@ func TestReseedOnceAndNeverOverAnOperator(t *testing.T) {
 	require.NoError(t, err)
 	drained, err := ParseProxy(urls[7])
 	require.NoError(t, err)
-	require.NoError(t, op.Drain(ctx, urls[7]))
+	require.NoError(t, func() error { _, err := op.Drain(ctx, "", urls[7]); return err }())
 	for _, sw := range sws {
 		l, err := sw.Lease(ctx, "shop.example")
 		require.NoError(t, err)
@@ -400,7 +400,7 @@ func TestReseedHoldsProxiesOfLostLeases(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.Start(t)
 	const bound = 800 * time.Millisecond
-	a := newSwitch(t, srv.Client(t), WithAttemptTimeout(bound), WithMaxWait(5*time.Second))
+	a := newSwitch(t, srv.Client(t), WithTimeouts(Timeouts{Attempt: bound, MaxWait: 5 * time.Second}))
 	b := sibling(t, a, srv.Client(t))
 	_, err := a.Add(ctx, proxyURLs(1)...)
 	require.NoError(t, err)

@@ -23,8 +23,8 @@ type Observer interface {
 	// TTL, is seen by no one: count live ones with Switch.LiveSessions).
 	ObserveSession(SessionEvent)
 	// ObserveEvidence is called for what the ban evidence
-	// (WithBanEvidence) and the sessions' error score
-	// (WithSessionErrorScore) made of a refusal.
+	// (Bans.EvidenceFirst) and the sessions' error score
+	// (Sessions.MaxErrorScore) made of a refusal.
 	ObserveEvidence(EvidenceEvent)
 }
 
@@ -56,7 +56,7 @@ type QuarantineEvent struct {
 
 // SessionEvent is a sticky session starting, or ending in this process.
 type SessionEvent struct {
-	Pool    string // the pool the session leases from (WithSessionPool)
+	Pool    string // the pool the session leases from (Sessions.Pool)
 	ProxyID string
 	Ended   bool // false: the session started; true: it was retired or ended
 	// Site is where the session started, or where the reason that ended it

@@ -50,7 +50,7 @@ func (s *Switch) Ban(ctx context.Context, proxy, site string, d time.Duration) e
 // Unban ends proxy's quarantine on site now and starts its backoff over. A
 // slot held by a live lease comes back when that lease ends; a dead or
 // drained proxy stays out (see Revive), and so does one banned on every
-// site (WithBanAllSites) until that ban ends: leases check it for every site.
+// site (Bans.AllSites) until that ban ends: leases check it for every site.
 func (s *Switch) Unban(ctx context.Context, proxy, site string) error {
 	p, err := s.find(ctx, proxy)
 	if err != nil {
@@ -64,25 +64,6 @@ func (s *Switch) Unban(ctx context.Context, proxy, site string) error {
 	if err != nil {
 		return redisErr("unban", err)
 	}
-	return nil
-}
-
-// Drain takes proxy out of every site's rotation: requests already using it
-// finish, none starts. It is listed by Dead with the reason "drained" and
-// comes back with Revive.
-func (s *Switch) Drain(ctx context.Context, proxy string) error {
-	p, err := s.find(ctx, proxy)
-	if err != nil {
-		return err
-	}
-	_, err = roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) (int64, error) {
-		return engine.Drain{Dead: s.keys.dead(), Sites: s.keys.sites(), Pool: s.keys.proxies(),
-			Prefix: s.keys.base, Slots: s.cfg.slots, Reason: "drained", Proxies: []string{p.id}}.Run(ctx, s.rdb).Int64()
-	}, nil)
-	if err != nil {
-		return redisErr("drain", err)
-	}
-	s.clients.closeProxy(p.id, "")
 	return nil
 }
 

@@ -17,7 +17,7 @@ import (
 func TestSiteStateAndOperatorActions(t *testing.T) {
 	ctx := context.Background()
 	const site = "ozon.example"
-	s := newSwitch(t, shared.Client(t), WithCooldown(time.Minute), WithMaxWait(0))
+	s := newSwitch(t, shared.Client(t), WithRotation(Rotation{Cooldown: time.Minute}), WithTimeouts(Timeouts{MaxWait: Off}))
 	urls := proxyURLs(5)
 	_, err := s.Add(ctx, urls...)
 	require.NoError(t, err)
@@ -47,7 +47,7 @@ func TestSiteStateAndOperatorActions(t *testing.T) {
 		}
 	}
 	require.NoError(t, s.Ban(ctx, banned, site, time.Hour))
-	require.NoError(t, s.Drain(ctx, urls[indexOf(ids, drained)])) // by URL
+	require.NoError(t, func() error { _, err := s.Drain(ctx, "", urls[indexOf(ids, drained)]); return err }()) // by URL
 
 	st, err = s.SiteState(ctx, site)
 	require.NoError(t, err)
@@ -66,7 +66,7 @@ func TestSiteStateAndOperatorActions(t *testing.T) {
 	require.ErrorIs(t, err, ErrNoProxy)
 
 	require.NoError(t, s.Unban(ctx, banned, site))
-	n, err := s.Revive(ctx, drained)
+	n, err := s.Revive(ctx, "", drained)
 	require.NoError(t, err)
 	assert.Equal(t, 1, n)
 	got := map[string]bool{}
@@ -78,13 +78,14 @@ func TestSiteStateAndOperatorActions(t *testing.T) {
 	assert.Equal(t, map[string]bool{banned: true, drained: true}, got, "unbanned and revived proxies are back")
 
 	assert.ErrorIs(t, s.Ban(ctx, "0123456789abcdef", site, time.Minute), ErrNotInPool)
-	assert.ErrorIs(t, s.Drain(ctx, "ftp://nope"), ErrInvalidProxy)
+	_, err = s.Drain(ctx, "", "ftp://nope")
+	assert.ErrorIs(t, err, ErrInvalidProxy)
 	assert.ErrorIs(t, s.Ban(ctx, banned, site, 0), ErrConfig)
 }
 
 func TestBanOnASiteNeverLeased(t *testing.T) {
 	ctx := context.Background()
-	s := newSwitch(t, shared.Client(t), WithMaxWait(0))
+	s := newSwitch(t, shared.Client(t), WithTimeouts(Timeouts{MaxWait: Off}))
 	urls := proxyURLs(3)
 	_, err := s.Add(ctx, urls...)
 	require.NoError(t, err)
@@ -107,7 +108,7 @@ func TestBanOnASiteNeverLeased(t *testing.T) {
 // a proxy no request went through.
 func TestBanOfABusyProxyLeavesOthersFree(t *testing.T) {
 	ctx := context.Background()
-	s := newSwitch(t, shared.Client(t), WithMaxWait(0), WithCooldown(time.Minute))
+	s := newSwitch(t, shared.Client(t), WithTimeouts(Timeouts{MaxWait: Off}), WithRotation(Rotation{Cooldown: time.Minute}))
 	_, err := s.Add(ctx, proxyURLs(3)...)
 	require.NoError(t, err)
 	busy, err := s.Lease(ctx, "busy.example")
@@ -125,7 +126,7 @@ func TestBanOfABusyProxyLeavesOthersFree(t *testing.T) {
 
 func TestPoolConcurrency(t *testing.T) {
 	ctx := context.Background()
-	s := newSwitch(t, shared.Client(t), WithConcurrency(4))
+	s := newSwitch(t, shared.Client(t), WithRotation(Rotation{Concurrency: 4}))
 	_, err := s.Add(ctx, proxyURLs(2)...)
 	require.NoError(t, err)
 	st, err := s.Stats(ctx, "ozon.example")
@@ -245,7 +246,7 @@ func (o *recordingObserver) attemptKinds() map[ban.Kind]int {
 }
 
 func TestObserverSeesAttemptsAndQuarantines(t *testing.T) {
-	bed, s := bedSwitch(t, 1, 4, WithQuarantine(time.Minute, time.Hour))
+	bed, s := bedSwitch(t, 1, 4, WithBans(Bans{Quarantine: time.Minute, QuarantineMax: time.Hour}))
 	obs := &recordingObserver{}
 	s.SetObserver(obs)
 	c := colly.NewCollector(colly.AllowURLRevisit())
@@ -255,7 +256,7 @@ func TestObserverSeesAttemptsAndQuarantines(t *testing.T) {
 	}
 	_ = c.Visit(bed.Sites[0].URL() + "/status/404")
 	// Refused through two proxies healthy on the site's other pages: the
-	// page's answer (WithBanEvidence), given up after two attempts.
+	// page's answer (Bans.EvidenceFirst), given up after two attempts.
 	err := c.Visit(bed.Sites[0].URL() + "/status/403") // a 429 is the pace, never the page (rateLimited)
 	require.ErrorIs(t, err, ErrPageRefused)
 	require.NoError(t, s.Ban(context.Background(), bed.ProxyURLs()[0], "elsewhere.example", time.Minute))

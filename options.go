@@ -44,12 +44,12 @@ type config struct {
 
 	// ban detection and quarantine (package ban, ban.go, transport.go)
 	quarantine, maxQuarantine         time.Duration
-	firstQuarantine                   time.Duration // WithBanEvidence; at most quarantine once validated
-	pageProxies                       int           // WithBanEvidence: healthy proxies a page must refuse; 0 = never the page
+	firstQuarantine                   time.Duration // Bans.EvidenceFirst; at most quarantine once validated
+	pageProxies                       int           // Bans.EvidenceFirst: healthy proxies a page must refuse; 0 = never the page
 	failQuarantine, maxFailQuarantine time.Duration
 	banAllSites                       bool
-	flakyDelay                        time.Duration // WithFlakyDelay
-	paceMax                           time.Duration // WithLearnedPacing; 0: off
+	flakyDelay                        time.Duration // Rotation.FlakyDelay
+	paceMax                           time.Duration // Rotation.LearnedPacing; 0: off
 	deadAfter                         int
 	retries                           int
 	attemptTimeout                    time.Duration
@@ -92,7 +92,8 @@ func defaultConfig() config {
 		retries:           2,
 		banRules:          ban.DefaultRules(),
 
-		member: defaultMemberConfig(),
+		member:  defaultMemberConfig(),
+		session: sessionConfig{maxErrors: DefaultSessionMaxErrorScore, errorDecay: DefaultSessionErrorDecay},
 	}
 }
 
@@ -119,39 +120,39 @@ func (c *config) apply(opts []Option) {
 func (c *config) validate() error {
 	switch {
 	case c.leaseTTL < 100*time.Millisecond:
-		return configErr("lease TTL %v is below 100ms", c.leaseTTL)
+		return configErr("Timeouts.LeaseTTL %v is below 100ms", c.leaseTTL)
 	case c.maxWait < 0:
-		return configErr("negative max wait %v", c.maxWait)
+		return configErr("Timeouts.MaxWait %v is negative (Off for no wait)", c.maxWait)
 	case c.cooldown < 0:
-		return configErr("negative cooldown %v", c.cooldown)
+		return configErr("Rotation.Cooldown %v is negative (Off for none)", c.cooldown)
 	case c.redisTimeout <= 0:
-		return configErr("redis timeout %v must be positive", c.redisTimeout)
+		return configErr("Timeouts.Redis %v must be positive", c.redisTimeout)
 	case c.idleTTL < time.Minute || c.idleTTL < 2*c.leaseTTL:
-		return configErr("idle TTL %v must be at least a minute and twice the lease TTL", c.idleTTL)
+		return configErr("Timeouts.IdleTTL %v must be at least a minute and twice the lease TTL", c.idleTTL)
 	case c.slots < 1 || c.slots > 1000:
-		return configErr("concurrency %d per proxy per site is outside 1..1000", c.slots)
+		return configErr("Rotation.Concurrency %d per proxy per site is outside 1..1000", c.slots)
 	case c.scope != ScopeSite && c.scope != ScopeGlobal:
-		return configErr("unknown scope %d", c.scope)
+		return configErr("unknown Rotation.Scope %d", c.scope)
 	case c.siteFunc == nil:
 		return configErr("nil site function")
 	case c.flakyDelay < 0 || c.flakyDelay > maxLearned:
-		return configErr("flaky delay %v is outside 0..%v", c.flakyDelay, maxLearned)
+		return configErr("Rotation.FlakyDelay %v is outside 0..%v (Off for 0)", c.flakyDelay, maxLearned)
 	case c.paceMax < 0 || c.paceMax > maxLearned:
-		return configErr("learned pacing max %v is outside 0..%v", c.paceMax, maxLearned)
+		return configErr("Rotation.LearnedPacing %v is outside 0..%v (Off for 0)", c.paceMax, maxLearned)
 	case c.quarantine <= 0 || c.maxQuarantine < c.quarantine:
-		return configErr("quarantine %v, max %v: want 0 < quarantine <= max", c.quarantine, c.maxQuarantine)
+		return configErr("Bans.Quarantine %v, QuarantineMax %v: want 0 < Quarantine <= QuarantineMax", c.quarantine, c.maxQuarantine)
 	case c.firstQuarantine < 0:
-		return configErr("negative first quarantine %v", c.firstQuarantine)
+		return configErr("Bans.EvidenceFirst %v is negative (Off for 0)", c.firstQuarantine)
 	case c.pageProxies < 0 || c.pageProxies == 1 || c.pageProxies > 100:
-		return configErr("page refusals by %d proxies: want 0 (never the page) or 2..100", c.pageProxies)
+		return configErr("Bans.PageProxies %d: want Off (never the page) or 2..100", c.pageProxies)
 	case c.failQuarantine <= 0 || c.maxFailQuarantine < c.failQuarantine:
-		return configErr("failure quarantine %v, max %v: want 0 < quarantine <= max", c.failQuarantine, c.maxFailQuarantine)
+		return configErr("Bans.FailureQuarantine %v, FailureQuarantineMax %v: want 0 < FailureQuarantine <= FailureQuarantineMax", c.failQuarantine, c.maxFailQuarantine)
 	case c.deadAfter < 0:
-		return configErr("negative dead-after count %d", c.deadAfter)
+		return configErr("Bans.DeadAfter %d is negative (Off for never)", c.deadAfter)
 	case c.retries < 0 || c.retries > 100:
-		return configErr("retries %d outside 0..100", c.retries)
+		return configErr("Bans.Retries %d outside 0..100 (Off for 0)", c.retries)
 	case c.attemptTimeout < 0:
-		return configErr("negative attempt timeout %v", c.attemptTimeout)
+		return configErr("Timeouts.Attempt %v is negative (Off for no bound)", c.attemptTimeout)
 	}
 	if err := c.member.validate(); err != nil {
 		return err
@@ -201,37 +202,6 @@ func WithPrefix(prefix string) Option { return func(c *config) { c.prefix = pref
 // ("%3A", "%25").
 func WithPool(name string) Option { return func(c *config) { c.pool = name } }
 
-// WithLeaseTTL sets how long a lease lives if it is never released nor
-// renewed: at most this long after its holder crashed, a proxy is free
-// again. The leases of running requests (those of ProxyFunc, with or without
-// Attach) are renewed every quarter of this TTL while their request runs,
-// however long it runs and whatever its deadline (Switch describes the
-// renewer); those of Switch.Lease are not (Lease.Extend). The default is
-// 30s; the minimum 100ms.
-func WithLeaseTTL(d time.Duration) Option { return func(c *config) { c.leaseTTL = d } }
-
-// WithMaxWait bounds how long a request waits for a free proxy before it
-// fails with ErrNoProxy. The request's own context (Colly's request timeout,
-// 10s by default, counts the wait too) can end the wait earlier. Zero means
-// do not wait at all. The default is 30s.
-func WithMaxWait(d time.Duration) Option { return func(c *config) { c.maxWait = d } }
-
-// WithCooldown sets the minimum pause, cluster-wide, between two requests from
-// one proxy to one site (counted from the end of one to the start of the
-// next; with WithConcurrency above 1, also between two starts). The default is
-// 0: a released proxy is free at once.
-func WithCooldown(d time.Duration) Option { return func(c *config) { c.cooldown = d } }
-
-// WithScope chooses what a proxy is exclusive for: ScopeSite (the default) or
-// ScopeGlobal. All workers of one pool must use the same scope.
-func WithScope(s Scope) Option { return func(c *config) { c.scope = s } }
-
-// WithConcurrency allows k simultaneous requests per proxy per site (per
-// proxy overall with ScopeGlobal). All workers of one pool must agree: the
-// first lease fixes the value in Redis and a worker asking for another one
-// gets ErrConfig. The default is 1.
-func WithConcurrency(k int) Option { return func(c *config) { c.slots = k } }
-
 // WithSiteFunc sets how a request URL maps to the site a lease is exclusive
 // for, e.g. to treat "www.ozon.ru" and "api.ozon.ru" as one site. The
 // function must be fast, must not block and must not panic. The default is
@@ -244,15 +214,6 @@ func WithSiteFunc(f func(*url.URL) string) Option { return func(c *config) { c.s
 // default is slog.Default().
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
 
-// WithRedisTimeout bounds every single Redis round trip (go-redis retries
-// included). The default is 2s.
-func WithRedisTimeout(d time.Duration) Option { return func(c *config) { c.redisTimeout = d } }
-
-// WithIdleTTL sets how long the per-site keys of a site nobody crawls any
-// more are kept in Redis. It must be at least a minute and twice the lease
-// TTL. The default is 24h.
-func WithIdleTTL(d time.Duration) Option { return func(c *config) { c.idleTTL = d } }
-
 // defaultSite is the default site function (WithSiteFunc).
 func defaultSite(u *url.URL) string { return strings.ToLower(u.Host) }
 
@@ -262,144 +223,13 @@ func defaultSite(u *url.URL) string { return strings.ToLower(u.Host) }
 // and backoff state they produce lives in Redis and is shared by every worker
 // of the pool.
 
-// WithQuarantine sets how long a proxy proven banned by a site stays out of
-// that site's rotation, cluster-wide: base for a proven ban, doubling for
-// each further ban in a row (no healthy answer in between), jittered by up
-// to ±15%, capped at max, and never shorter than the site's Retry-After
-// (itself capped at max). A first refusal is proof only when it is
-// unambiguous (a redirect to a challenge page) or once it is confirmed:
-// before that it is a strike, quarantined for WithBanEvidence's first
-// quarantine. Bans live in the site's keys: a site nobody leases for during
-// the idle TTL (WithIdleTTL) forgets them. The default is 30m, at most 12h.
-func WithQuarantine(base, max time.Duration) Option {
-	return func(c *config) { c.quarantine, c.maxQuarantine = base, max }
-}
-
-// WithBanEvidence sets how much evidence a refusal (a ban status, a page
-// without its content, a challenge) needs before it becomes a verdict on
-// the proxy, on the refusing site, cluster-wide.
-//
-// A refusal is a strike against the (proxy, site) pair. A first strike
-// takes the proxy out of the site's rotation at once, for first (jittered,
-// never shorter than Retry-After). It becomes a ban (WithQuarantine's base,
-// then doubling) when the evidence comes: the same proxy refused again on
-// the site (no healthy answer in between), or the refusal confirmed (the
-// request it refused then succeeded through another proxy). A redirect to
-// a challenge page (ban.ReasonChallenge) is evidence enough by itself.
-//
-// When one URL is refused through pageProxies different proxies, each of
-// them healthy on the site's other pages (the first one: no strike there;
-// every later one: a healthy answer there and no strike since, later than
-// the site's last verdict on a proxy that was healthy there, as proxies
-// burnt together with it may not be; or the lift of a strike by another
-// page's verdict, after the URL's first refusal), it is the page that
-// refuses, not the proxies: the request is not
-// retried further, the first strikes it cost are taken back (the proxies
-// are free on the site again), and it fails with a *BlockedError that
-// wraps ErrPageRefused and names the site's answer (its Status). Zero
-// never blames the page.
-//
-// first is at most WithQuarantine's base. WithBanEvidence(0, 0) is the
-// behaviour before it existed: every refusal is a ban at once and is
-// retried through other proxies until WithRetries runs out. The quarantines
-// of the local shard (WithFallback, WithSharding) are always the base one.
-// The default is first 1m and pageProxies 2.
-func WithBanEvidence(first time.Duration, pageProxies int) Option {
-	return func(c *config) { c.firstQuarantine, c.pageProxies = first, pageProxies }
-}
-
-// Defaults of WithFlakyDelay and WithLearnedPacing, and the most either
-// accepts.
+// Defaults of Rotation.FlakyDelay and Rotation.LearnedPacing, and the most
+// either accepts.
 const (
 	defaultFlakyDelay = 10 * time.Second
 	defaultPaceMax    = time.Minute
 	maxLearned        = 24 * time.Hour
 )
-
-// WithFlakyDelay sets how much a proxy's recent failures on a site hold it
-// back there (success-aware selection). Each (proxy, site) pair has a failure
-// rate r in Redis, shared by every worker: a moving average over its outcomes
-// there (each ban or proxy failure weighs 1, each healthy answer 0, the
-// latest counting for a fifth, so it follows about the last ten). Each
-// release of a proxy after an answer makes it next free on that site after
-// the cooldown plus r × d. The rotation skips a proxy while it waits, so a
-// flaky proxy comes round less often than a healthy one, and a proxy that
-// recovered sheds its rate with each healthy answer.
-//
-// Fairness: no proxy is held back more than d beyond the cooldown per
-// request, so each proxy is still leased at least once per turn of the pool
-// (the time the others take to come round) plus d, and one with r = 0 loses
-// nothing. The work is a hash read and at most one write per release and
-// per quarantine, no extra round trip; the lease itself is unchanged
-// (O(log N)). Zero turns it off. The default is 10s; the most 24h.
-func WithFlakyDelay(d time.Duration) Option { return func(c *config) { c.flakyDelay = d } }
-
-// WithLearnedPacing lets the fleet learn each site's pace per IP from its
-// answers, in Redis, so that every worker of the pool paces alike. The
-// cooldown between two requests from one proxy to one site is then the
-// learned cooldown, never below WithCooldown (the floor and the start) nor
-// above max. A rate-limit refusal (a ban with status 429, or any ban with a
-// Retry-After) lengthens it: twice over while the site has given fewer than
-// 20 healthy answers since the last raise, by a quarter after (from 0 to
-// 100ms; at most once per cooldown, as the refusals of requests sent before
-// the raise say nothing new), and the proxies already cooling down on the
-// site wait the difference too. Each healthy answer then adds to the
-// request rate per IP, by an equal step, so that it is back at the refused
-// rate after 200 healthy answers (additive increase, multiplicative
-// decrease). Such a refusal is the site's pace, not the proxy's: the proxy
-// waits out the learned cooldown (or the Retry-After, if longer) and is
-// neither struck nor quarantined, and the site's circuit breaker does not
-// count it. Only a proxy that had rested is refused otherwise: under a
-// per-IP limit a proxy idle on the site longer than the limit is served,
-// so a rate-limit refusal of a proxy whose last healthy answer there is
-// twice as old as the site's accepted rest (about the shortest time
-// between two healthy answers of one proxy there lately), or of a proxy
-// struck there since, is a refusal like any other (WithBanEvidence,
-// WithQuarantine) and evidence of a storm for the breaker; one past the
-// accepted rest by a quarter is still the pace for the proxy, but evidence
-// for the breaker. With WithLearnedPacing(0) a rate-limit refusal is a
-// refusal like any other. With WithConcurrency above 1, the learned cooldown
-// paces each slot from its release only. Zero turns it off. The default is
-// on, with a max of 1m; the most 24h.
-func WithLearnedPacing(max time.Duration) Option { return func(c *config) { c.paceMax = max } }
-
-// WithFailureQuarantine sets how long a proxy that failed (see
-// ban.ProxyFailure) stays out of the site's rotation: base for a first failure,
-// doubling for each further failure in a row, jittered, capped at max. The
-// default is 1m, at most 30m.
-func WithFailureQuarantine(base, max time.Duration) Option {
-	return func(c *config) { c.failQuarantine, c.maxFailQuarantine = base, max }
-}
-
-// WithBanAllSites makes a ban take the proxy out of every site's rotation,
-// sites first crawled later included, not only the banning site's. The
-// default is false.
-func WithBanAllSites(all bool) Option { return func(c *config) { c.banAllSites = all } }
-
-// WithDeadAfter sets how many proxy failures in a row (no answer from any
-// site in between) mark a proxy dead: out of every site's rotation until
-// Revive or probe.CheckDead brings it back. Failures that only the proxy can cause
-// (it refuses connections or the credentials) count alone; others (timeouts,
-// 502s, broken tunnels) count only once they happened on two sites or more,
-// so that one site's outage never kills the pool. Zero never marks a proxy
-// dead. The default is 5.
-func WithDeadAfter(n int) Option { return func(c *config) { c.deadAfter = n } }
-
-// WithRetries sets how many times a request is sent again through another
-// proxy after a ban or a proxy failure, at most. A request whose retries run
-// out fails with a *BlockedError (ErrBanned or ErrProxyFailed). All attempts
-// share the request's own timeout. A request whose body cannot be sent again
-// (no GetBody) is not retried. The default is 2 (three proxies at most).
-func WithRetries(n int) Option { return func(c *config) { c.retries = n } }
-
-// WithAttemptTimeout bounds each attempt through one proxy, from the moment
-// its proxy is leased until the body is read for classification (at most
-// MaxBodySize), so that a hanging proxy is dropped
-// (ban.ReasonProxyTimeout) and the request retried through another one within
-// its own timeout. Set it well below the collector's request timeout. Zero
-// means no bound of its own: a request that outlives its own timeout fails
-// and no proxy is blamed, as the site may be the slow one. The default is 0.
-func WithAttemptTimeout(d time.Duration) Option { return func(c *config) { c.attemptTimeout = d } }
 
 // WithBaseTransport sets the transport Attach clones for its requests (TLS
 // settings, timeouts, dialer); Attach replaces its Proxy with the Switch's
@@ -463,4 +293,271 @@ func WithSizeDrop(ratio float64) Option { return func(c *config) { c.banRules.Si
 // documents the order of the checks and what a Classifier may do.
 func WithClassifier(f ban.Classifier) Option {
 	return func(c *config) { c.banRules.Classifiers = append(c.banRules.Classifiers, f) }
+}
+
+// Off, given to a numeric field of Rotation, Timeouts, Bans or Sessions,
+// sets it to zero (the field's documented "Off" meaning: off, no bound, no
+// wait), where a zero field leaves the value as it is (the default, or what
+// an earlier option set): pass Off, not a variable that may hold 0, to turn
+// a field off. NewSwitch rejects Off where zero is invalid (LeaseTTL,
+// Quarantine...) and any other negative value, naming the field.
+const Off = -1
+
+// setField sets *dst to v: 0 keeps *dst, Off sets 0, any other value is
+// taken as is (validate rejects the bad ones).
+func setField[T ~int | ~int64 | ~float64](dst *T, v T) {
+	switch v {
+	case 0:
+	case Off:
+		*dst = 0
+	default:
+		*dst = v
+	}
+}
+
+// Rotation says what a lease makes a proxy exclusive for and how long a
+// proxy rests on a site between two requests. A zero field keeps the
+// default (or what an earlier WithRotation set); Off sets a numeric field
+// to zero.
+type Rotation struct {
+	// Scope chooses what a proxy is exclusive for: ScopeSite (the default)
+	// or ScopeGlobal. All workers of one pool must use the same scope.
+	Scope Scope
+
+	// Concurrency allows that many simultaneous requests per proxy per
+	// site (per proxy overall with ScopeGlobal). All workers of one pool
+	// must agree: the first lease fixes the value in Redis and a worker
+	// asking for another one gets ErrConfig. The default is 1; at most 1000.
+	Concurrency int
+
+	// Cooldown is the minimum pause, cluster-wide, between two requests
+	// from one proxy to one site (counted from the end of one to the start
+	// of the next; with Concurrency above 1, also between two starts). The
+	// default is 0: a released proxy is free at once.
+	Cooldown time.Duration
+
+	// LearnedPacing lets the fleet learn each site's pace per IP from its
+	// answers, in Redis, so that every worker of the pool paces alike: it
+	// is the most the learned cooldown may reach. The cooldown between two
+	// requests from one proxy to one site is then the learned cooldown,
+	// never below Cooldown (the floor and the start) nor above
+	// LearnedPacing. A rate-limit refusal (a ban with status 429, or any
+	// ban with a Retry-After) lengthens it: twice over while the site has
+	// given fewer than 20 healthy answers since the last raise, by a
+	// quarter after (from 0 to 100ms; at most once per cooldown, as the
+	// refusals of requests sent before the raise say nothing new), and the
+	// proxies already cooling down on the site wait the difference too.
+	// Each healthy answer then adds to the request rate per IP, by an equal
+	// step, so that it is back at the refused rate after 200 healthy
+	// answers (additive increase, multiplicative decrease). Such a refusal
+	// is the site's pace, not the proxy's: the proxy waits out the learned
+	// cooldown (or the Retry-After, if longer) and is neither struck nor
+	// quarantined, and the site's circuit breaker does not count it. Only a
+	// proxy that had rested is refused otherwise: under a per-IP limit a
+	// proxy idle on the site longer than the limit is served, so a
+	// rate-limit refusal of a proxy whose last healthy answer there is
+	// twice as old as the site's accepted rest (about the shortest time
+	// between two healthy answers of one proxy there lately), or of a proxy
+	// struck there since, is a refusal like any other (Bans) and evidence
+	// of a storm for the breaker; one past the accepted rest by a quarter
+	// is still the pace for the proxy, but evidence for the breaker. With
+	// LearnedPacing Off a rate-limit refusal is a refusal like any other.
+	// With Concurrency above 1, the learned cooldown paces each slot from
+	// its release only. The default is 1m; the most 24h.
+	LearnedPacing time.Duration
+
+	// FlakyDelay sets how much a proxy's recent failures on a site hold it
+	// back there (success-aware selection). Each (proxy, site) pair has a
+	// failure rate r in Redis, shared by every worker: a moving average
+	// over its outcomes there (each ban or proxy failure weighs 1, each
+	// healthy answer 0, the latest counting for a fifth, so it follows
+	// about the last ten). Each release of a proxy after an answer makes it
+	// next free on that site after the cooldown plus r × FlakyDelay. The
+	// rotation skips a proxy while it waits, so a flaky proxy comes round
+	// less often than a healthy one, and a proxy that recovered sheds its
+	// rate with each healthy answer.
+	//
+	// Fairness: no proxy is held back more than FlakyDelay beyond the
+	// cooldown per request, so each proxy is still leased at least once per
+	// turn of the pool (the time the others take to come round) plus
+	// FlakyDelay, and one with r = 0 loses nothing. The work is a hash read
+	// and at most one write per release and per quarantine, no extra round
+	// trip; the lease itself is unchanged (O(log N)). Off turns it off. The
+	// default is 10s; the most 24h.
+	FlakyDelay time.Duration
+}
+
+// WithRotation sets what a lease makes a proxy exclusive for and how a proxy
+// rests between requests (Rotation). Zero fields keep their values.
+func WithRotation(r Rotation) Option {
+	return func(c *config) {
+		if r.Scope != ScopeSite {
+			c.scope = r.Scope
+		}
+		setField(&c.slots, r.Concurrency)
+		setField(&c.cooldown, r.Cooldown)
+		setField(&c.paceMax, r.LearnedPacing)
+		setField(&c.flakyDelay, r.FlakyDelay)
+	}
+}
+
+// Timeouts bounds how long things take and last. A zero field keeps the
+// default (or what an earlier WithTimeouts set); Off sets a field to zero.
+type Timeouts struct {
+	// LeaseTTL is how long a lease lives if it is never released nor
+	// renewed: at most this long after its holder crashed, a proxy is free
+	// again. The leases of running requests (those of ProxyFunc, with or
+	// without Attach) are renewed every quarter of this TTL while their
+	// request runs, however long it runs and whatever its deadline (Switch
+	// describes the renewer); those of Switch.Lease are not (Lease.Extend).
+	// The default is 30s; the minimum 100ms.
+	LeaseTTL time.Duration
+
+	// MaxWait bounds how long a request waits for a free proxy before it
+	// fails with ErrNoProxy. The request's own context (Colly's request
+	// timeout, 10s by default, counts the wait too) can end the wait
+	// earlier. Off means do not wait at all. The default is 30s.
+	MaxWait time.Duration
+
+	// Attempt bounds each attempt through one proxy, from the moment its
+	// proxy is leased until the body is read for classification (at most
+	// MaxBodySize), so that a hanging proxy is dropped
+	// (ban.ReasonProxyTimeout) and the request retried through another one
+	// within its own timeout. Set it well below the collector's request
+	// timeout. Off (the default) means no bound of its own: a request that
+	// outlives its own timeout fails and no proxy is blamed, as the site
+	// may be the slow one.
+	Attempt time.Duration
+
+	// Redis bounds every single Redis round trip (go-redis retries
+	// included). The default is 2s.
+	Redis time.Duration
+
+	// IdleTTL is how long the per-site keys of a site nobody crawls any
+	// more are kept in Redis. It must be at least a minute and twice the
+	// lease TTL. The default is 24h.
+	IdleTTL time.Duration
+
+	// Fallback sets, for a Switch with WithFallback or WithSharding, how
+	// long a Redis call may go unanswered before the Switch counts Redis as
+	// unreachable: it bounds every lease, release and quarantine call (in
+	// place of Redis, when shorter) and the health probe, which runs every
+	// quarter of it. The default (also for Off) is 1s; the minimum 20ms.
+	Fallback time.Duration
+}
+
+// WithTimeouts sets the Switch's timeouts and TTLs (Timeouts). Zero fields
+// keep their values.
+func WithTimeouts(t Timeouts) Option {
+	return func(c *config) {
+		setField(&c.leaseTTL, t.LeaseTTL)
+		setField(&c.maxWait, t.MaxWait)
+		setField(&c.attemptTimeout, t.Attempt)
+		setField(&c.redisTimeout, t.Redis)
+		setField(&c.idleTTL, t.IdleTTL)
+		setField(&c.fallback.timeout, t.Fallback)
+	}
+}
+
+// Bans says what a refusal or a proxy failure costs a proxy: quarantines,
+// the evidence a refusal needs, when a proxy is dead, how often a request is
+// retried. They act through the transport that Attach installs; a collector
+// given only the proxy function (New) does not classify responses. The
+// quarantine, dead and backoff state they produce lives in Redis and is
+// shared by every worker of the pool. A zero field keeps the default (or
+// what an earlier WithBans set); Off sets a numeric field to zero.
+type Bans struct {
+	// Quarantine and QuarantineMax set how long a proxy proven banned by a
+	// site stays out of that site's rotation, cluster-wide: Quarantine for
+	// a proven ban, doubling for each further ban in a row (no healthy
+	// answer in between), jittered by up to ±15%, capped at QuarantineMax,
+	// and never shorter than the site's Retry-After (itself capped at
+	// QuarantineMax). A first refusal is proof only when it is unambiguous
+	// (a redirect to a challenge page) or once it is confirmed: before that
+	// it is a strike, quarantined for EvidenceFirst. Bans live in the
+	// site's keys: a site nobody leases for during the idle TTL
+	// (Timeouts.IdleTTL) forgets them. The defaults are 30m and 12h;
+	// 0 < Quarantine <= QuarantineMax.
+	Quarantine, QuarantineMax time.Duration
+
+	// FailureQuarantine and FailureQuarantineMax set how long a proxy that
+	// failed (see ban.ProxyFailure) stays out of the site's rotation:
+	// FailureQuarantine for a first failure, doubling for each further
+	// failure in a row, jittered, capped at FailureQuarantineMax. The
+	// defaults are 1m and 30m.
+	FailureQuarantine, FailureQuarantineMax time.Duration
+
+	// EvidenceFirst and PageProxies set how much evidence a refusal (a ban
+	// status, a page without its content, a challenge) needs before it
+	// becomes a verdict on the proxy, on the refusing site, cluster-wide.
+	//
+	// A refusal is a strike against the (proxy, site) pair. A first strike
+	// takes the proxy out of the site's rotation at once, for EvidenceFirst
+	// (jittered, never shorter than Retry-After). It becomes a ban
+	// (Quarantine, then doubling) when the evidence comes: the same proxy
+	// refused again on the site (no healthy answer in between), or the
+	// refusal confirmed (the request it refused then succeeded through
+	// another proxy). A redirect to a challenge page (ban.ReasonChallenge)
+	// is evidence enough by itself.
+	//
+	// When one URL is refused through PageProxies different proxies, each
+	// of them healthy on the site's other pages (the first one: no strike
+	// there; every later one: a healthy answer there and no strike since,
+	// later than the site's last verdict on a proxy that was healthy there,
+	// as proxies burnt together with it may not be; or the lift of a strike
+	// by another page's verdict, after the URL's first refusal), it is the
+	// page that refuses, not the proxies: the request is not retried
+	// further, the first strikes it cost are taken back (the proxies are
+	// free on the site again), and it fails with a *BlockedError that wraps
+	// ErrPageRefused and names the site's answer (its Status). PageProxies
+	// Off never blames the page; otherwise it is 2..100.
+	//
+	// EvidenceFirst is at most Quarantine. Both Off is the behaviour before
+	// evidence existed: every refusal is a ban at once and is retried
+	// through other proxies until Retries runs out. The quarantines of the
+	// local shard (WithFallback, WithSharding) are always Quarantine. The
+	// defaults are 1m and 2.
+	EvidenceFirst time.Duration
+	PageProxies   int
+
+	// DeadAfter is how many proxy failures in a row (no answer from any
+	// site in between) mark a proxy dead: out of every site's rotation
+	// until Revive or probe.CheckDead brings it back. Failures that only
+	// the proxy can cause (it refuses connections or the credentials) count
+	// alone; others (timeouts, 502s, broken tunnels) count only once they
+	// happened on two sites or more, so that one site's outage never kills
+	// the pool. Off never marks a proxy dead. The default is 5.
+	DeadAfter int
+
+	// Retries is how many times a request is sent again through another
+	// proxy after a ban or a proxy failure, at most. A request whose
+	// retries run out fails with a *BlockedError (ErrBanned or
+	// ErrProxyFailed). All attempts share the request's own timeout. A
+	// request whose body cannot be sent again (no GetBody) is not retried.
+	// Off never retries. The default is 2 (three proxies at most); at most
+	// 100.
+	Retries int
+
+	// AllSites makes a ban take the proxy out of every site's rotation,
+	// sites first crawled later included, not only the banning site's. The
+	// default is false.
+	AllSites bool
+}
+
+// WithBans sets what refusals and proxy failures cost a proxy (Bans). Zero
+// fields keep their values.
+func WithBans(b Bans) Option {
+	return func(c *config) {
+		setField(&c.quarantine, b.Quarantine)
+		setField(&c.maxQuarantine, b.QuarantineMax)
+		setField(&c.failQuarantine, b.FailureQuarantine)
+		setField(&c.maxFailQuarantine, b.FailureQuarantineMax)
+		setField(&c.firstQuarantine, b.EvidenceFirst)
+		setField(&c.pageProxies, b.PageProxies)
+		setField(&c.deadAfter, b.DeadAfter)
+		setField(&c.retries, b.Retries)
+		if b.AllSites {
+			c.banAllSites = true
+		}
+	}
 }

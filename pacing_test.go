@@ -72,8 +72,8 @@ func TestLearnedPacing(t *testing.T) {
 	t.Logf("learned: 429 share %.3f, %.1f pages/s after the first 500 requests", refused, pps)
 	best, bestCD := 0.0, time.Duration(0)
 	for _, cd := range []time.Duration{80 * time.Millisecond, 120 * time.Millisecond, 160 * time.Millisecond, 200 * time.Millisecond} {
-		r, p := paceRun(t, every, 400, 100, WithCooldown(cd), WithLearnedPacing(0), WithFlakyDelay(0),
-			WithQuarantine(100*time.Millisecond, 400*time.Millisecond), WithBreaker(Breaker{Disabled: true}))
+		r, p := paceRun(t, every, 400, 100, WithRotation(Rotation{Cooldown: cd, LearnedPacing: Off, FlakyDelay: Off}),
+			WithBans(Bans{Quarantine: 100 * time.Millisecond, QuarantineMax: 400 * time.Millisecond}), WithBreaker(Breaker{Disabled: true}))
 		t.Logf("fixed cooldown %v: 429 share %.3f, %.1f pages/s", cd, r, p)
 		if p > best {
 			best, bestCD = p, cd
@@ -89,11 +89,11 @@ func TestLearnedPacing(t *testing.T) {
 // uses it and shortens it by one step, 200 healthy answers bring the rate
 // per IP back halfway from the one refused at 0 (2x the raised one: 50ms),
 // SiteState reports it, and other refusals, an operator's ban or
-// WithLearnedPacing(0) leave it alone.
+// WithRotation(Rotation{LearnedPacing: Off}) leave it alone.
 func TestLearnedPaceMechanics(t *testing.T) {
 	ctx := context.Background()
 	const site = "paced.example"
-	s := newSwitch(t, shared.Client(t), WithQuarantine(time.Millisecond, time.Millisecond), WithMaxWait(5*time.Second), WithFlakyDelay(0))
+	s := newSwitch(t, shared.Client(t), WithBans(Bans{Quarantine: time.Millisecond, QuarantineMax: time.Millisecond}), WithTimeouts(Timeouts{MaxWait: 5 * time.Second}), WithRotation(Rotation{FlakyDelay: Off}))
 	_, err := s.Add(ctx, proxyURLs(3)...)
 	require.NoError(t, err)
 	learned := func() time.Duration {
@@ -137,7 +137,7 @@ func TestLearnedPaceMechanics(t *testing.T) {
 	require.NoError(t, err)
 	_, err = off.penalize(ctx, site, l.proxy, l, ban.Verdict{Kind: ban.Ban, Reason: "http_429"})
 	require.NoError(t, err)
-	assert.InDelta(t, 50, learned().Milliseconds(), 1, "WithLearnedPacing(0) learns nothing")
+	assert.InDelta(t, 50, learned().Milliseconds(), 1, "WithRotation(Rotation{LearnedPacing: Off}) learns nothing")
 	// A site that wants a minute between two requests of an IP: the
 	// refusal of a proxy that rested 150ms is the pace (TestPacedRefusalHold).
 	require.NoError(t, shared.Client(t).HSet(ctx, s.keys.pace(site), "rest", 60000).Err())
@@ -173,7 +173,7 @@ func breakerBans(t *testing.T, s *Switch, site, id string) (bans int, listed boo
 func TestPacedRefusalHold(t *testing.T) {
 	ctx := context.Background()
 	const site = "paced.example"
-	s := newSwitch(t, shared.Client(t), WithMaxWait(5*time.Second), WithFlakyDelay(0))
+	s := newSwitch(t, shared.Client(t), WithTimeouts(Timeouts{MaxWait: 5 * time.Second}), WithRotation(Rotation{FlakyDelay: Off}))
 	_, err := s.Add(ctx, proxyURLs(2)...)
 	require.NoError(t, err)
 	rdb := shared.Client(t)

@@ -159,7 +159,7 @@ func FuzzProxyIdentity(f *testing.F) {
 // slot to lease, so no two requests leave from its IP at once.
 func TestProxyIdentityOneEntry(t *testing.T) {
 	ctx := context.Background()
-	s := newSwitch(t, shared.Client(t), WithMaxWait(0))
+	s := newSwitch(t, shared.Client(t), WithTimeouts(Timeouts{MaxWait: Off}))
 	_, err := s.Add(ctx, "http://u:p@10.0.0.9:3128", "u:p@[::ffff:10.0.0.9]:03128")
 	require.NoError(t, err)
 	_, err = s.Add(ctx, "10.0.0.9.:3128:u:p", "http://u:p@bücher.example:80", "http://u:p@XN--BCHER-KVA.example.:080")

@@ -24,7 +24,7 @@ const (
 // ProxyStates. Times are by Redis' clock. It is a snapshot: a value, safe
 // to share between goroutines.
 //
-// A proxy has one slot per site, or k with WithConcurrency(k), each in one
+// A proxy has one slot per site, or k with WithRotation(Rotation{Concurrency: k}), each in one
 // state; the slot counts of all proxies add up to SiteState's counts for
 // the site. State sums the slots up, the first that applies in this order:
 // dead or drained (the proxy is marked so, even while a request that
@@ -41,12 +41,12 @@ type ProxyState struct {
 	// slots in that state. Zero for free, dead and drained.
 	Until time.Time
 	// Strikes is the proxy's bans in a row on the site: the offences the
-	// quarantine backoff counts (WithQuarantine). A healthy answer through
+	// quarantine backoff counts (Bans.Quarantine). A healthy answer through
 	// the proxy on the site or Unban sets it back to 0; it outlives the
 	// quarantine until then.
 	Strikes int
 	// BanAllSites says a quarantined proxy is held out by a ban on every
-	// site (WithBanAllSites), which may end later than a ban on this site.
+	// site (Bans.AllSites), which may end later than a ban on this site.
 	BanAllSites bool
 	// Since and Reason say when and why a dead or drained proxy was marked
 	// ("drained", or the failure that killed it, as Dead lists them).
@@ -65,10 +65,10 @@ type ProxyState struct {
 const proxyStateFields = 13
 
 // ProxyStates reads the state of every proxy of the pool on site, in one
-// round trip (one Lua script, bounded by WithRedisTimeout) and so at one
+// round trip (one Lua script, bounded by Timeouts.Redis) and so at one
 // instant, ordered by redacted URL. With ScopeGlobal the site does not
 // matter and may be empty: the states are the global scope's. On a site
-// never leased (or idle past WithIdleTTL) every proxy is free but the dead
+// never leased (or idle past Timeouts.IdleTTL) every proxy is free but the dead
 // and drained ones, and those banned on every site, which its first lease
 // starts quarantined.
 //

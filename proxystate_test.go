@@ -66,8 +66,7 @@ func TestProxyStatesEveryState(t *testing.T) {
 	ctx := context.Background()
 	const site = "ozon.example"
 	rdb := shared.Client(t)
-	s := newSwitch(t, rdb, WithCooldown(time.Minute), WithMaxWait(0), WithDeadAfter(1),
-		WithQuarantine(20*time.Millisecond, 12*time.Hour))
+	s := newSwitch(t, rdb, WithRotation(Rotation{Cooldown: time.Minute}), WithTimeouts(Timeouts{MaxWait: Off}), WithBans(Bans{DeadAfter: 1, Quarantine: 20 * time.Millisecond, QuarantineMax: 12 * time.Hour}))
 	urls := proxyURLs(8)
 	_, err := s.Add(ctx, urls...)
 	require.NoError(t, err)
@@ -87,7 +86,7 @@ func TestProxyStatesEveryState(t *testing.T) {
 	cooledAt := time.Now()
 	require.NoError(t, s.Ban(ctx, banned, site, time.Hour))
 	bannedAt := time.Now()
-	require.NoError(t, s.Drain(ctx, drained))
+	require.NoError(t, func() error { _, err := s.Drain(ctx, "", drained); return err }())
 	d := leaseProxy(t, s, "avito.example", dead)
 	require.NoError(t, d.Report(ctx, ban.Verdict{Kind: ban.ProxyFailure, Reason: ban.ReasonProxyConnect}))
 	// Banned while a request through it is under way: the slot stays
@@ -149,7 +148,7 @@ func TestProxyStatesEveryState(t *testing.T) {
 
 	// Unban, revive, release: back to free (cooling after the release).
 	require.NoError(t, s.Unban(ctx, banned, site))
-	_, err = s.Revive(ctx, drained, dead)
+	_, err = s.Revive(ctx, "", drained, dead)
 	require.NoError(t, err)
 	require.NoError(t, l.Release(ctx))
 	got = statesAgree(t, s, site)
@@ -162,7 +161,7 @@ func TestProxyStatesEveryState(t *testing.T) {
 func TestProxyStatesBanAllSites(t *testing.T) {
 	ctx := context.Background()
 	rdb := shared.Client(t)
-	s := newSwitch(t, rdb, WithMaxWait(0), WithBanAllSites(true))
+	s := newSwitch(t, rdb, WithTimeouts(Timeouts{MaxWait: Off}), WithBans(Bans{AllSites: true}))
 	urls := proxyURLs(3)
 	_, err := s.Add(ctx, urls...)
 	require.NoError(t, err)
@@ -207,7 +206,7 @@ func TestProxyStatesConcurrency(t *testing.T) {
 	ctx := context.Background()
 	const site = "wb.example"
 	rdb := shared.Client(t)
-	s := newSwitch(t, rdb, WithConcurrency(2), WithMaxWait(0))
+	s := newSwitch(t, rdb, WithRotation(Rotation{Concurrency: 2}), WithTimeouts(Timeouts{MaxWait: Off}))
 	paced := sibling(t, s, rdb)
 	paced.cfg.cooldown = time.Minute // a worker with a cooldown: pacing holds a proxy's other slot
 	urls := proxyURLs(7)
@@ -232,7 +231,7 @@ func TestProxyStatesConcurrency(t *testing.T) {
 	l2 := leaseProxy(t, s, site, full)
 	leaseProxy(t, s, site, half)
 	require.NoError(t, s.Ban(ctx, banned, site, time.Hour)) // takes the proxy itself: nothing else changes
-	require.NoError(t, s.Drain(ctx, drained))
+	require.NoError(t, func() error { _, err := s.Drain(ctx, "", drained); return err }())
 	leaseProxy(t, s, site, busyBan)
 	require.NoError(t, s.Ban(ctx, busyBan, site, time.Hour)) // takes and ends the other slot
 	c := leaseProxy(t, paced, site, cooled)
@@ -280,7 +279,7 @@ func TestProxyStatesConcurrency(t *testing.T) {
 func TestProxyStatesScopeGlobal(t *testing.T) {
 	ctx := context.Background()
 	rdb := shared.Client(t)
-	s := newSwitch(t, rdb, WithScope(ScopeGlobal), WithMaxWait(0))
+	s := newSwitch(t, rdb, WithRotation(Rotation{Scope: ScopeGlobal}), WithTimeouts(Timeouts{MaxWait: Off}))
 	urls := proxyURLs(2)
 	_, err := s.Add(ctx, urls...)
 	require.NoError(t, err)
@@ -320,7 +319,7 @@ func TestProxyStatesEmptyPoolAndErrors(t *testing.T) {
 	assert.Empty(t, ps)
 
 	srv := redistest.Start(t)
-	down := newSwitch(t, srv.Client(t), WithRedisTimeout(300*time.Millisecond))
+	down := newSwitch(t, srv.Client(t), WithTimeouts(Timeouts{Redis: 300 * time.Millisecond}))
 	require.NoError(t, srv.Kill())
 	_, err = down.ProxyStates(ctx, "ozon.example")
 	assert.ErrorIs(t, err, ErrRedis)
@@ -333,7 +332,7 @@ func TestProxyStatesCorrupt(t *testing.T) {
 	ctx := context.Background()
 	const site = "ozon.example"
 	rdb := shared.Client(t)
-	s := newSwitch(t, rdb, WithCooldown(time.Minute), WithMaxWait(0))
+	s := newSwitch(t, rdb, WithRotation(Rotation{Cooldown: time.Minute}), WithTimeouts(Timeouts{MaxWait: Off}))
 	urls := proxyURLs(3)
 	_, err := s.Add(ctx, urls...)
 	require.NoError(t, err)
@@ -401,13 +400,13 @@ func TestProxyStatesOnMiniredis(t *testing.T) {
 	mr := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
-	s := newSwitch(t, rdb, WithCooldown(time.Minute), WithMaxWait(0))
+	s := newSwitch(t, rdb, WithRotation(Rotation{Cooldown: time.Minute}), WithTimeouts(Timeouts{MaxWait: Off}))
 	urls := proxyURLs(3)
 	_, err := s.Add(ctx, urls...)
 	require.NoError(t, err)
 	ids := proxyIDsOf(t, urls)
 	leaseProxy(t, s, "ozon.example", ids[0])
-	require.NoError(t, s.Drain(ctx, ids[1]))
+	require.NoError(t, func() error { _, err := s.Drain(ctx, "", ids[1]); return err }())
 	_, err = rdb.ZScore(ctx, s.keys.free("ozon.example"), ids[1]+":0").Result()
 	require.ErrorIs(t, err, redis.Nil, "a site's busy set holds only what is out there: the dead hash says the rest")
 

@@ -137,7 +137,7 @@ func New(rdb redis.Scripter, opts ...Option) colly.ProxyFunc {
 // reached after the ProxyFunc leased the proxy): every response is read
 // (at most c.MaxBodySize) and classified before Colly sees it. A ban or a proxy failure quarantines the proxy for
 // every worker of the pool and sends the request again through another
-// proxy (WithRetries); when no retry is left the request fails with a
+// proxy (Bans.Retries); when no retry is left the request fails with a
 // *BlockedError (ErrBanned or ErrProxyFailed) through OnError and Visit. A
 // banned page therefore never reaches OnResponse, OnHTML or OnXML. Calling
 // c.WithTransport or c.SetProxyFunc after Attach replaces that transport and

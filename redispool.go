@@ -18,7 +18,7 @@ import (
 // redisPool is one pool in Redis, the central broker: its keys and the
 // scripts of the lease path (lease.lua, release.lua, extend.lua,
 // penalize.lua). The Switch's own pool is one; WithRoute, UsePools and
-// WithSessionPool make one per pool they name, with the Switch's options.
+// Sessions.Pool make one per pool they name, with the Switch's options.
 // Safe for concurrent use.
 type redisPool struct {
 	sw      *Switch // the Switch it serves: options, proxy cache, tokens
@@ -250,7 +250,7 @@ func (p *redisPool) extendMember(ctx context.Context, l *Lease, ttl time.Duratio
 }
 
 // penalize runs penalize.lua: p's slots on site's scope (every site with
-// WithBanAllSites and a ban.Ban) wait out the quarantine, its run of bans or
+// Bans.AllSites and a ban.Ban) wait out the quarantine, its run of bans or
 // failures grows, and l ends if it is p's lease on that scope.
 func (p *redisPool) penalize(ctx context.Context, site string, px *Proxy, l *Lease, v ban.Verdict) (penalty, error) {
 	if rotates(p.cfg, v) {

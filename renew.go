@@ -30,7 +30,7 @@ import (
 //     never end (no deadline, no cancellation): nothing would ever release
 //     it, so its TTL bounds it;
 //   - sticky sessions' leases: they are not leases of one request but of
-//     the session, which holds its proxy until WithSessionTTL (10 minutes)
+//     the session, which holds its proxy until Sessions.TTL (10 minutes)
 //     after its last request, renewed by each request's use. A single
 //     request longer than the session TTL is the one case they do not
 //     cover: keep the session TTL above the request timeout.

@@ -43,7 +43,7 @@ func TestLongRequestKeepsItsLease(t *testing.T) {
 		{"deadline beyond ten TTLs", 40 * renewTTL, 11 * renewTTL},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			bed, s := bedSwitch(t, 1, 1, WithLeaseTTL(renewTTL), WithMaxWait(30*time.Second))
+			bed, s := bedSwitch(t, 1, 1, WithTimeouts(Timeouts{LeaseTTL: renewTTL, MaxWait: 30 * time.Second}))
 			site := bed.Sites[0]
 
 			long := colly.NewCollector(colly.Async(true))
@@ -92,7 +92,7 @@ func TestLongRequestKeepsItsLease(t *testing.T) {
 // the proxy is leasable again within TTL + 1s.
 func TestKilledHolderOfALongRequestFreesItsProxy(t *testing.T) {
 	const ttl = 500 * time.Millisecond
-	bed, s := bedSwitch(t, 1, 1, WithLeaseTTL(ttl), WithMaxWait(0))
+	bed, s := bedSwitch(t, 1, 1, WithTimeouts(Timeouts{LeaseTTL: ttl, MaxWait: Off}))
 	site := bed.Sites[0]
 	cmd := startWorker(t, workerSpec{Mode: "crawl", Redis: shared.Addr(), Prefix: s.cfg.prefix, LeaseTTL: ttl.String(),
 		URLs: []string{site.URL() + "/slow?d=30s"}, Threads: 1})
@@ -126,7 +126,7 @@ func TestKilledHolderOfALongRequestFreesItsProxy(t *testing.T) {
 // reaching OnResponse as if its proxy had been exclusive.
 func TestLostLeaseFailsItsRequest(t *testing.T) {
 	var logs testlog.Buffer
-	bed, s := bedSwitch(t, 1, 1, WithLeaseTTL(renewTTL), WithLogger(logs.Logger()))
+	bed, s := bedSwitch(t, 1, 1, WithTimeouts(Timeouts{LeaseTTL: renewTTL}), WithLogger(logs.Logger()))
 	site := bed.Sites[0]
 	c := colly.NewCollector(colly.Async(true))
 	s.Attach(c)
@@ -150,7 +150,7 @@ func TestLostLeaseFailsItsRequest(t *testing.T) {
 // one while leases live, none once they are released or on Close.
 func TestRenewerStartsOnDemandAndStops(t *testing.T) {
 	ctx := context.Background()
-	s := newSwitch(t, shared.Client(t), WithLeaseTTL(renewTTL))
+	s := newSwitch(t, shared.Client(t), WithTimeouts(Timeouts{LeaseTTL: renewTTL}))
 	_, err := s.Add(ctx, proxyURLs(2)...)
 	require.NoError(t, err)
 	running := func() bool {
@@ -186,9 +186,8 @@ func TestLocalShardLeasesAreRenewed(t *testing.T) {
 	require.NoError(t, err)
 	_, err = admin.Add(ctx, proxyURLs(1)...)
 	require.NoError(t, err)
-	sw, err := NewSwitch(shared.Client(t), WithPrefix(prefix), WithSharding("solo", nil), WithLeaseTTL(renewTTL),
-		WithFallbackTimeout(300*time.Millisecond), WithMembership(shard.MemberConfig{Heartbeat: 100 * time.Millisecond, TTL: time.Second}),
-		WithAttemptTimeout(100*time.Millisecond), WithMaxWait(5*time.Second))
+	sw, err := NewSwitch(shared.Client(t), WithPrefix(prefix), WithSharding("solo", nil), WithTimeouts(Timeouts{LeaseTTL: renewTTL, Fallback: 300 * time.Millisecond}), WithMembership(shard.MemberConfig{Heartbeat: 100 * time.Millisecond, TTL: time.Second}),
+		WithTimeouts(Timeouts{Attempt: 100 * time.Millisecond, MaxWait: 5 * time.Second}))
 	require.NoError(t, err)
 	startSwitch(t, sw)
 	l, err := sw.acquire(ctx, "ozon.example", "", true)
@@ -216,7 +215,7 @@ func TestRenewalUnderContention(t *testing.T) {
 	// a renewal (every TTL/4) 750ms to come late on a loaded machine: at
 	// 300ms a -race run under a load of 15 on 2 cores lost leases.
 	const ttl = time.Second
-	base := newSwitch(t, shared.Client(t), WithLeaseTTL(ttl), WithMaxWait(30*time.Second))
+	base := newSwitch(t, shared.Client(t), WithTimeouts(Timeouts{LeaseTTL: ttl, MaxWait: 30 * time.Second}))
 	_, err := base.Add(ctx, proxyURLs(15)...)
 	require.NoError(t, err)
 	sites := []string{"ozon.example", "avito.example", "wb.example"}
@@ -267,7 +266,7 @@ func TestRenewalUnderContention(t *testing.T) {
 // closed, and no request leaves.
 func TestCloseReleasesEverything(t *testing.T) {
 	ctx := context.Background()
-	bed, s := bedSwitch(t, 2, 4, WithLeaseTTL(30*time.Second))
+	bed, s := bedSwitch(t, 2, 4, WithTimeouts(Timeouts{LeaseTTL: 30 * time.Second}))
 	plain, slow := bed.Sites[0], bed.Sites[1]
 
 	c := colly.NewCollector(colly.AllowURLRevisit())
@@ -319,7 +318,7 @@ func TestCloseReleasesEverything(t *testing.T) {
 // that contexts ending on other goroutines started are done.
 func TestCloseWaitsForReleasesInFlight(t *testing.T) {
 	ctx := context.Background()
-	bed, s := bedSwitch(t, 1, 20, WithLeaseTTL(30*time.Second))
+	bed, s := bedSwitch(t, 1, 20, WithTimeouts(Timeouts{LeaseTTL: 30 * time.Second}))
 	site := bed.Sites[0]
 	var cancels []context.CancelFunc
 	for i := range 20 {

@@ -27,7 +27,7 @@ func loadPool(t *testing.T, s *Switch, name string, urls []string) {
 func TestRoutesWithOrderedFallback(t *testing.T) {
 	ctx := context.Background()
 	all := proxyURLs(6)
-	s := newSwitch(t, shared.Client(t), WithPool("datacenter"), WithMaxWait(0),
+	s := newSwitch(t, shared.Client(t), WithPool("datacenter"), WithTimeouts(Timeouts{MaxWait: Off}),
 		WithRoute("shop.example", "datacenter", "residential"),
 		WithRoute("avito.example", "residential"),
 		WithRoute("cheap.example", "nothing-here", "datacenter"))
@@ -100,7 +100,7 @@ func TestRoutesWithOrderedFallback(t *testing.T) {
 func TestSpreadOverSplitPools(t *testing.T) {
 	ctx := context.Background()
 	parts := shard.PoolNames("hot", 3)
-	s := newSwitch(t, shared.Client(t), WithMaxWait(0), WithSpread("", parts...))
+	s := newSwitch(t, shared.Client(t), WithTimeouts(Timeouts{MaxWait: Off}), WithSpread("", parts...))
 	ps, err := ParseProxies(proxyURLs(60))
 	require.NoError(t, err)
 	dealt := shard.Split(ps, 3, (*Proxy).ID)
@@ -173,7 +173,7 @@ func TestFallbackCoversRoutedPools(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.Start(t)
 	all := proxyURLs(4)
-	s := newSwitch(t, srv.Client(t), append(fastFallback("crawler-1"), WithPool("dc"), WithMaxWait(time.Second),
+	s := newSwitch(t, srv.Client(t), append(fastFallback("crawler-1"), WithPool("dc"), WithTimeouts(Timeouts{MaxWait: time.Second}),
 		WithRoute("shop.example", "dc", "res"))...)
 	loadPool(t, s, "dc", all[:2])
 	loadPool(t, s, "res", all[2:])

@@ -99,7 +99,7 @@ func TestMillionProxies(t *testing.T) {
 	require.NoError(t, rdb.SlowLogReset(ctx).Err())
 	// Default options but a cooldown that keeps every proxy used in its
 	// site's busy set until the memory is measured.
-	s := newSwitch(t, rdb, WithCooldown(time.Minute))
+	s := newSwitch(t, rdb, WithRotation(Rotation{Cooldown: time.Minute}))
 
 	stop := make(chan struct{})
 	pings := pingLoop(srv.Client(t), stop)
@@ -203,7 +203,7 @@ func loadPerCPU() float64 {
 func TestRotationBoundedScan(t *testing.T) {
 	ctx := context.Background()
 	const n, site = 300, "shop.example"
-	s := newSwitch(t, shared.Client(t), WithMaxWait(5*time.Second), WithLeaseTTL(time.Minute))
+	s := newSwitch(t, shared.Client(t), WithTimeouts(Timeouts{MaxWait: 5 * time.Second, LeaseTTL: time.Minute}))
 	_, err := s.Add(ctx, scaleURLs(0, n)...)
 	require.NoError(t, err)
 	held := map[string]*Lease{}

@@ -54,7 +54,7 @@ func TestFlakyProxiesServedLess(t *testing.T) {
 		site.IPs[p.SourceIP().String()] = true
 	}
 	srv := testbed.NewSite(t, "flaky", site)
-	s := newSwitch(t, shared.Client(t), WithQuarantine(20*time.Millisecond, 40*time.Millisecond), WithRetries(2))
+	s := newSwitch(t, shared.Client(t), WithBans(Bans{Quarantine: 20 * time.Millisecond, QuarantineMax: 40 * time.Millisecond, Retries: 2}))
 	bed := &testbed.Bed{Proxies: ps}
 	_, err := s.Add(context.Background(), bed.ProxyURLs()...)
 	require.NoError(t, err)

@@ -37,7 +37,7 @@ import (
 // leases, renews every lease and the record to now + TTL, counts the
 // request and returns the proxy and the session's cookies, in one round
 // trip. While the session lives, its proxy's slots on each site it visited
-// stay out of rotation for everyone else (with WithConcurrency above 1, all
+// stay out of rotation for everyone else (with Rotation.Concurrency above 1, all
 // of them: one live session per IP per site); concurrent requests of the
 // task share the IP. A session nobody uses lapses after its TTL: the record
 // expires and the slots' scores pass, with no reaper. A request of the task
@@ -59,9 +59,9 @@ import (
 // through it can be over (the lease TTL), its jar is deleted and its record
 // becomes a tombstone saying why. The request's retry, or the task's next request on
 // any worker, starts a new session with another proxy and an empty jar.
-// Limits (WithSessionMaxRequests, WithSessionMaxAge), a proxy removed from
+// Limits (Sessions.MaxRequests, Sessions.MaxAge), a proxy removed from
 // the pool or marked dead, and a lease lost while the session lived retire
-// it the same way at its next use. WithSessionRetired reports each
+// it the same way at its next use. Sessions.Retired reports each
 // retirement once, on the worker that made it; SessionOf shows the task's
 // session and what ended the one before.
 
@@ -78,13 +78,13 @@ const SessionKey = "proxyswitch.session"
 // Reasons a session is retired for, besides the ban and failure reasons of
 // the verdict that retired it ("http_403", "proxy_connect"...).
 const (
-	SessionMaxRequests  = "max_requests"  // it served WithSessionMaxRequests requests
-	SessionMaxAge       = "max_age"       // it grew older than WithSessionMaxAge
+	SessionMaxRequests  = "max_requests"  // it served Sessions.MaxRequests requests
+	SessionMaxAge       = "max_age"       // it grew older than Sessions.MaxAge
 	SessionProxyRemoved = "proxy_removed" // its proxy left the pool, or is dead
 	SessionProxyDead    = "proxy_dead"    // its proxy was marked dead or drained
 	SessionQuarantined  = "quarantined"   // its proxy was banned on one of its sites by someone else (an operator, another slot)
 	SessionLeaseLost    = "lease_lost"    // one of its leases was lost (the pool was cleared, say)
-	SessionEnded        = "ended"         // EndSession ended it (never reported to WithSessionRetired)
+	SessionEnded        = "ended"         // EndSession ended it (never reported to Sessions.Retired)
 )
 
 const (
@@ -134,7 +134,7 @@ type SessionInfo struct {
 	Task       string
 	ID         string // random, new for each session of the task
 	Generation int    // the task's sessions in a row: 1 for its first, 2 after one retirement...
-	Pool       string // the pool the session leases from (WithSessionPool)
+	Pool       string // the pool the session leases from (Sessions.Pool)
 	Proxy      string // the session's proxy, user info masked
 	ProxyID    string // its ID (Proxy.ID): what Switch.Ban, Drain... take
 	Requests   int    // requests sent through the session so far, this one included
@@ -164,56 +164,88 @@ type sessionConfig struct {
 	ttl         time.Duration
 	maxRequests int
 	maxAge      time.Duration
-	pool        string // WithSessionPool; "" for the Switch's own pool
+	pool        string // Sessions.Pool; "" for the Switch's own pool
 	retired     func(SessionRetirement)
 	taskFunc    func(*colly.Request) string
 
-	maxErrors, errorDecay float64 // WithSessionErrorScore (sessionscore.go), when errorsSet
-	errorsSet             bool
+	maxErrors, errorDecay float64 // Sessions.MaxErrorScore, ErrorDecay (sessionscore.go)
 }
 
-// WithSessionTTL sets how long a task's session lives after its last use;
-// every request of the task renews it. While it lives, its proxy serves no
-// one else on the sites it visited. The session's own requests are not
-// paced by WithCooldown (pace a flow with Colly's LimitRule Delay). A
-// request of a session holds its proxy by the session, not by a renewed
-// lease: keep the session TTL above the request timeout. It must not exceed the idle TTL. The
-// default is 10 minutes (DefaultSessionTTL), or the idle TTL if shorter.
-func WithSessionTTL(d time.Duration) Option { return func(c *config) { c.session.ttl = d } }
+// Sessions configures the sticky sessions of tasks. A zero field keeps the
+// default (or what an earlier WithSessions set); Off sets a numeric field to
+// zero.
+type Sessions struct {
+	// TTL is how long a task's session lives after its last use; every
+	// request of the task renews it. While it lives, its proxy serves no one
+	// else on the sites it visited. The session's own requests are not
+	// paced by Rotation.Cooldown (pace a flow with Colly's LimitRule Delay).
+	// A request of a session holds its proxy by the session, not by a
+	// renewed lease: keep the session TTL above the request timeout. It
+	// must not exceed the idle TTL. The default is 10 minutes
+	// (DefaultSessionTTL), or the idle TTL if shorter.
+	TTL time.Duration
 
-// WithSessionMaxRequests retires a session once it has sent n requests
-// (every hop of a redirect chain counts); the task's next request starts a
-// new one, with another proxy and no cookies. The default is 0: no limit.
-func WithSessionMaxRequests(n int) Option { return func(c *config) { c.session.maxRequests = n } }
+	// MaxRequests retires a session once it has sent that many requests
+	// (every hop of a redirect chain counts); the task's next request
+	// starts a new one, with another proxy and no cookies. The default is
+	// 0: no limit.
+	MaxRequests int
 
-// WithSessionMaxAge retires a session once it is older than d, counted from
-// its first request. The default is 0: no limit.
-func WithSessionMaxAge(d time.Duration) Option { return func(c *config) { c.session.maxAge = d } }
+	// MaxAge retires a session once it is older than that, counted from its
+	// first request. The default is 0: no limit.
+	MaxAge time.Duration
 
-// WithSessionPool makes sessions lease from another pool under the same
-// prefix and Redis, for instance residential or mobile proxies for shopper
-// flows while bulk catalog scans use the Switch's own datacenter pool:
-//
-//	sw, err := proxyswitch.NewSwitch(rdb, proxyswitch.WithPool("datacenter"),
-//		proxyswitch.WithSessionPool("residential"))
-//
-// The session pool takes every other option of the Switch, as a pool of
-// WithRoute does (its bans count in the Switch's BanCounts and reach its
-// observer). Load it as any pool, through a Switch of its own:
-// NewSwitch(rdb, WithPool("residential")).Replace. Sessions lease from this
-// one pool: routes (WithRoute, UsePools) apply to requests of no task only
-// (without WithSessionPool, a task's request to a routed site logs a
-// warning once).
-// The default is the Switch's own pool.
-func WithSessionPool(pool string) Option { return func(c *config) { c.session.pool = pool } }
+	// Pool makes sessions lease from another pool under the same prefix
+	// and Redis, for instance residential or mobile proxies for shopper
+	// flows while bulk catalog scans use the Switch's own datacenter pool:
+	//
+	//	sw, err := proxyswitch.NewSwitch(rdb, proxyswitch.WithPool("datacenter"),
+	//		proxyswitch.WithSessions(proxyswitch.Sessions{Pool: "residential"}))
+	//
+	// The session pool takes every other option of the Switch, as a pool of
+	// WithRoute does (its bans count in the Switch's BanCounts and reach its
+	// observer). Load it as any pool, through a Switch of its own:
+	// NewSwitch(rdb, WithPool("residential")).Replace. Sessions lease from
+	// this one pool: routes (WithRoute, UsePools) apply to requests of no
+	// task only (without a session pool, a task's request to a routed site
+	// logs a warning once). The default ("") is the Switch's own pool.
+	Pool string
 
-// WithSessionRetired sets a function told of every session retired (by a
-// ban, a proxy failure, a limit, its proxy leaving the pool), once, by the
-// worker that retired it, on a request goroutine: it must be fast, must not
-// block and must not panic (a panic is recovered and logged). Sessions that
-// lapse or that EndSession ends are not reported. The default is none.
-func WithSessionRetired(f func(SessionRetirement)) Option {
-	return func(c *config) { c.session.retired = f }
+	// Retired is told of every session retired (by a ban, a proxy failure,
+	// a limit, its proxy leaving the pool), once, by the worker that
+	// retired it, on a request goroutine: it must be fast, must not block
+	// and must not panic (a panic is recovered and logged). Sessions that
+	// lapse or that EndSession ends are not reported. The default is none.
+	Retired func(SessionRetirement)
+
+	// MaxErrorScore and ErrorDecay set how many soft refusals (429, 503) a
+	// sticky session tolerates: each adds 1 to its error score, each
+	// healthy request takes ErrorDecay off it, and the refusal that brings
+	// the score to MaxErrorScore retires the session. MaxErrorScore 1
+	// retires it on its first refusal (as a hard ban always does). The
+	// defaults are 3 and 0.5 (DefaultSessionMaxErrorScore,
+	// DefaultSessionErrorDecay); MaxErrorScore must be at least 1,
+	// ErrorDecay at least 0 (Off).
+	MaxErrorScore, ErrorDecay float64
+}
+
+// WithSessions configures the sticky sessions of tasks (Sessions). Zero
+// fields keep their values.
+func WithSessions(ss Sessions) Option {
+	return func(c *config) {
+		sc := &c.session
+		setField(&sc.ttl, ss.TTL)
+		setField(&sc.maxRequests, ss.MaxRequests)
+		setField(&sc.maxAge, ss.MaxAge)
+		if ss.Pool != "" {
+			sc.pool = ss.Pool
+		}
+		if ss.Retired != nil {
+			sc.retired = ss.Retired
+		}
+		setField(&sc.maxErrors, ss.MaxErrorScore)
+		setField(&sc.errorDecay, ss.ErrorDecay)
+	}
 }
 
 // WithTaskFunc sets how a request names its task ("" for none); it runs in
@@ -239,11 +271,11 @@ func (sc *sessionConfig) validate(c *config) error {
 	}
 	switch {
 	case sc.ttl < 100*time.Millisecond || sc.ttl > c.idleTTL:
-		return bad("session TTL %v outside 100ms..the idle TTL (%v)", sc.ttl, c.idleTTL)
+		return bad("Sessions.TTL %v outside 100ms..the idle TTL (%v)", sc.ttl, c.idleTTL)
 	case sc.maxRequests < 0:
-		return bad("negative max requests per session %d", sc.maxRequests)
+		return bad("Sessions.MaxRequests %d is negative (Off for no limit)", sc.maxRequests)
 	case sc.maxAge < 0:
-		return bad("negative max session age %v", sc.maxAge)
+		return bad("Sessions.MaxAge %v is negative (Off for no limit)", sc.maxAge)
 	}
 	if sc.pool != "" {
 		if _, err := newKeyspace(c.prefix, sc.pool); err != nil {
@@ -261,7 +293,7 @@ type sessions struct {
 }
 
 // sessionBackend returns the backend sessions lease from: the Switch's own
-// pool, or the one WithSessionPool names (made on first use).
+// pool, or the one Sessions.Pool names (made on first use).
 func (s *Switch) sessionBackend() (backend, error) {
 	s.sess.once.Do(func() {
 		name := s.cfg.session.pool
@@ -328,7 +360,7 @@ func (s *Switch) SessionCookies(ctx context.Context, task string, u *url.URL) ([
 }
 
 // LiveSessions counts the live sessions of the Switch's session pool (the
-// one WithSessionPool names, else its own), on every server: those started
+// one Sessions.Pool names, else its own), on every server: those started
 // and neither ended, retired nor lapsed (unused for their TTL), by Redis'
 // clock. It is one round trip, bounded by the Redis timeout, and safe for
 // concurrent use.
@@ -573,7 +605,7 @@ func (s *Switch) penalizeLease(ctx context.Context, b *binding, site string, l *
 
 // warnRouteIgnored tells the logger, once per Switch, that a request of a
 // task goes to a site routed to other pools (WithRoute, UsePools) while no
-// WithSessionPool names the sessions' pool: sessions lease from the
+// Sessions.Pool names the sessions' pool: sessions lease from the
 // Switch's own pool, which may not be what the route meant (residential
 // proxies for a shop, say).
 func (s *Switch) warnRouteIgnored(ctx context.Context, site string) {
@@ -586,12 +618,12 @@ func (s *Switch) warnRouteIgnored(ctx context.Context, site string) {
 	}
 	if s.warnedRoute.CompareAndSwap(false, true) {
 		s.cfg.logger.Warn("proxyswitch: requests of a task lease from the session pool, not from their route's pools; "+
-			"name the sessions' pool with WithSessionPool", "site", site, "route", r.pools, "session_pool", s.cfg.pool)
+			"name the sessions' pool with Sessions.Pool", "site", site, "route", r.pools, "session_pool", s.cfg.pool)
 	}
 }
 
 // sessionEnded tells the observer of a session this process ended, and
-// WithSessionRetired's function of a retirement (any reason but
+// Sessions.Retired's function of a retirement (any reason but
 // SessionEnded).
 func (s *Switch) sessionEnded(pool string, r SessionRetirement) {
 	s.observeSessionEnd(pool, r)
@@ -600,7 +632,7 @@ func (s *Switch) sessionEnded(pool string, r SessionRetirement) {
 	}
 }
 
-// reportRetired hands a retirement to WithSessionRetired's function.
+// reportRetired hands a retirement to Sessions.Retired's function.
 func (s *Switch) reportRetired(r SessionRetirement) {
 	s.cfg.logger.Debug("proxyswitch: session retired", "task", r.Task, "session", r.ID, "proxy", r.Proxy,
 		"reason", r.Reason, "site", r.Site, "requests", r.Requests)

@@ -52,7 +52,7 @@ func (o *recordingObserver) tally(t *testing.T) sessionTally {
 // shop's view of IP changes is the ground truth for the starts.
 func TestSessionEventsAndLiveSessions(t *testing.T) {
 	ctx := context.Background()
-	flow, site, _, s := sessionShop(t, 10, WithSessionMaxRequests(3))
+	flow, site, _, s := sessionShop(t, 10, WithSessions(Sessions{MaxRequests: 3}))
 	other := sibling(t, s, shared.Client(t))
 	obs := &recordingObserver{}
 	s.SetObserver(obs)
@@ -114,7 +114,7 @@ func TestSessionEventsAndLiveSessions(t *testing.T) {
 // live count when its TTL runs out; starting sessions trims it away.
 func TestLiveSessionsLapse(t *testing.T) {
 	ctx := context.Background()
-	_, site, _, s := sessionShop(t, 4, WithSessionTTL(1500*time.Millisecond))
+	_, site, _, s := sessionShop(t, 4, WithSessions(Sessions{TTL: 1500 * time.Millisecond}))
 	obs := &recordingObserver{}
 	s.SetObserver(obs)
 	c := attached(s)
@@ -143,12 +143,12 @@ func TestLiveSessionsLapse(t *testing.T) {
 	assert.Empty(t, got.ended)
 }
 
-// Sessions of WithSessionPool lease from another pool: their events reach
+// Sessions of Sessions.Pool lease from another pool: their events reach
 // the Switch's observer with that pool's name, and LiveSessions counts
 // them there.
 func TestSessionEventsOfSessionPool(t *testing.T) {
 	ctx := context.Background()
-	flow, site, _, s := sessionShop(t, 2, WithSessionPool("residential"))
+	flow, site, _, s := sessionShop(t, 2, WithSessions(Sessions{Pool: "residential"}))
 	obs := &recordingObserver{}
 	s.SetObserver(obs)
 	resi := testbed.NewProxies(t, 2)
@@ -216,7 +216,7 @@ func TestObserversFanOut(t *testing.T) {
 }
 
 // Sessions lease from the session pool whatever a site's route says; a
-// task's request to a routed site says so once, unless WithSessionPool
+// task's request to a routed site says so once, unless Sessions.Pool
 // names the sessions' pool.
 func TestSessionWarnsRouteIgnored(t *testing.T) {
 	for _, tc := range []struct {
@@ -226,7 +226,7 @@ func TestSessionWarnsRouteIgnored(t *testing.T) {
 	}{
 		{"routed, no session pool", func(site string) []Option { return []Option{WithRoute(site, "residential")} }, 1},
 		{"routed, session pool", func(site string) []Option {
-			return []Option{WithRoute(site, "residential"), WithSessionPool("residential")}
+			return []Option{WithRoute(site, "residential"), WithSessions(Sessions{Pool: "residential"})}
 		}, 0},
 		{"no route", func(string) []Option { return nil }, 0},
 	} {

@@ -203,7 +203,7 @@ func stepURL(site *testbed.Site, task string, n int) string {
 // and cookies never cross sessions or reach the collectors' jars.
 func TestSessions100x20AcrossThreeCollectors(t *testing.T) {
 	const tasks, steps, extra = 100, 20, 12
-	flow, site, _, s0 := sessionShop(t, tasks+extra, WithMaxWait(20*time.Second))
+	flow, site, _, s0 := sessionShop(t, tasks+extra, WithTimeouts(Timeouts{MaxWait: 20 * time.Second}))
 	sws := []*Switch{s0, sibling(t, s0, shared.Client(t)), sibling(t, s0, shared.Client(t))}
 	cs := make([]*colly.Collector, len(sws))
 	var failed atomic.Int64
@@ -312,11 +312,11 @@ func TestSessions100x20AcrossThreeCollectors(t *testing.T) {
 func TestSessionRetiredOnBan(t *testing.T) {
 	var mu sync.Mutex
 	var retired []SessionRetirement
-	flow, site, _, s := sessionShop(t, 3, WithSessionRetired(func(r SessionRetirement) {
+	flow, site, _, s := sessionShop(t, 3, WithSessions(Sessions{Retired: func(r SessionRetirement) {
 		mu.Lock()
 		retired = append(retired, r)
 		mu.Unlock()
-	}))
+	}}))
 	other := sibling(t, s, shared.Client(t))
 	cs := []*colly.Collector{attached(s), attached(other)}
 	const task = "cart-42"
@@ -375,7 +375,7 @@ func TestSessionRetiredOnBan(t *testing.T) {
 // on another collector within the TTL keeps its IP, and each use renews it.
 func TestSessionTTL(t *testing.T) {
 	const ttl = 2 * time.Second
-	flow, site, _, s := sessionShop(t, 2, WithSessionTTL(ttl), WithMaxWait(0))
+	flow, site, _, s := sessionShop(t, 2, WithSessions(Sessions{TTL: ttl}), WithTimeouts(Timeouts{MaxWait: Off}))
 	other := sibling(t, s, shared.Client(t))
 	c1, c2 := attached(s), attached(other)
 	visit := func(c *colly.Collector, task string, n int) error {
@@ -518,17 +518,17 @@ func TestSessionBadInput(t *testing.T) {
 	assert.False(t, ended)
 }
 
-// WithSessionMaxRequests and WithSessionMaxAge retire a session: the next
+// Sessions.MaxRequests and Sessions.MaxAge retire a session: the next
 // request starts a new one, and the retirement is reported.
 func TestSessionLimits(t *testing.T) {
 	var reasons []string
 	var mu sync.Mutex
-	report := WithSessionRetired(func(r SessionRetirement) {
+	report := WithSessions(Sessions{Retired: func(r SessionRetirement) {
 		mu.Lock()
 		reasons = append(reasons, r.Reason+"/"+fmt.Sprint(r.Requests))
 		mu.Unlock()
-	})
-	flow, site, _, s := sessionShop(t, 3, WithSessionMaxRequests(3), report)
+	}})
+	flow, site, _, s := sessionShop(t, 3, WithSessions(Sessions{MaxRequests: 3}), report)
 	c := attached(s)
 	ctx := NewTaskContext("limited")
 	for n := 1; n <= 7; n++ {
@@ -545,7 +545,7 @@ func TestSessionLimits(t *testing.T) {
 	reasons = nil
 	mu.Unlock()
 
-	flow, site, _, s = sessionShop(t, 3, WithSessionMaxAge(time.Second), report)
+	flow, site, _, s = sessionShop(t, 3, WithSessions(Sessions{MaxAge: time.Second}), report)
 	c = attached(s)
 	ctx = NewTaskContext("aged")
 	require.NoError(t, c.Request("GET", stepURL(site, "aged", 1), nil, ctx, nil))
@@ -566,7 +566,7 @@ func TestSessionAcrossSites(t *testing.T) {
 	flowB := newShopFlow()
 	flowB.sid, flowB.cart = "b_sid", "b_cart" // both sites are 127.0.0.1: cookies ignore ports
 	siteB := testbed.NewSite(t, "shop-b", flowB)
-	flow, site, proxies, s := sessionShop(t, 2, WithMaxWait(5*time.Second))
+	flow, site, proxies, s := sessionShop(t, 2, WithTimeouts(Timeouts{MaxWait: 5 * time.Second}))
 	c := attached(s)
 	ctx := NewTaskContext("wanderer")
 	require.NoError(t, c.Request("GET", stepURL(site, "wanderer", 1), nil, ctx, nil))
@@ -619,11 +619,11 @@ func TestSessionAcrossSites(t *testing.T) {
 	assert.Empty(t, flowB.errors())
 }
 
-// With WithConcurrency above 1 a session still keeps its proxy to itself on
+// With Rotation.Concurrency above 1 a session still keeps its proxy to itself on
 // its sites: no other session and no request of no task shares the IP.
 func TestSessionHoldsEverySlot(t *testing.T) {
 	ctx := context.Background()
-	flow, site, _, s := sessionShop(t, 2, WithConcurrency(3), WithMaxWait(200*time.Millisecond))
+	flow, site, _, s := sessionShop(t, 2, WithRotation(Rotation{Concurrency: 3}), WithTimeouts(Timeouts{MaxWait: 200 * time.Millisecond}))
 	c := attached(s)
 	require.NoError(t, c.Request("GET", stepURL(site, "first", 1), nil, NewTaskContext("first"), nil))
 	require.NoError(t, c.Request("GET", stepURL(site, "second", 1), nil, NewTaskContext("second"), nil))
@@ -651,7 +651,7 @@ func TestSessionHoldsEverySlot(t *testing.T) {
 // Switch's; bans in the session pool count in the Switch's BanCounts.
 func TestSessionPool(t *testing.T) {
 	ctx := context.Background()
-	flow, site, dc, s := sessionShop(t, 2, WithSessionPool("residential"))
+	flow, site, dc, s := sessionShop(t, 2, WithSessions(Sessions{Pool: "residential"}))
 	require.NotSame(t, s, s.sessionSwitch(t))
 	assert.Equal(t, "residential", s.sessionSwitch(t).Pool())
 	resi := testbed.NewProxies(t, 2)
@@ -763,7 +763,7 @@ func TestSessionKeysAndBounds(t *testing.T) {
 		w.Header().Add("Set-Cookie", "huge="+strings.Repeat("h", maxSessionCookieBytes)+"; Path=/")
 	}))
 	p := testbed.NewProxy(t, testbed.SourceIP(0))
-	s := newSwitch(t, rdb, WithSessionTTL(ttl))
+	s := newSwitch(t, rdb, WithSessions(Sessions{TTL: ttl}))
 	_, err := s.Add(ctx, p.URL())
 	require.NoError(t, err)
 	c := attached(s)
@@ -812,7 +812,7 @@ func TestSessionNeverLeaksSecrets(t *testing.T) {
 	var reports []string
 	rdb := srv.Client(t)
 	s := newSwitch(t, rdb, WithLogger(logs.Logger()),
-		WithRedisTimeout(500*time.Millisecond), WithSessionRetired(func(r SessionRetirement) { reports = append(reports, fmt.Sprintf("%+v", r)) }))
+		WithTimeouts(Timeouts{Redis: 500 * time.Millisecond}), WithSessions(Sessions{Retired: func(r SessionRetirement) { reports = append(reports, fmt.Sprintf("%+v", r)) }}))
 	_, err := s.Add(ctx, urls...)
 	require.NoError(t, err)
 	c := attached(s)
@@ -940,7 +940,7 @@ func BenchmarkSessionUse(b *testing.B) {
 // A retired session's proxy stays out for the lease TTL: the session's other
 // requests may still be under way through it. EndSession frees it at once.
 func TestSessionRetirementWaitsForRequestsUnderWay(t *testing.T) {
-	flow, site, _, s := sessionShop(t, 1, WithSessionMaxRequests(1), WithLeaseTTL(time.Second), WithMaxWait(0))
+	flow, site, _, s := sessionShop(t, 1, WithSessions(Sessions{MaxRequests: 1}), WithTimeouts(Timeouts{LeaseTTL: time.Second, MaxWait: Off}))
 	c := attached(s)
 	ctx := NewTaskContext("brief")
 	require.NoError(t, c.Request("GET", stepURL(site, "brief", 1), nil, ctx, nil))

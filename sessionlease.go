@@ -126,7 +126,7 @@ func toInt(v any) int64 {
 
 // useSession returns the live session of task on site, holding its proxy
 // there: the one there is, continued and renewed, or a new one. It waits
-// for a proxy like any lease (WithMaxWait, the request's context).
+// for a proxy like any lease (Timeouts.MaxWait, the request's context).
 func (p *redisPool) useSession(ctx context.Context, task, site string) (*useReply, error) {
 	scope := p.sw.scopeOf(site)
 	for range maxSessionRounds {

@@ -28,34 +28,19 @@ import (
 // session. The decay costs no round trip: it is applied at the next soft
 // refusal, from the count of requests the session sent since the last one.
 
-// Defaults of WithSessionErrorScore, as Crawlee's (maxErrorScore,
+// Defaults of Sessions.MaxErrorScore and ErrorDecay, as Crawlee's (maxErrorScore,
 // errorScoreDecrement).
 const (
 	DefaultSessionMaxErrorScore = 3.0
 	DefaultSessionErrorDecay    = 0.5
 )
 
-// WithSessionErrorScore sets how many soft refusals (429, 503) a sticky
-// session tolerates: each adds 1 to its error score, each healthy request
-// takes decay off it, and the refusal that brings the score to max
-// retires the session. max 1 retires it on its first refusal (as a hard
-// ban always does). The defaults are 3 and 0.5; max must be at least 1,
-// decay at least 0.
-func WithSessionErrorScore(max, decay float64) Option {
-	return func(c *config) { c.session.maxErrors, c.session.errorDecay, c.session.errorsSet = max, decay, true }
-}
-
 // errorScore returns the session error score's max and decay.
-func (sc *sessionConfig) errorScore() (max, decay float64) {
-	if !sc.errorsSet {
-		return DefaultSessionMaxErrorScore, DefaultSessionErrorDecay
-	}
-	return sc.maxErrors, sc.errorDecay
-}
+func (sc *sessionConfig) errorScore() (max, decay float64) { return sc.maxErrors, sc.errorDecay }
 
 func (sc *sessionConfig) validateErrorScore() error {
 	if m, d := sc.errorScore(); !(m >= 1 && m <= 1e6) || !(d >= 0 && d <= 1e6) {
-		return configErr("session error score: max %v (from 1), decay %v (from 0)", m, d)
+		return configErr("Sessions.MaxErrorScore %v (from 1), ErrorDecay %v (from 0)", m, d)
 	}
 	return nil
 }

@@ -40,11 +40,11 @@ func TestSessionSoftRefusal(t *testing.T) {
 	proxies := testbed.NewProxies(t, 4)
 	var mu sync.Mutex
 	var retired []SessionRetirement
-	s := newSwitch(t, shared.Client(t), WithSessionRetired(func(r SessionRetirement) {
+	s := newSwitch(t, shared.Client(t), WithSessions(Sessions{Retired: func(r SessionRetirement) {
 		mu.Lock()
 		retired = append(retired, r)
 		mu.Unlock()
-	}))
+	}}))
 	for _, p := range proxies {
 		_, err := s.Add(context.Background(), p.URL())
 		require.NoError(t, err)
@@ -122,8 +122,8 @@ func TestSessionSoftRefusal(t *testing.T) {
 	assert.Equal(t, "http_403", SessionOf(ctx).Previous.Reason)
 	assert.Empty(t, flow.errors())
 
-	_, err := NewSwitch(shared.Client(t), WithSessionErrorScore(0.5, 0.5))
+	_, err := NewSwitch(shared.Client(t), WithSessions(Sessions{MaxErrorScore: 0.5, ErrorDecay: 0.5}))
 	assert.ErrorIs(t, err, ErrConfig)
-	_, err = NewSwitch(shared.Client(t), WithSessionErrorScore(3, -1))
+	_, err = NewSwitch(shared.Client(t), WithSessions(Sessions{MaxErrorScore: 3, ErrorDecay: -0.5}))
 	assert.ErrorIs(t, err, ErrConfig)
 }

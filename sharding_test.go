@@ -30,9 +30,9 @@ func TestShardingSharedNothing(t *testing.T) {
 			bed := testbed.NewBed(t, 2, 24)
 			prefix := testPrefix()
 			opts := func(self string) []Option {
-				return []Option{WithPrefix(prefix), WithSharding(self, sh), WithFallbackTimeout(300 * time.Millisecond),
+				return []Option{WithPrefix(prefix), WithSharding(self, sh), WithTimeouts(Timeouts{Fallback: 300 * time.Millisecond}),
 					WithMembership(shard.MemberConfig{Heartbeat: 100 * time.Millisecond, TTL: time.Second}),
-					WithAttemptTimeout(time.Second), WithMaxWait(5 * time.Second)}
+					WithTimeouts(Timeouts{Attempt: time.Second, MaxWait: 5 * time.Second})}
 			}
 			admin, err := NewSwitch(srv.Client(t), WithPrefix(prefix))
 			require.NoError(t, err)

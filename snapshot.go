@@ -39,7 +39,7 @@ import (
 // timeout when set, else the lease TTL; see attemptBound), the same hold
 // the fallback's switch-over uses, recorded in the meta hash ("hold") and
 // applied by lease.lua when it builds a site's free set. Set
-// WithAttemptTimeout to get the pool back within seconds.
+// Timeouts.Attempt to get the pool back within seconds.
 
 const (
 	// snapshotInterval is the least time between two reads of the copy

@@ -19,8 +19,8 @@ type SiteState struct {
 	Dead        int // out of every site's rotation until revived (drained ones too)
 
 	// Learned is the cooldown the fleet learned for the site
-	// (WithLearnedPacing), 0 for none; releases use it when it is longer
-	// than WithCooldown.
+	// (Rotation.LearnedPacing), 0 for none; releases use it when it is longer
+	// than Rotation.Cooldown.
 	Learned time.Duration
 }
 

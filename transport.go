@@ -47,7 +47,7 @@ import (
 // Attach, or the ProxyFunc given to another client) pass through untouched,
 // as do failures to lease a proxy (ErrNoProxy: no proxy was used).
 
-// errAttemptTimeout is the cause of an attempt ended by WithAttemptTimeout.
+// errAttemptTimeout is the cause of an attempt ended by Timeouts.Attempt.
 var errAttemptTimeout = errors.New("proxyswitch: attempt timeout")
 
 const (
@@ -227,7 +227,7 @@ func (t *transport) judge(req *http.Request, a *attempt, b *binding, l *Lease, r
 				s.cfg.detector.Learn(x)
 			}
 			// Served through this proxy: the refusals of the same URL
-			// through others were theirs (WithBanEvidence).
+			// through others were theirs (Bans.EvidenceFirst).
 			if b.refused() {
 				s.confirmRefusals(context.WithoutCancel(req.Context()), b, x.URL.String(), x.Site)
 			}

@@ -53,7 +53,7 @@ func TestBurntProxiesCrawl(t *testing.T) {
 	// Retries: a request can meet each burnt proxy at most once per site
 	// (it is quarantined as soon as it is caught), so ten retries always
 	// suffice.
-	s := newSwitch(t, shared.Client(t), WithRetries(burnt), WithExpect("", `^/p/\d+$`, "div.product"))
+	s := newSwitch(t, shared.Client(t), WithBans(Bans{Retries: burnt}), WithExpect("", `^/p/\d+$`, "div.product"))
 	_, err := s.Add(context.Background(), urls...)
 	require.NoError(t, err)
 
@@ -134,7 +134,7 @@ func TestRetryResendsTheBody(t *testing.T) {
 		fmt.Fprintf(w, `<html><body><div class="product">%s %s</div></body></html>`, r.Method, b)
 	})
 	m := testbed.NewMarketplace(echo)
-	site, proxies, s := marketBed(t, m, false, 2, WithRetries(1))
+	site, proxies, s := marketBed(t, m, false, 2, WithBans(Bans{Retries: 1}))
 	m.Burn(proxies[0].SourceIP().String(), testbed.Forbid)
 	c := newPageCollector(t, s)
 	var bodies []string

@@ -62,12 +62,18 @@ func workerMain(spec workerSpec) int {
 	}
 	// A generous Redis bound: these workers test collisions and crash
 	// recovery, not timeouts, and CI machines can be loaded.
-	opts := []Option{WithPrefix(spec.Prefix), WithLeaseTTL(ttl), WithRedisTimeout(10 * time.Second)}
+	opts := []Option{WithPrefix(spec.Prefix), WithTimeouts(Timeouts{LeaseTTL: ttl, Redis: 10 * time.Second})}
+	orOff := func(d time.Duration) time.Duration { // a zero field would keep the default
+		if d == 0 {
+			return Off
+		}
+		return d
+	}
 	if d, err := time.ParseDuration(spec.AttemptTimeout); err == nil {
-		opts = append(opts, WithAttemptTimeout(d))
+		opts = append(opts, WithTimeouts(Timeouts{Attempt: orOff(d)}))
 	}
 	if d, err := time.ParseDuration(spec.MaxWait); err == nil {
-		opts = append(opts, WithMaxWait(d))
+		opts = append(opts, WithTimeouts(Timeouts{MaxWait: orOff(d)}))
 	}
 	sw, err := NewSwitch(rdb, opts...)
 	if err != nil {

@@ -39,7 +39,7 @@ type Exchange struct {
 	Truncated  bool          // the body went on past what was read (or decoded): the content checks ban on nothing they did not see
 	Undecoded  bool          // the body came encoded and could not be decoded (or in an encoding Colly does not decode: br, deflate...): Body is as it came, and the content checks skip it
 	Err        error         // the transport error; nil when a response came
-	TimedOut   bool          // Err is the doing of the attempt's own timeout (proxyswitch.WithAttemptTimeout): ReasonProxyTimeout
+	TimedOut   bool          // Err is the doing of the attempt's own timeout (proxyswitch.Timeouts.Attempt): ReasonProxyTimeout
 	Attempt    int           // 1 for the first proxy tried for the request, 2 for the next...
 	doc        *goquery.Document
 	docErr     error

@@ -82,9 +82,7 @@ func TestScriptedCrawl(t *testing.T) {
 	var logs testlog.Buffer
 	prefix := nextPrefix()
 	sw := switchOn(t, shared.Client(t), prefix, proxyswitch.WithLogger(logs.Logger()),
-		proxyswitch.WithQuarantine(time.Hour, 2*time.Hour),
-		proxyswitch.WithFailureQuarantine(10*time.Minute, 20*time.Minute),
-		proxyswitch.WithDeadAfter(2), proxyswitch.WithSessionMaxRequests(3))
+		proxyswitch.WithBans(proxyswitch.Bans{Quarantine: time.Hour, QuarantineMax: 2 * time.Hour, FailureQuarantine: 10 * time.Minute, FailureQuarantineMax: 20 * time.Minute, DeadAfter: 2}), proxyswitch.WithSessions(proxyswitch.Sessions{MaxRequests: 3}))
 	_, err := sw.Add(ctx, urls...)
 	require.NoError(t, err)
 	col := New(sw, WithServer("worker-1"), WithTopProxies(3))
@@ -147,7 +145,7 @@ func TestScriptedCrawl(t *testing.T) {
 	assert.EqualValues(t, 22, n)
 
 	// Quarantine lengths, jittered by up to 15%: a ban's is the first
-	// quarantine of WithBanEvidence (1m; the retry served through another
+	// quarantine of Bans.EvidenceFirst (1m; the retry served through another
 	// proxy then confirms it, unobserved, to the base), a failure's the base.
 	n, sum, ok := f.histogram("proxyswitch_quarantine_duration_seconds", "site="+b, "kind=ban")
 	require.True(t, ok)
@@ -187,8 +185,8 @@ func TestScriptedCrawl(t *testing.T) {
 	// An operator bans one proxy on the shop, drains another, revives the
 	// dead one.
 	require.NoError(t, sw.Ban(ctx, urls[0], a, 90*time.Minute))
-	require.NoError(t, sw.Drain(ctx, proxyID(t, proxies[1])))
-	revived, err := sw.Revive(ctx, idDead)
+	require.NoError(t, func() error { _, err := sw.Drain(ctx, "", proxyID(t, proxies[1])); return err }())
+	revived, err := sw.Revive(ctx, "", idDead)
 	require.NoError(t, err)
 	require.Equal(t, 1, revived)
 	f, page2 := scrape(t, col, state)
@@ -218,7 +216,7 @@ func TestScriptedCrawl(t *testing.T) {
 }
 
 // scriptedSessions is TestScriptedCrawl's last act: sticky sessions on
-// shop, with WithSessionMaxRequests(3). The operator drains the dead proxy
+// shop, with Sessions{MaxRequests: 3}. The operator drains the dead proxy
 // (revived in Redis, still refusing connections) and unbans proxy 0 on the
 // shop: with proxy 1 drained, the sessions have proxies 0, 2, 3 and 4. The
 // shop's recorder is the ground truth: each session of a task is a run of
@@ -226,7 +224,7 @@ func TestScriptedCrawl(t *testing.T) {
 func scriptedSessions(t *testing.T, sw *proxyswitch.Switch, c *crawler, col *Collector, state *StateCollector,
 	shop *testbed.Site, unban, dead *testbed.Proxy) string {
 	ctx := context.Background()
-	require.NoError(t, sw.Drain(ctx, proxyID(t, dead)))
+	require.NoError(t, func() error { _, err := sw.Drain(ctx, "", proxyID(t, dead)); return err }())
 	require.NoError(t, sw.Unban(ctx, proxyID(t, unban), shop.Host()))
 	before := shop.Recorder().Count()
 	step := func(task string, n int) {
@@ -297,7 +295,7 @@ func TestRecovery(t *testing.T) {
 	proxies := testbed.NewProxies(t, 2)
 	ip := proxies[0].SourceIP().String()
 	market.Burn(ip, testbed.Forbid)
-	sw := newSwitch(t, proxyswitch.WithQuarantine(300*time.Millisecond, time.Second))
+	sw := newSwitch(t, proxyswitch.WithBans(proxyswitch.Bans{Quarantine: 300 * time.Millisecond, QuarantineMax: time.Second}))
 	_, err := sw.Add(ctx, proxies[0].URL(), proxies[1].URL())
 	require.NoError(t, err)
 	col := New(sw)
@@ -394,7 +392,7 @@ func TestStateCollectorWhenRedisFails(t *testing.T) {
 
 	var logs testlog.Buffer
 	wrong := shared.Client(t, func(o *redis.Options) { o.Password = "wrong-" + redisSecret })
-	bad := NewState(switchOn(t, wrong, prefix, proxyswitch.WithRedisTimeout(time.Second)), WithLogger(logs.Logger()))
+	bad := NewState(switchOn(t, wrong, prefix, proxyswitch.WithTimeouts(proxyswitch.Timeouts{Redis: time.Second})), WithLogger(logs.Logger()))
 	for range 3 {
 		f, page := scrape(t, bad)
 		v, ok := f.value("proxyswitch_state_up")
@@ -415,7 +413,7 @@ func TestStateCollectorWhenRedisFails(t *testing.T) {
 	srv := redistest.Start(t, "--requirepass", redisSecret)
 	gone := srv.Client(t)
 	require.NoError(t, srv.Kill())
-	down := NewState(switchOn(t, gone, prefix, proxyswitch.WithRedisTimeout(200*time.Millisecond)),
+	down := NewState(switchOn(t, gone, prefix, proxyswitch.WithTimeouts(proxyswitch.Timeouts{Redis: 200 * time.Millisecond})),
 		WithLogger(logs.Logger()), WithScrapeTimeout(time.Second))
 	start := time.Now()
 	f, page := scrape(t, down)
@@ -437,7 +435,7 @@ func TestBanSpikeAfterJoin(t *testing.T) {
 	site := testbed.NewSite(t, "market", market)
 	proxies := testbed.NewProxies(t, 6)
 	prefix := nextPrefix()
-	// WithBanEvidence(0, 0): three of six proxies burnt at once while
+	// Bans{EvidenceFirst: Off, PageProxies: Off}: three of six proxies burnt at once while
 	// healthy. Once one of them is proven burnt (a page it refused is
 	// served through another proxy), the others are no witnesses of a page
 	// refusing everyone until healthy again; but a request that meets two
@@ -445,8 +443,7 @@ func TestBanSpikeAfterJoin(t *testing.T) {
 	// (two proxies healthy on the site's other pages refuse it) and fails
 	// with ErrPageRefused (3 of 4 runs, by the order of the rotation). This
 	// test is about the spike, counted on bans.
-	sw := switchOn(t, shared.Client(t), prefix, proxyswitch.WithQuarantine(time.Hour, time.Hour), proxyswitch.WithRetries(3),
-		proxyswitch.WithBanEvidence(0, 0))
+	sw := switchOn(t, shared.Client(t), prefix, proxyswitch.WithBans(proxyswitch.Bans{Quarantine: time.Hour, QuarantineMax: time.Hour, Retries: 3, EvidenceFirst: proxyswitch.Off, PageProxies: proxyswitch.Off}))
 	for _, p := range proxies {
 		_, err := sw.Add(ctx, p.URL())
 		require.NoError(t, err)

@@ -40,7 +40,7 @@ func everything(t *testing.T) families {
 	l, err := sw.Lease(ctx, "ozon.example")
 	require.NoError(t, err)
 	require.NoError(t, l.Release(ctx))
-	require.NoError(t, sw.Drain(ctx, "http://127.0.0.2:3128"))
+	require.NoError(t, func() error { _, err := sw.Drain(ctx, "", "http://127.0.0.2:3128"); return err }())
 	startMember(t, sw, prefix, "w1", shard.MemberConfig{})
 
 	c, _ := testCollector(WithTopProxies(5))

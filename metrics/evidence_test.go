@@ -62,7 +62,7 @@ func TestEvidenceCrawl(t *testing.T) {
 	burnt := proxies[0].SourceIP().String()
 	market.Burn(burnt, testbed.Forbid)
 	// The breaker is off: the first strikes before their lift must not pause the site.
-	sw := newSwitch(t, proxyswitch.WithBreaker(proxyswitch.Breaker{Disabled: true}), proxyswitch.WithMaxWait(5*time.Second))
+	sw := newSwitch(t, proxyswitch.WithBreaker(proxyswitch.Breaker{Disabled: true}), proxyswitch.WithTimeouts(proxyswitch.Timeouts{MaxWait: 5 * time.Second}))
 	_, err := sw.Add(ctx, urls...)
 	require.NoError(t, err)
 	col := newCollector(sw.Pool(), newConfig(nil))
@@ -93,7 +93,7 @@ func TestEvidenceCrawl(t *testing.T) {
 	soft := testbed.NewSite(t, "soft", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		http.Error(w, "slow down", http.StatusTooManyRequests)
 	}))
-	ss := newSwitch(t, proxyswitch.WithRetries(0), proxyswitch.WithSessionErrorScore(3, 0.5))
+	ss := newSwitch(t, proxyswitch.WithBans(proxyswitch.Bans{Retries: proxyswitch.Off}), proxyswitch.WithSessions(proxyswitch.Sessions{MaxErrorScore: 3, ErrorDecay: 0.5}))
 	_, err = ss.Add(ctx, testbed.NewProxies(t, 2)[0].URL())
 	require.NoError(t, err)
 	scol := newCollector(ss.Pool(), newConfig([]Option{WithServer("s")}))

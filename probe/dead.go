@@ -11,7 +11,7 @@ import (
 )
 
 // CheckDead probes every dead proxy of sw's pool (Switch.Dead: those dead of
-// their failures, see proxyswitch.WithDeadAfter, and those drained or marked),
+// their failures, see proxyswitch.Bans.DeadAfter, and those drained or marked),
 // one after the other, and revives (Switch.Revive) those for which fn returns
 // nil. It returns the revived proxies. It starts no goroutine: call it from
 // yours, on a ticker; any number of workers may run it at once (a revive is
@@ -41,7 +41,7 @@ func CheckDead(ctx context.Context, sw *proxyswitch.Switch, fn func(context.Cont
 	for i, p := range alive {
 		ids[i] = p.ID()
 	}
-	if _, err := sw.Revive(ctx, ids...); err != nil {
+	if _, err := sw.Revive(ctx, "", ids...); err != nil {
 		return nil, err
 	}
 	return alive, nil

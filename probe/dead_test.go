@@ -25,7 +25,7 @@ func TestCheckDead(t *testing.T) {
 	fn := probe.URL(ec.site.URL() + "/ip")
 
 	for _, i := range []int{0, 1} {
-		_, err := sw.MarkDead(ctx, "test", farm.Proxies[i].URL())
+		_, err := sw.Drain(ctx, "test", farm.Proxies[i].URL())
 		require.NoError(t, err)
 	}
 	farm.Proxies[0].SetMode(proxyswitchtest.ProxyDead)

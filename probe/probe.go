@@ -8,8 +8,9 @@
 // probed site (Switch.LeaseProxy): a probe never collides with a crawl
 // request on the echo site, or on a probed site, and a proxy busy there is
 // skipped (it is not idle). The checker marks with a reason of its own
-// (Switch.MarkDead) and revives only what it marked (Switch.ReviveMarked):
-// a proxy an operator drained, or one dead of its failures, is left alone.
+// (Switch.Drain with its reason) and revives only what it marked
+// (Switch.Revive with that reason): a proxy an operator drained, or one dead
+// of its failures, is left alone.
 //
 // Checker.Check runs one round (the CLI's "proxyswitch probe"); Checker.Run
 // runs a round every interval on one member of the fleet at a time: the
@@ -36,6 +37,7 @@ import (
 	"github.com/proxyswitch/proxyswitch"
 	"github.com/proxyswitch/proxyswitch/ban"
 	"github.com/proxyswitch/proxyswitch/internal/engine"
+	"github.com/proxyswitch/proxyswitch/internal/hooks"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -114,7 +116,7 @@ type Checker struct {
 	// SiteQuarantine is how long a site probe's failure keeps the proxy
 	// off the site; 0 is DefaultSiteQuarantine.
 	SiteQuarantine time.Duration
-	// Reason is the dead mark's reason (see Switch.MarkDead); empty is
+	// Reason is the dead mark's reason (see Switch.Drain); empty is
 	// DefaultReason. Checkers that share a reason revive each other's marks.
 	Reason string
 	// Redis holds Run's lock (required by Run; Check does not use it):
@@ -337,7 +339,7 @@ func (c *Checker) checkOne(ctx context.Context, s settings, p *proxyswitch.Proxy
 		if ctx.Err() != nil {
 			return false, nil // the round ended, not the proxy
 		}
-		n, err := c.Switch.MarkDead(ctx, s.reason, p.ID())
+		n, err := c.Switch.Drain(ctx, s.reason, p.ID())
 		if err != nil {
 			return false, err
 		}
@@ -346,7 +348,7 @@ func (c *Checker) checkOne(ctx context.Context, s settings, p *proxyswitch.Proxy
 			s.log.Info("proxyswitch probe: proxy marked dead", "pool", c.Switch.Pool(), "proxy", p.String(), "err", r.Err.Error())
 		}
 	case r.OK && marked:
-		n, err := c.Switch.ReviveMarked(ctx, s.reason, p.ID())
+		n, err := c.Switch.Revive(ctx, s.reason, p.ID())
 		if err != nil {
 			return false, err
 		}
@@ -467,7 +469,7 @@ func redactErr(err error, p *proxyswitch.Proxy) error {
 
 // leaderKey is the lock's key: beside the pool's keys, in its hash tag.
 func (c *Checker) leaderKey() (string, error) {
-	base, err := engine.KeyBase(c.Switch.Prefix(), c.Switch.Pool())
+	base, err := engine.KeyBase(hooks.Prefix(c.Switch), c.Switch.Pool())
 	if err != nil {
 		return "", fmt.Errorf("%w: probe: %v", proxyswitch.ErrConfig, err)
 	}

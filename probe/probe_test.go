@@ -45,7 +45,7 @@ func newEcho(t *testing.T, delay time.Duration) *echo {
 
 func newSwitch(t *testing.T, prefix string, opts ...proxyswitch.Option) *proxyswitch.Switch {
 	t.Helper()
-	sw, err := proxyswitch.NewSwitch(shared.Client(t), append([]proxyswitch.Option{proxyswitch.WithPrefix(prefix), proxyswitch.WithMaxWait(0)}, opts...)...)
+	sw, err := proxyswitch.NewSwitch(shared.Client(t), append([]proxyswitch.Option{proxyswitch.WithPrefix(prefix), proxyswitch.WithTimeouts(proxyswitch.Timeouts{MaxWait: proxyswitch.Off})}, opts...)...)
 	require.NoError(t, err)
 	t.Cleanup(func() { sw.Close(context.Background()) })
 	return sw
@@ -120,8 +120,8 @@ func TestCheckerMarksAndRevives(t *testing.T) {
 		farm.Proxies[i].SetMode(m)
 	}
 	// 199 drained alive, 198 drained and dead: the operator's, not the probe's.
-	require.NoError(t, sw.Drain(ctx, farm.Proxies[199].URL()))
-	require.NoError(t, sw.Drain(ctx, farm.Proxies[198].URL()))
+	require.NoError(t, func() error { _, err := sw.Drain(ctx, "", farm.Proxies[199].URL()); return err }())
+	require.NoError(t, func() error { _, err := sw.Drain(ctx, "", farm.Proxies[198].URL()); return err }())
 	farm.Proxies[198].SetMode(proxyswitchtest.ProxyDead)
 
 	var logs testlog.Buffer
@@ -196,7 +196,7 @@ func TestCheckerNeverCollidesWithCrawl(t *testing.T) {
 	var wg sync.WaitGroup
 	var crawled atomic.Int64
 	for w := 0; w < 3; w++ {
-		csw := newSwitch(t, prefix, proxyswitch.WithMaxWait(time.Second))
+		csw := newSwitch(t, prefix, proxyswitch.WithTimeouts(proxyswitch.Timeouts{MaxWait: time.Second}))
 		for g := 0; g < 2; g++ {
 			wg.Add(1)
 			go func() {

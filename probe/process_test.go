@@ -33,7 +33,7 @@ type workerSpec struct {
 func workerMain(spec workerSpec) int {
 	rdb := redistest.NewClient(spec.Redis)
 	defer rdb.Close()
-	sw, err := proxyswitch.NewSwitch(rdb, proxyswitch.WithPrefix(spec.Prefix), proxyswitch.WithRedisTimeout(10*time.Second))
+	sw, err := proxyswitch.NewSwitch(rdb, proxyswitch.WithPrefix(spec.Prefix), proxyswitch.WithTimeouts(proxyswitch.Timeouts{Redis: 10 * time.Second}))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "worker:", err)
 		return 2

@@ -180,8 +180,8 @@ func scenario(t *testing.T, rdb *redis.Client, kill, restartEmpty func()) []stri
 		return strings.Join(ns, ",")
 	}
 
-	sw, err := proxyswitch.NewSwitch(rdb, proxyswitch.WithPrefix("scripts"), proxyswitch.WithMaxWait(0),
-		proxyswitch.WithDeadAfter(1), proxyswitch.WithQuarantine(time.Minute, time.Hour))
+	sw, err := proxyswitch.NewSwitch(rdb, proxyswitch.WithPrefix("scripts"), proxyswitch.WithTimeouts(proxyswitch.Timeouts{MaxWait: proxyswitch.Off}),
+		proxyswitch.WithBans(proxyswitch.Bans{DeadAfter: 1, Quarantine: time.Minute, QuarantineMax: time.Hour}))
 	require.NoError(t, err)
 	require.NoError(t, sw.Clear(ctx))
 
@@ -218,7 +218,7 @@ func scenario(t *testing.T, rdb *redis.Client, kill, restartEmpty func()) []stri
 	state, _ = sw.SiteState(ctx, "a.example")
 	say("state a after the ban: %+v", state)
 
-	// A proxy failure that kills (WithDeadAfter(1)); the dead proxy in
+	// A proxy failure that kills (Bans{DeadAfter: 1}); the dead proxy in
 	// Dead, in SiteState and out of every lease, on a site that knew it and
 	// on a new one; an operator's ban (a lease preferring it) and unban
 	// leave it dead; revive.
@@ -238,7 +238,7 @@ func scenario(t *testing.T, rdb *redis.Client, kill, restartEmpty func()) []stri
 	state, err = sw.SiteState(ctx, "b.example")
 	say("state b after a ban and an unban of the dead proxy: %+v err=%v", state, err)
 	listDead(ctx, t, sw, say, name)
-	n, err := sw.Revive(ctx, dp.ID())
+	n, err := sw.Revive(ctx, "", dp.ID())
 	say("revive: %d err=%v", n, err)
 	listDead(ctx, t, sw, say, name)
 	state, err = sw.SiteState(ctx, "b.example")
@@ -258,7 +258,7 @@ func scenario(t *testing.T, rdb *redis.Client, kill, restartEmpty func()) []stri
 	d, err := sw.Lease(ctx, "c.example")
 	require.NoError(t, err)
 	dr := d.Proxy()
-	say("drain %s under a lease: %v", name[dr.ID()], sw.Drain(ctx, dr.ID()))
+	say("drain %s under a lease: %v", name[dr.ID()], func() error { _, err := sw.Drain(ctx, "", dr.ID()); return err }())
 	listDead(ctx, t, sw, say, name)
 	state, err = sw.SiteState(ctx, "c.example")
 	say("state c with a drained proxy leased: %+v err=%v", state, err)
@@ -267,18 +267,18 @@ func scenario(t *testing.T, rdb *redis.Client, kill, restartEmpty func()) []stri
 	state, err = sw.SiteState(ctx, "c.example")
 	say("state c with a drained proxy: %+v err=%v", state, err)
 	leaseAll(ctx, t, sw, say, name, "c.example", dr)
-	n, err = sw.Revive(ctx, dr.ID())
+	n, err = sw.Revive(ctx, "", dr.ID())
 	say("revive drained: %d err=%v", n, err)
 	state, err = sw.SiteState(ctx, "c.example")
 	say("state c after revive: %+v err=%v", state, err)
 
 	// A pool whose only proxy is drained: no proxy, and no Redis error.
-	one, err := proxyswitch.NewSwitch(rdb, proxyswitch.WithPrefix("scripts"), proxyswitch.WithPool("one"), proxyswitch.WithMaxWait(0))
+	one, err := proxyswitch.NewSwitch(rdb, proxyswitch.WithPrefix("scripts"), proxyswitch.WithPool("one"), proxyswitch.WithTimeouts(proxyswitch.Timeouts{MaxWait: proxyswitch.Off}))
 	require.NoError(t, err)
 	require.NoError(t, one.Clear(ctx))
 	_, err = one.Replace(ctx, urls[1:2])
 	require.NoError(t, err)
-	say("drain the only proxy: %v", one.Drain(ctx, urls[1]))
+	say("drain the only proxy: %v", func() error { _, err := one.Drain(ctx, "", urls[1]); return err }())
 	for i := 0; i < 2; i++ { // the site's free set built, then read
 		_, err = one.Lease(ctx, "g.example")
 		say("lease with every proxy drained: no proxy=%v redis error=%v", errors.Is(err, proxyswitch.ErrNoProxy), errors.Is(err, proxyswitch.ErrRedis))
@@ -328,9 +328,9 @@ func scenario(t *testing.T, rdb *redis.Client, kill, restartEmpty func()) []stri
 	// fallback_probe, fallback_seed, fallback_writeback: Redis lost, a ban
 	// learnt on the local shard, Redis back empty.
 	fb, err := proxyswitch.NewSwitch(rdb, proxyswitch.WithPrefix("scripts"), proxyswitch.WithPool("fallback"),
-		proxyswitch.WithFallback("server-1", nil), proxyswitch.WithFallbackTimeout(300*time.Millisecond),
+		proxyswitch.WithFallback("server-1", nil), proxyswitch.WithTimeouts(proxyswitch.Timeouts{Fallback: 300 * time.Millisecond}),
 		proxyswitch.WithMembership(shard.MemberConfig{Heartbeat: 100 * time.Millisecond, TTL: time.Second}),
-		proxyswitch.WithAttemptTimeout(600*time.Millisecond), proxyswitch.WithMaxWait(5*time.Second))
+		proxyswitch.WithTimeouts(proxyswitch.Timeouts{Attempt: 600 * time.Millisecond, MaxWait: 5 * time.Second}))
 	require.NoError(t, err)
 	require.NoError(t, fb.Clear(ctx))
 	_, err = fb.Add(ctx, urls...)
@@ -422,7 +422,7 @@ func sessionScenario(t *testing.T, rdb *redis.Client) []string {
 	}
 	var retired []string
 	sw, err := proxyswitch.NewSwitch(rdb, proxyswitch.WithPrefix("scripts"), proxyswitch.WithPool("sessions"),
-		proxyswitch.WithSessionRetired(func(r proxyswitch.SessionRetirement) { retired = append(retired, r.Reason) }))
+		proxyswitch.WithSessions(proxyswitch.Sessions{Retired: func(r proxyswitch.SessionRetirement) { retired = append(retired, r.Reason) }}))
 	require.NoError(t, err)
 	require.NoError(t, sw.Clear(ctx))
 	defer sw.Clear(ctx)

@@ -90,7 +90,7 @@ type MemberConfig struct {
 	TTL time.Duration
 
 	// Timeout bounds each Redis round trip, whatever the client's settings.
-	// The default is 2s, that of proxyswitch.WithRedisTimeout; negative is
+	// The default is 2s, that of proxyswitch.Timeouts.Redis; negative is
 	// an error.
 	Timeout time.Duration
 

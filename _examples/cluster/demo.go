@@ -97,13 +97,16 @@ func runProxyswitch(ctx context.Context, s setup) (outcome, error) {
 	market := proxyswitchtest.StartMarket(s.Market)
 	defer market.Close()
 
+	retries := s.Retries
+	if retries == 0 {
+		retries = proxyswitch.Off // a zero field would keep the default
+	}
 	opts := []proxyswitch.Option{
 		proxyswitch.WithPrefix(s.Prefix),
 		proxyswitch.WithPool("cluster-demo"),
-		proxyswitch.WithCooldown(proxyswitchtest.SafeInterval), // under every platform's rate limit
-		proxyswitch.WithBanAllSites(true),                      // the platforms share their blacklist
-		proxyswitch.WithRetries(s.Retries),
-		proxyswitch.WithMaxWait(time.Minute),
+		proxyswitch.WithRotation(proxyswitch.Rotation{Cooldown: proxyswitchtest.SafeInterval}), // under every platform's rate limit
+		proxyswitch.WithBans(proxyswitch.Bans{AllSites: true, Retries: retries}),               // the platforms share their blacklist
+		proxyswitch.WithTimeouts(proxyswitch.Timeouts{MaxWait: time.Minute}),
 		proxyswitch.WithLogger(s.Logger),
 	}
 	// Placeholders and captcha pages come with 200: name what a real page has.

@@ -12,11 +12,11 @@
 // limits per IP, a captcha for two requests at once from one IP,
 // placeholder pages, and a blacklist they share, on which some of the
 // proxies already are.
-// proxyswitch paces every IP under the rate limits (WithCooldown), never
+// proxyswitch paces every IP under the rate limits (Rotation.Cooldown), never
 // sends two requests from one IP to one site at once, recognises each kind
 // of refusal (status codes, the captcha redirect, pages without the
 // selectors a real page has), quarantines the proxy on every marketplace
-// (WithBanAllSites: they share their blacklist) and sends the page again
+// (Bans.AllSites: they share their blacklist) and sends the page again
 // through another proxy.
 package main
 
@@ -63,8 +63,8 @@ func main() {
 	// The crawler.
 	opts := []proxyswitch.Option{
 		proxyswitch.WithPrefix("marketplace"),
-		proxyswitch.WithCooldown(proxyswitchtest.SafeInterval), // under every marketplace's rate limit
-		proxyswitch.WithBanAllSites(true),                      // they share their blacklist
+		proxyswitch.WithRotation(proxyswitch.Rotation{Cooldown: proxyswitchtest.SafeInterval}), // under every marketplace's rate limit
+		proxyswitch.WithBans(proxyswitch.Bans{AllSites: true}),                                 // they share their blacklist
 	}
 	for _, p := range market.Platforms {
 		// A placeholder or a captcha page comes with 200: say what a real

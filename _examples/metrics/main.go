@@ -145,8 +145,8 @@ func start(ctx context.Context, cfg config) (_ *demo, err error) {
 	}()
 	opts := []proxyswitch.Option{
 		proxyswitch.WithPrefix(prefix),
-		proxyswitch.WithCooldown(proxyswitchtest.SafeInterval), // under every marketplace's rate limit
-		proxyswitch.WithBanAllSites(true),                      // they share their blacklist
+		proxyswitch.WithRotation(proxyswitch.Rotation{Cooldown: proxyswitchtest.SafeInterval}), // under every marketplace's rate limit
+		proxyswitch.WithBans(proxyswitch.Bans{AllSites: true}),                                 // they share their blacklist
 	}
 	for _, p := range st.Market.Platforms {
 		opts = append(opts,

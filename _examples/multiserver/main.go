@@ -192,8 +192,8 @@ func runWorker() {
 
 	opts := []proxyswitch.Option{
 		proxyswitch.WithPrefix(prefix),
-		proxyswitch.WithCooldown(proxyswitchtest.SafeInterval), // under every marketplace's rate limit
-		proxyswitch.WithBanAllSites(true),                      // they share their blacklist
+		proxyswitch.WithRotation(proxyswitch.Rotation{Cooldown: proxyswitchtest.SafeInterval}), // under every marketplace's rate limit
+		proxyswitch.WithBans(proxyswitch.Bans{AllSites: true}),                                 // they share their blacklist
 		proxyswitch.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))),
 	}
 	sel := map[string]proxyswitchtest.Selectors{}

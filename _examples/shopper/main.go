@@ -63,12 +63,12 @@ func main() {
 
 	sw, err := proxyswitch.NewSwitch(rdb,
 		proxyswitch.WithPrefix("shopper"),
-		proxyswitch.WithCooldown(proxyswitchtest.SafeInterval),
-		proxyswitch.WithMaxWait(5*time.Second), // give up soon when every proxy is burnt (-sessions=false)
+		proxyswitch.WithRotation(proxyswitch.Rotation{Cooldown: proxyswitchtest.SafeInterval}),
+		proxyswitch.WithTimeouts(proxyswitch.Timeouts{MaxWait: 5 * time.Second}), // give up soon when every proxy is burnt (-sessions=false)
 		proxyswitch.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))),
-		proxyswitch.WithSessionRetired(func(r proxyswitch.SessionRetirement) {
+		proxyswitch.WithSessions(proxyswitch.Sessions{Retired: func(r proxyswitch.SessionRetirement) {
 			log.Printf("%s: session retired after %d requests (%s on %s)", r.Task, r.Requests, r.Reason, r.Site)
-		}))
+		}}))
 	if err != nil {
 		log.Fatal(err)
 	}

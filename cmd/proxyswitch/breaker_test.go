@@ -22,7 +22,7 @@ func TestCLIPauseResume(t *testing.T) {
 	tr := &transcript{t: t, env: env}
 	r := tr.run("add", "http://127.0.0.2:3128")
 	require.Equal(t, 0, r.code, r.all())
-	sw, err := proxyswitch.NewSwitch(srv.Client(t), proxyswitch.WithMaxWait(0))
+	sw, err := proxyswitch.NewSwitch(srv.Client(t), proxyswitch.WithTimeouts(proxyswitch.Timeouts{MaxWait: proxyswitch.Off}))
 	require.NoError(t, err)
 
 	r = tr.run("pause", "ozon.example", "10m")

@@ -101,8 +101,7 @@ func TestStatusPageInChromium(t *testing.T) {
 
 	// The crawl: 40 pages, 4 at a time, then two shoppers' sticky sessions.
 	var logs testlog.Buffer
-	sw, err := proxyswitch.NewSwitch(srv.Client(t), proxyswitch.WithLogger(logs.Logger()), proxyswitch.WithDeadAfter(1), proxyswitch.WithRetries(4),
-		proxyswitch.WithQuarantine(time.Hour, 2*time.Hour), proxyswitch.WithFailureQuarantine(time.Hour, 2*time.Hour))
+	sw, err := proxyswitch.NewSwitch(srv.Client(t), proxyswitch.WithLogger(logs.Logger()), proxyswitch.WithBans(proxyswitch.Bans{DeadAfter: 1, Retries: 4, Quarantine: time.Hour, QuarantineMax: 2 * time.Hour, FailureQuarantine: time.Hour, FailureQuarantineMax: 2 * time.Hour}))
 	require.NoError(t, err)
 	_, err = sw.Replace(ctx, urls)
 	require.NoError(t, err)
@@ -170,7 +169,7 @@ func TestStatusPageInChromium(t *testing.T) {
 		assert.Equal(t, "ban on this site", s.Find("td.reason").Text())
 		left, err := time.ParseDuration(s.Find("td.left").Text())
 		if assert.NoError(t, err) {
-			assert.InDelta(t, time.Hour.Seconds(), left.Seconds(), (10 * time.Minute).Seconds(), "WithQuarantine(1h) with its ±15% jitter")
+			assert.InDelta(t, time.Hour.Seconds(), left.Seconds(), (10 * time.Minute).Seconds(), "Bans{Quarantine: 1h} with its ±15% jitter")
 		}
 	})
 	sort.Strings(ids)

@@ -36,7 +36,7 @@ every site), dead or drained; until when; its bans in a row there.`,
 A table of proxy slots by state per site (default: every site leased
 recently), the sites paused by their circuit breaker (or by pause), and
 the live sticky sessions. A proxy has one slot per site, or
-k with WithConcurrency(k). BUSY is every slot not FREE: LEASED + COOLING +
+k with Rotation{Concurrency: k}. BUSY is every slot not FREE: LEASED + COOLING +
 QUARANTINED + DEAD (drained included).`,
 	"ban": `usage: proxyswitch [flags] ban ID|URL SITE [DURATION]
 

@@ -212,7 +212,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	rdb := redis.NewClient(opt)
 	defer rdb.Close()
 	a := &app{rdb: rdb, ropt: opt, prefix: *prefix, logger: logger, stdin: stdin, out: stdout, errOut: stderr,
-		opts:    []proxyswitch.Option{proxyswitch.WithPrefix(*prefix), proxyswitch.WithRedisTimeout(*timeout), proxyswitch.WithLogger(logger)},
+		opts:    []proxyswitch.Option{proxyswitch.WithPrefix(*prefix), proxyswitch.WithTimeouts(proxyswitch.Timeouts{Redis: *timeout}), proxyswitch.WithLogger(logger)},
 		timeout: *timeout}
 	defer a.closeSwitches()
 	if a.sw, err = a.newSwitch(*pool); err != nil {
@@ -267,7 +267,7 @@ func (a *app) newStorage(ns string) (*storage.Storage, error) {
 }
 
 // matchConcurrency makes a.sw act on every slot of each proxy: the pool's
-// recorded concurrency (WithConcurrency of its workers) replaces the
+// recorded concurrency (Rotation.Concurrency of its workers) replaces the
 // default of 1, which would ban, unban, drain or revive slot 0 only (or
 // be refused).
 func (a *app) matchConcurrency(ctx context.Context) error {
@@ -276,7 +276,7 @@ func (a *app) matchConcurrency(ctx context.Context) error {
 		return err
 	}
 	k := st.Concurrency
-	sw, err := a.newSwitch(a.sw.Pool(), proxyswitch.WithConcurrency(k))
+	sw, err := a.newSwitch(a.sw.Pool(), proxyswitch.WithRotation(proxyswitch.Rotation{Concurrency: k}))
 	if err != nil {
 		return err
 	}
@@ -343,7 +343,7 @@ func (a *app) dispatch(ctx context.Context, cmd string, args []string) error {
 			return fmt.Errorf("%w: drain takes proxy IDs or URLs", errUsage)
 		}
 		for _, p := range args {
-			if err := sw.Drain(ctx, p); err != nil {
+			if _, err := sw.Drain(ctx, "", p); err != nil {
 				return err
 			}
 			if _, err := fmt.Fprintf(out, "drained proxy %s\n", proxyName(p)); err != nil {
@@ -355,7 +355,7 @@ func (a *app) dispatch(ctx context.Context, cmd string, args []string) error {
 		if len(args) == 0 {
 			return fmt.Errorf("%w: revive takes proxy IDs or URLs", errUsage)
 		}
-		n, err := sw.Revive(ctx, args...)
+		n, err := sw.Revive(ctx, "", args...)
 		if err != nil {
 			return err
 		}
@@ -571,7 +571,7 @@ func (a *app) stats(ctx context.Context, sites []string) error {
 		return err
 	}
 	if len(sites) > 0 {
-		if _, err := fmt.Fprintln(a.out, "(slots: one per proxy, or k with WithConcurrency(k); BUSY = every slot not FREE: LEASED + COOLING + QUARANTINED + DEAD)"); err != nil {
+		if _, err := fmt.Fprintln(a.out, "(slots: one per proxy, or k with Rotation{Concurrency: k}; BUSY = every slot not FREE: LEASED + COOLING + QUARANTINED + DEAD)"); err != nil {
 			return err
 		}
 	}

@@ -188,7 +188,7 @@ func TestCLIOperatorCommands(t *testing.T) {
 	require.Equal(t, 0, r.code, r.all())
 
 	rdb := srv.Client(t)
-	sw, err := proxyswitch.NewSwitch(rdb, proxyswitch.WithDeadAfter(1))
+	sw, err := proxyswitch.NewSwitch(rdb, proxyswitch.WithBans(proxyswitch.Bans{DeadAfter: 1}))
 	require.NoError(t, err)
 	// A worker kills the third proxy (a failure only the proxy can cause)
 	// and holds a lease on the second one for ozon.example.
@@ -262,7 +262,7 @@ func TestCLIOperatorCommands(t *testing.T) {
 }
 
 // The operator commands act on every slot of a pool whose workers run k
-// requests per proxy at once (WithConcurrency): the CLI reads k from Redis.
+// requests per proxy at once (Rotation.Concurrency): the CLI reads k from Redis.
 func TestCLIOperatorCommandsWithConcurrency(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.Start(t, "--requirepass", redisSecret)
@@ -272,7 +272,7 @@ func TestCLIOperatorCommandsWithConcurrency(t *testing.T) {
 	idA := proxyIDOf(t, a)
 	r := tr.run("add", a, b)
 	require.Equal(t, 0, r.code, r.all())
-	sw, err := proxyswitch.NewSwitch(srv.Client(t), proxyswitch.WithConcurrency(3))
+	sw, err := proxyswitch.NewSwitch(srv.Client(t), proxyswitch.WithRotation(proxyswitch.Rotation{Concurrency: 3}))
 	require.NoError(t, err)
 	l, err := sw.Lease(ctx, "ozon.example") // records k = 3
 	require.NoError(t, err)
@@ -326,7 +326,7 @@ func TestCLIListSite(t *testing.T) {
 	require.Equal(t, 0, r.code, r.all())
 
 	rdb := srv.Client(t)
-	w, err := proxyswitch.NewSwitch(rdb, proxyswitch.WithDeadAfter(1))
+	w, err := proxyswitch.NewSwitch(rdb, proxyswitch.WithBans(proxyswitch.Bans{DeadAfter: 1}))
 	require.NoError(t, err)
 	leaseOf := func(sw *proxyswitch.Switch, site, url string) *proxyswitch.Lease {
 		return leaseID(t, sw, site, proxyIDOf(t, url))
@@ -340,7 +340,7 @@ func TestCLIListSite(t *testing.T) {
 	r = run("drain", drained)
 	require.Equal(t, 0, r.code, r.all())
 	// The one proxy left free on ozon.example cools down for a minute.
-	cool, err := proxyswitch.NewSwitch(rdb, proxyswitch.WithCooldown(time.Minute))
+	cool, err := proxyswitch.NewSwitch(rdb, proxyswitch.WithRotation(proxyswitch.Rotation{Cooldown: time.Minute}))
 	require.NoError(t, err)
 	l, err = cool.Lease(ctx, "ozon.example")
 	require.NoError(t, err)
@@ -381,7 +381,7 @@ func TestCLIListSite(t *testing.T) {
 	// Two slots per proxy, and a ban on every site, in another pool.
 	r = run("-pool", "wide", "add", secret, plain)
 	require.Equal(t, 0, r.code, r.all())
-	wide, err := proxyswitch.NewSwitch(rdb, proxyswitch.WithPool("wide"), proxyswitch.WithConcurrency(2), proxyswitch.WithBanAllSites(true))
+	wide, err := proxyswitch.NewSwitch(rdb, proxyswitch.WithPool("wide"), proxyswitch.WithRotation(proxyswitch.Rotation{Concurrency: 2}), proxyswitch.WithBans(proxyswitch.Bans{AllSites: true}))
 	require.NoError(t, err)
 	first := leaseOf(wide, "ozon.example", plain)
 	defer first.Release(ctx)

@@ -97,12 +97,12 @@ func TestCLIMessagesNameTheirCause(t *testing.T) {
 
 	// revive: all of them, some of them, none of them.
 	for _, id := range []string{idA, idB} {
-		require.NoError(t, sw.Drain(t.Context(), id))
+		require.NoError(t, func() error { _, err := sw.Drain(t.Context(), "", id); return err }())
 	}
 	r = cli(t, env, "", "revive", idA, idB)
 	require.Equal(t, 0, r.code, r.all())
 	assert.Equal(t, "revived 2 of 2 proxies\n", r.stdout)
-	require.NoError(t, sw.Drain(t.Context(), idA))
+	require.NoError(t, func() error { _, err := sw.Drain(t.Context(), "", idA); return err }())
 	r = cli(t, env, "", "revive", idA, idB)
 	require.Equal(t, 0, r.code, r.all())
 	assert.Equal(t, "revived 1 of 2 proxies (the others were neither dead nor drained)\n", r.stdout)

@@ -81,11 +81,11 @@ func TestStatusPage(t *testing.T) {
 	rdb := srv.Client(t)
 	secret := "http://u1:" + proxySecret + "@127.0.0.1:3128"
 	leased, dead, drained, free := "http://127.0.0.2:3128", "socks5://127.0.0.3:1080", "http://127.0.0.4:3128", "http://127.0.0.5:3128"
-	sw, err := proxyswitch.NewSwitch(rdb, proxyswitch.WithDeadAfter(1))
+	sw, err := proxyswitch.NewSwitch(rdb, proxyswitch.WithBans(proxyswitch.Bans{DeadAfter: 1}))
 	require.NoError(t, err)
 	_, err = sw.Add(ctx, secret, leased, dead, drained, free)
 	require.NoError(t, err)
-	other, err := proxyswitch.NewSwitch(rdb, proxyswitch.WithPool("residential"), proxyswitch.WithBanAllSites(true))
+	other, err := proxyswitch.NewSwitch(rdb, proxyswitch.WithPool("residential"), proxyswitch.WithBans(proxyswitch.Bans{AllSites: true}))
 	require.NoError(t, err)
 	_, err = other.Add(ctx, "http://u2:"+proxySecret+"@127.0.0.9:3128", free)
 	require.NoError(t, err)
@@ -95,7 +95,7 @@ func TestStatusPage(t *testing.T) {
 	held := leaseID(t, sw, "ozon.example", proxyIDOf(t, leased))
 	defer held.Release(ctx)
 	require.NoError(t, sw.Ban(ctx, secret, "ozon.example", 2*time.Hour))
-	require.NoError(t, sw.Drain(ctx, drained))
+	require.NoError(t, func() error { _, err := sw.Drain(ctx, "", drained); return err }())
 	require.NoError(t, other.Ban(ctx, "http://u2:"+proxySecret+"@127.0.0.9:3128", "wb.example", time.Hour))
 	now := time.Now()
 	require.NoError(t, rdb.ZAdd(ctx, "{proxyswitch:default}:sessions",
@@ -162,7 +162,7 @@ func TestStatusPageBounded(t *testing.T) {
 		require.NoError(t, l.Release(ctx))
 	}
 	for _, u := range urls[4:] {
-		require.NoError(t, sw.Drain(ctx, u))
+		require.NoError(t, func() error { _, err := sw.Drain(ctx, "", u); return err }())
 	}
 	page := newStatusPage([]*proxyswitch.Switch{sw}, DefaultScrapeTimeout, quietLogger)
 	page.limits = statusLimits{sites: 3, detailSites: 2, rows: 1, detailPool: 100}
@@ -235,7 +235,7 @@ func TestStatusPageConcurrent(t *testing.T) {
 
 	var workers sync.WaitGroup
 	for w := range 4 {
-		sw, err := proxyswitch.NewSwitch(srv.Client(t), proxyswitch.WithMaxWait(50*time.Millisecond))
+		sw, err := proxyswitch.NewSwitch(srv.Client(t), proxyswitch.WithTimeouts(proxyswitch.Timeouts{MaxWait: 50 * time.Millisecond}))
 		require.NoError(t, err)
 		workers.Add(1)
 		go func() {

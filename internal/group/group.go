@@ -20,7 +20,7 @@ import (
 // round trip failed): what a caller sees is what it saw without the group,
 // and a batch is one script call, atomic like the single calls it
 // replaces. A call waits for at most the round trip in flight when it
-// arrived plus its own batch's, each bounded by WithRedisTimeout.
+// arrived plus its own batch's, each bounded by the Redis timeout (proxyswitch.Timeouts.Redis, storage.WithRedisTimeout).
 //
 // At most one batch of a group is in Redis at a time; the batch flushed
 // next is the oldest waiting one, and at most Max items (and about

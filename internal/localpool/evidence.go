@@ -7,7 +7,7 @@ import (
 
 // Evidence before verdict, in one process: the local shard's twin of
 // penalize.lua, lift.lua and the health hash of release.lua (see the root's
-// WithBanEvidence and WithFlakyDelay).
+// Bans.EvidenceFirst and Rotation.FlakyDelay).
 //
 // A refusal is a strike against the (proxy, site) pair. The n-th strike in
 // a row (no healthy answer in between; a run older than twice the max

@@ -34,14 +34,14 @@ type Item interface {
 type Config struct {
 	Pool     string        // the pool's name, for errors
 	Global   bool          // one scope ("*") for every site (ScopeGlobal)
-	Slots    int           // concurrent leases of one proxy per scope (WithConcurrency), at least 1
-	Cooldown time.Duration // pause of a slot between two leases (WithCooldown)
-	LeaseTTL time.Duration // lease time when none is given (WithLeaseTTL)
-	MaxWait  time.Duration // longest wait of Lease (WithMaxWait)
-	IdleTTL  time.Duration // a site nobody leased for that long is forgotten (WithIdleTTL)
+	Slots    int           // concurrent leases of one proxy per scope (Rotation.Concurrency), at least 1
+	Cooldown time.Duration // pause of a slot between two leases (Rotation.Cooldown)
+	LeaseTTL time.Duration // lease time when none is given (Timeouts.LeaseTTL)
+	MaxWait  time.Duration // longest wait of Lease (Timeouts.MaxWait)
+	IdleTTL  time.Duration // a site nobody leased for that long is forgotten (Timeouts.IdleTTL)
 
 	// The evidence rules of Strike (evidence.go), the Switch's
-	// WithQuarantine, WithBanEvidence and WithFlakyDelay.
+	// Bans.Quarantine, Bans.EvidenceFirst and Rotation.FlakyDelay.
 	Quarantine, MaxQuarantine time.Duration // a ban's base quarantine, doubling per repeat, and its cap
 	FirstQuarantine           time.Duration // a first, unconfirmed strike's; 0: every ban is a verdict
 	FlakyDelay                time.Duration // a proxy waits its failure rate times this on top of the cooldown; 0: off

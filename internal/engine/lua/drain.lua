@@ -9,7 +9,7 @@
 -- ARGV[1] key prefix "{prefix:pool}" (the free set of scope S is ARGV[1]..":free:"..S)
 -- ARGV[2] slots per proxy (K)
 -- ARGV[3] reason: "drained" (Drain: marks over any mark, an operator's word
---         wins) or another (MarkDead: marks only a proxy not marked yet, so
+--         wins) or another (Drain with a reason: marks only a proxy not marked yet, so
 --         it never hides an operator's drain or a failure's mark)
 -- ARGV[4..] proxy ids
 --

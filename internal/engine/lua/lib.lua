@@ -93,7 +93,7 @@ end
 local MAX_MS = 2 ^ 53
 
 -- MAX_SLOTS is the most concurrent requests per proxy per site a pool may
--- record (WithConcurrency's limit).
+-- record (Rotation.Concurrency's limit).
 local MAX_SLOTS = 1000
 
 -- meta_slots reads the concurrency a pool records in its meta hash (KEYS
@@ -175,7 +175,7 @@ end
 -- failure, penalize.lua; 0 a healthy answer, release.lua), the latest
 -- weighing HEALTH_ALPHA; a rate below HEALTH_FORGET is deleted (a healthy
 -- proxy has no field). release.lua delays a proxy's next free time by
--- r * the flaky delay (WithFlakyDelay), so that least-recently-used order
+-- r * the flaky delay (Rotation.FlakyDelay), so that least-recently-used order
 -- serves it less often, never less than once per rotation plus that delay.
 local HEALTH_ALPHA, HEALTH_FORGET = 0.2, 0.01
 
@@ -213,8 +213,8 @@ end
 -- healthy answer). Each healthy answer shortens it (additive increase of the
 -- rate per IP by step: pace_ok); a rate-limit refusal lengthens it
 -- (multiplicative decrease: pace_refused), at most once per cooldown. It
--- never goes below the floor (WithCooldown) nor above the max
--- (WithLearnedPacing).
+-- never goes below the floor (Rotation.Cooldown) nor above the max
+-- (Rotation.LearnedPacing).
 --
 -- PACE_PROBE is the first cooldown of a site refused at a cooldown of 0;
 -- PACE_SETTLED the healthy answers after which a refusal raises the

@@ -28,7 +28,7 @@
 -- ARGV[13] fail: failures in a row that make a proxy dead; "0" = never
 -- ARGV[14] site (tells failures on several sites apart)   ARGV[15] reason
 -- ARGV[16] slots per proxy (K)
--- ARGV[17] ban: the first quarantine ms (WithBanEvidence), "0": every ban is a verdict (base at once)
+-- ARGV[17] ban: the first quarantine ms (Bans.EvidenceFirst), "0": every ban is a verdict (base at once)
 -- ARGV[18] ban: "1" when the refusal is unambiguous (a challenge redirect): no first quarantine;
 --          confirm: "1" when the proxy was healthy on the scope before the strike
 -- ARGV[19] confirm: the end (ms) of the strike to confirm, as this script returned it
@@ -44,7 +44,7 @@
 -- unconfirmed refusal) is the first quarantine; weight e >= 2 is
 -- base * 2^(e-2). With ARGV[17] = "0" the n-th ban is base * 2^(n-1), the
 -- verdict on the first refusal it has always been.
--- ARGV[20] flaky delay ms (WithFlakyDelay): a verdict (no first strike) counts in the health
+-- ARGV[20] flaky delay ms (Rotation.FlakyDelay): a verdict (no first strike) counts in the health
 --          hash, and the proxy waits at least its failure rate times this; 0: off
 -- ARGV[21] a rate-limit refusal under learned pacing: "<floor ms>|<max ms>"; else ""
 --
@@ -146,7 +146,7 @@ if ARGV[1] == 'ban' or ARGV[1] == 'confirm' then
       if tonumber(till) == 0 then witness = true else lifted = tonumber(last) end
     end
     -- Still quarantined: another request through the same proxy (a slot
-    -- of WithConcurrency, a request under way) met the same ban.
+    -- of Rotation.Concurrency, a request under way) met the same ban.
     if now < tonumber(till) then n, running = tonumber(c), tonumber(till) end
   end
   if ARGV[1] == 'ban' and pfloor then
