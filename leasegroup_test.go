@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -27,9 +28,19 @@ func leaseArgv(s *Switch, site, tok string, more ...string) []any {
 // TestLeaseScriptGrantsMany: lease.lua with further owner tokens grants one
 // lease per token, distinct slots, each recorded with its own token, and
 // fewer when the pool runs out; a pool with nothing free answers the wait.
-func TestLeaseScriptGrantsMany(t *testing.T) {
+func TestLeaseScriptGrantsMany(t *testing.T) { leaseScriptGrantsMany(t, shared.Client(t)) }
+
+// TestLeaseScriptGrantsManyOnMiniredis: the same on gopher-lua (the demo's
+// embedded Redis).
+func TestLeaseScriptGrantsManyOnMiniredis(t *testing.T) {
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	leaseScriptGrantsMany(t, rdb)
+}
+
+func leaseScriptGrantsMany(t *testing.T, rdb redis.UniversalClient) {
 	ctx := context.Background()
-	rdb := shared.Client(t)
 	s := newSwitch(t, rdb)
 	_, err := s.Add(ctx, proxyURLs(10)...)
 	require.NoError(t, err)
