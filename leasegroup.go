@@ -68,7 +68,7 @@ func (p *redisPool) leaseMany(site, scope string, tokens []string) ([][]any, err
 	argv := make([]any, 0, 9+len(tokens))
 	argv = append(argv, scope, tokens[0], p.cfg.leaseTTL.Milliseconds(), p.cfg.cooldown.Milliseconds(),
 		p.cfg.slots, p.cfg.idleTTL.Milliseconds(), "", "")
-	argv = append(argv, p.sw.brk.leaseArgs(site)...)
+	argv = append(argv, p.sw.brk.leaseArgs(site)...) // ARGV[9], ARGV[10]: the further tokens follow at ARGV[11]
 	for _, t := range tokens[1:] {
 		argv = append(argv, t)
 	}
