@@ -29,10 +29,11 @@ type redisPool struct {
 	timeout time.Duration // bounds each call made for a request
 	inline  bool          // the client honours context deadlines: the lease path's calls run on the caller's goroutine (bounded.Call)
 
-	releases  group.Group[queuedRelease, int64] // concurrent releases share one release_many.lua call (releaser.go)
-	scopeKeys scopeKeyCache                     // the lease and release keys of each scope, built once
-	snap      snapState                         // the copy of the pool, to re-seed a Redis that lost it (snapshot.go)
-	labelIdx  labelCache                        // the labels of its proxies, for labelled leases (labels.go)
+	releases    group.Group[queuedRelease, int64] // concurrent releases share one release_many.lua call (releaser.go)
+	leaseGroups leaseGroups                       // concurrent plain leases of a site share one lease.lua call (leasegroup.go)
+	scopeKeys   scopeKeyCache                     // the lease and release keys of each scope, built once
+	snap        snapState                         // the copy of the pool, to re-seed a Redis that lost it (snapshot.go)
+	labelIdx    labelCache                        // the labels of its proxies, for labelled leases (labels.go)
 }
 
 func newRedisPool(s *Switch, name string) (*redisPool, error) {
@@ -72,21 +73,39 @@ func (p *redisPool) tryLease(ctx context.Context, site, scope, prefer string) (*
 	return l, wait, err
 }
 
-// tryLeaseOnce runs lease.lua once. lost reports an empty pool that no
+// tryLeaseOnce runs lease.lua once (a plain lease: in its site's lease
+// group's next call, leasegroup.go). lost reports an empty pool that no
 // operator emptied (err is then ErrEmptyPool's). With only, the preferred
 // proxy or none (labels.go): errProxyGone if it left the pool.
 func (p *redisPool) tryLeaseOnce(ctx context.Context, site, scope, prefer string, only bool) (l *Lease, wait time.Duration, lost bool, err error) {
 	token := p.sw.newToken()
-	ttl := p.cfg.leaseTTL
-	firm := ""
-	if only {
-		firm = "1"
+	var res []any
+	var g *group.Group[string, []any]
+	if prefer == "" && !only {
+		g = p.leaseGroup(site, scope)
 	}
-	res, err := bounded.Call(ctx, p.timeout, p.inline, func(ctx context.Context) ([]any, error) {
-		argv := append(make([]any, 0, 10), scope, token, ttl.Milliseconds(), p.cfg.cooldown.Milliseconds(),
-			p.cfg.slots, p.cfg.idleTTL.Milliseconds(), prefer, firm)
-		return leaseScript.Run(ctx, p.rdb, p.scopeKeys.get(p, scope).lease, append(argv, p.sw.brk.leaseArgs(site)...)...).Slice()
-	}, p.releaseLate(scope, token))
+	if g != nil {
+		if err = ctx.Err(); err == nil {
+			res, err = g.Do(token)
+			if err == nil && ctx.Err() != nil {
+				// The caller gave up while its batch was in Redis: a lease
+				// granted to it goes back at once.
+				p.releaseLate(scope, token)(res, nil)
+				err = ctx.Err()
+			}
+		}
+	} else {
+		ttl := p.cfg.leaseTTL
+		firm := ""
+		if only {
+			firm = "1"
+		}
+		res, err = bounded.Call(ctx, p.timeout, p.inline, func(ctx context.Context) ([]any, error) {
+			argv := append(make([]any, 0, 10), scope, token, ttl.Milliseconds(), p.cfg.cooldown.Milliseconds(),
+				p.cfg.slots, p.cfg.idleTTL.Milliseconds(), prefer, firm)
+			return leaseScript.Run(ctx, p.rdb, p.scopeKeys.get(p, scope).lease, append(argv, p.sw.brk.leaseArgs(site)...)...).Slice()
+		}, p.releaseLate(scope, token))
+	}
 	if err != nil {
 		if err, ok := leaseConfigErr(err); ok {
 			return nil, 0, false, err

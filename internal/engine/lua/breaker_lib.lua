@@ -25,6 +25,7 @@ end
 -- breaker_gate is nil when a lease for site may go ahead (the breaker is
 -- closed, or a probe is granted now), else lease.lua's paused reply
 -- {-3, wait ms, until ms}: until is 0 while half-open with every probe out.
+-- A second result true says the lease goes ahead as a probe (half-open).
 local function breaker_gate(key, site, probes, now)
   local rec = redis.call('HGET', key, site)
   if not rec then return nil end
@@ -33,5 +34,5 @@ local function breaker_gate(key, site, probes, now)
   if g >= probes and now - u > p then u, g = now, 0 end
   if g >= probes then return {-3, math.min(p, 250), 0} end
   breaker_put(key, site, u, p, g + 1, o)
-  return nil
+  return nil, true
 end

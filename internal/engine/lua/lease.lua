@@ -23,6 +23,13 @@
 -- ARGV[10] probes of a half-open breaker (breaker_lib.lua, breaker.go)
 -- KEYS[9] order zset     id -> its place in the pool's rotation (pool_update.lua)
 -- KEYS[10] cursor hash   site -> "<place of the proxy last offered>|<ms of the site's last bookkeeping>"
+-- ARGV[11..] owner tokens of further plain leases in the same call (the lease
+--         group, leasegroup.go; ARGV[7] must be "" and ARGV[8] not "1"): the
+--         call grants up to 1 + their count leases, each one the rotation's
+--         next free proxy after the one before, every lease exactly as a call
+--         of its own would grant it; TIME, the meta, the cursor, the breaker
+--         gate and the prune are paid once. A half-open breaker grants one
+--         probe per call: then only ARGV[2]'s lease.
 -- include: breaker_lib.lua
 --
 -- Rotation: the site's cursor walks the pool's order (KEYS[9]) and the
@@ -37,6 +44,11 @@
 --
 -- Returns {1, member, proxy URL, expiry ms, version} on success (version: the
 --                       pool's generation, 0 for none; snapshot.go),
+--         {2, version, expiry ms, member 1, URL 1, member 2, URL 2, ...} on
+--                       success with further tokens (ARGV[11..]): pair i is
+--                       the lease of the i-th token (ARGV[2], then ARGV[11],
+--                       ...); fewer pairs than tokens when no more proxy was
+--                       free within the call's bounded look,
 --         {0, wait ms}  when every proxy is busy (wait = time until the next one frees;
 --                       with ARGV[8] = "1", {0, wait ms, firm}: see below),
 --         {-1, lost, version} when the pool is empty: lost is 1 when no operator
@@ -46,12 +58,17 @@
 --         {-3, wait ms, until ms} while the site's breaker holds it (until 0: half-open, probes out).
 -- Time comes from the server's clock (TIME), never from a client.
 local now = now_ms()
+local want = 1 + math.max(#ARGV - 10, 0)
+if want > 1 and (ARGV[7] ~= '' or ARGV[8] == '1') then
+  return redis.error_reply('PSARGS further owner tokens are for plain leases only')
+end
 if ARGV[9] and ARGV[9] ~= '' then
-  local paused = breaker_gate(KEYS[8], ARGV[9], tonumber(ARGV[10]), now)
+  local paused, probe = breaker_gate(KEYS[8], ARGV[9], tonumber(ARGV[10]), now)
   if paused then return paused end
+  if probe then want = 1 end
 end
 local ttl, cooldown, idle = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[6])
-local SCAN, PRUNE = 128, 2
+local SCAN, PRUNE = 128, 2 * want
 
 local meta = redis.call('HMGET', KEYS[5], 'slots', 'version', 'hold', 'index')
 local slots = meta[1]
@@ -94,6 +111,11 @@ end
 local gone = redis.call('ZRANGE', KEYS[2], '-inf', now, 'BYSCORE', 'LIMIT', 0, PRUNE)
 if #gone > 0 then redis.call('ZREM', KEYS[2], unpack(gone)) end
 
+-- A call of several leases reads once whether any proxy is dead or banned
+-- on every site now: if none is, no candidate needs looking up.
+local nodead = want > 1 and redis.call('HLEN', KEYS[6]) == 0
+local noban = want > 1 and redis.call('ZCOUNT', KEYS[7], '(' .. now, '+inf') == 0
+
 -- out is the score of slot m on the site (0: free there). A slot at DEAD
 -- whose proxy is no longer dead (revive.lua) is out only while a lease
 -- taken before its death runs.
@@ -113,7 +135,8 @@ end
 -- ban ends); a dead proxy is not recorded (it may stay dead for good: the
 -- dead hash counts it).
 local function banned(id, free)
-  if redis.call('HEXISTS', KEYS[6], id) == 1 then return DEAD end
+  if not nodead and redis.call('HEXISTS', KEYS[6], id) == 1 then return DEAD end
+  if noban then return nil end
   local q = num(redis.call('ZSCORE', KEYS[7], id))
   if not q or q <= now then return nil end
   for _, m in ipairs(free) do redis.call('ZADD', KEYS[2], 'GT', q, m) end
@@ -194,13 +217,17 @@ local function all_out()
   return head[2] and num(head[2]) or now + 1
 end
 
-if not member then
-  if hold > now then return {0, hold - now} end
-  -- The rotation: up to SCAN proxies after the cursor, wrapping once. When
-  -- the first is not free, a pool with every slot out stops the search.
-  local seen, soonest, last, whole = 0, nil, nil, false
+-- rotate walks the rotation from the cursor (place) to the first proxy with
+-- a slot free, up to SCAN proxies per call in all, wrapping once: it returns
+-- that slot and the proxy's URL, and moves place to the proxy; or nil, the
+-- reply of a call that grants nothing, and the place the cursor may move to
+-- (nil: stay) when only part of the pool was looked at.
+local seen = 0
+local function rotate()
+  if seen >= SCAN then return nil, {0, 1} end
+  local first, soonest, last, whole = seen, nil, nil, false
   local from, to, wrapped = '(' .. string.format('%.0f', place), '+inf', false
-  while not member and seen < SCAN do
+  while seen < SCAN do
     local n = math.min(16, SCAN - seen)
     local ids = redis.call('ZRANGE', KEYS[9], from, to, 'BYSCORE', 'LIMIT', 0, n, 'WITHSCORES')
     for i = 1, #ids, 2 do
@@ -208,66 +235,91 @@ if not member then
       last = ids[i + 1]
       local m, w = try(ids[i])
       if m then
-        url = redis.call('HGET', KEYS[1], ids[i])
-        if url then
-          member = m
-          break
+        local u = redis.call('HGET', KEYS[1], ids[i])
+        if u then
+          place = num(last)
+          return m, u
         end
       else
         if w and (not soonest or w < soonest) then soonest = w end
         if seen == 1 then
           local full = all_out()
-          if full then return {0, math.max(full - now, 1)} end
+          if full then return nil, {0, math.max(full - now, 1)} end
         end
       end
     end
-    if not member and #ids < 2 * n then
+    if #ids < 2 * n then
       if wrapped or place <= 0 then
         whole = true
         break
       end
       -- Past the end of the order: once more from its start, up to the cursor.
       wrapped, from, to = true, '-inf', string.format('%.0f', place)
-    elseif not member then
+    else
       from = '(' .. last
     end
   end
-  if not member then
-    if seen == 0 then
-      if redis.call('HLEN', KEYS[1]) == 0 then return empty() end
-      return {0, 1} -- an order not written yet (pool_update.lua writes it with the pool)
-    end
-    if not whole then
-      -- Only part of the pool looked at: out everywhere only if the busy
-      -- set covers every slot of the pool; else move on and come back soon.
-      -- (all_out found the pool not saturated at the first proxy.)
-      redis.call('HSET', KEYS[10], ARGV[1], string.format('%.0f', num(last)) .. '|' .. booked)
-      return {0, 1}
-    end
-    if not soonest then return {0, 1} end
-    return {0, math.max(soonest - now, 1)}
+  if seen == first then
+    if redis.call('HLEN', KEYS[1]) == 0 then return nil, empty() end
+    return nil, {0, 1} -- an order not written yet (pool_update.lua writes it with the pool)
   end
-  place = num(last)
+  if not whole then
+    -- Only part of the pool looked at: out everywhere only if the busy
+    -- set covers every slot of the pool; else move on and come back soon.
+    -- (all_out found the pool not saturated at the first proxy.)
+    return nil, {0, 1}, num(last)
+  end
+  if not soonest then return nil, {0, 1} end
+  return nil, {0, math.max(soonest - now, 1)}
+end
+
+local expiry = now + ttl
+-- grant leases slot m to token tok, at once (a later rotation of the same
+-- call sees it out).
+local function grant(m, tok)
+  redis.call('ZADD', KEYS[2], expiry, m)
+  redis.call('HSET', KEYS[3], m, tok .. '|' .. expiry)
+  -- Pacing with K > 1: no other slot of this proxy may start before the cooldown.
+  if cooldown > 0 and slots > 1 then
+    local id = string.match(m, '^(.*):%d+$')
+    for s = 0, slots - 1 do
+      local o = id .. ':' .. s
+      if o ~= m then redis.call('ZADD', KEYS[2], 'GT', now + cooldown, o) end
+    end
+  end
+end
+
+local reply = {2, version, expiry}
+if member then
+  grant(member, ARGV[2])
+else
+  if hold > now then return {0, hold - now} end
+  local r, moved
+  member, r, moved = rotate()
+  if not member then
+    if moved then
+      redis.call('HSET', KEYS[10], ARGV[1], string.format('%.0f', moved) .. '|' .. booked)
+    end
+    return r
+  end
+  url = r
+  grant(member, ARGV[2])
+  for i = 2, want do
+    local m, u = rotate()
+    if not m then break end
+    grant(m, ARGV[9 + i])
+    reply[#reply + 1], reply[#reply + 2] = m, u
+  end
   fresh = true -- the cursor moved
 end
 if fresh then
   redis.call('HSET', KEYS[10], ARGV[1], string.format('%.0f', place) .. '|' .. booked)
 end
-
-local expiry = now + ttl
-redis.call('ZADD', KEYS[2], expiry, member)
-redis.call('HSET', KEYS[3], member, ARGV[2] .. '|' .. expiry)
 if booked == now then -- the bookkeeping above: the keys may be new
   redis.call('PEXPIRE', KEYS[2], idle)
   redis.call('PEXPIRE', KEYS[3], idle)
 end
-
--- Pacing with K > 1: no other slot of this proxy may start before the cooldown.
-if cooldown > 0 and slots > 1 then
-  local id = string.match(member, '^(.*):%d+$')
-  for s = 0, slots - 1 do
-    local m = id .. ':' .. s
-    if m ~= member then redis.call('ZADD', KEYS[2], 'GT', now + cooldown, m) end
-  end
-end
-return {1, member, url, expiry, version}
+if want == 1 then return {1, member, url, expiry, version} end
+table.insert(reply, 4, url)
+table.insert(reply, 4, member)
+return reply

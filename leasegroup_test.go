@@ -1,0 +1,226 @@
+package proxyswitch
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// leaseArgv is lease.lua's ARGV for a plain lease of site by s to tok,
+// then more tokens.
+func leaseArgv(s *Switch, site, tok string, more ...string) []any {
+	argv := []any{site, tok, s.cfg.leaseTTL.Milliseconds(), s.cfg.cooldown.Milliseconds(), s.cfg.slots,
+		s.cfg.idleTTL.Milliseconds(), "", "", site, 1}
+	for _, m := range more {
+		argv = append(argv, m)
+	}
+	return argv
+}
+
+// TestLeaseScriptGrantsMany: lease.lua with further owner tokens grants one
+// lease per token, distinct slots, each recorded with its own token, and
+// fewer when the pool runs out; a pool with nothing free answers the wait.
+func TestLeaseScriptGrantsMany(t *testing.T) { leaseScriptGrantsMany(t, shared.Client(t)) }
+
+// TestLeaseScriptGrantsManyOnMiniredis: the same on gopher-lua (the demo's
+// embedded Redis).
+func TestLeaseScriptGrantsManyOnMiniredis(t *testing.T) {
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	leaseScriptGrantsMany(t, rdb)
+}
+
+func leaseScriptGrantsMany(t *testing.T, rdb redis.UniversalClient) {
+	ctx := context.Background()
+	s := newSwitch(t, rdb)
+	_, err := s.Add(ctx, proxyURLs(10)...)
+	require.NoError(t, err)
+	keys := s.keys.lease("a.example")
+
+	res, err := leaseScript.Run(ctx, rdb, keys, leaseArgv(s, "a.example", "t1", "t2", "t3")...).Slice()
+	require.NoError(t, err)
+	require.Len(t, res, 3+2*3, "%v", res)
+	assert.EqualValues(t, 2, res[0])
+	expiry := res[2].(int64)
+	seen := map[string]bool{}
+	for i, tok := range []string{"t1", "t2", "t3"} {
+		m := res[3+2*i].(string)
+		assert.NotEmpty(t, res[4+2*i])
+		assert.False(t, seen[m], "slot %s granted twice", m)
+		seen[m] = true
+		v, err := rdb.HGet(ctx, s.keys.leases("a.example"), m).Result()
+		require.NoError(t, err)
+		assert.Equal(t, tok+"|"+strconv.FormatInt(expiry, 10), v)
+	}
+
+	// 7 proxies left, 9 tokens: 7 grants.
+	more := []string{"u2", "u3", "u4", "u5", "u6", "u7", "u8", "u9"}
+	res, err = leaseScript.Run(ctx, rdb, keys, leaseArgv(s, "a.example", "u1", more...)...).Slice()
+	require.NoError(t, err)
+	require.Len(t, res, 3+2*7, "%v", res)
+	for i := 3; i < len(res); i += 2 {
+		m := res[i].(string)
+		assert.False(t, seen[m], "slot %s granted twice", m)
+		seen[m] = true
+	}
+	n, err := rdb.HLen(ctx, s.keys.leases("a.example")).Result()
+	require.NoError(t, err)
+	assert.EqualValues(t, 10, n)
+
+	// Nothing free: the wait reply, as for one token.
+	res, err = leaseScript.Run(ctx, rdb, keys, leaseArgv(s, "a.example", "v1", "v2")...).Slice()
+	require.NoError(t, err)
+	assert.EqualValues(t, 0, res[0], "%v", res)
+	assert.Len(t, res, 2)
+
+	// Further tokens with a preferred proxy: refused.
+	argv := leaseArgv(s, "b.example", "w1", "w2")
+	argv[6] = "0"
+	err = leaseScript.Run(ctx, rdb, s.keys.lease("b.example"), argv...).Err()
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "PSARGS")
+}
+
+// TestLeaseScriptOneProbePerCall: with the site's breaker half-open, a call
+// of many tokens grants one lease, the probe the gate counted.
+func TestLeaseScriptOneProbePerCall(t *testing.T) {
+	ctx := context.Background()
+	rdb := shared.Client(t)
+	s := newSwitch(t, rdb)
+	_, err := s.Add(ctx, proxyURLs(10)...)
+	require.NoError(t, err)
+	require.NoError(t, rdb.HSet(ctx, s.keys.breaker(), "a.example", "1|1000|0|0").Err())
+	res, err := leaseScript.Run(ctx, rdb, s.keys.lease("a.example"), leaseArgv(s, "a.example", "t1", "t2", "t3")...).Slice()
+	require.NoError(t, err)
+	assert.EqualValues(t, 1, res[0], "%v", res)
+	n, err := rdb.HLen(ctx, s.keys.leases("a.example")).Result()
+	require.NoError(t, err)
+	assert.EqualValues(t, 1, n)
+}
+
+// leaseGate holds the first lease.lua call in the hook until open is
+// closed, and counts the lease.lua calls.
+type leaseGate struct {
+	open  chan struct{}
+	held  chan struct{} // closed when the first call is held
+	once  sync.Once
+	calls atomic.Int64
+}
+
+func newLeaseGate() *leaseGate {
+	return &leaseGate{open: make(chan struct{}), held: make(chan struct{})}
+}
+
+func (h *leaseGate) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *leaseGate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *leaseGate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if args := cmd.Args(); len(args) > 1 && (cmd.Name() == "evalsha" || cmd.Name() == "EVALSHA") && args[1] == leaseScript.Hash() {
+			h.calls.Add(1)
+			first := false
+			h.once.Do(func() { first = true })
+			if first {
+				close(h.held)
+				<-h.open
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// TestLeasesOfASiteShareACall: plain leases of one site made while a lease
+// call is in Redis go in the next call together (fails before leasegroup.go:
+// one call each), each with a proxy of its own.
+func TestLeasesOfASiteShareACall(t *testing.T) {
+	ctx := context.Background()
+	rdb := shared.Client(t)
+	s := newSwitch(t, rdb)
+	_, err := s.Add(ctx, proxyURLs(40)...)
+	require.NoError(t, err)
+	g := newLeaseGate()
+	rdb.AddHook(g)
+	const n = 20
+	leases := make(chan *Lease, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l, err := s.Lease(ctx, "a.example")
+			assert.NoError(t, err)
+			leases <- l
+		}()
+		if i == 0 {
+			<-g.held
+		}
+	}
+	time.Sleep(300 * time.Millisecond) // the other 19 queue behind the held call
+	close(g.open)
+	wg.Wait()
+	close(leases)
+	assert.LessOrEqual(t, g.calls.Load(), int64(n/2), "lease.lua calls for %d leases", n)
+	proxies := map[string]bool{}
+	for l := range leases {
+		require.NotNil(t, l)
+		assert.False(t, proxies[l.Proxy().String()], "proxy %s leased twice", l.Proxy())
+		proxies[l.Proxy().String()] = true
+		require.NoError(t, l.Release(ctx))
+	}
+	assert.Len(t, proxies, n)
+}
+
+// TestLeaseBatchCanceledIsReleased: a lease whose caller's context ends
+// while its batch waits or is in Redis fails with the context's error, and
+// the lease the batch granted it goes back: nothing stays leased.
+func TestLeaseBatchCanceledIsReleased(t *testing.T) {
+	ctx := context.Background()
+	rdb := shared.Client(t)
+	s := newSwitch(t, rdb)
+	_, err := s.Add(ctx, proxyURLs(5)...)
+	require.NoError(t, err)
+	g := newLeaseGate()
+	rdb.AddHook(g)
+	first := make(chan *Lease, 1)
+	go func() {
+		l, err := s.Lease(ctx, "a.example")
+		assert.NoError(t, err)
+		first <- l
+	}()
+	<-g.held
+	cctx, cancel := context.WithCancel(ctx)
+	errc := make(chan error, 1)
+	go func() {
+		l, err := s.Lease(cctx, "a.example")
+		if l != nil {
+			_ = l.Release(ctx)
+		}
+		errc <- err
+	}()
+	time.Sleep(200 * time.Millisecond) // the second lease waits for its batch
+	cancel()
+	time.Sleep(50 * time.Millisecond)
+	close(g.open)
+	err = <-errc
+	require.Error(t, err)
+	assert.ErrorIs(t, err, context.Canceled)
+	l := <-first
+	require.NotNil(t, l)
+	n, err := rdb.HLen(ctx, s.keys.leases("a.example")).Result()
+	require.NoError(t, err)
+	assert.EqualValues(t, 1, n, "only the first lease is held")
+	require.NoError(t, l.Release(ctx))
+	n, err = rdb.HLen(ctx, s.keys.leases("a.example")).Result()
+	require.NoError(t, err)
+	assert.Zero(t, n)
+}
