@@ -21,8 +21,9 @@ import (
 // every key of a pool shares its hash tag, so one call covers all its sites,
 // in Redis Cluster too). A lone release goes at once, alone: nothing waits
 // on a timer. Under load (many collectors' requests ending at once) n
-// releases cost one round trip and one script call instead of n, so a
-// crawler makes about one Redis round trip per page: its lease.
+// releases cost one round trip and one script call instead of n. Leases
+// are grouped the same way, per site (leasegroup.go), so a busy crawler
+// makes less than one Redis round trip per page.
 //
 // Each release still returns only when its outcome is in Redis, so
 // everything a caller saw of a release before holds: Close and Collector.Wait
