@@ -7,10 +7,15 @@
 # medians and the per-round ratios, not one round.
 #
 #   bash tools/bench/run.sh [outdir] [rounds]    # ~15 minutes on 2 cores
+#
+# SECTIONS picks some of them (default: all): hot lease storage session
+# expect shard scale, e.g. SECTIONS="storage expect" bash tools/bench/run.sh.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-/tmp/proxyswitch-bench}
 rounds=${2:-3}
+sections=" ${SECTIONS:-hot lease storage session expect shard scale} "
+want() { [[ $sections == *" $1 "* ]]; }
 mkdir -p "$out"
 bin=$(mktemp -d)
 trap 'rm -rf "$bin"' EXIT
@@ -29,14 +34,18 @@ bench() { # file binary pattern benchtime [extra flags...]
 
 for i in $(seq "$rounds"); do
   echo "round $i/$rounds"
-  bench hot.txt root.test 'BenchmarkCrawl|BenchmarkLeasePairs' 2s
-  bench lease.txt root.test 'BenchmarkLease$' 2s
-  bench storage.txt storage.test . 1s
-  bench session.txt root.test 'BenchmarkSessionUse$|BenchmarkClientSession' 300x
-  bench expect.txt ban.test 'BenchmarkExpect' 1s
+  want hot && bench hot.txt root.test 'BenchmarkCrawl|BenchmarkLeasePairs' 2s
+  want lease && bench lease.txt root.test 'BenchmarkLease$' 2s
+  want storage && bench storage.txt storage.test . 1s
+  want session && bench session.txt root.test 'BenchmarkSessionUse$|BenchmarkClientSession' 300x
+  want expect && bench expect.txt ban.test 'BenchmarkExpect' 1s
 done
-bench shard.txt shard.test 'BenchmarkShare' 20x -test.count 3
-{ load; "$bin/shard.test" -test.run 'TestShardingSimulation' -test.v -test.count 1 | grep -v '^=== RUN'; } > "$out/shard-sim.txt"
-{ load; PROXYSWITCH_SCALE_STRICT=${PROXYSWITCH_SCALE_STRICT:-} "$bin/root.test" -test.run 'TestMillionProxies$' -test.v -test.count 1 -test.timeout 20m; load; } > "$out/scale.txt" 2>&1 || echo "scale test failed: see $out/scale.txt"
+if want shard; then
+  bench shard.txt shard.test 'BenchmarkShare' 20x -test.count 3
+  { load; "$bin/shard.test" -test.run 'TestShardingSimulation' -test.v -test.count 1 | grep -v '^=== RUN'; } > "$out/shard-sim.txt"
+fi
+if want scale; then
+  { load; PROXYSWITCH_SCALE_STRICT=${PROXYSWITCH_SCALE_STRICT:-} "$bin/root.test" -test.run 'TestMillionProxies$' -test.v -test.count 1 -test.timeout 20m; load; } > "$out/scale.txt" 2>&1 || echo "scale test failed: see $out/scale.txt"
+fi
 date -u > "$out/finished"
 echo "raw output in $out"
