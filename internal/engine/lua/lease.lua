@@ -30,7 +30,20 @@
 --         of its own would grant it; TIME, the meta, the cursor, the breaker
 --         gate and the prune are paid once. A half-open breaker grants one
 --         probe per call: then only ARGV[2]'s lease.
+-- KEYS[11] exit hash    id -> the proxy's exit IP (probe.Checker with Exits,
+--                        exit_note.lua); each IP's entries in the set
+--                        "<KEYS[11]>:<IP>". Absent, or empty: no exit known.
 -- include: breaker_lib.lua
+--
+-- Exit IPs: entries whose exit IPs are known and equal share one set of
+-- slots on the site: an entry is free there only while fewer than K slots
+-- of all the entries of its IP are out on the site (leased, cooling down,
+-- quarantined there, or banned on every site; dead entries do not count).
+-- Exclusivity, pacing and quarantine thus apply to the IP, and two
+-- requests never reach a site from one exit address because two entries
+-- share it. Each entry keeps its own members ("<id>:<slot>"): release,
+-- extend and penalize are unchanged, and the state an entry earned stays
+-- with it when its exit changes (it then holds its new IP's slots).
 --
 -- Rotation: the site's cursor walks the pool's order (KEYS[9]) and the
 -- lease takes the first proxy after it with a slot free on the site, not
@@ -135,12 +148,43 @@ end
 -- ban ends); a dead proxy is not recorded (it may stay dead for good: the
 -- dead hash counts it).
 local function banned(id, free)
+
   if not nodead and redis.call('HEXISTS', KEYS[6], id) == 1 then return DEAD end
   if noban then return nil end
   local q = num(redis.call('ZSCORE', KEYS[7], id))
   if not q or q <= now then return nil end
   for _, m in ipairs(free) do redis.call('ZADD', KEYS[2], 'GT', q, m) end
   return q
+end
+
+-- The exit IPs: read only when some are known.
+local EXITS = KEYS[11]
+local exits_on = EXITS and redis.call('HLEN', EXITS) > 0
+
+-- exit_out returns nil when proxy id has no known exit, or fewer than K
+-- slots of the entries of its exit IP are out on the site; else the time
+-- the soonest of them comes back.
+local function exit_out(id)
+  if not exits_on then return nil end
+  local ip = redis.call('HGET', EXITS, id)
+  if not ip then return nil end
+  local n, soonest = 0, nil
+  local function note(sc)
+    n = n + 1
+    if not soonest or sc < soonest then soonest = sc end
+  end
+  for _, e in ipairs(redis.call('SMEMBERS', EXITS .. ':' .. ip)) do
+    if redis.call('HEXISTS', KEYS[6], e) == 0 then
+      local q = e ~= id and num(redis.call('ZSCORE', KEYS[7], e))
+      for s = 0, slots - 1 do
+        local sc = out(e .. ':' .. s, e)
+        if q and q > sc then sc = q end
+        if sc > now then note(sc) end
+      end
+    end
+  end
+  if n < slots then return nil end
+  return soonest
 end
 
 -- try returns the first free slot of proxy id on the site (member), or nil
@@ -159,6 +203,8 @@ local function try(id)
   if #free == 0 then return nil, soonest end
   local b = banned(id, free)
   if b then return nil, b end
+  local x = exit_out(id)
+  if x then return nil, x end
   return free[1]
 end
 
@@ -191,6 +237,11 @@ if not member and ARGV[8] == '1' then
   end
   local q = num(redis.call('ZSCORE', KEYS[7], ARGV[7]))
   if q and q > soonest then soonest, firm = q, 1 end
+  if soonest and soonest <= now then
+    -- Its own slot is free: another entry of its exit IP holds the IP.
+    local x = exit_out(ARGV[7])
+    if x then soonest, firm = x, 0 end
+  end
   if not soonest or soonest >= DEAD then return {-2} end
   return {0, math.max(soonest - now, 1), firm}
 end
