@@ -324,11 +324,9 @@ func (c *Checker) round(ctx context.Context, s settings, fresh bool) (Report, er
 	if err != nil {
 		return rep, err
 	}
-	var known map[string]string
-	if c.Exits {
-		if known, err = c.exits(ctx); err != nil {
-			return rep, err
-		}
+	known, err := c.exits(ctx)
+	if err != nil {
+		return rep, err
 	}
 	type job struct {
 		p      *proxyswitch.Proxy
@@ -390,9 +388,24 @@ func (c *Checker) round(ctx context.Context, s settings, fresh bool) (Report, er
 			firstErr = err
 		}
 	}
+	// The proxies of one recorded exit IP are probed one after the other
+	// (their leases on a site exclude each other), the rest at once, at
+	// most s.conc probes in flight.
+	var groups [][]job
+	byExit := map[string]int{}
+	for _, j := range jobs {
+		if ip, ok := known[j.p.ID()]; ok {
+			if g, ok := byExit[ip]; ok {
+				groups[g] = append(groups[g], j)
+				continue
+			}
+			byExit[ip] = len(groups)
+		}
+		groups = append(groups, []job{j})
+	}
 	sem := make(chan struct{}, s.conc)
 	var wg sync.WaitGroup
-	for _, j := range jobs {
+	for _, g := range groups {
 		if ctx.Err() != nil {
 			break
 		}
@@ -401,15 +414,20 @@ func (c *Checker) round(ctx context.Context, s settings, fresh bool) (Report, er
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			ok, err := c.checkOne(ctx, s, j.p, j.marked, add)
-			if err != nil {
-				fail(err)
-				return
-			}
-			if ok {
-				for _, sp := range s.sites {
-					if err := c.checkSite(ctx, s, j.p, sp, add); err != nil {
-						fail(err)
+			for _, j := range g {
+				if ctx.Err() != nil {
+					return
+				}
+				ok, err := c.checkOne(ctx, s, j.p, j.marked, add)
+				if err != nil {
+					fail(err)
+					return
+				}
+				if ok {
+					for _, sp := range s.sites {
+						if err := c.checkSite(ctx, s, j.p, sp, add); err != nil {
+							fail(err)
+						}
 					}
 				}
 			}
