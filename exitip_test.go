@@ -1,0 +1,96 @@
+package proxyswitch
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/proxyswitch/proxyswitch/internal/engine"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+var exitNoteScript = engine.Root.Script("exit_note")
+
+// TestLeaseScriptExitsGroup: with exits recorded (0-4 on A, 5-7 on B, 8
+// and 9 none), one lease.lua call of ten tokens grants one lease per exit
+// IP and one per entry without an exit: 4; a firm lease of another entry
+// of A waits; a release frees A for the others.
+func TestLeaseScriptExitsGroup(t *testing.T) { leaseScriptExitsGroup(t, shared.Client(t)) }
+
+// TestLeaseScriptExitsGroupOnMiniredis: the same on gopher-lua.
+func TestLeaseScriptExitsGroupOnMiniredis(t *testing.T) {
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	leaseScriptExitsGroup(t, rdb)
+}
+
+func leaseScriptExitsGroup(t *testing.T, rdb redis.UniversalClient) {
+	ctx := context.Background()
+	s := newSwitch(t, rdb)
+	urls := proxyURLs(10)
+	_, err := s.Add(ctx, urls...)
+	require.NoError(t, err)
+	ids := make([]string, len(urls))
+	exit := map[string]string{}
+	args := []any{s.keys.base}
+	for i, u := range urls {
+		p, err := ParseProxy(u)
+		require.NoError(t, err)
+		ids[i] = p.ID()
+		switch {
+		case i < 5:
+			exit[ids[i]] = "10.0.0.1"
+		case i < 8:
+			exit[ids[i]] = "10.0.0.2"
+		default:
+			continue
+		}
+		args = append(args, ids[i], exit[ids[i]])
+	}
+	res, err := exitNoteScript.Run(ctx, rdb, []string{s.keys.exits(), s.keys.sites(), s.keys.meta(), s.keys.proxies()}, args...).Slice()
+	require.NoError(t, err)
+	for i := 0; i < len(res); i += 2 {
+		assert.EqualValues(t, 1, res[i], "first record")
+	}
+
+	keys := s.keys.lease("a.example")
+	res, err = leaseScript.Run(ctx, rdb, keys, leaseArgv(s, "a.example", "t0", "t1", "t2", "t3", "t4", "t5", "t6", "t7", "t8", "t9")...).Slice()
+	require.NoError(t, err)
+	require.EqualValues(t, 2, res[0], "%v", res)
+	per := map[string]int{}
+	var heldA string
+	for i := 3; i < len(res); i += 2 {
+		id, _, _ := strings.Cut(res[i].(string), ":")
+		ip := exit[id]
+		if ip == "" {
+			ip = id
+		}
+		per[ip]++
+		if ip == "10.0.0.1" {
+			heldA = id
+		}
+	}
+	assert.Equal(t, map[string]int{"10.0.0.1": 1, "10.0.0.2": 1, ids[8]: 1, ids[9]: 1}, per)
+
+	// A firm lease of another entry of A: a wait, not a grant.
+	other := ids[0]
+	if other == heldA {
+		other = ids[1]
+	}
+	argv := leaseArgv(s, "a.example", "f1")
+	argv[6], argv[7] = other, "1"
+	res, err = leaseScript.Run(ctx, rdb, keys, argv...).Slice()
+	require.NoError(t, err)
+	assert.EqualValues(t, 0, res[0], "%v", res)
+
+	// Elsewhere A is free.
+	argv = leaseArgv(s, "b.example", "f2")
+	argv[6], argv[7] = other, "1"
+	res, err = leaseScript.Run(ctx, rdb, s.keys.lease("b.example"), argv...).Slice()
+	require.NoError(t, err)
+	assert.EqualValues(t, 1, res[0], "%v", res)
+}
