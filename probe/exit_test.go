@@ -315,3 +315,33 @@ func (o *probeObserver) ObserveProbe(e probe.Event) {
 		o.changes.Add(1)
 	}
 }
+
+// TestRunRecordsExitsOfNewProxies: Run with Exits probes a proxy added
+// after its round within NewEvery, not at the next round (an hour away).
+func TestRunRecordsExitsOfNewProxies(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	b := newExitBed(t, 330)
+	sw := newSwitch(t, testPrefix())
+	_, err := sw.Add(ctx, b.proxies[0].URL())
+	require.NoError(t, err)
+	var rounds atomic.Int64
+	c := &probe.Checker{Switch: sw, EchoURL: b.echo.URL(), Timeout: 2 * time.Second, Exits: true,
+		Every: time.Hour, NewEvery: 100 * time.Millisecond, Redis: shared.Client(t),
+		OnReport: func(probe.Report) { rounds.Add(1) }}
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	require.Eventually(t, func() bool { return rounds.Load() >= 1 }, 10*time.Second, 10*time.Millisecond)
+
+	_, err = sw.Add(ctx, b.proxies[4].URL())
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		exits, err := c.ExitIPs(ctx)
+		return err == nil && exits[idOf(t, b.proxies[4].URL())] == b.ips[4]
+	}, 10*time.Second, 20*time.Millisecond, "the new proxy's exit was not recorded")
+	exits, err := c.ExitIPs(ctx)
+	require.NoError(t, err)
+	require.Equal(t, map[string]string{idOf(t, b.proxies[0].URL()): b.ips[0], idOf(t, b.proxies[4].URL()): b.ips[4]}, exits)
+	cancel()
+	require.ErrorIs(t, <-done, context.Canceled)
+}
