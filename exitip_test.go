@@ -2,6 +2,7 @@ package proxyswitch
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -93,4 +94,60 @@ func leaseScriptExitsGroup(t *testing.T, rdb redis.UniversalClient) {
 	res, err = leaseScript.Run(ctx, rdb, s.keys.lease("b.example"), argv...).Slice()
 	require.NoError(t, err)
 	assert.EqualValues(t, 1, res[0], "%v", res)
+}
+
+// BenchmarkLeaseExits: lease and release of one site, 20 (or 5) leases
+// held at once (held leases keep IPs busy, so a lease looks past them), in
+// a pool of 1000 without exits, with exits in pairs (500 IPs of 2), and
+// with 20 IPs of 50 entries each (a gateway's sessions over few exits:
+// with 20 held, 19 of the 20 IPs are busy at each lease). Run:
+//
+//	go test -run '^$' -bench 'BenchmarkLeaseExits' -benchtime 2000x .
+func BenchmarkLeaseExits(b *testing.B) {
+	for _, mode := range []struct {
+		name string
+		ips  int // 0: no exits
+		held int
+	}{{"exits=none", 0, 20}, {"exits=pairs", 500, 20}, {"exits=20x50", 20, 20}, {"exits=20x50/held=5", 20, 5}} {
+		b.Run(mode.name, func(b *testing.B) { benchLeaseExits(b, 1000, mode.ips, mode.held) })
+	}
+}
+
+func benchLeaseExits(b *testing.B, size, ips, held int) {
+	if shared.Server == nil {
+		b.Skip("single-node benchmark; the shared Redis is a cluster")
+	}
+	ctx := context.Background()
+	rdb := shared.Server.Client(b)
+	s := newSwitch(b, rdb)
+	urls := proxyURLs(size)
+	_, err := s.Add(ctx, urls...)
+	require.NoError(b, err)
+	if ips > 0 {
+		args := []any{s.keys.base}
+		for i, u := range urls {
+			p, err := ParseProxy(u)
+			require.NoError(b, err)
+			args = append(args, p.ID(), "10.1."+strconv.Itoa(i%ips/250)+"."+strconv.Itoa(i%ips%250))
+		}
+		require.NoError(b, exitNoteScript.Run(ctx, rdb, []string{s.keys.exits(), s.keys.sites(), s.keys.meta(), s.keys.proxies()}, args...).Err())
+	}
+	ring := make([]*Lease, held)
+	for i := range ring {
+		ring[i], err = s.Lease(ctx, "bench.example")
+		require.NoError(b, err)
+	}
+	require.NoError(b, rdb.ConfigResetStat(ctx).Err())
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		k := i % held
+		require.NoError(b, ring[k].Release(ctx))
+		ring[k], err = s.Lease(ctx, "bench.example")
+		require.NoError(b, err)
+	}
+	b.StopTimer()
+	reportScriptTime(b, rdb)
+	for _, l := range ring {
+		_ = l.Release(ctx)
+	}
 }

@@ -163,28 +163,55 @@ local exits_on = EXITS and redis.call('HLEN', EXITS) > 0
 
 -- exit_out returns nil when proxy id has no known exit, or fewer than K
 -- slots of the entries of its exit IP are out on the site; else the time
--- the soonest of them comes back.
+-- the soonest of them comes back. Each IP is read once per call (ip_out),
+-- again after a grant to one of its entries: a call costs the entries of
+-- the IPs it meets, not of each candidate.
+local ip_out = {}
 local function exit_out(id)
   if not exits_on then return nil end
   local ip = redis.call('HGET', EXITS, id)
   if not ip then return nil end
-  local n, soonest = 0, nil
-  local function note(sc)
-    n = n + 1
-    if not soonest or sc < soonest then soonest = sc end
-  end
-  for _, e in ipairs(redis.call('SMEMBERS', EXITS .. ':' .. ip)) do
-    if redis.call('HEXISTS', KEYS[6], e) == 0 then
-      local q = e ~= id and num(redis.call('ZSCORE', KEYS[7], e))
-      for s = 0, slots - 1 do
-        local sc = out(e .. ':' .. s, e)
-        if q and q > sc then sc = q end
-        if sc > now then note(sc) end
+  local memo = ip_out[ip]
+  if not memo then
+    -- Three reads per 256 entries of the IP (and per 4096 slots): their
+    -- dead marks, bans on every site and slot scores (a slot at DEAD of
+    -- an entry no longer dead goes through out, as in try).
+    local n, soonest = 0, nil
+    local all = redis.call('SMEMBERS', EXITS .. ':' .. ip)
+    for from = 1, #all, 256 do
+      local es, ms = {}, {}
+      for i = from, math.min(from + 255, #all) do
+        es[#es + 1] = all[i]
+        for s = 0, slots - 1 do ms[#ms + 1] = all[i] .. ':' .. s end
+      end
+      local dead = redis.call('HMGET', KEYS[6], unpack(es))
+      local qs = redis.call('ZMSCORE', KEYS[7], unpack(es))
+      local scs = {}
+      for j = 1, #ms, 4096 do
+        local part = redis.call('ZMSCORE', KEYS[2], unpack(ms, j, math.min(j + 4095, #ms)))
+        for x = 1, #part do scs[j + x - 1] = part[x] end
+      end
+      for i, e in ipairs(es) do
+        if not dead[i] then
+          local q = num(qs[i])
+          for s = 1, slots do
+            local k = (i - 1) * slots + s
+            local sc = num(scs[k]) or 0
+            if sc >= DEAD then sc = out(ms[k], e) end
+            if q and q > sc then sc = q end
+            if sc > now then
+              n = n + 1
+              if not soonest or sc < soonest then soonest = sc end
+            end
+          end
+        end
       end
     end
+    memo = {n, soonest}
+    ip_out[ip] = memo
   end
-  if n < slots then return nil end
-  return soonest
+  if memo[1] < slots then return nil end
+  return memo[2]
 end
 
 -- try returns the first free slot of proxy id on the site (member), or nil
@@ -329,6 +356,10 @@ local expiry = now + ttl
 -- call sees it out).
 local function grant(m, tok)
   redis.call('ZADD', KEYS[2], expiry, m)
+  if exits_on then
+    local ip = redis.call('HGET', EXITS, string.match(m, '^(.*):%d+$'))
+    if ip then ip_out[ip] = nil end
+  end
   redis.call('HSET', KEYS[3], m, tok .. '|' .. expiry)
   -- Pacing with K > 1: no other slot of this proxy may start before the cooldown.
   if cooldown > 0 and slots > 1 then
