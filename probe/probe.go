@@ -156,7 +156,8 @@ type Checker struct {
 	// Leases then treat the entries of one exit IP as one proxy on each
 	// site: at most Rotation.Concurrency of their slots out there at once,
 	// so a lease, a cooldown or a quarantine of one holds them all (dead
-	// entries hold nothing). When an entry's exit changes, it takes its own
+	// entries hold nothing; a quarantine on every site, a proxy failure's
+	// too, holds the IP everywhere). When an entry's exit changes, it takes its own
 	// state (leases, cooldowns, quarantines) to its new IP, and the entries
 	// left on the old IP stay held as long as it would have held them; the
 	// change is counted (Result.ExitChanged, the pool's meta field
