@@ -2,6 +2,7 @@ package probe_test
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/http"
 	"net/url"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gocolly/colly/v2"
 	"github.com/proxyswitch/proxyswitch"
 	"github.com/proxyswitch/proxyswitch/ban"
 	"github.com/proxyswitch/proxyswitch/probe"
@@ -169,6 +171,48 @@ func TestExitsSharedIPNeverOverlap(t *testing.T) {
 	require.LessOrEqual(t, after.Recorder().MaxConcurrentPerIP(), 1)
 	require.Len(t, after.Recorder().IPs(), 4)
 	t.Logf("collisions by IP: %d without exits, %d with", before.Recorder().Collisions(), after.Recorder().Collisions())
+}
+
+// collyCrawl visits n pages of s with an asynchronous Colly collector of
+// 6 parallel requests, through sw (Attach).
+func collyCrawl(t *testing.T, sw *proxyswitch.Switch, s *proxyswitchtest.Site, n int) {
+	t.Helper()
+	c := colly.NewCollector(colly.Async(true))
+	require.NoError(t, c.Limit(&colly.LimitRule{DomainGlob: "*", Parallelism: 6}))
+	sw.Attach(c)
+	var failed atomic.Int64
+	c.OnError(func(r *colly.Response, err error) { failed.Add(1) })
+	for i := 0; i < n; i++ {
+		require.NoError(t, c.Visit(fmt.Sprintf("%s/page?n=%d", s.URL(), i)))
+	}
+	c.Wait()
+	require.Zero(t, failed.Load())
+}
+
+// TestExitsCollyCrawl: the same through Colly (Attach): 0 collisions by
+// exit IP at the site with exits recorded, some without.
+func TestExitsCollyCrawl(t *testing.T) {
+	ctx := context.Background()
+	b := newExitBed(t, 340)
+	wait := proxyswitch.WithTimeouts(proxyswitch.Timeouts{MaxWait: 10 * time.Second})
+	plain := newSwitch(t, testPrefix(), wait)
+	_, err := plain.Add(ctx, b.urls()...)
+	require.NoError(t, err)
+	before := slowSite(t, "before")
+	collyCrawl(t, plain, before, 100)
+	require.Equal(t, 100, before.Recorder().Count())
+	require.Positive(t, before.Recorder().Collisions())
+
+	sw := newSwitch(t, testPrefix(), wait)
+	_, err = sw.Add(ctx, b.urls()...)
+	require.NoError(t, err)
+	_, err = (&probe.Checker{Switch: sw, EchoURL: b.echo.URL(), Timeout: 2 * time.Second, Exits: true}).Check(ctx)
+	require.NoError(t, err)
+	after := slowSite(t, "after")
+	collyCrawl(t, sw, after, 100)
+	require.Equal(t, 100, after.Recorder().Count())
+	require.Zero(t, after.Recorder().Collisions(), "two requests reached the site from one exit IP at once")
+	t.Logf("Colly, collisions by IP: %d without exits, %d with", before.Recorder().Collisions(), after.Recorder().Collisions())
 }
 
 // ban quarantines the proxy of url on site for an hour.
