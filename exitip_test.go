@@ -151,3 +151,47 @@ func benchLeaseExits(b *testing.B, size, ips, held int) {
 		_ = l.Release(ctx)
 	}
 }
+
+// TestExitNoteScript: exit_note.lua records, keeps, changes (counted in
+// the meta hash) and forgets an exit; a proxy not in the pool is not
+// recorded; Clear deletes the exit keys; odd arguments and a foreign
+// prefix are refused.
+func TestExitNoteScript(t *testing.T) {
+	ctx := context.Background()
+	rdb := shared.Client(t)
+	s := newSwitch(t, rdb)
+	urls := proxyURLs(2)
+	_, err := s.Add(ctx, urls...)
+	require.NoError(t, err)
+	p, err := ParseProxy(urls[0])
+	require.NoError(t, err)
+	keys := []string{s.keys.exits(), s.keys.sites(), s.keys.meta(), s.keys.proxies()}
+	note := func(args ...any) []any {
+		t.Helper()
+		res, err := exitNoteScript.Run(ctx, rdb, keys, append([]any{s.keys.base}, args...)...).Slice()
+		require.NoError(t, err)
+		return res
+	}
+	assert.Equal(t, []any{int64(1), ""}, note(p.ID(), "10.0.0.1"))
+	assert.Equal(t, []any{int64(0), "10.0.0.1"}, note(p.ID(), "10.0.0.1"))
+	assert.Equal(t, []any{int64(2), "10.0.0.1", int64(-1), ""}, note(p.ID(), "10.0.0.2", "nosuchproxy", "10.0.0.2"))
+	n, err := rdb.HGet(ctx, s.keys.meta(), "exit_changes").Int()
+	require.NoError(t, err)
+	assert.Equal(t, 1, n)
+	ids, err := rdb.SMembers(ctx, s.keys.exits()+":10.0.0.2").Result()
+	require.NoError(t, err)
+	assert.Equal(t, []string{p.ID()}, ids)
+	assert.Zero(t, rdb.Exists(ctx, s.keys.exits()+":10.0.0.1").Val(), "the old IP's set is left empty")
+	assert.Equal(t, []any{int64(3), "10.0.0.2"}, note(p.ID(), ""))
+	assert.Zero(t, rdb.HLen(ctx, s.keys.exits()).Val())
+
+	// Clear deletes the exit keys with the pool.
+	note(p.ID(), "10.0.0.3")
+	require.NoError(t, s.Clear(ctx))
+	assert.Zero(t, rdb.Exists(ctx, s.keys.exits(), s.keys.exits()+":10.0.0.3").Val())
+
+	err = exitNoteScript.Run(ctx, rdb, keys, s.keys.base, p.ID()).Err()
+	require.ErrorContains(t, err, "PSARGS")
+	err = exitNoteScript.Run(ctx, rdb, keys, "{other:pool}", p.ID(), "10.0.0.1").Err()
+	require.ErrorContains(t, err, "PSKEYS")
+}
