@@ -160,6 +160,9 @@ end
 -- The exit IPs: read only when some are known.
 local EXITS = KEYS[11]
 local exits_on = EXITS and redis.call('HLEN', EXITS) > 0
+-- With exits: whether any proxy is dead, or banned on every site, read once.
+local anydead = exits_on and redis.call('HLEN', KEYS[6]) > 0
+local anyban = exits_on and redis.call('ZCOUNT', KEYS[7], '(' .. now, '+inf') > 0
 
 -- exit_out returns nil when proxy id has no known exit, or fewer than K
 -- slots of the entries of its exit IP are out on the site; else the time
@@ -173,9 +176,10 @@ local function exit_out(id)
   if not ip then return nil end
   local memo = ip_out[ip]
   if not memo then
-    -- Three reads per 256 entries of the IP (and per 4096 slots): their
-    -- dead marks, bans on every site and slot scores (a slot at DEAD of
-    -- an entry no longer dead goes through out, as in try).
+    -- At most three reads per 256 entries of the IP (and per 4096
+    -- slots): their dead marks (if any proxy is dead), bans on every site
+    -- (if any) and slot scores (a slot at DEAD of an entry no longer dead
+    -- goes through out, as in try).
     local n, soonest = 0, nil
     local all = redis.call('SMEMBERS', EXITS .. ':' .. ip)
     for from = 1, #all, 256 do
@@ -184,8 +188,9 @@ local function exit_out(id)
         es[#es + 1] = all[i]
         for s = 0, slots - 1 do ms[#ms + 1] = all[i] .. ':' .. s end
       end
-      local dead = redis.call('HMGET', KEYS[6], unpack(es))
-      local qs = redis.call('ZMSCORE', KEYS[7], unpack(es))
+      local dead, qs = {}, {}
+      if anydead then dead = redis.call('HMGET', KEYS[6], unpack(es)) end
+      if anyban then qs = redis.call('ZMSCORE', KEYS[7], unpack(es)) end
       local scs = {}
       for j = 1, #ms, 4096 do
         local part = redis.call('ZMSCORE', KEYS[2], unpack(ms, j, math.min(j + 4095, #ms)))
@@ -217,6 +222,8 @@ end
 -- try returns the first free slot of proxy id on the site (member), or nil
 -- and the time until which the proxy is out.
 local function try(id)
+  local x = exit_out(id) -- first: the IP's entries read once per call
+  if x then return nil, x end
   local soonest, free = nil, {}
   for s = 0, slots - 1 do
     local m = id .. ':' .. s
@@ -230,8 +237,6 @@ local function try(id)
   if #free == 0 then return nil, soonest end
   local b = banned(id, free)
   if b then return nil, b end
-  local x = exit_out(id)
-  if x then return nil, x end
   return free[1]
 end
 
