@@ -391,50 +391,73 @@ func (c *Checker) round(ctx context.Context, s settings, fresh bool) (Report, er
 	}
 	// The proxies of one recorded exit IP are probed one after the other
 	// (their leases on a site exclude each other), the rest at once, at
-	// most s.conc probes in flight.
-	var groups [][]job
-	byExit := map[string]int{}
-	for _, j := range jobs {
-		if ip, ok := known[j.p.ID()]; ok {
-			if g, ok := byExit[ip]; ok {
-				groups[g] = append(groups[g], j)
-				continue
+	// most s.conc probes in flight. With Exits, the live proxies found
+	// busy on the echo site get one more pass, grouped by the exits known
+	// then: an entry whose twin's exit this round recorded meanwhile
+	// found the IP busy with the twin's probe.
+	pass := func(jobs []job) (busy []job) {
+		var groups [][]job
+		byExit := map[string]int{}
+		for _, j := range jobs {
+			if ip, ok := known[j.p.ID()]; ok {
+				if g, ok := byExit[ip]; ok {
+					groups[g] = append(groups[g], j)
+					continue
+				}
+				byExit[ip] = len(groups)
 			}
-			byExit[ip] = len(groups)
+			groups = append(groups, []job{j})
 		}
-		groups = append(groups, []job{j})
-	}
-	sem := make(chan struct{}, s.conc)
-	var wg sync.WaitGroup
-	for _, g := range groups {
-		if ctx.Err() != nil {
-			break
-		}
-		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			for _, j := range g {
-				if ctx.Err() != nil {
-					return
-				}
-				ok, err := c.checkOne(ctx, s, j.p, j.marked, add)
-				if err != nil {
-					fail(err)
-					return
-				}
-				if ok {
-					for _, sp := range s.sites {
-						if err := c.checkSite(ctx, s, j.p, sp, add); err != nil {
-							fail(err)
+		var busyMu sync.Mutex
+		sem := make(chan struct{}, s.conc)
+		var wg sync.WaitGroup
+		for _, g := range groups {
+			if ctx.Err() != nil {
+				break
+			}
+			sem <- struct{}{}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer func() { <-sem }()
+				for _, j := range g {
+					if ctx.Err() != nil {
+						return
+					}
+					ok, skipped, err := c.checkOne(ctx, s, j.p, j.marked, add)
+					if err != nil {
+						fail(err)
+						return
+					}
+					if skipped {
+						busyMu.Lock()
+						busy = append(busy, j)
+						busyMu.Unlock()
+					}
+					if ok {
+						for _, sp := range s.sites {
+							if err := c.checkSite(ctx, s, j.p, sp, add); err != nil {
+								fail(err)
+							}
 						}
 					}
 				}
-			}
-		}()
+			}()
+		}
+		wg.Wait()
+		return busy
 	}
-	wg.Wait()
+	busy := pass(jobs)
+	if c.Exits && len(busy) > 0 && ctx.Err() == nil {
+		if known, err = c.exits(ctx); err != nil {
+			fail(err)
+		} else {
+			busy = pass(busy)
+		}
+	}
+	mu.Lock()
+	rep.Skipped += len(busy)
+	mu.Unlock()
 	if firstErr == nil {
 		firstErr = ctx.Err()
 	}
@@ -464,13 +487,13 @@ func (c *Checker) round(ctx context.Context, s settings, fresh bool) (Report, er
 }
 
 // checkOne runs the echo probe of p and acts on it. It reports whether p
-// is alive; the error is Redis'.
-func (c *Checker) checkOne(ctx context.Context, s settings, p *proxyswitch.Proxy, marked bool, add func(Result)) (bool, error) {
+// is alive, and whether it was skipped (busy on the echo site); the error
+// is Redis'.
+func (c *Checker) checkOne(ctx context.Context, s settings, p *proxyswitch.Proxy, marked bool, add func(Result)) (ok, skipped bool, err error) {
 	var l *proxyswitch.Lease
 	if !marked {
-		var err error
 		if l, err = c.lease(ctx, s, s.echoSite, p); l == nil {
-			return false, err
+			return false, err == nil, err
 		}
 		defer l.Release(context.WithoutCancel(ctx))
 	}
@@ -479,7 +502,7 @@ func (c *Checker) checkOne(ctx context.Context, s settings, p *proxyswitch.Proxy
 	if r.OK && c.Exits && r.ExitIP != "" {
 		res, err := c.noteExits(ctx, p.ID(), r.ExitIP)
 		if err != nil {
-			return false, err
+			return false, false, err
 		}
 		if res[0].code == 2 {
 			r.ExitChanged, r.OldExitIP = true, res[0].old
@@ -490,11 +513,11 @@ func (c *Checker) checkOne(ctx context.Context, s settings, p *proxyswitch.Proxy
 	switch {
 	case !r.OK && !marked:
 		if ctx.Err() != nil {
-			return false, nil // the round ended, not the proxy
+			return false, false, nil // the round ended, not the proxy
 		}
 		n, err := c.Switch.Drain(ctx, s.reason, p.ID())
 		if err != nil {
-			return false, err
+			return false, false, err
 		}
 		if n > 0 {
 			r.Action = "dead"
@@ -503,7 +526,7 @@ func (c *Checker) checkOne(ctx context.Context, s settings, p *proxyswitch.Proxy
 	case r.OK && marked:
 		n, err := c.Switch.Revive(ctx, s.reason, p.ID())
 		if err != nil {
-			return false, err
+			return false, false, err
 		}
 		if n > 0 {
 			r.Action = "revived"
@@ -511,7 +534,7 @@ func (c *Checker) checkOne(ctx context.Context, s settings, p *proxyswitch.Proxy
 		}
 	}
 	add(r)
-	return r.OK, nil
+	return r.OK, false, nil
 }
 
 // lease leases p on site for one probe, long enough for it: nil with no
