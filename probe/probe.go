@@ -297,12 +297,26 @@ func (c *Checker) Check(ctx context.Context) (Report, error) {
 }
 
 // checkNew runs a round of the live proxies idle on the echo site whose
-// exit IP is not recorded yet (Exits): those just added. It reports a
+// exit IP is not recorded yet (Exits): those just added; none when the
+// pool records as many exits as it has proxies (two HLENs). It reports a
 // Report to OnReport only when it probed something.
 func (c *Checker) checkNew(ctx context.Context) error {
 	s, err := c.settings()
 	if err != nil {
 		return err
+	}
+	// Every proxy of the pool has an exit (or a stale one of a proxy
+	// removed, which the next round forgets): nothing new to probe.
+	base, err := c.keyBase()
+	if err != nil {
+		return err
+	}
+	n, err := exitListScript.Run(ctx, hooks.Redis(c.Switch), []string{base + ":exit", base + ":proxies"}, "count").Int64Slice()
+	if err != nil {
+		return fmt.Errorf("probe: count exit IPs: %w", err)
+	}
+	if len(n) == 2 && n[1] >= n[0] {
+		return nil
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
