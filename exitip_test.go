@@ -195,3 +195,25 @@ func TestExitNoteScript(t *testing.T) {
 	err = exitNoteScript.Run(ctx, rdb, keys, "{other:pool}", p.ID(), "10.0.0.1").Err()
 	require.ErrorContains(t, err, "PSKEYS")
 }
+
+// TestLeaseScriptExitsConcurrency: with Rotation.Concurrency 2, the
+// entries of one exit IP have 2 slots on a site between them, not 2 each.
+func TestLeaseScriptExitsConcurrency(t *testing.T) {
+	ctx := context.Background()
+	rdb := shared.Client(t)
+	s := newSwitch(t, rdb, WithRotation(Rotation{Concurrency: 2}))
+	urls := proxyURLs(3)
+	_, err := s.Add(ctx, urls...)
+	require.NoError(t, err)
+	args := []any{s.keys.base}
+	for _, u := range urls {
+		p, err := ParseProxy(u)
+		require.NoError(t, err)
+		args = append(args, p.ID(), "10.0.0.9")
+	}
+	require.NoError(t, exitNoteScript.Run(ctx, rdb, []string{s.keys.exits(), s.keys.sites(), s.keys.meta(), s.keys.proxies()}, args...).Err())
+	res, err := leaseScript.Run(ctx, rdb, s.keys.lease("a.example"), leaseArgv(s, "a.example", "t0", "t1", "t2", "t3", "t4", "t5")...).Slice()
+	require.NoError(t, err)
+	require.EqualValues(t, 2, res[0], "%v", res)
+	assert.Len(t, res, 3+2*2, "three entries of one IP, 2 slots: 2 grants")
+}
