@@ -203,6 +203,8 @@
 //	{prefix:pool}:fails          hash  proxy ID -> proxy failures in a row (idle TTL)
 //	{prefix:pool}:quarantine     zset  proxy ID -> end of a ban on every site, ms (max quarantine)
 //	{prefix:pool}:dead           hash  proxy ID -> "<ms>|<reason>" (operator state: no TTL, until Revive)
+//	{prefix:pool}:exit           hash  proxy ID -> its exit IP (package probe, Checker.Exits; no TTL)
+//	{prefix:pool}:exit:<IP>      set   the proxy IDs leaving from IP: on a site they share one proxy's slots (no TTL)
 //	{prefix:pool}:members        zset  member ID -> end of its registration, ms (the last registration's end)
 //	{prefix:pool}:member-owners  hash  member ID -> token of the process holding it (same TTL)
 //	{prefix:pool}:modes          zset  member ID -> when it last leased from Redis, ms (member TTL)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/proxyswitch/proxyswitch/internal/engine"
 	"github.com/proxyswitch/proxyswitch/internal/hooks"
+	"github.com/redis/go-redis/v9"
 )
 
 // The few calls a health checker needs (package probe is one): lease one
@@ -119,4 +120,8 @@ func checkReason(reason string) error {
 	return nil
 }
 
-func init() { hooks.Prefix = func(sw any) string { return sw.(*Switch).cfg.prefix } }
+func init() {
+	hooks.Prefix = func(sw any) string { return sw.(*Switch).cfg.prefix }
+	hooks.Redis = func(sw any) redis.Scripter { return sw.(*Switch).rdb }
+	hooks.Observers = func(sw any) []any { return sw.(*Switch).observerList() }
+}

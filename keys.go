@@ -36,6 +36,9 @@ const globalSite = "*"
 //	{prefix:pool}:dead           hash  proxy ID -> "<ms>|<reason>" (operator state: no TTL, until Revive)
 //	{prefix:pool}:gateways       hash  proxy ID -> gateway template, for the virtual proxies of gateway entries (gateway.go; no TTL)
 //	{prefix:pool}:labels         hash  proxy ID -> its labels "k=v,k=v" (labels.go; no TTL)
+//	{prefix:pool}:exit           hash  proxy ID -> its exit IP, as probe.Checker with Exits found it (exit_note.lua; no TTL)
+//	{prefix:pool}:exit:<IP>      set   the proxy IDs leaving from IP (exit_note.lua; no TTL): lease.lua lets
+//	                                   them have at most the slots of one proxy out on a site at once
 //	{prefix:pool}:members        zset  member ID -> end of its registration, ms (shard/membership.go); TTL: the last registration's end
 //	{prefix:pool}:member-owners  hash  member ID -> token of the process holding it; same TTL
 //	{prefix:pool}:breaker        hash  site -> "<until>|<pause>|<probes>|<passed>" while its circuit breaker is open or
@@ -86,12 +89,13 @@ func (k keyspace) modes() string              { return k.base + ":modes" }
 func (k keyspace) breaker() string            { return k.base + ":breaker" }
 func (k keyspace) order() string              { return k.base + ":order" }
 func (k keyspace) cursor() string             { return k.base + ":cursor" }
+func (k keyspace) exits() string              { return k.base + ":exit" }
 
 func (k keyspace) breakerWindow(site string) string { return k.base + ":breaker:" + site }
 
 // lease is the KEYS of lease.lua for scope.
 func (k keyspace) lease(scope string) []string {
-	return []string{k.proxies(), k.free(scope), k.leases(scope), k.sites(), k.meta(), k.dead(), k.quarantine(), k.breaker(), k.order(), k.cursor()}
+	return []string{k.proxies(), k.free(scope), k.leases(scope), k.sites(), k.meta(), k.dead(), k.quarantine(), k.breaker(), k.order(), k.cursor(), k.exits()}
 }
 
 // sessionKeys are the KEYS of session_use.lua and session_end.lua

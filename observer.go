@@ -131,6 +131,22 @@ func (m multiObserver) ObserveSession(e SessionEvent) {
 	}
 }
 
+// observerList returns the observers SetObserver set, one by one.
+func (s *Switch) observerList() []any {
+	b := s.observer.Load()
+	if b == nil {
+		return nil
+	}
+	if m, ok := b.o.(multiObserver); ok {
+		out := make([]any, len(m))
+		for i, o := range m {
+			out[i] = o
+		}
+		return out
+	}
+	return []any{b.o}
+}
+
 // observerBox lets an interface value live in an atomic.Pointer.
 type observerBox struct{ o Observer }
 

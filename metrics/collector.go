@@ -9,11 +9,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/proxyswitch/proxyswitch"
 	"github.com/proxyswitch/proxyswitch/ban"
+	"github.com/proxyswitch/proxyswitch/probe"
 )
 
 var (
 	_ prometheus.Collector   = (*Collector)(nil)
 	_ proxyswitch.Observer   = (*Collector)(nil)
+	_ probe.Observer         = (*Collector)(nil)
 	_ prometheus.Collector   = (*StateCollector)(nil)
 	_ func(members []string) = (*Collector)(nil).ObserveMembers // fits shard.MemberConfig.Changed (proxyswitch.WithMembership)
 )
@@ -68,6 +70,10 @@ type Collector struct {
 	recovery   *prometheus.HistogramVec
 
 	evidence *prometheus.CounterVec
+
+	probes      *prometheus.CounterVec
+	probeTime   *prometheus.HistogramVec
+	exitChanges prometheus.Counter
 
 	sessionsStarted prometheus.Counter
 	sessionsEnded   *prometheus.CounterVec
@@ -151,6 +157,15 @@ func newCollector(pool string, cfg config) *Collector {
 		evidence: counter("proxyswitch_evidence_total",
 			"Steps of the ban evidence and the sessions' error score, by site and what: confirmed (a first strike became a ban), lifted (a first strike taken back: the page refuses everyone), page_refused (a request failed with ErrPageRefused), session_kept (a soft refusal a sticky session survived), session_spent (a soft refusal that spent a session's error score: it retires).",
 			"site", "what"),
+
+		probes: counter("proxyswitch_probes_total",
+			"Probes the health checker (package probe) sent from this server, by site, kind (echo, site) and result (ok, fail).",
+			"site", "kind", "result"),
+		probeTime: histogram("proxyswitch_probe_duration_seconds",
+			"Time of a probe from sending it to the end of the answer, by kind (echo, site).",
+			latencyBuckets, "kind"),
+		exitChanges: prometheus.NewCounter(prometheus.CounterOpts{Name: "proxyswitch_exit_changes_total",
+			Help: "Proxies whose exit IP, as the health checker with Exits found it, differed from the one recorded before (probe.Checker.Exits).", ConstLabels: cl}),
 
 		sessionsStarted: prometheus.NewCounter(prometheus.CounterOpts{Name: "proxyswitch_sessions_started_total",
 			Help: "Sticky sessions this server started (a task's first request, or its next one after a retirement).", ConstLabels: cl}),
@@ -281,6 +296,28 @@ func (c *Collector) ObserveEvidence(ev proxyswitch.EvidenceEvent) {
 	}
 }
 
+// ObserveProbe counts one probe of the health checker (package probe,
+// which calls it when the Collector is its Switch's observer); it is fast,
+// never blocks and never panics.
+func (c *Collector) ObserveProbe(ev probe.Event) {
+	kind, result := "site", "fail"
+	if ev.Echo {
+		kind = "echo"
+	}
+	if ev.OK {
+		result = "ok"
+	}
+	if m, err := c.probes.GetMetricWithLabelValues(c.sites.label(ev.Site), kind, result); err == nil {
+		m.Inc()
+	}
+	if m, err := c.probeTime.GetMetricWithLabelValues(kind); err == nil {
+		m.Observe(max(ev.Latency, 0).Seconds())
+	}
+	if ev.ExitChanged {
+		c.exitChanges.Inc()
+	}
+}
+
 // ObserveMembers tells the Collector the pool's member list, for the
 // ban-spike signal. Wire it to the Membership of this server:
 //
@@ -336,7 +373,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 
 func (c *Collector) vectors() []prometheus.Collector {
 	return []prometheus.Collector{c.attempts, c.byLabel, c.bans, c.latency, c.quarantine, c.deadMarked, c.recovery, c.evidence,
-		c.sessionsStarted, c.sessionsEnded, c.sessionRequests, c.sessionAge}
+		c.sessionsStarted, c.sessionsEnded, c.sessionRequests, c.sessionAge, c.probes, c.probeTime, c.exitChanges}
 }
 
 func (c *Collector) prunePending(now time.Time) {

@@ -13,6 +13,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/proxyswitch/proxyswitch"
 	"github.com/proxyswitch/proxyswitch/ban"
+	"github.com/proxyswitch/proxyswitch/probe"
 	"github.com/proxyswitch/proxyswitch/shard"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -52,6 +53,7 @@ func everything(t *testing.T) families {
 	c.ObserveAttempt(attempt("ozon.example", "p1", ban.OK, "", time.Second))
 	c.ObserveSession(proxyswitch.SessionEvent{Site: "ozon.example", ProxyID: "p1"})
 	c.ObserveEvidence(proxyswitch.EvidenceEvent{Site: "ozon.example", ProxyID: "p1", What: "confirmed"})
+	c.ObserveProbe(probe.Event{Site: "echo.example", ProxyID: "p1", Echo: true, OK: true, Latency: time.Second, ExitIP: "10.0.0.1", ExitChanged: true})
 	_, err = sw.PauseSite(ctx, "avito.example", time.Hour)
 	require.NoError(t, err)
 	c.ObserveSession(proxyswitch.SessionEvent{Site: "ozon.example", ProxyID: "p1", Ended: true, Reason: "http_403", Requests: 7, Age: time.Minute})
@@ -132,7 +134,7 @@ func TestDashboard(t *testing.T) {
 	}
 	slices.Sort(missing)
 	assert.Empty(t, missing, "exported but not on the dashboard")
-	assert.Len(t, used, 33)
+	assert.Len(t, used, 36)
 }
 
 // balanced reports whether the brackets of a query pair up outside its

@@ -12,6 +12,14 @@
 // (Switch.Revive with that reason): a proxy an operator drained, or one dead
 // of its failures, is left alone.
 //
+// With Checker.Exits the checker also records each proxy's exit IP, the
+// echo URL's answer, in the pool (see Exits): entries that leave from one
+// IP then share one proxy's slots on every site, so two requests never
+// reach a site from one exit address, and a ban of one holds the IP. A
+// change of a proxy's exit IP is noticed at its next probe and counted
+// (Result.ExitChanged, Report.ExitChanges, the metric
+// proxyswitch_exit_changes_total).
+//
 // Checker.Check runs one round (the CLI's "proxyswitch probe"); Checker.Run
 // runs a round every interval on one member of the fleet at a time: the
 // holder of a lock in Redis (a TTL, owner-checked, renewed), so any number
@@ -49,6 +57,7 @@ const (
 	DefaultSiteQuarantine = 10 * time.Minute
 	DefaultLockTTL        = 30 * time.Second
 	DefaultReason         = "probe"
+	DefaultNewEvery       = 5 * time.Second
 )
 
 // SiteProbe is a site a proxy must reach: a GET of URL through the proxy
@@ -72,11 +81,35 @@ type Result struct {
 	// ExitIP is the address the echo URL saw the request come from (its
 	// answer), when it is an IP address; echo probes only.
 	ExitIP string
+	// ExitChanged is true when Exits is on and the pool had recorded
+	// another exit IP for the proxy, OldExitIP; the new one is ExitIP.
+	ExitChanged bool
+	OldExitIP   string
 	// Err is why the probe failed, without the proxy's password.
 	Err error
 	// Action is what the checker did: "dead" (marked dead), "revived",
 	// "quarantined" (on Site), or "" (nothing).
 	Action string
+}
+
+// Observer is an optional interface of a proxyswitch.Observer: an
+// observer set on the Checker's Switch (Switch.SetObserver) that also
+// implements it gets every probe the Checker sends (package metrics'
+// Collector does). ObserveProbe is called from the goroutine that ran the
+// probe, concurrently: it must be fast, must not block and must not panic.
+type Observer interface {
+	ObserveProbe(Event)
+}
+
+// Event is one probe, as an Observer gets it: IDs, never URLs.
+type Event struct {
+	Pool, Site, ProxyID string
+	Echo, OK            bool          // as in Result
+	Latency             time.Duration // as in Result
+	ExitIP              string        // the echo probe's answer, "" for none
+	// ExitChanged: Exits is on and the pool had recorded another exit IP
+	// for the proxy.
+	ExitChanged bool
 }
 
 // Report is what one round did.
@@ -87,6 +120,7 @@ type Report struct {
 	Dead        int // proxies marked dead this round
 	Revived     int // proxies revived this round
 	Quarantined int // (proxy, site) pairs quarantined this round
+	ExitChanges int // proxies whose recorded exit IP changed this round (Exits)
 	Results     []Result
 }
 
@@ -116,6 +150,27 @@ type Checker struct {
 	// SiteQuarantine is how long a site probe's failure keeps the proxy
 	// off the site; 0 is DefaultSiteQuarantine.
 	SiteQuarantine time.Duration
+	// Exits, when true, records the exit IP of each proxy whose echo probe
+	// passes (the answer's IP) in the pool, in Redis: the hash
+	// "{prefix:pool}:exit" (proxy ID -> IP) and a set of entries per IP.
+	// Leases then treat the entries of one exit IP as one proxy on each
+	// site: at most Rotation.Concurrency of their slots out there at once,
+	// so a lease, a cooldown or a quarantine of one holds them all (dead
+	// entries hold nothing; a quarantine on every site, a proxy failure's
+	// too, holds the IP everywhere). When an entry's exit changes, it takes its own
+	// state (leases, cooldowns, quarantines) to its new IP, and the entries
+	// left on the old IP stay held as long as it would have held them; the
+	// change is counted (Result.ExitChanged, the pool's meta field
+	// "exit_changes"). Exits of proxies no longer in the pool are forgotten
+	// at the end of each round. Run also probes, every NewEvery, the live
+	// proxies whose exit is not recorded yet (those just added). Off (the
+	// default), nothing is recorded, and exits recorded before still apply
+	// until their proxies leave the pool. The local shard of WithFallback does not
+	// know exits: while it serves, exclusivity is per entry.
+	Exits bool
+	// NewEvery is how often Run looks for proxies without a recorded exit
+	// (Exits); 0 is DefaultNewEvery; it is at most Every.
+	NewEvery time.Duration
 	// Reason is the dead mark's reason (see Switch.Drain); empty is
 	// DefaultReason. Checkers that share a reason revive each other's marks.
 	Reason string
@@ -132,7 +187,8 @@ type Checker struct {
 	// OnResult, when set, gets every probe's Result, from the goroutine
 	// that ran it (concurrently).
 	OnResult func(Result)
-	// OnReport, when set, gets every round's Report.
+	// OnReport, when set, gets every round's Report (also the rounds of
+	// NewEvery that probed something).
 	OnReport func(Report)
 	// Logger gets a line per proxy marked, revived or quarantined (info)
 	// and per failed round (warn); nil is slog.Default(). Nothing logged
@@ -152,13 +208,15 @@ type settings struct {
 	siteQ    time.Duration
 	reason   string
 	lockTTL  time.Duration
+	newEvery time.Duration
 	log      *slog.Logger
 }
 
 func (c *Checker) settings() (settings, error) {
 	s := settings{every: or(c.Every, DefaultEvery), timeout: or(c.Timeout, DefaultTimeout),
 		siteQ: or(c.SiteQuarantine, DefaultSiteQuarantine), lockTTL: or(c.LockTTL, DefaultLockTTL),
-		conc: c.Concurrency, reason: c.Reason, log: c.Logger}
+		conc: c.Concurrency, reason: c.Reason, log: c.Logger, newEvery: or(c.NewEvery, DefaultNewEvery)}
+	s.newEvery = min(s.newEvery, s.every)
 	if s.conc == 0 {
 		s.conc = DefaultConcurrency
 	}
@@ -174,7 +232,7 @@ func (c *Checker) settings() (settings, error) {
 	if c.Switch == nil {
 		return s, bad("Checker needs a Switch")
 	}
-	if s.every < 0 || s.timeout < 0 || s.siteQ < 0 || s.lockTTL < 0 || s.conc < 0 {
+	if s.every < 0 || s.timeout < 0 || s.siteQ < 0 || s.lockTTL < 0 || s.conc < 0 || s.newEvery < 0 {
 		return s, bad("negative interval, timeout, quarantine, lock TTL or concurrency")
 	}
 	site, err := siteOf(c.EchoURL, c.EchoSite)
@@ -228,7 +286,7 @@ func (c *Checker) Check(ctx context.Context) (Report, error) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	rep, err := c.round(ctx, s)
+	rep, err := c.round(ctx, s, false)
 	if err != nil {
 		s.log.Warn("proxyswitch probe: round failed", "pool", c.Switch.Pool(), "err", err.Error())
 	}
@@ -238,10 +296,50 @@ func (c *Checker) Check(ctx context.Context) (Report, error) {
 	return rep, err
 }
 
-func (c *Checker) round(ctx context.Context, s settings) (Report, error) {
+// checkNew runs a round of the live proxies idle on the echo site whose
+// exit IP is not recorded yet (Exits): those just added; none when the
+// pool records as many exits as it has proxies (two HLENs). It reports a
+// Report to OnReport only when it probed something.
+func (c *Checker) checkNew(ctx context.Context) error {
+	s, err := c.settings()
+	if err != nil {
+		return err
+	}
+	// Every proxy of the pool has an exit (or a stale one of a proxy
+	// removed, which the next round forgets): nothing new to probe.
+	base, err := c.keyBase()
+	if err != nil {
+		return err
+	}
+	n, err := exitListScript.Run(ctx, hooks.Redis(c.Switch), []string{base + ":exit", base + ":proxies"}, "count").Int64Slice()
+	if err != nil {
+		return fmt.Errorf("probe: count exit IPs: %w", err)
+	}
+	if len(n) == 2 && n[1] >= n[0] {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	rep, err := c.round(ctx, s, true)
+	if err != nil {
+		s.log.Warn("proxyswitch probe: round of new proxies failed", "pool", c.Switch.Pool(), "err", err.Error())
+	}
+	if c.OnReport != nil && rep.Probed > 0 {
+		c.OnReport(rep)
+	}
+	return err
+}
+
+// round probes the pool (fresh: only the live proxies without a recorded
+// exit IP).
+func (c *Checker) round(ctx context.Context, s settings, fresh bool) (Report, error) {
 	rep := Report{Start: time.Now()}
 	defer func() { rep.End = time.Now() }()
 	states, err := c.Switch.ProxyStates(ctx, s.echoSite)
+	if err != nil {
+		return rep, err
+	}
+	known, err := c.exits(ctx)
 	if err != nil {
 		return rep, err
 	}
@@ -251,6 +349,11 @@ func (c *Checker) round(ctx context.Context, s settings) (Report, error) {
 	}
 	var jobs []job
 	for _, st := range states {
+		if fresh {
+			if _, ok := known[st.Proxy.ID()]; ok || st.State == proxyswitch.StateDead || st.State == proxyswitch.StateDrained {
+				continue
+			}
+		}
 		switch {
 		case st.State == proxyswitch.StateDead && st.Reason == s.reason:
 			if st.LeasedSlots == 0 {
@@ -264,14 +367,25 @@ func (c *Checker) round(ctx context.Context, s settings) (Report, error) {
 		}
 	}
 	var mu sync.Mutex
+	obs := c.observers()
 	add := func(r Result) {
 		if c.OnResult != nil {
 			c.OnResult(r)
+		}
+		if len(obs) > 0 {
+			ev := Event{Pool: c.Switch.Pool(), Site: r.Site, ProxyID: r.Proxy.ID(), Echo: r.Echo, OK: r.OK,
+				Latency: r.Latency, ExitIP: r.ExitIP, ExitChanged: r.ExitChanged}
+			for _, o := range obs {
+				o.ObserveProbe(ev)
+			}
 		}
 		mu.Lock()
 		defer mu.Unlock()
 		rep.Results = append(rep.Results, r)
 		rep.Probed++
+		if r.ExitChanged {
+			rep.ExitChanges++
+		}
 		switch r.Action {
 		case "dead":
 			rep.Dead++
@@ -289,59 +403,135 @@ func (c *Checker) round(ctx context.Context, s settings) (Report, error) {
 			firstErr = err
 		}
 	}
-	sem := make(chan struct{}, s.conc)
-	var wg sync.WaitGroup
-	for _, j := range jobs {
-		if ctx.Err() != nil {
-			break
-		}
-		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			ok, err := c.checkOne(ctx, s, j.p, j.marked, add)
-			if err != nil {
-				fail(err)
-				return
+	// The proxies of one recorded exit IP are probed one after the other
+	// (their leases on a site exclude each other), the rest at once, at
+	// most s.conc probes in flight. With Exits, the live proxies found
+	// busy on the echo site get one more pass, grouped by the exits known
+	// then: an entry whose twin's exit this round recorded meanwhile
+	// found the IP busy with the twin's probe.
+	pass := func(jobs []job) (busy []job) {
+		var groups [][]job
+		byExit := map[string]int{}
+		for _, j := range jobs {
+			if ip, ok := known[j.p.ID()]; ok {
+				if g, ok := byExit[ip]; ok {
+					groups[g] = append(groups[g], j)
+					continue
+				}
+				byExit[ip] = len(groups)
 			}
-			if ok {
-				for _, sp := range s.sites {
-					if err := c.checkSite(ctx, s, j.p, sp, add); err != nil {
+			groups = append(groups, []job{j})
+		}
+		var busyMu sync.Mutex
+		sem := make(chan struct{}, s.conc)
+		var wg sync.WaitGroup
+		for _, g := range groups {
+			if ctx.Err() != nil {
+				break
+			}
+			sem <- struct{}{}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer func() { <-sem }()
+				for _, j := range g {
+					if ctx.Err() != nil {
+						return
+					}
+					ok, skipped, err := c.checkOne(ctx, s, j.p, j.marked, add)
+					if err != nil {
 						fail(err)
+						return
+					}
+					if skipped {
+						busyMu.Lock()
+						busy = append(busy, j)
+						busyMu.Unlock()
+					}
+					if ok {
+						for _, sp := range s.sites {
+							if err := c.checkSite(ctx, s, j.p, sp, add); err != nil {
+								fail(err)
+							}
+						}
 					}
 				}
-			}
-		}()
+			}()
+		}
+		wg.Wait()
+		return busy
 	}
-	wg.Wait()
+	busy := pass(jobs)
+	if c.Exits && len(busy) > 0 && ctx.Err() == nil {
+		if known, err = c.exits(ctx); err != nil {
+			fail(err)
+		} else {
+			busy = pass(busy)
+		}
+	}
+	mu.Lock()
+	rep.Skipped += len(busy)
+	mu.Unlock()
 	if firstErr == nil {
 		firstErr = ctx.Err()
+	}
+	if firstErr == nil && c.Exits && !fresh {
+		// Forget the exits of proxies no longer in the pool.
+		in := make(map[string]bool, len(states))
+		for _, st := range states {
+			in[st.Proxy.ID()] = true
+		}
+		var gone []string
+		for id := range known {
+			if !in[id] {
+				gone = append(gone, id)
+			}
+		}
+		for len(gone) > 0 && firstErr == nil {
+			n := min(len(gone), 100)
+			args := make([]string, 0, 2*n)
+			for _, id := range gone[:n] {
+				args = append(args, id, "")
+			}
+			_, firstErr = c.noteExits(ctx, args...)
+			gone = gone[n:]
+		}
 	}
 	return rep, firstErr
 }
 
 // checkOne runs the echo probe of p and acts on it. It reports whether p
-// is alive; the error is Redis'.
-func (c *Checker) checkOne(ctx context.Context, s settings, p *proxyswitch.Proxy, marked bool, add func(Result)) (bool, error) {
+// is alive, and whether it was skipped (busy on the echo site); the error
+// is Redis'.
+func (c *Checker) checkOne(ctx context.Context, s settings, p *proxyswitch.Proxy, marked bool, add func(Result)) (ok, skipped bool, err error) {
 	var l *proxyswitch.Lease
 	if !marked {
-		var err error
 		if l, err = c.lease(ctx, s, s.echoSite, p); l == nil {
-			return false, err
+			return false, err == nil, err
 		}
 		defer l.Release(context.WithoutCancel(ctx))
 	}
 	r := c.probe(ctx, s, p, c.EchoURL, true)
 	r.Site = s.echoSite
+	if r.OK && c.Exits && r.ExitIP != "" {
+		res, err := c.noteExits(ctx, p.ID(), r.ExitIP)
+		if err != nil {
+			return false, false, err
+		}
+		if res[0].code == 2 {
+			r.ExitChanged, r.OldExitIP = true, res[0].old
+			s.log.Info("proxyswitch probe: exit IP changed", "pool", c.Switch.Pool(), "proxy", p.String(),
+				"old", res[0].old, "new", r.ExitIP)
+		}
+	}
 	switch {
 	case !r.OK && !marked:
 		if ctx.Err() != nil {
-			return false, nil // the round ended, not the proxy
+			return false, false, nil // the round ended, not the proxy
 		}
 		n, err := c.Switch.Drain(ctx, s.reason, p.ID())
 		if err != nil {
-			return false, err
+			return false, false, err
 		}
 		if n > 0 {
 			r.Action = "dead"
@@ -350,7 +540,7 @@ func (c *Checker) checkOne(ctx context.Context, s settings, p *proxyswitch.Proxy
 	case r.OK && marked:
 		n, err := c.Switch.Revive(ctx, s.reason, p.ID())
 		if err != nil {
-			return false, err
+			return false, false, err
 		}
 		if n > 0 {
 			r.Action = "revived"
@@ -358,7 +548,7 @@ func (c *Checker) checkOne(ctx context.Context, s settings, p *proxyswitch.Proxy
 		}
 	}
 	add(r)
-	return r.OK, nil
+	return r.OK, false, nil
 }
 
 // lease leases p on site for one probe, long enough for it: nil with no
@@ -469,14 +659,97 @@ func redactErr(err error, p *proxyswitch.Proxy) error {
 
 // leaderKey is the lock's key: beside the pool's keys, in its hash tag.
 func (c *Checker) leaderKey() (string, error) {
-	base, err := engine.KeyBase(hooks.Prefix(c.Switch), c.Switch.Pool())
+	base, err := c.keyBase()
 	if err != nil {
-		return "", fmt.Errorf("%w: probe: %v", proxyswitch.ErrConfig, err)
+		return "", err
 	}
 	return base + ":probe-leader", nil
 }
 
-var leaderScript = engine.Root.Script("leader")
+// keyBase is the pool's "{prefix:pool}".
+func (c *Checker) keyBase() (string, error) {
+	if c.Switch == nil {
+		return "", fmt.Errorf("%w: probe: Checker needs a Switch", proxyswitch.ErrConfig)
+	}
+	base, err := engine.KeyBase(hooks.Prefix(c.Switch), c.Switch.Pool())
+	if err != nil {
+		return "", fmt.Errorf("%w: probe: %v", proxyswitch.ErrConfig, err)
+	}
+	return base, nil
+}
+
+var (
+	leaderScript   = engine.Root.Script("leader")
+	exitNoteScript = engine.Root.Script("exit_note")
+	exitListScript = engine.Root.Script("exit_list")
+)
+
+// exitNote is exit_note.lua's answer for one proxy: 0 unchanged, 1 first
+// recorded, 2 changed, 3 forgotten, -1 not in the pool; old is the IP
+// recorded before ("" for none).
+type exitNote struct {
+	code int64
+	old  string
+}
+
+// noteExits records the exit IPs of pairs (proxy ID, IP; IP "" forgets).
+func (c *Checker) noteExits(ctx context.Context, pairs ...string) ([]exitNote, error) {
+	base, err := c.keyBase()
+	if err != nil {
+		return nil, err
+	}
+	args := make([]any, 0, 1+len(pairs))
+	args = append(args, base)
+	for _, p := range pairs {
+		args = append(args, p)
+	}
+	res, err := exitNoteScript.Run(ctx, hooks.Redis(c.Switch), []string{base + ":exit", base + ":sites", base + ":meta", base + ":proxies"}, args...).Slice()
+	if err != nil {
+		return nil, fmt.Errorf("probe: record exit IPs: %w", err)
+	}
+	if len(res) != len(pairs) {
+		return nil, fmt.Errorf("%w: probe: exit_note answered %d items for %d", proxyswitch.ErrCorrupt, len(res), len(pairs))
+	}
+	out := make([]exitNote, len(res)/2)
+	for i := range out {
+		out[i].code, _ = res[2*i].(int64)
+		out[i].old, _ = res[2*i+1].(string)
+	}
+	return out, nil
+}
+
+// exits reads the recorded exit IPs: proxy ID -> IP.
+func (c *Checker) exits(ctx context.Context) (map[string]string, error) {
+	base, err := c.keyBase()
+	if err != nil {
+		return nil, err
+	}
+	res, err := exitListScript.Run(ctx, hooks.Redis(c.Switch), []string{base + ":exit"}).StringSlice()
+	if err != nil {
+		return nil, fmt.Errorf("probe: read exit IPs: %w", err)
+	}
+	out := make(map[string]string, len(res)/2)
+	for i := 0; i+1 < len(res); i += 2 {
+		out[res[i]] = res[i+1]
+	}
+	return out, nil
+}
+
+// ExitIPs returns the exit IP recorded for each proxy of the pool (proxy
+// ID -> IP), as the checkers with Exits found them. It is safe for
+// concurrent use.
+func (c *Checker) ExitIPs(ctx context.Context) (map[string]string, error) { return c.exits(ctx) }
+
+// observers returns the Switch's observers that implement Observer.
+func (c *Checker) observers() []Observer {
+	var out []Observer
+	for _, o := range hooks.Observers(c.Switch) {
+		if po, ok := o.(Observer); ok {
+			out = append(out, po)
+		}
+	}
+	return out
+}
 
 // Leader reports whether this Checker's Run holds the lock now.
 func (c *Checker) Leader() bool { return c.isLeader.Load() }
@@ -573,6 +846,15 @@ func (c *Checker) Run(ctx context.Context) error {
 	defer func() { <-keeper }()
 	t := time.NewTicker(s.every)
 	defer t.Stop()
+	// With Exits, the proxies without a recorded exit (new ones) are
+	// probed every newEvery between the rounds.
+	var fresh <-chan time.Time
+	if c.Exits && s.newEvery < s.every {
+		ft := time.NewTicker(s.newEvery)
+		defer ft.Stop()
+		fresh = ft.C
+	}
+	full := true
 	for {
 		if c.isLeader.Load() {
 			rctx, cancel := context.WithCancel(ctx)
@@ -580,7 +862,11 @@ func (c *Checker) Run(ctx context.Context) error {
 			cancelRound = cancel
 			roundMu.Unlock()
 			if c.isLeader.Load() { // not lost between the check and the registration
-				_, _ = c.Check(rctx)
+				if full {
+					_, _ = c.Check(rctx)
+				} else {
+					_ = c.checkNew(rctx)
+				}
 			}
 			roundMu.Lock()
 			cancelRound = nil
@@ -591,6 +877,9 @@ func (c *Checker) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-t.C:
+			full = true
+		case <-fresh:
+			full = false
 		}
 	}
 }

@@ -53,13 +53,21 @@ site only if it cannot reach it (status other than 2xx/3xx).
 Without -every: one round, a line per proxy, and a summary. With -every:
 a round every D until interrupted, by one process of the fleet at a time
 (a lock in Redis); it prints each round's summary.
+With -exits, each passing proxy's exit IP (the echo's answer) is recorded
+in the pool: entries that leave from one IP then share one proxy's slots on
+every site (never two requests at once to a site from one exit address; a
+ban of one holds the IP there). A changed exit is printed ("was ...") and
+counted; with -every, proxies without a recorded exit (new ones) are also
+probed every -new-every.
 
   -echo URL           the echo URL (required)
   -site URL           a site to probe (repeatable)
   -timeout D          bound on each probe (default 10s)
   -concurrency N      probes at once (default 8)
   -site-quarantine D  how long a site probe's failure keeps the proxy off it (default 10m)
-  -every D            run every D, as the fleet's one checker`
+  -every D            run every D, as the fleet's one checker
+  -exits              record exit IPs: exclusivity and quarantine per exit IP
+  -new-every D        with -exits and -every: probe proxies without an exit this often (default 5s)`
 }
 
 // multiFlag is a repeatable string flag.
@@ -156,17 +164,19 @@ func (a *app) probeCmd(ctx context.Context, args []string) error {
 	conc := fs.Int("concurrency", probe.DefaultConcurrency, "")
 	siteQ := fs.Duration("site-quarantine", probe.DefaultSiteQuarantine, "")
 	every := fs.Duration("every", 0, "")
+	exits := fs.Bool("exits", false, "")
+	newEvery := fs.Duration("new-every", probe.DefaultNewEvery, "")
 	if err := fs.Parse(args); err != nil {
 		return fmt.Errorf("%w: probe: %v", errUsage, err)
 	}
 	if fs.NArg() > 0 || *echo == "" {
 		return fmt.Errorf("%w: probe takes -echo URL", errUsage)
 	}
-	if *timeout <= 0 || *conc <= 0 || *siteQ <= 0 || *every < 0 {
-		return fmt.Errorf("%w: probe: -timeout, -concurrency and -site-quarantine must be positive", errUsage)
+	if *timeout <= 0 || *conc <= 0 || *siteQ <= 0 || *every < 0 || *newEvery <= 0 {
+		return fmt.Errorf("%w: probe: -timeout, -concurrency, -site-quarantine and -new-every must be positive", errUsage)
 	}
 	c := &probe.Checker{Switch: a.sw, EchoURL: *echo, Timeout: *timeout, Concurrency: *conc, SiteQuarantine: *siteQ,
-		Every: *every, Redis: a.rdb, Logger: slog.New(slog.DiscardHandler)}
+		Every: *every, Redis: a.rdb, Logger: slog.New(slog.DiscardHandler), Exits: *exits, NewEvery: *newEvery}
 	for _, s := range sites {
 		c.Sites = append(c.Sites, probe.SiteProbe{URL: s})
 	}
@@ -182,8 +192,12 @@ func (a *app) probeCmd(ctx context.Context, args []string) error {
 			if !r.OK {
 				res, errText = "FAIL", message(r.Err)
 			}
+			exit := r.ExitIP
+			if r.ExitChanged {
+				exit += " (was " + r.OldExitIP + ")"
+			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Proxy.ID(), r.Proxy, r.Site, res,
-				r.Latency.Round(time.Millisecond), r.ExitIP, r.Action, errText)
+				r.Latency.Round(time.Millisecond), exit, r.Action, errText)
 		}
 		if err := tw.Flush(); err != nil {
 			return err
@@ -202,4 +216,7 @@ func (a *app) probeCmd(ctx context.Context, args []string) error {
 func printRound(w io.Writer, r probe.Report) {
 	fmt.Fprintf(w, "%s probed %d, skipped %d (busy), marked dead %d, revived %d, quarantined %d, in %v\n",
 		r.Start.UTC().Format(time.RFC3339), r.Probed, r.Skipped, r.Dead, r.Revived, r.Quarantined, r.End.Sub(r.Start).Round(time.Millisecond))
+	if r.ExitChanges > 0 {
+		fmt.Fprintf(w, "  exit IPs changed: %d\n", r.ExitChanges)
+	}
 }

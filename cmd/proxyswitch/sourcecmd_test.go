@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/proxyswitch/proxyswitch/internal/redistest"
@@ -119,4 +120,36 @@ func TestCLIProbe(t *testing.T) {
 	assert.Contains(t, r.stderr, "probe takes -echo URL")
 	assert.NotContains(t, all, proxySecret)
 	assert.NotContains(t, all, redisSecret)
+}
+
+// TestCLIProbeExits: probe -exits records the exit IPs; a later round
+// that finds one changed prints it ("was") and counts it.
+func TestCLIProbeExits(t *testing.T) {
+	srv := redistest.Start(t)
+	env := map[string]string{EnvRedisURL: "redis://" + srv.Addr() + "/0"}
+	farm := proxyswitchtest.NewFarm(t, 2)
+	r := cli(t, env, "", append([]string{"add"}, farm.URLs()...)...)
+	require.Equal(t, 0, r.code, r.all())
+	a, b := farm.Proxies[0].SourceIP().String(), farm.Proxies[1].SourceIP().String()
+	var moved atomic.Bool
+	echo := proxyswitchtest.NewSite(t, "echo", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		host, _, _ := net.SplitHostPort(r.RemoteAddr)
+		if moved.Load() && host == a {
+			host = "10.9.8.7"
+		}
+		w.Write([]byte(host))
+	}))
+	r = cli(t, env, "", "probe", "-echo", echo.URL(), "-exits")
+	require.Equal(t, 0, r.code, r.all())
+	assert.Contains(t, r.stdout, a)
+	assert.Contains(t, r.stdout, b)
+	assert.NotContains(t, r.stdout, "was")
+	assert.NotContains(t, r.stdout, "exit IPs changed")
+	moved.Store(true)
+	r = cli(t, env, "", "probe", "-echo", echo.URL(), "-exits")
+	require.Equal(t, 0, r.code, r.all())
+	assert.Contains(t, r.stdout, "10.9.8.7 (was "+a+")")
+	assert.Contains(t, r.stdout, "exit IPs changed: 1")
+	r = cli(t, env, "", "probe", "-echo", echo.URL(), "-exits", "-new-every", "0s")
+	assert.Equal(t, 2, r.code, r.all())
 }

@@ -7,7 +7,8 @@
 -- ARGV[1] key prefix "{prefix:pool}": the per-site keys of site S are
 --         ARGV[1]..":free:"..S, ":lease:"..S, ":strikes:"..S, ":health:"..S,
 --         ":pace:"..S and ":breaker:"..S (the window of its circuit breaker,
---         breaker.lua; so is that of every site the breaker hash ARGV[1]..":breaker" names)
+--         breaker.lua; so is that of every site the breaker hash ARGV[1]..":breaker" names),
+--         and ARGV[1]..":exit" with the set ARGV[1]..":exit:"..IP of each IP it holds
 --
 -- Why a prefix and not KEYS: the sites are the members of KEYS[1], read
 -- here, atomically; a caller listing them first could miss one leased in
@@ -30,6 +31,11 @@ end
 for _, site in ipairs(redis.call('HKEYS', base .. ':breaker')) do
   n = n + redis.call('UNLINK', base .. ':breaker:' .. site)
 end
+-- The exit IPs (exit_note.lua): each IP's set of entries, then the hash.
+for _, ip in ipairs(redis.call('HVALS', base .. ':exit')) do
+  n = n + redis.call('UNLINK', base .. ':exit:' .. ip)
+end
+n = n + redis.call('UNLINK', base .. ':exit')
 for i = 1, #KEYS do
   n = n + redis.call('UNLINK', KEYS[i])
 end

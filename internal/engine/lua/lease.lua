@@ -30,7 +30,20 @@
 --         of its own would grant it; TIME, the meta, the cursor, the breaker
 --         gate and the prune are paid once. A half-open breaker grants one
 --         probe per call: then only ARGV[2]'s lease.
+-- KEYS[11] exit hash    id -> the proxy's exit IP (probe.Checker with Exits,
+--                        exit_note.lua); each IP's entries in the set
+--                        "<KEYS[11]>:<IP>". Absent, or empty: no exit known.
 -- include: breaker_lib.lua
+--
+-- Exit IPs: entries whose exit IPs are known and equal share one set of
+-- slots on the site: an entry is free there only while fewer than K slots
+-- of all the entries of its IP are out on the site (leased, cooling down,
+-- quarantined there, or banned on every site; dead entries do not count).
+-- Exclusivity, pacing and quarantine thus apply to the IP, and two
+-- requests never reach a site from one exit address because two entries
+-- share it. Each entry keeps its own members ("<id>:<slot>"): release,
+-- extend and penalize are unchanged, and the state an entry earned stays
+-- with it when its exit changes (it then holds its new IP's slots).
 --
 -- Rotation: the site's cursor walks the pool's order (KEYS[9]) and the
 -- lease takes the first proxy after it with a slot free on the site, not
@@ -135,6 +148,7 @@ end
 -- ban ends); a dead proxy is not recorded (it may stay dead for good: the
 -- dead hash counts it).
 local function banned(id, free)
+
   if not nodead and redis.call('HEXISTS', KEYS[6], id) == 1 then return DEAD end
   if noban then return nil end
   local q = num(redis.call('ZSCORE', KEYS[7], id))
@@ -143,9 +157,73 @@ local function banned(id, free)
   return q
 end
 
+-- The exit IPs: read only when some are known.
+local EXITS = KEYS[11]
+local exits_on = EXITS and redis.call('HLEN', EXITS) > 0
+-- With exits: whether any proxy is dead, or banned on every site, read once.
+local anydead = exits_on and redis.call('HLEN', KEYS[6]) > 0
+local anyban = exits_on and redis.call('ZCOUNT', KEYS[7], '(' .. now, '+inf') > 0
+
+-- exit_out returns nil when proxy id has no known exit, or fewer than K
+-- slots of the entries of its exit IP are out on the site; else the time
+-- the soonest of them comes back. Each IP is read once per call (ip_out),
+-- again after a grant to one of its entries: a call costs the entries of
+-- the IPs it meets, not of each candidate.
+local ip_out = {}
+local function exit_out(id)
+  if not exits_on then return nil end
+  local ip = redis.call('HGET', EXITS, id)
+  if not ip then return nil end
+  local memo = ip_out[ip]
+  if not memo then
+    -- At most three reads per 256 entries of the IP (and per 4096
+    -- slots): their dead marks (if any proxy is dead), bans on every site
+    -- (if any) and slot scores (a slot at DEAD of an entry no longer dead
+    -- goes through out, as in try).
+    local n, soonest = 0, nil
+    local all = redis.call('SMEMBERS', EXITS .. ':' .. ip)
+    for from = 1, #all, 256 do
+      local es, ms = {}, {}
+      for i = from, math.min(from + 255, #all) do
+        es[#es + 1] = all[i]
+        for s = 0, slots - 1 do ms[#ms + 1] = all[i] .. ':' .. s end
+      end
+      local dead, qs = {}, {}
+      if anydead then dead = redis.call('HMGET', KEYS[6], unpack(es)) end
+      if anyban then qs = redis.call('ZMSCORE', KEYS[7], unpack(es)) end
+      local scs = {}
+      for j = 1, #ms, 4096 do
+        local part = redis.call('ZMSCORE', KEYS[2], unpack(ms, j, math.min(j + 4095, #ms)))
+        for x = 1, #part do scs[j + x - 1] = part[x] end
+      end
+      for i, e in ipairs(es) do
+        if not dead[i] then
+          local q = num(qs[i])
+          for s = 1, slots do
+            local k = (i - 1) * slots + s
+            local sc = num(scs[k]) or 0
+            if sc >= DEAD then sc = out(ms[k], e) end
+            if q and q > sc then sc = q end
+            if sc > now then
+              n = n + 1
+              if not soonest or sc < soonest then soonest = sc end
+            end
+          end
+        end
+      end
+    end
+    memo = {n, soonest}
+    ip_out[ip] = memo
+  end
+  if memo[1] < slots then return nil end
+  return memo[2]
+end
+
 -- try returns the first free slot of proxy id on the site (member), or nil
 -- and the time until which the proxy is out.
 local function try(id)
+  local x = exit_out(id) -- first: the IP's entries read once per call
+  if x then return nil, x end
   local soonest, free = nil, {}
   for s = 0, slots - 1 do
     local m = id .. ':' .. s
@@ -191,6 +269,11 @@ if not member and ARGV[8] == '1' then
   end
   local q = num(redis.call('ZSCORE', KEYS[7], ARGV[7]))
   if q and q > soonest then soonest, firm = q, 1 end
+  if soonest and soonest <= now then
+    -- Its own slot is free: another entry of its exit IP holds the IP.
+    local x = exit_out(ARGV[7])
+    if x then soonest, firm = x, 0 end
+  end
   if not soonest or soonest >= DEAD then return {-2} end
   return {0, math.max(soonest - now, 1), firm}
 end
@@ -278,6 +361,10 @@ local expiry = now + ttl
 -- call sees it out).
 local function grant(m, tok)
   redis.call('ZADD', KEYS[2], expiry, m)
+  if exits_on then
+    local ip = redis.call('HGET', EXITS, string.match(m, '^(.*):%d+$'))
+    if ip then ip_out[ip] = nil end
+  end
   redis.call('HSET', KEYS[3], m, tok .. '|' .. expiry)
   -- Pacing with K > 1: no other slot of this proxy may start before the cooldown.
   if cooldown > 0 and slots > 1 then

@@ -1,0 +1,99 @@
+-- exit_note.lua: record the exit IPs of a pool's proxies (probe.Checker
+-- with Exits), and carry what a proxy earned on its old exit IP over to the
+-- entries that stay there when its exit changes.
+--
+-- KEYS[1] exit hash   id -> exit IP; each IP's entries in the set "<KEYS[1]>:<IP>"
+-- KEYS[2] sites zset  site -> unix ms of its last lease
+-- KEYS[3] meta hash   "slots"; "exit_changes", the exit changes counted so far
+-- KEYS[4] pool hash   id -> proxy URL
+-- ARGV[1] key prefix "{prefix:pool}" (lib.lua's pool_prefix): the busy set
+--         and the lease hash of site S are ARGV[1]..":free:"..S and
+--         ARGV[1]..":lease:"..S, the quarantine zset ARGV[1]..":quarantine"
+-- ARGV[2], ARGV[3], ... pairs of a proxy ID and its exit IP now; an IP ""
+--         forgets the proxy's exit (and so does a proxy no longer in the pool).
+--
+-- lease.lua lets the entries of one exit IP have at most the slots of one
+-- proxy out on a site at once: each entry's own slots, leased, cooling
+-- down or quarantined, hold the IP. When a proxy's exit changes, its own
+-- state goes with it to the new IP (it is the same entry), and the old IP
+-- keeps what the proxy earned there: each entry left on the old IP is held
+-- on each site (the 256 last leased) at least until the proxy's slots that
+-- rest there (cooling down or quarantined, not leased) come back, and banned
+-- on every site as long as the proxy is. Bounded work: sites x entries of
+-- the old IP x slots.
+--
+-- Returns {code 1, old IP 1, code 2, old IP 2, ...}, per pair: 0 unchanged,
+-- 1 first recorded, 2 changed (counted in the meta hash's "exit_changes"),
+-- 3 forgotten, -1 not in the pool (nothing recorded); old IP "" for none.
+local base, badbase = pool_prefix(ARGV[1])
+if not base then return redis.error_reply(badbase) end
+if #ARGV % 2 ~= 1 then return redis.error_reply('PSARGS want pairs of a proxy ID and an exit IP') end
+local now = now_ms()
+local slots = meta_slots(KEYS[3], 1)
+local MAX_SITES = 256
+
+-- carry holds the entries left on IP old on every site, as long as proxy
+-- id's own slots rest there, and on every site as long as its ban lasts.
+local function carry(id, old)
+  local left = {}
+  for _, e in ipairs(redis.call('SMEMBERS', KEYS[1] .. ':' .. old)) do
+    if e ~= id then left[#left + 1] = e end
+  end
+  if #left == 0 then return end
+  local qk = base .. ':quarantine'
+  local q = num(redis.call('ZSCORE', qk, id))
+  if q and q > now then
+    for _, e in ipairs(left) do redis.call('ZADD', qk, 'GT', q, e) end
+  end
+  for _, site in ipairs(redis.call('ZREVRANGE', KEYS[2], 0, MAX_SITES - 1)) do
+    local fk, lk = base .. ':free:' .. site, base .. ':lease:' .. site
+    local untl = 0
+    for s = 0, slots - 1 do
+      local m = id .. ':' .. s
+      local sc = num(redis.call('ZSCORE', fk, m))
+      if sc and sc > now and sc < DEAD and redis.call('HEXISTS', lk, m) == 0 and sc > untl then untl = sc end
+    end
+    if untl > 0 then
+      for _, e in ipairs(left) do
+        for s = 0, slots - 1 do
+          local m = e .. ':' .. s
+          if redis.call('HEXISTS', lk, m) == 0 then redis.call('ZADD', fk, 'GT', untl, m) end
+        end
+      end
+    end
+  end
+end
+
+local out = {}
+for i = 2, #ARGV, 2 do
+  local id, ip = ARGV[i], ARGV[i + 1]
+  local old = redis.call('HGET', KEYS[1], id)
+  local code = 0
+  if ip ~= '' and redis.call('HEXISTS', KEYS[4], id) == 0 then
+    code, ip = -1, ''
+  end
+  if old == ip or (not old and ip == '') then
+    if code ~= -1 then code = 0 end
+  else
+    if old then
+      carry(id, old)
+      redis.call('SREM', KEYS[1] .. ':' .. old, id)
+    end
+    if ip == '' then
+      redis.call('HDEL', KEYS[1], id)
+      code = 3
+    else
+      redis.call('HSET', KEYS[1], id, ip)
+      redis.call('SADD', KEYS[1] .. ':' .. ip, id)
+      if old then
+        code = 2
+        redis.call('HINCRBY', KEYS[3], 'exit_changes', 1)
+      else
+        code = 1
+      end
+    end
+  end
+  out[#out + 1] = code
+  out[#out + 1] = old or ''
+end
+return out

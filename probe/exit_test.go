@@ -1,0 +1,391 @@
+package probe_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gocolly/colly/v2"
+	"github.com/proxyswitch/proxyswitch"
+	"github.com/proxyswitch/proxyswitch/ban"
+	"github.com/proxyswitch/proxyswitch/probe"
+	"github.com/proxyswitch/proxyswitch/proxyswitchtest"
+	"github.com/stretchr/testify/require"
+)
+
+// exitBed is a testbed of plain proxy entries, some of which leave from
+// one source address: entries 0 and 1 from IP A, 2 and 3 from IP B, 4 from
+// C, 5 from D (each entry its own port, as a provider's list may hold two
+// ports of one host). Its echo site answers the client's IP, or the IP
+// set by lie for a proxy (its probes carry X-Entry, the proxy's address:
+// transport): an exit that changed.
+type exitBed struct {
+	proxies []*proxyswitchtest.Proxy
+	ips     []string // the true source IP of each
+	echo    *proxyswitchtest.Site
+	mu      sync.Mutex
+	lie     map[string]string // proxy address -> the IP the echo answers
+}
+
+func newExitBed(t *testing.T, base int) *exitBed {
+	b := &exitBed{lie: map[string]string{}}
+	for _, ip := range []int{0, 0, 1, 1, 2, 3} {
+		p := proxyswitchtest.NewProxy(t, proxyswitchtest.SourceIP(base+ip))
+		b.proxies = append(b.proxies, p)
+		b.ips = append(b.ips, p.SourceIP().String())
+	}
+	b.echo = proxyswitchtest.NewSite(t, "echo", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		host, _, _ := net.SplitHostPort(r.RemoteAddr)
+		b.mu.Lock()
+		if ip, ok := b.lie[r.Header.Get("X-Entry")]; ok {
+			host = ip
+		}
+		b.mu.Unlock()
+		w.Write([]byte(host + "\n"))
+	}))
+	return b
+}
+
+// transport is the Checker's: it marks each probe with its proxy's address.
+func (b *exitBed) transport(proxy *url.URL) http.RoundTripper {
+	tr := &http.Transport{Proxy: http.ProxyURL(proxy), DisableKeepAlives: true}
+	return roundTripper(func(r *http.Request) (*http.Response, error) {
+		r = r.Clone(r.Context())
+		r.Header.Set("X-Entry", proxy.Host)
+		return tr.RoundTrip(r)
+	})
+}
+
+type roundTripper func(*http.Request) (*http.Response, error)
+
+func (f roundTripper) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// exitOf maps each entry's proxy ID to its true source IP.
+func (b *exitBed) exitOf(t *testing.T) map[string]string {
+	m := map[string]string{}
+	for i, p := range b.proxies {
+		m[idOf(t, p.URL())] = b.ips[i]
+	}
+	return m
+}
+
+// perIP counts the leased proxy IDs by exit IP.
+func perIP(leased map[string]bool, exit map[string]string) map[string]int {
+	out := map[string]int{}
+	for id := range leased {
+		out[exit[id]]++
+	}
+	return out
+}
+
+func (b *exitBed) urls() []string {
+	var out []string
+	for _, p := range b.proxies {
+		out = append(out, p.URL())
+	}
+	return out
+}
+
+// crawl runs workers that each lease a proxy for site, send one request
+// through it and release it, n requests in all.
+func crawl(t *testing.T, sw *proxyswitch.Switch, s *proxyswitchtest.Site, workers, n int) {
+	t.Helper()
+	ctx := context.Background()
+	site := s.Host()
+	var left atomic.Int64
+	left.Store(int64(n))
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for left.Add(-1) >= 0 {
+				l, err := sw.Lease(ctx, site)
+				if err != nil {
+					t.Errorf("lease: %v", err)
+					return
+				}
+				tr := &http.Transport{Proxy: http.ProxyURL(l.Proxy().URL()), DisableKeepAlives: true}
+				req, _ := http.NewRequestWithContext(ctx, http.MethodGet, s.URL()+"/page", nil)
+				if resp, err := tr.RoundTrip(req); err == nil {
+					resp.Body.Close()
+				} else {
+					t.Errorf("request: %v", err)
+				}
+				_ = l.Release(ctx)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+func slowSite(t *testing.T, name string) *proxyswitchtest.Site {
+	return proxyswitchtest.NewSite(t, name, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(15 * time.Millisecond)
+	}))
+}
+
+// TestExitsSharedIPNeverOverlap: six entries over four exit IPs, six
+// workers. Without exits recorded, the two entries of one IP reach the
+// site at once (collisions by IP); with the Checker's Exits round first,
+// never: the site sees at most one request per IP at a time.
+func TestExitsSharedIPNeverOverlap(t *testing.T) {
+	ctx := context.Background()
+	b := newExitBed(t, 300)
+	wait := proxyswitch.WithTimeouts(proxyswitch.Timeouts{MaxWait: 10 * time.Second})
+
+	plain := newSwitch(t, testPrefix(), wait)
+	_, err := plain.Add(ctx, b.urls()...)
+	require.NoError(t, err)
+	before := slowSite(t, "before")
+	crawl(t, plain, before, 6, 120)
+	require.Equal(t, 120, before.Recorder().Count())
+	require.Positive(t, before.Recorder().Collisions(), "the testbed shows no overlap by IP without exits")
+
+	sw := newSwitch(t, testPrefix(), wait)
+	_, err = sw.Add(ctx, b.urls()...)
+	require.NoError(t, err)
+	c := &probe.Checker{Switch: sw, EchoURL: b.echo.URL() + "/ip", Timeout: 2 * time.Second, Exits: true}
+	rep, err := c.Check(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 6, rep.Probed)
+	require.Zero(t, rep.ExitChanges)
+	exits, err := c.ExitIPs(ctx)
+	require.NoError(t, err)
+	want := map[string]string{}
+	for i, p := range b.proxies {
+		want[idOf(t, p.URL())] = b.ips[i]
+	}
+	require.Equal(t, want, exits)
+
+	after := slowSite(t, "after")
+	crawl(t, sw, after, 6, 120)
+	require.Equal(t, 120, after.Recorder().Count())
+	require.Zero(t, after.Recorder().Collisions(), "two requests reached the site from one exit IP at once")
+	require.LessOrEqual(t, after.Recorder().MaxConcurrentPerIP(), 1)
+	require.Len(t, after.Recorder().IPs(), 4)
+	t.Logf("collisions by IP: %d without exits, %d with", before.Recorder().Collisions(), after.Recorder().Collisions())
+}
+
+// collyCrawl visits n pages of s with an asynchronous Colly collector of
+// 6 parallel requests, through sw (Attach).
+func collyCrawl(t *testing.T, sw *proxyswitch.Switch, s *proxyswitchtest.Site, n int) {
+	t.Helper()
+	c := colly.NewCollector(colly.Async(true))
+	require.NoError(t, c.Limit(&colly.LimitRule{DomainGlob: "*", Parallelism: 6}))
+	sw.Attach(c)
+	var failed atomic.Int64
+	c.OnError(func(r *colly.Response, err error) { failed.Add(1) })
+	for i := 0; i < n; i++ {
+		require.NoError(t, c.Visit(fmt.Sprintf("%s/page?n=%d", s.URL(), i)))
+	}
+	c.Wait()
+	require.Zero(t, failed.Load())
+}
+
+// TestExitsCollyCrawl: the same through Colly (Attach): 0 collisions by
+// exit IP at the site with exits recorded, some without.
+func TestExitsCollyCrawl(t *testing.T) {
+	ctx := context.Background()
+	b := newExitBed(t, 340)
+	wait := proxyswitch.WithTimeouts(proxyswitch.Timeouts{MaxWait: 10 * time.Second})
+	plain := newSwitch(t, testPrefix(), wait)
+	_, err := plain.Add(ctx, b.urls()...)
+	require.NoError(t, err)
+	before := slowSite(t, "before")
+	collyCrawl(t, plain, before, 100)
+	require.Equal(t, 100, before.Recorder().Count())
+	require.Positive(t, before.Recorder().Collisions())
+
+	sw := newSwitch(t, testPrefix(), wait)
+	_, err = sw.Add(ctx, b.urls()...)
+	require.NoError(t, err)
+	_, err = (&probe.Checker{Switch: sw, EchoURL: b.echo.URL(), Timeout: 2 * time.Second, Exits: true}).Check(ctx)
+	require.NoError(t, err)
+	after := slowSite(t, "after")
+	collyCrawl(t, sw, after, 100)
+	require.Equal(t, 100, after.Recorder().Count())
+	require.Zero(t, after.Recorder().Collisions(), "two requests reached the site from one exit IP at once")
+	t.Logf("Colly, collisions by IP: %d without exits, %d with", before.Recorder().Collisions(), after.Recorder().Collisions())
+}
+
+// ban quarantines the proxy of url on site for an hour.
+func banOn(t *testing.T, sw *proxyswitch.Switch, site, url string) {
+	t.Helper()
+	ctx := context.Background()
+	l, err := sw.LeaseProxy(ctx, site, idOf(t, url))
+	require.NoError(t, err)
+	require.NoError(t, l.Report(ctx, ban.Verdict{Kind: ban.Ban, Reason: ban.ReasonCustom, RetryAfter: time.Hour}))
+}
+
+// TestExitsBanHoldsIP: a ban of one entry on a site holds the other entry
+// of its exit IP there too (not elsewhere); without exits recorded it
+// does not.
+func TestExitsBanHoldsIP(t *testing.T) {
+	ctx := context.Background()
+	b := newExitBed(t, 310)
+	ids := make([]string, len(b.proxies))
+	for i, p := range b.proxies {
+		ids[i] = idOf(t, p.URL())
+	}
+	set := func(is ...int) map[string]bool {
+		m := map[string]bool{}
+		for _, i := range is {
+			m[ids[i]] = true
+		}
+		return m
+	}
+
+	plain := newSwitch(t, testPrefix())
+	_, err := plain.Add(ctx, b.urls()...)
+	require.NoError(t, err)
+	banOn(t, plain, "shop.example", b.proxies[0].URL())
+	require.Equal(t, set(1, 2, 3, 4, 5), leaseAll(t, plain, "shop.example"), "without exits, the ban holds one entry")
+
+	sw := newSwitch(t, testPrefix())
+	_, err = sw.Add(ctx, b.urls()...)
+	require.NoError(t, err)
+	c := &probe.Checker{Switch: sw, EchoURL: b.echo.URL(), Timeout: 2 * time.Second, Exits: true}
+	_, err = c.Check(ctx)
+	require.NoError(t, err)
+	banOn(t, sw, "shop.example", b.proxies[0].URL())
+	exit := b.exitOf(t)
+	got := leaseAll(t, sw, "shop.example")
+	require.Equal(t, map[string]int{b.ips[2]: 1, b.ips[4]: 1, b.ips[5]: 1}, perIP(got, exit), "the ban holds its exit IP")
+	require.False(t, got[ids[1]])
+	require.Equal(t, map[string]int{b.ips[0]: 1, b.ips[2]: 1, b.ips[4]: 1, b.ips[5]: 1}, perIP(leaseAll(t, sw, "other.example"), exit),
+		"one entry per exit IP elsewhere")
+
+	// A dead entry holds nothing: 1 is leased on the site once 0 is dead.
+	_, err = sw.Drain(ctx, "", b.proxies[0].URL())
+	require.NoError(t, err)
+	got = leaseAll(t, sw, "shop.example")
+	require.True(t, got[ids[1]], "a dead entry holds its exit IP")
+	require.Equal(t, map[string]int{b.ips[0]: 1, b.ips[2]: 1, b.ips[4]: 1, b.ips[5]: 1}, perIP(got, exit))
+}
+
+// TestExitChangeCountedAndCarried: entry 0 (IP A, banned on the site)
+// moves to IP B. The next round notices the change and counts it (the
+// Result, the Report, the Observer); entry 0 keeps its ban and now holds
+// B (entry 2); entry 1, left on A, stays held as long as the ban would
+// have held it.
+func TestExitChangeCountedAndCarried(t *testing.T) {
+	ctx := context.Background()
+	b := newExitBed(t, 320)
+	ids := make([]string, len(b.proxies))
+	for i, p := range b.proxies {
+		ids[i] = idOf(t, p.URL())
+	}
+	set := func(is ...int) map[string]bool {
+		m := map[string]bool{}
+		for _, i := range is {
+			m[ids[i]] = true
+		}
+		return m
+	}
+	sw := newSwitch(t, testPrefix())
+	obs := &probeObserver{}
+	sw.SetObserver(obs)
+	_, err := sw.Add(ctx, b.urls()...)
+	require.NoError(t, err)
+	var changed []probe.Result
+	var mu sync.Mutex
+	c := &probe.Checker{Switch: sw, EchoURL: b.echo.URL(), Timeout: 2 * time.Second, Exits: true, Transport: b.transport,
+		OnResult: func(r probe.Result) {
+			if r.ExitChanged {
+				mu.Lock()
+				changed = append(changed, r)
+				mu.Unlock()
+			}
+		}}
+	_, err = c.Check(ctx)
+	require.NoError(t, err)
+	banOn(t, sw, "shop.example", b.proxies[0].URL())
+	require.Equal(t, map[string]int{b.ips[2]: 1, b.ips[4]: 1, b.ips[5]: 1}, perIP(leaseAll(t, sw, "shop.example"), b.exitOf(t)))
+
+	b.mu.Lock()
+	b.lie[b.proxies[0].Addr()] = b.ips[2]
+	b.mu.Unlock()
+	rep, err := c.Check(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, rep.ExitChanges)
+	require.Len(t, changed, 1)
+	require.Equal(t, ids[0], changed[0].Proxy.ID())
+	require.Equal(t, b.ips[0], changed[0].OldExitIP)
+	require.Equal(t, b.ips[2], changed[0].ExitIP)
+	require.Equal(t, int64(1), obs.changes.Load())
+	require.Equal(t, int64(12), obs.probes.Load())
+	exits, err := c.ExitIPs(ctx)
+	require.NoError(t, err)
+	require.Equal(t, b.ips[2], exits[ids[0]])
+
+	// 0 keeps its ban and holds B (2, 3); 1 stays held on A.
+	require.Equal(t, set(4, 5), leaseAll(t, sw, "shop.example"))
+	exit := b.exitOf(t)
+	exit[ids[0]] = b.ips[2]
+	got := leaseAll(t, sw, "other.example")
+	require.True(t, got[ids[1]], "1 is alone on A")
+	require.Equal(t, map[string]int{b.ips[0]: 1, b.ips[2]: 1, b.ips[4]: 1, b.ips[5]: 1}, perIP(got, exit))
+
+	// Removed entries' exits are forgotten by the next round.
+	_, err = sw.Remove(ctx, b.proxies[5].URL())
+	require.NoError(t, err)
+	_, err = c.Check(ctx)
+	require.NoError(t, err)
+	exits, err = c.ExitIPs(ctx)
+	require.NoError(t, err)
+	require.Len(t, exits, 5)
+	require.NotContains(t, exits, ids[5])
+}
+
+// probeObserver is a proxyswitch.Observer that also counts probes.
+type probeObserver struct {
+	probes, changes atomic.Int64
+}
+
+func (o *probeObserver) ObserveAttempt(proxyswitch.AttemptEvent)       {}
+func (o *probeObserver) ObserveQuarantine(proxyswitch.QuarantineEvent) {}
+func (o *probeObserver) ObserveSession(proxyswitch.SessionEvent)       {}
+func (o *probeObserver) ObserveEvidence(proxyswitch.EvidenceEvent)     {}
+func (o *probeObserver) ObserveProbe(e probe.Event) {
+	o.probes.Add(1)
+	if e.ExitChanged {
+		o.changes.Add(1)
+	}
+}
+
+// TestRunRecordsExitsOfNewProxies: Run with Exits probes a proxy added
+// after its round within NewEvery, not at the next round (an hour away).
+func TestRunRecordsExitsOfNewProxies(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	b := newExitBed(t, 330)
+	sw := newSwitch(t, testPrefix())
+	_, err := sw.Add(ctx, b.proxies[0].URL())
+	require.NoError(t, err)
+	var rounds atomic.Int64
+	c := &probe.Checker{Switch: sw, EchoURL: b.echo.URL(), Timeout: 2 * time.Second, Exits: true,
+		Every: time.Hour, NewEvery: 100 * time.Millisecond, Redis: shared.Client(t),
+		OnReport: func(probe.Report) { rounds.Add(1) }}
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	require.Eventually(t, func() bool { return rounds.Load() >= 1 }, 10*time.Second, 10*time.Millisecond)
+
+	_, err = sw.Add(ctx, b.proxies[4].URL())
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		exits, err := c.ExitIPs(ctx)
+		return err == nil && exits[idOf(t, b.proxies[4].URL())] == b.ips[4]
+	}, 10*time.Second, 20*time.Millisecond, "the new proxy's exit was not recorded")
+	exits, err := c.ExitIPs(ctx)
+	require.NoError(t, err)
+	require.Equal(t, map[string]string{idOf(t, b.proxies[0].URL()): b.ips[0], idOf(t, b.proxies[4].URL()): b.ips[4]}, exits)
+	cancel()
+	require.ErrorIs(t, <-done, context.Canceled)
+}
