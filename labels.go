@@ -240,39 +240,16 @@ var labelNext atomic.Uint64
 func (b *labelled) tryLease(ctx context.Context, site, scope, prefer string) (*Lease, time.Duration, error) {
 	wait, found := time.Duration(-1), false
 	for _, rp := range b.pools {
-		byID, err := rp.labelsOf(ctx, false)
-		if err != nil {
-			return nil, 0, fmt.Errorf("%w: %w", ErrNoProxy, err)
-		}
-		var ids []string
-		for id, l := range byID {
-			if matches(l, b.want) {
-				ids = append(ids, id)
-			}
-		}
-		if len(ids) == 0 {
+		l, w, any, err := b.tryPool(ctx, rp, site, scope, prefer, true)
+		switch {
+		case l != nil || err != nil:
+			return l, 0, err
+		case !any:
 			continue
 		}
 		found = true
-		slices.Sort(ids)
-		first := int(labelNext.Add(1) % uint64(len(ids)))
-		if prefer != "" && slices.Contains(ids, prefer) { // a redirect's hop: the same proxy if free
-			ids = append([]string{prefer}, ids...)
-			first = 0
-		}
-		for i := range min(labelTries, len(ids)) {
-			l, w, _, err := rp.tryLeaseOnce(ctx, site, scope, ids[(first+i)%len(ids)], true)
-			switch {
-			case l != nil:
-				return l, 0, nil
-			case errors.Is(err, errProxyGone): // dead, or left the pool since the copy was read
-				continue
-			case err != nil:
-				return nil, 0, err
-			}
-			if wait < 0 || w < wait {
-				wait = w
-			}
+		if w >= 0 && (wait < 0 || w < wait) {
+			wait = w
 		}
 	}
 	if !found {
@@ -287,6 +264,108 @@ func (b *labelled) tryLease(ctx context.Context, site, scope, prefer string) (*L
 		wait = 50 * time.Millisecond
 	}
 	return nil, wait, nil
+}
+
+// tryPool tries up to labelTries of rp's proxies that carry the labels.
+// any reports whether rp has one; wait is the least wait the pool gave, -1
+// for none. A pool Redis lost (its labels with it) is re-seeded from this
+// Switch's copy (snapshot.go), labels included, once (recover), and tried
+// again with its labels read anew.
+func (b *labelled) tryPool(ctx context.Context, rp *redisPool, site, scope, prefer string, recover bool) (l *Lease, wait time.Duration, any bool, err error) {
+	wait = -1
+	byID, err := rp.labelsOf(ctx, false)
+	if err != nil {
+		return nil, 0, false, fmt.Errorf("%w: %w", ErrNoProxy, err)
+	}
+	var ids []string
+	for id, l := range byID {
+		if matches(l, b.want) {
+			ids = append(ids, id)
+		}
+	}
+	again := func() (*Lease, time.Duration, bool, error) {
+		ok, err := rp.recoverLost(ctx)
+		if err != nil {
+			return nil, 0, false, fmt.Errorf("%w: %w", ErrNoProxy, err)
+		}
+		if ok {
+			if _, err := rp.labelsOf(ctx, true); err != nil {
+				return nil, 0, false, fmt.Errorf("%w: %w", ErrNoProxy, err)
+			}
+		}
+		return b.tryPool(ctx, rp, site, scope, prefer, false)
+	}
+	if len(ids) == 0 {
+		// None here, or the pool was lost with its labels: this Switch's copy
+		// knows matching proxies while Redis holds no pool.
+		if recover && len(b.inCopy(rp)) > 0 {
+			lost, err := rp.lost(ctx)
+			if err != nil {
+				return nil, 0, false, fmt.Errorf("%w: %w", ErrNoProxy, err)
+			}
+			if lost {
+				return again()
+			}
+		}
+		return nil, -1, false, nil
+	}
+	slices.Sort(ids)
+	first := int(labelNext.Add(1) % uint64(len(ids)))
+	if prefer != "" && slices.Contains(ids, prefer) { // a redirect's hop: the same proxy if free
+		ids = append([]string{prefer}, ids...)
+		first = 0
+	}
+	for i := range min(labelTries, len(ids)) {
+		l, w, lost, err := rp.tryLeaseOnce(ctx, site, scope, ids[(first+i)%len(ids)], true)
+		switch {
+		case l != nil:
+			return l, 0, true, nil
+		case lost && recover:
+			return again()
+		case errors.Is(err, errProxyGone): // dead, or left the pool since the copy was read
+			continue
+		case err != nil:
+			return nil, 0, true, err
+		}
+		if wait < 0 || w < wait {
+			wait = w
+		}
+	}
+	return nil, wait, true, nil
+}
+
+// lost reports whether Redis lost the pool: no proxy, and no operator's
+// "emptied" mark (snapshot.go).
+func (p *redisPool) lost(ctx context.Context) (bool, error) {
+	k := p.keys
+	res, err := roundTrip(ctx, p.cfg.redisTimeout, func(ctx context.Context) ([]any, error) {
+		return poolSnapshotScript.Run(ctx, p.rdb, []string{k.proxies(), k.meta(), k.dead()}, "0", 1).Slice()
+	}, nil)
+	if err != nil {
+		return false, redisErr("read the pool", err)
+	}
+	mark, ok1 := intAt(res, 1)
+	n, ok2 := intAt(res, 4)
+	next, ok3 := "", false
+	if len(res) >= 5 {
+		next, ok3 = res[3].(string)
+	}
+	if !ok1 || !ok2 || !ok3 {
+		return false, fmt.Errorf("%w: malformed pool snapshot reply", ErrCorrupt)
+	}
+	return n == 0 && next == "0" && mark == 0, nil // a page may be empty while more follow
+}
+
+// inCopy returns the IDs of the proxies of rp's copy (snapshot.go) that
+// carry the labels.
+func (b *labelled) inCopy(rp *redisPool) []string {
+	var ids []string
+	for id, l := range rp.snapshot().labelsByID() {
+		if matches(l, b.want) {
+			ids = append(ids, id)
+		}
+	}
+	return ids
 }
 
 // withSelector wraps be for the labels ctx asks for, if any.
