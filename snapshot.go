@@ -55,8 +55,8 @@ var errSnapshotMoved = errors.New("the pool changed while it was read")
 
 // poolSnapshot is the copy of a pool a Switch keeps. Immutable once stored.
 type poolSnapshot struct {
-	version int64 // the pool's generation ("version" in its meta hash)
-	slots   int64 // the recorded concurrency, 0 for none
+	version  int64 // the pool's generation ("version" in its meta hash)
+	slots    int64 // the recorded concurrency, 0 for none
 	pairs    []any // id, URL, ...: the pool hash
 	gateways []any // id, template, ...: the gateways hash (gateway.go)
 	labels   []any // id, "k=v,k=v", ...: the labels hash (labels.go)
