@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/proxyswitch/proxyswitch/internal/engine"
+	"github.com/proxyswitch/proxyswitch/internal/localpool"
 )
 
 // Labels: what a proxy is (type, country, city, provider, price), and
@@ -231,6 +232,7 @@ func (p *redisPool) labelsOf(ctx context.Context, fresh bool) (map[string]string
 type labelled struct {
 	backend // the route's backend: release, extend, penalize go to the lease's own
 	pools   []*redisPool
+	bes     []backend // the backend of each pool: an *fbPool leases from its local shard off the broker
 	want    []string
 }
 
@@ -239,12 +241,20 @@ var labelNext atomic.Uint64
 
 func (b *labelled) tryLease(ctx context.Context, site, scope, prefer string) (*Lease, time.Duration, error) {
 	wait, found := time.Duration(-1), false
-	for _, rp := range b.pools {
-		l, w, any, err := b.tryPool(ctx, rp, site, scope, prefer, true)
+	for i, rp := range b.pools {
+		var l *Lease
+		var w time.Duration
+		var has bool
+		var err error
+		if fp, ok := b.bes[i].(*fbPool); ok {
+			l, w, has, err = b.tryFallback(ctx, fp, site, scope, prefer)
+		} else {
+			l, w, has, err = b.tryPool(ctx, rp, site, scope, prefer, true)
+		}
 		switch {
 		case l != nil || err != nil:
 			return l, 0, err
-		case !any:
+		case !has:
 			continue
 		}
 		found = true
@@ -266,12 +276,45 @@ func (b *labelled) tryLease(ctx context.Context, site, scope, prefer string) (*L
 	return nil, wait, nil
 }
 
+// tryFallback is tryPool for a pool with a fallback (WithFallback,
+// WithSharding): off the broker, the pool's local shard leases a proxy of
+// its share that carries the labels (its copy of the pool holds them), and
+// never another; on the broker, Redis does, and a Redis call that finds
+// Redis gone switches to the local shard.
+func (b *labelled) tryFallback(ctx context.Context, fp *fbPool, site, scope, prefer string) (*Lease, time.Duration, bool, error) {
+	match := func(p *Proxy) bool { return p.labels != "" && matches(p.labels, b.want) }
+	for range 2 {
+		l, wait, err, done := fp.tryLocal(ctx, site, prefer, match)
+		if done {
+			switch {
+			case errors.Is(err, localpool.ErrNoMatch):
+				return nil, -1, false, nil
+			case err != nil:
+				return nil, 0, true, err
+			case l == nil:
+				return nil, wait, true, nil
+			}
+			return l, 0, true, nil
+		}
+		l, wait, has, err := b.tryPool(ctx, fp.rp, site, scope, prefer, true)
+		if errors.Is(err, ErrRedis) && fp.f.trip(ctx, err) {
+			continue // from the local shard now
+		}
+		if l != nil {
+			l.be = fp
+			fp.leased(l)
+		}
+		return l, wait, has, err
+	}
+	return nil, 0, true, fmt.Errorf("%w: the pool %q switched between Redis and its local shard twice", ErrNoProxy, fp.rp.name)
+}
+
 // tryPool tries up to labelTries of rp's proxies that carry the labels.
-// any reports whether rp has one; wait is the least wait the pool gave, -1
+// has reports whether rp has one; wait is the least wait the pool gave, -1
 // for none. A pool Redis lost (its labels with it) is re-seeded from this
 // Switch's copy (snapshot.go), labels included, once (recover), and tried
 // again with its labels read anew.
-func (b *labelled) tryPool(ctx context.Context, rp *redisPool, site, scope, prefer string, recover bool) (l *Lease, wait time.Duration, any bool, err error) {
+func (b *labelled) tryPool(ctx context.Context, rp *redisPool, site, scope, prefer string, recover bool) (l *Lease, wait time.Duration, has bool, err error) {
 	wait = -1
 	byID, err := rp.labelsOf(ctx, false)
 	if err != nil {
@@ -379,11 +422,12 @@ func (s *Switch) withSelector(ctx context.Context, be backend) (backend, error) 
 	}
 	b := &labelled{backend: be, want: sel.want}
 	if rt, ok := be.(*router); ok {
-		for _, p := range rt.pools {
-			b.pools = append(b.pools, p.redis())
-		}
+		b.bes = rt.pools
 	} else {
-		b.pools = []*redisPool{be.redis()}
+		b.bes = []backend{be}
+	}
+	for _, p := range b.bes {
+		b.pools = append(b.pools, p.redis())
 	}
 	return b, nil
 }
