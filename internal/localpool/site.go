@@ -25,7 +25,7 @@ type slotState struct {
 // slotHeap is a min-heap of slots by (next, seq).
 type slotHeap []*slotState
 
-func (h slotHeap) Len() int { return len(h) }
+func (h slotHeap) Len() int           { return len(h) }
 func (h slotHeap) Less(i, j int) bool { return h.lessSlots(h[i], h[j]) }
 
 // lessSlots orders slots as the heap does: earliest next-free time, then
