@@ -84,6 +84,7 @@ const (
 	SessionProxyDead    = "proxy_dead"    // its proxy was marked dead or drained
 	SessionQuarantined  = "quarantined"   // its proxy was banned on one of its sites by someone else (an operator, another slot)
 	SessionLeaseLost    = "lease_lost"    // one of its leases was lost (the pool was cleared, say)
+	SessionLabels       = "labels"        // its proxy does not carry the labels a request of the task asks for (UseLabels; its labels changed)
 	SessionEnded        = "ended"         // EndSession ended it (never reported to Sessions.Retired)
 )
 
@@ -529,7 +530,14 @@ func (s *Switch) sessionAttempt(req *http.Request, a *attempt) (*sessionUse, err
 	// as leaseEarly's does: its ErrNoProxy survives net/http's Client.Timeout.
 	ctx, cancel := leaseContext(req.Context())
 	defer cancel()
-	cur, err := ss.useSession(ctx, ts.task, site)
+	var want []string // the labels the request asks for (UseLabels): its session's proxy carries them
+	if sel := selectorOf(req.Context()); sel != nil {
+		if sel.err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrNoProxy, sel.err)
+		}
+		want = sel.want
+	}
+	cur, err := ss.useSessionLabelled(ctx, ts.task, site, want)
 	if err != nil {
 		return nil, err
 	}
