@@ -39,8 +39,16 @@ import (
 // leases a matching proxy chosen by this Switch as its preferred proxy, and
 // nothing else (a few candidates per attempt, starting at another one each
 // time). A request whose labels no proxy carries fails at once with
-// ErrNoProxy, never through another proxy. Labelled requests lease from
-// Redis only: without Redis (WithFallback's local shard) they fail closed.
+// ErrNoProxy, never through another proxy.
+//
+// Sticky sessions honour labels: a task's request that asks for labels
+// starts its session on a proxy that carries them, and a live session
+// whose proxy does not (its labels changed, or the task asked for none
+// before) is retired with the reason SessionLabels. Without Redis
+// (WithFallback's local shard), a labelled request leases only a proxy of
+// the local share that carries its labels (the share keeps the labels of
+// the pool's copy), and fails with ErrNoProxy when none does. A pool Redis
+// lost is re-seeded with its labels and gateways (snapshot.go).
 
 const (
 	maxLabels     = 16

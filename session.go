@@ -64,6 +64,13 @@ import (
 // it the same way at its next use. Sessions.Retired reports each
 // retirement once, on the worker that made it; SessionOf shows the task's
 // session and what ended the one before.
+//
+// Labels. A request of a task that asks for labels (UseLabels on the
+// collector's Context) starts the task's session only on a proxy that
+// carries them, and continues a live session only while its proxy does: a
+// session whose proxy lost them (a Replace changed its labels; seen within
+// the 2 seconds the Switch trusts its copy of the labels) is retired with
+// SessionLabels, and the request starts a new one on a matching proxy.
 
 // TaskKey is the colly.Context key that names the task a request belongs
 // to: a string of 1 to 256 bytes (printable UTF-8). Requests whose context

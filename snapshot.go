@@ -18,7 +18,9 @@ import (
 // is a lost one, never one emptied on purpose.
 //
 // Every Switch keeps a copy of each pool it leases from (a poolSnapshot:
-// the proxies, the dead list, the recorded concurrency, the generation).
+// the proxies, the dead list, the gateways and labels hashes, the recorded
+// concurrency, the generation; a change of labels alone moves the
+// generation too).
 // lease.lua returns the generation with every lease; when it differs from
 // the copy's, the copy is read again in the background, by one goroutine
 // at a time and at most once per snapshotInterval, in pages of
