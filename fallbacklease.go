@@ -133,7 +133,7 @@ func (fp *fbPool) penalize(ctx context.Context, site string, p *Proxy, l *Lease,
 // tryLocal serves a lease attempt from the local shard when the fallback
 // is not on the broker; done is false when the caller should lease from
 // Redis. With match (the selection by label, labels.go), it leases only a
-// proxy of the share that match accepts (prefer is then ignored), and
+// proxy of the share that match accepts (prefer only if it does), and
 // fails with an error wrapping localpool.ErrNoMatch when none does.
 func (fp *fbPool) tryLocal(ctx context.Context, site, prefer string, match func(*Proxy) bool) (l *Lease, wait time.Duration, err error, done bool) {
 	f := fp.f
@@ -165,7 +165,7 @@ func (fp *fbPool) tryLocal(ctx context.Context, site, prefer string, match func(
 	}
 	var ll *localLease
 	if match != nil {
-		ll, wait, err = fp.local.TryLeaseWhere(site, match, fp.rp.cfg.leaseTTL)
+		ll, wait, err = fp.local.TryLeaseWhere(site, prefer, match, fp.rp.cfg.leaseTTL)
 		if errors.Is(err, localpool.ErrNoMatch) {
 			return nil, 0, fmt.Errorf("%w: %w", localErr(err), localpool.ErrNoMatch), true
 		}

@@ -192,16 +192,17 @@ func (p *Pool[P]) TryLease(site, prefer string, ttl time.Duration) (*Lease[P], t
 }
 
 // TryLeaseWhere is TryLease over the proxies of the share for which match
-// returns true, and never another (the root's selection by label): the
-// least recently used of them that is free, else the wait until the first
-// of them frees. With none in the share it fails with ErrNoMatch (and
-// ErrNoProxy). match is called under the Pool's lock: it must not call the
-// Pool. It costs a scan of the site's slots.
-func (p *Pool[P]) TryLeaseWhere(site string, match func(P) bool, ttl time.Duration) (*Lease[P], time.Duration, error) {
+// returns true, and never another (the root's selection by label): prefer
+// if it matches and is free, else the least recently used of them that is
+// free, else the wait until the first of them frees. With none in the
+// share it fails with ErrNoMatch (and ErrNoProxy). match is called under
+// the Pool's lock: it must not call the Pool. It costs a scan of the
+// site's slots.
+func (p *Pool[P]) TryLeaseWhere(site, prefer string, match func(P) bool, ttl time.Duration) (*Lease[P], time.Duration, error) {
 	if match == nil {
 		return nil, 0, fail(ErrInvalid, "TryLeaseWhere without a filter")
 	}
-	l, wait, _, err := p.tryLease(site, "", ttl, match)
+	l, wait, _, err := p.tryLease(site, prefer, ttl, match)
 	return l, wait, err
 }
 
@@ -223,6 +224,9 @@ func (p *Pool[P]) tryLease(site, prefer string, ttl time.Duration, match func(P)
 	st := p.siteLocked(scope, now)
 	st.lastUse = now
 	var slot *slotState
+	if px, ok := p.proxies[prefer]; ok && match != nil && !match(px) {
+		prefer = "" // never a proxy the filter refuses
+	}
 	for _, s := range st.slots[prefer] {
 		if s.next <= now {
 			slot = s
