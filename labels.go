@@ -169,7 +169,9 @@ type labelCache struct {
 	mu         sync.Mutex
 	at         time.Time
 	byID       map[string]string
-	refreshing bool // a background read runs (cachedLabels)
+	refreshing bool                // a background read runs (labelsFor)
+	retryAt    time.Time           // labelsFor's next background read after one failed
+	sel        map[string][]string // canonical wanted labels -> the IDs of byID carrying them, sorted (matching)
 }
 
 // labelMetricsAge is how old the copy of a pool's labels that events
@@ -187,7 +189,7 @@ func (s *Switch) labelsFor(pool, id string) string {
 	p := be.redis()
 	c := &p.labelIdx
 	c.mu.Lock()
-	m, stale := c.byID, !c.refreshing && (c.byID == nil || time.Since(c.at) > labelMetricsAge)
+	m, stale := c.byID, !c.refreshing && (c.byID == nil || time.Since(c.at) > labelMetricsAge) && time.Now().After(c.retryAt)
 	if stale {
 		c.refreshing = true
 	}
@@ -198,12 +200,9 @@ func (s *Switch) labelsFor(pool, id string) string {
 			defer cancel()
 			_, err := p.labelsOf(ctx, true)
 			c.mu.Lock()
-			if err != nil { // keep the copy, and try again after labelMetricsAge
+			if err != nil { // keep the copy, and try again after labelMetricsAge (a lease reads it when it needs it)
 				s.cfg.logger.Debug("proxyswitch: reading the pool's labels failed", "pool", pool, "err", err)
-				if c.byID == nil {
-					c.byID = map[string]string{}
-				}
-				c.at = time.Now()
+				c.retryAt = time.Now().Add(labelMetricsAge)
 			}
 			c.refreshing = false
 			c.mu.Unlock()
@@ -218,6 +217,12 @@ func (p *redisPool) labelsOf(ctx context.Context, fresh bool) (map[string]string
 	c := &p.labelIdx
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return p.labelsOfLocked(ctx, fresh)
+}
+
+// labelsOfLocked is labelsOf with p.labelIdx.mu held.
+func (p *redisPool) labelsOfLocked(ctx context.Context, fresh bool) (map[string]string, error) {
+	c := &p.labelIdx
 	if !fresh && c.byID != nil && time.Since(c.at) < labelIndexAge {
 		return c.byID, nil
 	}
@@ -231,8 +236,38 @@ func (p *redisPool) labelsOf(ctx context.Context, fresh bool) (map[string]string
 	for i := 0; i+1 < len(res); i += 2 {
 		m[res[i]] = res[i+1]
 	}
-	c.byID, c.at = m, time.Now()
+	c.byID, c.at, c.sel = m, time.Now(), nil
 	return m, nil
+}
+
+// matching returns the IDs of the pool's proxies that carry every label of
+// want, sorted, from the copy labelsOf keeps (computed once per copy and
+// set of labels: a lease does not scan the pool). The caller must not
+// change the slice.
+func (p *redisPool) matching(ctx context.Context, want []string) ([]string, error) {
+	c := &p.labelIdx
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	byID, err := p.labelsOfLocked(ctx, false) // a new copy empties c.sel
+	if err != nil {
+		return nil, err
+	}
+	key := strings.Join(want, ",")
+	if ids, ok := c.sel[key]; ok {
+		return ids, nil
+	}
+	var ids []string
+	for id, l := range byID {
+		if matches(l, want) {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	if c.sel == nil || len(c.sel) >= 64 { // bounded: a few kinds of task per Switch
+		c.sel = map[string][]string{}
+	}
+	c.sel[key] = ids
+	return ids, nil
 }
 
 // labelled leases, from the Redis pools of a route, only proxies that
@@ -324,15 +359,9 @@ func (b *labelled) tryFallback(ctx context.Context, fp *fbPool, site, scope, pre
 // again with its labels read anew.
 func (b *labelled) tryPool(ctx context.Context, rp *redisPool, site, scope, prefer string, recover bool) (l *Lease, wait time.Duration, has bool, err error) {
 	wait = -1
-	byID, err := rp.labelsOf(ctx, false)
+	ids, err := rp.matching(ctx, b.want)
 	if err != nil {
 		return nil, 0, false, fmt.Errorf("%w: %w", ErrNoProxy, err)
-	}
-	var ids []string
-	for id, l := range byID {
-		if matches(l, b.want) {
-			ids = append(ids, id)
-		}
 	}
 	again := func() (*Lease, time.Duration, bool, error) {
 		ok, err := rp.recoverLost(ctx)
@@ -360,10 +389,9 @@ func (b *labelled) tryPool(ctx context.Context, rp *redisPool, site, scope, pref
 		}
 		return nil, -1, false, nil
 	}
-	slices.Sort(ids)
 	first := int(labelNext.Add(1) % uint64(len(ids)))
 	if prefer != "" && slices.Contains(ids, prefer) { // a redirect's hop: the same proxy if free
-		ids = append([]string{prefer}, ids...)
+		ids = append([]string{prefer}, ids...) // a new slice: ids is shared
 		first = 0
 	}
 	for i := range min(labelTries, len(ids)) {

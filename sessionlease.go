@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -410,15 +409,9 @@ func (p *redisPool) sessionLeaseLabelled(ctx context.Context, site, scope, token
 	backoff := c.backoffMin
 	reseeded := false
 	for {
-		byID, err := p.labelsOf(ctx, false)
+		ids, err := p.matching(ctx, want)
 		if err != nil {
 			return "", 0, fmt.Errorf("%w: %w", ErrNoProxy, err)
-		}
-		var ids []string
-		for id, l := range byID {
-			if matches(l, want) {
-				ids = append(ids, id)
-			}
 		}
 		if len(ids) == 0 {
 			if !reseeded && len((&labelled{want: want}).inCopy(p)) > 0 {
@@ -437,7 +430,6 @@ func (p *redisPool) sessionLeaseLabelled(ctx context.Context, site, scope, token
 			}
 			return "", 0, fmt.Errorf("%w: no proxy of pool %s carries the labels %s", ErrNoProxy, p.name, strings.Join(want, ","))
 		}
-		slices.Sort(ids)
 		first := int(labelNext.Add(1) % uint64(len(ids)))
 		wait := int64(-1)
 		lost := false
