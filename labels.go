@@ -379,13 +379,7 @@ func (b *labelled) tryPool(ctx context.Context, rp *redisPool, site, scope, pref
 		// None here, or the pool was lost with its labels: this Switch's copy
 		// knows matching proxies while Redis holds no pool.
 		if recover && len(b.inCopy(rp)) > 0 {
-			lost, err := rp.lost(ctx)
-			if err != nil {
-				return nil, 0, false, fmt.Errorf("%w: %w", ErrNoProxy, err)
-			}
-			if lost {
-				return again()
-			}
+			return b.ifLost(ctx, rp, again, nil, -1, false)
 		}
 		return nil, -1, false, nil
 	}
@@ -410,7 +404,25 @@ func (b *labelled) tryPool(ctx context.Context, rp *redisPool, site, scope, pref
 			wait = w
 		}
 	}
+	if wait < 0 && recover {
+		// Every candidate was gone: the pool may be lost (lease.lua answers
+		// a firm lease of a proxy it lacks before it looks at the pool).
+		return b.ifLost(ctx, rp, again, nil, -1, true)
+	}
 	return nil, wait, true, nil
+}
+
+// ifLost runs again if Redis lost rp, else returns the rest as tryPool's reply.
+func (b *labelled) ifLost(ctx context.Context, rp *redisPool, again func() (*Lease, time.Duration, bool, error),
+	l *Lease, wait time.Duration, has bool) (*Lease, time.Duration, bool, error) {
+	lost, err := rp.lost(ctx)
+	if err != nil {
+		return nil, 0, false, fmt.Errorf("%w: %w", ErrNoProxy, err)
+	}
+	if lost {
+		return again()
+	}
+	return l, wait, has, nil
 }
 
 // lost reports whether Redis lost the pool: no proxy, and no operator's

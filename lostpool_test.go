@@ -475,9 +475,15 @@ func lostLabels(t *testing.T, cached bool) {
 		rp.labelIdx.mu.Unlock()
 	}
 	var held []*Lease
-	for range 3 { // the ru proxies: 10.0.0.1 and the gateway's 2 sessions
+	flushed := time.Now()
+	for i := range 3 { // the ru proxies: 10.0.0.1 and the gateway's 2 sessions
 		l, err := s.Lease(UseLabels(ctx, "country=ru"), "shop.example")
 		require.NoError(t, err, "a labelled lease re-seeds the pool")
+		if i == 0 {
+			took := time.Since(flushed)
+			t.Logf("first labelled lease %v after the flush (hold 300ms)", took.Round(time.Millisecond))
+			assert.Less(t, took, 1200*time.Millisecond, "at once after the hold, not when the copy of the labels (2s) ages")
+		}
 		assert.Contains(t, want[l.proxy.id], "country=ru")
 		held = append(held, l)
 	}
@@ -501,4 +507,14 @@ func lostLabels(t *testing.T, cached bool) {
 		}
 		require.NoError(t, l.Release(ctx))
 	}
+
+	// A labelled task's new session re-seeds a lost pool too.
+	require.NoError(t, srv.Client(t).FlushAll(ctx).Err())
+	flushed = time.Now()
+	rep, err := rp.useSessionLabelled(ctx, "task-1", "other.example", []string{"country=ru"})
+	require.NoError(t, err)
+	assert.Less(t, time.Since(flushed), 1200*time.Millisecond)
+	got, err = srv.Client(t).HGetAll(ctx, s.keys.labels()).Result()
+	require.NoError(t, err)
+	assert.Contains(t, got[rep.info.ProxyID], "country=ru")
 }

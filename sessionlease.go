@@ -481,6 +481,13 @@ func (p *redisPool) sessionLeaseLabelled(ctx context.Context, site, scope, token
 				wait = w
 			}
 		}
+		if !lost && wait < 0 && !reseeded {
+			// Every candidate was gone: the pool may be lost (lease.lua answers
+			// a firm lease of a proxy it lacks before it looks at the pool).
+			if lost, err = p.lost(ctx); err != nil {
+				return "", 0, fmt.Errorf("%w: %w", ErrNoProxy, err)
+			}
+		}
 		if lost {
 			if reseeded {
 				return "", 0, fmt.Errorf("%w: %w: pool %q has no proxies", ErrNoProxy, ErrEmptyPool, c.pool)
