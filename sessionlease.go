@@ -147,8 +147,8 @@ func (p *redisPool) useSessionLabelled(ctx context.Context, task, site string, w
 		}
 		switch rep.status {
 		case useLive:
-			if ok, err := p.carries(ctx, rep.info.ProxyID, want); err != nil {
-				return nil, err
+			if ok, cerr := p.carries(ctx, rep.info.ProxyID, want); cerr != nil {
+				return nil, cerr
 			} else if !ok {
 				_, _, err = p.endSession(ctx, task, rep.info.ID, SessionLabels, site, true)
 				break
