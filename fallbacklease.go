@@ -50,7 +50,7 @@ func localErr(err error) error {
 	switch e.Kind {
 	case localpool.ErrEmptyPool:
 		return fmt.Errorf("%w: %w: %s", ErrNoProxy, ErrEmptyPool, e.Msg)
-	case localpool.ErrNoProxy:
+	case localpool.ErrNoProxy, localpool.ErrNoMatch:
 		return fmt.Errorf("%w: %s", ErrNoProxy, e.Msg)
 	case localpool.ErrLeaseLost:
 		return &ProxyError{Proxy: e.Proxy, Reason: e.Msg, Err: ErrLeaseLost}
@@ -80,7 +80,7 @@ func (fp *fbPool) broker() (*redisPool, error) {
 
 // tryLease leases from the local shard off the broker, else from Redis.
 func (fp *fbPool) tryLease(ctx context.Context, site, scope, prefer string) (*Lease, time.Duration, error) {
-	if l, wait, err, done := fp.tryLocal(ctx, site, prefer); done {
+	if l, wait, err, done := fp.tryLocal(ctx, site, prefer, nil); done {
 		return l, wait, err
 	}
 	l, wait, err := fp.rp.tryLease(ctx, site, scope, prefer)
@@ -132,8 +132,10 @@ func (fp *fbPool) penalize(ctx context.Context, site string, p *Proxy, l *Lease,
 
 // tryLocal serves a lease attempt from the local shard when the fallback
 // is not on the broker; done is false when the caller should lease from
-// Redis.
-func (fp *fbPool) tryLocal(ctx context.Context, site, prefer string) (l *Lease, wait time.Duration, err error, done bool) {
+// Redis. With match (the selection by label, labels.go), it leases only a
+// proxy of the share that match accepts (prefer only if it does), and
+// fails with an error wrapping localpool.ErrNoMatch when none does.
+func (fp *fbPool) tryLocal(ctx context.Context, site, prefer string, match func(*Proxy) bool) (l *Lease, wait time.Duration, err error, done bool) {
 	f := fp.f
 	f.mu.RLock()
 	defer f.mu.RUnlock()
@@ -161,7 +163,15 @@ func (fp *fbPool) tryLocal(ctx context.Context, site, prefer string) (l *Lease, 
 	if wait, paused := fp.rp.sw.brk.stillPaused(site); paused {
 		return nil, wait, nil, true // the site's breaker as last known: no lease (acquire names the pause)
 	}
-	ll, wait, err := fp.local.TryLease(site, prefer, fp.rp.cfg.leaseTTL)
+	var ll *localLease
+	if match != nil {
+		ll, wait, err = fp.local.TryLeaseWhere(site, prefer, match, fp.rp.cfg.leaseTTL)
+		if errors.Is(err, localpool.ErrNoMatch) {
+			return nil, 0, fmt.Errorf("%w: %w", localErr(err), localpool.ErrNoMatch), true
+		}
+	} else {
+		ll, wait, err = fp.local.TryLease(site, prefer, fp.rp.cfg.leaseTTL)
+	}
 	if ll == nil {
 		err = localErr(err)
 		if err != nil && fp.shareErr != nil {

@@ -193,6 +193,7 @@ func (fp *fbPool) read(ctx context.Context) error {
 		id, _ := snap.dead[i].(string)
 		gone[id] = true
 	}
+	labels := snap.labelsByID() // a labelled request leases from the share only a proxy carrying its labels
 	ps := make([]*Proxy, 0, snap.size())
 	for i := 0; i+1 < len(snap.pairs); i += 2 {
 		id, raw := snap.pairs[i].(string), snap.pairs[i+1].(string)
@@ -203,7 +204,7 @@ func (fp *fbPool) read(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		ps = append(ps, p)
+		ps = append(ps, p.withLabels(labels[id]))
 	}
 	sortProxies(ps, func(p *Proxy) *Proxy { return p })
 	fp.mu.Lock()

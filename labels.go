@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/proxyswitch/proxyswitch/internal/engine"
+	"github.com/proxyswitch/proxyswitch/internal/localpool"
 )
 
 // Labels: what a proxy is (type, country, city, provider, price), and
@@ -38,8 +39,16 @@ import (
 // leases a matching proxy chosen by this Switch as its preferred proxy, and
 // nothing else (a few candidates per attempt, starting at another one each
 // time). A request whose labels no proxy carries fails at once with
-// ErrNoProxy, never through another proxy. Labelled requests lease from
-// Redis only: without Redis (WithFallback's local shard) they fail closed.
+// ErrNoProxy, never through another proxy.
+//
+// Sticky sessions honour labels: a task's request that asks for labels
+// starts its session on a proxy that carries them, and a live session
+// whose proxy does not (its labels changed, or the task asked for none
+// before) is retired with the reason SessionLabels. Without Redis
+// (WithFallback's local shard), a labelled request leases only a proxy of
+// the local share that carries its labels (the share keeps the labels of
+// the pool's copy), and fails with ErrNoProxy when none does. A pool Redis
+// lost is re-seeded with its labels and gateways (snapshot.go).
 
 const (
 	maxLabels     = 16
@@ -160,7 +169,9 @@ type labelCache struct {
 	mu         sync.Mutex
 	at         time.Time
 	byID       map[string]string
-	refreshing bool // a background read runs (cachedLabels)
+	refreshing bool                // a background read runs (labelsFor)
+	retryAt    time.Time           // labelsFor's next background read after one failed
+	sel        map[string][]string // canonical wanted labels -> the IDs of byID carrying them, sorted (matching)
 }
 
 // labelMetricsAge is how old the copy of a pool's labels that events
@@ -178,7 +189,7 @@ func (s *Switch) labelsFor(pool, id string) string {
 	p := be.redis()
 	c := &p.labelIdx
 	c.mu.Lock()
-	m, stale := c.byID, !c.refreshing && (c.byID == nil || time.Since(c.at) > labelMetricsAge)
+	m, stale := c.byID, !c.refreshing && (c.byID == nil || time.Since(c.at) > labelMetricsAge) && time.Now().After(c.retryAt)
 	if stale {
 		c.refreshing = true
 	}
@@ -189,12 +200,9 @@ func (s *Switch) labelsFor(pool, id string) string {
 			defer cancel()
 			_, err := p.labelsOf(ctx, true)
 			c.mu.Lock()
-			if err != nil { // keep the copy, and try again after labelMetricsAge
+			if err != nil { // keep the copy, and try again after labelMetricsAge (a lease reads it when it needs it)
 				s.cfg.logger.Debug("proxyswitch: reading the pool's labels failed", "pool", pool, "err", err)
-				if c.byID == nil {
-					c.byID = map[string]string{}
-				}
-				c.at = time.Now()
+				c.retryAt = time.Now().Add(labelMetricsAge)
 			}
 			c.refreshing = false
 			c.mu.Unlock()
@@ -209,6 +217,12 @@ func (p *redisPool) labelsOf(ctx context.Context, fresh bool) (map[string]string
 	c := &p.labelIdx
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return p.labelsOfLocked(ctx, fresh)
+}
+
+// labelsOfLocked is labelsOf with p.labelIdx.mu held.
+func (p *redisPool) labelsOfLocked(ctx context.Context, fresh bool) (map[string]string, error) {
+	c := &p.labelIdx
 	if !fresh && c.byID != nil && time.Since(c.at) < labelIndexAge {
 		return c.byID, nil
 	}
@@ -222,8 +236,38 @@ func (p *redisPool) labelsOf(ctx context.Context, fresh bool) (map[string]string
 	for i := 0; i+1 < len(res); i += 2 {
 		m[res[i]] = res[i+1]
 	}
-	c.byID, c.at = m, time.Now()
+	c.byID, c.at, c.sel = m, time.Now(), nil
 	return m, nil
+}
+
+// matching returns the IDs of the pool's proxies that carry every label of
+// want, sorted, from the copy labelsOf keeps (computed once per copy and
+// set of labels: a lease does not scan the pool). The caller must not
+// change the slice.
+func (p *redisPool) matching(ctx context.Context, want []string) ([]string, error) {
+	c := &p.labelIdx
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	byID, err := p.labelsOfLocked(ctx, false) // a new copy empties c.sel
+	if err != nil {
+		return nil, err
+	}
+	key := strings.Join(want, ",")
+	if ids, ok := c.sel[key]; ok {
+		return ids, nil
+	}
+	var ids []string
+	for id, l := range byID {
+		if matches(l, want) {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	if c.sel == nil || len(c.sel) >= 64 { // bounded: a few kinds of task per Switch
+		c.sel = map[string][]string{}
+	}
+	c.sel[key] = ids
+	return ids, nil
 }
 
 // labelled leases, from the Redis pools of a route, only proxies that
@@ -231,6 +275,7 @@ func (p *redisPool) labelsOf(ctx context.Context, fresh bool) (map[string]string
 type labelled struct {
 	backend // the route's backend: release, extend, penalize go to the lease's own
 	pools   []*redisPool
+	bes     []backend // the backend of each pool: an *fbPool leases from its local shard off the broker
 	want    []string
 }
 
@@ -239,40 +284,25 @@ var labelNext atomic.Uint64
 
 func (b *labelled) tryLease(ctx context.Context, site, scope, prefer string) (*Lease, time.Duration, error) {
 	wait, found := time.Duration(-1), false
-	for _, rp := range b.pools {
-		byID, err := rp.labelsOf(ctx, false)
-		if err != nil {
-			return nil, 0, fmt.Errorf("%w: %w", ErrNoProxy, err)
+	for i, rp := range b.pools {
+		var l *Lease
+		var w time.Duration
+		var has bool
+		var err error
+		if fp, ok := b.bes[i].(*fbPool); ok {
+			l, w, has, err = b.tryFallback(ctx, fp, site, scope, prefer)
+		} else {
+			l, w, has, err = b.tryPool(ctx, rp, site, scope, prefer, true)
 		}
-		var ids []string
-		for id, l := range byID {
-			if matches(l, b.want) {
-				ids = append(ids, id)
-			}
-		}
-		if len(ids) == 0 {
+		switch {
+		case l != nil || err != nil:
+			return l, 0, err
+		case !has:
 			continue
 		}
 		found = true
-		slices.Sort(ids)
-		first := int(labelNext.Add(1) % uint64(len(ids)))
-		if prefer != "" && slices.Contains(ids, prefer) { // a redirect's hop: the same proxy if free
-			ids = append([]string{prefer}, ids...)
-			first = 0
-		}
-		for i := range min(labelTries, len(ids)) {
-			l, w, _, err := rp.tryLeaseOnce(ctx, site, scope, ids[(first+i)%len(ids)], true)
-			switch {
-			case l != nil:
-				return l, 0, nil
-			case errors.Is(err, errProxyGone): // dead, or left the pool since the copy was read
-				continue
-			case err != nil:
-				return nil, 0, err
-			}
-			if wait < 0 || w < wait {
-				wait = w
-			}
+		if w >= 0 && (wait < 0 || w < wait) {
+			wait = w
 		}
 	}
 	if !found {
@@ -289,6 +319,146 @@ func (b *labelled) tryLease(ctx context.Context, site, scope, prefer string) (*L
 	return nil, wait, nil
 }
 
+// tryFallback is tryPool for a pool with a fallback (WithFallback,
+// WithSharding): off the broker, the pool's local shard leases a proxy of
+// its share that carries the labels (its copy of the pool holds them), and
+// never another; on the broker, Redis does, and a Redis call that finds
+// Redis gone switches to the local shard.
+func (b *labelled) tryFallback(ctx context.Context, fp *fbPool, site, scope, prefer string) (*Lease, time.Duration, bool, error) {
+	match := func(p *Proxy) bool { return p.labels != "" && matches(p.labels, b.want) }
+	for range 2 {
+		l, wait, err, done := fp.tryLocal(ctx, site, prefer, match)
+		if done {
+			switch {
+			case errors.Is(err, localpool.ErrNoMatch):
+				return nil, -1, false, nil
+			case err != nil:
+				return nil, 0, true, err
+			case l == nil:
+				return nil, wait, true, nil
+			}
+			return l, 0, true, nil
+		}
+		l, wait, has, err := b.tryPool(ctx, fp.rp, site, scope, prefer, true)
+		if errors.Is(err, ErrRedis) && fp.f.trip(ctx, err) {
+			continue // from the local shard now
+		}
+		if l != nil {
+			l.be = fp
+			fp.leased(l)
+		}
+		return l, wait, has, err
+	}
+	return nil, 0, true, fmt.Errorf("%w: the pool %q switched between Redis and its local shard twice", ErrNoProxy, fp.rp.name)
+}
+
+// tryPool tries up to labelTries of rp's proxies that carry the labels.
+// has reports whether rp has one; wait is the least wait the pool gave, -1
+// for none. A pool Redis lost (its labels with it) is re-seeded from this
+// Switch's copy (snapshot.go), labels included, once (recover), and tried
+// again with its labels read anew.
+func (b *labelled) tryPool(ctx context.Context, rp *redisPool, site, scope, prefer string, recover bool) (l *Lease, wait time.Duration, has bool, err error) {
+	wait = -1
+	ids, err := rp.matching(ctx, b.want)
+	if err != nil {
+		return nil, 0, false, fmt.Errorf("%w: %w", ErrNoProxy, err)
+	}
+	again := func() (*Lease, time.Duration, bool, error) {
+		ok, err := rp.recoverLost(ctx)
+		if err != nil {
+			return nil, 0, false, fmt.Errorf("%w: %w", ErrNoProxy, err)
+		}
+		if ok {
+			if _, err := rp.labelsOf(ctx, true); err != nil {
+				return nil, 0, false, fmt.Errorf("%w: %w", ErrNoProxy, err)
+			}
+		}
+		return b.tryPool(ctx, rp, site, scope, prefer, false)
+	}
+	if len(ids) == 0 {
+		// None here, or the pool was lost with its labels: this Switch's copy
+		// knows matching proxies while Redis holds no pool.
+		if recover && len(b.inCopy(rp)) > 0 {
+			return b.ifLost(ctx, rp, again, nil, -1, false)
+		}
+		return nil, -1, false, nil
+	}
+	first := int(labelNext.Add(1) % uint64(len(ids)))
+	if prefer != "" && slices.Contains(ids, prefer) { // a redirect's hop: the same proxy if free
+		ids = append([]string{prefer}, ids...) // a new slice: ids is shared
+		first = 0
+	}
+	for i := range min(labelTries, len(ids)) {
+		l, w, lost, err := rp.tryLeaseOnce(ctx, site, scope, ids[(first+i)%len(ids)], true)
+		switch {
+		case l != nil:
+			return l, 0, true, nil
+		case lost && recover:
+			return again()
+		case errors.Is(err, errProxyGone): // dead, or left the pool since the copy was read
+			continue
+		case err != nil:
+			return nil, 0, true, err
+		}
+		if wait < 0 || w < wait {
+			wait = w
+		}
+	}
+	if wait < 0 && recover {
+		// Every candidate was gone: the pool may be lost (lease.lua answers
+		// a firm lease of a proxy it lacks before it looks at the pool).
+		return b.ifLost(ctx, rp, again, nil, -1, true)
+	}
+	return nil, wait, true, nil
+}
+
+// ifLost runs again if Redis lost rp, else returns the rest as tryPool's reply.
+func (b *labelled) ifLost(ctx context.Context, rp *redisPool, again func() (*Lease, time.Duration, bool, error),
+	l *Lease, wait time.Duration, has bool) (*Lease, time.Duration, bool, error) {
+	lost, err := rp.lost(ctx)
+	if err != nil {
+		return nil, 0, false, fmt.Errorf("%w: %w", ErrNoProxy, err)
+	}
+	if lost {
+		return again()
+	}
+	return l, wait, has, nil
+}
+
+// lost reports whether Redis lost the pool: no proxy, and no operator's
+// "emptied" mark (snapshot.go).
+func (p *redisPool) lost(ctx context.Context) (bool, error) {
+	k := p.keys
+	res, err := roundTrip(ctx, p.cfg.redisTimeout, func(ctx context.Context) ([]any, error) {
+		return poolSnapshotScript.Run(ctx, p.rdb, []string{k.proxies(), k.meta(), k.dead()}, "0", 1).Slice()
+	}, nil)
+	if err != nil {
+		return false, redisErr("read the pool", err)
+	}
+	mark, ok1 := intAt(res, 1)
+	n, ok2 := intAt(res, 4)
+	next, ok3 := "", false
+	if len(res) >= 5 {
+		next, ok3 = res[3].(string)
+	}
+	if !ok1 || !ok2 || !ok3 {
+		return false, fmt.Errorf("%w: malformed pool snapshot reply", ErrCorrupt)
+	}
+	return n == 0 && next == "0" && mark == 0, nil // a page may be empty while more follow
+}
+
+// inCopy returns the IDs of the proxies of rp's copy (snapshot.go) that
+// carry the labels.
+func (b *labelled) inCopy(rp *redisPool) []string {
+	var ids []string
+	for id, l := range rp.snapshot().labelsByID() {
+		if matches(l, b.want) {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
 // withSelector wraps be for the labels ctx asks for, if any.
 func (s *Switch) withSelector(ctx context.Context, be backend) (backend, error) {
 	sel := selectorOf(ctx)
@@ -300,11 +470,12 @@ func (s *Switch) withSelector(ctx context.Context, be backend) (backend, error) 
 	}
 	b := &labelled{backend: be, want: sel.want}
 	if rt, ok := be.(*router); ok {
-		for _, p := range rt.pools {
-			b.pools = append(b.pools, p.redis())
-		}
+		b.bes = rt.pools
 	} else {
-		b.pools = []*redisPool{be.redis()}
+		b.bes = []backend{be}
+	}
+	for _, p := range b.bes {
+		b.pools = append(b.pools, p.redis())
 	}
 	return b, nil
 }

@@ -3,6 +3,7 @@ package proxyswitch
 import (
 	"context"
 	"fmt"
+	"github.com/proxyswitch/proxyswitch/internal/redistest"
 	"sync"
 	"testing"
 	"time"
@@ -161,4 +162,62 @@ func TestLabelledCrawlNeverLeavesThroughAnotherLabel(t *testing.T) {
 	assert.Zero(t, byLabels[""], "every proxy has labels: %v", byLabels)
 	assert.GreaterOrEqual(t, byLabels["country=ru"]+byLabels["country=ru,type=residential"], 40, "%v", byLabels)
 	assert.Equal(t, 80, len(obs.attempts))
+}
+
+// With Redis gone, a labelled request leases from the local shard (WithFallback)
+// a proxy of its share that carries its labels, never another one; labels
+// no proxy of the share carries fail at once.
+func TestLabelledLeaseFromLocalShard(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	s := newSwitch(t, srv.Client(t), append(fastFallback("crawler-1"), WithRotation(Rotation{Cooldown: Off}))...)
+	var lines []string
+	country := map[string]string{}
+	for i, u := range proxyURLs(6) {
+		c := "de"
+		if i%3 == 0 {
+			c = "ru"
+		}
+		lines = append(lines, u+" country="+c)
+	}
+	_, err := s.Replace(ctx, lines)
+	require.NoError(t, err)
+	ps, err := s.List(ctx)
+	require.NoError(t, err)
+	for _, p := range ps {
+		country[p.ID()] = p.Labels()["country"]
+	}
+	startSwitch(t, s)
+	ru := UseLabels(ctx, "country=ru")
+	fromRedis, err := s.Lease(ru, "shop.example")
+	require.NoError(t, err)
+	require.Nil(t, fromRedis.local)
+	assert.Equal(t, "ru", country[fromRedis.Proxy().ID()])
+
+	require.NoError(t, srv.Kill())
+	for i := range 10 {
+		l, err := s.Lease(ru, "shop.example")
+		require.NoError(t, err, "lease %d from the local shard", i)
+		require.NotNil(t, l.local)
+		assert.Equal(t, "ru", country[l.Proxy().ID()], "a country=ru request got a proxy of country=%s", country[l.Proxy().ID()])
+		assert.NotEqual(t, fromRedis.Proxy().ID(), l.Proxy().ID(), "the Redis lease still running is reserved")
+		if i == 9 {
+			short, cancel := context.WithTimeout(ru, 300*time.Millisecond)
+			_, err := s.Lease(short, "shop.example")
+			cancel()
+			require.ErrorIs(t, err, ErrNoProxy, "both ru proxies are busy: no other one")
+		}
+		require.NoError(t, l.Release(ctx))
+	}
+	assert.Equal(t, modeLocal.String(), s.FallbackStatus().Mode)
+	start := time.Now()
+	_, err = s.Lease(UseLabels(ctx, "country=fr"), "shop.example")
+	require.ErrorIs(t, err, ErrNoProxy)
+	assert.Less(t, time.Since(start), time.Second, "no proxy of the share carries it: at once")
+	de, err := s.Lease(UseLabels(ctx, "country=de"), "shop.example")
+	require.NoError(t, err)
+	assert.Equal(t, "de", country[de.Proxy().ID()])
+	any, err := s.Lease(ctx, "shop.example")
+	require.NoError(t, err, "requests of no label share the rest")
+	assert.NotNil(t, any.local)
 }

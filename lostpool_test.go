@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/proxyswitch/proxyswitch/ban"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -422,4 +424,97 @@ func TestReseedHoldsProxiesOfLostLeases(t *testing.T) {
 	assert.GreaterOrEqual(t, took, bound-50*time.Millisecond, "the proxy of the lost lease is held for the attempt bound")
 	assert.Less(t, took, bound+time.Second)
 	t.Logf("the proxy of a lease lost with Redis leased again %v after the flush (attempt bound %v)", took.Round(time.Millisecond), bound)
+}
+
+// A pool Redis lost comes back with its labels and gateways: labelled
+// requests lease only matching proxies again (the labels the pool had last,
+// a change of labels alone included), and a re-seeded gateway session
+// rotates after a ban as before.
+func TestLostPoolKeepsLabelsAndGateways(t *testing.T) {
+	for _, cached := range []bool{true, false} {
+		t.Run(fmt.Sprintf("labels cached %v", cached), func(t *testing.T) { lostLabels(t, cached) })
+	}
+}
+
+func lostLabels(t *testing.T, cached bool) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	s := newSwitch(t, srv.Client(t), WithTimeouts(Timeouts{Attempt: 300 * time.Millisecond, MaxWait: 5 * time.Second}))
+	lines := []string{"http://10.0.0.1:3128 country=ru", "http://10.0.0.2:3128 country=ru",
+		"http://10.0.0.3:3128 country=de", "http://10.0.0.4:3128 country=de",
+		"http://u-session-{session:2}:pw@10.0.0.5:7000 country=ru type=residential"}
+	_, err := s.Replace(ctx, lines)
+	require.NoError(t, err)
+	// A change of labels alone: 10.0.0.2 is no longer ru.
+	lines[1] = "http://10.0.0.2:3128 country=kz"
+	_, err = s.Replace(ctx, lines)
+	require.NoError(t, err)
+	rp := s.own.redis()
+	want, err := srv.Client(t).HGetAll(ctx, s.keys.labels()).Result()
+	require.NoError(t, err)
+	gateways, err := srv.Client(t).HGetAll(ctx, s.keys.gateways()).Result()
+	require.NoError(t, err)
+	require.Len(t, want, 6)
+	require.Len(t, gateways, 2)
+	require.Eventually(t, func() bool {
+		l, err := s.Lease(ctx, "shop.example")
+		require.NoError(t, err)
+		require.NoError(t, l.Release(ctx))
+		return reflect.DeepEqual(rp.snapshot().labelsByID(), want)
+	}, 5*time.Second, 20*time.Millisecond, "the copy holds the pool's last labels")
+
+	if cached { // the Switch's copy of the labels hash is fresh: a lease finds the pool lost
+		l, err := s.Lease(UseLabels(ctx, "country=ru"), "shop.example")
+		require.NoError(t, err)
+		require.NoError(t, l.Release(ctx))
+	}
+	require.NoError(t, srv.Client(t).FlushAll(ctx).Err())
+	if !cached {
+		rp.labelIdx.mu.Lock()
+		rp.labelIdx.at = time.Time{}
+		rp.labelIdx.mu.Unlock()
+	}
+	var held []*Lease
+	flushed := time.Now()
+	for i := range 3 { // the ru proxies: 10.0.0.1 and the gateway's 2 sessions
+		l, err := s.Lease(UseLabels(ctx, "country=ru"), "shop.example")
+		require.NoError(t, err, "a labelled lease re-seeds the pool")
+		if i == 0 {
+			took := time.Since(flushed)
+			t.Logf("first labelled lease %v after the flush (hold 300ms)", took.Round(time.Millisecond))
+			assert.Less(t, took, 1200*time.Millisecond, "at once after the hold, not when the copy of the labels (2s) ages")
+		}
+		assert.Contains(t, want[l.proxy.id], "country=ru")
+		held = append(held, l)
+	}
+	got, err := srv.Client(t).HGetAll(ctx, s.keys.labels()).Result()
+	require.NoError(t, err)
+	assert.Equal(t, want, got, "the labels are back")
+	got, err = srv.Client(t).HGetAll(ctx, s.keys.gateways()).Result()
+	require.NoError(t, err)
+	assert.Equal(t, gateways, got, "the gateways are back")
+	for _, l := range held {
+		if gateways[l.proxy.id] != "" { // a ban rotates the session, with its labels
+			require.NoError(t, l.Report(ctx, ban.Verdict{Kind: ban.Ban, Reason: "http_403"}))
+			n, err := srv.Client(t).HLen(ctx, s.keys.gateways()).Result()
+			require.NoError(t, err)
+			assert.EqualValues(t, 2, n)
+			ls, err := srv.Client(t).HGetAll(ctx, s.keys.labels()).Result()
+			require.NoError(t, err)
+			assert.NotContains(t, ls, l.proxy.id, "rotated")
+			assert.Len(t, ls, 6)
+			continue
+		}
+		require.NoError(t, l.Release(ctx))
+	}
+
+	// A labelled task's new session re-seeds a lost pool too.
+	require.NoError(t, srv.Client(t).FlushAll(ctx).Err())
+	flushed = time.Now()
+	rep, err := rp.useSessionLabelled(ctx, "task-1", "other.example", []string{"country=ru"})
+	require.NoError(t, err)
+	assert.Less(t, time.Since(flushed), 1200*time.Millisecond)
+	got, err = srv.Client(t).HGetAll(ctx, s.keys.labels()).Result()
+	require.NoError(t, err)
+	assert.Contains(t, got[rep.info.ProxyID], "country=ru")
 }

@@ -64,6 +64,13 @@ import (
 // it the same way at its next use. Sessions.Retired reports each
 // retirement once, on the worker that made it; SessionOf shows the task's
 // session and what ended the one before.
+//
+// Labels. A request of a task that asks for labels (UseLabels on the
+// collector's Context) starts the task's session only on a proxy that
+// carries them, and continues a live session only while its proxy does: a
+// session whose proxy lost them (a Replace changed its labels; seen within
+// the 2 seconds the Switch trusts its copy of the labels) is retired with
+// SessionLabels, and the request starts a new one on a matching proxy.
 
 // TaskKey is the colly.Context key that names the task a request belongs
 // to: a string of 1 to 256 bytes (printable UTF-8). Requests whose context
@@ -84,6 +91,7 @@ const (
 	SessionProxyDead    = "proxy_dead"    // its proxy was marked dead or drained
 	SessionQuarantined  = "quarantined"   // its proxy was banned on one of its sites by someone else (an operator, another slot)
 	SessionLeaseLost    = "lease_lost"    // one of its leases was lost (the pool was cleared, say)
+	SessionLabels       = "labels"        // its proxy does not carry the labels a request of the task asks for (UseLabels; its labels changed)
 	SessionEnded        = "ended"         // EndSession ended it (never reported to Sessions.Retired)
 )
 
@@ -529,7 +537,14 @@ func (s *Switch) sessionAttempt(req *http.Request, a *attempt) (*sessionUse, err
 	// as leaseEarly's does: its ErrNoProxy survives net/http's Client.Timeout.
 	ctx, cancel := leaseContext(req.Context())
 	defer cancel()
-	cur, err := ss.useSession(ctx, ts.task, site)
+	var want []string // the labels the request asks for (UseLabels): its session's proxy carries them
+	if sel := selectorOf(req.Context()); sel != nil {
+		if sel.err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrNoProxy, sel.err)
+		}
+		want = sel.want
+	}
+	cur, err := ss.useSessionLabelled(ctx, ts.task, site, want)
 	if err != nil {
 		return nil, err
 	}

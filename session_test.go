@@ -989,3 +989,86 @@ func TestSessionContinuedInAnotherProcess(t *testing.T) {
 	assert.Empty(t, flow.errors(), "the cookies went along")
 	assert.Equal(t, 9, SessionOf(ctx).Requests, "the other process's requests count in the same session")
 }
+
+// A task whose requests ask for labels (UseLabels on the collector's
+// context) gets a session whose proxy carries them, and keeps it; when a
+// Replace takes the label off its proxy, the session is retired
+// (SessionLabels) and the next step leaves from another matching proxy.
+func TestSessionHonoursLabels(t *testing.T) {
+	ctx := context.Background()
+	var mu sync.Mutex
+	var retired []SessionRetirement
+	flow, site, proxies, s := sessionShop(t, 6, WithTimeouts(Timeouts{MaxWait: 2 * time.Second}),
+		WithSessions(Sessions{Retired: func(r SessionRetirement) {
+			mu.Lock()
+			retired = append(retired, r)
+			mu.Unlock()
+		}}))
+	country := map[string]string{} // source IP -> country
+	lines := func(relabel string) []string {
+		var out []string
+		for i, p := range proxies {
+			c := "de"
+			if i >= 3 { // the last in the rotation order: a lease of no label would take a de one first
+				c = "ru"
+			}
+			if p.SourceIP().String() == relabel {
+				c = "kz"
+			}
+			country[p.SourceIP().String()] = c
+			out = append(out, p.URL()+" country="+c)
+		}
+		return out
+	}
+	_, err := s.Replace(ctx, lines(""))
+	require.NoError(t, err)
+	c := attached(s)
+	c.Context = UseLabels(ctx, "country=ru")
+	tasks := map[string]*colly.Context{"a": NewTaskContext("a"), "b": NewTaskContext("b")}
+	for n := 1; n <= 4; n++ {
+		for task, tc := range tasks {
+			require.NoError(t, c.Request("GET", stepURL(site, task, n), nil, tc, nil))
+		}
+	}
+	for task := range tasks {
+		v := flow.visitor(task)
+		require.Len(t, v.ips, 1, "task %s keeps its IP", task)
+		assert.Equal(t, "ru", country[v.ips[0]], "task %s left from a %s proxy", task, country[v.ips[0]])
+	}
+	assert.NotEqual(t, flow.visitor("a").ips[0], flow.visitor("b").ips[0])
+
+	// a's proxy is no longer ru.
+	old := flow.visitor("a").ips[0]
+	_, err = s.Replace(ctx, lines(old))
+	require.NoError(t, err)
+	rp := s.own.redis()
+	rp.labelIdx.mu.Lock()
+	rp.labelIdx.at = time.Time{} // the copy of the labels is read again (else within labelIndexAge)
+	rp.labelIdx.mu.Unlock()
+	first := SessionOf(tasks["a"])
+	require.NoError(t, c.Request("GET", stepURL(site, "a", 5), nil, tasks["a"], nil))
+	v := flow.visitor("a")
+	require.Len(t, v.ips, 2)
+	assert.Equal(t, "ru", country[v.ips[1]])
+	assert.Equal(t, 1, v.fresh, "the new IP came without the old cookies")
+	info := SessionOf(tasks["a"])
+	require.NotNil(t, info.Previous)
+	assert.Equal(t, SessionLabels, info.Previous.Reason)
+	assert.Equal(t, first.ID, info.Previous.ID)
+	mu.Lock()
+	require.Len(t, retired, 1)
+	assert.Equal(t, SessionLabels, retired[0].Reason)
+	mu.Unlock()
+	require.NoError(t, c.Request("GET", stepURL(site, "b", 5), nil, tasks["b"], nil))
+	assert.Len(t, flow.visitor("b").ips, 1, "b's proxy still carries the label")
+
+	// Labels no proxy carries: the task's request fails at once, through no proxy.
+	c2 := attached(s)
+	c2.Context = UseLabels(ctx, "country=fr")
+	start := time.Now()
+	err = c2.Request("GET", stepURL(site, "c", 1), nil, NewTaskContext("c"), nil)
+	require.ErrorIs(t, err, ErrNoProxy)
+	assert.Less(t, time.Since(start), time.Second)
+	assert.Empty(t, flow.visitor("c").ips)
+	assert.Empty(t, flow.errors())
+}

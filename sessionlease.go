@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -128,6 +129,16 @@ func toInt(v any) int64 {
 // there: the one there is, continued and renewed, or a new one. It waits
 // for a proxy like any lease (Timeouts.MaxWait, the request's context).
 func (p *redisPool) useSession(ctx context.Context, task, site string) (*useReply, error) {
+	return p.useSessionLabelled(ctx, task, site, nil)
+}
+
+// useSessionLabelled is useSession for a request that asks for labels
+// (UseLabels; want canonical, nil for none): a new session leases only a
+// proxy that carries them (sessionLeaseLabelled), and a live one whose
+// proxy does not carry them (its labels changed with a Replace, or the
+// task asked for none before) is retired (SessionLabels) and
+// replaced by one whose proxy does.
+func (p *redisPool) useSessionLabelled(ctx context.Context, task, site string, want []string) (*useReply, error) {
 	scope := p.sw.scopeOf(site)
 	for range maxSessionRounds {
 		rep, err := p.runUse(ctx, task, scope, "use")
@@ -136,14 +147,26 @@ func (p *redisPool) useSession(ctx context.Context, task, site string) (*useRepl
 		}
 		switch rep.status {
 		case useLive:
+			if ok, cerr := p.carries(ctx, rep.info.ProxyID, want); cerr != nil {
+				return nil, cerr
+			} else if !ok {
+				_, _, err = p.endSession(ctx, task, rep.info.ID, SessionLabels, site, true)
+				break
+			}
 			rep.lease.site = site
 			return rep, nil
 		case useNone:
 			if rep.retired != nil {
 				p.sw.sessionEnded(p.name, *rep.retired)
 			}
-			err = p.startSession(ctx, task, site, scope)
+			err = p.startSession(ctx, task, site, scope, want)
 		case useNewSite:
+			if ok, cerr := p.carries(ctx, rep.proxyID, want); cerr != nil {
+				return nil, cerr
+			} else if !ok {
+				_, _, err = p.endSession(ctx, task, rep.id, SessionLabels, site, true)
+				break
+			}
 			err = p.extendSession(ctx, task, site, scope, rep)
 		}
 		if err != nil {
@@ -156,11 +179,18 @@ func (p *redisPool) useSession(ctx context.Context, task, site string) (*useRepl
 // startSession leases a proxy for a new session of task and binds it. A
 // lost race (another request started the session first) is no error: the
 // caller looks again.
-func (p *redisPool) startSession(ctx context.Context, task, site, scope string) error {
+func (p *redisPool) startSession(ctx context.Context, task, site, scope string, want []string) error {
 	var b [8]byte
 	_, _ = crand.Read(b[:])
 	id := hex.EncodeToString(b[:])
-	member, expiry, err := p.sessionLease(ctx, site, scope, sessionTokenPrefix+id, "")
+	var member string
+	var expiry int64
+	var err error
+	if len(want) > 0 {
+		member, expiry, err = p.sessionLeaseLabelled(ctx, site, scope, sessionTokenPrefix+id, want)
+	} else {
+		member, expiry, err = p.sessionLease(ctx, site, scope, sessionTokenPrefix+id, "")
+	}
 	if err != nil {
 		return err
 	}
@@ -346,6 +376,151 @@ func (p *redisPool) sessionLease(ctx context.Context, site, scope, token, only s
 				return "", 0, errors.Join(err, ctx.Err()) // the request ended while its site was paused
 			}
 			return "", 0, errors.Join(fmt.Errorf("%w: gave up waiting for a session proxy on site %s%s", ErrNoProxy, site, nextFree(min(time.Duration(wait)*time.Millisecond, maxWaitHint))), ctx.Err())
+		}
+	}
+}
+
+// carries reports whether proxy id of the pool carries every label of want
+// (true for none), from the Switch's copy of the labels (labelsOf: at most
+// labelIndexAge old).
+func (p *redisPool) carries(ctx context.Context, id string, want []string) (bool, error) {
+	if len(want) == 0 {
+		return true, nil
+	}
+	byID, err := p.labelsOf(ctx, false)
+	if err != nil {
+		return false, fmt.Errorf("%w: %w", ErrNoProxy, err)
+	}
+	return matches(byID[id], want), nil
+}
+
+// sessionLeaseLabelled is sessionLease for a new session whose request asks
+// for labels: it leases, under the session's token, only a proxy that
+// carries every label of want, trying up to labelTries of them per round
+// (lease.lua's preferred proxy, firm: that proxy or none), and waits as
+// sessionLease does when they are busy. Labels no proxy of the pool
+// carries fail at once with ErrNoProxy; a pool Redis lost is re-seeded from
+// the copy, labels included, once.
+func (p *redisPool) sessionLeaseLabelled(ctx context.Context, site, scope, token string, want []string) (member string, expiry int64, err error) {
+	c := p.cfg
+	keys := p.keys.lease(scope)
+	start := time.Now()
+	deadline := start.Add(c.maxWait)
+	backoff := c.backoffMin
+	reseeded := false
+	for {
+		ids, err := p.matching(ctx, want)
+		if err != nil {
+			return "", 0, fmt.Errorf("%w: %w", ErrNoProxy, err)
+		}
+		if len(ids) == 0 {
+			if !reseeded && len((&labelled{want: want}).inCopy(p)) > 0 {
+				if lost, err := p.lost(ctx); err != nil {
+					return "", 0, fmt.Errorf("%w: %w", ErrNoProxy, err)
+				} else if lost {
+					reseeded = true
+					if _, err := p.recoverLost(ctx); err != nil {
+						return "", 0, fmt.Errorf("%w: %w", ErrNoProxy, err)
+					}
+					if _, err := p.labelsOf(ctx, true); err != nil {
+						return "", 0, fmt.Errorf("%w: %w", ErrNoProxy, err)
+					}
+					continue
+				}
+			}
+			return "", 0, fmt.Errorf("%w: no proxy of pool %s carries the labels %s", ErrNoProxy, p.name, strings.Join(want, ","))
+		}
+		first := int(labelNext.Add(1) % uint64(len(ids)))
+		wait := int64(-1)
+		lost := false
+		for i := range min(labelTries, len(ids)) {
+			only := ids[(first+i)%len(ids)]
+			res, err := roundTrip(ctx, c.redisTimeout, func(ctx context.Context) ([]any, error) {
+				return leaseScript.Run(ctx, p.rdb, keys, append([]any{scope, token, c.session.ttl.Milliseconds(), c.cooldown.Milliseconds(),
+					c.slots, c.idleTTL.Milliseconds(), only, "1"}, p.sw.brk.leaseArgs(site)...)...).Slice()
+			}, p.releaseLate(scope, token))
+			if err != nil {
+				if cerr, ok := leaseConfigErr(err); ok {
+					return "", 0, cerr
+				}
+				return "", 0, fmt.Errorf("%w: %w", ErrNoProxy, redisErr("session lease", err))
+			}
+			st, _ := intAt(res, 0)
+			var w int64
+			switch {
+			case st == 1 && len(res) == 5:
+				member, _ = res[1].(string)
+				expiry, _ = intAt(res, 3)
+				if v, ok := intAt(res, 4); ok {
+					p.noteVersion(v)
+				}
+				return member, expiry, nil
+			case st == -1 && len(res) == 3:
+				lost = p.emptyReply(res)
+				if !lost {
+					return "", 0, fmt.Errorf("%w: %w: pool %q has no proxies", ErrNoProxy, ErrEmptyPool, c.pool)
+				}
+			case st == -2: // dead, or gone since the copy of the labels was read
+				continue
+			case st == -3 && len(res) == 3: // the site's circuit breaker holds it (breaker.go)
+				w, _ = intAt(res, 1)
+				until, _ := intAt(res, 2)
+				p.sw.brk.paused(site, until)
+				if err := p.sw.brk.pausedErr(site, start, deadline); err != nil {
+					return "", 0, err
+				}
+			case st == 0 && (len(res) == 2 || len(res) == 3):
+				w, _ = intAt(res, 1)
+			default:
+				return "", 0, fmt.Errorf("%w: %w: unexpected lease reply of %d items", ErrNoProxy, ErrCorrupt, len(res))
+			}
+			if lost {
+				break
+			}
+			if wait < 0 || w < wait {
+				wait = w
+			}
+		}
+		if !lost && wait < 0 && !reseeded {
+			// Every candidate was gone: the pool may be lost (lease.lua answers
+			// a firm lease of a proxy it lacks before it looks at the pool).
+			if lost, err = p.lost(ctx); err != nil {
+				return "", 0, fmt.Errorf("%w: %w", ErrNoProxy, err)
+			}
+		}
+		if lost {
+			if reseeded {
+				return "", 0, fmt.Errorf("%w: %w: pool %q has no proxies", ErrNoProxy, ErrEmptyPool, c.pool)
+			}
+			reseeded = true
+			again, rerr := p.recoverLost(ctx)
+			if rerr != nil {
+				return "", 0, fmt.Errorf("%w: %w", ErrNoProxy, rerr)
+			}
+			if !again {
+				return "", 0, fmt.Errorf("%w: %w: pool %q has no proxies", ErrNoProxy, ErrEmptyPool, c.pool)
+			}
+			if _, err := p.labelsOf(ctx, true); err != nil {
+				return "", 0, fmt.Errorf("%w: %w", ErrNoProxy, err)
+			}
+			continue
+		}
+		if wait < 0 {
+			wait = 50 // every candidate tried was dead or gone: try others a little later
+		}
+		left := time.Until(deadline)
+		d := min(waitHint(wait), backoff, left)
+		if left <= 0 {
+			return "", 0, fmt.Errorf("%w: every proxy of pool %q carrying the labels %s stayed busy or quarantined on site %s past the %v wait%s",
+				ErrNoProxy, c.pool, strings.Join(want, ","), site, c.maxWait, nextFree(min(time.Duration(wait)*time.Millisecond, maxWaitHint)))
+		}
+		backoff = min(2*backoff, c.backoffMax)
+		if !pause(ctx, d) {
+			if err := p.sw.brk.pausedErr(site, start, time.Now()); err != nil {
+				return "", 0, errors.Join(err, ctx.Err())
+			}
+			return "", 0, errors.Join(fmt.Errorf("%w: gave up waiting for a session proxy carrying the labels %s on site %s%s",
+				ErrNoProxy, strings.Join(want, ","), site, nextFree(min(time.Duration(wait)*time.Millisecond, maxWaitHint))), ctx.Err())
 		}
 	}
 }

@@ -18,7 +18,9 @@ import (
 // is a lost one, never one emptied on purpose.
 //
 // Every Switch keeps a copy of each pool it leases from (a poolSnapshot:
-// the proxies, the dead list, the recorded concurrency, the generation).
+// the proxies, the dead list, the gateways and labels hashes, the recorded
+// concurrency, the generation; a change of labels alone moves the
+// generation too).
 // lease.lua returns the generation with every lease; when it differs from
 // the copy's, the copy is read again in the background, by one goroutine
 // at a time and at most once per snapshotInterval, in pages of
@@ -55,10 +57,26 @@ var errSnapshotMoved = errors.New("the pool changed while it was read")
 
 // poolSnapshot is the copy of a pool a Switch keeps. Immutable once stored.
 type poolSnapshot struct {
-	version int64 // the pool's generation ("version" in its meta hash)
-	slots   int64 // the recorded concurrency, 0 for none
-	pairs   []any // id, URL, ...: the pool hash
-	dead    []any // id, "<ms>|<reason>", ...: the dead list
+	version  int64 // the pool's generation ("version" in its meta hash)
+	slots    int64 // the recorded concurrency, 0 for none
+	pairs    []any // id, URL, ...: the pool hash
+	gateways []any // id, template, ...: the gateways hash (gateway.go)
+	labels   []any // id, "k=v,k=v", ...: the labels hash (labels.go)
+	dead     []any // id, "<ms>|<reason>", ...: the dead list
+}
+
+// labelsByID returns the labels of the copy's proxies by ID.
+func (s *poolSnapshot) labelsByID() map[string]string {
+	if s == nil {
+		return nil
+	}
+	m := make(map[string]string, len(s.labels)/2)
+	for i := 0; i+1 < len(s.labels); i += 2 {
+		id, _ := s.labels[i].(string)
+		l, _ := s.labels[i+1].(string)
+		m[id] = l
+	}
+	return m
 }
 
 // size is the number of proxies in the copy.
@@ -186,8 +204,66 @@ func (p *redisPool) refreshSnapshot(ctx context.Context) (lost bool, err error) 
 	if len(snap.pairs) == 0 && !emptied {
 		return true, nil
 	}
+	// The gateways and labels hashes, at the same generation (a change of
+	// labels moves it too: pool_update.lua).
+	for _, h := range []struct {
+		key string
+		to  *[]any
+	}{{k.gateways(), &snap.gateways}, {k.labels(), &snap.labels}} {
+		kv, version, err := p.readHash(ctx, h.key)
+		if err != nil {
+			return false, err
+		}
+		if version != snap.version {
+			return false, errSnapshotMoved
+		}
+		*h.to = kv
+	}
 	p.snap.cur.Store(&snap)
 	return false, nil
+}
+
+// readHash pages through a hash of the pool keyed by proxy ID (the
+// gateways or labels hash) with pool_snapshot.lua and returns its pairs and
+// the pool's generation, or errSnapshotMoved if it moved between pages.
+func (p *redisPool) readHash(ctx context.Context, key string) ([]any, int64, error) {
+	k := p.keys
+	var kv []any
+	var version int64
+	seen := map[string]bool{}
+	cursor := "0"
+	for first := true; first || cursor != "0"; first = false {
+		c := cursor
+		res, err := roundTrip(ctx, p.cfg.redisTimeout, func(ctx context.Context) ([]any, error) {
+			return poolSnapshotScript.Run(ctx, p.rdb, []string{key, k.meta(), k.dead()}, c, snapshotPage).Slice()
+		}, nil)
+		if err != nil {
+			return nil, 0, redisErr("read the pool", err)
+		}
+		v, ok1 := intAt(res, 0)
+		n, ok2 := intAt(res, 4)
+		next, ok3 := "", false
+		if len(res) >= 5 {
+			next, ok3 = res[3].(string)
+		}
+		if !ok1 || !ok2 || !ok3 || n < 0 || len(res) < 5+2*int(n) {
+			return nil, 0, fmt.Errorf("%w: malformed pool snapshot reply", ErrCorrupt)
+		}
+		if !first && v != version {
+			return nil, 0, errSnapshotMoved
+		}
+		version, cursor = v, next
+		for i := 5; i < 5+2*int(n); i += 2 {
+			id, _ := res[i].(string)
+			val, _ := res[i+1].(string)
+			if id == "" || val == "" || seen[id] {
+				continue
+			}
+			seen[id] = true
+			kv = append(kv, id, val)
+		}
+	}
+	return kv, version, nil
 }
 
 // snapshot returns the copy of the pool last read, nil before the first.
@@ -243,12 +319,15 @@ func (p *redisPool) seedOnce(ctx context.Context) (int, error) {
 		slots = int64(p.cfg.slots)
 	}
 	hold := p.cfg.attemptBound()
-	argv := make([]any, 0, 4+len(snap.pairs)+len(snap.dead))
-	argv = append(argv, snap.version, hold.Milliseconds(), slots, snap.size())
-	argv = append(append(argv, snap.pairs...), snap.dead...)
+	argv := make([]any, 0, 6+len(snap.pairs)+len(snap.gateways)+len(snap.labels)+len(snap.dead))
+	argv = append(argv, snap.version, hold.Milliseconds(), slots, snap.size(), len(snap.gateways)/2, len(snap.labels)/2)
+	argv = append(argv, snap.pairs...)
+	argv = append(argv, snap.gateways...)
+	argv = append(argv, snap.labels...)
+	argv = append(argv, snap.dead...)
 	k := p.keys
 	n, err := roundTrip(ctx, p.cfg.redisTimeout, func(ctx context.Context) (int64, error) {
-		return poolSeedScript.Run(ctx, p.rdb, []string{k.proxies(), k.meta(), k.dead(), k.order()}, argv...).Int64()
+		return poolSeedScript.Run(ctx, p.rdb, []string{k.proxies(), k.meta(), k.dead(), k.order(), k.gateways(), k.labels()}, argv...).Int64()
 	}, nil)
 	if err != nil {
 		return 0, redisErr("re-seed", err)

@@ -187,11 +187,26 @@ func (p *Pool[P]) Len() int {
 // until the next one frees; with an empty share, an error wrapping
 // ErrNoProxy and ErrEmptyPool.
 func (p *Pool[P]) TryLease(site, prefer string, ttl time.Duration) (*Lease[P], time.Duration, error) {
-	l, wait, _, err := p.tryLease(site, prefer, ttl)
+	l, wait, _, err := p.tryLease(site, prefer, ttl, nil)
 	return l, wait, err
 }
 
-func (p *Pool[P]) tryLease(site, prefer string, ttl time.Duration) (*Lease[P], time.Duration, <-chan struct{}, error) {
+// TryLeaseWhere is TryLease over the proxies of the share for which match
+// returns true, and never another (the root's selection by label): prefer
+// if it matches and is free, else the least recently used of them that is
+// free, else the wait until the first of them frees. With none in the
+// share it fails with ErrNoMatch (and ErrNoProxy). match is called under
+// the Pool's lock: it must not call the Pool. It costs a scan of the
+// site's slots.
+func (p *Pool[P]) TryLeaseWhere(site, prefer string, match func(P) bool, ttl time.Duration) (*Lease[P], time.Duration, error) {
+	if match == nil {
+		return nil, 0, fail(ErrInvalid, "TryLeaseWhere without a filter")
+	}
+	l, wait, _, err := p.tryLease(site, prefer, ttl, match)
+	return l, wait, err
+}
+
+func (p *Pool[P]) tryLease(site, prefer string, ttl time.Duration, match func(P) bool) (*Lease[P], time.Duration, <-chan struct{}, error) {
 	if site == "" {
 		return nil, 0, nil, fail(ErrNoProxy, "empty site")
 	}
@@ -209,10 +224,26 @@ func (p *Pool[P]) tryLease(site, prefer string, ttl time.Duration) (*Lease[P], t
 	st := p.siteLocked(scope, now)
 	st.lastUse = now
 	var slot *slotState
+	if px, ok := p.proxies[prefer]; ok && match != nil && !match(px) {
+		prefer = "" // never a proxy the filter refuses
+	}
 	for _, s := range st.slots[prefer] {
 		if s.next <= now {
 			slot = s
 			break
+		}
+	}
+	if slot == nil && match != nil {
+		for _, s := range st.free {
+			if (slot == nil || st.free.lessSlots(s, slot)) && match(p.proxies[s.id]) {
+				slot = s
+			}
+		}
+		if slot == nil {
+			return nil, 0, nil, fail(ErrNoMatch, fmt.Sprintf("no proxy of the local share of pool %q (%d) matches", p.cfg.Pool, len(p.ids)))
+		}
+		if slot.next > now {
+			return nil, time.Duration(slot.next-now) * time.Millisecond, p.changed, nil
 		}
 	}
 	if slot == nil {
@@ -244,7 +275,7 @@ func (p *Pool[P]) tryLease(site, prefer string, ttl time.Duration) (*Lease[P], t
 func (p *Pool[P]) Lease(ctx context.Context, site string) (*Lease[P], error) {
 	deadline := time.Now().Add(p.cfg.MaxWait)
 	for {
-		l, wait, changed, err := p.tryLease(site, "", 0)
+		l, wait, changed, err := p.tryLease(site, "", 0, nil)
 		if l != nil || err != nil {
 			return l, err
 		}

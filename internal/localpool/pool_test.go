@@ -212,6 +212,58 @@ func TestLocalPoolPrefer(t *testing.T) {
 	assert.Equal(t, ps[0].ID(), l2.Proxy().ID(), "the preferred proxy is busy: the least recently used instead")
 }
 
+// TryLeaseWhere leases only proxies that match, least recently used first,
+// waits for a busy one rather than take another, and fails with ErrNoMatch
+// when none matches.
+func TestLocalPoolLeaseWhere(t *testing.T) {
+	p, clock, ps := fakeShard(t, 6, func(c *Config) { c.Cooldown = time.Second })
+	odd := func(px *testProxy) bool { return px.ID() == ps[1].ID() || px.ID() == ps[3].ID() }
+	var held []*Lease[*testProxy]
+	for _, want := range []int{1, 3} {
+		l, _, err := p.TryLeaseWhere("ozon.ru", ps[0].ID(), odd, 0) // preferring a proxy that does not match
+		require.NoError(t, err)
+		require.NotNil(t, l)
+		assert.Equal(t, ps[want].ID(), l.Proxy().ID())
+		held = append(held, l)
+	}
+	for _, l := range held {
+		require.NoError(t, l.Release())
+	}
+	clock.Add(1000)
+	l, _, err := p.TryLeaseWhere("ozon.ru", ps[3].ID(), odd, 0)
+	require.NoError(t, err)
+	assert.Equal(t, ps[3].ID(), l.Proxy().ID(), "the preferred proxy, when it matches")
+	require.NoError(t, l.Release())
+	clock.Add(1000)
+	held = nil
+	for _, want := range []int{1, 3} {
+		l, _, err := p.TryLeaseWhere("ozon.ru", "", odd, 0)
+		require.NoError(t, err)
+		require.NotNil(t, l)
+		assert.Equal(t, ps[want].ID(), l.Proxy().ID())
+		held = append(held, l)
+	}
+	l, wait, err := p.TryLeaseWhere("ozon.ru", "", odd, 0)
+	require.NoError(t, err)
+	assert.Nil(t, l, "the matching proxies are busy: no other one")
+	assert.Equal(t, 30*time.Second, wait, "until the first matching lease ends")
+	require.NoError(t, held[1].Release())
+	clock.Add(999)
+	_, wait, _ = p.TryLeaseWhere("ozon.ru", "", odd, 0)
+	assert.Equal(t, time.Millisecond, wait, "the cooldown")
+	clock.Add(1)
+	l, _, err = p.TryLeaseWhere("ozon.ru", "", odd, 0)
+	require.NoError(t, err)
+	assert.Equal(t, ps[3].ID(), l.Proxy().ID())
+	mustLease(t, p, "ozon.ru") // the others stay free for any lease
+
+	_, _, err = p.TryLeaseWhere("ozon.ru", "", func(*testProxy) bool { return false }, 0)
+	require.ErrorIs(t, err, ErrNoMatch)
+	require.ErrorIs(t, err, ErrNoProxy)
+	_, _, err = p.TryLeaseWhere("ozon.ru", "", nil, 0)
+	require.ErrorIs(t, err, ErrInvalid)
+}
+
 func TestLocalPoolSetProxies(t *testing.T) {
 	p, _, ps := fakeShard(t, 3, func(c *Config) { c.Cooldown = time.Minute })
 	gone := mustLease(t, p, "ozon.ru")

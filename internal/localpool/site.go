@@ -25,12 +25,16 @@ type slotState struct {
 // slotHeap is a min-heap of slots by (next, seq).
 type slotHeap []*slotState
 
-func (h slotHeap) Len() int { return len(h) }
-func (h slotHeap) Less(i, j int) bool {
-	if h[i].next != h[j].next {
-		return h[i].next < h[j].next
+func (h slotHeap) Len() int           { return len(h) }
+func (h slotHeap) Less(i, j int) bool { return h.lessSlots(h[i], h[j]) }
+
+// lessSlots orders slots as the heap does: earliest next-free time, then
+// least recently changed.
+func (slotHeap) lessSlots(a, b *slotState) bool {
+	if a.next != b.next {
+		return a.next < b.next
 	}
-	return h[i].seq < h[j].seq
+	return a.seq < b.seq
 }
 func (h slotHeap) Swap(i, j int) {
 	h[i], h[j] = h[j], h[i]

@@ -54,7 +54,8 @@
 -- calls that name a template. When a call consumed every entry and the
 -- change (this call or, ARGV[4], the ones before) changed the pool, the
 -- generation moves (bump_version) and the "emptied" mark is set or cleared:
--- Switches watching the pool (snapshot.go) see one change.
+-- Switches watching the pool (snapshot.go) see one change. A call that
+-- changed labels (and nothing else counts them in ARGV[4]) moves it too.
 --
 -- Returns {added, removed, size after, entries consumed}.
 local now = now_ms()
@@ -88,27 +89,48 @@ local function many(cmd, key, list)
   return n
 end
 
+-- label_all gives each id of ids the labels of labels (same index; '' for
+-- none) and counts in relabelled those whose labels changed, so that a
+-- change of labels alone moves the generation too (the copy every Switch
+-- keeps, snapshot.go, holds the labels; a re-seed must not bring old ones back).
+local relabelled = 0
+local function label_all(ids, labels)
+  local set, del = {}, {}
+  for i = 1, #ids, 1000 do
+    local j = math.min(i + 999, #ids)
+    local old = redis.call('HMGET', KEYS[10], unpack(ids, i, j))
+    for k = i, j do
+      local want = labels[k]
+      if (old[k - i + 1] or '') ~= want then
+        relabelled = relabelled + 1
+        if want ~= '' then
+          set[#set + 1] = ids[k]
+          set[#set + 1] = want
+        else
+          del[#del + 1] = ids[k]
+        end
+      end
+    end
+  end
+  many('HSET', KEYS[10], set)
+  many('HDEL', KEYS[10], del)
+end
+
 -- add_all adds the entries {id, URL, labels} of list: new ids get their
 -- place in the order (lib.lua's order_add; those already there keep
 -- theirs), every id the labels given. Returns the number of proxies new to
 -- the pool.
 local function add_all(list)
   if #list == 0 then return 0 end
-  local kv, ids, set, del = {}, {}, {}, {}
+  local kv, ids, labels = {}, {}, {}
   for _, e in ipairs(list) do
     kv[#kv + 1] = e[1]
     kv[#kv + 1] = e[2]
     ids[#ids + 1] = e[1]
-    if e[3] ~= '' then
-      set[#set + 1] = e[1]
-      set[#set + 1] = e[3]
-    else
-      del[#del + 1] = e[1]
-    end
+    labels[#labels + 1] = e[3]
   end
   local added = many('HSET', KEYS[1], kv)
-  many('HSET', KEYS[10], set)
-  many('HDEL', KEYS[10], del)
+  label_all(ids, labels)
   order_add(KEYS[7], KEYS[3], ids)
   return added
 end
@@ -198,12 +220,9 @@ local function gateways(g, have)
   local added = 0
   for _, t in ipairs(g.templates) do
     local n = #(have[t] or {})
-    local labels, set = g.cands[t][1][3], {}
-    for _, id in ipairs(have[t] or {}) do
-      set[#set + 1] = id
-      if labels ~= '' then set[#set + 1] = labels end
-    end
-    if labels ~= '' then many('HSET', KEYS[10], set) else many('HDEL', KEYS[10], set) end
+    local labels, each = g.cands[t][1][3], {}
+    for _ in ipairs(have[t] or {}) do each[#each + 1] = labels end
+    label_all(have[t] or {}, each)
     local take, tags = {}, {}
     for _, e in ipairs(g.cands[t]) do
       if n >= g.size[t] then break end
@@ -301,11 +320,12 @@ end
 -- that mark was lost by Redis, and a Switch re-seeds it (pool_seed.lua).
 local size = redis.call('HLEN', KEYS[1])
 if consumed >= total then
-  if added + removed > 0 or ARGV[4] == '1' then bump_version(KEYS[3]) end
+  if added + removed + relabelled > 0 or ARGV[4] == '1' then bump_version(KEYS[3]) end
   if size == 0 then
     redis.call('HSET', KEYS[3], 'emptied', '1')
   else
     redis.call('HDEL', KEYS[3], 'emptied')
   end
 end
+if consumed < total and relabelled > 0 then bump_version(KEYS[3]) end -- not counted by ARGV[4]
 return {added, removed, size, consumed}
