@@ -19,7 +19,10 @@ type Lease struct {
 	scope  string  // the site, or globalSite
 	proxy  *Proxy
 	member string // "<id>:<slot>" in the free set
-	token  string // owner token: only this holder can release or extend
+	// memberArg is member as lease.lua's reply boxed it, sent again as it
+	// is by release_many.lua's call (releaser.go); nil: member is boxed.
+	memberArg any
+	token     string // owner token: only this holder can release or extend
 
 	local *localLease // the local shard's lease, when it granted it (fallbacklease.go)
 
