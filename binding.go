@@ -43,6 +43,7 @@ type binding struct {
 	calls   int           // ProxyFunc calls served: tells the transport a hop used a proxy
 	retries int           // retries through another proxy taken (transport.go)
 	task    *taskState    // the request's task, for its sticky session (session.go); nil for none
+	waitBy  time.Time     // the hop's wait for a proxy ends by then (leaseEarly); zero: MaxWait alone
 
 	refusals []refusal     // the bans met, for the page-or-IP judgment (ban.go)
 	blocked  *BlockedError // the latest ban or failure retried: named by a later ErrNoProxy
@@ -57,6 +58,13 @@ func (b *binding) addRefusal(r refusal, blocked *BlockedError) {
 		b.refusals = append(b.refusals, r)
 	}
 	b.blocked = blocked
+}
+
+// setWaitBy sets when the hop's wait for a proxy ends (zero: MaxWait alone).
+func (b *binding) setWaitBy(t time.Time) {
+	b.mu.Lock()
+	b.waitBy = t
+	b.mu.Unlock()
 }
 
 // refused reports whether the request met a ban it still remembers.

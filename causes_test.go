@@ -23,20 +23,28 @@ import (
 // OnError and in Visit, as a request of no task does
 // (TestNoProxyErrorSurvivesClientTimeout).
 func TestSessionNoProxyErrorSurvivesClientTimeout(t *testing.T) {
-	noProxySurvivesClientTimeout(t, true)
+	noProxySurvivesClientTimeout(t, true, time.Second)
+}
+
+// TestNoProxyErrorSurvivesFarClientTimeout: as
+// TestNoProxyErrorSurvivesClientTimeout, with a request timeout far enough
+// (more than byNear Redis timeouts) that the wait starts without a context
+// of its own (acquireBy) and makes it on the way.
+func TestNoProxyErrorSurvivesFarClientTimeout(t *testing.T) {
+	noProxySurvivesClientTimeout(t, false, 2*time.Second, WithTimeouts(Timeouts{Redis: 200 * time.Millisecond}))
 }
 
 // noProxySurvivesClientTimeout sends 20 requests (of a task each, with
 // tasks) that wait for the only proxy, held by another, until Colly's
 // request timeout: every error matches ErrNoProxy, in OnError and in Visit,
 // and no request leaves without a proxy.
-func noProxySurvivesClientTimeout(t *testing.T, tasks bool) {
-	// A second: the wait ends 100ms before it (leaseMargin), room enough
-	// for a loaded machine to hand the error over before net/http's timer.
-	const timeout = time.Second
+//
+// A timeout of a second: the wait ends 100ms before it (leaseMargin), room
+// enough for a loaded machine to hand the error over before net/http's timer.
+func noProxySurvivesClientTimeout(t *testing.T, tasks bool, timeout time.Duration, opts ...Option) {
 	ctx := context.Background()
 	site := testbed.NewSite(t, "busy", nil)
-	s := newSwitch(t, shared.Client(t), WithTimeouts(Timeouts{MaxWait: time.Minute}))
+	s := newSwitch(t, shared.Client(t), append([]Option{WithTimeouts(Timeouts{MaxWait: time.Minute})}, opts...)...)
 	_, err := s.Add(ctx, testbed.NewProxies(t, 1)[0].URL())
 	require.NoError(t, err)
 	held, err := s.Lease(ctx, site.Host()) // the only proxy stays busy

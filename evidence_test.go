@@ -222,7 +222,9 @@ func recordPages(c *colly.Collector, mu *sync.Mutex, served map[string]int, fail
 // until Colly's request timeout (net/http's Client.Timeout) fails with an
 // error that still matches ErrNoProxy, in OnError and in Visit
 // (noProxySurvivesClientTimeout, causes_test.go).
-func TestNoProxyErrorSurvivesClientTimeout(t *testing.T) { noProxySurvivesClientTimeout(t, false) }
+func TestNoProxyErrorSurvivesClientTimeout(t *testing.T) {
+	noProxySurvivesClientTimeout(t, false, time.Second)
+}
 
 // TestPageRefusalsAcrossCollectors runs the refused pages of
 // TestPageRefusals through two collectors with their own Redis clients, 20

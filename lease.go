@@ -19,7 +19,10 @@ type Lease struct {
 	scope  string  // the site, or globalSite
 	proxy  *Proxy
 	member string // "<id>:<slot>" in the free set
-	token  string // owner token: only this holder can release or extend
+	// memberArg is member as lease.lua's reply boxed it, sent again as it
+	// is by release_many.lua's call (releaser.go); nil: member is boxed.
+	memberArg any
+	token     string // owner token: only this holder can release or extend
 
 	local *localLease // the local shard's lease, when it granted it (fallbacklease.go)
 
@@ -105,6 +108,16 @@ func (s *Switch) scopeOf(site string) string {
 // than that keeps its proxy by renewal, not by a longer TTL, so that a
 // holder that dies frees it within one TTL.
 func (s *Switch) acquire(ctx context.Context, site, prefer string, renew bool) (*Lease, error) {
+	return s.acquireBy(ctx, site, prefer, renew, time.Time{})
+}
+
+// acquireBy is acquire whose wait, if by is set, ends by then exactly as
+// it would on ctx with its deadline brought forward to by (leaseEarly) but
+// without making that context for every lease: while by is further than
+// byNear away, no try can run past it (each is bounded by the Redis
+// timeout) and the pauses stop short of byNear, so the tries run on ctx; a
+// try made nearer to by runs on a context ending at by, made then.
+func (s *Switch) acquireBy(ctx context.Context, site, prefer string, renew bool, by time.Time) (*Lease, error) {
 	if s.renew.isClosed() {
 		return nil, errClosed
 	}
@@ -112,12 +125,22 @@ func (s *Switch) acquire(ctx context.Context, site, prefer string, renew bool) (
 	if err != nil {
 		return nil, err
 	}
+	near := byNear * s.cfg.redisTimeout
+	if _, ok := be.(*router); ok {
+		near = maxWaitHint // a try may cross several pools: the context at once
+	}
 	scope := s.scopeOf(site)
 	start := time.Now()
 	deadline := start.Add(s.cfg.maxWait)
 	backoff := s.cfg.backoffMin
 	var next time.Duration // the last wait hint: when the next proxy frees
 	for {
+		if !by.IsZero() && time.Until(by) < near {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithDeadline(ctx, by)
+			defer cancel()
+			by = time.Time{}
+		}
 		l, wait, err := be.tryLease(ctx, site, scope, prefer)
 		next = wait
 		if l != nil {
@@ -138,6 +161,9 @@ func (s *Switch) acquire(ctx context.Context, site, prefer string, renew bool) (
 			return nil, fmt.Errorf("%w: every proxy of pool %q stayed busy or quarantined for site %s for %v%s", ErrNoProxy, be.pool(), scope, s.cfg.maxWait, nextFree(next))
 		}
 		d := min(wait, backoff, left)
+		if !by.IsZero() {
+			d = min(d, max(time.Until(by)-near, time.Millisecond)) // then the context ending at by
+		}
 		backoff = min(2*backoff, s.cfg.backoffMax)
 		if !s.waiters.pause(ctx, be.pool(), scope, d) {
 			if err := s.brk.pausedErr(site, start, time.Now()); err != nil {
@@ -147,6 +173,11 @@ func (s *Switch) acquire(ctx context.Context, site, prefer string, renew bool) (
 		}
 	}
 }
+
+// byNear, times the Redis timeout, is how near its by acquireBy makes the
+// context ending then: a try (in a lease group, the batch in flight and its
+// own; a pool lost and re-seeded, two calls) ends well within it.
+const byNear = 4
 
 // nextFree says when the next proxy of a site frees (its lease ends, its
 // cooldown or quarantine runs out), from the lease script's last wait hint,

@@ -207,7 +207,7 @@ func (s *Switch) hookedProxy(req *http.Request, b *binding, site string) (*url.U
 		b.lease = nil
 		s.releaseQuietly(old)
 	}
-	l, err := s.acquire(req.Context(), site, prefer, true)
+	l, err := s.acquireBy(req.Context(), site, prefer, true, b.waitBy)
 	if err != nil {
 		return nil, err
 	}

@@ -34,6 +34,8 @@ type redisPool struct {
 	scopeKeys   scopeKeyCache                     // the lease and release keys of each scope, built once
 	snap        snapState                         // the copy of the pool, to re-seed a Redis that lost it (snapshot.go)
 	labelIdx    labelCache                        // the labels of its proxies, for labelled leases (labels.go)
+	flakyMs     int64                             // the flaky delay in ms,
+	flakyArg    any                               // and boxed once, for release_many.lua (releaser.go)
 }
 
 func newRedisPool(s *Switch, name string) (*redisPool, error) {
@@ -46,7 +48,8 @@ func newRedisPool(s *Switch, name string) (*redisPool, error) {
 		timeout = min(timeout, s.cfg.fallback.timeout)
 	}
 	p := &redisPool{sw: s, rdb: s.rdb, cfg: &s.cfg, name: name, keys: keys, timeout: timeout,
-		inline: bounded.HonoursDeadlines(s.rdb)}
+		inline: bounded.HonoursDeadlines(s.rdb), flakyMs: s.cfg.flakyDelay.Milliseconds()}
+	p.flakyArg = p.flakyMs
 	p.releases = group.Group[queuedRelease, int64]{Max: releaseBatch, Corrupt: ErrCorrupt, Flush: p.releaseMany}
 	return p, nil
 }
@@ -142,7 +145,7 @@ func (p *redisPool) tryLeaseOnce(ctx context.Context, site, scope, prefer string
 			}
 			return nil, 0, false, fmt.Errorf("%w: %w", ErrNoProxy, err)
 		}
-		l := &Lease{sw: p.sw, be: p, scope: scope, site: site, member: member, token: token, proxy: px}
+		l := &Lease{sw: p.sw, be: p, scope: scope, site: site, member: member, memberArg: res[1], token: token, proxy: px}
 		l.expiry.Store(expiry)
 		if v, ok := intAt(res, 4); ok {
 			p.noteVersion(v)

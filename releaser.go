@@ -84,11 +84,22 @@ func (p *redisPool) releaseMany(qs []queuedRelease) ([]int64, error) {
 		if cooldown > 0 {
 			cooldown = max(cooldown-now.Sub(q.at), 0) // from when the release was asked for
 		}
-		paced := "0"
-		if q.pace {
-			paced = "1"
+		// The values every release sends alike go boxed as they were
+		// boxed once (an interface of a string or of a number above 255
+		// is an allocation each time).
+		member, flaky, paced := l.memberArg, any(nil), flagArgs[0]
+		if member == nil {
+			member = l.member
 		}
-		argv = append(argv, i, l.member, l.token, cooldown.Milliseconds(), q.reset, q.flaky.Milliseconds(), paced)
+		if ms := q.flaky.Milliseconds(); ms == p.flakyMs {
+			flaky = p.flakyArg
+		} else {
+			flaky = ms
+		}
+		if q.pace {
+			paced = flagArgs[1]
+		}
+		argv = append(argv, i, member, l.token, cooldown.Milliseconds(), q.reset, flaky, paced)
 	}
 	res, err := bounded.Call(context.Background(), p.timeout, p.inline, func(ctx context.Context) ([]int64, error) {
 		return releaseManyScript.Run(ctx, p.rdb, keys, argv...).Int64Slice()
@@ -101,6 +112,9 @@ func (p *redisPool) releaseMany(qs []queuedRelease) ([]int64, error) {
 	}
 	return res, nil
 }
+
+// flagArgs are a script's "0" and "1" flags, boxed once.
+var flagArgs = [2]any{"0", "1"}
 
 // appendReleaseKeys appends release_many.lua's five keys of scope.
 func (p *redisPool) appendReleaseKeys(keys []string, scope string) []string {

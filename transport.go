@@ -140,8 +140,14 @@ func (t *transport) RoundTrip(req *http.Request) (resp *http.Response, err error
 // one keeping only its text (net/http's setRequestCancel and
 // Client.do): errors.Is(err, ErrNoProxy) would not hold in OnError and
 // Visit. The ProxyFunc then finds the lease in the binding and returns it.
+// The wait's end goes to the ProxyFunc in the binding (waitBy, read by
+// acquireBy), which makes the context of leaseContext only if the wait
+// comes near it: most leases are granted long before, and a context and a
+// copy of the request per page cost the crawl more than the lease's own
+// client work.
 func (t *transport) leaseEarly(req *http.Request) error {
-	if _, ok := req.Context().Deadline(); !ok {
+	dl, ok := req.Context().Deadline()
+	if !ok {
 		return nil
 	}
 	b := t.s.reg.lookup(req.Header)
@@ -151,9 +157,9 @@ func (t *transport) leaseEarly(req *http.Request) error {
 	if b == nil || !b.hooked || b.taskState() != nil {
 		return nil
 	}
-	ctx, cancel := leaseContext(req.Context())
-	defer cancel()
-	_, err := t.s.ProxyFunc(req.WithContext(ctx))
+	b.setWaitBy(dl.Add(-leaseMargin(time.Until(dl))))
+	defer b.setWaitBy(time.Time{})
+	_, err := t.s.ProxyFunc(req)
 	return err
 }
 

@@ -14,8 +14,9 @@ import (
 // Call runs fn with a context bounded by timeout. go-redis honours context
 // deadlines only with Options.ContextTimeoutEnabled and otherwise waits its
 // read timeout, times its retries; so unless inline says the client honours
-// them, fn runs on a goroutine of its own and Call returns as soon as the
-// bound passes, leaving fn to finish in the background. late, if non-nil,
+// them, fn runs on another goroutine (a worker, reused from call to call:
+// spawn) and Call returns as soon as the bound passes, leaving fn to finish
+// in the background. late, if non-nil,
 // then receives fn's result (so that, say, a lease granted after its caller
 // gave up is handed back, not leaked).
 //
@@ -32,10 +33,10 @@ func Call[T any](ctx context.Context, timeout time.Duration, inline bool, fn fun
 		err error
 	}
 	done := make(chan result, 1)
-	go func() {
+	spawn(func() {
 		v, err := fn(cctx)
 		done <- result{v, err}
-	}()
+	})
 	select {
 	case r := <-done:
 		cancel()
@@ -69,4 +70,44 @@ func HonoursDeadlines(rdb any) bool {
 		return c.Options().ContextTimeoutEnabled
 	}
 	return false
+}
+
+// Workers. A call that is not inline runs on a worker: a goroutine that,
+// its call done, stays parked for the next one (workerIdle at most) instead
+// of exiting. Starting a goroutine per call, then growing its stack to the
+// depth of a go-redis round trip, cost more CPU than the round trip's own
+// client work on a crawler's hot path; a parked worker keeps its stack.
+// There are as many workers as calls ran at once lately: a call finds a
+// parked one or starts one, and a worker left idle for workerIdle exits.
+
+// workerIdle is how long a worker stays parked without a call before it exits.
+const workerIdle = 10 * time.Second
+
+// idle hands a call to a parked worker: unbuffered, so a send succeeds
+// only when one is waiting for it.
+var idle = make(chan func())
+
+// spawn runs f on a parked worker, or on a new one if none is parked.
+func spawn(f func()) {
+	select {
+	case idle <- f:
+	default:
+		go work(f)
+	}
+}
+
+// work runs f, then the calls handed to it, until none comes for workerIdle.
+func work(f func()) {
+	f()
+	t := time.NewTimer(workerIdle)
+	defer t.Stop()
+	for {
+		select {
+		case f = <-idle:
+			f()
+			t.Reset(workerIdle)
+		case <-t.C:
+			return
+		}
+	}
 }
