@@ -149,25 +149,23 @@ func (l *Lease) Report(ctx context.Context, v ban.Verdict) error {
 func (s *Switch) Dead(ctx context.Context) ([]ProxyState, error) { return s.own.redis().dead(ctx) }
 
 func (rp *redisPool) dead(ctx context.Context) ([]ProxyState, error) {
-	res, err := roundTrip(ctx, rp.cfg.redisTimeout, func(ctx context.Context) ([]string, error) {
-		return deadScript.Run(ctx, rp.rdb, []string{rp.keys.dead(), rp.keys.proxies()}).StringSlice()
-	}, nil)
-	if err != nil {
-		return nil, redisErr("dead", err)
-	}
-	out := make([]ProxyState, 0, len(res)/3)
-	for i := 0; i+2 < len(res); i += 3 {
-		p, err := rp.sw.poolEntry(rp.keys.proxies(), res[i], res[i+1])
+	var out []ProxyState
+	err := scanHash(ctx, rp.rdb, rp.cfg.redisTimeout, rp.keys.dead(), rp.keys.proxies(), func(id string, v []string) error {
+		p, err := rp.sw.poolEntry(rp.keys.proxies(), id, v[1])
 		if err != nil {
-			return nil, err
+			return err
 		}
-		ms, reason, _ := strings.Cut(res[i+2], "|")
+		ms, reason, _ := strings.Cut(v[0], "|")
 		n, _ := strconv.ParseInt(ms, 10, 64)
 		state := StateDead
 		if reason == "drained" {
 			state = StateDrained
 		}
 		out = append(out, ProxyState{Proxy: p, State: state, Since: time.UnixMilli(n), Reason: reason})
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	sortProxies(out, func(d ProxyState) *Proxy { return d.Proxy })
 	return out, nil

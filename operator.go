@@ -98,14 +98,21 @@ func (s *Switch) find(ctx context.Context, proxy string) (*Proxy, error) {
 		}
 		id = p.id
 	}
-	ps, err := s.List(ctx)
+	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]string, error) {
+		return engine.Find{Pool: s.keys.proxies(), Labels: s.keys.labels(), Proxy: id}.Run(ctx, s.rdb).StringSlice()
+	}, nil)
 	if err != nil {
-		return nil, err
+		return nil, redisErr("find", err)
 	}
-	for _, p := range ps {
-		if p.id == id {
-			return p, nil
+	if len(res) == 2 {
+		p, err := s.poolEntry(s.keys.proxies(), id, res[0])
+		if err != nil {
+			return nil, err
 		}
+		return p.withLabels(res[1]), nil
+	}
+	if len(res) != 0 {
+		return nil, fmt.Errorf("%w: find reply of %d items", ErrCorrupt, len(res))
 	}
 	return nil, fmt.Errorf("%w: no proxy %s in pool %q", ErrNotInPool, id, s.cfg.pool)
 }

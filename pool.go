@@ -107,19 +107,16 @@ func (s *Switch) ReplaceProxies(ctx context.Context, ps []*Proxy) (PoolChange, e
 func (s *Switch) List(ctx context.Context) ([]*Proxy, error) { return s.own.redis().list(ctx) }
 
 func (rp *redisPool) list(ctx context.Context) ([]*Proxy, error) {
-	res, err := roundTrip(ctx, rp.cfg.redisTimeout, func(ctx context.Context) ([]string, error) {
-		return engine.List{Pool: rp.keys.proxies()}.Run(ctx, rp.rdb).StringSlice()
-	}, nil)
-	if err != nil {
-		return nil, redisErr("list", err)
-	}
-	out := make([]*Proxy, 0, len(res)/2)
-	for i := 0; i+1 < len(res); i += 2 {
-		p, err := rp.sw.poolEntry(rp.keys.proxies(), res[i], res[i+1])
-		if err != nil {
-			return nil, err
+	var out []*Proxy
+	err := scanHash(ctx, rp.rdb, rp.cfg.redisTimeout, rp.keys.proxies(), "", func(id string, v []string) error {
+		p, err := rp.sw.poolEntry(rp.keys.proxies(), id, v[0])
+		if err == nil {
+			out = append(out, p)
 		}
-		out = append(out, p)
+		return err
+	})
+	if err != nil {
+		return nil, err
 	}
 	labels, err := rp.labelsOf(ctx, true)
 	if err != nil {
@@ -320,42 +317,25 @@ func (s *Switch) replace(ctx context.Context, args []any) (PoolChange, error) {
 // call) and returns each field once: the ID, and for a hash other than the
 // pool hash the ID, a NUL and its value.
 func (s *Switch) hashKeys(ctx context.Context, key string) ([]string, error) {
-	k := s.keys
-	withValue := key != k.proxies()
+	withValue := key != s.keys.proxies()
 	var out []string
 	seen := map[string]bool{}
-	cursor := "0"
-	for first := true; first || cursor != "0"; first = false {
-		c := cursor
-		res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]any, error) {
-			return poolSnapshotScript.Run(ctx, s.rdb, []string{key, k.meta(), k.dead()}, c, snapshotPage).Slice()
-		}, nil)
-		if err != nil {
-			return nil, redisErr("read the pool", err)
-		}
-		n, ok := intAt(res, 4)
-		next, ok2 := "", false
-		if len(res) >= 5 {
-			next, ok2 = res[3].(string)
-		}
-		if !ok || !ok2 || n < 0 || len(res) < 5+2*int(n) {
-			return nil, fmt.Errorf("%w: malformed pool snapshot reply", ErrCorrupt)
-		}
-		cursor = next
-		for i := 5; i < 5+2*int(n); i += 2 {
-			id, _ := res[i].(string)
+	err := snapshotPages(ctx, s.rdb, s.cfg.redisTimeout, key, s.keys.meta(), func(_, _ int64, _ bool, kv []any) error {
+		for i := 0; i+1 < len(kv); i += 2 {
+			id, _ := kv[i].(string)
 			if id == "" || seen[id] { // HSCAN may return an entry twice
 				continue
 			}
 			seen[id] = true
 			if withValue {
-				v, _ := res[i+1].(string)
+				v, _ := kv[i+1].(string)
 				id += "\x00" + v
 			}
 			out = append(out, id)
 		}
-	}
-	return out, nil
+		return nil
+	})
+	return out, err
 }
 
 // entries are pool_update.lua's entries of ps: id, URL, gateway template,

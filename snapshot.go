@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // A pool that Redis lost comes back by itself. Redis may lose a pool
@@ -22,7 +24,7 @@ import (
 // lease.lua returns the generation with every lease; when it differs from
 // the copy's, the copy is read again in the background, by one goroutine
 // at a time and at most once per snapshotInterval, in pages of
-// snapshotPage proxies (pool_snapshot.lua), so the lease path never waits
+// pageSize proxies (pool_snapshot.lua, paged.go), so the lease path never waits
 // for it and no round trip is added to it. When lease.lua finds the pool
 // empty and unmarked, the Switch re-seeds it from its copy (pool_seed.lua,
 // one call per process at a time) and leases again. The script seeds only
@@ -45,8 +47,6 @@ const (
 	// snapshotInterval is the least time between two reads of the copy
 	// that lease replies start.
 	snapshotInterval = time.Second
-	// snapshotPage is how many proxies one pool_snapshot.lua call reads.
-	snapshotPage = 1000
 )
 
 // errSnapshotMoved: the pool changed while its copy was read; the copy
@@ -142,45 +142,38 @@ func (p *redisPool) emptied(v int64) {
 func (p *redisPool) refreshSnapshot(ctx context.Context) (lost bool, err error) {
 	p.snap.readMu.Lock()
 	defer p.snap.readMu.Unlock()
-	k := p.keys
 	var snap poolSnapshot
 	var emptied bool
-	seen := map[string]bool{}
-	cursor := "0"
-	for first := true; first || cursor != "0"; first = false {
-		c := cursor
-		res, err := roundTrip(ctx, p.cfg.redisTimeout, func(ctx context.Context) ([]any, error) {
-			return poolSnapshotScript.Run(ctx, p.rdb, []string{k.proxies(), k.meta(), k.dead()}, c, snapshotPage).Slice()
-		}, nil)
-		if err != nil {
-			return false, redisErr("read the pool", err)
-		}
-		if len(res) < 5 {
-			return false, fmt.Errorf("%w: pool snapshot reply of %d items", ErrCorrupt, len(res))
-		}
-		version, ok1 := intAt(res, 0)
-		mark, ok2 := intAt(res, 1)
-		slots, ok3 := intAt(res, 2)
-		next, ok4 := res[3].(string)
-		n, ok5 := intAt(res, 4)
-		if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 || n < 0 || len(res) < 5+2*int(n) || (!first && len(res) != 5+2*int(n)) {
-			return false, fmt.Errorf("%w: malformed pool snapshot reply", ErrCorrupt)
-		}
-		if !first && version != snap.version {
-			return false, errSnapshotMoved
-		}
-		snap.version, snap.slots, emptied, cursor = version, slots, mark == 1, next
-		for i := 5; i < 5+2*int(n); i += 2 {
-			id, _ := res[i].(string)
-			raw, _ := res[i+1].(string)
-			if id == "" || raw == "" || seen[id] { // HSCAN may return an entry twice
-				continue
+	first := true
+	// The pool hash, then the dead list: every page of the same generation.
+	for _, key := range []string{p.keys.proxies(), p.keys.dead()} {
+		dead := key == p.keys.dead()
+		seen := map[string]bool{}
+		err := snapshotPages(ctx, p.rdb, p.cfg.redisTimeout, key, p.keys.meta(), func(version, slots int64, mark bool, kv []any) error {
+			if !first && version != snap.version {
+				return errSnapshotMoved
 			}
-			seen[id] = true
-			snap.pairs = append(snap.pairs, id, raw)
-		}
-		if first {
-			snap.dead = append(snap.dead, res[5+2*int(n):]...)
+			if !dead {
+				snap.slots, emptied = slots, mark
+			}
+			snap.version, first = version, false
+			for i := 0; i+1 < len(kv); i += 2 {
+				id, _ := kv[i].(string)
+				v, _ := kv[i+1].(string)
+				if id == "" || v == "" || seen[id] { // HSCAN may return an entry twice
+					continue
+				}
+				seen[id] = true
+				if dead {
+					snap.dead = append(snap.dead, id, v)
+				} else {
+					snap.pairs = append(snap.pairs, id, v)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return false, err
 		}
 	}
 	if len(snap.pairs) == 0 && !emptied {
@@ -188,6 +181,40 @@ func (p *redisPool) refreshSnapshot(ctx context.Context) (lost bool, err error) 
 	}
 	p.snap.cur.Store(&snap)
 	return false, nil
+}
+
+// snapshotPages reads hash key (of the pool with meta hash meta, keyed by proxy ID) page by page
+// with pool_snapshot.lua, pageSize entries per call, and calls each with
+// every page: the pool's generation, recorded concurrency and "emptied"
+// mark when the page was read, and the page's id, value pairs.
+func snapshotPages(ctx context.Context, rdb redis.Scripter, timeout time.Duration, key, meta string,
+	each func(version, slots int64, emptied bool, kv []any) error) error {
+	cursor := "0"
+	for first := true; first || cursor != "0"; first = false {
+		c := cursor
+		res, err := roundTrip(ctx, timeout, func(ctx context.Context) ([]any, error) {
+			return poolSnapshotScript.Run(ctx, rdb, []string{key, meta}, c, pageSize).Slice()
+		}, nil)
+		if err != nil {
+			return redisErr("read the pool", err)
+		}
+		if len(res) < 5 {
+			return fmt.Errorf("%w: pool snapshot reply of %d items", ErrCorrupt, len(res))
+		}
+		version, ok1 := intAt(res, 0)
+		mark, ok2 := intAt(res, 1)
+		slots, ok3 := intAt(res, 2)
+		next, ok4 := res[3].(string)
+		n, ok5 := intAt(res, 4)
+		if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 || n < 0 || len(res) != 5+2*int(n) {
+			return fmt.Errorf("%w: malformed pool snapshot reply", ErrCorrupt)
+		}
+		cursor = next
+		if err := each(version, slots, mark == 1, res[5:]); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // snapshot returns the copy of the pool last read, nil before the first.

@@ -21,7 +21,7 @@ var (
 	statsScript       = Root.Script("stats")
 	poolUpdateScript  = Root.Script("pool_update")
 	gatewayOfScript   = Root.Script("gateway_of")
-	labelsScript      = Root.Script("labels")
+	findScript        = Root.Script("find")
 	unbanScript       = Root.Script("unban")
 	drainScript       = Root.Script("drain")
 	clearScript       = Root.Script("clear")
@@ -30,14 +30,23 @@ var (
 	proxyStatesScript = Root.Script("proxy_states")
 )
 
-// List runs list.lua: the pool's proxies, id, URL, id, URL, ...
+// List runs list.lua: one page of a hash of the pool keyed by proxy ID,
+// {next cursor, id, value, ...}, with Join {next cursor, id, value,
+// joined value, ...}.
 type List struct {
-	Pool string // KEYS[1] pool hash
+	Hash   string // KEYS[1] the hash read
+	Join   string // KEYS[2] if not empty: a hash joined on the id (ids it lacks are left out)
+	Cursor string // ARGV[1] HSCAN cursor, "0" for the first page
+	Count  int    // ARGV[2] HSCAN count
 }
 
 // Run sends the call.
 func (c List) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
-	return listScript.Run(ctx, rdb, []string{c.Pool})
+	keys := []string{c.Hash}
+	if c.Join != "" {
+		keys = append(keys, c.Join)
+	}
+	return listScript.Run(ctx, rdb, keys, c.Cursor, c.Count)
 }
 
 // Stats runs stats.lua: a snapshot of the pool as one scope sees it.
@@ -93,14 +102,15 @@ func (c GatewayOf) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
 	return gatewayOfScript.Run(ctx, rdb, []string{c.Gateways}, c.Proxy)
 }
 
-// Labels runs labels.lua: the labels of the pool's proxies, id, labels, ...
-type Labels struct {
-	Labels string // KEYS[1] the pool's labels hash
+// Find runs find.lua: one proxy by ID, {URL, labels}, {} when not in the pool.
+type Find struct {
+	Pool, Labels string // KEYS[1..2] the pool's hash and its labels hash
+	Proxy        string // ARGV[1] proxy id
 }
 
 // Run sends the call.
-func (c Labels) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
-	return labelsScript.Run(ctx, rdb, []string{c.Labels})
+func (c Find) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
+	return findScript.Run(ctx, rdb, []string{c.Pool, c.Labels}, c.Proxy)
 }
 
 // Unban runs unban.lua: end a proxy's quarantine on one scope.
