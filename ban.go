@@ -192,16 +192,22 @@ func (s *Switch) Revive(ctx context.Context, reason string, proxies ...string) (
 }
 
 // revive runs revive.lua for ids, only those marked with reason unless it
-// is empty.
+// is empty: in calls of bounded work (chunkBudget), each proxy's revival
+// atomic across the sites, the whole not.
 func (s *Switch) revive(ctx context.Context, reason string, ids []any) (int, error) {
-	argv := append([]any{s.keys.base, s.cfg.slots, reason}, ids...)
-	n, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) (int64, error) {
-		return reviveScript.Run(ctx, s.rdb, []string{s.keys.dead(), s.keys.fails(), s.keys.sites()}, argv...).Int64()
-	}, nil)
-	if err != nil {
-		return 0, redisErr("revive", err)
+	n := 0
+	for rest := ids; len(rest) > 0; {
+		argv := append([]any{s.keys.base, s.cfg.slots, reason, chunkBudget()}, rest[:min(len(rest), pageSize())]...)
+		revived, done, err := chunkCall(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]int64, error) {
+			return reviveScript.Run(ctx, s.rdb, []string{s.keys.dead(), s.keys.fails(), s.keys.sites()}, argv...).Int64Slice()
+		}, len(argv)-4)
+		if err != nil {
+			return n, redisErr("revive", err)
+		}
+		n += revived
+		rest = rest[done:]
 	}
-	return int(n), nil
+	return n, nil
 }
 
 // Evidence before verdict (Bans.EvidenceFirst).

@@ -97,17 +97,23 @@ func (s *Switch) Drain(ctx context.Context, reason string, proxies ...string) (i
 	if len(strs) == 0 {
 		return 0, nil
 	}
-	n, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) (int64, error) {
-		return engine.Drain{Dead: s.keys.dead(), Sites: s.keys.sites(), Pool: s.keys.proxies(),
-			Prefix: s.keys.base, Slots: s.cfg.slots, Reason: reason, Proxies: strs}.Run(ctx, s.rdb).Int64()
-	}, nil)
-	if err != nil {
-		return 0, redisErr("drain", err)
+	n := 0
+	for rest := strs; len(rest) > 0; {
+		part := rest[:min(len(rest), pageSize())]
+		marked, done, err := chunkCall(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]int64, error) {
+			return engine.Drain{Dead: s.keys.dead(), Sites: s.keys.sites(), Pool: s.keys.proxies(),
+				Prefix: s.keys.base, Slots: s.cfg.slots, Reason: reason, Budget: chunkBudget(), Proxies: part}.Run(ctx, s.rdb).Int64Slice()
+		}, len(part))
+		if err != nil {
+			return n, redisErr("drain", err)
+		}
+		for _, id := range rest[:done] {
+			s.clients.closeProxy(id, "")
+		}
+		n += marked
+		rest = rest[done:]
 	}
-	for _, id := range strs {
-		s.clients.closeProxy(id, "")
-	}
-	return int(n), nil
+	return n, nil
 }
 
 func checkReason(reason string) error {

@@ -10,7 +10,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
 )
 
 // Labels: what a proxy is (type, country, city, provider, price), and

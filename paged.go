@@ -3,6 +3,7 @@ package proxyswitch
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/proxyswitch/proxyswitch/internal/engine"
@@ -17,9 +18,18 @@ import (
 // (once: pages may repeat an entry, the reader keeps the last), one added
 // or removed meanwhile may be read or not.
 
-// pageSize is the HSCAN count of one page. A variable so that tests read
-// small pools in many pages.
-var pageSize = 500
+// defaultPageSize is the HSCAN count of one page, and the number of
+// entries of one call of the other paged and chunked operations.
+const defaultPageSize = 500
+
+// pageSizeVar is the page size in effect: defaultPageSize, or the small one
+// a test sets (setPageSize) to read and write small pools in many pages.
+var pageSizeVar atomic.Int64
+
+func init() { pageSizeVar.Store(defaultPageSize) }
+
+// pageSize is the page size in effect.
+func pageSize() int { return int(pageSizeVar.Load()) }
 
 // scanHash reads every entry of hash key (a hash of the pool keyed by proxy
 // ID) with list.lua, page by page, and calls each for every id once, in no
@@ -35,7 +45,7 @@ func scanHash(ctx context.Context, rdb redis.Scripter, timeout time.Duration, ke
 	seen := map[string]bool{}
 	cursor := "0"
 	for first := true; first || cursor != "0"; first = false {
-		call := engine.List{Hash: key, Join: join, Cursor: cursor, Count: pageSize}
+		call := engine.List{Hash: key, Join: join, Cursor: cursor, Count: pageSize()}
 		res, err := roundTrip(ctx, timeout, func(ctx context.Context) ([]string, error) {
 			return call.Run(ctx, rdb).StringSlice()
 		}, nil)
@@ -58,4 +68,23 @@ func scanHash(ctx context.Context, rdb redis.Scripter, timeout time.Duration, ke
 		}
 	}
 	return nil
+}
+
+// chunkBudget is the most slot writes (proxies x sites x slots) one call
+// of a chunked operation over many proxies and sites makes (drain.lua,
+// revive.lua): a few ms of Redis time.
+func chunkBudget() int { return 4 * pageSize() }
+
+// chunkCall runs one call of a chunked operation that was sent sent entries, whose
+// script replies {count, entries consumed}, and returns both; a call that
+// consumed none, or more than it was sent, is ErrCorrupt.
+func chunkCall(ctx context.Context, timeout time.Duration, fn func(context.Context) ([]int64, error), sent int) (int, int, error) {
+	res, err := roundTrip(ctx, timeout, fn, nil)
+	if err != nil {
+		return 0, 0, err
+	}
+	if len(res) != 2 || res[1] < 1 || res[1] > int64(sent) {
+		return 0, 0, fmt.Errorf("%w: reply %v to a call of %d entries", ErrCorrupt, res, sent)
+	}
+	return int(res[0]), int(res[1]), nil
 }

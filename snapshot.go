@@ -2,6 +2,8 @@ package proxyswitch
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"sync"
@@ -193,7 +195,7 @@ func snapshotPages(ctx context.Context, rdb redis.Scripter, timeout time.Duratio
 	for first := true; first || cursor != "0"; first = false {
 		c := cursor
 		res, err := roundTrip(ctx, timeout, func(ctx context.Context) ([]any, error) {
-			return poolSnapshotScript.Run(ctx, rdb, []string{key, meta}, c, pageSize).Slice()
+			return poolSnapshotScript.Run(ctx, rdb, []string{key, meta}, c, pageSize()).Slice()
 		}, nil)
 		if err != nil {
 			return redisErr("read the pool", err)
@@ -259,7 +261,12 @@ func (p *redisPool) reseed(ctx context.Context) (int, error) {
 	return f.n, f.err
 }
 
-// seedOnce runs pool_seed.lua with the copy.
+// seedStageTTL is how long the staged copy of a re-seed outlives its last
+// stage call (pool_seed.lua): what a seeder cut off leaves behind.
+const seedStageTTL = time.Minute
+
+// seedOnce runs pool_seed.lua with the copy: stage calls of pageSize
+// proxies each into staged keys of this call alone, then one commit.
 func (p *redisPool) seedOnce(ctx context.Context) (int, error) {
 	snap := p.snapshot()
 	if snap.size() == 0 {
@@ -270,12 +277,39 @@ func (p *redisPool) seedOnce(ctx context.Context) (int, error) {
 		slots = int64(p.cfg.slots)
 	}
 	hold := p.cfg.attemptBound()
-	argv := make([]any, 0, 4+len(snap.pairs)+len(snap.dead))
-	argv = append(argv, snap.version, hold.Milliseconds(), slots, snap.size())
-	argv = append(append(argv, snap.pairs...), snap.dead...)
 	k := p.keys
+	var tok [8]byte
+	_, _ = rand.Read(tok[:])
+	staged := k.base + ":seed:" + hex.EncodeToString(tok[:])
+	keys := []string{k.proxies(), k.meta(), k.dead(), k.order(), staged + ":pool", staged + ":order", staged + ":dead"}
+	dead := map[string]string{}
+	for i := 0; i+1 < len(snap.dead); i += 2 {
+		id, _ := snap.dead[i].(string)
+		v, _ := snap.dead[i+1].(string)
+		dead[id] = v
+	}
+	page := pageSize()
+	for i := 0; i < len(snap.pairs); i += 2 * page {
+		part := snap.pairs[i:min(i+2*page, len(snap.pairs))]
+		argv := make([]any, 0, 3+2*len(part))
+		argv = append(append(argv, "stage", seedStageTTL.Milliseconds(), len(part)/2), part...)
+		for j := 0; j < len(part); j += 2 {
+			if v, ok := dead[part[j].(string)]; ok {
+				argv = append(argv, part[j], v)
+			}
+		}
+		more, err := roundTrip(ctx, p.cfg.redisTimeout, func(ctx context.Context) (int64, error) {
+			return poolSeedScript.Run(ctx, p.rdb, keys, argv...).Int64()
+		}, nil)
+		if err != nil {
+			return 0, redisErr("re-seed", err)
+		}
+		if more == 0 { // the pool is there again, or emptied on purpose
+			return 0, nil
+		}
+	}
 	n, err := roundTrip(ctx, p.cfg.redisTimeout, func(ctx context.Context) (int64, error) {
-		return poolSeedScript.Run(ctx, p.rdb, []string{k.proxies(), k.meta(), k.dead(), k.order()}, argv...).Int64()
+		return poolSeedScript.Run(ctx, p.rdb, keys, "commit", snap.version, hold.Milliseconds(), slots, snap.size()).Int64()
 	}, nil)
 	if err != nil {
 		return 0, redisErr("re-seed", err)

@@ -126,19 +126,21 @@ func (c Unban) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
 	return unbanScript.Run(ctx, rdb, []string{c.Free, c.Lease, c.Strikes}, c.Proxy, c.Slots)
 }
 
-// Drain runs drain.lua: take proxies out of every site's rotation.
+// Drain runs drain.lua: take proxies out of every site's rotation,
+// {marked, ids consumed}.
 type Drain struct {
 	Dead, Sites, Pool string // KEYS[1..3]
 
 	Prefix  string   // ARGV[1] the pool's key prefix "{prefix:pool}"
 	Slots   int      // ARGV[2] slots per proxy (K)
 	Reason  string   // ARGV[3] "drained", or a probe's reason (marks only unmarked proxies)
-	Proxies []string // ARGV[4..] proxy ids
+	Budget  int      // ARGV[4] the most slot writes of one call (one proxy at least)
+	Proxies []string // ARGV[5..] proxy ids; the reply says how many the call did
 }
 
 // Run sends the call.
 func (c Drain) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
-	argv := []any{c.Prefix, c.Slots, c.Reason}
+	argv := []any{c.Prefix, c.Slots, c.Reason, c.Budget}
 	for _, id := range c.Proxies {
 		argv = append(argv, id)
 	}
