@@ -193,15 +193,18 @@ func (c State) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
 	return stateScript.Run(ctx, rdb, c.keys(), c.Slots)
 }
 
-// ProxyStates runs proxy_states.lua: the state of every proxy on one scope.
+// ProxyStates runs proxy_states.lua: the state on one scope of one page of
+// the pool's proxies, {next cursor, now, slots, n, 13 items per proxy}.
 type ProxyStates struct {
 	StateKeys
-	Slots int // ARGV[1] the caller's concurrency (a pool that recorded none)
+	Slots  int    // ARGV[1] the caller's concurrency (a pool that recorded none)
+	Cursor string // ARGV[2] HSCAN cursor of the pool hash, "0" for the first page
+	Count  int    // ARGV[3] HSCAN count
 }
 
 // Run sends the call.
 func (c ProxyStates) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
-	return proxyStatesScript.Run(ctx, rdb, c.keys(), c.Slots)
+	return proxyStatesScript.Run(ctx, rdb, c.keys(), c.Slots, c.Cursor, c.Count)
 }
 
 // IntAt returns element i of a script's reply if it is an integer.
