@@ -13,7 +13,7 @@ import (
 )
 
 // Pool administration. Every change takes effect on the next lease of every
-// worker: no restart. A change of at most updateChunk proxies is one Lua
+// worker: no restart. A change of at most 500 proxies (pageSize) is one Lua
 // script, atomic across the cluster; a larger one is several, each of
 // bounded work (no script blocks Redis for long at any pool size).
 
@@ -178,11 +178,10 @@ func (s *Switch) Stats(ctx context.Context, site string) (SiteStats, error) {
 	return st, nil
 }
 
-// updateChunk is the most entries (proxies, or ids to remove) one
-// pool_update.lua call carries; the script may consume fewer (its own work
-// bound) and the rest is sent again. A Replace of at most updateChunk
+// The most entries (proxies, or ids to remove) one pool_update.lua call
+// carries is pageSize (500; paged.go); the script may consume fewer (its
+// own work bound) and the rest is sent again. A Replace of at most 500
 // proxies, of a pool of at most as many, is one atomic call.
-const updateChunk = 500
 
 // entryItems is the number of pool_update.lua's ARGV items per add or
 // replace entry (entries).
@@ -232,7 +231,7 @@ func (s *Switch) updateChunked(ctx context.Context, mode string, args []any, cha
 	}
 	var total PoolChange
 	for first := true; first || len(args) > 0; first = false {
-		n := min(len(args)/per, updateChunk)
+		n := min(len(args)/per, pageSize())
 		pc, done, err := s.updateCall(ctx, mode, args[:n*per], changed)
 		if err != nil {
 			return total, err
@@ -260,7 +259,7 @@ func (s *Switch) replace(ctx context.Context, args []any) (PoolChange, error) {
 	if err != nil {
 		return PoolChange{}, err
 	}
-	if len(args)/entryItems <= updateChunk && len(ids) <= updateChunk {
+	if len(args)/entryItems <= pageSize() && len(ids) <= pageSize() {
 		pc, _, err := s.updateCall(ctx, "replace", args, false)
 		return pc, err
 	}
