@@ -79,7 +79,8 @@ func usedMemory(t *testing.T, rdb *redis.Client) int64 {
 
 // TestMillionProxies (issue 14): a pool of 1M proxies with default options.
 // Replace loads it and replaces a tenth of it, the first lease on each of
-// ten sites succeeds, Clear empties it, and no Redis command of the run
+// ten sites succeeds, List, ProxyStates, Drain, Dead and Revive work over
+// it, it is re-seeded after Redis loses it, Clear empties it, and no Redis command of the run
 // takes longer than 50 ms (Redis's SLOWLOG; a PING loop reports what other
 // clients waited). A site costs Redis memory for the slots out on it, not
 // for the pool: at most 16 bytes per proxy per site. PROXYSWITCH_SCALE=n
@@ -108,14 +109,14 @@ func TestMillionProxies(t *testing.T) {
 	stop := make(chan struct{})
 	pings := pingLoop(srv.Client(t), stop)
 
-	start := time.Now()
+	m := markCPU(t, rdb)
 	ch, err := s.Replace(ctx, scaleURLs(0, n))
 	require.NoError(t, err)
 	require.Equal(t, n, ch.Added)
-	t.Logf("Replace of an empty pool with %d proxies: %v", n, time.Since(start).Round(time.Millisecond))
+	m.report(t, rdb, fmt.Sprintf("Replace of an empty pool with %d proxies", n))
 
 	base := usedMemory(t, rdb)
-	start = time.Now()
+	m = markCPU(t, rdb)
 	for i := range sites {
 		site := fmt.Sprintf("site-%d.example", i)
 		t0 := time.Now()
@@ -131,7 +132,7 @@ func TestMillionProxies(t *testing.T) {
 			require.NoError(t, l.Release(ctx))
 		}
 	}
-	t.Logf("%d lease+release pairs on %d sites: %v", sites*leasesPerSite, sites, time.Since(start).Round(time.Millisecond))
+	m.report(t, rdb, fmt.Sprintf("%d lease+release pairs on %d sites", sites*leasesPerSite, sites))
 	perSite := usedMemory(t, rdb) - base
 	var keyBytes, entries int64
 	for i := range sites {
@@ -149,20 +150,58 @@ func TestMillionProxies(t *testing.T) {
 		sites, n, leasesPerSite, perSite, keyBytes, float64(keyBytes)/float64(entries), bytesPerProxySite)
 	assert.LessOrEqual(t, bytesPerProxySite, 16.0, "bytes per proxy per site")
 
-	start = time.Now()
+	m = markCPU(t, rdb)
 	ch, err = s.Replace(ctx, scaleURLs(n/10, n))
 	require.NoError(t, err)
 	assert.Equal(t, n/10, ch.Added)
 	assert.Equal(t, n/10, ch.Removed)
 	assert.Equal(t, n, ch.Size)
-	t.Logf("Replace of a tenth of %d proxies: %v", n, time.Since(start).Round(time.Millisecond))
+	m.report(t, rdb, fmt.Sprintf("Replace of a tenth of %d proxies", n))
 	l, err := s.Lease(ctx, "site-new.example")
 	require.NoError(t, err, "a lease after the Replace")
 	require.NoError(t, l.Release(ctx))
 
-	start = time.Now()
+	// The admin reads and the chunked operations, at the pool's size.
+	m = markCPU(t, rdb)
+	list, err := s.List(ctx)
+	require.NoError(t, err)
+	assert.Len(t, list, n)
+	m.report(t, rdb, "List")
+	m = markCPU(t, rdb)
+	states, err := s.ProxyStates(ctx, "site-0.example")
+	require.NoError(t, err)
+	assert.Len(t, states, n)
+	m.report(t, rdb, "ProxyStates")
+	drain := scaleURLs(n/10, min(n/10, 5000))
+	m = markCPU(t, rdb)
+	k, err := s.Drain(ctx, "", drain...)
+	require.NoError(t, err)
+	assert.Equal(t, len(drain), k)
+	dead, err := s.Dead(ctx)
+	require.NoError(t, err)
+	assert.Len(t, dead, len(drain))
+	k, err = s.Revive(ctx, "", drain...)
+	require.NoError(t, err)
+	assert.Equal(t, len(drain), k)
+	m.report(t, rdb, fmt.Sprintf("Drain, Dead and Revive of %d proxies over %d sites", len(drain), sites+1))
+
+	// Redis loses the pool: the copy goes back in pages.
+	m = markCPU(t, rdb)
+	_, err = s.own.redis().refreshSnapshot(ctx)
+	require.NoError(t, err)
+	require.Equal(t, n, s.own.redis().snapshot().size())
+	m.report(t, rdb, "the copy of the pool read")
+	require.NoError(t, rdb.FlushAllAsync(ctx).Err())
+	m = markCPU(t, rdb)
+	written, err := s.own.redis().reseed(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, n, written)
+	assert.EqualValues(t, n, rdb.HLen(ctx, s.keys.proxies()).Val())
+	m.report(t, rdb, fmt.Sprintf("re-seed of %d proxies", n))
+
+	m = markCPU(t, rdb)
 	require.NoError(t, s.Clear(ctx))
-	t.Logf("Clear: %v", time.Since(start).Round(time.Millisecond))
+	m.report(t, rdb, "Clear")
 
 	close(stop)
 	lat := pings()
@@ -180,6 +219,64 @@ func TestMillionProxies(t *testing.T) {
 	}
 	assert.Empty(t, slow50, "no Redis command took longer than 50 ms")
 	assert.LessOrEqual(t, lat[len(lat)*99/100], 50*time.Millisecond, "p99 of a concurrent PING")
+}
+
+// cpuMark is where Redis stood when a phase of the scale test began: the
+// main thread's CPU time (INFO cpu) and the script calls made (INFO
+// commandstats), so that the phase's Redis CPU per script call is known
+// whatever the load (wall time on a loaded machine is not).
+type cpuMark struct {
+	at    time.Time
+	cpu   float64
+	calls int64
+}
+
+func markCPU(t *testing.T, rdb *redis.Client) cpuMark {
+	t.Helper()
+	cpu, calls := redisMainCPU(t, rdb)
+	return cpuMark{at: time.Now(), cpu: cpu, calls: calls}
+}
+
+// report logs the phase's wall time, Redis CPU time and script calls.
+func (m cpuMark) report(t *testing.T, rdb *redis.Client, what string) {
+	t.Helper()
+	wall := time.Since(m.at)
+	cpu, calls := redisMainCPU(t, rdb)
+	d := time.Duration((cpu - m.cpu) * float64(time.Second))
+	k := calls - m.calls
+	t.Logf("%s: %v; Redis CPU %v in %d script calls, %v per call", what, wall.Round(time.Millisecond),
+		d.Round(time.Millisecond), k, (d / time.Duration(max(k, 1))).Round(time.Microsecond))
+}
+
+// redisMainCPU is the CPU time of Redis's main thread (seconds) and the number
+// of EVAL and EVALSHA calls so far.
+func redisMainCPU(t *testing.T, rdb *redis.Client) (float64, int64) {
+	t.Helper()
+	info, err := rdb.Info(context.Background(), "cpu", "commandstats").Result()
+	require.NoError(t, err)
+	var cpu float64
+	var calls int64
+	for _, line := range strings.Split(info, "\n") {
+		name, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok {
+			continue
+		}
+		switch name {
+		case "used_cpu_sys_main_thread", "used_cpu_user_main_thread":
+			f, err := strconv.ParseFloat(v, 64)
+			require.NoError(t, err)
+			cpu += f
+		case "cmdstat_evalsha", "cmdstat_eval":
+			for _, kv := range strings.Split(v, ",") {
+				if c, ok := strings.CutPrefix(kv, "calls="); ok {
+					n, err := strconv.ParseInt(c, 10, 64)
+					require.NoError(t, err)
+					calls += n
+				}
+			}
+		}
+	}
+	return cpu, calls
 }
 
 // reportSlowlog logs the SLOWLOG's longest entry per script (by name) and
