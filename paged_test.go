@@ -68,7 +68,8 @@ func (m *meteredScripter) EvalShaRO(ctx context.Context, sha string, keys []stri
 
 // TestAdminCallsBounded (issue 14): with pages forced to 7 entries, every
 // admin operation over a pool of 600 proxies (List, Dead, Drain, Revive,
-// ProxyStates, a large Replace, the copy of the pool and its re-seed) goes
+// ProxyStates, a large Replace, the copy of the pool and its re-seed,
+// Clear over 20 sites) goes
 // in script calls that carry and return a page's worth, never the pool,
 // and still gives the whole answer while another worker leases and
 // releases on three sites.
@@ -173,6 +174,21 @@ func TestAdminCallsBounded(t *testing.T) {
 	require.NoError(t, err)
 	assert.Empty(t, keys, "no staged key left")
 	assert.EqualValues(t, n, srv.Client(t).ZCard(ctx, s.keys.order()).Val(), "the order came with the pool")
+
+	// Clear, with 20 sites: a site's keys at a time, then the rest.
+	rdb := srv.Client(t)
+	for i := range 20 {
+		site := fmt.Sprintf("gone-%d.example", i)
+		require.NoError(t, rdb.ZAdd(ctx, s.keys.sites(), redis.Z{Score: float64(time.Now().UnixMilli()), Member: site}).Err())
+		require.NoError(t, rdb.HSet(ctx, s.keys.leases(site), "x:0", "t|1").Err())
+		require.NoError(t, rdb.ZAdd(ctx, s.keys.free(site), redis.Z{Score: 1, Member: "x:0"}).Err())
+	}
+	before := m.calls.Load()
+	require.NoError(t, s.Clear(ctx))
+	assert.Greater(t, m.calls.Load()-before, int64(10), "Clear of 20 sites in several calls")
+	keys, err = rdb.Keys(ctx, "*").Result()
+	require.NoError(t, err)
+	assert.Equal(t, []string{s.keys.meta()}, keys, "Clear leaves the meta hash alone")
 
 	t.Logf("%d script calls; the largest carried %d ARGV items and returned %d items", m.calls.Load(), m.maxArgs.Load(), m.maxReply.Load())
 	// HSCAN's count is a hint: a page may hold a few more entries.

@@ -153,11 +153,12 @@ type Clear struct {
 	Others []string // KEYS[2..] the other pool-wide keys
 
 	Prefix string // ARGV[1] the pool's key prefix "{prefix:pool}"
+	Budget int    // ARGV[2] sites one call may clear when more are left (it returns -1)
 }
 
 // Run sends the call.
 func (c Clear) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
-	return clearScript.Run(ctx, rdb, append([]string{c.Sites}, c.Others...), c.Prefix)
+	return clearScript.Run(ctx, rdb, append([]string{c.Sites}, c.Others...), c.Prefix, c.Budget)
 }
 
 // Sites runs sites.lua: the sites leased within the idle TTL, most recent
