@@ -145,7 +145,8 @@ func (l *Lease) Report(ctx context.Context, v ban.Verdict) error {
 // Dead lists the proxies of the pool marked dead or drained, ordered by
 // redacted URL: each with its State (StateDead or StateDrained), Since (by
 // Redis' clock) and Reason ("drained", or the failure that made it dead).
-// It is safe for concurrent use.
+// It reads the dead list in pages of 500, one round trip each, as List
+// does. It is safe for concurrent use.
 func (s *Switch) Dead(ctx context.Context) ([]ProxyState, error) { return s.own.redis().dead(ctx) }
 
 func (rp *redisPool) dead(ctx context.Context) ([]ProxyState, error) {
@@ -177,7 +178,9 @@ func (rp *redisPool) dead(ctx context.Context) ([]ProxyState, error) {
 // mark is reason's, as Drain set it (a proxy drained by an operator, dead
 // of its failures, or marked by another reason, stays out), so that a
 // health checker revives only what it marked. It returns how many it
-// revived. It is safe to call while workers lease.
+// revived. It is safe to call while workers lease. Many proxies go in calls
+// of bounded work, as with Drain: each proxy comes back on every site at
+// once, the whole not.
 func (s *Switch) Revive(ctx context.Context, reason string, proxies ...string) (int, error) {
 	if reason != "" {
 		if err := checkReason(reason); err != nil {

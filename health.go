@@ -60,7 +60,11 @@ func (s *Switch) LeaseProxy(ctx context.Context, site, proxy string) (*Lease, er
 // Drain takes proxies (URLs or IDs) out of every site's rotation: requests
 // already using them finish, none starts. Dead lists them with their mark,
 // and Revive brings them back. It returns how many proxies it marked. It
-// is safe for concurrent use.
+// is safe for concurrent use. Each proxy leaves every site at once; many
+// proxies go in calls of bounded work (proxies x sites x concurrency of at
+// most 2,000 per call), so a Drain of many is not atomic: a lease meanwhile
+// may get a proxy drained later in the same call to Drain. On an error the
+// proxies before it stay drained, and the count says how many.
 //
 // With reason "" it is an operator's drain: every proxy must be in the pool
 // (otherwise it fails with ErrNotInPool and drains none), Dead lists it with

@@ -103,7 +103,11 @@ func (s *Switch) ReplaceProxies(ctx context.Context, ps []*Proxy) (PoolChange, e
 	return s.update(ctx, "replace", entries(ps))
 }
 
-// List returns the proxies of the pool, ordered by their redacted URL.
+// List returns the proxies of the pool, ordered by their redacted URL. It
+// reads the pool in pages of 500 proxies, one round trip each (no call
+// blocks Redis for long, whatever the pool's size), so it is not one
+// instant: a proxy added or removed meanwhile may be listed or not. It is
+// safe for concurrent use.
 func (s *Switch) List(ctx context.Context) ([]*Proxy, error) { return s.own.redis().list(ctx) }
 
 func (rp *redisPool) list(ctx context.Context) ([]*Proxy, error) {
