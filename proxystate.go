@@ -65,7 +65,8 @@ type ProxyState struct {
 const proxyStateFields = 13
 
 // ProxyStates reads the state of every proxy of the pool on site, ordered
-// by redacted URL: in pages of 500 proxies, one round trip each (one Lua
+// by redacted URL: in pages of 250 proxies (fewer with a concurrency over
+// 1: about 250 slots), one round trip each (one Lua
 // script, bounded by Timeouts.Redis), each page at one instant (a proxy
 // added or removed meanwhile may be in the result or not). With ScopeGlobal the site does not
 // matter and may be empty: the states are the global scope's. On a site
@@ -88,7 +89,8 @@ func (s *Switch) ProxyStates(ctx context.Context, site string) ([]ProxyState, er
 	seen := map[string]bool{}
 	cursor := "0"
 	for first := true; first || cursor != "0"; first = false {
-		call := engine.ProxyStates{StateKeys: s.keys.states(scope), Slots: s.cfg.slots, Cursor: cursor, Count: pageSize()}
+		call := engine.ProxyStates{StateKeys: s.keys.states(scope), Slots: s.cfg.slots, Cursor: cursor,
+			Count: max(1, pageSize()/(2*s.cfg.slots))} // a few lookups per slot: ~250 slots a page
 		res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]any, error) {
 			return call.Run(ctx, s.rdb).Slice()
 		}, nil)

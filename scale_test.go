@@ -99,7 +99,7 @@ func TestMillionProxies(t *testing.T) {
 	rdb := srv.Client(t)
 	// Everything over 10 ms is logged (and reported by script); over 50 ms fails.
 	require.NoError(t, rdb.ConfigSet(ctx, "slowlog-log-slower-than", "10000").Err())
-	require.NoError(t, rdb.ConfigSet(ctx, "slowlog-max-len", "1024").Err())
+	require.NoError(t, rdb.ConfigSet(ctx, "slowlog-max-len", "100000").Err())
 	require.NoError(t, rdb.SlowLogReset(ctx).Err())
 	require.NoError(t, rdb.ConfigResetStat(ctx).Err())
 	// Default options but a cooldown that keeps every proxy used in its
@@ -288,7 +288,7 @@ func reportSlowlog(t *testing.T, rdb *redis.Client) []string {
 	for name, sc := range allScripts {
 		names[sc.Hash()] = name
 	}
-	slow, err := rdb.SlowLogGet(ctx, 1024).Result()
+	slow, err := rdb.SlowLogGet(ctx, 100000).Result()
 	require.NoError(t, err)
 	type agg struct {
 		n   int

@@ -265,8 +265,8 @@ func (p *redisPool) reseed(ctx context.Context) (int, error) {
 // stage call (pool_seed.lua): what a seeder cut off leaves behind.
 const seedStageTTL = time.Minute
 
-// seedOnce runs pool_seed.lua with the copy: stage calls of pageSize
-// proxies each into staged keys of this call alone, then one commit.
+// seedOnce runs pool_seed.lua with the copy: stage calls of 250 proxies
+// each (half a page) into staged keys of this call alone, then one commit.
 func (p *redisPool) seedOnce(ctx context.Context) (int, error) {
 	snap := p.snapshot()
 	if snap.size() == 0 {
@@ -288,7 +288,7 @@ func (p *redisPool) seedOnce(ctx context.Context) (int, error) {
 		v, _ := snap.dead[i+1].(string)
 		dead[id] = v
 	}
-	page := pageSize()
+	page := max(1, pageSize()/2) // a proxy costs a few writes (its place in the order)
 	for i := 0; i < len(snap.pairs); i += 2 * page {
 		part := snap.pairs[i:min(i+2*page, len(snap.pairs))]
 		argv := make([]any, 0, 3+2*len(part))
