@@ -229,13 +229,15 @@ func (s *Switch) updateCall(ctx context.Context, mode string, args []any, change
 // changed: an earlier part of the same change (Replace's removals) changed
 // the pool.
 func (s *Switch) updateChunked(ctx context.Context, mode string, args []any, changed bool) (PoolChange, error) {
-	per := 1
+	per, chunk := 1, pageSize()
 	if mode == "add" {
-		per = entryItems
+		// An added proxy costs a few writes (its place in the order): 8.7 ms
+		// of Redis CPU per call of 500 at 1M proxies, half of that at 250.
+		per, chunk = entryItems, max(1, pageSize()/2)
 	}
 	var total PoolChange
 	for first := true; first || len(args) > 0; first = false {
-		n := min(len(args)/per, pageSize())
+		n := min(len(args)/per, chunk)
 		pc, done, err := s.updateCall(ctx, mode, args[:n*per], changed)
 		if err != nil {
 			return total, err
