@@ -151,7 +151,7 @@ func (s *Switch) Dead(ctx context.Context) ([]ProxyState, error) { return s.own.
 
 func (rp *redisPool) dead(ctx context.Context) ([]ProxyState, error) {
 	var out []ProxyState
-	err := scanHash(ctx, rp.rdb, rp.cfg.redisTimeout, rp.keys.dead(), rp.keys.proxies(), func(id string, v []string) error {
+	err := scanHash(ctx, rp.rdb, rp.cfg.redisTimeout, "dead", rp.keys.dead(), rp.keys.proxies(), func(id string, v []string) error {
 		p, err := rp.sw.poolEntry(rp.keys.proxies(), id, v[1])
 		if err != nil {
 			return err

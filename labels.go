@@ -211,7 +211,7 @@ func (p *redisPool) labelsOf(ctx context.Context, fresh bool) (map[string]string
 		return c.byID, nil
 	}
 	m := map[string]string{}
-	err := scanHash(ctx, p.rdb, p.timeout, p.keys.labels(), "", func(id string, v []string) error {
+	err := scanHash(ctx, p.rdb, p.timeout, "labels", p.keys.labels(), "", func(id string, v []string) error {
 		m[id] = v[0]
 		return nil
 	})

@@ -31,12 +31,12 @@ func init() { pageSizeVar.Store(defaultPageSize) }
 // pageSize is the page size in effect.
 func pageSize() int { return int(pageSizeVar.Load()) }
 
-// scanHash reads every entry of hash key (a hash of the pool keyed by proxy
+// scanHash reads (for what: "list", "dead", ... in its errors) every entry of hash key (a hash of the pool keyed by proxy
 // ID) with list.lua, page by page, and calls each for every id once, in no
 // order, with its values: the hash's value, and with join not empty the
 // value of the id in join (ids join lacks are left out). It stops at each's
 // first error.
-func scanHash(ctx context.Context, rdb redis.Scripter, timeout time.Duration, key, join string,
+func scanHash(ctx context.Context, rdb redis.Scripter, timeout time.Duration, what, key, join string,
 	each func(id string, vals []string) error) error {
 	width := 2
 	if join != "" {
@@ -50,10 +50,10 @@ func scanHash(ctx context.Context, rdb redis.Scripter, timeout time.Duration, ke
 			return call.Run(ctx, rdb).StringSlice()
 		}, nil)
 		if err != nil {
-			return redisErr("read "+key, err)
+			return redisErr(what, err)
 		}
 		if len(res) < 1 || (len(res)-1)%width != 0 {
-			return fmt.Errorf("%w: page of %s: reply of %d items", ErrCorrupt, key, len(res))
+			return fmt.Errorf("%w: %s: page reply of %d items", ErrCorrupt, what, len(res))
 		}
 		cursor = res[0]
 		for i := 1; i < len(res); i += width {

@@ -112,7 +112,7 @@ func (s *Switch) List(ctx context.Context) ([]*Proxy, error) { return s.own.redi
 
 func (rp *redisPool) list(ctx context.Context) ([]*Proxy, error) {
 	var out []*Proxy
-	err := scanHash(ctx, rp.rdb, rp.cfg.redisTimeout, rp.keys.proxies(), "", func(id string, v []string) error {
+	err := scanHash(ctx, rp.rdb, rp.cfg.redisTimeout, "list", rp.keys.proxies(), "", func(id string, v []string) error {
 		p, err := rp.sw.poolEntry(rp.keys.proxies(), id, v[0])
 		if err == nil {
 			out = append(out, p)
