@@ -8,7 +8,7 @@
 --         ARGV[1]..":free:"..S, ":lease:"..S, ":strikes:"..S, ":health:"..S,
 --         ":pace:"..S and ":breaker:"..S (the window of its circuit breaker,
 --         breaker.lua; so is that of every site the breaker hash ARGV[1]..":breaker" names)
--- ARGV[2] site budget: with more sites than that in KEYS[1], the call only
+-- ARGV[2] site budget (optional: none clears every site at once): with more sites than that in KEYS[1], the call only
 --         deletes the keys of that many sites, takes them out of KEYS[1] and
 --         returns -1: the caller calls again (operator.go). The last call,
 --         with at most that many sites left, clears the rest atomically, so
@@ -27,8 +27,11 @@
 -- Returns the number of keys deleted by the last call, -1 from the others.
 local base, badbase = pool_prefix(ARGV[1])
 if not base then return redis.error_reply(badbase) end
-local budget = tonumber(ARGV[2])
-if not budget or budget < 1 then return redis.error_reply('PSCONFIG bad clear budget') end
+local budget = math.huge -- no ARGV[2]: every site in this call
+if ARGV[2] then
+  budget = tonumber(ARGV[2])
+  if not budget or budget < 1 then return redis.error_reply('PSCONFIG bad clear budget') end
+end
 local n = 0
 if redis.call('ZCARD', KEYS[1]) > budget then
   local some = redis.call('ZRANGE', KEYS[1], 0, budget - 1)
