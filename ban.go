@@ -145,29 +145,28 @@ func (l *Lease) Report(ctx context.Context, v ban.Verdict) error {
 // Dead lists the proxies of the pool marked dead or drained, ordered by
 // redacted URL: each with its State (StateDead or StateDrained), Since (by
 // Redis' clock) and Reason ("drained", or the failure that made it dead).
-// It is safe for concurrent use.
+// It reads the dead list in pages of 500, one round trip each, as List
+// does. It is safe for concurrent use.
 func (s *Switch) Dead(ctx context.Context) ([]ProxyState, error) { return s.own.redis().dead(ctx) }
 
 func (rp *redisPool) dead(ctx context.Context) ([]ProxyState, error) {
-	res, err := roundTrip(ctx, rp.cfg.redisTimeout, func(ctx context.Context) ([]string, error) {
-		return deadScript.Run(ctx, rp.rdb, []string{rp.keys.dead(), rp.keys.proxies()}).StringSlice()
-	}, nil)
-	if err != nil {
-		return nil, redisErr("dead", err)
-	}
-	out := make([]ProxyState, 0, len(res)/3)
-	for i := 0; i+2 < len(res); i += 3 {
-		p, err := rp.sw.poolEntry(rp.keys.proxies(), res[i], res[i+1])
+	var out []ProxyState
+	err := scanHash(ctx, rp.rdb, rp.cfg.redisTimeout, "dead", rp.keys.dead(), rp.keys.proxies(), func(id string, v []string) error {
+		p, err := rp.sw.poolEntry(rp.keys.proxies(), id, v[1])
 		if err != nil {
-			return nil, err
+			return err
 		}
-		ms, reason, _ := strings.Cut(res[i+2], "|")
+		ms, reason, _ := strings.Cut(v[0], "|")
 		n, _ := strconv.ParseInt(ms, 10, 64)
 		state := StateDead
 		if reason == "drained" {
 			state = StateDrained
 		}
 		out = append(out, ProxyState{Proxy: p, State: state, Since: time.UnixMilli(n), Reason: reason})
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	sortProxies(out, func(d ProxyState) *Proxy { return d.Proxy })
 	return out, nil
@@ -179,7 +178,9 @@ func (rp *redisPool) dead(ctx context.Context) ([]ProxyState, error) {
 // mark is reason's, as Drain set it (a proxy drained by an operator, dead
 // of its failures, or marked by another reason, stays out), so that a
 // health checker revives only what it marked. It returns how many it
-// revived. It is safe to call while workers lease.
+// revived. It is safe to call while workers lease. Many proxies go in calls
+// of bounded work, as with Drain: each proxy comes back on every site at
+// once, the whole not.
 func (s *Switch) Revive(ctx context.Context, reason string, proxies ...string) (int, error) {
 	if reason != "" {
 		if err := checkReason(reason); err != nil {
@@ -194,16 +195,22 @@ func (s *Switch) Revive(ctx context.Context, reason string, proxies ...string) (
 }
 
 // revive runs revive.lua for ids, only those marked with reason unless it
-// is empty.
+// is empty: in calls of bounded work (chunkBudget), each proxy's revival
+// atomic across the sites, the whole not.
 func (s *Switch) revive(ctx context.Context, reason string, ids []any) (int, error) {
-	argv := append([]any{s.keys.base, s.cfg.slots, reason}, ids...)
-	n, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) (int64, error) {
-		return reviveScript.Run(ctx, s.rdb, []string{s.keys.dead(), s.keys.fails(), s.keys.sites()}, argv...).Int64()
-	}, nil)
-	if err != nil {
-		return 0, redisErr("revive", err)
+	n := 0
+	for rest := ids; len(rest) > 0; {
+		argv := append([]any{s.keys.base, s.cfg.slots, reason, chunkBudget()}, rest[:min(len(rest), pageSize())]...)
+		revived, done, err := chunkCall(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]int64, error) {
+			return reviveScript.Run(ctx, s.rdb, []string{s.keys.dead(), s.keys.fails(), s.keys.sites()}, argv...).Int64Slice()
+		}, len(argv)-4)
+		if err != nil {
+			return n, redisErr("revive", err)
+		}
+		n += revived
+		rest = rest[done:]
 	}
-	return int(n), nil
+	return n, nil
 }
 
 // Evidence before verdict (Bans.EvidenceFirst).

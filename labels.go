@@ -11,7 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/proxyswitch/proxyswitch/internal/engine"
 	"github.com/proxyswitch/proxyswitch/internal/localpool"
 )
 
@@ -226,15 +225,13 @@ func (p *redisPool) labelsOfLocked(ctx context.Context, fresh bool) (map[string]
 	if !fresh && c.byID != nil && time.Since(c.at) < labelIndexAge {
 		return c.byID, nil
 	}
-	res, err := roundTrip(ctx, p.timeout, func(ctx context.Context) ([]string, error) {
-		return engine.Labels{Labels: p.keys.labels()}.Run(ctx, p.rdb).StringSlice()
-	}, nil)
+	m := map[string]string{}
+	err := scanHash(ctx, p.rdb, p.timeout, "labels", p.keys.labels(), "", func(id string, v []string) error {
+		m[id] = v[0]
+		return nil
+	})
 	if err != nil {
-		return nil, redisErr("labels", err)
-	}
-	m := make(map[string]string, len(res)/2)
-	for i := 0; i+1 < len(res); i += 2 {
-		m[res[i]] = res[i+1]
+		return nil, err
 	}
 	c.byID, c.at, c.sel = m, time.Now(), nil
 	return m, nil

@@ -75,17 +75,24 @@ func (s *Switch) Unban(ctx context.Context, proxy, site string) error {
 // One key stays: the pool's meta hash, marking the pool as emptied on
 // purpose, so that no Switch takes it for a pool Redis lost and re-seeds
 // it. Workers still running lease from an empty pool (ErrEmptyPool) until
-// the pool is loaded again.
+// the pool is loaded again. With many sites (more than 100) the keys of
+// the sites go first, 100 sites per call, and the rest in one last atomic
+// call (a site leased meanwhile is cleared by it too): each call of bounded
+// work, whatever the pool's size (the pool's large keys go with UNLINK).
 func (s *Switch) Clear(ctx context.Context) error {
-	_, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) (int64, error) {
-		return engine.Clear{Sites: s.keys.sites(), Others: []string{s.keys.proxies(), s.keys.meta(), s.keys.fails(),
-			s.keys.quarantine(), s.keys.dead(), s.keys.members(), s.keys.memberOwners(), s.keys.modes(), s.keys.liveSessions(), s.keys.breaker(), s.keys.order(), s.keys.cursor(), s.keys.gateways(), s.keys.labels()},
-			Prefix: s.keys.base}.Run(ctx, s.rdb).Int64()
-	}, nil)
-	if err != nil {
-		return redisErr("clear", err)
+	for {
+		n, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) (int64, error) {
+			return engine.Clear{Sites: s.keys.sites(), Others: []string{s.keys.proxies(), s.keys.meta(), s.keys.fails(),
+				s.keys.quarantine(), s.keys.dead(), s.keys.members(), s.keys.memberOwners(), s.keys.modes(), s.keys.liveSessions(), s.keys.breaker(), s.keys.order(), s.keys.cursor(), s.keys.gateways(), s.keys.labels()},
+				Prefix: s.keys.base, Budget: max(1, pageSize()/5)}.Run(ctx, s.rdb).Int64()
+		}, nil)
+		if err != nil {
+			return redisErr("clear", err)
+		}
+		if n >= 0 {
+			return nil
+		}
 	}
-	return nil
 }
 
 // find resolves a proxy named by URL or ID to the pool's entry.
@@ -98,14 +105,21 @@ func (s *Switch) find(ctx context.Context, proxy string) (*Proxy, error) {
 		}
 		id = p.id
 	}
-	ps, err := s.List(ctx)
+	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]string, error) {
+		return engine.Find{Pool: s.keys.proxies(), Labels: s.keys.labels(), Proxy: id}.Run(ctx, s.rdb).StringSlice()
+	}, nil)
 	if err != nil {
-		return nil, err
+		return nil, redisErr("find", err)
 	}
-	for _, p := range ps {
-		if p.id == id {
-			return p, nil
+	if len(res) == 2 {
+		p, err := s.poolEntry(s.keys.proxies(), id, res[0])
+		if err != nil {
+			return nil, err
 		}
+		return p.withLabels(res[1]), nil
+	}
+	if len(res) != 0 {
+		return nil, fmt.Errorf("%w: find reply of %d items", ErrCorrupt, len(res))
 	}
 	return nil, fmt.Errorf("%w: no proxy %s in pool %q", ErrNotInPool, id, s.cfg.pool)
 }

@@ -64,9 +64,11 @@ type ProxyState struct {
 // proxy_states.lua.
 const proxyStateFields = 13
 
-// ProxyStates reads the state of every proxy of the pool on site, in one
-// round trip (one Lua script, bounded by Timeouts.Redis) and so at one
-// instant, ordered by redacted URL. With ScopeGlobal the site does not
+// ProxyStates reads the state of every proxy of the pool on site, ordered
+// by redacted URL: in pages of 250 proxies (fewer with a concurrency over
+// 1: about 250 slots), one round trip each (one Lua
+// script, bounded by Timeouts.Redis), each page at one instant (a proxy
+// added or removed meanwhile may be in the result or not). With ScopeGlobal the site does not
 // matter and may be empty: the states are the global scope's. On a site
 // never leased (or idle past Timeouts.IdleTTL) every proxy is free but the dead
 // and drained ones, and those banned on every site, which its first lease
@@ -74,25 +76,51 @@ const proxyStateFields = 13
 //
 // It reads what the pool holds in Redis: not the local share of a Switch
 // that WithFallback switched over while Redis was unreachable, nor the
-// pools WithRoute sends a site to. The script walks the whole pool, so it
-// costs Redis time in proportion to the pool's size times the concurrency:
-// an operator's call, not one for every request. It is safe for concurrent
+// pools WithRoute sends a site to. It walks the whole pool, so it costs
+// Redis time in proportion to the pool's size times the concurrency (a few
+// ms per page): an operator's call, not one for every request. It is safe for concurrent
 // use. A reply that is not what the script writes fails with ErrCorrupt.
 func (s *Switch) ProxyStates(ctx context.Context, site string) ([]ProxyState, error) {
 	if site == "" && s.cfg.scope != ScopeGlobal {
 		return nil, fmt.Errorf("%w: empty site", ErrConfig)
 	}
 	scope := s.scopeOf(site)
-	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]any, error) {
-		return engine.ProxyStates{StateKeys: s.keys.states(scope), Slots: s.cfg.slots}.Run(ctx, s.rdb).Slice()
-	}, nil)
-	if err != nil {
-		return nil, redisErr("proxy states", err)
+	var out []ProxyState
+	seen := map[string]bool{}
+	cursor := "0"
+	for first := true; first || cursor != "0"; first = false {
+		call := engine.ProxyStates{StateKeys: s.keys.states(scope), Slots: s.cfg.slots, Cursor: cursor,
+			Count: max(1, pageSize()/(2*s.cfg.slots))} // a few lookups per slot: ~250 slots a page
+		res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]any, error) {
+			return call.Run(ctx, s.rdb).Slice()
+		}, nil)
+		if err != nil {
+			return nil, redisErr("proxy states", err)
+		}
+		next, ok := "", len(res) > 0
+		if ok {
+			next, ok = res[0].(string)
+		}
+		if !ok {
+			return nil, fmt.Errorf("%w: proxy states reply without a cursor", ErrCorrupt)
+		}
+		page, err := s.parseProxyStates(res[1:])
+		if err != nil {
+			return nil, err
+		}
+		for _, st := range page {
+			if !seen[st.Proxy.id] { // HSCAN may return an entry twice
+				seen[st.Proxy.id] = true
+				out = append(out, st)
+			}
+		}
+		cursor = next
 	}
-	return s.parseProxyStates(res)
+	sortProxies(out, func(st ProxyState) *Proxy { return st.Proxy })
+	return out, nil
 }
 
-// parseProxyStates reads the reply of proxy_states.lua.
+// parseProxyStates reads the reply of proxy_states.lua after its cursor.
 func (s *Switch) parseProxyStates(res []any) ([]ProxyState, error) {
 	r := reply{res: res}
 	now, slots, n := r.int(0), r.int(1), r.int(2)

@@ -19,7 +19,6 @@ var (
 	penalizeScript    = engine.Root.Script("penalize")
 	liftScript        = engine.Root.Script("lift") // the page-or-IP rule (ban.go)
 	reviveScript      = engine.Root.Script("revive")
-	deadScript        = engine.Root.Script("dead")
 
 	// The copy of a pool and its re-seed (snapshot.go).
 	poolSnapshotScript = engine.Root.Script("pool_snapshot")

@@ -2,11 +2,15 @@ package proxyswitch
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // A pool that Redis lost comes back by itself. Redis may lose a pool
@@ -24,7 +28,7 @@ import (
 // lease.lua returns the generation with every lease; when it differs from
 // the copy's, the copy is read again in the background, by one goroutine
 // at a time and at most once per snapshotInterval, in pages of
-// snapshotPage proxies (pool_snapshot.lua), so the lease path never waits
+// pageSize proxies (pool_snapshot.lua, paged.go), so the lease path never waits
 // for it and no round trip is added to it. When lease.lua finds the pool
 // empty and unmarked, the Switch re-seeds it from its copy (pool_seed.lua,
 // one call per process at a time) and leases again. The script seeds only
@@ -47,8 +51,6 @@ const (
 	// snapshotInterval is the least time between two reads of the copy
 	// that lease replies start.
 	snapshotInterval = time.Second
-	// snapshotPage is how many proxies one pool_snapshot.lua call reads.
-	snapshotPage = 1000
 )
 
 // errSnapshotMoved: the pool changed while its copy was read; the copy
@@ -160,45 +162,38 @@ func (p *redisPool) emptied(v int64) {
 func (p *redisPool) refreshSnapshot(ctx context.Context) (lost bool, err error) {
 	p.snap.readMu.Lock()
 	defer p.snap.readMu.Unlock()
-	k := p.keys
 	var snap poolSnapshot
 	var emptied bool
-	seen := map[string]bool{}
-	cursor := "0"
-	for first := true; first || cursor != "0"; first = false {
-		c := cursor
-		res, err := roundTrip(ctx, p.cfg.redisTimeout, func(ctx context.Context) ([]any, error) {
-			return poolSnapshotScript.Run(ctx, p.rdb, []string{k.proxies(), k.meta(), k.dead()}, c, snapshotPage).Slice()
-		}, nil)
-		if err != nil {
-			return false, redisErr("read the pool", err)
-		}
-		if len(res) < 5 {
-			return false, fmt.Errorf("%w: pool snapshot reply of %d items", ErrCorrupt, len(res))
-		}
-		version, ok1 := intAt(res, 0)
-		mark, ok2 := intAt(res, 1)
-		slots, ok3 := intAt(res, 2)
-		next, ok4 := res[3].(string)
-		n, ok5 := intAt(res, 4)
-		if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 || n < 0 || len(res) < 5+2*int(n) || (!first && len(res) != 5+2*int(n)) {
-			return false, fmt.Errorf("%w: malformed pool snapshot reply", ErrCorrupt)
-		}
-		if !first && version != snap.version {
-			return false, errSnapshotMoved
-		}
-		snap.version, snap.slots, emptied, cursor = version, slots, mark == 1, next
-		for i := 5; i < 5+2*int(n); i += 2 {
-			id, _ := res[i].(string)
-			raw, _ := res[i+1].(string)
-			if id == "" || raw == "" || seen[id] { // HSCAN may return an entry twice
-				continue
+	first := true
+	// The pool hash, then the dead list: every page of the same generation.
+	for _, key := range []string{p.keys.proxies(), p.keys.dead()} {
+		dead := key == p.keys.dead()
+		seen := map[string]bool{}
+		err := snapshotPages(ctx, p.rdb, p.cfg.redisTimeout, key, p.keys.meta(), func(version, slots int64, mark bool, kv []any) error {
+			if !first && version != snap.version {
+				return errSnapshotMoved
 			}
-			seen[id] = true
-			snap.pairs = append(snap.pairs, id, raw)
-		}
-		if first {
-			snap.dead = append(snap.dead, res[5+2*int(n):]...)
+			if !dead {
+				snap.slots, emptied = slots, mark
+			}
+			snap.version, first = version, false
+			for i := 0; i+1 < len(kv); i += 2 {
+				id, _ := kv[i].(string)
+				v, _ := kv[i+1].(string)
+				if id == "" || v == "" || seen[id] { // HSCAN may return an entry twice
+					continue
+				}
+				seen[id] = true
+				if dead {
+					snap.dead = append(snap.dead, id, v)
+				} else {
+					snap.pairs = append(snap.pairs, id, v)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return false, err
 		}
 	}
 	if len(snap.pairs) == 0 && !emptied {
@@ -209,7 +204,7 @@ func (p *redisPool) refreshSnapshot(ctx context.Context) (lost bool, err error) 
 	for _, h := range []struct {
 		key string
 		to  *[]any
-	}{{k.gateways(), &snap.gateways}, {k.labels(), &snap.labels}} {
+	}{{p.keys.gateways(), &snap.gateways}, {p.keys.labels(), &snap.labels}} {
 		kv, version, err := p.readHash(ctx, h.key)
 		if err != nil {
 			return false, err
@@ -224,46 +219,64 @@ func (p *redisPool) refreshSnapshot(ctx context.Context) (lost bool, err error) 
 }
 
 // readHash pages through a hash of the pool keyed by proxy ID (the
-// gateways or labels hash) with pool_snapshot.lua and returns its pairs and
-// the pool's generation, or errSnapshotMoved if it moved between pages.
+// gateways or labels hash) and returns its pairs and the pool's generation,
+// or errSnapshotMoved if it moved between pages.
 func (p *redisPool) readHash(ctx context.Context, key string) ([]any, int64, error) {
-	k := p.keys
 	var kv []any
 	var version int64
 	seen := map[string]bool{}
-	cursor := "0"
-	for first := true; first || cursor != "0"; first = false {
-		c := cursor
-		res, err := roundTrip(ctx, p.cfg.redisTimeout, func(ctx context.Context) ([]any, error) {
-			return poolSnapshotScript.Run(ctx, p.rdb, []string{key, k.meta(), k.dead()}, c, snapshotPage).Slice()
-		}, nil)
-		if err != nil {
-			return nil, 0, redisErr("read the pool", err)
-		}
-		v, ok1 := intAt(res, 0)
-		n, ok2 := intAt(res, 4)
-		next, ok3 := "", false
-		if len(res) >= 5 {
-			next, ok3 = res[3].(string)
-		}
-		if !ok1 || !ok2 || !ok3 || n < 0 || len(res) < 5+2*int(n) {
-			return nil, 0, fmt.Errorf("%w: malformed pool snapshot reply", ErrCorrupt)
-		}
+	first := true
+	err := snapshotPages(ctx, p.rdb, p.cfg.redisTimeout, key, p.keys.meta(), func(v, _ int64, _ bool, page []any) error {
 		if !first && v != version {
-			return nil, 0, errSnapshotMoved
+			return errSnapshotMoved
 		}
-		version, cursor = v, next
-		for i := 5; i < 5+2*int(n); i += 2 {
-			id, _ := res[i].(string)
-			val, _ := res[i+1].(string)
-			if id == "" || val == "" || seen[id] {
+		first, version = false, v
+		for i := 0; i+1 < len(page); i += 2 {
+			id, _ := page[i].(string)
+			val, _ := page[i+1].(string)
+			if id == "" || val == "" || seen[id] { // HSCAN may return an entry twice
 				continue
 			}
 			seen[id] = true
 			kv = append(kv, id, val)
 		}
+		return nil
+	})
+	return kv, version, err
+}
+
+// snapshotPages reads hash key (of the pool with meta hash meta, keyed by proxy ID) page by page
+// with pool_snapshot.lua, pageSize entries per call, and calls each with
+// every page: the pool's generation, recorded concurrency and "emptied"
+// mark when the page was read, and the page's id, value pairs.
+func snapshotPages(ctx context.Context, rdb redis.Scripter, timeout time.Duration, key, meta string,
+	each func(version, slots int64, emptied bool, kv []any) error) error {
+	cursor := "0"
+	for first := true; first || cursor != "0"; first = false {
+		c := cursor
+		res, err := roundTrip(ctx, timeout, func(ctx context.Context) ([]any, error) {
+			return poolSnapshotScript.Run(ctx, rdb, []string{key, meta}, c, pageSize()).Slice()
+		}, nil)
+		if err != nil {
+			return redisErr("read the pool", err)
+		}
+		if len(res) < 5 {
+			return fmt.Errorf("%w: pool snapshot reply of %d items", ErrCorrupt, len(res))
+		}
+		version, ok1 := intAt(res, 0)
+		mark, ok2 := intAt(res, 1)
+		slots, ok3 := intAt(res, 2)
+		next, ok4 := res[3].(string)
+		n, ok5 := intAt(res, 4)
+		if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 || n < 0 || len(res) != 5+2*int(n) {
+			return fmt.Errorf("%w: malformed pool snapshot reply", ErrCorrupt)
+		}
+		cursor = next
+		if err := each(version, slots, mark == 1, res[5:]); err != nil {
+			return err
+		}
 	}
-	return kv, version, nil
+	return nil
 }
 
 // snapshot returns the copy of the pool last read, nil before the first.
@@ -308,7 +321,12 @@ func (p *redisPool) reseed(ctx context.Context) (int, error) {
 	return f.n, f.err
 }
 
-// seedOnce runs pool_seed.lua with the copy.
+// seedStageTTL is how long the staged copy of a re-seed outlives its last
+// stage call (pool_seed.lua): what a seeder cut off leaves behind.
+const seedStageTTL = time.Minute
+
+// seedOnce runs pool_seed.lua with the copy: stage calls of 250 proxies
+// each (half a page) into staged keys of this call alone, then one commit.
 func (p *redisPool) seedOnce(ctx context.Context) (int, error) {
 	snap := p.snapshot()
 	if snap.size() == 0 {
@@ -319,15 +337,49 @@ func (p *redisPool) seedOnce(ctx context.Context) (int, error) {
 		slots = int64(p.cfg.slots)
 	}
 	hold := p.cfg.attemptBound()
-	argv := make([]any, 0, 6+len(snap.pairs)+len(snap.gateways)+len(snap.labels)+len(snap.dead))
-	argv = append(argv, snap.version, hold.Milliseconds(), slots, snap.size(), len(snap.gateways)/2, len(snap.labels)/2)
-	argv = append(argv, snap.pairs...)
-	argv = append(argv, snap.gateways...)
-	argv = append(argv, snap.labels...)
-	argv = append(argv, snap.dead...)
 	k := p.keys
+	var tok [8]byte
+	_, _ = rand.Read(tok[:])
+	staged := k.base + ":seed:" + hex.EncodeToString(tok[:])
+	keys := []string{k.proxies(), k.meta(), k.dead(), k.order(), staged + ":pool", staged + ":order", staged + ":dead",
+		staged + ":gateways", staged + ":labels", k.gateways(), k.labels()}
+	byID := func(kv []any) map[string]string {
+		m := make(map[string]string, len(kv)/2)
+		for i := 0; i+1 < len(kv); i += 2 {
+			id, _ := kv[i].(string)
+			v, _ := kv[i+1].(string)
+			m[id] = v
+		}
+		return m
+	}
+	gateways, labels, dead := byID(snap.gateways), byID(snap.labels), byID(snap.dead)
+	page := max(1, pageSize()/2) // a proxy costs a few writes (its place in the order)
+	for i := 0; i < len(snap.pairs); i += 2 * page {
+		part := snap.pairs[i:min(i+2*page, len(snap.pairs))]
+		// The gateway templates, labels and dead marks of this part's proxies.
+		var extra [3][]any
+		for n, m := range []map[string]string{gateways, labels, dead} {
+			for j := 0; j < len(part); j += 2 {
+				if v, ok := m[part[j].(string)]; ok {
+					extra[n] = append(extra[n], part[j], v)
+				}
+			}
+		}
+		argv := make([]any, 0, 5+2*len(part))
+		argv = append(argv, "stage", seedStageTTL.Milliseconds(), len(part)/2, len(extra[0])/2, len(extra[1])/2)
+		argv = append(append(append(append(argv, part...), extra[0]...), extra[1]...), extra[2]...)
+		more, err := roundTrip(ctx, p.cfg.redisTimeout, func(ctx context.Context) (int64, error) {
+			return poolSeedScript.Run(ctx, p.rdb, keys, argv...).Int64()
+		}, nil)
+		if err != nil {
+			return 0, redisErr("re-seed", err)
+		}
+		if more == 0 { // the pool is there again, or emptied on purpose
+			return 0, nil
+		}
+	}
 	n, err := roundTrip(ctx, p.cfg.redisTimeout, func(ctx context.Context) (int64, error) {
-		return poolSeedScript.Run(ctx, p.rdb, []string{k.proxies(), k.meta(), k.dead(), k.order(), k.gateways(), k.labels()}, argv...).Int64()
+		return poolSeedScript.Run(ctx, p.rdb, keys, "commit", snap.version, hold.Milliseconds(), slots, snap.size()).Int64()
 	}, nil)
 	if err != nil {
 		return 0, redisErr("re-seed", err)

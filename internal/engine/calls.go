@@ -21,7 +21,7 @@ var (
 	statsScript       = Root.Script("stats")
 	poolUpdateScript  = Root.Script("pool_update")
 	gatewayOfScript   = Root.Script("gateway_of")
-	labelsScript      = Root.Script("labels")
+	findScript        = Root.Script("find")
 	unbanScript       = Root.Script("unban")
 	drainScript       = Root.Script("drain")
 	clearScript       = Root.Script("clear")
@@ -30,14 +30,23 @@ var (
 	proxyStatesScript = Root.Script("proxy_states")
 )
 
-// List runs list.lua: the pool's proxies, id, URL, id, URL, ...
+// List runs list.lua: one page of a hash of the pool keyed by proxy ID,
+// {next cursor, id, value, ...}, with Join {next cursor, id, value,
+// joined value, ...}.
 type List struct {
-	Pool string // KEYS[1] pool hash
+	Hash   string // KEYS[1] the hash read
+	Join   string // KEYS[2] if not empty: a hash joined on the id (ids it lacks are left out)
+	Cursor string // ARGV[1] HSCAN cursor, "0" for the first page
+	Count  int    // ARGV[2] HSCAN count
 }
 
 // Run sends the call.
 func (c List) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
-	return listScript.Run(ctx, rdb, []string{c.Pool})
+	keys := []string{c.Hash}
+	if c.Join != "" {
+		keys = append(keys, c.Join)
+	}
+	return listScript.Run(ctx, rdb, keys, c.Cursor, c.Count)
 }
 
 // Stats runs stats.lua: a snapshot of the pool as one scope sees it.
@@ -93,14 +102,15 @@ func (c GatewayOf) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
 	return gatewayOfScript.Run(ctx, rdb, []string{c.Gateways}, c.Proxy)
 }
 
-// Labels runs labels.lua: the labels of the pool's proxies, id, labels, ...
-type Labels struct {
-	Labels string // KEYS[1] the pool's labels hash
+// Find runs find.lua: one proxy by ID, {URL, labels}, {} when not in the pool.
+type Find struct {
+	Pool, Labels string // KEYS[1..2] the pool's hash and its labels hash
+	Proxy        string // ARGV[1] proxy id
 }
 
 // Run sends the call.
-func (c Labels) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
-	return labelsScript.Run(ctx, rdb, []string{c.Labels})
+func (c Find) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
+	return findScript.Run(ctx, rdb, []string{c.Pool, c.Labels}, c.Proxy)
 }
 
 // Unban runs unban.lua: end a proxy's quarantine on one scope.
@@ -116,19 +126,21 @@ func (c Unban) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
 	return unbanScript.Run(ctx, rdb, []string{c.Free, c.Lease, c.Strikes}, c.Proxy, c.Slots)
 }
 
-// Drain runs drain.lua: take proxies out of every site's rotation.
+// Drain runs drain.lua: take proxies out of every site's rotation,
+// {marked, ids consumed}.
 type Drain struct {
 	Dead, Sites, Pool string // KEYS[1..3]
 
 	Prefix  string   // ARGV[1] the pool's key prefix "{prefix:pool}"
 	Slots   int      // ARGV[2] slots per proxy (K)
 	Reason  string   // ARGV[3] "drained", or a probe's reason (marks only unmarked proxies)
-	Proxies []string // ARGV[4..] proxy ids
+	Budget  int      // ARGV[4] the most slot writes of one call (one proxy at least)
+	Proxies []string // ARGV[5..] proxy ids; the reply says how many the call did
 }
 
 // Run sends the call.
 func (c Drain) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
-	argv := []any{c.Prefix, c.Slots, c.Reason}
+	argv := []any{c.Prefix, c.Slots, c.Reason, c.Budget}
 	for _, id := range c.Proxies {
 		argv = append(argv, id)
 	}
@@ -141,11 +153,12 @@ type Clear struct {
 	Others []string // KEYS[2..] the other pool-wide keys
 
 	Prefix string // ARGV[1] the pool's key prefix "{prefix:pool}"
+	Budget int    // ARGV[2] sites one call may clear when more are left (it returns -1)
 }
 
 // Run sends the call.
 func (c Clear) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
-	return clearScript.Run(ctx, rdb, append([]string{c.Sites}, c.Others...), c.Prefix)
+	return clearScript.Run(ctx, rdb, append([]string{c.Sites}, c.Others...), c.Prefix, c.Budget)
 }
 
 // Sites runs sites.lua: the sites leased within the idle TTL, most recent
@@ -181,15 +194,18 @@ func (c State) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
 	return stateScript.Run(ctx, rdb, c.keys(), c.Slots)
 }
 
-// ProxyStates runs proxy_states.lua: the state of every proxy on one scope.
+// ProxyStates runs proxy_states.lua: the state on one scope of one page of
+// the pool's proxies, {next cursor, now, slots, n, 13 items per proxy}.
 type ProxyStates struct {
 	StateKeys
-	Slots int // ARGV[1] the caller's concurrency (a pool that recorded none)
+	Slots  int    // ARGV[1] the caller's concurrency (a pool that recorded none)
+	Cursor string // ARGV[2] HSCAN cursor of the pool hash, "0" for the first page
+	Count  int    // ARGV[3] HSCAN count
 }
 
 // Run sends the call.
 func (c ProxyStates) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
-	return proxyStatesScript.Run(ctx, rdb, c.keys(), c.Slots)
+	return proxyStatesScript.Run(ctx, rdb, c.keys(), c.Slots, c.Cursor, c.Count)
 }
 
 // IntAt returns element i of a script's reply if it is an integer.

@@ -9,6 +9,11 @@
 --         ":pace:"..S and ":breaker:"..S (the window of its circuit breaker,
 --         breaker.lua; so is that of every site the breaker hash ARGV[1]..":breaker" names),
 --         and ARGV[1]..":exit" with the set ARGV[1]..":exit:"..IP of each IP it holds
+-- ARGV[2] site budget (optional: none clears every site at once): with more sites than that in KEYS[1], the call only
+--         deletes the keys of that many sites, takes them out of KEYS[1] and
+--         returns -1: the caller calls again (operator.go). The last call,
+--         with at most that many sites left, clears the rest atomically, so
+--         a site leased again meanwhile (back in KEYS[1]) is cleared too.
 --
 -- Why a prefix and not KEYS: the sites are the members of KEYS[1], read
 -- here, atomically; a caller listing them first could miss one leased in
@@ -20,10 +25,24 @@
 -- Keys go with UNLINK: Redis frees a large value (the pool hash and order
 -- of a million proxies) in a background thread, so the call's own work is
 -- one step per key, whatever the pool's size.
--- Returns the number of keys deleted.
+-- Returns the number of keys deleted by the last call, -1 from the others.
 local base, badbase = pool_prefix(ARGV[1])
 if not base then return redis.error_reply(badbase) end
+local budget = math.huge -- no ARGV[2]: every site in this call
+if ARGV[2] then
+  budget = tonumber(ARGV[2])
+  if not budget or budget < 1 then return redis.error_reply('PSCONFIG bad clear budget') end
+end
 local n = 0
+if redis.call('ZCARD', KEYS[1]) > budget then
+  local some = redis.call('ZRANGE', KEYS[1], 0, budget - 1)
+  for _, sc in ipairs(some) do
+    redis.call('UNLINK', base .. ':free:' .. sc, base .. ':lease:' .. sc, base .. ':strikes:' .. sc,
+      base .. ':health:' .. sc, base .. ':pace:' .. sc, base .. ':breaker:' .. sc)
+  end
+  redis.call('ZREM', KEYS[1], unpack(some))
+  return -1
+end
 for _, sc in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
   n = n + redis.call('UNLINK', base .. ':free:' .. sc, base .. ':lease:' .. sc, base .. ':strikes:' .. sc,
     base .. ':health:' .. sc, base .. ':pace:' .. sc, base .. ':breaker:' .. sc)

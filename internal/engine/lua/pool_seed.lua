@@ -3,72 +3,127 @@
 -- (snapshot.go). Every Switch that finds its pool lost runs it, one per
 -- process at a time; the first one seeds, the others find the pool there.
 --
+-- A copy of any size goes in calls of bounded work (issue 14): "stage"
+-- calls write it, a page at a time, into staged keys of the seeding Switch
+-- alone (KEYS[5..7], named with a token of its own, expiring unless
+-- staged to again), then one "commit" call RENAMEs the staged pool hash
+-- and order into place: O(1) whatever the size, so that leases see either
+-- no pool or the whole of it. A staged dead list is renamed into place
+-- too when there is no dead hash yet, else merged entry by entry (the
+-- marks written since the loss win).
+--
 -- KEYS[1] pool hash  id -> proxy URL
 -- KEYS[2] meta hash  "emptied" -> 1 when an operator emptied the pool (pool_update.lua,
 --         clear.lua); "version" -> its generation; "slots"; "hold" (see below)
 -- KEYS[3] dead hash  id -> "<ms>|<reason>" (dead and drained proxies)
 -- KEYS[4] order zset id -> its place in the rotation (lease.lua), written with the pool
--- KEYS[5] gateways hash id -> gateway template (gateway.go): a re-seeded
+-- KEYS[5] staged pool hash, KEYS[6] staged order zset, KEYS[7] staged dead hash,
+-- KEYS[8] staged gateways hash, KEYS[9] staged labels hash (same hash tag as KEYS[1])
+-- KEYS[10] gateways hash id -> gateway template (gateway.go): a re-seeded
 --         gateway's sessions rotate after a ban as before
--- KEYS[6] labels hash   id -> "k=v,k=v" (labels.go): labelled requests
+-- KEYS[11] labels hash  id -> "k=v,k=v" (labels.go): labelled requests
 --         select as before
--- ARGV[1] the copy's generation ("version"), 0 for none
--- ARGV[2] hold ms: the proxies stay out of every site's rotation that long
+-- ARGV[1] "stage" or "commit"
+-- stage:  ARGV[2] TTL ms of the staged keys; ARGV[3] n: the number of proxies
+--         of this call; ARGV[4] g, ARGV[5] l: the numbers of their gateway
+--         templates and labels; ARGV[6 .. 5+2n] id, URL, ...; then g pairs
+--         id, template; then l pairs id, labels; then id, "<ms>|<reason>", ...
+--         of the copy's dead list (all of proxies staged: others are skipped)
+-- commit: ARGV[2] the copy's generation ("version"), 0 for none
+--         ARGV[3] hold ms: the proxies stay out of every site's rotation that long
 --         (lease.lua and fallback_writeback.lua read "hold" when they build a
 --         site's free set), since requests leased before Redis lost the pool,
 --         whose leases went with it, may still run; 0 for none
--- ARGV[3] slots per proxy (K) of the seeding Switch, recorded if none is
--- ARGV[4] n: the number of proxies
--- ARGV[5] g: the number of gateway entries; ARGV[6] l: the number of labelled proxies
--- ARGV[7 .. 6+2n]  id, URL, id, URL, ...
--- then g pairs id, template; then l pairs id, labels (only ids of the n are written)
--- then the rest    id, "<ms>|<reason>", ...: the dead list of the copy
+--         ARGV[4] slots per proxy (K) of the seeding Switch, recorded if none is
+--         ARGV[5] the number of proxies staged: a commit that finds fewer
+--         (the staged keys expired) writes nothing and fails
 --
 -- Seeds only a pool that does not exist and that no operator emptied: a pool
 -- emptied on purpose stays empty, and an operator's write made since Redis
--- lost the pool is never overwritten. Quarantines, strikes and leases are
--- not in the copy: they were lost with Redis. Returns the number of proxies
--- written (0 when nothing was done).
-if redis.call('EXISTS', KEYS[1]) == 1 or redis.call('HEXISTS', KEYS[2], 'emptied') == 1 then return 0 end
-local n, g, l = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-if not n or n <= 0 or not g or g < 0 or not l or l < 0 or #ARGV < 6 + 2 * (n + g + l) then return 0 end
-local last = 6 + 2 * n
-for i = 7, last, 1000 do
-  local j = math.min(i + 999, last)
-  redis.call('HSET', KEYS[1], unpack(ARGV, i, j))
-  local ids = {}
-  for k = i, j, 2 do ids[#ids + 1] = ARGV[k] end
-  order_add(KEYS[4], KEYS[2], ids)
+-- lost the pool is never overwritten (a commit that finds the pool there
+-- drops what it staged). Quarantines, strikes and leases are not in the copy:
+-- they were lost with Redis. Returns, for stage, 1 (go on) or 0 (the pool is
+-- there or emptied: stop); for commit, the number of proxies written (0 when
+-- nothing was done).
+local function taken()
+  return redis.call('EXISTS', KEYS[1]) == 1 or redis.call('HEXISTS', KEYS[2], 'emptied') == 1
 end
--- hset_known writes the pairs ARGV[from .. to] of ids the pool holds into key.
-local function hset_known(key, from, to)
-  local kv = {}
-  for i = from, to, 2 do
-    if redis.call('HEXISTS', KEYS[1], ARGV[i]) == 1 then
-      kv[#kv + 1] = ARGV[i]
-      kv[#kv + 1] = ARGV[i + 1]
-    end
-    if #kv >= 1000 or (i + 2 > to and #kv > 0) then
-      redis.call('HSET', key, unpack(kv))
-      kv = {}
+if ARGV[1] == 'stage' then
+  if taken() then
+    redis.call('UNLINK', KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9])
+    return 0
+  end
+  local ttl, n, g, l = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+  if not ttl or ttl <= 0 or not n or n < 0 or not g or g < 0 or not l or l < 0
+      or #ARGV < 5 + 2 * (n + g + l) then
+    return redis.error_reply('PSCONFIG bad pool_seed stage arguments')
+  end
+  local last = 5 + 2 * n
+  for i = 6, last, 1000 do
+    local j = math.min(i + 999, last)
+    redis.call('HSET', KEYS[5], unpack(ARGV, i, j))
+    local ids = {}
+    for k = i, j, 2 do ids[#ids + 1] = ARGV[k] end
+    order_add(KEYS[6], KEYS[2], ids)
+  end
+  -- the gateway templates, labels and dead marks of proxies staged
+  local function stage_known(key, from, to)
+    for i = from, to - 1, 2 do
+      if redis.call('HEXISTS', KEYS[5], ARGV[i]) == 1 then redis.call('HSET', key, ARGV[i], ARGV[i + 1]) end
     end
   end
+  stage_known(KEYS[8], last + 1, last + 2 * g)
+  last = last + 2 * g
+  stage_known(KEYS[9], last + 1, last + 2 * l)
+  last = last + 2 * l
+  stage_known(KEYS[7], last + 1, #ARGV)
+  for k = 5, 9 do redis.call('PEXPIRE', KEYS[k], ttl) end
+  return 1
 end
-hset_known(KEYS[5], last + 1, last + 2 * g)
-last = last + 2 * g
-hset_known(KEYS[6], last + 1, last + 2 * l)
-last = last + 2 * l
-for i = last + 1, #ARGV - 1, 2 do
-  if redis.call('HEXISTS', KEYS[1], ARGV[i]) == 1 then redis.call('HSETNX', KEYS[3], ARGV[i], ARGV[i + 1]) end
+if ARGV[1] ~= 'commit' then return redis.error_reply('PSCONFIG unknown pool_seed mode') end
+if taken() then
+  redis.call('UNLINK', KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9])
+  return 0
 end
-if redis.call('HEXISTS', KEYS[2], 'version') == 0 and tonumber(ARGV[1]) > 0 then
-  redis.call('HSET', KEYS[2], 'version', ARGV[1])
+local n = tonumber(ARGV[5])
+if not n or n <= 0 or redis.call('HLEN', KEYS[5]) ~= n then
+  redis.call('UNLINK', KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9])
+  return redis.error_reply('PSSTAGED the staged copy is incomplete (expired?)')
+end
+redis.call('UNLINK', KEYS[4]) -- an order left without its pool (none, normally)
+redis.call('RENAME', KEYS[5], KEYS[1])
+redis.call('PERSIST', KEYS[1])
+redis.call('RENAME', KEYS[6], KEYS[4])
+redis.call('PERSIST', KEYS[4])
+-- The gateways and labels hashes go with the pool they describe: what is
+-- left of them without it is stale.
+for k = 8, 9 do
+  redis.call('UNLINK', KEYS[k + 2])
+  if redis.call('EXISTS', KEYS[k]) == 1 then
+    redis.call('RENAME', KEYS[k], KEYS[k + 2])
+    redis.call('PERSIST', KEYS[k + 2])
+  end
+end
+if redis.call('EXISTS', KEYS[7]) == 1 then
+  if redis.call('EXISTS', KEYS[3]) == 0 then
+    redis.call('RENAME', KEYS[7], KEYS[3])
+    redis.call('PERSIST', KEYS[3])
+  else
+    -- Marks written since the loss (a Drain) win; the staged list is the
+    -- copy's dead list, as long as it is (rarely more than a few).
+    local kv = redis.call('HGETALL', KEYS[7])
+    for i = 1, #kv, 2 do redis.call('HSETNX', KEYS[3], kv[i], kv[i + 1]) end
+    redis.call('UNLINK', KEYS[7])
+  end
+end
+if redis.call('HEXISTS', KEYS[2], 'version') == 0 and tonumber(ARGV[2]) > 0 then
+  redis.call('HSET', KEYS[2], 'version', ARGV[2])
 else
   bump_version(KEYS[2])
 end
-redis.call('HSETNX', KEYS[2], 'slots', ARGV[3])
+redis.call('HSETNX', KEYS[2], 'slots', ARGV[4])
 redis.call('HSET', KEYS[2], 'index', 'done') -- the order is written with the pool
-local hold = tonumber(ARGV[2])
+local hold = tonumber(ARGV[3])
 if hold > 0 then
   local untl = now_ms() + hold
   if untl > meta_ms(KEYS[2], 'hold') then redis.call('HSET', KEYS[2], 'hold', untl) end

@@ -10,8 +10,12 @@
 -- KEYS[7] meta hash        "slots" -> concurrency
 -- ARGV[1] slots per proxy the caller is configured with, used when the pool
 --         has not fixed it yet (nothing was ever leased from it)
+-- ARGV[2] HSCAN cursor of the pool hash, "0" for the first page
+-- ARGV[3] HSCAN count: one page, a few lookups per proxy and slot, bounds
+--         the work of a call whatever the pool's size (issue 14)
 --
--- Returns {now ms, slots, proxies, then 13 items per proxy:
+-- Returns {next cursor ("0" after the last page), now ms, slots, proxies of
+-- the page, then 13 items per proxy:
 --   id, URL, dead entry ("<ms>|<reason>", or "" if not dead),
 --   bans in a row on the scope, end ms of a ban on every site (0 if none now),
 --   free, leased, cooling, quarantined and dead slots,
@@ -33,40 +37,35 @@
 local now = now_ms()
 local slots = meta_slots(KEYS[7], tonumber(ARGV[1]) or 1)
 
-local function pairs_of(flat, f)
-  local m = {}
-  for i = 1, #flat, 2 do m[flat[i]] = f(flat[i + 1]) end
-  return m
+local function ends(v) return v and tonumber(string.match(v, '|(%d+)$')) end
+local function after_now(v)
+  v = num(v)
+  if v and v > now then return v end
 end
-local function ends(v) return tonumber(string.match(v, '|(%d+)$')) end
 
-local pool = redis.call('HGETALL', KEYS[1])
-local dead = pairs_of(redis.call('HGETALL', KEYS[6]), function(v) return v end)
-local strikes = pairs_of(redis.call('HGETALL', KEYS[4]), function(v)
-  return {n = tonumber(string.match(v, '^(%d+)|')) or 0, ends = ends(v) or 0}
-end)
-local all = pairs_of(redis.call('ZRANGEBYSCORE', KEYS[5], '(' .. now, '+inf', 'WITHSCORES'), num)
-local scores = pairs_of(redis.call('ZRANGE', KEYS[2], '(' .. now, '+inf', 'BYSCORE', 'WITHSCORES'), num)
-local leases = pairs_of(redis.call('HGETALL', KEYS[3]), ends)
-
-local out = {now, slots, #pool / 2}
+local page = redis.call('HSCAN', KEYS[1], ARGV[2], 'COUNT', ARGV[3])
+local pool = page[2]
+local out = {page[1], now, slots, #pool / 2}
 for i = 1, #pool, 2 do
   local id = pool[i]
-  local st = strikes[id] or {n = 0, ends = 0}
-  local allEnd = all[id] or 0
+  local dead = redis.call('HGET', KEYS[6], id)
+  local sv = redis.call('HGET', KEYS[4], id)
+  local st = {n = 0, ends = 0}
+  if sv then st = {n = tonumber(string.match(sv, '^(%d+)|')) or 0, ends = ends(sv) or 0} end
+  local allEnd = after_now(redis.call('ZSCORE', KEYS[5], id)) or 0
   local banned = st.ends > now or allEnd > now
   local free, leased, cooling, quarantined, deadSlots = 0, 0, 0, 0, 0
   local leaseUntil, coolUntil, quarUntil = 0, 0, 0
   for s = 0, slots - 1 do
     local m = id .. ':' .. s
-    local sc = scores[m] or 0 -- no entry (or a passed score): free on the site
-    if sc >= DEAD and not dead[id] then sc = 0 end -- revived
-    local exp = leases[m]
+    local sc = after_now(redis.call('ZSCORE', KEYS[2], m)) or 0 -- no entry (or a passed score): free on the site
+    if sc >= DEAD and not dead then sc = 0 end -- revived
+    local exp = ends(redis.call('HGET', KEYS[3], m))
     if exp and exp > now and sc > now then
       leased = leased + 1
       leaseUntil = math.max(leaseUntil, exp)
       if banned and sc > exp and sc < DEAD then quarUntil = math.max(quarUntil, sc) end
-    elseif dead[id] then
+    elseif dead then
       deadSlots = deadSlots + 1
     elseif allEnd > now then
       quarantined = quarantined + 1
@@ -82,7 +81,7 @@ for i = 1, #pool, 2 do
     end
   end
   local n = #out
-  out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5] = id, pool[i + 1], dead[id] or '', st.n, allEnd
+  out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5] = id, pool[i + 1], dead or '', st.n, allEnd
   out[n + 6], out[n + 7], out[n + 8], out[n + 9], out[n + 10] = free, leased, cooling, quarantined, deadSlots
   out[n + 11], out[n + 12], out[n + 13] = leaseUntil, coolUntil, quarUntil
 end

@@ -9,22 +9,29 @@
 -- ARGV[3] reason: "" revives whatever the mark; else only a proxy marked
 --         with this reason (a health probe revives its own marks, never an
 --         operator's drain)
--- ARGV[4..] proxy ids
+-- ARGV[4] budget: the most slot reads (proxies x sites x slots) of one call;
+--         at least one proxy is always done
+-- ARGV[5..] proxy ids
 --
 -- Why a prefix and not KEYS: the free sets and lease hashes are those of
 -- every site in KEYS[3], read here, atomically. The prefix must be KEYS[1]'s
 -- hash tag (lib.lua's pool_prefix), so every key stays in the pool's slot.
 -- A slot still held by a live lease (taken before the proxy died) comes back
 -- when that lease expires, never earlier: no slot is ever leased twice.
--- Returns the number of proxies that were dead and are not any more.
+-- Returns {proxies that were dead and are not any more, ids consumed}: a
+-- call does the first ids that fit the budget, the caller sends the rest
+-- again (ban.go), so a Revive of many proxies goes in calls of bounded
+-- work, each proxy's revival atomic across the sites.
 local base, badbase = pool_prefix(ARGV[1])
 if not base then return redis.error_reply(badbase) end
 local now = now_ms()
 local slots = tonumber(ARGV[2])
 local sites = redis.call('ZRANGE', KEYS[3], 0, -1)
 local want = ARGV[3]
+local cap = math.max(1, math.floor((tonumber(ARGV[4]) or 0) / math.max(1, #sites * slots)))
+local last = math.min(#ARGV, 4 + cap)
 local revived = 0
-for i = 4, #ARGV do
+for i = 5, last do
   local id = ARGV[i]
   local mark = redis.call('HGET', KEYS[1], id)
   if mark and (want == '' or string.sub(mark, (string.find(mark, '|', 1, true) or 0) + 1) == want) then
@@ -48,4 +55,4 @@ for i = 4, #ARGV do
   end
 end
 if revived > 0 then bump_version(base .. ':meta') end -- the dead list is part of the pool's generation
-return revived
+return {revived, last - 4}
