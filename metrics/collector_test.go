@@ -301,7 +301,7 @@ func TestObserverIsTheSwitchs(t *testing.T) {
 	for d := range ch {
 		got = append(got, d.String())
 	}
-	assert.Len(t, got, 21)
+	assert.Len(t, got, 24)
 	assert.Panics(t, func() { New(nil) })
 	assert.Panics(t, func() { NewState(nil) })
 }
