@@ -32,7 +32,11 @@ func TestShardingSharedNothing(t *testing.T) {
 			opts := func(self string) []Option {
 				return []Option{WithPrefix(prefix), WithSharding(self, sh), WithTimeouts(Timeouts{Fallback: 300 * time.Millisecond}),
 					WithMembership(shard.MemberConfig{Heartbeat: 100 * time.Millisecond, TTL: time.Second}),
-					WithTimeouts(Timeouts{Attempt: time.Second, MaxWait: 5 * time.Second})}
+					WithTimeouts(Timeouts{Attempt: time.Second, MaxWait: 5 * time.Second}),
+					// A proxy that times out on a loaded machine (CI) is out
+					// for a moment, not a minute: a share of two proxies
+					// would otherwise run dry, which is not what this tests.
+					WithBans(Bans{FailureQuarantine: 200 * time.Millisecond, FailureQuarantineMax: time.Second})}
 			}
 			admin, err := NewSwitch(srv.Client(t), WithPrefix(prefix))
 			require.NoError(t, err)
