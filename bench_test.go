@@ -38,8 +38,9 @@ func benchSwitch(b *testing.B, size int) {
 	ctx := context.Background()
 	rdb := shared.Server.Client(b, func(o *redis.Options) { o.PoolSize = benchWorkers })
 	s := newSwitch(b, rdb)
+	urls := proxyURLs(size)
 	for i := 0; i < size; i += 10_000 {
-		_, err := s.Add(ctx, proxyURLs(size)[i:min(i+10_000, size)]...)
+		_, err := s.Add(ctx, urls[i:min(i+10_000, size)]...)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -17,10 +17,12 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// proxyURLs gives n distinct loopback proxy URLs (valid addresses up to
+// 250 x 250 x 256 of them).
 func proxyURLs(n int) []string {
 	out := make([]string, n)
 	for i := range out {
-		out[i] = fmt.Sprintf("http://user%d:pw@127.0.%d.%d:%d", i, 1+i/250, 1+i%250, 3128)
+		out[i] = fmt.Sprintf("http://user%d:pw@127.%d.%d.%d:%d", i, i/62_500, 1+i/250%250, 1+i%250, 3128)
 	}
 	return out
 }
