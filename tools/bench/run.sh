@@ -29,7 +29,7 @@ date -u > "$out/started"
 load() { echo "# $(date -u +%H:%M:%S) load: $(cut -d' ' -f1-3 /proc/loadavg)"; }
 bench() { # file binary pattern benchtime [extra flags...]
   local f=$1 b=$2 p=$3 t=$4; shift 4
-  { load; "$bin/$b" -test.run '^$' -test.bench "$p" -test.benchmem -test.benchtime "$t" "$@" 2>&1 | grep -E '^Benchmark|^ok|FAIL|_test.go:'; } >> "$out/$f" ||
+  { load; "$bin/$b" -test.run '^$' -test.bench "$p" -test.benchmem -test.benchtime "$t" "$@" | grep -E '^Benchmark|^ok|FAIL|_test.go:'; } >> "$out/$f" ||
     { echo "# FAILED: $b $p" >> "$out/$f"; echo "benchmark failed: $b $p (see $out/$f)"; failed=1; }
 }
 failed=0
