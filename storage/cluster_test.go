@@ -11,6 +11,7 @@ import (
 	"github.com/gocolly/colly/v2/queue"
 	"github.com/proxyswitch/proxyswitch/internal/redistest"
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -77,4 +78,50 @@ func dbSizes(t testing.TB, rdb *redis.ClusterClient) map[string]int64 {
 		return err
 	}))
 	return out
+}
+
+// TestClusterVisitedPipelines: on a Redis Cluster, the pipelines that
+// concurrent IsVisited and Visited calls share hold commands for buckets
+// in many slots on every master (the ClusterClient splits them by node),
+// and every caller still gets its own answer.
+func TestClusterVisitedPipelines(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a Redis Cluster")
+	}
+	cl := redistest.StartCluster(t, 3)
+	for _, ttl := range []time.Duration{0, time.Minute} {
+		rdb := cl.Client(t)
+		h := &visitedTrips{delay: 10 * time.Millisecond}
+		rdb.AddHook(h)
+		s := newStorage(t, rdb, WithVisitedBuckets(256), WithVisitedTTL(ttl))
+		other := twin(t, s, rdb) // claims: it never told a caller "visited" (a revisit)
+		const n = 90
+		id := func(i int) uint64 { return uint64(i+1) * 0x9e3779b97f4a7c15 }
+		for i := 0; i < n; i += 3 {
+			require.NoError(t, s.Visited(id(i)))
+		}
+		h.pipelines.Store(0)
+		onAll([]*Storage{s}, n, func(s *Storage, i int) {
+			v, err := s.IsVisited(id(i))
+			if assert.NoError(t, err) {
+				assert.Equal(t, i%3 == 0, v, "IsVisited of ID %d", i)
+			}
+			err = other.Visited(id(i))
+			if i%3 == 0 {
+				assert.ErrorIs(t, err, ErrAlreadyVisited, "Visited of ID %d", i)
+			} else {
+				assert.NoError(t, err, "Visited of ID %d", i)
+			}
+		})
+		require.Greater(t, h.pipelines.Load(), int64(0), "no pipeline shared")
+		require.Greater(t, h.maxKeys.Load(), int64(10), "no pipeline spanned buckets")
+		for addr, keys := range dbSizes(t, rdb) {
+			require.Greater(t, keys, int64(5), "master %s holds %d keys", addr, keys)
+		}
+		for i := range n {
+			v, err := s.IsVisited(id(i))
+			require.NoError(t, err)
+			require.True(t, v, "ID %d", i)
+		}
+	}
 }

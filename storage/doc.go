@@ -100,5 +100,8 @@
 // once). Each still returns only when its own outcome is in Redis, so
 // delivery stays at-least-once and an acknowledgement still follows the
 // callbacks. IsVisited and Visited are one plain command each for a URL
-// without an expiry (HMGET, HSETNX), as GET and SET would be.
+// without an expiry (HMGET, HSETNX), as GET and SET would be; calls of
+// either kind made at once go together the same way, as one pipeline of
+// those commands (with WithVisitedTTL, of Visited's script calls), each
+// caller still getting its own answer or error.
 package storage

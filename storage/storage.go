@@ -45,6 +45,9 @@ type Storage struct {
 	adds group.Group[[]byte, error]
 	pops group.Group[struct{}, popped]
 	acks group.Group[ackItem, struct{}]
+	// The visited check's (visited_group.go): reads and claims.
+	reads  group.Group[uint64, mark]
+	claims group.Group[uint64, mark]
 
 	attached         atomic.Bool // Attach was called (on some collector)
 	warnedUnattached atomic.Bool // QueueSize reported ErrNotAttached (logged once)
@@ -79,6 +82,7 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Storage, error) {
 	s := &Storage{rdb: rdb, cfg: cfg, keys: k, q: k.queue(), inline: bounded.HonoursDeadlines(rdb)}
 	s.qkeys = s.q.all()
 	s.initGroups()
+	s.initVisitedGroups()
 	s.pending.init(cfg.visibility, cfg.maxFetch)
 	s.cookies.init()
 	return s, nil

@@ -3,7 +3,6 @@ package storage
 import (
 	"context"
 	"encoding/binary"
-	"fmt"
 	"sync"
 	"time"
 )
@@ -33,7 +32,8 @@ import (
 
 // IsVisited implements Colly's storage.Storage. It reports whether the
 // request ID holds a live visited mark in the namespace, and writes nothing.
-// It is one Redis round trip (HGET; a mark with an expiry takes a second,
+// It is one Redis round trip (HMGET, shared with the IsVisited calls of
+// other goroutines made meanwhile; a mark with an expiry takes a second,
 // a script that compares it with Redis's clock).
 func (s *Storage) IsVisited(requestID uint64) (bool, error) {
 	d := s.pending.unclaimed(requestID)
@@ -59,25 +59,17 @@ func (s *Storage) IsVisited(requestID uint64) (bool, error) {
 // isVisited reads the mark with HMGET (as HGET, but a missing field, the
 // usual answer for a new URL, is a nil in the reply rather than go-redis's
 // redis.Nil error, whose retry checks alone cost some 16 allocations); only
-// a mark with an expiry needs Redis's clock, and so the script.
+// a mark with an expiry needs Redis's clock, and so the script. The HMGETs
+// of concurrent callers share one pipeline (s.reads, see flushReads).
 func (s *Storage) isVisited(id uint64) (bool, error) {
-	ctx, key, field := context.Background(), s.visitedKey(id), visitedField(id)
-	vals, err := call(ctx, s.cfg.redisTimeout, s.inline, "is visited", func(ctx context.Context) ([]any, error) {
-		return s.rdb.HMGet(ctx, key[0], field).Result()
-	})
+	r, err := s.reads.Do(id)
 	if err != nil {
-		return false, withKey(err, key[0])
+		return false, err
 	}
-	if len(vals) != 1 {
-		return false, fmt.Errorf("%w: key %s: HMGET replied %d values for one field", ErrCorrupt, key[0], len(vals))
+	if !r.again {
+		return r.yes, r.err
 	}
-	if vals[0] == nil {
-		return false, nil
-	}
-	if vals[0] == "0" {
-		return true, nil
-	}
-	n, err := s.run(ctx, "is visited", isVisitedScript, key, field)
+	n, err := s.run(context.Background(), "is visited", isVisitedScript, s.visitedKey(id), visitedField(id))
 	return n == int64(1), err
 }
 
@@ -87,7 +79,8 @@ func (s *Storage) isVisited(id uint64) (bool, error) {
 // it first (and Colly then does not fetch). With WithVisitedTTL the mark
 // expires; an expired mark can be claimed again. Without a TTL it is one
 // HSETNX, plus a script if a mark is present (it may carry another
-// writer's expiry); with a TTL it is one script.
+// writer's expiry); with a TTL it is one script. Concurrent calls share
+// that first round trip (see visited_group.go).
 func (s *Storage) Visited(requestID uint64) error {
 	claimed, err := s.claim(requestID)
 	if err != nil {
@@ -210,23 +203,28 @@ func (v *revisits) visited(id uint64, claimed bool, now time.Time) bool {
 
 // claim sets the mark if it is absent or expired. Without a TTL of its own
 // it tries HSETNX first: one plain command for the usual case, a new URL;
-// only a present mark, which may have expired, needs the script.
+// only a present mark, which may have expired, needs the script. With a TTL
+// it is the script. The claims of concurrent callers share one pipeline
+// (s.claims, see flushClaims).
 func (s *Storage) claim(id uint64) (bool, error) {
-	ctx, key, field := context.Background(), s.visitedKey(id), visitedField(id)
-	if s.cfg.visitedTTL == 0 {
-		set, err := call(ctx, s.cfg.redisTimeout, s.inline, "visited", func(ctx context.Context) (bool, error) {
-			return s.rdb.HSetNX(ctx, key[0], field, "0").Result()
-		})
-		if err != nil || set {
-			return set, withKey(err, key[0])
-		}
+	r, err := s.claims.Do(id)
+	if err != nil {
+		return false, err
 	}
-	n, err := s.run(ctx, "visited", visitScript, key, field, s.cfg.visitedTTL.Milliseconds())
+	if !r.again {
+		return r.yes, r.err
+	}
+	n, err := s.run(context.Background(), "visited", visitScript, s.visitedKey(id), visitedField(id), s.cfg.visitedTTL.Milliseconds())
 	return n == int64(1), err
 }
 
 func (s *Storage) visitedKey(id uint64) []string {
-	return []string{s.keys.bucket(id % uint64(s.cfg.buckets))}
+	return []string{s.bucketOf(id)}
+}
+
+// bucketOf is the key of the visited bucket holding id's mark.
+func (s *Storage) bucketOf(id uint64) string {
+	return s.keys.bucket(id % uint64(s.cfg.buckets))
 }
 
 func visitedField(id uint64) string {

@@ -1,0 +1,201 @@
+package storage
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// The visited check's round trips, grouped (internal/group): the HMGETs of
+// concurrent IsVisited calls share one pipeline, and so do the claims of
+// concurrent Visited calls (HSETNX, or with WithVisitedTTL the visit
+// script). A lone caller sends its one command at once, as without the
+// group; under load (Colly's threads checking links) n round trips become
+// one, and one bounded call (with its watchdog goroutine on a client that
+// ignores context deadlines) serves the whole batch.
+//
+// Each command of a pipeline keeps its own reply: a caller gets its own
+// answer, or its own command's error (a WRONGTYPE bucket fails only the
+// callers whose IDs live there); a failed round trip (no reply within the
+// Redis timeout, a connection error) fails every caller of the batch with
+// the error it had alone. Each command touches one bucket, so a pipeline
+// needs no slot of its own: a Cluster or Ring client splits it by node.
+// Commands of one pipeline run in order on their node but are not atomic
+// together, which none of them needs: each claim is atomic alone.
+
+// visitedGroupMax bounds the reads (or claims) that share one pipeline.
+const visitedGroupMax = 128
+
+// mark is one caller's share of a grouped visited read or claim.
+type mark struct {
+	// yes: the ID holds a mark without expiry (read), or this claim set
+	// the mark (claim).
+	yes bool
+	// again: the caller runs the script itself: the read found a mark with
+	// an expiry (which needs Redis's clock), the claim without a TTL found
+	// a mark present (which may have expired), or Redis had not loaded the
+	// visit script a pipelined claim called by its digest.
+	again bool
+	err   error // this caller's failure
+}
+
+// initVisitedGroups sets up the grouped round trips of the visited check.
+func (s *Storage) initVisitedGroups() {
+	s.reads.Corrupt, s.reads.Max, s.reads.Flush = ErrCorrupt, visitedGroupMax, s.flushReads
+	s.claims.Corrupt, s.claims.Max, s.claims.Flush = ErrCorrupt, visitedGroupMax, s.flushClaims
+}
+
+// flushReads reads the marks of a batch of IsVisited calls: one HMGET for
+// a lone caller, else one pipeline of them.
+func (s *Storage) flushReads(ids []uint64) ([]mark, error) {
+	ctx, out := context.Background(), make([]mark, len(ids))
+	if len(ids) == 1 {
+		key := s.bucketOf(ids[0])
+		vals, err := call(ctx, s.cfg.redisTimeout, s.inline, "is visited", func(ctx context.Context) ([]any, error) {
+			return s.rdb.HMGet(ctx, key, visitedField(ids[0])).Result()
+		})
+		out[0] = readMark(key, vals, err)
+		return out, nil
+	}
+	keys := s.bucketsOf(ids)
+	cmds, err := call(ctx, s.cfg.redisTimeout, s.inline, "is visited", func(ctx context.Context) ([]redis.Cmder, error) {
+		return s.pipelined(ctx, len(ids), func(p redis.Pipeliner, i int) redis.Cmder {
+			return p.HMGet(ctx, keys[i], visitedField(ids[i]))
+		})
+	})
+	for i := range out {
+		if err != nil {
+			out[i] = mark{err: withKey(err, keys[i])}
+			continue
+		}
+		c, ok := cmds[i].(*redis.SliceCmd)
+		if !ok {
+			out[i] = mark{err: fmt.Errorf("%w: key %s: HMGET replied with %T", ErrCorrupt, keys[i], cmds[i])}
+			continue
+		}
+		vals, cerr := c.Result()
+		out[i] = readMark(keys[i], vals, cmdErr("is visited", cerr))
+	}
+	return out, nil
+}
+
+// readMark is what an HMGET of one field of key tells IsVisited.
+func readMark(key string, vals []any, err error) mark {
+	if err != nil {
+		return mark{err: withKey(err, key)}
+	}
+	if len(vals) != 1 {
+		return mark{err: fmt.Errorf("%w: key %s: HMGET replied %d values for one field", ErrCorrupt, key, len(vals))}
+	}
+	switch vals[0] {
+	case nil:
+		return mark{}
+	case "0":
+		return mark{yes: true}
+	}
+	return mark{again: true}
+}
+
+// flushClaims claims the IDs of a batch of Visited calls: without a TTL
+// one HSETNX each, with one the visit script; a lone caller sends its
+// command alone, a batch one pipeline of them.
+func (s *Storage) flushClaims(ids []uint64) ([]mark, error) {
+	ctx, out := context.Background(), make([]mark, len(ids))
+	ttl := s.cfg.visitedTTL.Milliseconds()
+	if len(ids) == 1 {
+		key, field := s.bucketOf(ids[0]), visitedField(ids[0])
+		if ttl == 0 {
+			set, err := call(ctx, s.cfg.redisTimeout, s.inline, "visited", func(ctx context.Context) (bool, error) {
+				return s.rdb.HSetNX(ctx, key, field, "0").Result()
+			})
+			out[0] = setMark(key, set, err)
+		} else {
+			n, err := s.run(ctx, "visited", visitScript, []string{key}, field, ttl)
+			out[0] = mark{yes: err == nil && n == int64(1), err: err}
+		}
+		return out, nil
+	}
+	keys := s.bucketsOf(ids)
+	cmds, err := call(ctx, s.cfg.redisTimeout, s.inline, "visited", func(ctx context.Context) ([]redis.Cmder, error) {
+		return s.pipelined(ctx, len(ids), func(p redis.Pipeliner, i int) redis.Cmder {
+			if ttl == 0 {
+				return p.HSetNX(ctx, keys[i], visitedField(ids[i]), "0")
+			}
+			return visitScript.EvalSha(ctx, p, keys[i:i+1], visitedField(ids[i]), ttl)
+		})
+	})
+	for i := range out {
+		if err != nil {
+			out[i] = mark{err: withKey(err, keys[i])}
+			continue
+		}
+		switch c := cmds[i].(type) {
+		case *redis.BoolCmd:
+			set, cerr := c.Result()
+			out[i] = setMark(keys[i], set, cmdErr("visited", cerr))
+		case *redis.Cmd:
+			n, cerr := c.Result()
+			switch {
+			case redis.HasErrorPrefix(cerr, "NOSCRIPT"):
+				out[i] = mark{again: true} // s.run loads it
+			case cerr != nil:
+				out[i] = mark{err: cmdErr("visited", cerr)}
+			default:
+				out[i] = mark{yes: n == int64(1)}
+			}
+		default:
+			out[i] = mark{err: fmt.Errorf("%w: key %s: a claim replied with %T", ErrCorrupt, keys[i], cmds[i])}
+		}
+	}
+	return out, nil
+}
+
+// setMark is what an HSETNX of key tells a claim without a TTL.
+func setMark(key string, set bool, err error) mark {
+	switch {
+	case err != nil:
+		return mark{err: withKey(err, key)}
+	case set:
+		return mark{yes: true}
+	}
+	return mark{again: true}
+}
+
+// bucketsOf returns the bucket key of each ID.
+func (s *Storage) bucketsOf(ids []uint64) []string {
+	keys := make([]string, len(ids))
+	for i, id := range ids {
+		keys[i] = s.bucketOf(id)
+	}
+	return keys
+}
+
+// pipelined sends the n commands cmd queues (one per call, i from 0) in one
+// pipeline and returns them in order, each with its own reply or error. It
+// fails as a whole only if the round trip did (a connection error, the
+// context's deadline): then no command has a reply of its own.
+func (s *Storage) pipelined(ctx context.Context, n int, cmd func(p redis.Pipeliner, i int) redis.Cmder) ([]redis.Cmder, error) {
+	p := s.rdb.Pipeline()
+	cmds := make([]redis.Cmder, n)
+	for i := range cmds {
+		cmds[i] = cmd(p, i)
+	}
+	if _, err := p.Exec(ctx); err != nil {
+		var reply redis.Error
+		if !errors.As(err, &reply) {
+			return nil, err
+		}
+	}
+	return cmds, nil
+}
+
+// cmdErr is the error of one command of a pipeline as call would report
+// it had the command run alone.
+func cmdErr(op string, err error) error {
+	if err == nil || err == redis.Nil {
+		return err
+	}
+	return redisErr(op, err)
+}
