@@ -59,24 +59,26 @@ func (g *Group[T, R]) Do(item T) (R, error) {
 	}
 	g.mu.Lock()
 	var b *batch[T, R]
-	if last := len(g.queue) - 1; last >= 0 && len(g.queue[last].items) < g.Max &&
-		(g.MaxBytes == 0 || g.queue[last].bytes+n <= g.MaxBytes) {
-		b = g.queue[last]
-	} else {
-		b = &batch[T, R]{done: make(chan struct{}), lead: make(chan struct{}, 1)}
-		g.queue = append(g.queue, b)
-	}
-	i := len(b.items)
-	b.items = append(b.items, item)
-	b.bytes += n
+	i := 0
 	if !g.busy {
-		// Idle: no batch waits (one would have been handed the turn),
-		// so b is the only one: flush it now.
+		// Idle: no batch waits (one would have been handed the turn), so
+		// this item goes alone, now, in a batch nobody else sees: no
+		// channels to wait on.
 		g.busy = true
-		g.queue = g.queue[:0]
 		g.mu.Unlock()
+		b = &batch[T, R]{items: []T{item}}
 		g.run(b)
 	} else {
+		if last := len(g.queue) - 1; last >= 0 && len(g.queue[last].items) < g.Max &&
+			(g.MaxBytes == 0 || g.queue[last].bytes+n <= g.MaxBytes) {
+			b = g.queue[last]
+		} else {
+			b = &batch[T, R]{done: make(chan struct{}), lead: make(chan struct{}, 1)}
+			g.queue = append(g.queue, b)
+		}
+		i = len(b.items)
+		b.items = append(b.items, item)
+		b.bytes += n
 		g.mu.Unlock()
 		select {
 		case <-b.done:
@@ -96,9 +98,17 @@ func (g *Group[T, R]) Do(item T) (R, error) {
 // panic goes up.
 func (g *Group[T, R]) run(b *batch[T, R]) {
 	defer g.next()
-	b.err = fmt.Errorf("%w: a batched round trip panicked", g.Corrupt) // until Flush returns
-	defer close(b.done)
+	flushed := false
+	defer func() {
+		if !flushed {
+			b.err = fmt.Errorf("%w: a batched round trip panicked", g.Corrupt)
+		}
+		if b.done != nil {
+			close(b.done)
+		}
+	}()
 	res, err := g.Flush(b.items)
+	flushed = true
 	if err == nil && len(res) != len(b.items) {
 		err = fmt.Errorf("%w: %d results for a batch of %d", g.Corrupt, len(res), len(b.items))
 	}
