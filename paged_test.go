@@ -401,3 +401,58 @@ func TestStateStatsClearBounded(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []string{s.keys.meta()}, keys, "Clear leaves the meta hash alone")
 }
+
+// TestSiteStatePagesAgree: SiteState and Stats of a site with every state
+// mixed (slots leased, cooling, banned on the site while leased or not,
+// proxies drained while leased or banned, banned everywhere, both) give
+// the same answer whatever the page size (pages of 1 to 50 against the
+// default), and SiteState agrees with ProxyStates.
+func TestSiteStatePagesAgree(t *testing.T) {
+	const n, site = 400, "mixed.example"
+	ctx := context.Background()
+	rdb := shared.Client(t)
+	s := newSwitch(t, rdb, WithRotation(Rotation{Cooldown: time.Hour, Concurrency: 2}), WithTimeouts(Timeouts{MaxWait: Off}))
+	urls := scaleURLs(0, n)
+	_, err := s.Add(ctx, urls...)
+	require.NoError(t, err)
+	ids := proxyIDsOf(t, urls)
+	for i := range 300 {
+		l, err := s.Lease(ctx, site)
+		require.NoError(t, err)
+		if i%2 == 0 {
+			require.NoError(t, l.Release(ctx))
+		}
+	}
+	for i := 0; i < n; i += 7 {
+		require.NoError(t, s.Ban(ctx, ids[i], site, time.Hour))
+	}
+	var drain []string
+	for i := 0; i < n; i += 4 {
+		drain = append(drain, urls[i])
+	}
+	_, err = s.Drain(ctx, "", drain...)
+	require.NoError(t, err)
+	until := float64(time.Now().Add(time.Hour).UnixMilli())
+	for i := 1; i < n; i += 5 {
+		require.NoError(t, rdb.ZAdd(ctx, s.keys.quarantine(), redis.Z{Score: until, Member: ids[i]}).Err())
+	}
+
+	want, err := s.SiteState(ctx, site)
+	require.NoError(t, err)
+	statesAgree(t, s, site)
+	wantStats, err := s.Stats(ctx, site)
+	require.NoError(t, err)
+	t.Logf("%+v %+v", want, wantStats)
+	for _, v := range []int{want.Leased, want.Cooling, want.Quarantined, want.Dead, want.Free} {
+		require.Positive(t, v, "every state present: %+v", want)
+	}
+	for _, page := range []int{1, 2, 3, 7, 50} {
+		setPageSize(t, page)
+		got, err := s.SiteState(ctx, site)
+		require.NoError(t, err)
+		assert.Equal(t, want, got, "pages of %d", page)
+		gotStats, err := s.Stats(ctx, site)
+		require.NoError(t, err)
+		assert.Equal(t, wantStats, gotStats, "pages of %d", page)
+	}
+}
