@@ -76,15 +76,17 @@ func (s *Switch) Unban(ctx context.Context, proxy, site string) error {
 // purpose, so that no Switch takes it for a pool Redis lost and re-seeds
 // it. Workers still running lease from an empty pool (ErrEmptyPool) until
 // the pool is loaded again. With many sites (more than 100) the keys of
-// the sites go first, 100 sites per call, and the rest in one last atomic
-// call (a site leased meanwhile is cleared by it too): each call of bounded
-// work, whatever the pool's size (the pool's large keys go with UNLINK).
+// the sites go first, 100 sites per call, then with many circuit breakers
+// or exit IPs (more than 500) those go 500 per call, and the rest in one
+// last atomic call (a site leased meanwhile is cleared by it too): each
+// call of bounded work, whatever the pool's size (the pool's large keys go
+// with UNLINK).
 func (s *Switch) Clear(ctx context.Context) error {
 	for {
 		n, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) (int64, error) {
 			return engine.Clear{Sites: s.keys.sites(), Others: []string{s.keys.proxies(), s.keys.meta(), s.keys.fails(),
 				s.keys.quarantine(), s.keys.dead(), s.keys.members(), s.keys.memberOwners(), s.keys.modes(), s.keys.liveSessions(), s.keys.breaker(), s.keys.order(), s.keys.cursor(), s.keys.gateways(), s.keys.labels()},
-				Prefix: s.keys.base, Budget: max(1, pageSize()/5)}.Run(ctx, s.rdb).Int64()
+				Prefix: s.keys.base, Budget: max(1, pageSize()/5), Entries: pageSize()}.Run(ctx, s.rdb).Int64()
 		}, nil)
 		if err != nil {
 			return redisErr("clear", err)

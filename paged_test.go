@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -197,4 +200,259 @@ func TestAdminCallsBounded(t *testing.T) {
 	// HSCAN's count is a hint: a page may hold a few more entries.
 	assert.LessOrEqual(t, m.maxArgs.Load(), int64(5*page+8), "ARGV items of one call")
 	assert.LessOrEqual(t, m.maxReply.Load(), int64(13*3*page+8), "reply items of one call")
+}
+
+// workScripter measures the Redis work of each script call going through
+// it: the commands the script ran (INFO commandstats of the server before
+// and after the call, read through info; the test sends nothing else
+// meanwhile but the Switch's own background calls, which go through it
+// too, one script call at a time), the largest such count, and every
+// whole-key read (HKEYS, HVALS, HGETALL, SMEMBERS, ZRANGE*) a script ran.
+type workScripter struct {
+	redis.Scripter
+	mu            sync.Mutex
+	info          *redis.Client
+	t             *testing.T
+	calls         int
+	maxCmds       int
+	maxReply      int
+	wholeKeyReads map[string]int
+}
+
+// commandCalls reads the calls of each command the server ran so far.
+func (w *workScripter) commandCalls() map[string]int {
+	txt, err := w.info.Info(context.Background(), "commandstats").Result()
+	require.NoError(w.t, err)
+	out := map[string]int{}
+	for _, line := range strings.Split(txt, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls=")
+		if !ok {
+			continue
+		}
+		n, _, _ := strings.Cut(rest, ",")
+		v, err := strconv.Atoi(n)
+		require.NoError(w.t, err)
+		out[strings.TrimPrefix(name, "cmdstat_")] = v
+	}
+	return out
+}
+
+func (w *workScripter) measure(run func() *redis.Cmd) *redis.Cmd {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	before := w.commandCalls()
+	cmd := run()
+	after := w.commandCalls()
+	cmds := 0
+	for name, n := range after {
+		d := n - before[name]
+		switch {
+		case d <= 0 || name == "info" || strings.HasPrefix(name, "eval") || strings.HasPrefix(name, "script"):
+			continue
+		case name == "hkeys" || name == "hvals" || name == "hgetall" || name == "smembers" || strings.HasPrefix(name, "zrange"):
+			w.wholeKeyReads[name] += d
+		}
+		cmds += d
+	}
+	w.calls++
+	w.maxCmds = max(w.maxCmds, cmds)
+	if v, ok := cmd.Val().([]any); ok {
+		w.maxReply = max(w.maxReply, len(v))
+	}
+	return cmd
+}
+
+// report returns what reset's last call started measuring.
+func (w *workScripter) report() (calls, maxCmds, maxReply int, wholeKeyReads map[string]int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.calls, w.maxCmds, w.maxReply, maps.Clone(w.wholeKeyReads)
+}
+
+func (w *workScripter) reset() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.calls, w.maxCmds, w.maxReply, w.wholeKeyReads = 0, 0, 0, map[string]int{}
+}
+
+func (w *workScripter) Eval(ctx context.Context, script string, keys []string, args ...any) *redis.Cmd {
+	return w.measure(func() *redis.Cmd { return w.Scripter.Eval(ctx, script, keys, args...) })
+}
+
+func (w *workScripter) EvalSha(ctx context.Context, sha string, keys []string, args ...any) *redis.Cmd {
+	return w.measure(func() *redis.Cmd { return w.Scripter.EvalSha(ctx, sha, keys, args...) })
+}
+
+func (w *workScripter) EvalRO(ctx context.Context, script string, keys []string, args ...any) *redis.Cmd {
+	return w.measure(func() *redis.Cmd { return w.Scripter.EvalRO(ctx, script, keys, args...) })
+}
+
+func (w *workScripter) EvalShaRO(ctx context.Context, sha string, keys []string, args ...any) *redis.Cmd {
+	return w.measure(func() *redis.Cmd { return w.Scripter.EvalShaRO(ctx, sha, keys, args...) })
+}
+
+// TestStateStatsClearBounded (issue 14): with pages forced to 7 entries,
+// SiteState and Stats of a site where most of a pool of 4000 proxies are
+// dead, banned everywhere, cooling or leased, and Clear of a pool with
+// thousands of exit IPs and circuit breakers, go in script calls that each
+// run a page's worth of commands and no whole-key read, and still give
+// the whole answer (the same as with the default pages).
+func TestStateStatsClearBounded(t *testing.T) {
+	const n, page, site = 4000, 7, "shop.example"
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	w := &workScripter{Scripter: srv.Client(t), info: rdb, t: t}
+	w.reset()
+	s := newSwitch(t, w, WithRotation(Rotation{Cooldown: time.Hour}))
+	urls := scaleURLs(0, n)
+	_, err := s.Add(ctx, urls...)
+	require.NoError(t, err)
+	ids := make([]string, n)
+	for i, u := range urls {
+		p, err := ParseProxy(u)
+		require.NoError(t, err)
+		ids[i] = p.id
+	}
+
+	// 600 leases held (more than a lease hash kept as a listpack, 512:
+	// HSCAN pages it), 20 released (cooling), then 1500 others drained and
+	// 1000 banned everywhere (200 of them dead too), and 1500 with exit IPs.
+	const live, cooling, dead, banned, both = 600, 20, 1500, 1000, 200
+	var held []*Lease
+	busy := map[string]bool{}
+	for range live + cooling {
+		l, err := s.Lease(ctx, site)
+		require.NoError(t, err)
+		held = append(held, l)
+		busy[l.Proxy().id] = true
+	}
+	for _, l := range held[live:] {
+		require.NoError(t, l.Release(ctx))
+	}
+	var rest []int // the proxies neither leased nor cooling
+	for i, id := range ids {
+		if !busy[id] {
+			rest = append(rest, i)
+		}
+	}
+	var drain []string
+	for _, i := range rest[:dead] {
+		drain = append(drain, urls[i])
+	}
+	_, err = s.Drain(ctx, "", drain...)
+	require.NoError(t, err)
+	until := float64(time.Now().Add(time.Hour).UnixMilli())
+	for _, i := range rest[dead-both : dead-both+banned] {
+		require.NoError(t, rdb.ZAdd(ctx, s.keys.quarantine(), redis.Z{Score: until, Member: ids[i]}).Err())
+	}
+	for i := range 1500 {
+		ip := fmt.Sprintf("203.0.%d.%d", i/250, i%250)
+		require.NoError(t, rdb.HSet(ctx, s.keys.exits(), ids[n-1-i], ip).Err())
+		require.NoError(t, rdb.SAdd(ctx, s.keys.exits()+":"+ip, ids[n-1-i]).Err())
+	}
+
+	want, err := s.SiteState(ctx, site)
+	require.NoError(t, err)
+	wantStats, err := s.Stats(ctx, site)
+	require.NoError(t, err)
+	t.Logf("default pages: %+v %+v", want, wantStats)
+	assert.Equal(t, SiteState{Site: site, Free: n - live - cooling - dead - (banned - both), Leased: live, Cooling: cooling,
+		Dead: dead, Quarantined: banned - both}, want)
+	assert.Equal(t, live, wantStats.Leased)
+
+	setPageSize(t, page)
+	w.reset()
+	got, err := s.SiteState(ctx, site)
+	require.NoError(t, err)
+	assert.Equal(t, want, got)
+	calls, maxCmds, maxReply, whole := w.report()
+	t.Logf("SiteState: %d calls, at most %d commands and %d reply items in one", calls, maxCmds, maxReply)
+	assert.Greater(t, calls, (1500+800)/(4*page), "SiteState in many calls")
+	assert.LessOrEqual(t, maxCmds, 10*4*page, "commands of one SiteState call")
+	assert.LessOrEqual(t, maxReply, 5+2*4*page, "reply items of one SiteState call")
+	assert.Empty(t, whole)
+
+	// A site with more than a page of live leases: Stats pages them.
+	w.reset()
+	gotStats, err := s.Stats(ctx, site)
+	require.NoError(t, err)
+	assert.Equal(t, wantStats, gotStats)
+	calls, maxCmds, maxReply, whole = w.report()
+	t.Logf("Stats: %d calls, at most %d commands and %d reply items in one", calls, maxCmds, maxReply)
+	assert.Greater(t, calls, 1, "Stats in several calls")
+	assert.LessOrEqual(t, maxCmds, 10+page*4, "commands of one Stats call")
+	assert.Empty(t, whole)
+
+	// Clear: 1500 exit IPs and 600 circuit breakers, a page at a time.
+	for i := range 600 {
+		b := fmt.Sprintf("b%d.example", i)
+		require.NoError(t, rdb.HSet(ctx, s.keys.breaker(), b, "1").Err())
+		require.NoError(t, rdb.Set(ctx, s.keys.breakerWindow(b), "1", 0).Err())
+	}
+	w.reset()
+	require.NoError(t, s.Clear(ctx))
+	calls, maxCmds, _, _ = w.report()
+	t.Logf("Clear: %d calls, at most %d commands in one", calls, maxCmds)
+	assert.Greater(t, calls, (1500+600)/page-10, "Clear in many calls")
+	assert.LessOrEqual(t, maxCmds, 40*page, "commands of one Clear call")
+	// (The last call reads the breaker and exit hashes whole: a page's worth.)
+	keys, err := rdb.Keys(ctx, "*").Result()
+	require.NoError(t, err)
+	assert.Equal(t, []string{s.keys.meta()}, keys, "Clear leaves the meta hash alone")
+}
+
+// TestSiteStatePagesAgree: SiteState and Stats of a site with every state
+// mixed (slots leased, cooling, banned on the site while leased or not,
+// proxies drained while leased or banned, banned everywhere, both) give
+// the same answer whatever the page size (pages of 1 to 50 against the
+// default), and SiteState agrees with ProxyStates.
+func TestSiteStatePagesAgree(t *testing.T) {
+	const n, site = 400, "mixed.example"
+	ctx := context.Background()
+	rdb := shared.Client(t)
+	s := newSwitch(t, rdb, WithRotation(Rotation{Cooldown: time.Hour, Concurrency: 2}), WithTimeouts(Timeouts{MaxWait: Off}))
+	urls := scaleURLs(0, n)
+	_, err := s.Add(ctx, urls...)
+	require.NoError(t, err)
+	ids := proxyIDsOf(t, urls)
+	for i := range 300 {
+		l, err := s.Lease(ctx, site)
+		require.NoError(t, err)
+		if i%2 == 0 {
+			require.NoError(t, l.Release(ctx))
+		}
+	}
+	for i := 0; i < n; i += 7 {
+		require.NoError(t, s.Ban(ctx, ids[i], site, time.Hour))
+	}
+	var drain []string
+	for i := 0; i < n; i += 4 {
+		drain = append(drain, urls[i])
+	}
+	_, err = s.Drain(ctx, "", drain...)
+	require.NoError(t, err)
+	until := float64(time.Now().Add(time.Hour).UnixMilli())
+	for i := 1; i < n; i += 5 {
+		require.NoError(t, rdb.ZAdd(ctx, s.keys.quarantine(), redis.Z{Score: until, Member: ids[i]}).Err())
+	}
+
+	want, err := s.SiteState(ctx, site)
+	require.NoError(t, err)
+	statesAgree(t, s, site)
+	wantStats, err := s.Stats(ctx, site)
+	require.NoError(t, err)
+	t.Logf("%+v %+v", want, wantStats)
+	for _, v := range []int{want.Leased, want.Cooling, want.Quarantined, want.Dead, want.Free} {
+		require.Positive(t, v, "every state present: %+v", want)
+	}
+	for _, page := range []int{1, 2, 3, 7, 50} {
+		setPageSize(t, page)
+		got, err := s.SiteState(ctx, site)
+		require.NoError(t, err)
+		assert.Equal(t, want, got, "pages of %d", page)
+		gotStats, err := s.Stats(ctx, site)
+		require.NoError(t, err)
+		assert.Equal(t, wantStats, gotStats, "pages of %d", page)
+	}
 }

@@ -158,27 +158,59 @@ type SiteStats struct {
 }
 
 // Stats returns a snapshot of the pool for site (ignored with ScopeGlobal):
-// one round trip, safe for concurrent use.
+// one round trip, or with more than 500 lease records on the site one call
+// per 500 of them (bounded work per call, issue 14; Leased is then counted
+// over calls, not at one instant). It is safe for concurrent use.
 func (s *Switch) Stats(ctx context.Context, site string) (SiteStats, error) {
 	scope := s.scopeOf(site)
-	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]int64, error) {
-		return engine.Stats{Pool: s.keys.proxies(), Free: s.keys.free(scope), Lease: s.keys.leases(scope), Meta: s.keys.meta()}.Run(ctx, s.rdb).Int64Slice()
-	}, nil)
-	if err != nil {
-		return SiteStats{}, redisErr("stats", err)
+	call := engine.Stats{Pool: s.keys.proxies(), Free: s.keys.free(scope), Lease: s.keys.leases(scope), Meta: s.keys.meta(),
+		Cursor: "0", Count: pageSize()}
+	var st SiteStats
+	live := map[string]bool{}
+	for first := true; first || call.Cursor != "0"; first = false {
+		res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]any, error) {
+			return call.Run(ctx, s.rdb).Slice()
+		}, nil)
+		if err != nil {
+			return SiteStats{}, redisErr("stats", err)
+		}
+		if len(res) < 7 {
+			return SiteStats{}, fmt.Errorf("%w: stats reply of %d items", ErrCorrupt, len(res))
+		}
+		var n [6]int64
+		for i := range n {
+			v, ok := engine.IntAt(res, i)
+			if !ok {
+				return SiteStats{}, fmt.Errorf("%w: stats reply item %d: %.100v", ErrCorrupt, i, res[i])
+			}
+			n[i] = v
+		}
+		cursor, ok := res[6].(string)
+		if !ok {
+			return SiteStats{}, fmt.Errorf("%w: stats reply cursor %.100v", ErrCorrupt, res[6])
+		}
+		for _, v := range res[7:] {
+			m, ok := v.(string)
+			if !ok {
+				return SiteStats{}, fmt.Errorf("%w: stats reply lease %.100v", ErrCorrupt, v)
+			}
+			live[m] = true
+		}
+		call.Cursor = cursor
+		if !first {
+			continue
+		}
+		st = SiteStats{Proxies: int(n[0]), FreeSlots: int(n[1]), BusySlots: int(n[3]), LeaseRecords: int(n[4])}
+		if n[2] < 0 { // site never leased: everything is free
+			st.FreeSlots = st.Proxies * s.cfg.slots
+		}
+		if n[5] < 0 {
+			return SiteStats{}, fmt.Errorf("%w: pool %q records a concurrency that is not a positive integer (key %s, field slots)",
+				ErrCorrupt, s.cfg.pool, s.keys.meta())
+		}
+		st.Concurrency = int(n[5])
 	}
-	if len(res) != 7 {
-		return SiteStats{}, fmt.Errorf("%w: stats reply of %d items", ErrCorrupt, len(res))
-	}
-	st := SiteStats{Proxies: int(res[0]), FreeSlots: int(res[1]), Leased: int(res[2]), BusySlots: int(res[4]), LeaseRecords: int(res[5])}
-	if res[3] < 0 { // site never leased: everything is free
-		st.FreeSlots = st.Proxies * s.cfg.slots
-	}
-	if res[6] < 0 {
-		return SiteStats{}, fmt.Errorf("%w: pool %q records a concurrency that is not a positive integer (key %s, field slots)",
-			ErrCorrupt, s.cfg.pool, s.keys.meta())
-	}
-	st.Concurrency = int(res[6])
+	st.Leased = len(live)
 	return st, nil
 }
 

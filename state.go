@@ -3,6 +3,7 @@ package proxyswitch
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/proxyswitch/proxyswitch/internal/engine"
@@ -24,19 +25,70 @@ type SiteState struct {
 	Learned time.Duration
 }
 
-// SiteState reads the state of the pool for site in one round trip. It is
-// safe for concurrent use.
+// SiteState reads the state of the pool for site: one round trip for a
+// small pool; a large one (more than 500 slots out on the site, or proxies
+// dead or banned everywhere) is read in calls of bounded work, one page at a
+// time, so that none blocks Redis for long (issue 14). Such a read is not
+// one instant: a slot that changes state meanwhile may be counted in
+// either state, and the counts may not add up to the pool's slots then. It
+// is safe for concurrent use.
 func (s *Switch) SiteState(ctx context.Context, site string) (SiteState, error) {
 	scope := s.scopeOf(site)
-	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]int64, error) {
-		return engine.State{StateKeys: s.keys.states(scope), Slots: s.cfg.slots}.Run(ctx, s.rdb).Int64Slice()
-	}, nil)
-	if err != nil {
-		return SiteState{}, redisErr("state", err)
+	call := engine.State{StateKeys: s.keys.states(scope), Slots: s.cfg.slots, Phase: "busy", Cursor: "0", Budget: pageSize()}
+	var st SiteState
+	seen := map[string]bool{}
+	for first := true; call.Phase != "done"; first = false {
+		res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]any, error) {
+			return call.Run(ctx, s.rdb).Slice()
+		}, nil)
+		if err != nil {
+			return SiteState{}, redisErr("state", err)
+		}
+		if len(res) < 5 || (len(res)-5)%2 != 0 {
+			return SiteState{}, fmt.Errorf("%w: state reply of %d items", ErrCorrupt, len(res))
+		}
+		size, ok1 := engine.IntAt(res, 0)
+		k, ok2 := engine.IntAt(res, 1)
+		learned, ok3 := engine.IntAt(res, 2)
+		phase, ok4 := res[3].(string)
+		cursor, ok5 := res[4].(string)
+		if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 || phase == call.Phase && cursor == "0" {
+			return SiteState{}, fmt.Errorf("%w: state reply %.100v", ErrCorrupt, res[:5])
+		}
+		if first {
+			st = SiteState{Site: site, Free: int(size * k), Learned: time.Duration(learned) * time.Millisecond}
+		}
+		for i := 5; i < len(res); i += 2 {
+			item, ok := res[i].(string)
+			n, nok := engine.IntAt(res, i+1)
+			if !ok || !nok || item == "" || n < 0 || n > k {
+				return SiteState{}, fmt.Errorf("%w: state reply item %.100v", ErrCorrupt, res[i])
+			}
+			// A name counts once in its phase: the busy members ("L", "C",
+			// "Q"), the dead ids ("D"), the ids banned everywhere ("X").
+			key := item
+			if strings.ContainsRune("LCQ", rune(item[0])) {
+				key = "b" + item[1:]
+			}
+			if seen[key] {
+				continue
+			}
+			seen[key] = true
+			switch item[0] {
+			case 'L':
+				st.Leased += int(n)
+			case 'C':
+				st.Cooling += int(n)
+			case 'Q', 'X':
+				st.Quarantined += int(n)
+			case 'D':
+				st.Dead += int(n)
+			default:
+				return SiteState{}, fmt.Errorf("%w: state reply item %.100q", ErrCorrupt, item)
+			}
+		}
+		call.Phase, call.Cursor = phase, cursor
 	}
-	if len(res) != 6 {
-		return SiteState{}, fmt.Errorf("%w: state reply of %d items", ErrCorrupt, len(res))
-	}
-	return SiteState{Site: site, Free: int(res[0]), Leased: int(res[1]), Cooling: int(res[2]),
-		Quarantined: int(res[3]), Dead: int(res[4]), Learned: time.Duration(res[5]) * time.Millisecond}, nil
+	st.Free = max(st.Free-st.Leased-st.Cooling-st.Quarantined-st.Dead, 0)
+	return st, nil
 }

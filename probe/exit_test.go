@@ -16,6 +16,7 @@ import (
 	"github.com/proxyswitch/proxyswitch/ban"
 	"github.com/proxyswitch/proxyswitch/probe"
 	"github.com/proxyswitch/proxyswitch/proxyswitchtest"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 )
 
@@ -388,4 +389,58 @@ func TestRunRecordsExitsOfNewProxies(t *testing.T) {
 	require.Equal(t, map[string]string{idOf(t, b.proxies[0].URL()): b.ips[0], idOf(t, b.proxies[4].URL()): b.ips[4]}, exits)
 	cancel()
 	require.ErrorIs(t, <-done, context.Canceled)
+}
+
+// countingScripter counts the script calls going through it and the
+// largest reply.
+type countingScripter struct {
+	redis.Scripter
+	calls, maxReply int
+}
+
+func (c *countingScripter) note(cmd *redis.Cmd) *redis.Cmd {
+	c.calls++
+	if v, ok := cmd.Val().([]any); ok {
+		c.maxReply = max(c.maxReply, len(v))
+	}
+	return cmd
+}
+
+func (c *countingScripter) Eval(ctx context.Context, script string, keys []string, args ...any) *redis.Cmd {
+	return c.note(c.Scripter.Eval(ctx, script, keys, args...))
+}
+
+func (c *countingScripter) EvalSha(ctx context.Context, sha string, keys []string, args ...any) *redis.Cmd {
+	return c.note(c.Scripter.EvalSha(ctx, sha, keys, args...))
+}
+
+// TestExitIPsPaged (issue 14): the exit IPs of a large pool are read in
+// calls of a page each (7 here), and all of them.
+func TestExitIPsPaged(t *testing.T) {
+	const n, page = 3000, 7
+	defer probe.SetExitPage(page)()
+	ctx := context.Background()
+	rdb := shared.Client(t)
+	cs := &countingScripter{Scripter: rdb}
+	prefix := testPrefix()
+	sw, err := proxyswitch.NewSwitch(cs, proxyswitch.WithPrefix(prefix))
+	require.NoError(t, err)
+	t.Cleanup(func() { sw.Close(context.Background()) })
+	base := "{" + prefix + ":" + sw.Pool() + "}"
+	want := map[string]string{}
+	pipe := rdb.Pipeline()
+	for i := range n {
+		id, ip := fmt.Sprintf("p%d", i), fmt.Sprintf("198.51.%d.%d", i/250, i%250)
+		want[id] = ip
+		pipe.HSet(ctx, base+":exit", id, ip)
+	}
+	_, err = pipe.Exec(ctx)
+	require.NoError(t, err)
+	c := &probe.Checker{Switch: sw, EchoURL: "http://127.0.0.1:1/ip", Exits: true}
+	got, err := c.ExitIPs(ctx)
+	require.NoError(t, err)
+	require.Equal(t, want, got)
+	t.Logf("%d calls, the largest reply %d items", cs.calls, cs.maxReply)
+	require.Greater(t, cs.calls, n/(4*page), "read in many calls")
+	require.LessOrEqual(t, cs.maxReply, 1+2*4*page, "one page per call")
 }

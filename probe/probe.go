@@ -724,20 +724,33 @@ func (c *Checker) exits(ctx context.Context) (map[string]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	res, err := exitListScript.Run(ctx, hooks.Redis(c.Switch), []string{base + ":exit"}).StringSlice()
-	if err != nil {
-		return nil, fmt.Errorf("probe: read exit IPs: %w", err)
-	}
-	out := make(map[string]string, len(res)/2)
-	for i := 0; i+1 < len(res); i += 2 {
-		out[res[i]] = res[i+1]
+	out := map[string]string{}
+	cursor := "0"
+	for first := true; first || cursor != "0"; first = false {
+		res, err := exitListScript.Run(ctx, hooks.Redis(c.Switch), []string{base + ":exit"}, "page", cursor, exitPage).StringSlice()
+		if err != nil {
+			return nil, fmt.Errorf("probe: read exit IPs: %w", err)
+		}
+		if len(res)%2 != 1 {
+			return nil, fmt.Errorf("%w: probe: exit_list page of %d items", proxyswitch.ErrCorrupt, len(res))
+		}
+		cursor = res[0]
+		for i := 1; i+1 < len(res); i += 2 {
+			out[res[i]] = res[i+1]
+		}
 	}
 	return out, nil
 }
 
+// exitPage is the HSCAN count of one exit_list.lua page: the exit IPs are
+// read in calls of bounded work, whatever the pool's size (issue 14). A
+// test sets it smaller.
+var exitPage = 500
+
 // ExitIPs returns the exit IP recorded for each proxy of the pool (proxy
-// ID -> IP), as the checkers with Exits found them. It is safe for
-// concurrent use.
+// ID -> IP), as the checkers with Exits found them, read 500 proxies per
+// call (a large pool's read is not one instant: an exit recorded or
+// changed meanwhile may be read or not). It is safe for concurrent use.
 func (c *Checker) ExitIPs(ctx context.Context) (map[string]string, error) { return c.exits(ctx) }
 
 // observers returns the Switch's observers that implement Observer.

@@ -515,3 +515,46 @@ func storageScenario(t *testing.T, rdb *redis.Client) []string {
 	say("stats: %+v err=%v", stats, err)
 	return out
 }
+
+// TestLargeReadsOnMiniredis: the paged reads and Clear's chunks of issue
+// 14 (ZSCAN, HSCAN and HRANDFIELD in scripts) run on miniredis too: a site
+// with hundreds of dead proxies, a pool with hundreds of exit IPs and
+// circuit breakers (more than one call's worth, 500, of each).
+func TestLargeReadsOnMiniredis(t *testing.T) {
+	const n = 1200
+	ctx := context.Background()
+	_, rdb := embedded(t)
+	sw, err := proxyswitch.NewSwitch(rdb, proxyswitch.WithPrefix("mini"), proxyswitch.WithTimeouts(proxyswitch.Timeouts{MaxWait: proxyswitch.Off}))
+	require.NoError(t, err)
+	t.Cleanup(func() { sw.Close(context.Background()) })
+	urls := make([]string, n)
+	for i := range urls {
+		urls[i] = fmt.Sprintf("http://10.1.%d.%d:3128", i/250, i%250)
+	}
+	_, err = sw.Add(ctx, urls...)
+	require.NoError(t, err)
+	l, err := sw.Lease(ctx, "a.example")
+	require.NoError(t, err)
+	require.NoError(t, l.Release(ctx))
+	_, err = sw.Drain(ctx, "", urls[:700]...)
+	require.NoError(t, err)
+	st, err := sw.SiteState(ctx, "a.example")
+	require.NoError(t, err)
+	require.Equal(t, proxyswitch.SiteState{Site: "a.example", Free: n - 700, Dead: 700}, st)
+	stats, err := sw.Stats(ctx, "a.example")
+	require.NoError(t, err)
+	require.Equal(t, n, stats.Proxies)
+
+	base := "{mini:" + sw.Pool() + "}"
+	for i := range 700 {
+		ip := fmt.Sprintf("198.51.%d.%d", i/250, i%250)
+		require.NoError(t, rdb.HSet(ctx, base+":exit", fmt.Sprintf("p%d", i), ip).Err())
+		require.NoError(t, rdb.SAdd(ctx, base+":exit:"+ip, fmt.Sprintf("p%d", i)).Err())
+		require.NoError(t, rdb.HSet(ctx, base+":breaker", fmt.Sprintf("s%d.example", i), "1").Err())
+		require.NoError(t, rdb.Set(ctx, base+":breaker:"+fmt.Sprintf("s%d.example", i), "1", 0).Err())
+	}
+	require.NoError(t, sw.Clear(ctx))
+	keys, err := rdb.Keys(ctx, "*").Result()
+	require.NoError(t, err)
+	require.Equal(t, []string{base + ":meta"}, keys)
+}

@@ -21,7 +21,8 @@ const (
 	// statusRefresh is how often the page reloads itself (meta refresh).
 	statusRefresh = 5 * time.Second
 	// statusMaxSites is how many sites (the most recently leased) get their
-	// counts read: one round trip each.
+	// counts read: one round trip each (a few more for a site of a large
+	// pool: SiteState reads it in pages of bounded work).
 	statusMaxSites = 50
 	// statusMaxDetailSites is how many of those sites, with proxies
 	// quarantined, get their quarantined proxies listed.

@@ -49,17 +49,21 @@ func (c List) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
 	return listScript.Run(ctx, rdb, keys, c.Cursor, c.Count)
 }
 
-// Stats runs stats.lua: a snapshot of the pool as one scope sees it.
+// Stats runs stats.lua: the counts of the pool as one scope sees it, and
+// one page of the scope's live leases.
 type Stats struct {
 	Pool  string // KEYS[1] pool hash
 	Free  string // KEYS[2] the scope's free zset
 	Lease string // KEYS[3] the scope's lease hash
 	Meta  string // KEYS[4] the pool's meta hash
+
+	Cursor string // ARGV[1] HSCAN cursor of the lease hash, "0" for the first page
+	Count  int    // ARGV[2] HSCAN count
 }
 
 // Run sends the call.
 func (c Stats) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
-	return statsScript.Run(ctx, rdb, []string{c.Pool, c.Free, c.Lease, c.Meta})
+	return statsScript.Run(ctx, rdb, []string{c.Pool, c.Free, c.Lease, c.Meta}, c.Cursor, c.Count)
 }
 
 // PoolUpdate runs pool_update.lua: add, remove or replace proxies, or rotate
@@ -154,11 +158,14 @@ type Clear struct {
 
 	Prefix string // ARGV[1] the pool's key prefix "{prefix:pool}"
 	Budget int    // ARGV[2] sites one call may clear when more are left (it returns -1)
+	// ARGV[3] breaker or exit entries one call may delete when more are
+	// left (it returns -1)
+	Entries int
 }
 
 // Run sends the call.
 func (c Clear) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
-	return clearScript.Run(ctx, rdb, append([]string{c.Sites}, c.Others...), c.Prefix, c.Budget)
+	return clearScript.Run(ctx, rdb, append([]string{c.Sites}, c.Others...), c.Prefix, c.Budget, c.Entries)
 }
 
 // Sites runs sites.lua: the sites leased within the idle TTL, most recent
@@ -183,15 +190,20 @@ func (k StateKeys) keys() []string {
 	return []string{k.Pool, k.Free, k.Lease, k.Strikes, k.Quarantine, k.Dead, k.Meta, k.Pace}
 }
 
-// State runs state.lua: counts of the pool's slots by state on one scope.
+// State runs state.lua: one page of the counts of the pool's slots by
+// state on one scope, {proxies, slots, learned ms, next phase, its cursor,
+// item, n, ...}.
 type State struct {
 	StateKeys
-	Slots int // ARGV[1] the caller's concurrency (a pool that recorded none)
+	Slots  int    // ARGV[1] the caller's concurrency (a pool that recorded none)
+	Phase  string // ARGV[2] "busy" (the first call), "dead" or "quarantine"
+	Cursor string // ARGV[3] the phase's SCAN cursor, "0" to start it
+	Budget int    // ARGV[4] entries one call may scan
 }
 
 // Run sends the call.
 func (c State) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
-	return stateScript.Run(ctx, rdb, c.keys(), c.Slots)
+	return stateScript.Run(ctx, rdb, c.keys(), c.Slots, c.Phase, c.Cursor, c.Budget)
 }
 
 // ProxyStates runs proxy_states.lua: the state on one scope of one page of

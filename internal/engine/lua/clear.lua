@@ -14,6 +14,11 @@
 --         returns -1: the caller calls again (operator.go). The last call,
 --         with at most that many sites left, clears the rest atomically, so
 --         a site leased again meanwhile (back in KEYS[1]) is cleared too.
+-- ARGV[3] entry budget (optional, with ARGV[2]): once the sites are down to
+--         ARGV[2], while the breaker hash or the exit hash holds more
+--         entries than that, the call deletes that many of them (HRANDFIELD:
+--         the breaker window of each site named, the set of each exit IP,
+--         and the entries) and returns -1; the last call deletes the rest.
 --
 -- Why a prefix and not KEYS: the sites are the members of KEYS[1], read
 -- here, atomically; a caller listing them first could miss one leased in
@@ -42,6 +47,26 @@ if redis.call('ZCARD', KEYS[1]) > budget then
   end
   redis.call('ZREM', KEYS[1], unpack(some))
   return -1
+end
+local entries = tonumber(ARGV[3])
+if ARGV[3] and (not entries or entries < 1) then return redis.error_reply('PSCONFIG bad clear entry budget') end
+if entries then
+  if redis.call('HLEN', base .. ':breaker') > entries then
+    local some = redis.call('HRANDFIELD', base .. ':breaker', entries)
+    for _, site in ipairs(some) do redis.call('UNLINK', base .. ':breaker:' .. site) end
+    redis.call('HDEL', base .. ':breaker', unpack(some))
+    return -1
+  end
+  if redis.call('HLEN', base .. ':exit') > entries then
+    local some = redis.call('HRANDFIELD', base .. ':exit', entries, 'WITHVALUES')
+    local ids = {}
+    for i = 1, #some, 2 do
+      ids[#ids + 1] = some[i]
+      redis.call('UNLINK', base .. ':exit:' .. some[i + 1])
+    end
+    redis.call('HDEL', base .. ':exit', unpack(ids))
+    return -1
+  end
 end
 for _, sc in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
   n = n + redis.call('UNLINK', base .. ':free:' .. sc, base .. ':lease:' .. sc, base .. ':strikes:' .. sc,

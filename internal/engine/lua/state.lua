@@ -1,4 +1,7 @@
--- state.lua: how many proxy slots of one pool are in each state for one site.
+-- state.lua: how many proxy slots of one pool are in each state for one
+-- site, read in bounded calls (issue 14): each call scans one page of the
+-- site's busy set, of the dead hash or of the quarantine zset, whatever
+-- the pool's size, and the caller (state.go) sums the pages.
 --
 -- KEYS[1] pool hash        id -> proxy URL
 -- KEYS[2] busy zset        "<id>:<slot>" -> unix ms until which it is out on the site (none: free)
@@ -9,59 +12,130 @@
 -- KEYS[7] meta hash        "slots" -> concurrency
 -- KEYS[8] pace hash        the cooldown learned for the site (lib.lua's pace_refused)
 -- ARGV[1] the caller's concurrency, for a pool that has not recorded one yet
+-- ARGV[2] phase: "busy" (the first call), "dead" or "quarantine"
+-- ARGV[3] the phase's SCAN cursor, "0" to start it
+-- ARGV[4] work budget of the call: entries scanned (x slots for the dead
+--         hash and the quarantine zset); a phase whose scan ends with
+--         budget left goes on with the next phase in the same call
 --
--- Returns {free, leased, cooling, quarantined, dead, learned cooldown ms}. A
--- slot is leased while a live lease holds it; else dead while its proxy is
--- (the dead hash); else quarantined while its proxy is banned on every site
--- (the quarantine zset) or while its score on the site has not passed and a
--- ban on the site runs; else cooling while its score has not passed; else
+-- Returns {proxies in the pool, slots, learned cooldown ms, next phase
+-- ("done" after the last page), its cursor, item, n, item, n, ...}: item is
+-- a kind and a name, n the slots it counts. A slot is leased while a live
+-- lease holds it (kind "L", name the busy member); else dead while its
+-- proxy is (the dead hash: kind "D", name the id, n its slots not leased);
+-- else quarantined while its proxy is banned on every site (the quarantine
+-- zset: kind "X", name the id) or while its score on the site has not
+-- passed and a ban on the site runs (kind "Q", the busy member); else
+-- cooling while its score has not passed (kind "C", the busy member); else
 -- free. Only the slots out on the site (its busy set) and the proxies dead
--- or banned everywhere are looked at one by one: free = the rest.
+-- or banned everywhere are looked at one by one: free = the rest. A SCAN
+-- may return an entry twice over the pages: the caller counts a name of a
+-- phase once.
 local now = now_ms()
 local learned = math.ceil(pace_read(KEYS[8]))
 local slots = meta_slots(KEYS[7], tonumber(ARGV[1]) or 1)
 local size = redis.call('HLEN', KEYS[1])
-local leased, cooling, quarantined, dead = 0, 0, 0, 0
-local counted = {}
-local busy = redis.call('ZRANGE', KEYS[2], '(' .. now, '+inf', 'BYSCORE', 'WITHSCORES')
-for i = 1, #busy, 2 do
-  local v = redis.call('HGET', KEYS[3], busy[i])
+local phase, cursor = ARGV[2], ARGV[3]
+local budget = tonumber(ARGV[4])
+if not budget or budget < 1 then return redis.error_reply('PSARGS bad state budget') end
+local out = {size, slots, learned}
+
+-- leased: slot member m is held by a live lease on the site.
+local function leased(m)
+  local score = num(redis.call('ZSCORE', KEYS[2], m))
+  if not score or score <= now then return false end
+  local v = redis.call('HGET', KEYS[3], m)
   local exp = v and tonumber(string.match(v, '|(%d+)$'))
-  if exp and exp > now then
-    leased = leased + 1
-    counted[busy[i]] = true
+  return exp and exp > now or false
+end
+
+-- banned: proxy id is dead or banned on every site (its slots below the
+-- concurrency are counted by the "dead" or "quarantine" phase).
+local function banned(id)
+  if redis.call('HEXISTS', KEYS[6], id) == 1 then return true end
+  local q = num(redis.call('ZSCORE', KEYS[5], id))
+  return q and q > now or false
+end
+
+-- free_slots: the slots of proxy id (in the pool) not leased.
+local function free_slots(id)
+  local n = 0
+  for s = 0, slots - 1 do
+    if not leased(id .. ':' .. s) then n = n + 1 end
   end
+  return n
 end
-local all = {}
-for _, id in ipairs(redis.call('HKEYS', KEYS[6])) do all[id] = 'dead' end
-for _, id in ipairs(redis.call('ZRANGE', KEYS[5], '(' .. now, '+inf', 'BYSCORE')) do
-  if not all[id] then all[id] = 'q' end
-end
-for id, why in pairs(all) do
-  if redis.call('HEXISTS', KEYS[1], id) == 1 then
-    for s = 0, slots - 1 do
-      local m = id .. ':' .. s
-      if not counted[m] then
-        counted[m] = true
-        if why == 'dead' then dead = dead + 1 else quarantined = quarantined + 1 end
+
+local spent = 0
+while true do
+  local left = budget - spent
+  if phase == 'busy' then
+    local page = redis.call('ZSCAN', KEYS[2], cursor, 'COUNT', left)
+    cursor = page[1]
+    local kv = page[2]
+    spent = spent + math.max(#kv / 2, 1)
+    for i = 1, #kv, 2 do
+      local m, score = kv[i], num(kv[i + 1])
+      if score > now then
+        if leased(m) then
+          out[#out + 1] = 'L' .. m
+          out[#out + 1] = 1
+        else
+          local id, sfx = string.match(m, '^(.*):(%d+)$')
+          id = id or m
+          local s = tonumber(sfx)
+          if redis.call('HEXISTS', KEYS[1], id) == 1 and
+              not (s and s < slots and tostring(s) == sfx and banned(id)) and score < DEAD then
+            local st = redis.call('HGET', KEYS[4], id)
+            local ends = st and tonumber(string.match(st, '|(%d+)$'))
+            if ends and ends > now then
+              out[#out + 1] = 'Q' .. m
+            else
+              out[#out + 1] = 'C' .. m
+            end
+            out[#out + 1] = 1
+          end
+        end
       end
     end
-  end
-end
-for i = 1, #busy, 2 do
-  local m, score = busy[i], num(busy[i + 1])
-  if not counted[m] then
-    local id = string.match(m, '^(.*):%d+$') or m
-    if score < DEAD and redis.call('HEXISTS', KEYS[1], id) == 1 then
-      local st = redis.call('HGET', KEYS[4], id)
-      local ends = st and tonumber(string.match(st, '|(%d+)$'))
-      if ends and ends > now then
-        quarantined = quarantined + 1
-      else
-        cooling = cooling + 1
+    if cursor == '0' then phase = 'dead' end
+  elseif phase == 'dead' then
+    local page = redis.call('HSCAN', KEYS[6], cursor, 'COUNT', math.max(math.floor(left / slots), 1))
+    cursor = page[1]
+    local kv = page[2]
+    spent = spent + math.max(#kv / 2, 1) * slots
+    for i = 1, #kv, 2 do
+      local id = kv[i]
+      if redis.call('HEXISTS', KEYS[1], id) == 1 then
+        local n = free_slots(id)
+        if n > 0 then
+          out[#out + 1] = 'D' .. id
+          out[#out + 1] = n
+        end
       end
     end
+    if cursor == '0' then phase = 'quarantine' end
+  elseif phase == 'quarantine' then
+    local page = redis.call('ZSCAN', KEYS[5], cursor, 'COUNT', math.max(math.floor(left / slots), 1))
+    cursor = page[1]
+    local kv = page[2]
+    spent = spent + math.max(#kv / 2, 1) * slots
+    for i = 1, #kv, 2 do
+      local id, ends = kv[i], num(kv[i + 1])
+      if ends > now and redis.call('HEXISTS', KEYS[6], id) == 0 and redis.call('HEXISTS', KEYS[1], id) == 1 then
+        local n = free_slots(id)
+        if n > 0 then
+          out[#out + 1] = 'X' .. id
+          out[#out + 1] = n
+        end
+      end
+    end
+    if cursor == '0' then phase = 'done' end
+  else
+    return redis.error_reply('PSARGS bad state phase')
   end
+  if phase == 'done' or cursor ~= '0' or spent >= budget then break end
 end
-local free = math.max(size * slots - leased - cooling - quarantined - dead, 0)
-return {free, leased, cooling, quarantined, dead, learned}
+table.insert(out, 4, phase)
+table.insert(out, 5, cursor)
+return out
