@@ -2,7 +2,6 @@ package storage
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/redis/go-redis/v9"
@@ -173,21 +172,19 @@ func (s *Storage) bucketsOf(ids []uint64) []string {
 }
 
 // pipelined sends the n commands cmd queues (one per call, i from 0) in one
-// pipeline and returns them in order, each with its own reply or error. It
-// fails as a whole only if the round trip did (a connection error, the
-// context's deadline): then no command has a reply of its own.
+// pipeline and returns them in order, each with its own reply or error.
+// Exec's error is only the first command's that failed: go-redis sets every
+// command's own, and on a Cluster or Ring client a node that fails takes
+// only its own commands down, so each caller reads its command alone (a
+// claim that ran on a healthy node is reported set, not failed). The batch
+// fails as a whole only when call's bound passes first.
 func (s *Storage) pipelined(ctx context.Context, n int, cmd func(p redis.Pipeliner, i int) redis.Cmder) ([]redis.Cmder, error) {
 	p := s.rdb.Pipeline()
 	cmds := make([]redis.Cmder, n)
 	for i := range cmds {
 		cmds[i] = cmd(p, i)
 	}
-	if _, err := p.Exec(ctx); err != nil {
-		var reply redis.Error
-		if !errors.As(err, &reply) {
-			return nil, err
-		}
-	}
+	_, _ = p.Exec(ctx)
 	return cmds, nil
 }
 

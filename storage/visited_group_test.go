@@ -236,3 +236,74 @@ func TestVisitedBatchErrors(t *testing.T) {
 		assert.ErrorIs(t, g.Visited(uint64(i)), ErrRedis)
 	})
 }
+
+// TestVisitedBatchOneShardDown: on a Ring (or Cluster) client a pipeline
+// spans nodes, and a node that fails takes only its own commands down.
+// With one of two shards unreachable, every ID whose bucket lives on the
+// live shard answers in a batch as it does alone, and a claim made there
+// is reported made (not failed while its mark is set: Colly would drop the
+// request, and a retry would find the URL visited); IDs of the dead shard
+// fail with ErrRedis.
+func TestVisitedBatchOneShardDown(t *testing.T) {
+	for _, ttl := range []time.Duration{0, time.Hour} {
+		t.Run("ttl="+ttl.String(), func(t *testing.T) {
+			newRing := func() *redis.Ring {
+				ring := redis.NewRing(&redis.RingOptions{
+					Addrs:              map[string]string{"live": single.Addr(), "dead": "127.0.0.1:1"},
+					HeartbeatFrequency: time.Hour, // both shards stay in the ring
+					MaxRetries:         -1,
+					DialTimeout:        50 * time.Millisecond,
+					DialerRetries:      1, // the dead shard refuses at once
+					DialerRetryTimeout: time.Millisecond,
+				})
+				t.Cleanup(func() { _ = ring.Close() })
+				return ring
+			}
+			ns := testNS()
+			// Which IDs work alone (their bucket on the live shard): asked
+			// one by one on a ring of the same shards, without the delay.
+			alone, err := New(newRing(), WithNamespace(ns), WithVisitedBuckets(64), WithVisitedTTL(ttl))
+			require.NoError(t, err)
+			const n = 60
+			live := map[int]bool{}
+			for i := range n {
+				if _, err := alone.IsVisited(uint64(i)); err == nil {
+					live[i] = true
+				} else {
+					require.ErrorIs(t, err, ErrRedis)
+				}
+			}
+			ring := newRing()
+			trips := &visitedTrips{delay: 20 * time.Millisecond}
+			ring.AddHook(trips)
+			s, err := New(ring, WithNamespace(ns), WithVisitedBuckets(64), WithVisitedTTL(ttl))
+			require.NoError(t, err)
+			require.NotEmpty(t, live)
+			require.Less(t, len(live), n)
+
+			pipes := trips.pipelines.Load()
+			var wrong atomic.Int64
+			onAll([]*Storage{s}, n, func(s *Storage, i int) {
+				v, err := s.IsVisited(uint64(i))
+				if live[i] != (err == nil) || v || (err != nil && !errors.Is(err, ErrRedis)) {
+					wrong.Add(1)
+					t.Errorf("IsVisited(%d) in a batch = %v, %v (live shard: %v)", i, v, err, live[i])
+				}
+			})
+			onAll([]*Storage{s}, n, func(s *Storage, i int) {
+				err := s.Visited(uint64(i))
+				if live[i] != (err == nil) || (err != nil && !errors.Is(err, ErrRedis)) {
+					wrong.Add(1)
+					t.Errorf("Visited(%d) in a batch = %v (live shard: %v)", i, err, live[i])
+				}
+			})
+			assert.Greater(t, trips.pipelines.Load(), pipes, "the calls shared pipelines")
+			assert.Zero(t, wrong.Load())
+			for i := range live {
+				v, err := s.IsVisited(uint64(i))
+				require.NoError(t, err)
+				require.True(t, v, "ID %d claimed in a batch", i)
+			}
+		})
+	}
+}
