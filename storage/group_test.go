@@ -65,22 +65,7 @@ func TestQueueCallsShareRoundTrips(t *testing.T) {
 		return n
 	}
 	// all runs f(store, i) on perStore goroutines per Storage at once.
-	all := func(f func(s *Storage, i int)) {
-		var wg sync.WaitGroup
-		start := make(chan struct{})
-		for k, s := range ss {
-			for i := range perStore {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					<-start
-					f(s, k*perStore+i)
-				}()
-			}
-		}
-		close(start)
-		wg.Wait()
-	}
+	all := func(f func(s *Storage, i int)) { onAll(ss, perStore, f) }
 	const total = perStore * stores
 
 	calls()
