@@ -93,7 +93,7 @@ func (s *Switch) penalize(ctx context.Context, site string, p *Proxy, l *Lease, 
 		// The site's circuit breaker counts the attempt, and the ban when
 		// it is evidence (penalty.evidence): the report may open the
 		// breaker, lifting this quarantine. A first strike is reported when
-		// confirmed or left unresolved (strikeEvidence).
+		// confirmed or left unresolved (unresolvedRefusals).
 		if pen.evidence() {
 			s.brk.reportBan(ctx, site, be.redis(), p, 1)
 		} else {
