@@ -80,8 +80,11 @@ if ARGV[9] and ARGV[9] ~= '' then
   if paused then return paused end
   if probe then want = 1 end
 end
-local ttl, cooldown, idle = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[6])
-local SCAN, PRUNE = 128, 2 * want
+-- (Numbers go to redis.call as strings, formatted once: Redis formats a Lua
+-- number argument with "%.17g", a cost on every lease.)
+local ttl, cooldown, idle = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[6]
+local SCAN, PRUNE = 128, tostring(2 * want)
+local nows = string.format('%.0f', now)
 
 local meta = redis.call('HMGET', KEYS[5], 'slots', 'version', 'hold', 'index')
 local slots = meta[1]
@@ -114,20 +117,20 @@ end
 local fresh = now - booked >= 1000
 if fresh then
   booked = now
-  redis.call('ZADD', KEYS[4], now, ARGV[1])
+  redis.call('ZADD', KEYS[4], nows, ARGV[1])
   redis.call('PEXPIRE', KEYS[4], idle)
   redis.call('HSET', KEYS[10], ARGV[1], string.format('%.0f', place) .. '|' .. now)
   redis.call('PEXPIRE', KEYS[10], idle)
 end
 
 -- Prune: slots whose score passed are free; their entries go.
-local gone = redis.call('ZRANGE', KEYS[2], '-inf', now, 'BYSCORE', 'LIMIT', 0, PRUNE)
+local gone = redis.call('ZRANGE', KEYS[2], '-inf', nows, 'BYSCORE', 'LIMIT', '0', PRUNE)
 if #gone > 0 then redis.call('ZREM', KEYS[2], unpack(gone)) end
 
 -- A call of several leases reads once whether any proxy is dead or banned
 -- on every site now: if none is, no candidate needs looking up.
 local nodead = want > 1 and redis.call('HLEN', KEYS[6]) == 0
-local noban = want > 1 and redis.call('ZCOUNT', KEYS[7], '(' .. now, '+inf') == 0
+local noban = want > 1 and redis.call('ZCOUNT', KEYS[7], '(' .. nows, '+inf') == 0
 
 -- out is the score of slot m on the site (0: free there). A slot at DEAD
 -- whose proxy is no longer dead (revive.lua) is out only while a lease
@@ -162,7 +165,7 @@ local EXITS = KEYS[11]
 local exits_on = EXITS and redis.call('HLEN', EXITS) > 0
 -- With exits: whether any proxy is dead, or banned on every site, read once.
 local anydead = exits_on and redis.call('HLEN', KEYS[6]) > 0
-local anyban = exits_on and redis.call('ZCOUNT', KEYS[7], '(' .. now, '+inf') > 0
+local anyban = exits_on and redis.call('ZCOUNT', KEYS[7], '(' .. nows, '+inf') > 0
 
 -- exit_out returns nil when proxy id has no known exit, or fewer than K
 -- slots of the entries of its exit IP are out on the site; else the time
@@ -294,9 +297,9 @@ end
 -- slot of the pool (out on the site, or dead), else nil: a saturated pool
 -- answers a wait at once, not after looking at SCAN busy proxies.
 local function all_out()
-  local outs = redis.call('ZCOUNT', KEYS[2], '(' .. now, '(' .. DEAD) + redis.call('HLEN', KEYS[6]) * slots
+  local outs = redis.call('ZCOUNT', KEYS[2], '(' .. nows, '(' .. DEAD) + redis.call('HLEN', KEYS[6]) * slots
   if outs < redis.call('HLEN', KEYS[1]) * slots then return nil end
-  local head = redis.call('ZRANGE', KEYS[2], '(' .. now, '+inf', 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
+  local head = redis.call('ZRANGE', KEYS[2], '(' .. nows, '+inf', 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
   return head[2] and num(head[2]) or now + 1
 end
 
@@ -311,8 +314,10 @@ local function rotate()
   local first, soonest, last, whole = seen, nil, nil, false
   local from, to, wrapped = '(' .. string.format('%.0f', place), '+inf', false
   while seen < SCAN do
-    local n = math.min(16, SCAN - seen)
-    local ids = redis.call('ZRANGE', KEYS[9], from, to, 'BYSCORE', 'LIMIT', 0, n, 'WITHSCORES')
+    -- The first page is short: the next proxy of the rotation is the one
+    -- least recently used on the site, most often free.
+    local n = math.min(seen == first and 4 or 16, SCAN - seen)
+    local ids = redis.call('ZRANGE', KEYS[9], from, to, 'BYSCORE', 'LIMIT', '0', tostring(n), 'WITHSCORES')
     for i = 1, #ids, 2 do
       seen = seen + 1
       last = ids[i + 1]
@@ -357,15 +362,16 @@ local function rotate()
 end
 
 local expiry = now + ttl
+local exps = string.format('%.0f', expiry)
 -- grant leases slot m to token tok, at once (a later rotation of the same
 -- call sees it out).
 local function grant(m, tok)
-  redis.call('ZADD', KEYS[2], expiry, m)
+  redis.call('ZADD', KEYS[2], exps, m)
   if exits_on then
     local ip = redis.call('HGET', EXITS, string.match(m, '^(.*):%d+$'))
     if ip then ip_out[ip] = nil end
   end
-  redis.call('HSET', KEYS[3], m, tok .. '|' .. expiry)
+  redis.call('HSET', KEYS[3], m, tok .. '|' .. exps)
   -- Pacing with K > 1: no other slot of this proxy may start before the cooldown.
   if cooldown > 0 and slots > 1 then
     local id = string.match(m, '^(.*):%d+$')

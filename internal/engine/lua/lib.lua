@@ -19,9 +19,15 @@ local function tonumber(v, base)
 end
 
 -- now_ms is the server's clock (TIME) in ms: time never comes from a client.
+-- It is read once per script call: a call is atomic, so one instant serves
+-- all of it (release_many.lua's releases share it) and TIME costs one call.
+local now_read
 local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if not now_read then
+    local t = redis.call('TIME')
+    now_read = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  return now_read
 end
 
 -- num reads a number as Redis replies it (a score, false for none).

@@ -24,7 +24,9 @@
 -- The proxy is next available at now + cooldown (the learned one if longer)
 -- + its failure rate times the flaky delay, unless something (a ban) has
 -- already pushed it further out: that is kept.
-local idle = tonumber(ARGV[7])
+-- (Numbers go to redis.call as strings where they come as strings: Redis
+-- formats a Lua number argument with "%.17g", a cost on every release.)
+local idle = ARGV[7]
 local cooldown = tonumber(ARGV[3])
 if ARGV[6] == '1' then
   local learned = pace_read(KEYS[6])
@@ -37,8 +39,8 @@ if ARGV[4] ~= '' then
     local h = tonumber(string.match(redis.call('HGET', KEYS[3], ARGV[4]) or '', '^0|(%d+)|0$'))
     if h and h > 0 and t > h then pace_rest_note(KEYS[6], t - h, idle) end
   end
-  redis.call('HSET', KEYS[3], ARGV[4], '0|' .. t .. '|0')
-  if redis.call('PTTL', KEYS[3]) < 0 then
+  -- A new field may be a new hash: then it takes the free set's TTL.
+  if redis.call('HSET', KEYS[3], ARGV[4], string.format('0|%.0f|0', t)) == 1 and redis.call('PTTL', KEYS[3]) < 0 then
     redis.call('PEXPIRE', KEYS[3], math.max(redis.call('PTTL', KEYS[1]), 60000))
   end
   redis.call('HDEL', KEYS[4], ARGV[4])
@@ -63,7 +65,7 @@ local now = now_ms()
 local score = num(redis.call('ZSCORE', KEYS[1], ARGV[1])) or 0
 local nextfree = now + cooldown
 if nextfree > now and (score == expiry or score < nextfree) then
-  redis.call('ZADD', KEYS[1], nextfree, ARGV[1])
+  redis.call('ZADD', KEYS[1], string.format('%.0f', nextfree), ARGV[1])
 elseif score == expiry then
   redis.call('ZREM', KEYS[1], ARGV[1])
 end
