@@ -67,6 +67,30 @@ local function free_slots(id)
 end
 
 local spent = 0
+
+-- proxy_page scans one page of the proxies of key (cmd: HSCAN of a hash,
+-- ZSCAN of a zset, each id with its value) within what is left of the
+-- budget, and lists as tag .. id, with their number, the free slots of
+-- each proxy of the pool for which keep(id, value) holds; at the end of
+-- key the phase moves on to next.
+local function proxy_page(cmd, key, tag, next, keep)
+  local page = redis.call(cmd, key, cursor, 'COUNT', math.max(math.floor((budget - spent) / slots), 1))
+  cursor = page[1]
+  local kv = page[2]
+  spent = spent + math.max(#kv / 2, 1) * slots
+  for i = 1, #kv, 2 do
+    local id = kv[i]
+    if keep(id, kv[i + 1]) and redis.call('HEXISTS', KEYS[1], id) == 1 then
+      local n = free_slots(id)
+      if n > 0 then
+        out[#out + 1] = tag .. id
+        out[#out + 1] = n
+      end
+    end
+  end
+  if cursor == '0' then phase = next end
+end
+
 while true do
   local left = budget - spent
   if phase == 'busy' then
@@ -100,37 +124,11 @@ while true do
     end
     if cursor == '0' then phase = 'dead' end
   elseif phase == 'dead' then
-    local page = redis.call('HSCAN', KEYS[6], cursor, 'COUNT', math.max(math.floor(left / slots), 1))
-    cursor = page[1]
-    local kv = page[2]
-    spent = spent + math.max(#kv / 2, 1) * slots
-    for i = 1, #kv, 2 do
-      local id = kv[i]
-      if redis.call('HEXISTS', KEYS[1], id) == 1 then
-        local n = free_slots(id)
-        if n > 0 then
-          out[#out + 1] = 'D' .. id
-          out[#out + 1] = n
-        end
-      end
-    end
-    if cursor == '0' then phase = 'quarantine' end
+    proxy_page('HSCAN', KEYS[6], 'D', 'quarantine', function() return true end)
   elseif phase == 'quarantine' then
-    local page = redis.call('ZSCAN', KEYS[5], cursor, 'COUNT', math.max(math.floor(left / slots), 1))
-    cursor = page[1]
-    local kv = page[2]
-    spent = spent + math.max(#kv / 2, 1) * slots
-    for i = 1, #kv, 2 do
-      local id, ends = kv[i], num(kv[i + 1])
-      if ends > now and redis.call('HEXISTS', KEYS[6], id) == 0 and redis.call('HEXISTS', KEYS[1], id) == 1 then
-        local n = free_slots(id)
-        if n > 0 then
-          out[#out + 1] = 'X' .. id
-          out[#out + 1] = n
-        end
-      end
-    end
-    if cursor == '0' then phase = 'done' end
+    proxy_page('ZSCAN', KEYS[5], 'X', 'done', function(id, ends)
+      return num(ends) > now and redis.call('HEXISTS', KEYS[6], id) == 0
+    end)
   else
     return redis.error_reply('PSARGS bad state phase')
   end
