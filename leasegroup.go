@@ -85,10 +85,12 @@ func (p *redisPool) leaseMany(site, scope string, tokens []string) ([][]any, err
 }
 
 // splitLeaseReply turns lease.lua's reply to a call for tokens into one
-// reply per token. A reply of many grants ({2, version, expiry, member,
-// URL, ...}) becomes {1, member, URL, expiry, version} for the tokens
-// served and a 1 ms wait {0, 1} for the others; any other reply is every
-// token's. A reply that names more grants than tokens, or is malformed, is
+// reply per token. A reply of many grants ({2, version, expiry, wait,
+// member, URL, ...}) becomes {1, member, URL, expiry, version} for the
+// tokens served and the wait reply {0, wait} for the others (the time until
+// a proxy frees, as lease.lua answers a lone token: they pause for it, or
+// until a release wakes them, not 1 ms); any other reply is every token's.
+// A reply that names more grants than tokens, or is malformed, is
 // ErrCorrupt, its grants handed back through release.
 func splitLeaseReply(res []any, tokens []string, release func(member, token string)) ([][]any, error) {
 	out := make([][]any, len(tokens))
@@ -100,8 +102,9 @@ func splitLeaseReply(res []any, tokens []string, release func(member, token stri
 	}
 	version, ok1 := intAt(res, 1)
 	expiry, ok2 := intAt(res, 2)
-	pairs := res[min(3, len(res)):]
-	if !ok1 || !ok2 || len(pairs)%2 != 0 || len(pairs)/2 > len(tokens) {
+	wait, ok3 := intAt(res, 3)
+	pairs := res[min(4, len(res)):]
+	if !ok1 || !ok2 || !ok3 || len(pairs)%2 != 0 || len(pairs)/2 > len(tokens) {
 		for i := 0; i+1 < len(pairs) && i/2 < len(tokens); i += 2 {
 			if m, ok := pairs[i].(string); ok {
 				release(m, tokens[i/2])
@@ -113,7 +116,7 @@ func splitLeaseReply(res []any, tokens []string, release func(member, token stri
 		if 2*i < len(pairs) {
 			out[i] = []any{int64(1), pairs[2*i], pairs[2*i+1], expiry, version}
 		} else {
-			out[i] = []any{int64(0), int64(1)}
+			out[i] = []any{int64(0), max(wait, 1)}
 		}
 	}
 	return out, nil

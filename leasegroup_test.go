@@ -48,13 +48,14 @@ func leaseScriptGrantsMany(t *testing.T, rdb redis.UniversalClient) {
 
 	res, err := leaseScript.Run(ctx, rdb, keys, leaseArgv(s, "a.example", "t1", "t2", "t3")...).Slice()
 	require.NoError(t, err)
-	require.Len(t, res, 3+2*3, "%v", res)
+	require.Len(t, res, 4+2*3, "%v", res)
 	assert.EqualValues(t, 2, res[0])
 	expiry := res[2].(int64)
+	assert.EqualValues(t, 0, res[3], "no wait: every token served")
 	seen := map[string]bool{}
 	for i, tok := range []string{"t1", "t2", "t3"} {
-		m := res[3+2*i].(string)
-		assert.NotEmpty(t, res[4+2*i])
+		m := res[4+2*i].(string)
+		assert.NotEmpty(t, res[5+2*i])
 		assert.False(t, seen[m], "slot %s granted twice", m)
 		seen[m] = true
 		v, err := rdb.HGet(ctx, s.keys.leases("a.example"), m).Result()
@@ -62,12 +63,14 @@ func leaseScriptGrantsMany(t *testing.T, rdb redis.UniversalClient) {
 		assert.Equal(t, tok+"|"+strconv.FormatInt(expiry, 10), v)
 	}
 
-	// 7 proxies left, 9 tokens: 7 grants.
+	// 7 proxies left, 9 tokens: 7 grants; the 2 others wait until a lease
+	// ends (the TTL), not 1 ms: the whole pool was looked at.
 	more := []string{"u2", "u3", "u4", "u5", "u6", "u7", "u8", "u9"}
 	res, err = leaseScript.Run(ctx, rdb, keys, leaseArgv(s, "a.example", "u1", more...)...).Slice()
 	require.NoError(t, err)
-	require.Len(t, res, 3+2*7, "%v", res)
-	for i := 3; i < len(res); i += 2 {
+	require.Len(t, res, 4+2*7, "%v", res)
+	assert.Greater(t, res[3].(int64), int64(time.Second/time.Millisecond), "the wait of the tokens left")
+	for i := 4; i < len(res); i += 2 {
 		m := res[i].(string)
 		assert.False(t, seen[m], "slot %s granted twice", m)
 		seen[m] = true

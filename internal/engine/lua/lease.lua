@@ -57,11 +57,14 @@
 --
 -- Returns {1, member, proxy URL, expiry ms, version} on success (version: the
 --                       pool's generation, 0 for none; snapshot.go),
---         {2, version, expiry ms, member 1, URL 1, member 2, URL 2, ...} on
---                       success with further tokens (ARGV[11..]): pair i is
---                       the lease of the i-th token (ARGV[2], then ARGV[11],
---                       ...); fewer pairs than tokens when no more proxy was
---                       free within the call's bounded look,
+--         {2, version, expiry ms, wait ms, member 1, URL 1, member 2, URL 2, ...}
+--                       on success with further tokens (ARGV[11..]): pair i
+--                       is the lease of the i-th token (ARGV[2], then
+--                       ARGV[11], ...); fewer pairs than tokens when no more
+--                       proxy was free within the call's bounded look, and
+--                       then wait is the wait of the tokens left (as in
+--                       {0, wait ms} below: 1 when only part of the pool
+--                       was looked at), else 0,
 --         {0, wait ms}  when every proxy is busy (wait = time until the next one frees;
 --                       with ARGV[8] = "1", {0, wait ms, firm}: see below),
 --         {-1, lost, version} when the pool is empty: lost is 1 when no operator
@@ -382,7 +385,7 @@ local function grant(m, tok)
   end
 end
 
-local reply = {2, version, expiry}
+local reply = {2, version, expiry, 0}
 if member then
   grant(member, ARGV[2])
 else
@@ -399,7 +402,10 @@ else
   grant(member, ARGV[2])
   for i = 2, want do
     local m, u = rotate()
-    if not m then break end
+    if not m then
+      reply[4] = u[1] == 0 and u[2] or 1 -- the wait of the tokens left
+      break
+    end
     grant(m, ARGV[9 + i])
     reply[#reply + 1], reply[#reply + 2] = m, u
   end
@@ -413,6 +419,6 @@ if booked == now then -- the bookkeeping above: the keys may be new
   redis.call('PEXPIRE', KEYS[3], idle)
 end
 if want == 1 then return {1, member, url, expiry, version} end
-table.insert(reply, 4, url)
-table.insert(reply, 4, member)
+table.insert(reply, 5, url)
+table.insert(reply, 5, member)
 return reply
