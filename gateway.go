@@ -181,7 +181,7 @@ func (p *redisPool) rotate(ctx context.Context, site string, px *Proxy, l *Lease
 	res, err := roundTrip(ctx, p.timeout, func(ctx context.Context) ([]int64, error) {
 		return call.Run(ctx, p.rdb).Int64Slice()
 	}, nil)
-	if err == nil && len(res) != 4 {
+	if err == nil && len(res) != 5 {
 		err = fmt.Errorf("%w: rotate reply of %d items", ErrCorrupt, len(res))
 	}
 	if err != nil {

@@ -1,6 +1,8 @@
 package proxyswitch
 
 import (
+	"crypto/sha1"
+	"encoding/hex"
 	"fmt"
 
 	"github.com/proxyswitch/proxyswitch/internal/engine"
@@ -21,7 +23,9 @@ const globalSite = "*"
 //	                                   generation of the pool and its dead list (lib.lua's bump_version);
 //	                                   "emptied" while an operator left the pool empty (an empty pool
 //	                                   without it was lost by Redis and is re-seeded: snapshot.go);
-//	                                   "hold", ms until which a re-seeded pool leases nothing
+//	                                   "hold", ms until which a re-seeded pool leases nothing; "index" and
+//	                                   "gwindex", how far the order and the gateway index are built (lease.lua,
+//	                                   pool_update.lua: an HSCAN cursor, then "done")
 //	{prefix:pool}:order          zset  proxy ID -> its place in the rotation (pool_update.lua; no TTL)
 //	{prefix:pool}:cursor         hash  site -> "<place last offered>|<ms of its last bookkeeping>" (lease.lua); TTL: idle TTL
 //	{prefix:pool}:sites          zset  site -> last lease (ms, refreshed at most once a second); TTL: idle TTL
@@ -35,6 +39,13 @@ const globalSite = "*"
 //	{prefix:pool}:quarantine     zset  proxy ID -> end (ms) of a ban on every site; TTL: max quarantine
 //	{prefix:pool}:dead           hash  proxy ID -> "<ms>|<reason>" (operator state: no TTL, until Revive)
 //	{prefix:pool}:gateways       hash  proxy ID -> gateway template, for the virtual proxies of gateway entries (gateway.go; no TTL)
+//	{prefix:pool}:gwindex        hash  SHA-1 (hex) of a gateway template -> the labels of its members, for each
+//	                                   template with members (pool_update.lua; no TTL); its index is:
+//	{prefix:pool}:gw:<SHA-1>     zset  proxy ID -> 0: the template's members in the pool, by ID (pool_update.lua;
+//	                                   no TTL; built from the gateways hash in pages where it was written
+//	                                   without it: meta "gwindex", the HSCAN cursor, then "done")
+//	{prefix:pool}:gwrelabel      hash  SHA-1 of a template -> the last member given its new labels, while a
+//	                                   change of its labels goes through its members in pages (no TTL)
 //	{prefix:pool}:labels         hash  proxy ID -> its labels "k=v,k=v" (labels.go; no TTL)
 //	{prefix:pool}:exit           hash  proxy ID -> its exit IP, as probe.Checker with Exits found it (exit_note.lua; no TTL)
 //	{prefix:pool}:exit:<IP>      set   the proxy IDs leaving from IP (exit_note.lua; no TTL): lease.lua lets
@@ -82,6 +93,8 @@ func (k keyspace) quarantine() string         { return k.base + ":quarantine" }
 func (k keyspace) dead() string               { return k.base + ":dead" }
 func (k keyspace) gateways() string           { return k.base + ":gateways" }
 func (k keyspace) labels() string             { return k.base + ":labels" }
+func (k keyspace) gatewayIndex() string       { return k.base + ":gwindex" }
+func (k keyspace) relabel() string            { return k.base + ":gwrelabel" }
 func (k keyspace) liveSessions() string       { return k.base + ":sessions" }
 func (k keyspace) members() string            { return k.base + ":members" }
 func (k keyspace) memberOwners() string       { return k.base + ":member-owners" }
@@ -90,6 +103,14 @@ func (k keyspace) breaker() string            { return k.base + ":breaker" }
 func (k keyspace) order() string              { return k.base + ":order" }
 func (k keyspace) cursor() string             { return k.base + ":cursor" }
 func (k keyspace) exits() string              { return k.base + ":exit" }
+
+// gatewayMembers is the index zset of gateway template t's members
+// (pool_update.lua's index_key): named by the template's SHA-1, never by
+// the template, which holds credentials.
+func (k keyspace) gatewayMembers(t string) string {
+	d := sha1.Sum([]byte(t))
+	return k.base + ":gw:" + hex.EncodeToString(d[:])
+}
 
 func (k keyspace) breakerWindow(site string) string { return k.base + ":breaker:" + site }
 

@@ -12,7 +12,8 @@ import (
 // poolKeys are every key of one pool's keyspace, sites and tasks included.
 func poolKeys(k keyspace) []string {
 	out := []string{k.proxies(), k.meta(), k.sites(), k.fails(), k.quarantine(), k.dead(), k.liveSessions(),
-		k.members(), k.memberOwners(), k.modes(), k.session("t:1"), k.sessionJar("j:1")}
+		k.members(), k.memberOwners(), k.modes(), k.session("t:1"), k.sessionJar("j:1"),
+		k.gateways(), k.labels(), k.gatewayIndex(), k.relabel(), k.gatewayMembers("http://u-{session}:p@gw.example:1")}
 	for _, site := range []string{globalSite, "example.com", "a:b"} {
 		out = append(out, k.free(site), k.leases(site), k.strikes(site), k.health(site), k.pace(site))
 	}

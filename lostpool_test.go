@@ -507,6 +507,14 @@ func lostLabels(t *testing.T, cached bool) {
 		}
 		require.NoError(t, l.Release(ctx))
 	}
+	// The re-seeded gateways hash was indexed anew (pool_update.lua), by
+	// the rotation's call: its template's index holds its 2 sessions.
+	var tmpl string
+	for _, v := range gateways {
+		tmpl = v
+	}
+	assert.Equal(t, "done", srv.Client(t).HGet(ctx, s.keys.meta(), "gwindex").Val())
+	assert.EqualValues(t, 2, srv.Client(t).ZCard(ctx, s.keys.gatewayMembers(tmpl)).Val())
 
 	// A labelled task's new session re-seeds a lost pool too.
 	require.NoError(t, srv.Client(t).FlushAll(ctx).Err())

@@ -236,24 +236,52 @@ func (k keyspace) poolUpdate(mode string, idle time.Duration, changed bool, entr
 		Pool: k.proxies(), Sites: k.sites(), Meta: k.meta(),
 		Dead: k.dead(), Fails: k.fails(), Quarantine: k.quarantine(),
 		Order: k.order(), Cursor: k.cursor(), Gateways: k.gateways(), Labels: k.labels(),
+		GatewayIndex: k.gatewayIndex(), Relabel: k.relabel(),
 		Mode: mode, Prefix: k.base, IdleTTL: idle, Changed: changed, Entries: entries,
 	}
 }
 
-// updateCall runs one pool_update.lua call: the change so far (PoolChange)
-// and the entries it consumed.
-func (s *Switch) updateCall(ctx context.Context, mode string, args []any, changed bool) (PoolChange, int, error) {
+// updateCall runs one pool_update.lua call: the change so far (PoolChange),
+// the entries it consumed, and whether the pool's gateway index is still
+// being built or a gateway relabelled (finishIndex completes that). A
+// call that needs the index while it is being built (a pool written
+// before it existed, or re-seeded) finishes the build first and runs again.
+func (s *Switch) updateCall(ctx context.Context, mode string, args []any, changed bool) (PoolChange, int, bool, error) {
+	pc, done, pending, err := s.updateOnce(ctx, mode, args, changed)
+	if err != nil && strings.Contains(err.Error(), "PSINDEX ") {
+		if err := s.finishIndex(ctx); err != nil {
+			return PoolChange{}, 0, false, err
+		}
+		pc, done, pending, err = s.updateOnce(ctx, mode, args, changed)
+	}
+	return pc, done, pending, err
+}
+
+// updateOnce is one pool_update.lua call (see updateCall).
+func (s *Switch) updateOnce(ctx context.Context, mode string, args []any, changed bool) (PoolChange, int, bool, error) {
 	call := s.keys.poolUpdate(mode, s.cfg.idleTTL, changed, args)
 	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]int64, error) {
 		return call.Run(ctx, s.rdb).Int64Slice()
 	}, nil)
 	if err != nil {
-		return PoolChange{}, 0, redisErr("pool "+mode, err)
+		return PoolChange{}, 0, false, redisErr("pool "+mode, err)
 	}
-	if len(res) != 4 {
-		return PoolChange{}, 0, fmt.Errorf("%w: pool update reply of %d items", ErrCorrupt, len(res))
+	if len(res) != 5 {
+		return PoolChange{}, 0, false, fmt.Errorf("%w: pool update reply of %d items", ErrCorrupt, len(res))
 	}
-	return PoolChange{Added: int(res[0]), Removed: int(res[1]), Size: int(res[2])}, int(res[3]), nil
+	return PoolChange{Added: int(res[0]), Removed: int(res[1]), Size: int(res[2])}, int(res[3]), res[4] == 1, nil
+}
+
+// finishIndex runs pool_update.lua's "index" calls, each of bounded work,
+// until the pool's gateway index is built and no gateway is being
+// relabelled.
+func (s *Switch) finishIndex(ctx context.Context) error {
+	for {
+		_, _, pending, err := s.updateOnce(ctx, "index", nil, false)
+		if err != nil || !pending {
+			return err
+		}
+	}
 }
 
 // updateChunked applies mode ("add": entries; "remove": ids) in calls
@@ -270,9 +298,16 @@ func (s *Switch) updateChunked(ctx context.Context, mode string, args []any, cha
 	var total PoolChange
 	for first := true; first || len(args) > 0; first = false {
 		n := min(len(args)/per, chunk)
-		pc, done, err := s.updateCall(ctx, mode, args[:n*per], changed)
+		pc, done, pending, err := s.updateCall(ctx, mode, args[:n*per], changed)
 		if err != nil {
 			return total, err
+		}
+		if pending && done >= n && n == len(args)/per {
+			// The last call: a relabelling it started ends before the
+			// change returns (so does an index build).
+			if err := s.finishIndex(ctx); err != nil {
+				return total, err
+			}
 		}
 		// No entry consumed is progress only while a large gateway's
 		// members go (pool_update.lua removes them over several calls).
@@ -298,7 +333,10 @@ func (s *Switch) replace(ctx context.Context, args []any) (PoolChange, error) {
 		return PoolChange{}, err
 	}
 	if len(args)/entryItems <= pageSize() && len(ids) <= pageSize() {
-		pc, _, err := s.updateCall(ctx, "replace", args, false)
+		pc, _, pending, err := s.updateCall(ctx, "replace", args, false)
+		if err == nil && pending {
+			err = s.finishIndex(ctx)
+		}
 		return pc, err
 	}
 	keep := make(map[string]bool, len(args)/entryItems)

@@ -342,7 +342,7 @@ func (p *redisPool) seedOnce(ctx context.Context) (int, error) {
 	_, _ = rand.Read(tok[:])
 	staged := k.base + ":seed:" + hex.EncodeToString(tok[:])
 	keys := []string{k.proxies(), k.meta(), k.dead(), k.order(), staged + ":pool", staged + ":order", staged + ":dead",
-		staged + ":gateways", staged + ":labels", k.gateways(), k.labels()}
+		staged + ":gateways", staged + ":labels", k.gateways(), k.labels(), k.gatewayIndex(), k.relabel()}
 	byID := func(kv []any) map[string]string {
 		m := make(map[string]string, len(kv)/2)
 		for i := 0; i+1 < len(kv); i += 2 {
@@ -379,7 +379,7 @@ func (p *redisPool) seedOnce(ctx context.Context) (int, error) {
 		}
 	}
 	n, err := roundTrip(ctx, p.cfg.redisTimeout, func(ctx context.Context) (int64, error) {
-		return poolSeedScript.Run(ctx, p.rdb, keys, "commit", snap.version, hold.Milliseconds(), slots, snap.size()).Int64()
+		return poolSeedScript.Run(ctx, p.rdb, keys, "commit", snap.version, hold.Milliseconds(), slots, snap.size(), k.base).Int64()
 	}, nil)
 	if err != nil {
 		return 0, redisErr("re-seed", err)

@@ -558,3 +558,41 @@ func TestLargeReadsOnMiniredis(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{base + ":meta"}, keys)
 }
+
+// TestGatewaysOnMiniredis: the gateway index (pool_update.lua: a zset per
+// template named by redis.sha1hex, listed with ZRANGE BYLEX, relabelled in
+// pages) works on the embedded Redis too: a gateway larger than a call,
+// a change of its labels, Remove of its template and Clear.
+func TestGatewaysOnMiniredis(t *testing.T) {
+	ctx := context.Background()
+	_, rdb := embedded(t)
+	sw, err := proxyswitch.NewSwitch(rdb, proxyswitch.WithPrefix("mini"), proxyswitch.WithTimeouts(proxyswitch.Timeouts{MaxWait: proxyswitch.Off}))
+	require.NoError(t, err)
+	t.Cleanup(func() { sw.Close(context.Background()) })
+	const tmpl = "http://user-session-{session}:pw@gw.example:7000"
+	gw := func(labels string) string {
+		return strings.Replace(tmpl, "{session}", "{session:1200}", 1) + " " + labels
+	}
+	ch, err := sw.Add(ctx, gw("country=ru"), "http://10.0.0.1:3128")
+	require.NoError(t, err)
+	require.Equal(t, proxyswitch.PoolChange{Added: 1201, Size: 1201}, ch)
+	ch, err = sw.Add(ctx, gw("country=de"))
+	require.NoError(t, err)
+	require.Equal(t, proxyswitch.PoolChange{Size: 1201}, ch)
+	base := "{mini:" + sw.Pool() + "}"
+	labels, err := rdb.HGetAll(ctx, base+":labels").Result()
+	require.NoError(t, err)
+	require.Len(t, labels, 1200)
+	for id, l := range labels {
+		require.Equal(t, "country=de", l, "member %s", id)
+	}
+	ch, err = sw.Remove(ctx, tmpl)
+	require.NoError(t, err)
+	require.Equal(t, proxyswitch.PoolChange{Removed: 1200, Size: 1}, ch)
+	_, err = sw.Add(ctx, gw(""))
+	require.NoError(t, err)
+	require.NoError(t, sw.Clear(ctx))
+	keys, err := rdb.Keys(ctx, "*").Result()
+	require.NoError(t, err)
+	require.Equal(t, []string{base + ":meta"}, keys)
+}

@@ -69,11 +69,17 @@ func (c Stats) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
 // PoolUpdate runs pool_update.lua: add, remove or replace proxies, or rotate
 // a gateway's session. "add" and "remove" do bounded work per call: the
 // reply's fourth item is the number of entries consumed, and the caller
-// sends the rest again.
+// sends the rest again; its fifth is 1 while the gateway index is built or
+// a gateway relabelled ("index" calls finish that; a call that needs the
+// index before fails with "PSINDEX").
 type PoolUpdate struct {
 	Pool, Sites, Meta, Dead, Fails, Quarantine, Order, Cursor, Gateways, Labels string // KEYS[1..10]
+	// GatewayIndex (KEYS[11]) registers the templates with an index zset
+	// (digest -> their members' labels); Relabel (KEYS[12]) holds the
+	// relabellings under way (digest -> cursor). See pool_update.lua.
+	GatewayIndex, Relabel string
 
-	Mode    string        // ARGV[1] "add", "remove", "replace", "rotate" or "done"
+	Mode    string        // ARGV[1] "add", "remove", "replace", "rotate", "done" or "index"
 	Prefix  string        // ARGV[2] the pool's key prefix "{prefix:pool}"
 	IdleTTL time.Duration // ARGV[3] sites not leased for that long are forgotten
 	Changed bool          // ARGV[4] earlier calls of the same change changed the pool
@@ -92,7 +98,7 @@ func (c PoolUpdate) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
 	}
 	argv := append([]any{c.Mode, c.Prefix, c.IdleTTL.Milliseconds(), changed}, c.Entries...)
 	return poolUpdateScript.Run(ctx, rdb, []string{c.Pool, c.Sites, c.Meta, c.Dead, c.Fails, c.Quarantine, c.Order, c.Cursor,
-		c.Gateways, c.Labels}, argv...)
+		c.Gateways, c.Labels, c.GatewayIndex, c.Relabel}, argv...)
 }
 
 // GatewayOf runs gateway_of.lua: the gateway template of a proxy, "" for none.

@@ -195,6 +195,12 @@ func TestPoolPrefixChecked(t *testing.T) {
 			assert.True(t, strings.HasPrefix(err.Error(), "PSKEYS "), "%s with prefix %q: %v", name, bad, err)
 		}
 	}
+	// pool_seed.lua's commit names the gateway index zsets from ARGV[6].
+	for _, bad := range []string{"{x:y}", "{p:q", "{p:q}:k1", "p:q", "{p:q}}", "{p}"} {
+		err := Root.Script("pool_seed").Run(ctx, rdb, keys, "commit", "0", "0", "1", "1", bad).Err()
+		require.Error(t, err, "pool_seed with prefix %q", bad)
+		assert.True(t, strings.HasPrefix(err.Error(), "PSKEYS "), "pool_seed with prefix %q: %v", bad, err)
+	}
 	keysLeft, err := rdb.Keys(ctx, "*").Result()
 	require.NoError(t, err)
 	assert.Empty(t, keysLeft, "a rejected call writes nothing")

@@ -8,17 +8,20 @@
 --         ARGV[1]..":free:"..S, ":lease:"..S, ":strikes:"..S, ":health:"..S,
 --         ":pace:"..S and ":breaker:"..S (the window of its circuit breaker,
 --         breaker.lua; so is that of every site the breaker hash ARGV[1]..":breaker" names),
---         and ARGV[1]..":exit" with the set ARGV[1]..":exit:"..IP of each IP it holds
+--         and ARGV[1]..":exit" with the set ARGV[1]..":exit:"..IP of each IP it holds,
+--         and ARGV[1]..":gwindex" with the index zset ARGV[1]..":gw:"..D of each
+--         gateway template digest D it holds (pool_update.lua)
 -- ARGV[2] site budget (optional: none clears every site at once): with more sites than that in KEYS[1], the call only
 --         deletes the keys of that many sites, takes them out of KEYS[1] and
 --         returns -1: the caller calls again (operator.go). The last call,
 --         with at most that many sites left, clears the rest atomically, so
 --         a site leased again meanwhile (back in KEYS[1]) is cleared too.
 -- ARGV[3] entry budget (optional, with ARGV[2]): once the sites are down to
---         ARGV[2], while the breaker hash or the exit hash holds more
---         entries than that, the call deletes that many of them (HRANDFIELD:
---         the breaker window of each site named, the set of each exit IP,
---         and the entries) and returns -1; the last call deletes the rest.
+--         ARGV[2], while the breaker hash, the exit hash or the gateway
+--         index registry holds more entries than that, the call deletes
+--         that many of them (HRANDFIELD: the breaker window of each site
+--         named, the set of each exit IP, the index of each template, and
+--         the entries) and returns -1; the last call deletes the rest.
 --
 -- Why a prefix and not KEYS: the sites are the members of KEYS[1], read
 -- here, atomically; a caller listing them first could miss one leased in
@@ -67,6 +70,12 @@ if entries then
     redis.call('HDEL', base .. ':exit', unpack(ids))
     return -1
   end
+  if redis.call('HLEN', base .. ':gwindex') > entries then
+    local some = redis.call('HRANDFIELD', base .. ':gwindex', entries)
+    for _, d in ipairs(some) do redis.call('UNLINK', base .. ':gw:' .. d) end
+    redis.call('HDEL', base .. ':gwindex', unpack(some))
+    return -1
+  end
 end
 for _, sc in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
   n = n + redis.call('UNLINK', base .. ':free:' .. sc, base .. ':lease:' .. sc, base .. ':strikes:' .. sc,
@@ -80,6 +89,11 @@ for _, ip in ipairs(redis.call('HVALS', base .. ':exit')) do
   n = n + redis.call('UNLINK', base .. ':exit:' .. ip)
 end
 n = n + redis.call('UNLINK', base .. ':exit')
+-- The gateway index (pool_update.lua): each template's zset, then the registry.
+for _, d in ipairs(redis.call('HKEYS', base .. ':gwindex')) do
+  n = n + redis.call('UNLINK', base .. ':gw:' .. d)
+end
+n = n + redis.call('UNLINK', base .. ':gwindex')
 for i = 1, #KEYS do
   n = n + redis.call('UNLINK', KEYS[i])
 end

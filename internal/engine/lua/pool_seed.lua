@@ -23,6 +23,11 @@
 --         gateway's sessions rotate after a ban as before
 -- KEYS[11] labels hash  id -> "k=v,k=v" (labels.go): labelled requests
 --         select as before
+-- KEYS[12] gateway index registry hash, KEYS[13] relabel hash (pool_update.lua):
+--         what is left of them and of the index zsets ARGV[6]..":gw:"..digest
+--         they name describes a pool that is gone, and goes at commit; the
+--         re-seeded gateways hash is indexed anew, in pages (the meta hash's
+--         "gwindex" mark, pool_update.lua)
 -- ARGV[1] "stage" or "commit"
 -- stage:  ARGV[2] TTL ms of the staged keys; ARGV[3] n: the number of proxies
 --         of this call; ARGV[4] g, ARGV[5] l: the numbers of their gateway
@@ -37,6 +42,8 @@
 --         ARGV[4] slots per proxy (K) of the seeding Switch, recorded if none is
 --         ARGV[5] the number of proxies staged: a commit that finds fewer
 --         (the staged keys expired) writes nothing and fails
+--         ARGV[6] key prefix "{prefix:pool}" (lib.lua's pool_prefix: the hash
+--         tag of KEYS[1]) of the gateway index zsets
 --
 -- Seeds only a pool that does not exist and that no operator emptied: a pool
 -- emptied on purpose stays empty, and an operator's write made since Redis
@@ -81,6 +88,8 @@ if ARGV[1] == 'stage' then
   return 1
 end
 if ARGV[1] ~= 'commit' then return redis.error_reply('PSCONFIG unknown pool_seed mode') end
+local base, badbase = pool_prefix(ARGV[6] or '')
+if not base then return redis.error_reply(badbase) end
 if taken() then
   redis.call('UNLINK', KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9])
   return 0
@@ -104,6 +113,11 @@ for k = 8, 9 do
     redis.call('PERSIST', KEYS[k + 2])
   end
 end
+-- The gateway index of the pool that was lost (one key per template), then
+-- the mark that has pool_update.lua build it anew.
+for _, d in ipairs(redis.call('HKEYS', KEYS[12])) do redis.call('UNLINK', base .. ':gw:' .. d) end
+redis.call('UNLINK', KEYS[12], KEYS[13])
+redis.call('HSET', KEYS[2], 'gwindex', redis.call('EXISTS', KEYS[10]) == 1 and '0' or 'done')
 if redis.call('EXISTS', KEYS[7]) == 1 then
   if redis.call('EXISTS', KEYS[3]) == 0 then
     redis.call('RENAME', KEYS[7], KEYS[3])

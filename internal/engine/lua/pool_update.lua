@@ -20,8 +20,20 @@
 -- KEYS[10] labels hash   id -> "k=v,k=v" (labels.go): set by add and replace for
 --         every entry given (an empty one deletes), removed with the proxy,
 --         carried over by rotate
+-- KEYS[11] gateway index registry hash  digest -> labels: one field per
+--         template with members, digest = redis.sha1hex(template) (a key
+--         name never holds a template: it holds credentials); its value is
+--         the labels every member of the template carries (or is being
+--         given: KEYS[12]). The template's members are the index zset
+--         ARGV[2]..":gw:"..digest, id -> 0 (first N by ID = first N of the
+--         zset), deleted with its last member
+-- KEYS[12] relabel hash  digest -> the last id given the template's new
+--         labels ("" for none yet), while its members are relabelled in
+--         pages (RELABEL per call; "index" calls finish it)
 -- ARGV[1] mode: "add" | "remove" | "replace" | "rotate" | "done" (no entries:
---         only the generation and the "emptied" mark below)
+--         only the generation and the "emptied" mark below) | "index" (no
+--         entries: a page of the index build below, or of relabelling; the
+--         "emptied" mark is left alone)
 -- ARGV[2] key prefix of the per-site keys ("{prefix:pool}"); the busy set of
 --         site S is ARGV[2]..":free:"..S, its lease hash ARGV[2]..":lease:"..S,
 --         its strikes hash ARGV[2]..":strikes:"..S
@@ -50,14 +62,28 @@
 --
 -- Work bound: "add" takes at most BUDGET entries per call, "remove" at most
 -- BUDGET slots of site keys (at least one proxy is always done). A
--- gateway's members are counted from the gateways hash (one HGETALL) in
--- calls that name a template. When a call consumed every entry and the
+-- gateway's members are counted (ZCARD) and listed (a bounded ZRANGE) from
+-- its index zset, and relabelled when its labels change RELABEL at a time
+-- (one page per call that names it, the rest by "index" calls): the cost
+-- of a call follows its own entries, not the gateway sessions of the pool.
+--
+-- A pool written before the index existed (a gateways hash, and no
+-- "gwindex" mark "done" in the meta hash) is indexed INDEX_PAGE entries of
+-- its gateways hash per call (HSCAN, the cursor in "gwindex", as lease.lua
+-- builds the order); until that is done, a call that needs a template's
+-- members (an add naming a template, a remove of "gw:<template>", a
+-- replace) changes nothing else and fails with "PSINDEX": the caller runs
+-- "index" calls until the reply's fifth item is 0, then calls again.
+--
+-- When a call consumed every entry and the
 -- change (this call or, ARGV[4], the ones before) changed the pool, the
 -- generation moves (bump_version) and the "emptied" mark is set or cleared:
 -- Switches watching the pool (snapshot.go) see one change. A call that
 -- changed labels (and nothing else counts them in ARGV[4]) moves it too.
 --
--- Returns {added, removed, size after, entries consumed}.
+-- Returns {added, removed, size after, entries consumed, pending}: pending
+-- 1 while the index build or a relabelling is not done ("index" calls
+-- finish them), else 0.
 local now = now_ms()
 local base, badbase = pool_prefix(ARGV[2])
 if not base then return redis.error_reply(badbase) end
@@ -65,6 +91,8 @@ local mode, idle = ARGV[1], tonumber(ARGV[3])
 local slots = meta_slots(KEYS[3], 1)
 local BUDGET = 500
 local E = 5 -- ARGV items per add/replace entry
+local RELABEL = 500 -- members relabelled per call
+local INDEX_PAGE = 200 -- gateways hash entries indexed per call (HSCAN COUNT)
 
 -- Sites idle past the idle TTL are forgotten (a bounded step per call).
 local stale = redis.call('ZRANGE', KEYS[2], '-inf', now - idle, 'BYSCORE', 'LIMIT', 0, 100)
@@ -135,6 +163,95 @@ local function add_all(list)
   return added
 end
 
+-- digest is the name of template t in keys: its SHA-1 (hex), computed
+-- once per call.
+local digests = {}
+local function digest(t)
+  local d = digests[t]
+  if not d then
+    d = redis.sha1hex(t)
+    digests[t] = d
+  end
+  return d
+end
+
+-- index_key is the key of template t's index zset (same hash tag as KEYS).
+local function index_key(t) return base .. ':gw:' .. digest(t) end
+
+-- index puts the ids of list, members of template t, in its index and
+-- registers the template with labels (its members' labels) unless it is
+-- registered.
+local function index(t, list, labels)
+  if #list == 0 then return end
+  redis.call('HSETNX', KEYS[11], digest(t), labels)
+  for i = 1, #list, 1000 do
+    local args = {}
+    for k = i, math.min(i + 999, #list) do
+      args[#args + 1] = 0
+      args[#args + 1] = list[k]
+    end
+    redis.call('ZADD', index_key(t), unpack(args))
+  end
+end
+
+-- forget drops template t from the registry once its index is empty.
+local function forget(t)
+  if redis.call('EXISTS', index_key(t)) == 0 then
+    redis.call('HDEL', KEYS[11], digest(t))
+    redis.call('HDEL', KEYS[12], digest(t))
+  end
+end
+
+-- unindex takes the ids of list (at most 1000) out of the index of their
+-- templates (one HMGET of the gateways hash).
+local function unindex(list)
+  local ts = redis.call('HMGET', KEYS[9], unpack(list))
+  local of = {}
+  for k, t in ipairs(ts) do
+    if t then
+      of[t] = of[t] or {}
+      table.insert(of[t], list[k])
+    end
+  end
+  for t, ids in pairs(of) do
+    redis.call('ZREM', index_key(t), unpack(ids))
+    forget(t)
+  end
+end
+
+-- indexed reports whether the pool's gateways are all in the index. An
+-- empty gateways hash is indexed.
+local meta_gw = redis.call('HGET', KEYS[3], 'gwindex')
+if meta_gw ~= 'done' and redis.call('EXISTS', KEYS[9]) == 0 then
+  meta_gw = 'done'
+  redis.call('HSET', KEYS[3], 'gwindex', 'done')
+end
+local function indexed() return meta_gw == 'done' end
+
+-- index_page indexes the next INDEX_PAGE entries of the gateways hash
+-- (those of proxies in the pool), registering each template with the
+-- labels of its first member seen.
+local function index_page()
+  if indexed() then return end
+  local page = redis.call('HSCAN', KEYS[9], meta_gw or '0', 'COUNT', INDEX_PAGE)
+  local of, order = {}, {}
+  for i = 1, #page[2], 2 do
+    local id, t = page[2][i], page[2][i + 1]
+    if redis.call('HEXISTS', KEYS[1], id) == 1 then
+      if not of[t] then
+        of[t] = {}
+        order[#order + 1] = t
+      end
+      table.insert(of[t], id)
+    end
+  end
+  for _, t in ipairs(order) do
+    index(t, of[t], redis.call('HGET', KEYS[10], of[t][1]) or '')
+  end
+  meta_gw = page[1] == '0' and 'done' or page[1]
+  redis.call('HSET', KEYS[3], 'gwindex', meta_gw)
+end
+
 -- remove_all takes the ids of list out of the pool, the order, the
 -- gateways and labels hashes and every site's keys: a few commands per key
 -- for the whole list. With keep_live, slots leased until later than now
@@ -150,6 +267,7 @@ local function remove_all(list, keep_live, mine, token)
     redis.call('HDEL', KEYS[5], unpack(part))
     redis.call('ZREM', KEYS[6], unpack(part))
     redis.call('ZREM', KEYS[7], unpack(part))
+    unindex(part)
     redis.call('HDEL', KEYS[9], unpack(part))
     redis.call('HDEL', KEYS[10], unpack(part))
     local ms = {}
@@ -172,22 +290,6 @@ local function remove_all(list, keep_live, mine, token)
     end
   end
   return removed
-end
-
--- members returns the ids the pool holds of each template (of want, a set,
--- or every one), sorted.
-local function members(want)
-  local out = {}
-  local kv = redis.call('HGETALL', KEYS[9])
-  for i = 1, #kv, 2 do
-    local t = kv[i + 1]
-    if (not want or want[t]) and redis.call('HEXISTS', KEYS[1], kv[i]) == 1 then
-      out[t] = out[t] or {}
-      table.insert(out[t], kv[i])
-    end
-  end
-  for _, ids in pairs(out) do table.sort(ids) end
-  return out
 end
 
 -- entries reads the add/replace entries of ARGV[5..last]: the plain ones
@@ -213,36 +315,70 @@ local function entries(last)
   return g
 end
 
--- gateways adds the candidates each template of g still needs (have:
--- members()), gives the sessions kept the entry's labels, and returns how
--- many it added.
-local function gateways(g, have)
+-- relabel_page gives at most budget members of the template of digest d,
+-- from its relabel cursor on (KEYS[12]), the template's labels (KEYS[11]);
+-- the relabelling ends with a short page. Returns the members looked at.
+local function relabel_page(d, budget)
+  local at = redis.call('HGET', KEYS[12], d)
+  if not at then return 0 end
+  local labels = redis.call('HGET', KEYS[11], d) or ''
+  local from = at == '' and '-' or '(' .. at
+  local ids = redis.call('ZRANGE', base .. ':gw:' .. d, from, '+', 'BYLEX', 'LIMIT', 0, budget)
+  local each = {}
+  for k = 1, #ids do each[k] = labels end
+  label_all(ids, each)
+  if #ids < budget then
+    redis.call('HDEL', KEYS[12], d)
+  else
+    redis.call('HSET', KEYS[12], d, ids[#ids])
+  end
+  return #ids
+end
+
+-- set_labels records labels as those of template t's members: when they
+-- change for a template with members, its relabelling starts over
+-- (relabel_page; new members get them as they are added).
+local function set_labels(t, labels)
+  local d = digest(t)
+  if redis.call('HGET', KEYS[11], d) == labels then return end
+  redis.call('HSET', KEYS[11], d, labels)
+  if redis.call('EXISTS', index_key(t)) == 1 then redis.call('HSET', KEYS[12], d, '') end
+end
+
+-- gateways adds the candidates each template of g still needs (its index
+-- counts the members it has), gives the sessions kept the entry's labels
+-- (a page of them per call when they changed: relabel_page), and returns
+-- how many it added. The index must be built (indexed()).
+local function gateways(g)
   local added = 0
   for _, t in ipairs(g.templates) do
-    local n = #(have[t] or {})
-    local labels, each = g.cands[t][1][3], {}
-    for _ in ipairs(have[t] or {}) do each[#each + 1] = labels end
-    label_all(have[t] or {}, each)
-    local take, tags = {}, {}
+    local n = redis.call('ZCARD', index_key(t))
+    local labels = g.cands[t][1][3]
+    set_labels(t, labels)
+    relabel_page(digest(t), RELABEL)
+    local take, tags, ids = {}, {}, {}
     for _, e in ipairs(g.cands[t]) do
       if n >= g.size[t] then break end
       if redis.call('HEXISTS', KEYS[1], e[1]) == 0 then
         take[#take + 1] = e
         tags[#tags + 1] = e[1]
         tags[#tags + 1] = t
+        ids[#ids + 1] = e[1]
         n = n + 1
       end
     end
     added = added + add_all(take)
     many('HSET', KEYS[9], tags)
+    index(t, ids, labels)
+    forget(t)
   end
   return added
 end
 
-local function templates_of(g)
-  local set = {}
-  for _, t in ipairs(g.templates) do set[t] = true end
-  return set
+-- need_index is the reply of a call that needs the index before it is
+-- built: nothing but the index page (and the idle sites) changed.
+local function need_index()
+  return redis.error_reply('PSINDEX the gateway index of the pool is being built: run "index" calls first')
 end
 
 -- An empty pool's order is complete: lease.lua need not index it.
@@ -250,32 +386,36 @@ if redis.call('HLEN', KEYS[1]) == 0 then redis.call('HSET', KEYS[3], 'index', 'd
 
 -- The work bound: at most BUDGET slots of site keys touched (removals), or
 -- BUDGET entries added, per call.
+local was_indexed = indexed()
+index_page()
+
 local added, removed, consumed, total = 0, 0, 0, #ARGV - 4
 if mode == 'add' then
   total = math.floor(total / E)
   consumed = math.min(total, BUDGET)
   local g, err = entries(4 + E * consumed)
   if not g then return err end
+  if #g.templates > 0 and not indexed() then return need_index() end
   added = add_all(g.plain)
-  if #g.templates > 0 then added = added + gateways(g, members(templates_of(g))) end
+  if #g.templates > 0 then added = added + gateways(g) end
 elseif mode == 'remove' then
   local cap = math.max(1, math.floor(BUDGET / math.max(1, #sites * slots)))
-  local list, have = {}, nil
+  local list = {}
   for i = 5, #ARGV do
     local t = string.match(ARGV[i], '^gw:(.*)$')
     if t then
-      have = have or members()
-      local ids = have[t] or {}
+      if not indexed() then return need_index() end
+      local n = redis.call('ZCARD', index_key(t))
       local room = cap - #list
-      if #ids > room then
+      if n > room then
         -- Part of the gateway now (all of the room, or one member if
         -- nothing else is done in this call), the rest in the next call.
-        if #list == 0 then
-          for j = 1, math.max(room, 1) do list[#list + 1] = ids[j] end
-        end
+        if #list == 0 then list = redis.call('ZRANGE', index_key(t), 0, math.max(room, 1) - 1) end
         break
       end
-      for _, id in ipairs(ids) do list[#list + 1] = id end
+      if n > 0 then
+        for _, id in ipairs(redis.call('ZRANGE', index_key(t), 0, -1)) do list[#list + 1] = id end
+      end
     else
       if #list >= cap then break end
       list[#list + 1] = ARGV[i]
@@ -287,13 +427,12 @@ elseif mode == 'replace' then
   total = math.floor(total / E)
   local g, err = entries(#ARGV)
   if not g then return err end
+  if #g.templates > 0 and not indexed() then return need_index() end
   local keep = {}
   for _, e in ipairs(g.plain) do keep[e[1]] = true end
-  local have = members(templates_of(g))
   for _, t in ipairs(g.templates) do
-    for j, id in ipairs(have[t] or {}) do
-      if j <= g.size[t] then keep[id] = true end
-    end
+    -- The members each gateway keeps: its first N, by ID.
+    for _, id in ipairs(redis.call('ZRANGE', index_key(t), 0, g.size[t] - 1)) do keep[id] = true end
   end
   local drop = {}
   for _, id in ipairs(redis.call('HKEYS', KEYS[1])) do
@@ -301,19 +440,39 @@ elseif mode == 'replace' then
   end
   removed = remove_all(drop)
   added = add_all(g.plain)
-  if #g.templates > 0 then added = added + gateways(g, members(templates_of(g))) end
+  if #g.templates > 0 then added = added + gateways(g) end
   consumed = total
 elseif mode == 'rotate' then
   local old, t = ARGV[5], redis.call('HGET', KEYS[9], ARGV[5])
   if t and redis.call('HEXISTS', KEYS[1], old) == 1 and redis.call('HEXISTS', KEYS[1], ARGV[6]) == 0 then
     local labels = redis.call('HGET', KEYS[10], old) or ''
+    if redis.call('HEXISTS', KEYS[12], digest(t)) == 1 then
+      -- Its gateway is being relabelled: the new session gets the new labels.
+      labels = redis.call('HGET', KEYS[11], digest(t)) or ''
+    end
     removed = remove_all({old}, true, ARGV[8], ARGV[9])
     added = add_all({{ARGV[6], ARGV[7], labels}})
     redis.call('HSET', KEYS[9], ARGV[6], t)
+    index(t, {ARGV[6]}, labels)
   end
   consumed = total
+elseif mode == 'index' then
+  -- The index build (index_page, above) first; then pending relabellings.
+  if was_indexed then
+    local left = RELABEL
+    for _, d in ipairs(redis.call('HRANDFIELD', KEYS[12], 10)) do
+      if left <= 0 then break end
+      left = left - relabel_page(d, left)
+    end
+  end
 elseif mode ~= 'done' then
   return redis.error_reply('PSCONFIG unknown pool update mode ' .. mode)
+end
+local pending = 0
+if not indexed() or redis.call('EXISTS', KEYS[12]) == 1 then pending = 1 end
+if mode == 'index' then
+  if relabelled > 0 then bump_version(KEYS[3]) end
+  return {0, 0, redis.call('HLEN', KEYS[1]), 0, pending}
 end
 -- What every Switch watches (snapshot.go, fallback.go): the generation of
 -- the pool, and whether it was emptied on purpose: an empty pool without
@@ -328,4 +487,4 @@ if consumed >= total then
   end
 end
 if consumed < total and relabelled > 0 then bump_version(KEYS[3]) end -- not counted by ARGV[4]
-return {added, removed, size, consumed}
+return {added, removed, size, consumed, pending}
