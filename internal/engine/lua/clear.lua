@@ -53,13 +53,18 @@ if redis.call('ZCARD', KEYS[1]) > budget then
 end
 local entries = tonumber(ARGV[3])
 if ARGV[3] and (not entries or entries < 1) then return redis.error_reply('PSCONFIG bad clear entry budget') end
+-- drop_some deletes entries fields of the hash registry, and the key
+-- child .. field of each of them (a site's breaker window, a template's
+-- gateway index), if the hash holds more than entries: true if it did.
+local function drop_some(registry, child)
+  if redis.call('HLEN', registry) <= entries then return false end
+  local some = redis.call('HRANDFIELD', registry, entries)
+  for _, f in ipairs(some) do redis.call('UNLINK', child .. f) end
+  redis.call('HDEL', registry, unpack(some))
+  return true
+end
 if entries then
-  if redis.call('HLEN', base .. ':breaker') > entries then
-    local some = redis.call('HRANDFIELD', base .. ':breaker', entries)
-    for _, site in ipairs(some) do redis.call('UNLINK', base .. ':breaker:' .. site) end
-    redis.call('HDEL', base .. ':breaker', unpack(some))
-    return -1
-  end
+  if drop_some(base .. ':breaker', base .. ':breaker:') then return -1 end
   if redis.call('HLEN', base .. ':exit') > entries then
     local some = redis.call('HRANDFIELD', base .. ':exit', entries, 'WITHVALUES')
     local ids = {}
@@ -70,12 +75,7 @@ if entries then
     redis.call('HDEL', base .. ':exit', unpack(ids))
     return -1
   end
-  if redis.call('HLEN', base .. ':gwindex') > entries then
-    local some = redis.call('HRANDFIELD', base .. ':gwindex', entries)
-    for _, d in ipairs(some) do redis.call('UNLINK', base .. ':gw:' .. d) end
-    redis.call('HDEL', base .. ':gwindex', unpack(some))
-    return -1
-  end
+  if drop_some(base .. ':gwindex', base .. ':gw:') then return -1 end
 end
 for _, sc in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
   n = n + redis.call('UNLINK', base .. ':free:' .. sc, base .. ':lease:' .. sc, base .. ':strikes:' .. sc,
