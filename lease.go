@@ -20,7 +20,7 @@ type Lease struct {
 	proxy  *Proxy
 	member string // "<id>:<slot>" in the free set
 	// memberArg is member as lease.lua's reply boxed it, sent again as it
-	// is by release_many.lua's call (releaser.go); nil: member is boxed.
+	// is by pool_call.lua's call (poolcall.go); nil: member is boxed.
 	memberArg any
 	token     string // owner token: only this holder can release or extend
 
@@ -175,7 +175,7 @@ func (s *Switch) acquireBy(ctx context.Context, site, prefer string, renew bool,
 }
 
 // byNear, times the Redis timeout, is how near its by acquireBy makes the
-// context ending then: a try (in a lease group, the batch in flight and its
+// context ending then: a try (in a pool call, the call in flight and its
 // own; a pool lost and re-seeded, two calls) ends well within it.
 const byNear = 4
 

@@ -62,7 +62,7 @@ type Switch struct {
 	renew        renewer                     // the live leases: renewed while their request runs, released by Close (renew.go)
 	brk          breaker                     // the site circuit breaker's counts and states (breaker.go)
 	clients      clientCache                 // the per-proxy clients of WithClient (client.go)
-	waiters      waiters                     // the leases waiting for a busy site, woken by this Switch's releases (releaser.go)
+	waiters      waiters                     // the leases waiting for a busy site, woken by this Switch's releases (waiters.go)
 }
 
 // NewSwitch returns a Switch leasing from the pool that opts name (by default

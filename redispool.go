@@ -1,6 +1,7 @@
 package proxyswitch
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -29,13 +30,12 @@ type redisPool struct {
 	timeout time.Duration // bounds each call made for a request
 	inline  bool          // the client honours context deadlines: the lease path's calls run on the caller's goroutine (bounded.Call)
 
-	releases    group.Group[queuedRelease, int64] // concurrent releases share one release_many.lua call (releaser.go)
-	leaseGroups leaseGroups                       // concurrent plain leases of a site share one lease.lua call (leasegroup.go)
-	scopeKeys   scopeKeyCache                     // the lease and release keys of each scope, built once
-	snap        snapState                         // the copy of the pool, to re-seed a Redis that lost it (snapshot.go)
-	labelIdx    labelCache                        // the labels of its proxies, for labelled leases (labels.go)
-	flakyMs     int64                             // the flaky delay in ms,
-	flakyArg    any                               // and boxed once, for release_many.lua (releaser.go)
+	calls     group.Group[poolOp, poolResult] // concurrent releases and plain leases share one pool_call.lua call (poolcall.go)
+	scopeKeys scopeKeyCache                   // the lease and release keys of each scope, built once
+	snap      snapState                       // the copy of the pool, to re-seed a Redis that lost it (snapshot.go)
+	labelIdx  labelCache                      // the labels of its proxies, for labelled leases (labels.go)
+	flakyMs   int64                           // the flaky delay in ms,
+	flakyArg  any                             // and boxed once, for pool_call.lua (poolcall.go)
 }
 
 func newRedisPool(s *Switch, name string) (*redisPool, error) {
@@ -50,7 +50,7 @@ func newRedisPool(s *Switch, name string) (*redisPool, error) {
 	p := &redisPool{sw: s, rdb: s.rdb, cfg: &s.cfg, name: name, keys: keys, timeout: timeout,
 		inline: bounded.HonoursDeadlines(s.rdb), flakyMs: s.cfg.flakyDelay.Milliseconds()}
 	p.flakyArg = p.flakyMs
-	p.releases = group.Group[queuedRelease, int64]{Max: releaseBatch, Corrupt: ErrCorrupt, Flush: p.releaseMany}
+	p.calls = p.newCallGroup()
 	return p, nil
 }
 
@@ -76,20 +76,18 @@ func (p *redisPool) tryLease(ctx context.Context, site, scope, prefer string) (*
 	return l, wait, err
 }
 
-// tryLeaseOnce runs lease.lua once (a plain lease: in its site's lease
-// group's next call, leasegroup.go). lost reports an empty pool that no
+// tryLeaseOnce runs lease.lua once (a plain lease: in its pool's next
+// call, poolcall.go). lost reports an empty pool that no
 // operator emptied (err is then ErrEmptyPool's). With only, the preferred
 // proxy or none (labels.go): errProxyGone if it left the pool.
 func (p *redisPool) tryLeaseOnce(ctx context.Context, site, scope, prefer string, only bool) (l *Lease, wait time.Duration, lost bool, err error) {
 	token := p.sw.newToken()
 	var res []any
-	var g *group.Group[string, []any]
 	if prefer == "" && !only {
-		g = p.leaseGroup(site, scope)
-	}
-	if g != nil {
 		if err = ctx.Err(); err == nil {
-			res, err = g.Do(token)
+			var r poolResult
+			r, err = p.calls.Do(poolOp{site: site, scope: scope, token: token})
+			res, err = r.res, cmp.Or(err, r.err)
 			if err == nil && ctx.Err() != nil {
 				// The caller gave up while its batch was in Redis: a lease
 				// granted to it goes back at once.
@@ -180,7 +178,8 @@ func (p *redisPool) releaseLate(scope, token string) func([]any, error) {
 }
 
 // release runs the owner-checked release script for l, in one
-// release_many.lua call with the releases made at the same time (releaser.go).
+// pool_call.lua call with the releases and leases asked for at the same
+// time (poolcall.go).
 // If the request made through l got a healthy answer, the proxy's backoff
 // starts over.
 func (p *redisPool) release(ctx context.Context, l *Lease) error {
@@ -188,11 +187,11 @@ func (p *redisPool) release(ctx context.Context, l *Lease) error {
 		return redisErr("release", err)
 	}
 	reset, cooldown, flaky, pace := p.releaseArgs(l)
-	n, err := p.releases.Do(queuedRelease{l: l, reset: reset, cooldown: cooldown, flaky: flaky, pace: pace, at: time.Now()})
-	if err != nil {
-		return err
+	r, err := p.calls.Do(poolOp{rel: queuedRelease{l: l, reset: reset, cooldown: cooldown, flaky: flaky, pace: pace, at: time.Now()}})
+	if err = cmp.Or(err, r.err); err != nil {
+		return redisErr("release", err)
 	}
-	if n == 0 {
+	if r.n == 0 {
 		return l.lost("expired and leased again")
 	}
 	if cooldown == 0 {

@@ -11,14 +11,14 @@ import "github.com/proxyswitch/proxyswitch/internal/engine"
 // typed calls (engine.List, engine.PoolUpdate, ...) instead, and those of
 // the member list by shard.Membership.
 var (
-	leaseScript       = engine.Root.Script("lease")
-	releaseScript     = engine.Root.Script("release")
-	releaseManyScript = engine.Root.Script("release_many") // the release queue (releaser.go)
-	extendScript      = engine.Root.Script("extend")
-	extendManyScript  = engine.Root.Script("extend_many") // the renewer (renew.go)
-	penalizeScript    = engine.Root.Script("penalize")
-	liftScript        = engine.Root.Script("lift") // the page-or-IP rule (ban.go)
-	reviveScript      = engine.Root.Script("revive")
+	leaseScript      = engine.Root.Script("lease")
+	releaseScript    = engine.Root.Script("release")
+	poolCallScript   = engine.Root.Script("pool_call") // a pool's releases and plain leases in one call (poolcall.go)
+	extendScript     = engine.Root.Script("extend")
+	extendManyScript = engine.Root.Script("extend_many") // the renewer (renew.go)
+	penalizeScript   = engine.Root.Script("penalize")
+	liftScript       = engine.Root.Script("lift") // the page-or-IP rule (ban.go)
+	reviveScript     = engine.Root.Script("revive")
 
 	// The copy of a pool and its re-seed (snapshot.go).
 	poolSnapshotScript = engine.Root.Script("pool_snapshot")

@@ -8,8 +8,8 @@
 // libraries its header names on "-- include: <file>" lines (such as
 // session_lib.lua), then the scripts it names on "-- embed: <file> as
 // <name>" lines, each as a local function <name>(KEYS, ARGV) (its body
-// as it is, KEYS and ARGV its parameters: release_many.lua runs
-// release.lua once per lease this way, without a second copy of it), then
+// as it is, KEYS and ARGV its parameters: pool_call.lua runs
+// release.lua and lease.lua this way, without a second copy of them), then
 // its own body, so every call stays one EVALSHA.
 // Library files (lib.lua and *_lib.lua) are not scripts of their own.
 //

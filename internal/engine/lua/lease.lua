@@ -24,7 +24,7 @@
 -- KEYS[9] order zset     id -> its place in the pool's rotation (pool_update.lua)
 -- KEYS[10] cursor hash   site -> "<place of the proxy last offered>|<ms of the site's last bookkeeping>"
 -- ARGV[11..] owner tokens of further plain leases in the same call (the lease
---         group, leasegroup.go; ARGV[7] must be "" and ARGV[8] not "1"): the
+--         attempts of a pool call, poolcall.go; ARGV[7] must be "" and ARGV[8] not "1"): the
 --         call grants up to 1 + their count leases, each one the rotation's
 --         next free proxy after the one before, every lease exactly as a call
 --         of its own would grant it; TIME, the meta, the cursor, the breaker

@@ -20,7 +20,7 @@ end
 
 -- now_ms is the server's clock (TIME) in ms: time never comes from a client.
 -- It is read once per script call: a call is atomic, so one instant serves
--- all of it (release_many.lua's releases share it) and TIME costs one call.
+-- all of it (pool_call.lua's releases and leases share it) and TIME costs one call.
 local now_read
 local function now_ms()
   if not now_read then

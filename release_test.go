@@ -38,7 +38,7 @@ func (h *slowScripts) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 }
 
 // TestReleasesShareRoundTrips: 60 leases on three sites released at once
-// share script calls (release_many.lua, group commit), each release
+// share script calls (pool_call.lua, group commit), each release
 // owner-checked on its own: a lease whose token is no longer the holder's
 // gets ErrLeaseLost and stays, the others are released, and every
 // release returns only once its outcome is in Redis.
@@ -99,22 +99,22 @@ func TestReleasesShareRoundTrips(t *testing.T) {
 	}
 }
 
-// TestReleaseManyRejectsBadScopeIndex: release_many.lua refuses a lease
+// TestPoolCallRejectsBadScopeIndex: pool_call.lua refuses a lease
 // whose scope index names no keys instead of touching other keys.
-func TestReleaseManyRejectsBadScopeIndex(t *testing.T) {
+func TestPoolCallRejectsBadScopeIndex(t *testing.T) {
 	ctx := context.Background()
 	rdb := shared.Client(t)
 	s := newSwitch(t, rdb)
 	k := s.keys
 	keys := []string{k.fails(), k.free("a"), k.leases("a"), k.strikes("a"), k.health("a"), k.pace("a")}
 	for _, idx := range []any{0, 2, "x"} {
-		err := releaseManyScript.Run(ctx, rdb, keys, 60000, idx, "m:0", "tok", 0, "", 0, "0").Err()
+		err := poolCallScript.Run(ctx, rdb, keys, 60000, 0, 1, idx, "m:0", "tok", 0, "", 0, "0").Err()
 		require.Error(t, err, fmt.Sprint(idx))
 		assert.Contains(t, err.Error(), "PSARGS")
 	}
 }
 
-// callerHook records whether each lease.lua and release_many.lua call runs on the goroutine of a
+// callerHook records whether each lease.lua and pool_call.lua call runs on the goroutine of a
 // function whose name contains caller (inline) or on another one.
 type callerHook struct {
 	caller          string
@@ -128,7 +128,7 @@ func (h *callerHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 func (h *callerHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		if args := cmd.Args(); len(args) > 1 && strings.ToLower(cmd.Name()) == "evalsha" &&
-			(args[1] == leaseScript.Hash() || args[1] == releaseManyScript.Hash()) {
+			(args[1] == leaseScript.Hash() || args[1] == poolCallScript.Hash()) {
 			buf := make([]byte, 64<<10)
 			if strings.Contains(string(buf[:runtime.Stack(buf, false)]), h.caller) {
 				h.inline.Add(1)

@@ -110,8 +110,8 @@ func TestLeaseScriptOneProbePerCall(t *testing.T) {
 	assert.EqualValues(t, 1, n)
 }
 
-// leaseGate holds the first lease.lua call in the hook until open is
-// closed, and counts the lease.lua calls.
+// leaseGate holds the first lease.lua or pool_call.lua call in the hook until open is
+// closed, and counts those calls.
 type leaseGate struct {
 	open  chan struct{}
 	held  chan struct{} // closed when the first call is held
@@ -129,7 +129,7 @@ func (h *leaseGate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 }
 func (h *leaseGate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if args := cmd.Args(); len(args) > 1 && (cmd.Name() == "evalsha" || cmd.Name() == "EVALSHA") && args[1] == leaseScript.Hash() {
+		if args := cmd.Args(); len(args) > 1 && (cmd.Name() == "evalsha" || cmd.Name() == "EVALSHA") && (args[1] == leaseScript.Hash() || args[1] == poolCallScript.Hash()) {
 			h.calls.Add(1)
 			first := false
 			h.once.Do(func() { first = true })
@@ -143,7 +143,8 @@ func (h *leaseGate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 }
 
 // TestLeasesOfASiteShareACall: plain leases of one site made while a lease
-// call is in Redis go in the next call together (fails before leasegroup.go:
+// call is in Redis go in the next call together (fails before the lease
+// batches:
 // one call each), each with a proxy of its own.
 func TestLeasesOfASiteShareACall(t *testing.T) {
 	ctx := context.Background()
@@ -226,4 +227,114 @@ func TestLeaseBatchCanceledIsReleased(t *testing.T) {
 	n, err = rdb.HLen(ctx, s.keys.leases("a.example")).Result()
 	require.NoError(t, err)
 	assert.Zero(t, n)
+}
+
+// TestPoolCallFoldsReleasesAndLeases: releases and plain leases of several
+// sites asked for while a call of the pool is in Redis go together in its
+// next call; the releases run first, so a proxy given back with no cooldown
+// is leased again in that same call; and a site whose keys are corrupt fails
+// only its own leases, while the releases and the other site's leases of
+// the call succeed.
+func TestPoolCallFoldsReleasesAndLeases(t *testing.T) {
+	ctx := context.Background()
+	rdb := shared.Client(t)
+	s := newSwitch(t, rdb)
+	_, err := s.Add(ctx, proxyURLs(1)...)
+	require.NoError(t, err)
+	// The pool's one proxy, out on a.example and b.example; c.example's
+	// cursor corrupt.
+	la, err := s.Lease(ctx, "a.example")
+	require.NoError(t, err)
+	lb, err := s.Lease(ctx, "b.example")
+	require.NoError(t, err)
+	require.NoError(t, rdb.HSet(ctx, s.keys.cursor(), "c.example", "not a cursor").Err())
+
+	g := newLeaseGate()
+	rdb.AddHook(g)
+	type got struct {
+		l   *Lease
+		err error
+	}
+	held := make(chan got, 1)
+	go func() { // the call held in the hook
+		l, err := s.Lease(ctx, "d.example")
+		held <- got{l, err}
+	}()
+	<-g.held
+	var wg sync.WaitGroup
+	relA, relB := make(chan error, 1), make(chan error, 1)
+	leaseA, leaseC := make(chan got, 1), make(chan got, 1)
+	wg.Add(4)
+	go func() { defer wg.Done(); relA <- la.Release(ctx) }()
+	go func() { defer wg.Done(); relB <- lb.Release(ctx) }()
+	time.Sleep(100 * time.Millisecond) // the releases first in the batch: the leases come after them
+	go func() {
+		defer wg.Done()
+		l, err := s.Lease(ctx, "a.example")
+		leaseA <- got{l, err}
+	}()
+	go func() {
+		defer wg.Done()
+		l, err := s.Lease(ctx, "c.example")
+		leaseC <- got{l, err}
+	}()
+	time.Sleep(200 * time.Millisecond)
+	close(g.open)
+	wg.Wait()
+	d := <-held
+	require.NoError(t, d.err)
+	assert.EqualValues(t, 2, g.calls.Load(), "the held call, then one for two releases and two sites' leases")
+	require.NoError(t, d.l.Release(ctx))
+	require.NoError(t, <-relA)
+	require.NoError(t, <-relB)
+	a := <-leaseA
+	require.NoError(t, a.err, "the proxy a.example gave back, leased in the same call")
+	assert.Equal(t, la.Proxy().String(), a.l.Proxy().String())
+	c := <-leaseC
+	require.Error(t, c.err)
+	assert.ErrorIs(t, c.err, ErrCorrupt)
+	assert.Nil(t, c.l)
+	require.NoError(t, a.l.Release(ctx))
+	for _, site := range []string{"a.example", "b.example", "c.example", "d.example"} {
+		n, err := rdb.HLen(ctx, s.keys.leases(site)).Result()
+		require.NoError(t, err)
+		assert.Zero(t, n, "leases left on %s", site)
+	}
+}
+
+// TestPoolCallOnMiniredis: the folded call on gopher-lua (the demo's
+// embedded Redis): releases and leases of two sites in one call.
+func TestPoolCallOnMiniredis(t *testing.T) {
+	ctx := context.Background()
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	s := newSwitch(t, rdb)
+	_, err := s.Add(ctx, proxyURLs(4)...)
+	require.NoError(t, err)
+	la, err := s.Lease(ctx, "a.example")
+	require.NoError(t, err)
+	require.NoError(t, rdb.HSet(ctx, s.keys.cursor(), "c.example", "not a cursor").Err())
+	p := s.own.redis()
+	ops := []poolOp{
+		{rel: queuedRelease{l: la, at: time.Now()}},
+		{site: "a.example", scope: "a.example", token: "t1"},
+		{site: "b.example", scope: "b.example", token: "t2"},
+		{site: "a.example", scope: "a.example", token: "t3"},
+		{site: "c.example", scope: "c.example", token: "t4"},
+	}
+	res, err := p.callMany(ops)
+	require.NoError(t, err)
+	require.Len(t, res, len(ops))
+	require.NoError(t, res[0].err)
+	assert.EqualValues(t, 1, res[0].n, "released")
+	for _, i := range []int{1, 2, 3} {
+		require.NoError(t, res[i].err)
+		assert.EqualValues(t, 1, res[i].res[0], "op %d: %v", i, res[i].res)
+	}
+	assert.NotEqual(t, res[1].res[1], res[3].res[1], "two leases of a.example, two slots")
+	assert.ErrorContains(t, res[4].err, "PSCORRUPT")
+	n, err := rdb.HLen(ctx, s.keys.leases("a.example")).Result()
+	require.NoError(t, err)
+	assert.EqualValues(t, 2, n)
 }
