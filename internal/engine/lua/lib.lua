@@ -255,15 +255,16 @@ local function pace_rest(key)
 end
 
 -- pace_rest_note records one accepted rest t (ms: from a proxy's healthy
--- answer to its next one) in the pace hash key, kept for idle ms.
-local function pace_rest_note(key, t, idle)
-  local r = pace_rest(key)
-  if r == nil or t < r then
-    r = t
-  else
-    r = r + math.min(t - r, r) / PACE_REST_DRIFT
-  end
-  redis.call('HSET', key, 'rest', string.format('%.0f', r))
+-- answer to its next one) in the pace hash key, kept for idle ms; r is the
+-- rest the hash holds (pace_rest, pace_fields), nil for none. The rest is
+-- kept to the ms: a note that leaves it as it is (most do, on a steady
+-- site) writes nothing.
+local function pace_rest_note(key, r, t, idle)
+  local r2 = t
+  if r ~= nil and t >= r then r2 = r + math.min(t - r, r) / PACE_REST_DRIFT end
+  local s = string.format('%.0f', r2)
+  if r ~= nil and s == string.format('%.0f', r) then return end
+  redis.call('HSET', key, 'rest', s)
   redis.call('PEXPIRE', key, idle)
 end
 
@@ -287,6 +288,13 @@ end
 -- pace_read returns the cooldown learned in the pace hash key, or 0.
 local function pace_read(key)
   return fraction(redis.call('HGET', key, 'c'), key, 'field c', PACE_MAX) or 0
+end
+
+-- pace_fields returns, in one read, pace_read's cooldown and pace_rest's
+-- rest of the pace hash key.
+local function pace_fields(key)
+  local v = redis.call('HMGET', key, 'c', 'rest')
+  return fraction(v[1], key, 'field c', PACE_MAX) or 0, fraction(v[2], key, 'field rest', MAX_MS)
 end
 
 -- pace_ok applies one healthy answer to the pace hash key: the cooldown c

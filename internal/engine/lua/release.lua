@@ -28,8 +28,10 @@
 -- formats a Lua number argument with "%.17g", a cost on every release.)
 local idle = ARGV[7]
 local cooldown = tonumber(ARGV[3])
+local rest -- the site's accepted rest (learned pacing)
 if ARGV[6] == '1' then
-  local learned = pace_read(KEYS[6])
+  local learned
+  learned, rest = pace_fields(KEYS[6])
   if ARGV[4] ~= '' then pace_ok(KEYS[6], learned, cooldown, idle) end
   cooldown = math.max(cooldown, math.ceil(learned))
 end
@@ -37,7 +39,7 @@ if ARGV[4] ~= '' then
   local t = now_ms()
   if ARGV[6] == '1' then
     local h = tonumber(string.match(redis.call('HGET', KEYS[3], ARGV[4]) or '', '^0|(%d+)|0$'))
-    if h and h > 0 and t > h then pace_rest_note(KEYS[6], t - h, idle) end
+    if h and h > 0 and t > h then pace_rest_note(KEYS[6], rest, t - h, idle) end
   end
   -- A new field may be a new hash: then it takes the free set's TTL.
   if redis.call('HSET', KEYS[3], ARGV[4], string.format('0|%.0f|0', t)) == 1 and redis.call('PTTL', KEYS[3]) < 0 then
