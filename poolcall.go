@@ -3,7 +3,6 @@ package proxyswitch
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -147,7 +146,9 @@ func (p *redisPool) callMany(ops []poolOp) ([]poolResult, error) {
 		argv = append(argv, len(k), len(args))
 		argv = append(argv, args...)
 	}
-	keys, argv, argv[2] = p.appendReleases(keys, argv, ops)
+	var scopes int
+	keys, argv, scopes = p.appendReleases(keys, argv, ops)
+	argv[2] = scopes
 
 	res, err := bounded.Call(context.Background(), p.timeout, p.inline, func(ctx context.Context) ([]any, error) {
 		return poolCallScript.Run(ctx, p.rdb, keys, argv...).Slice()
@@ -246,6 +247,30 @@ func (p *redisPool) splitCall(res []any, ops []poolOp, sites []*callSite, late b
 	if len(res) != len(sites)+1 || rels == nil {
 		bad = fmt.Errorf("%w: pool call reply of %d items for %d sites", ErrCorrupt, len(res), len(sites))
 	}
+	// The releases' replies, in order.
+	j := 0
+	for i, op := range ops {
+		if op.rel.l == nil || bad != nil {
+			continue
+		}
+		if j >= len(rels) {
+			bad = fmt.Errorf("%w: pool call reply of %d releases for more", ErrCorrupt, len(rels))
+			break
+		}
+		switch v := rels[j].(type) {
+		case int64:
+			out[i].n = v
+		case string:
+			out[i].err = partErr(strings.TrimPrefix(v, "e:"))
+		default:
+			bad = fmt.Errorf("%w: pool call reply holds a release reply of type %T", ErrCorrupt, v)
+		}
+		j++
+	}
+	if bad == nil && j != len(rels) {
+		bad = fmt.Errorf("%w: pool call reply of %d releases for %d", ErrCorrupt, len(rels), j)
+	}
+	// Each site's leases.
 	for si, s := range sites {
 		var part []any
 		if si < len(res) {
@@ -254,7 +279,7 @@ func (p *redisPool) splitCall(res []any, ops []poolOp, sites []*callSite, late b
 		if tag, _ := firstString(part); tag == "e" && len(part) == 2 {
 			msg, _ := part[1].(string)
 			for _, i := range s.ops {
-				out[i].err = errors.New(msg)
+				out[i].err = partErr(msg)
 			}
 			continue
 		}
@@ -286,29 +311,16 @@ func (p *redisPool) splitCall(res []any, ops []poolOp, sites []*callSite, late b
 	if bad != nil {
 		return nil, bad
 	}
-	j := 0
-	for i, op := range ops {
-		if op.rel.l == nil {
-			continue
-		}
-		if j >= len(rels) {
-			return nil, fmt.Errorf("%w: pool call reply of %d releases for more", ErrCorrupt, len(rels))
-		}
-		switch v := rels[j].(type) {
-		case int64:
-			out[i].n = v
-		case string:
-			out[i].err = errors.New(strings.TrimPrefix(v, "e:"))
-		default:
-			return nil, fmt.Errorf("%w: pool call reply holds a release reply of type %T", ErrCorrupt, v)
-		}
-		j++
-	}
-	if j != len(rels) {
-		return nil, fmt.Errorf("%w: pool call reply of %d releases for %d", ErrCorrupt, len(rels), j)
-	}
 	return out, nil
 }
+
+// partErr is the error of one part of a pool call (a site's leases, a
+// release), as the script caught it: a Redis error, as the call's own
+// would have been (redis.Error: an error of Redis, not an outage of it).
+type partErr string
+
+func (e partErr) Error() string { return string(e) }
+func (e partErr) RedisError()   {}
 
 // firstString returns element 0 of a reply if it is a string.
 func firstString(res []any) (string, bool) {
@@ -324,12 +336,23 @@ func firstString(res []any) (string, bool) {
 // member, URL, ...}) becomes {1, member, URL, expiry, version} for the
 // tokens served and the wait reply {0, wait} for the others (the time until
 // a proxy frees, as lease.lua answers a lone token: they pause for it, or
-// until a release wakes them, not 1 ms); any other reply is every token's.
+// until a release wakes them, not 1 ms); a grant {1, ...} is the first
+// token's alone (the others get a 1 ms wait); any other reply (a wait, a
+// pause, an empty pool) is every token's.
 // A reply that names more grants than tokens, or is malformed, is
 // ErrCorrupt, its grants handed back through release.
 func splitLeaseReply(res []any, tokens []string, release func(member, token string)) ([][]any, error) {
 	out := make([][]any, len(tokens))
-	if status, _ := intAt(res, 0); status != 2 {
+	switch status, _ := intAt(res, 0); {
+	case status == 1 && len(tokens) > 1:
+		// One grant (lease.lua answers a call of many in the form of many
+		// grants; this is a defence): the first token's, the others retry.
+		out[0] = res
+		for i := 1; i < len(out); i++ {
+			out[i] = []any{int64(0), int64(1)}
+		}
+		return out, nil
+	case status != 2:
 		for i := range out {
 			out[i] = res
 		}

@@ -2,6 +2,7 @@ package proxyswitch
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -94,7 +95,10 @@ func leaseScriptGrantsMany(t *testing.T, rdb redis.UniversalClient) {
 }
 
 // TestLeaseScriptOneProbePerCall: with the site's breaker half-open, a call
-// of many tokens grants one lease, the probe the gate counted.
+// of many tokens grants one lease, the probe the gate counted, to the first
+// token, in the form of many grants; through a pool call, only the first
+// attempt gets a proxy and the others wait (a grant answered to every
+// token of a call would send them all through one proxy).
 func TestLeaseScriptOneProbePerCall(t *testing.T) {
 	ctx := context.Background()
 	rdb := shared.Client(t)
@@ -104,10 +108,50 @@ func TestLeaseScriptOneProbePerCall(t *testing.T) {
 	require.NoError(t, rdb.HSet(ctx, s.keys.breaker(), "a.example", "1|1000|0|0").Err())
 	res, err := leaseScript.Run(ctx, rdb, s.keys.lease("a.example"), leaseArgv(s, "a.example", "t1", "t2", "t3")...).Slice()
 	require.NoError(t, err)
-	assert.EqualValues(t, 1, res[0], "%v", res)
+	require.Len(t, res, 6, "%v", res)
+	assert.EqualValues(t, 2, res[0], "%v", res)
 	n, err := rdb.HLen(ctx, s.keys.leases("a.example")).Result()
 	require.NoError(t, err)
 	assert.EqualValues(t, 1, n)
+
+	require.NoError(t, rdb.HSet(ctx, s.keys.breaker(), "b.example", "1|1000|0|0").Err())
+	ops := []poolOp{
+		{site: "b.example", scope: "b.example", token: "u1"},
+		{site: "b.example", scope: "b.example", token: "u2"},
+		{site: "b.example", scope: "b.example", token: "u3"},
+	}
+	out, err := s.own.redis().callMany(ops)
+	require.NoError(t, err)
+	assert.EqualValues(t, 1, out[0].res[0], "the probe: %v", out[0].res)
+	for _, r := range out[1:] {
+		require.NoError(t, r.err)
+		assert.EqualValues(t, 0, r.res[0], "no proxy for the others: %v", r.res)
+	}
+	n, err = rdb.HLen(ctx, s.keys.leases("b.example")).Result()
+	require.NoError(t, err)
+	assert.EqualValues(t, 1, n)
+}
+
+// TestSplitLeaseReplyOneGrant: a single grant answered to a call of many
+// tokens is the first token's alone.
+func TestSplitLeaseReplyOneGrant(t *testing.T) {
+	grant := []any{int64(1), "p:0", "http://127.0.0.1:1", int64(99), int64(7)}
+	out, err := splitLeaseReply(grant, []string{"a", "b", "c"}, func(string, string) { t.Fatal("nothing to release") })
+	require.NoError(t, err)
+	assert.Equal(t, grant, out[0])
+	for _, r := range out[1:] {
+		assert.EqualValues(t, 0, r[0])
+	}
+}
+
+// TestPoolCallPartErrorIsNoOutage: the error of one part of a pool call is
+// a Redis error, as the call's own would have been: the fallback does not
+// take it for an outage of Redis.
+func TestPoolCallPartErrorIsNoOutage(t *testing.T) {
+	var re redis.Error
+	err := error(partErr("OOM command not allowed when used memory > 'maxmemory'."))
+	assert.ErrorAs(t, err, &re)
+	assert.False(t, isOutage(context.Background(), fmt.Errorf("%w: %w", ErrNoProxy, redisErr("lease", err))))
 }
 
 // leaseGate holds the first lease.lua or pool_call.lua call in the hook until open is

@@ -22,7 +22,7 @@ type waiters struct {
 
 type waitKey struct{ pool, scope string }
 
-// pause sleeps like pause (d jittered down to d/2) unless a release of
+// pause sleeps d jittered down to d/2 (as pause does) unless a release of
 // scope on pool wakes it first; false if ctx ended first.
 func (w *waiters) pause(ctx context.Context, pool, scope string, d time.Duration) bool {
 	k := waitKey{pool, scope}

@@ -1,6 +1,6 @@
 // Package group commits concurrent calls of one kind in one Redis round
-// trip (group commit). It is shared by the root package (the release of
-// finished requests' leases) and storage (the queue's adds, pops and acks).
+// trip (group commit). It is shared by the root package (a pool's releases
+// and plain leases) and storage (the queue's adds, pops and acks).
 package group
 
 import (

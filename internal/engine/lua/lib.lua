@@ -258,13 +258,12 @@ end
 -- answer to its next one) in the pace hash key, kept for idle ms; r is the
 -- rest the hash holds (pace_rest, pace_fields), nil for none. The rest is
 -- kept to the ms: a note that leaves it as it is (most do, on a steady
--- site) writes nothing.
+-- site) only refreshes the hash's TTL.
 local function pace_rest_note(key, r, t, idle)
   local r2 = t
   if r ~= nil and t >= r then r2 = r + math.min(t - r, r) / PACE_REST_DRIFT end
   local s = string.format('%.0f', r2)
-  if r ~= nil and s == string.format('%.0f', r) then return end
-  redis.call('HSET', key, 'rest', s)
+  if r == nil or s ~= string.format('%.0f', r) then redis.call('HSET', key, 'rest', s) end
   redis.call('PEXPIRE', key, idle)
 end
 

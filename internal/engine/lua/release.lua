@@ -28,10 +28,14 @@
 -- formats a Lua number argument with "%.17g", a cost on every release.)
 local idle = ARGV[7]
 local cooldown = tonumber(ARGV[3])
-local rest -- the site's accepted rest (learned pacing)
+local rest -- the site's accepted rest (learned pacing, a healthy answer)
 if ARGV[6] == '1' then
   local learned
-  learned, rest = pace_fields(KEYS[6])
+  if ARGV[4] ~= '' then
+    learned, rest = pace_fields(KEYS[6])
+  else
+    learned = pace_read(KEYS[6])
+  end
   if ARGV[4] ~= '' then pace_ok(KEYS[6], learned, cooldown, idle) end
   cooldown = math.max(cooldown, math.ceil(learned))
 end
