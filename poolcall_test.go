@@ -311,7 +311,6 @@ func TestPoolCallFoldsReleasesAndLeases(t *testing.T) {
 	wg.Add(4)
 	go func() { defer wg.Done(); relA <- la.Release(ctx) }()
 	go func() { defer wg.Done(); relB <- lb.Release(ctx) }()
-	time.Sleep(100 * time.Millisecond) // the releases first in the batch: the leases come after them
 	go func() {
 		defer wg.Done()
 		l, err := s.Lease(ctx, "a.example")
@@ -322,7 +321,9 @@ func TestPoolCallFoldsReleasesAndLeases(t *testing.T) {
 		l, err := s.Lease(ctx, "c.example")
 		leaseC <- got{l, err}
 	}()
-	time.Sleep(200 * time.Millisecond)
+	calls := &s.own.redis().calls
+	require.Eventually(t, func() bool { return calls.Waiting() == 4 }, 10*time.Second, time.Millisecond,
+		"the two releases and two leases wait behind the held call")
 	close(g.open)
 	wg.Wait()
 	d := <-held

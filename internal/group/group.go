@@ -93,6 +93,18 @@ func (g *Group[T, R]) Do(item T) (R, error) {
 	return b.res[i], nil
 }
 
+// Waiting returns how many items wait for a batch after the one in flight.
+// It is safe for concurrent use.
+func (g *Group[T, R]) Waiting() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	n := 0
+	for _, b := range g.queue {
+		n += len(b.items)
+	}
+	return n
+}
+
 // run flushes b, which has left the queue, then hands the turn on.
 // If flush panics, the waiting batches are still handed on before the
 // panic goes up.

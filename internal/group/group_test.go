@@ -94,3 +94,31 @@ func TestGroupUnit(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 6, got)
 }
+
+// TestGroupWaiting: the items queued behind the batch in flight are
+// counted until their batch is flushed.
+func TestGroupWaiting(t *testing.T) {
+	hold, held := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	g := &Group[int, int]{Max: 2, Corrupt: errCorrupt, Flush: func(items []int) ([]int, error) {
+		once.Do(func() { close(held); <-hold })
+		return items, nil
+	}}
+	var wg sync.WaitGroup
+	for i := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			got, err := g.Do(i)
+			assert.NoError(t, err)
+			assert.Equal(t, i, got)
+		}()
+		if i == 0 {
+			<-held
+		}
+	}
+	require.Eventually(t, func() bool { return g.Waiting() == 3 }, 5*time.Second, time.Millisecond)
+	close(hold)
+	wg.Wait()
+	assert.Zero(t, g.Waiting())
+}
