@@ -197,10 +197,13 @@ func nextFree(wait time.Duration) string {
 	}
 }
 
+// jittered is d less a random part of up to its half: from d/2 to d.
+func jittered(d time.Duration) time.Duration { return d/2 + rand.N(d/2+1) }
+
 // pause sleeps for d jittered down to d/2 to d, so that waiters do not wake
 // in lockstep. It reports false if ctx ended first.
 func pause(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d/2 + rand.N(d/2+1))
+	t := time.NewTimer(jittered(d))
 	defer t.Stop()
 	select {
 	case <-ctx.Done():

@@ -2,7 +2,6 @@ package proxyswitch
 
 import (
 	"context"
-	"math/rand/v2"
 	"sync"
 	"time"
 )
@@ -34,7 +33,7 @@ func (w *waiters) pause(ctx context.Context, pool, scope string, d time.Duration
 	w.m[k] = append(w.m[k], ch)
 	w.mu.Unlock()
 	defer w.leave(k, ch)
-	t := time.NewTimer(d/2 + rand.N(d/2+1))
+	t := time.NewTimer(jittered(d))
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
