@@ -22,7 +22,10 @@ import (
 // ErrEmptyPool. It leases from the Switch's own
 // pool (WithPool), whatever WithRoute says of site. The lease is not
 // renewed (Extend it while you need it longer than the lease TTL); Close
-// releases it if it is still held. It is safe for concurrent use.
+// releases it if it is still held. A proxy whose exit IP strict exits
+// hold (probe.Checker.Strict: not recorded yet) is taken all the same: it
+// is named, as a probe names the proxy whose exit it records. It is safe
+// for concurrent use.
 func (s *Switch) LeaseProxy(ctx context.Context, site, proxy string) (*Lease, error) {
 	if s.renew.isClosed() {
 		return nil, errClosed
@@ -36,7 +39,7 @@ func (s *Switch) LeaseProxy(ctx context.Context, site, proxy string) (*Lease, er
 	}
 	id := ids[0].(string)
 	scope := s.scopeOf(site)
-	l, _, err := s.own.tryLease(ctx, site, scope, id)
+	l, _, err := s.own.tryLease(context.WithValue(ctx, namedKey{}, true), site, scope, id)
 	if err != nil {
 		return nil, err
 	}
@@ -135,3 +138,7 @@ func init() {
 	hooks.Redis = func(sw any) redis.Scripter { return sw.(*Switch).rdb }
 	hooks.Observers = func(sw any) []any { return sw.(*Switch).observerList() }
 }
+
+// namedKey marks LeaseProxy's context: its lease names the proxy (lease.lua's
+// ARGV[8] "x", redisPool.tryLeaseOnce).
+type namedKey struct{}

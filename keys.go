@@ -25,7 +25,8 @@ const globalSite = "*"
 //	                                   without it was lost by Redis and is re-seeded: snapshot.go);
 //	                                   "hold", ms until which a re-seeded pool leases nothing; "index" and
 //	                                   "gwindex", how far the order and the gateway index are built (lease.lua,
-//	                                   pool_update.lua: an HSCAN cursor, then "done")
+//	                                   pool_update.lua: an HSCAN cursor, then "done"); "strict", ms until
+//	                                   which entries with no recorded exit are held (exit_strict.lua)
 //	{prefix:pool}:order          zset  proxy ID -> its place in the rotation (pool_update.lua; no TTL)
 //	{prefix:pool}:cursor         hash  site -> "<place last offered>|<ms of its last bookkeeping>" (lease.lua); TTL: idle TTL
 //	{prefix:pool}:sites          zset  site -> last lease (ms, refreshed at most once a second); TTL: idle TTL

@@ -100,6 +100,8 @@ func (p *redisPool) tryLeaseOnce(ctx context.Context, site, scope, prefer string
 		firm := ""
 		if only {
 			firm = "1"
+		} else if ctx.Value(namedKey{}) != nil {
+			firm = "x" // LeaseProxy's: strict exits do not hold the proxy it names
 		}
 		res, err = bounded.Call(ctx, p.timeout, p.inline, func(ctx context.Context) ([]any, error) {
 			argv := append(make([]any, 0, 10), scope, token, ttl.Milliseconds(), p.cfg.cooldown.Milliseconds(),

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -443,4 +444,163 @@ func TestExitIPsPaged(t *testing.T) {
 	t.Logf("%d calls, the largest reply %d items", cs.calls, cs.maxReply)
 	require.Greater(t, cs.calls, n/(4*page), "read in many calls")
 	require.LessOrEqual(t, cs.maxReply, 1+2*4*page, "one page per call")
+}
+
+// TestStrictExitsHoldUnknown: with Strict, an entry whose exit is not
+// recorded yet is leased on no site (it might share an IP with one in use)
+// but by the probe that records it; once recorded it shares its IP's
+// slots; when no strict round runs any more the hold lapses. Without
+// Strict the same entry is leased at once, beside its twin.
+func TestStrictExitsHoldUnknown(t *testing.T) {
+	ctx := context.Background()
+	b := newExitBed(t, 360)
+	brief := func(sw *proxyswitch.Switch, site string) (*proxyswitch.Lease, error) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		defer cancel()
+		return sw.Lease(ctx, site)
+	}
+	twins := func(strict bool) (*proxyswitch.Switch, *probe.Checker, *proxyswitch.Lease) {
+		sw := newSwitch(t, testPrefix(), proxyswitch.WithTimeouts(proxyswitch.Timeouts{MaxWait: 200 * time.Millisecond}))
+		_, err := sw.Add(ctx, b.proxies[0].URL())
+		require.NoError(t, err)
+		c := &probe.Checker{Switch: sw, EchoURL: b.echo.URL(), Timeout: 2 * time.Second, Exits: true, Strict: strict, Every: 400 * time.Millisecond}
+		_, err = c.Check(ctx)
+		require.NoError(t, err)
+		first, err := sw.Lease(ctx, "shop.example")
+		require.NoError(t, err)
+		require.Equal(t, idOf(t, b.proxies[0].URL()), first.Proxy().ID())
+		_, err = sw.Add(ctx, b.proxies[1].URL()) // the same exit IP, not probed yet
+		require.NoError(t, err)
+		return sw, c, first
+	}
+
+	// Without Strict: the window the option closes.
+	sw, c, first := twins(false)
+	l, err := brief(sw, "shop.example")
+	require.NoError(t, err, "without Strict the unprobed twin is its own IP")
+	require.Equal(t, idOf(t, b.proxies[1].URL()), l.Proxy().ID())
+	require.NoError(t, l.Release(ctx))
+	require.NoError(t, first.Release(ctx))
+	require.False(t, c.Strict)
+
+	// With Strict.
+	sw, c, first = twins(true)
+	twin := idOf(t, b.proxies[1].URL())
+	_, err = brief(sw, "shop.example")
+	require.ErrorIs(t, err, proxyswitch.ErrNoProxy, "the unprobed twin was leased beside its IP's lease")
+	_, err = brief(sw, "other.example")
+	require.NoError(t, err, "the probed entry is free on another site") // and the twin held there too:
+	_, err = brief(sw, "other.example")
+	require.ErrorIs(t, err, proxyswitch.ErrNoProxy)
+	named, err := sw.LeaseProxy(ctx, "probe.example", twin)
+	require.NoError(t, err, "a lease naming the unprobed entry (the probe's) takes it")
+	require.NoError(t, named.Release(ctx))
+
+	rep, err := c.Check(ctx) // records the twin's exit: it shares its IP's slots now
+	require.NoError(t, err)
+	require.Equal(t, 2, rep.Probed)
+	_, err = brief(sw, "shop.example")
+	require.ErrorIs(t, err, proxyswitch.ErrNoProxy, "the twin was leased while its IP is out on the site")
+	require.NoError(t, first.Release(ctx))
+	l, err = brief(sw, "shop.example")
+	require.NoError(t, err, "the IP came back")
+	require.NoError(t, l.Release(ctx))
+
+	// A third entry of its own IP: held while strict rounds run, leased
+	// once they stop (3 × Every after the last).
+	_, err = sw.Add(ctx, b.proxies[4].URL())
+	require.NoError(t, err)
+	var got []*proxyswitch.Lease
+	for range 2 {
+		if l, err := brief(sw, "late.example"); err == nil {
+			got = append(got, l)
+		}
+	}
+	require.Len(t, got, 1, "the unprobed entry was leased under strict exits")
+	require.Eventually(t, func() bool {
+		l, err := brief(sw, "late.example")
+		if err != nil {
+			return false
+		}
+		require.Equal(t, idOf(t, b.proxies[4].URL()), l.Proxy().ID())
+		return true
+	}, 5*time.Second, 50*time.Millisecond, "strict exits did not lapse without a strict checker")
+
+	_, err = (&probe.Checker{Switch: sw, EchoURL: b.echo.URL(), Strict: true}).Check(ctx)
+	require.ErrorIs(t, err, proxyswitch.ErrConfig, "Strict without Exits")
+}
+
+// TestExitsThroughSharedGateway: a gateway entry of 8 sessions over 3 exit
+// IPs that sessions share, as a residential pool's do. Without exits
+// recorded, two sessions of one IP reach the site at once; with the
+// checker's Exits, never. With Strict, a session that a ban rotates in is
+// not used before a probe records its exit.
+func TestExitsThroughSharedGateway(t *testing.T) {
+	ctx := context.Background()
+	gw := proxyswitchtest.NewGateway(t, proxyswitchtest.GatewayConfig{Exits: 3, FirstExit: 1500, Shared: true})
+	echo := newEcho(t, 0)
+	wait := proxyswitch.WithTimeouts(proxyswitch.Timeouts{MaxWait: 10 * time.Second})
+	session := func(p *proxyswitch.Proxy) string {
+		_, id, ok := strings.Cut(p.URL().User.Username(), "-session-")
+		require.True(t, ok, "not a gateway session")
+		return id
+	}
+
+	plain := newSwitch(t, testPrefix(), wait)
+	_, err := plain.Add(ctx, gw.Template("user", 8))
+	require.NoError(t, err)
+	before := slowSite(t, "before")
+	crawl(t, plain, before, 8, 160)
+	require.Equal(t, 160, before.Recorder().Count())
+	require.Positive(t, before.Recorder().Collisions(), "the shared gateway shows no overlap by IP without exits")
+
+	sw := newSwitch(t, testPrefix(), wait)
+	_, err = sw.Add(ctx, gw.Template("user", 8))
+	require.NoError(t, err)
+	c := &probe.Checker{Switch: sw, EchoURL: echo.site.URL(), Timeout: 2 * time.Second, Exits: true, Strict: true}
+	rep, err := c.Check(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 8, rep.Probed)
+	exits, err := c.ExitIPs(ctx)
+	require.NoError(t, err)
+	require.Len(t, exits, 8)
+	ips := map[string]bool{}
+	for _, ip := range exits {
+		ips[ip] = true
+	}
+	require.Len(t, ips, 3, "8 sessions over 3 shared exits")
+
+	after := slowSite(t, "after")
+	crawl(t, sw, after, 8, 160)
+	require.Equal(t, 160, after.Recorder().Count())
+	require.Zero(t, after.Recorder().Collisions(), "two sessions of one exit IP reached the site at once")
+	require.LessOrEqual(t, after.Recorder().MaxConcurrentPerIP(), 1)
+	t.Logf("collisions by IP: %d without exits, %d with", before.Recorder().Collisions(), after.Recorder().Collisions())
+
+	// A ban rotates one session: the new one has no exit yet and is held.
+	old, err := sw.List(ctx)
+	require.NoError(t, err)
+	banOn(t, sw, after.Host(), old[0].URL().String())
+	now, err := sw.List(ctx)
+	require.NoError(t, err)
+	require.Len(t, now, 8)
+	var fresh *proxyswitch.Proxy
+	for _, p := range now {
+		if _, ok := exits[p.ID()]; !ok {
+			require.Nil(t, fresh, "more than one new session")
+			fresh = p
+		}
+	}
+	require.NotNil(t, fresh, "the ban did not rotate the session")
+	third := slowSite(t, "third")
+	crawl(t, sw, third, 8, 80)
+	require.Zero(t, third.Recorder().Collisions())
+	require.Empty(t, gw.SessionIP(session(fresh)), "the new session was used before its exit was known")
+	_, err = c.Check(ctx)
+	require.NoError(t, err)
+	exits, err = c.ExitIPs(ctx)
+	require.NoError(t, err)
+	require.NotEmpty(t, exits[fresh.ID()])
+	require.Equal(t, gw.SessionIP(session(fresh)), exits[fresh.ID()])
 }

@@ -168,6 +168,18 @@ type Checker struct {
 	// until their proxies leave the pool. The local shard of WithFallback does not
 	// know exits: while it serves, exclusivity is per entry.
 	Exits bool
+	// Strict (with Exits) closes the window in which an entry's exit is not
+	// known yet (just added, a gateway's new session, an echo probe that
+	// failed): until a probe records its exit, leases by rotation, sessions
+	// and labelled requests do not take it on any site, so it cannot share
+	// an IP unseen with an entry in use. Run probes such entries every
+	// NewEvery; the probe's own lease (Switch.LeaseProxy) still takes them.
+	// Each round writes the pool's meta field "strict" (exit_strict.lua)
+	// for 3 × Every; when no strict checker runs any more it lapses and
+	// such entries are leased again rather than held for good. The fleet's
+	// checkers should agree on Strict. Off (the default): an entry with no
+	// recorded exit is its own IP until a probe says otherwise.
+	Strict bool
 	// NewEvery is how often Run looks for proxies without a recorded exit
 	// (Exits); 0 is DefaultNewEvery; it is at most Every.
 	NewEvery time.Duration
@@ -234,6 +246,9 @@ func (c *Checker) settings() (settings, error) {
 	}
 	if s.every < 0 || s.timeout < 0 || s.siteQ < 0 || s.lockTTL < 0 || s.conc < 0 || s.newEvery < 0 {
 		return s, bad("negative interval, timeout, quarantine, lock TTL or concurrency")
+	}
+	if c.Strict && !c.Exits {
+		return s, bad("Strict needs Exits")
 	}
 	site, err := siteOf(c.EchoURL, c.EchoSite)
 	if err != nil {
@@ -335,6 +350,11 @@ func (c *Checker) checkNew(ctx context.Context) error {
 func (c *Checker) round(ctx context.Context, s settings, fresh bool) (Report, error) {
 	rep := Report{Start: time.Now()}
 	defer func() { rep.End = time.Now() }()
+	if c.Strict && !fresh {
+		if err := c.holdUnknown(ctx, 3*s.every); err != nil {
+			return rep, err
+		}
+	}
 	states, err := c.Switch.ProxyStates(ctx, s.echoSite)
 	if err != nil {
 		return rep, err
@@ -679,9 +699,10 @@ func (c *Checker) keyBase() (string, error) {
 }
 
 var (
-	leaderScript   = engine.Root.Script("leader")
-	exitNoteScript = engine.Root.Script("exit_note")
-	exitListScript = engine.Root.Script("exit_list")
+	leaderScript     = engine.Root.Script("leader")
+	exitNoteScript   = engine.Root.Script("exit_note")
+	exitListScript   = engine.Root.Script("exit_list")
+	exitStrictScript = engine.Root.Script("exit_strict")
 )
 
 // exitNote is exit_note.lua's answer for one proxy: 0 unchanged, 1 first
@@ -716,6 +737,19 @@ func (c *Checker) noteExits(ctx context.Context, pairs ...string) ([]exitNote, e
 		out[i].old, _ = res[2*i+1].(string)
 	}
 	return out, nil
+}
+
+// holdUnknown makes leases hold the entries with no recorded exit for d
+// (Strict).
+func (c *Checker) holdUnknown(ctx context.Context, d time.Duration) error {
+	base, err := c.keyBase()
+	if err != nil {
+		return err
+	}
+	if err := exitStrictScript.Run(ctx, hooks.Redis(c.Switch), []string{base + ":meta"}, d.Milliseconds()).Err(); err != nil {
+		return fmt.Errorf("probe: strict exits: %w", err)
+	}
+	return nil
 }
 
 // exits reads the recorded exit IPs: proxy ID -> IP.

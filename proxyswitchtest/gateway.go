@@ -28,6 +28,11 @@ type GatewayConfig struct {
 	// Password, when set, is the password every request must carry (407
 	// otherwise); the user name is free. The default accepts any.
 	Password string
+	// Shared, when true, lets sessions share exits as a residential pool
+	// does: when every exit is held, a new session id joins the one used
+	// least recently, and the sessions already there keep it. The default
+	// (false) gives it to the new session alone: the old one loses it.
+	Shared bool
 }
 
 // Gateway is a fake rotating gateway of a proxy provider: one listening
@@ -36,7 +41,8 @@ type GatewayConfig struct {
 // "..._session-<id>": the syntaxes of Bright Data, Oxylabs and IPRoyal)
 // picks its exit, sticky: the same id leaves from the same IP; a
 // new id gets an exit no session holds, or, when every exit is held, the
-// one used least recently (whose session then loses it). A request without
+// one used least recently (whose session then loses it, unless
+// GatewayConfig.Shared: then both leave from it). A request without
 // a session id leaves from the next exit in turn. The site sees the exit IP
 // as RemoteAddr. Targets must be loopback, as for [Proxy].
 //
@@ -197,7 +203,7 @@ func (g *Gateway) exit(user, pass string) int {
 				i = j
 			}
 		}
-		if old := g.holder[i]; old != "" {
+		if old := g.holder[i]; old != "" && !g.cfg.Shared {
 			delete(g.bySession, old)
 		}
 		g.holder[i], g.bySession[id] = id, i

@@ -8,7 +8,7 @@
 //	load FILE                   replace the pool with the proxies in FILE ("-" for stdin), atomically up to 500 proxies
 //	sync -url URL|-file FILE [-every D] [-once] [...]
 //	                            keep the pool equal to a provider's list or a file (package source)
-//	probe -echo URL [-site URL]... [-every D] [-exits] [...]
+//	probe -echo URL [-site URL]... [-every D] [-exits [-strict]] [...]
 //	                            probe idle proxies, mark dead and revive them (package probe)
 //	add URL...                  add proxies
 //	remove ID|URL...            remove proxies
@@ -124,7 +124,7 @@ commands:
   load FILE                   replace the pool with the proxies in FILE ("-" for stdin)
   sync -url URL|-file FILE [-every D] [-once]
                               keep the pool equal to a provider's list (diffed, guarded)
-  probe -echo URL [-site URL]... [-every D] [-exits]
+  probe -echo URL [-site URL]... [-every D] [-exits [-strict]]
                               probe idle proxies: mark dead, revive, exit IPs
   add URL...                  add proxies
   remove ID|URL...            remove proxies

@@ -58,7 +58,9 @@ in the pool: entries that leave from one IP then share one proxy's slots on
 every site (never two requests at once to a site from one exit address; a
 ban of one holds the IP there). A changed exit is printed ("was ...") and
 counted; with -every, proxies without a recorded exit (new ones) are also
-probed every -new-every.
+probed every -new-every. With -strict too, no lease takes a proxy whose exit
+is not recorded yet until a probe records it (the hold lapses three -every
+after the last strict round).
 
   -echo URL           the echo URL (required)
   -site URL           a site to probe (repeatable)
@@ -67,7 +69,8 @@ probed every -new-every.
   -site-quarantine D  how long a site probe's failure keeps the proxy off it (default 10m)
   -every D            run every D, as the fleet's one checker
   -exits              record exit IPs: exclusivity and quarantine per exit IP
-  -new-every D        with -exits and -every: probe proxies without an exit this often (default 5s)`
+  -new-every D        with -exits and -every: probe proxies without an exit this often (default 5s)
+  -strict             with -exits: hold proxies whose exit is not recorded yet`
 }
 
 // multiFlag is a repeatable string flag.
@@ -165,6 +168,7 @@ func (a *app) probeCmd(ctx context.Context, args []string) error {
 	siteQ := fs.Duration("site-quarantine", probe.DefaultSiteQuarantine, "")
 	every := fs.Duration("every", 0, "")
 	exits := fs.Bool("exits", false, "")
+	strict := fs.Bool("strict", false, "")
 	newEvery := fs.Duration("new-every", probe.DefaultNewEvery, "")
 	if err := fs.Parse(args); err != nil {
 		return fmt.Errorf("%w: probe: %v", errUsage, err)
@@ -172,11 +176,14 @@ func (a *app) probeCmd(ctx context.Context, args []string) error {
 	if fs.NArg() > 0 || *echo == "" {
 		return fmt.Errorf("%w: probe takes -echo URL", errUsage)
 	}
+	if *strict && !*exits {
+		return fmt.Errorf("%w: probe: -strict needs -exits", errUsage)
+	}
 	if *timeout <= 0 || *conc <= 0 || *siteQ <= 0 || *every < 0 || *newEvery <= 0 {
 		return fmt.Errorf("%w: probe: -timeout, -concurrency, -site-quarantine and -new-every must be positive", errUsage)
 	}
 	c := &probe.Checker{Switch: a.sw, EchoURL: *echo, Timeout: *timeout, Concurrency: *conc, SiteQuarantine: *siteQ,
-		Every: *every, Redis: a.rdb, Logger: slog.New(slog.DiscardHandler), Exits: *exits, NewEvery: *newEvery}
+		Every: *every, Redis: a.rdb, Logger: slog.New(slog.DiscardHandler), Exits: *exits, Strict: *strict, NewEvery: *newEvery}
 	for _, s := range sites {
 		c.Sites = append(c.Sites, probe.SiteProbe{URL: s})
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"net"
 	"net/http"
@@ -10,9 +11,11 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/proxyswitch/proxyswitch/internal/redistest"
 	"github.com/proxyswitch/proxyswitch/proxyswitchtest"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -152,4 +155,18 @@ func TestCLIProbeExits(t *testing.T) {
 	assert.Contains(t, r.stdout, "exit IPs changed: 1")
 	r = cli(t, env, "", "probe", "-echo", echo.URL(), "-exits", "-new-every", "0s")
 	assert.Equal(t, 2, r.code, r.all())
+
+	// -strict holds proxies whose exit is not recorded (the pool's meta).
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer rdb.Close()
+	r = cli(t, env, "", "probe", "-echo", echo.URL(), "-strict")
+	assert.Equal(t, 2, r.code, "-strict without -exits: "+r.all())
+	r = cli(t, env, "", "probe", "-echo", echo.URL(), "-exits", "-strict")
+	require.Equal(t, 0, r.code, r.all())
+	metas, err := rdb.Keys(context.Background(), "*:meta").Result()
+	require.NoError(t, err)
+	require.Len(t, metas, 1)
+	until, err := rdb.HGet(context.Background(), metas[0], "strict").Int64()
+	require.NoError(t, err)
+	assert.Greater(t, until, time.Now().UnixMilli()+int64(2*time.Minute/time.Millisecond), "held for 3 rounds of the default minute")
 }

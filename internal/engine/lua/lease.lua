@@ -11,14 +11,17 @@
 --                        "version" -> generation of the pool; "emptied" -> 1 while it
 --                        is empty on purpose; "hold" -> ms until which a re-seeded
 --                        pool's proxies stay out (pool_seed.lua); "index" -> "done"
---                        when every proxy of the pool is in the order (KEYS[9])
+--                        when every proxy of the pool is in the order (KEYS[9]);
+--                        "strict" -> ms until which strict exits hold (exit_strict.lua)
 -- KEYS[6] dead hash      id -> "<ms>|<reason>" (proxies out of every rotation)
 -- KEYS[7] quarantine zset id -> unix ms until which it is banned on every site
 -- ARGV[1] site (scope)   ARGV[2] owner token      ARGV[3] lease TTL ms
 -- ARGV[4] cooldown ms    ARGV[5] slots (K >= 1)   ARGV[6] idle TTL ms of site keys
 -- ARGV[7] preferred proxy id, or "" for none
 -- ARGV[8] "1": the preferred proxy or none (a sticky session reaching a new
---         site, session.go); absent or "" for any proxy
+--         site, session.go); "x": the preferred proxy if free, even with
+--         its exit IP unknown under strict exits (Switch.LeaseProxy: the
+--         probe that records it), else any; absent or "" for any proxy
 -- KEYS[8] breaker hash   ARGV[9] site, or absent/"" with no breaker
 -- ARGV[10] probes of a half-open breaker (breaker_lib.lua, breaker.go)
 -- KEYS[9] order zset     id -> its place in the pool's rotation (pool_update.lua)
@@ -44,6 +47,10 @@
 -- share it. Each entry keeps its own members ("<id>:<slot>"): release,
 -- extend and penalize are unchanged, and the state an entry earned stays
 -- with it when its exit changes (it then holds its new IP's slots).
+-- Strict exits (the meta's "strict" in the future, probe.Checker.Strict):
+-- an entry whose exit is not known yet is out on every site, for a second
+-- at a time, until a probe records it; only a lease that names it with
+-- ARGV[8] "x" takes it (the probe's own).
 --
 -- Rotation: the site's cursor walks the pool's order (KEYS[9]) and the
 -- lease takes the first proxy after it with a slot free on the site, not
@@ -89,7 +96,7 @@ local ttl, cooldown, idle = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[6]
 local SCAN, PRUNE = 128, tostring(2 * want)
 local nows = string.format('%.0f', now)
 
-local meta = redis.call('HMGET', KEYS[5], 'slots', 'version', 'hold', 'index')
+local meta = redis.call('HMGET', KEYS[5], 'slots', 'version', 'hold', 'index', 'strict')
 local slots = meta[1]
 if not slots then
   redis.call('HSET', KEYS[5], 'slots', ARGV[5])
@@ -101,6 +108,7 @@ end
 slots = tonumber(slots)
 local version = checked(meta[2], KEYS[5], 'field version', 0, MAX_MS) or 0
 local hold = checked(meta[3], KEYS[5], 'field hold', 0, MAX_MS) or 0
+local strict = (checked(meta[5], KEYS[5], 'field strict', 0, MAX_MS) or 0) > now
 
 local function empty()
   local lost = 1
@@ -163,23 +171,26 @@ local function banned(id, free)
   return q
 end
 
--- The exit IPs: read only when some are known.
+-- The exit IPs: read only when some are known, or strict exits hold the
+-- unknown ones (unknown: when such an entry is out, nil when not).
 local EXITS = KEYS[11]
-local exits_on = EXITS and redis.call('HLEN', EXITS) > 0
+local exits_on = EXITS and (strict or redis.call('HLEN', EXITS) > 0)
+local unknown = strict and now + 1000 or nil
 -- With exits: whether any proxy is dead, or banned on every site, read once.
 local anydead = exits_on and redis.call('HLEN', KEYS[6]) > 0
 local anyban = exits_on and redis.call('ZCOUNT', KEYS[7], '(' .. nows, '+inf') > 0
 
--- exit_out returns nil when proxy id has no known exit, or fewer than K
--- slots of the entries of its exit IP are out on the site; else the time
--- the soonest of them comes back. Each IP is read once per call (ip_out),
--- again after a grant to one of its entries: a call costs the entries of
--- the IPs it meets, not of each candidate.
+-- exit_out returns nil when proxy id has no known exit (held: when the
+-- entry is out for that, strict exits), or fewer than K slots of the
+-- entries of its exit IP are out on the site; else the time the soonest of
+-- them comes back. Each IP is read once per call (ip_out), again after a
+-- grant to one of its entries: a call costs the entries of the IPs it
+-- meets, not of each candidate.
 local ip_out = {}
-local function exit_out(id)
+local function exit_out(id, held)
   if not exits_on then return nil end
   local ip = redis.call('HGET', EXITS, id)
-  if not ip then return nil end
+  if not ip then return held end
   local memo = ip_out[ip]
   if not memo then
     -- At most three reads per 256 entries of the IP (and per 4096
@@ -226,9 +237,9 @@ local function exit_out(id)
 end
 
 -- try returns the first free slot of proxy id on the site (member), or nil
--- and the time until which the proxy is out.
-local function try(id)
-  local x = exit_out(id) -- first: the IP's entries read once per call
+-- and the time until which the proxy is out; held as for exit_out.
+local function try(id, held)
+  local x = exit_out(id, held) -- first: the IP's entries read once per call
   if x then return nil, x end
   local soonest, free = nil, {}
   for s = 0, slots - 1 do
@@ -249,7 +260,9 @@ end
 local member, url
 -- A preferred proxy (same IP across a redirect chain or a session) wins if free.
 if ARGV[7] ~= '' and hold <= now then
-  local m = try(ARGV[7])
+  local held = unknown
+  if ARGV[8] == 'x' then held = nil end
+  local m = try(ARGV[7], held)
   if m then
     url = redis.call('HGET', KEYS[1], ARGV[7])
     if url then member = m end
@@ -277,7 +290,7 @@ if not member and ARGV[8] == '1' then
   if q and q > soonest then soonest, firm = q, 1 end
   if soonest and soonest <= now then
     -- Its own slot is free: another entry of its exit IP holds the IP.
-    local x = exit_out(ARGV[7])
+    local x = exit_out(ARGV[7], unknown)
     if x then soonest, firm = x, 0 end
   end
   if not soonest or soonest >= DEAD then return {-2} end
@@ -324,7 +337,7 @@ local function rotate()
     for i = 1, #ids, 2 do
       seen = seen + 1
       last = ids[i + 1]
-      local m, w = try(ids[i])
+      local m, w = try(ids[i], unknown)
       if m then
         local u = redis.call('HGET', KEYS[1], ids[i])
         if u then
