@@ -133,6 +133,22 @@ func slowSite(t *testing.T, name string) *proxyswitchtest.Site {
 	}))
 }
 
+// overlapWithoutExits crawls a site through a pool of proxies with no
+// exits recorded, n requests by workers, and checks that two of them met
+// there from one exit IP at once: what the testbed must show for the
+// exits to prove anything. It returns the site.
+func overlapWithoutExits(t *testing.T, workers, n int, proxies ...string) *proxyswitchtest.Site {
+	t.Helper()
+	sw := newSwitch(t, testPrefix(), proxyswitch.WithTimeouts(proxyswitch.Timeouts{MaxWait: 10 * time.Second}))
+	_, err := sw.Add(context.Background(), proxies...)
+	require.NoError(t, err)
+	site := slowSite(t, "before")
+	crawl(t, sw, site, workers, n)
+	require.Equal(t, n, site.Recorder().Count())
+	require.Positive(t, site.Recorder().Collisions(), "the testbed shows no overlap by IP without exits")
+	return site
+}
+
 // TestExitsSharedIPNeverOverlap: six entries over four exit IPs, six
 // workers. Without exits recorded, the two entries of one IP reach the
 // site at once (collisions by IP); with the Checker's Exits round first,
@@ -142,13 +158,8 @@ func TestExitsSharedIPNeverOverlap(t *testing.T) {
 	b := newExitBed(t, 300)
 	wait := proxyswitch.WithTimeouts(proxyswitch.Timeouts{MaxWait: 10 * time.Second})
 
-	plain := newSwitch(t, testPrefix(), wait)
-	_, err := plain.Add(ctx, b.urls()...)
-	require.NoError(t, err)
-	before := slowSite(t, "before")
-	crawl(t, plain, before, 6, 120)
-	require.Equal(t, 120, before.Recorder().Count())
-	require.Positive(t, before.Recorder().Collisions(), "the testbed shows no overlap by IP without exits")
+	before := overlapWithoutExits(t, 6, 120, b.urls()...)
+	var err error
 
 	sw := newSwitch(t, testPrefix(), wait)
 	_, err = sw.Add(ctx, b.urls()...)
@@ -547,13 +558,8 @@ func TestExitsThroughSharedGateway(t *testing.T) {
 		return id
 	}
 
-	plain := newSwitch(t, testPrefix(), wait)
-	_, err := plain.Add(ctx, gw.Template("user", 8))
-	require.NoError(t, err)
-	before := slowSite(t, "before")
-	crawl(t, plain, before, 8, 160)
-	require.Equal(t, 160, before.Recorder().Count())
-	require.Positive(t, before.Recorder().Collisions(), "the shared gateway shows no overlap by IP without exits")
+	before := overlapWithoutExits(t, 8, 160, gw.Template("user", 8))
+	var err error
 
 	sw := newSwitch(t, testPrefix(), wait)
 	_, err = sw.Add(ctx, gw.Template("user", 8))
