@@ -103,6 +103,91 @@ func (s *Switch) ReplaceProxies(ctx context.Context, ps []*Proxy) (PoolChange, e
 	return s.update(ctx, "replace", entries(ps))
 }
 
+// PoolDiff is how a proxy list differs from the pool (Switch.Diff).
+type PoolDiff struct {
+	Size       int // proxies in the pool
+	Added      int // proxies ReplaceProxies with the list would add
+	Removed    int // proxies it would remove
+	Relabelled int // proxies it would keep, with other labels
+}
+
+// Changed reports whether ReplaceProxies with the list would change the pool.
+func (d PoolDiff) Changed() bool { return d.Added+d.Removed+d.Relabelled > 0 }
+
+// Diff compares ps (as ParseProxies or ReadProxies return them) with the
+// pool: what ReplaceProxies(ctx, ps) would change, without writing. A
+// gateway template is compared as ReplaceProxies applies it, by template,
+// session count N and labels, never by its sessions: every parse draws new
+// session ids, but a pool that holds N sessions of the template with its
+// labels needs no change (ReplaceProxies would keep them). It reads the
+// pool and its gateways in pages as List does, so it is not one instant:
+// a change made meanwhile may count or not. It writes nothing and is safe
+// for concurrent use.
+func (s *Switch) Diff(ctx context.Context, ps []*Proxy) (PoolDiff, error) {
+	cur, err := s.own.redis().list(ctx)
+	if err != nil {
+		return PoolDiff{}, err
+	}
+	gws, err := s.hashKeys(ctx, s.keys.gateways())
+	if err != nil {
+		return PoolDiff{}, err
+	}
+	gwOf := make(map[string]string, len(gws)) // member ID -> its template
+	for _, kv := range gws {
+		id, t, _ := strings.Cut(kv, "\x00")
+		gwOf[id] = t
+	}
+	type gateway struct {
+		n      int
+		labels string
+	}
+	want := map[string]gateway{}              // template -> its N and labels in ps
+	plain := make(map[string]string, len(ps)) // plain proxy ID -> its labels in ps
+	for _, p := range ps {
+		if p.gw != "" {
+			want[p.gw] = gateway{n: want[p.gw].n + 1, labels: p.labels}
+		} else {
+			plain[p.id] = p.labels
+		}
+	}
+	d := PoolDiff{Size: len(cur)}
+	have := map[string]int{}    // template -> its members in the pool
+	relabel := map[string]int{} // template -> those of them with other labels than in ps
+	inPool := make(map[string]bool, len(cur))
+	for _, p := range cur {
+		inPool[p.id] = true
+		if t, ok := gwOf[p.id]; ok {
+			have[t]++
+			if g, ok := want[t]; ok && g.labels != p.labels {
+				relabel[t]++
+			}
+			continue
+		}
+		switch l, ok := plain[p.id]; {
+		case !ok:
+			d.Removed++
+		case l != p.labels:
+			d.Relabelled++
+		}
+	}
+	for id := range plain {
+		if !inPool[id] {
+			d.Added++
+		}
+	}
+	for t, g := range want {
+		d.Added += max(0, g.n-have[t])
+		d.Removed += max(0, have[t]-g.n)
+		d.Relabelled += min(relabel[t], g.n) // at most N members stay
+	}
+	for t, n := range have {
+		if _, ok := want[t]; !ok {
+			d.Removed += n
+		}
+	}
+	return d, nil
+}
+
 // List returns the proxies of the pool, ordered by their redacted URL. It
 // reads the pool in pages of 500 proxies, one round trip each (no call
 // blocks Redis for long, whatever the pool's size), so it is not one

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"sync"
 	"time"
 
@@ -38,11 +37,13 @@ type Result struct {
 }
 
 // Syncer keeps a Switch's pool equal to a Source's list. Each sync fetches
-// the list, reads the pool, and when they differ replaces the pool with the
-// list in one atomic step (Switch.ReplaceProxies: workers see the old set or
-// the new one; proxies kept keep their leases, cooldowns and bans); when
-// they do not, it writes nothing. A failed fetch or a refused list never
-// changes the pool: the proxies it holds keep serving.
+// the list and compares it with the pool (Switch.Diff: proxies by ID and
+// labels, a gateway template by template, session count and labels, not by
+// the session ids each fetch draws anew); when they differ it replaces the
+// pool with the list in one atomic step (Switch.ReplaceProxies: workers see
+// the old set or the new one; proxies kept keep their leases, cooldowns and
+// bans), and when they do not it writes nothing. A failed fetch or a
+// refused list never changes the pool: the proxies it holds keep serving.
 //
 // The guard: a list that is empty while the pool is not, or holds fewer
 // than MinFraction of the pool's proxies, is refused (Result.Err wraps
@@ -120,50 +121,29 @@ func (s *Syncer) sync(ctx context.Context) Result {
 		return r
 	}
 	r.Fetched = len(ps)
-	cur, err := s.Switch.List(ctx)
+	d, err := s.Switch.Diff(ctx, ps)
 	if err != nil {
 		r.Err = err
 		return r
 	}
-	r.Before, r.Size = len(cur), len(cur)
-	have := make(map[string]map[string]string, len(cur)) // ID -> labels
-	for _, p := range cur {
-		have[p.ID()] = p.Labels()
-	}
-	want := make(map[string]bool, len(ps))
-	relabelled := 0
-	for _, p := range ps {
-		want[p.ID()] = true
-		if l, ok := have[p.ID()]; !ok {
-			r.Added++
-		} else if !maps.Equal(l, p.Labels()) {
-			relabelled++
-		}
-	}
-	for id := range have {
-		if !want[id] {
-			r.Removed++
-		}
-	}
-	if r.Added == 0 && r.Removed == 0 && relabelled == 0 {
+	r.Before, r.Size = d.Size, d.Size
+	if !d.Changed() {
 		return r
 	}
-	if !s.NoGuard && len(cur) > 0 {
+	if !s.NoGuard && d.Size > 0 {
 		frac := s.MinFraction
 		if frac == 0 {
 			frac = DefaultMinFraction
 		}
-		if len(ps) == 0 || float64(len(ps)) < frac*float64(len(cur)) {
+		if len(ps) == 0 || float64(len(ps)) < frac*float64(d.Size) {
 			r.Err = fmt.Errorf("%w: %s returned %d proxies for a pool of %d (the guard wants at least %.0f%%)",
-				ErrGuard, r.Source, len(ps), len(cur), frac*100)
-			r.Added, r.Removed = 0, 0
+				ErrGuard, r.Source, len(ps), d.Size, frac*100)
 			return r
 		}
 	}
 	ch, err := s.Switch.ReplaceProxies(ctx, ps)
 	if err != nil {
 		r.Err = err
-		r.Added, r.Removed = 0, 0
 		return r
 	}
 	r.Written = true
