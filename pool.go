@@ -79,17 +79,21 @@ func proxyIDs(proxies []string) ([]any, error) {
 	return ids, nil
 }
 
-// Replace makes the pool exactly urls. For up to 500 proxies (in the pool
-// and in urls) it is atomic: workers see either the old set or the new one,
-// never a mix. A larger Replace runs in steps of bounded work (so that no
-// Redis call blocks others for long): the proxies to drop go first, then
-// the new ones are added, and a worker leasing meanwhile may get any proxy
-// of either set that is still in the pool; the pool's generation (which
-// Switches watch to refresh their copy) moves once, at the end. Two large
-// Replaces of one pool at once may interleave: run one at a time. Use it to reload a list from a file
+// Replace makes the pool exactly urls. Use it to reload a list from a file
 // (ReadProxies) or a provider's API at run time. Proxies kept keep their
-// state (leases, cooldowns). All URLs are validated first; on any error the
-// pool is unchanged.
+// state (leases, cooldowns). All URLs are validated first: on an invalid
+// one the pool is unchanged.
+//
+// Up to 500 proxies (in the pool and in urls) Replace is one atomic call:
+// workers see the old set or the new one, never a mix. A larger Replace is
+// several calls of bounded work (no Redis call blocks others for long): the
+// proxies to drop go first, then the new ones are added. Until it returns,
+// workers, List and Stats may see any set in between: the old set
+// shrinking to the proxies both sets share (none when they share none: the
+// pool is empty for a moment, and a lease may fail with ErrEmptyPool), then
+// growing to the new set; the pool's generation moves with each call. A
+// Replace that fails part way leaves such a set. Two large Replaces of one
+// pool at once may interleave: run one at a time.
 func (s *Switch) Replace(ctx context.Context, urls []string) (PoolChange, error) {
 	ps, err := ParseProxies(urls)
 	if err != nil {
@@ -370,7 +374,9 @@ func (s *Switch) finishIndex(ctx context.Context) error {
 }
 
 // updateChunked applies mode ("add": entries; "remove": ids) in calls
-// of bounded work; the pool's generation moves once, with the last call.
+// of bounded work. The pool's generation moves with each call once the
+// change so far changed the pool (pool_update.lua moves it when a call
+// consumed all the entries sent, and each call is sent only its chunk).
 // changed: an earlier part of the same change (Replace's removals) changed
 // the pool.
 func (s *Switch) updateChunked(ctx context.Context, mode string, args []any, changed bool) (PoolChange, error) {
