@@ -1,17 +1,21 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/proxyswitch/proxyswitch/internal/redistest"
+	"github.com/proxyswitch/proxyswitch/internal/testlog"
 	"github.com/proxyswitch/proxyswitch/proxyswitchtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -152,4 +156,47 @@ func TestCLIProbeExits(t *testing.T) {
 	assert.Contains(t, r.stdout, "exit IPs changed: 1")
 	r = cli(t, env, "", "probe", "-echo", echo.URL(), "-exits", "-new-every", "0s")
 	assert.Equal(t, 2, r.code, r.all())
+}
+
+// TestCLIProbeWarnsWhenLockHeld: a one-shot probe takes no lock; while a
+// probe -every holds the fleet's probe lock, it says so on stderr (and
+// still runs its round); once that one stopped, no warning.
+func TestCLIProbeWarnsWhenLockHeld(t *testing.T) {
+	srv := redistest.Start(t, "--requirepass", redisSecret)
+	env := map[string]string{EnvRedisURL: "redis://:" + redisSecret + "@" + srv.Addr() + "/0"}
+	farm := proxyswitchtest.NewFarm(t, 2)
+	r := cli(t, env, "", append([]string{"add"}, farm.URLs()...)...)
+	require.Equal(t, 0, r.code, r.all())
+	echo := proxyswitchtest.NewSite(t, "echo", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		host, _, _ := net.SplitHostPort(r.RemoteAddr)
+		w.Write([]byte(host))
+	}))
+	const warning = `holds the probe lock of pool "default"`
+
+	r = cli(t, env, "", "probe", "-echo", echo.URL())
+	require.Equal(t, 0, r.code, r.all())
+	assert.NotContains(t, r.stderr, "warning")
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out, errOut testlog.Buffer
+	code := make(chan int, 1)
+	go func() {
+		code <- run(ctx, []string{"probe", "-echo", echo.URL(), "-every", "1h"}, func(k string) string { return env[k] },
+			strings.NewReader(""), &out, &errOut)
+	}()
+	require.Eventually(t, func() bool { return strings.Contains(out.String(), "probed") }, 10*time.Second, 10*time.Millisecond,
+		"stdout %q, stderr %q", out.String(), errOut.String())
+	r = cli(t, env, "", "probe", "-echo", echo.URL())
+	require.Equal(t, 0, r.code, r.all())
+	assert.Contains(t, r.stderr, "proxyswitch: warning: ")
+	assert.Contains(t, r.stderr, warning)
+	assert.Contains(t, r.stdout, "probed")
+	cancel()
+	require.Equal(t, 0, <-code, errOut.String())
+
+	r = cli(t, env, "", "probe", "-echo", echo.URL())
+	require.Equal(t, 0, r.code, r.all())
+	assert.NotContains(t, r.stderr, "warning")
+	assert.NotContains(t, r.all()+out.String()+errOut.String(), redisSecret)
 }
