@@ -79,17 +79,21 @@ func proxyIDs(proxies []string) ([]any, error) {
 	return ids, nil
 }
 
-// Replace makes the pool exactly urls. For up to 500 proxies (in the pool
-// and in urls) it is atomic: workers see either the old set or the new one,
-// never a mix. A larger Replace runs in steps of bounded work (so that no
-// Redis call blocks others for long): the proxies to drop go first, then
-// the new ones are added, and a worker leasing meanwhile may get any proxy
-// of either set that is still in the pool; the pool's generation (which
-// Switches watch to refresh their copy) moves once, at the end. Two large
-// Replaces of one pool at once may interleave: run one at a time. Use it to reload a list from a file
+// Replace makes the pool exactly urls. Use it to reload a list from a file
 // (ReadProxies) or a provider's API at run time. Proxies kept keep their
-// state (leases, cooldowns). All URLs are validated first; on any error the
-// pool is unchanged.
+// state (leases, cooldowns). All URLs are validated first: on an invalid
+// one the pool is unchanged.
+//
+// Up to 500 proxies (in the pool and in urls) Replace is one atomic call:
+// workers see the old set or the new one, never a mix. A larger Replace is
+// several calls of bounded work (no Redis call blocks others for long): the
+// proxies to drop go first, then the new ones are added. Until it returns,
+// workers, List and Stats may see any set in between: the old set
+// shrinking to the proxies both sets share (none when they share none: the
+// pool is empty for a moment, and a lease may fail with ErrEmptyPool), then
+// growing to the new set; the pool's generation moves with each call. A
+// Replace that fails part way leaves such a set. Two large Replaces of one
+// pool at once may interleave: run one at a time.
 func (s *Switch) Replace(ctx context.Context, urls []string) (PoolChange, error) {
 	ps, err := ParseProxies(urls)
 	if err != nil {
@@ -101,6 +105,91 @@ func (s *Switch) Replace(ctx context.Context, urls []string) (PoolChange, error)
 // ReplaceProxies is Replace for proxies already parsed (by ReadProxies, say).
 func (s *Switch) ReplaceProxies(ctx context.Context, ps []*Proxy) (PoolChange, error) {
 	return s.update(ctx, "replace", entries(ps))
+}
+
+// PoolDiff is how a proxy list differs from the pool (Switch.Diff).
+type PoolDiff struct {
+	Size       int // proxies in the pool
+	Added      int // proxies ReplaceProxies with the list would add
+	Removed    int // proxies it would remove
+	Relabelled int // proxies it would keep, with other labels
+}
+
+// Changed reports whether ReplaceProxies with the list would change the pool.
+func (d PoolDiff) Changed() bool { return d.Added+d.Removed+d.Relabelled > 0 }
+
+// Diff compares ps (as ParseProxies or ReadProxies return them) with the
+// pool: what ReplaceProxies(ctx, ps) would change, without writing. A
+// gateway template is compared as ReplaceProxies applies it, by template,
+// session count N and labels, never by its sessions: every parse draws new
+// session ids, but a pool that holds N sessions of the template with its
+// labels needs no change (ReplaceProxies would keep them). It reads the
+// pool and its gateways in pages as List does, so it is not one instant:
+// a change made meanwhile may count or not. It writes nothing and is safe
+// for concurrent use.
+func (s *Switch) Diff(ctx context.Context, ps []*Proxy) (PoolDiff, error) {
+	cur, err := s.own.redis().list(ctx)
+	if err != nil {
+		return PoolDiff{}, err
+	}
+	gws, err := s.hashKeys(ctx, s.keys.gateways())
+	if err != nil {
+		return PoolDiff{}, err
+	}
+	gwOf := make(map[string]string, len(gws)) // member ID -> its template
+	for _, kv := range gws {
+		id, t, _ := strings.Cut(kv, "\x00")
+		gwOf[id] = t
+	}
+	type gateway struct {
+		n      int
+		labels string
+	}
+	want := map[string]gateway{}              // template -> its N and labels in ps
+	plain := make(map[string]string, len(ps)) // plain proxy ID -> its labels in ps
+	for _, p := range ps {
+		if p.gw != "" {
+			want[p.gw] = gateway{n: want[p.gw].n + 1, labels: p.labels}
+		} else {
+			plain[p.id] = p.labels
+		}
+	}
+	d := PoolDiff{Size: len(cur)}
+	have := map[string]int{}    // template -> its members in the pool
+	relabel := map[string]int{} // template -> those of them with other labels than in ps
+	inPool := make(map[string]bool, len(cur))
+	for _, p := range cur {
+		inPool[p.id] = true
+		if t, ok := gwOf[p.id]; ok {
+			have[t]++
+			if g, ok := want[t]; ok && g.labels != p.labels {
+				relabel[t]++
+			}
+			continue
+		}
+		switch l, ok := plain[p.id]; {
+		case !ok:
+			d.Removed++
+		case l != p.labels:
+			d.Relabelled++
+		}
+	}
+	for id := range plain {
+		if !inPool[id] {
+			d.Added++
+		}
+	}
+	for t, g := range want {
+		d.Added += max(0, g.n-have[t])
+		d.Removed += max(0, have[t]-g.n)
+		d.Relabelled += min(relabel[t], g.n) // at most N members stay
+	}
+	for t, n := range have {
+		if _, ok := want[t]; !ok {
+			d.Removed += n
+		}
+	}
+	return d, nil
 }
 
 // List returns the proxies of the pool, ordered by their redacted URL. It
@@ -285,7 +374,9 @@ func (s *Switch) finishIndex(ctx context.Context) error {
 }
 
 // updateChunked applies mode ("add": entries; "remove": ids) in calls
-// of bounded work; the pool's generation moves once, with the last call.
+// of bounded work. The pool's generation moves with each call once the
+// change so far changed the pool (pool_update.lua moves it when a call
+// consumed all the entries sent, and each call is sent only its chunk).
 // changed: an earlier part of the same change (Replace's removals) changed
 // the pool.
 func (s *Switch) updateChunked(ctx context.Context, mode string, args []any, changed bool) (PoolChange, error) {

@@ -186,7 +186,7 @@ type Checker struct {
 	// Reason is the dead mark's reason (see Switch.Drain); empty is
 	// DefaultReason. Checkers that share a reason revive each other's marks.
 	Reason string
-	// Redis holds Run's lock (required by Run; Check does not use it):
+	// Redis holds Run's lock (required by Run and LockHeld; Check does not use it):
 	// the Switch's Redis. The lock's key is beside the pool's keys.
 	Redis redis.Scripter
 	// LockTTL is the lock's TTL, renewed every third of it; 0 is

@@ -1,8 +1,9 @@
 // Package source loads a proxyswitch pool from where users keep their
 // proxies, a file or a provider's HTTP API, and keeps it in step with it:
 // a Syncer polls a Source on a schedule and applies what changed to a
-// Switch's pool, atomically, refusing to wipe the pool when the source
-// suddenly returns nothing or far fewer proxies than the pool holds.
+// Switch's pool (atomically up to 500 proxies: see Syncer), refusing to
+// wipe the pool when the source suddenly returns nothing or far fewer
+// proxies than the pool holds.
 //
 // Every list is validated as proxyswitch.ReadProxies validates it (URL
 // lines, host:port, host:port:user:pass, user:pass@host:port; blank lines

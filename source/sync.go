@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"sync"
 	"time"
 
@@ -31,18 +30,29 @@ type Result struct {
 	Added   int       // proxies added
 	Removed int       // proxies removed
 	Size    int       // proxies in the pool after (Before when nothing was written)
-	Written bool      // the pool was changed (one atomic replace)
+	Written bool      // the pool was changed (one replace: atomic up to 500 proxies, see Syncer)
 	// Err is why the sync did nothing: the source failed (its error,
 	// redacted), Redis failed, or the guard refused the list (ErrGuard).
+	// A replace of more than 500 proxies that Redis failed part way may
+	// have applied its first steps (see Syncer).
 	Err error
 }
 
 // Syncer keeps a Switch's pool equal to a Source's list. Each sync fetches
-// the list, reads the pool, and when they differ replaces the pool with the
-// list in one atomic step (Switch.ReplaceProxies: workers see the old set or
-// the new one; proxies kept keep their leases, cooldowns and bans); when
-// they do not, it writes nothing. A failed fetch or a refused list never
-// changes the pool: the proxies it holds keep serving.
+// the list and compares it with the pool (Switch.Diff: proxies by ID and
+// labels, a gateway template by template, session count and labels, not by
+// the session ids each fetch draws anew); when they differ it replaces the
+// pool with the list (Switch.ReplaceProxies: proxies kept keep their
+// leases, cooldowns and bans), and when they do not it writes nothing. A
+// failed fetch or a refused list never changes the pool: the proxies it
+// holds keep serving.
+//
+// The replace is atomic when the pool and the list hold at most 500
+// proxies each: workers see the old set or the new one. A larger one is
+// several calls (see Switch.Replace): until it ends, workers may see the
+// old set shrink to the proxies both share (to none if they share none),
+// then grow to the new one; a replace that fails part way leaves such a
+// set, which the next sync completes.
 //
 // The guard: a list that is empty while the pool is not, or holds fewer
 // than MinFraction of the pool's proxies, is refused (Result.Err wraps
@@ -51,8 +61,9 @@ type Result struct {
 // shrink is done with NoGuard, or by hand (proxyswitch load).
 //
 // Set the fields before the first sync and do not change them after. Sync
-// and Run are safe for concurrent use (syncs are serialised); several
-// processes may sync one pool, as each sync is one atomic replace.
+// and Run are safe for concurrent use (syncs are serialised). Several
+// processes may sync one pool of up to 500 proxies; sync a larger pool
+// from one process at a time (two large replaces at once may interleave).
 type Syncer struct {
 	Switch *proxyswitch.Switch
 	Source Source
@@ -120,50 +131,29 @@ func (s *Syncer) sync(ctx context.Context) Result {
 		return r
 	}
 	r.Fetched = len(ps)
-	cur, err := s.Switch.List(ctx)
+	d, err := s.Switch.Diff(ctx, ps)
 	if err != nil {
 		r.Err = err
 		return r
 	}
-	r.Before, r.Size = len(cur), len(cur)
-	have := make(map[string]map[string]string, len(cur)) // ID -> labels
-	for _, p := range cur {
-		have[p.ID()] = p.Labels()
-	}
-	want := make(map[string]bool, len(ps))
-	relabelled := 0
-	for _, p := range ps {
-		want[p.ID()] = true
-		if l, ok := have[p.ID()]; !ok {
-			r.Added++
-		} else if !maps.Equal(l, p.Labels()) {
-			relabelled++
-		}
-	}
-	for id := range have {
-		if !want[id] {
-			r.Removed++
-		}
-	}
-	if r.Added == 0 && r.Removed == 0 && relabelled == 0 {
+	r.Before, r.Size = d.Size, d.Size
+	if !d.Changed() {
 		return r
 	}
-	if !s.NoGuard && len(cur) > 0 {
+	if !s.NoGuard && d.Size > 0 {
 		frac := s.MinFraction
 		if frac == 0 {
 			frac = DefaultMinFraction
 		}
-		if len(ps) == 0 || float64(len(ps)) < frac*float64(len(cur)) {
+		if len(ps) == 0 || float64(len(ps)) < frac*float64(d.Size) {
 			r.Err = fmt.Errorf("%w: %s returned %d proxies for a pool of %d (the guard wants at least %.0f%%)",
-				ErrGuard, r.Source, len(ps), len(cur), frac*100)
-			r.Added, r.Removed = 0, 0
+				ErrGuard, r.Source, len(ps), d.Size, frac*100)
 			return r
 		}
 	}
 	ch, err := s.Switch.ReplaceProxies(ctx, ps)
 	if err != nil {
 		r.Err = err
-		r.Added, r.Removed = 0, 0
 		return r
 	}
 	r.Written = true

@@ -50,9 +50,11 @@ drained proxies are left alone. Each live proxy is leased on the echo
 site for its probe, so it never meets a crawl request there. With -site, a
 proxy that passes is also probed on each site URL and quarantined on that
 site only if it cannot reach it (status other than 2xx/3xx).
-Without -every: one round, a line per proxy, and a summary. With -every:
-a round every D until interrupted, by one process of the fleet at a time
-(a lock in Redis); it prints each round's summary.
+Without -every: one round, a line per proxy, and a summary; it takes no
+lock, and warns on stderr when a probe -every holds the fleet's lock (its
+rounds and this one then probe the pool at once). With -every: a round
+every D until interrupted, by one process of the fleet at a time (a lock
+in Redis); it prints each round's summary.
 With -exits, each passing proxy's exit IP (the echo's answer) is recorded
 in the pool: entries that leave from one IP then share one proxy's slots on
 every site (never two requests at once to a site from one exit address; a
@@ -188,6 +190,9 @@ func (a *app) probeCmd(ctx context.Context, args []string) error {
 		c.Sites = append(c.Sites, probe.SiteProbe{URL: s})
 	}
 	if *every == 0 {
+		if err := a.warnProbeLock(ctx, c); err != nil {
+			return err
+		}
 		rep, err := c.Check(ctx)
 		if err != nil {
 			return err
@@ -216,6 +221,22 @@ func (a *app) probeCmd(ctx context.Context, args []string) error {
 	err := c.Run(ctx)
 	if errors.Is(err, context.Canceled) {
 		return nil
+	}
+	return err
+}
+
+// warnProbeLock warns, before a one-shot round (Checker.Check takes no
+// lock), when a checker's Run holds the pool's probe lock: both would
+// probe the pool at once. Only a failed write to stderr is an error.
+func (a *app) warnProbeLock(ctx context.Context, c *probe.Checker) error {
+	held, err := c.LockHeld(ctx)
+	switch {
+	case err != nil:
+		_, err = fmt.Fprintf(a.errOut, "proxyswitch: warning: could not tell whether a probe -every holds the probe lock of pool %q: %s\n",
+			a.sw.Pool(), message(err))
+	case held:
+		_, err = fmt.Fprintf(a.errOut, "proxyswitch: warning: a probe -every (a probe.Checker's Run) holds the probe lock of pool %q: "+
+			"this round runs beside its rounds\n", a.sw.Pool())
 	}
 	return err
 }

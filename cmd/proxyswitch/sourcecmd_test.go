@@ -8,12 +8,14 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/proxyswitch/proxyswitch/internal/redistest"
+	"github.com/proxyswitch/proxyswitch/internal/testlog"
 	"github.com/proxyswitch/proxyswitch/proxyswitchtest"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
@@ -169,4 +171,47 @@ func TestCLIProbeExits(t *testing.T) {
 	until, err := rdb.HGet(context.Background(), metas[0], "strict").Int64()
 	require.NoError(t, err)
 	assert.Greater(t, until, time.Now().UnixMilli()+int64(2*time.Minute/time.Millisecond), "held for 3 rounds of the default minute")
+}
+
+// TestCLIProbeWarnsWhenLockHeld: a one-shot probe takes no lock; while a
+// probe -every holds the fleet's probe lock, it says so on stderr (and
+// still runs its round); once that one stopped, no warning.
+func TestCLIProbeWarnsWhenLockHeld(t *testing.T) {
+	srv := redistest.Start(t, "--requirepass", redisSecret)
+	env := map[string]string{EnvRedisURL: "redis://:" + redisSecret + "@" + srv.Addr() + "/0"}
+	farm := proxyswitchtest.NewFarm(t, 2)
+	r := cli(t, env, "", append([]string{"add"}, farm.URLs()...)...)
+	require.Equal(t, 0, r.code, r.all())
+	echo := proxyswitchtest.NewSite(t, "echo", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		host, _, _ := net.SplitHostPort(r.RemoteAddr)
+		w.Write([]byte(host))
+	}))
+	const warning = `holds the probe lock of pool "default"`
+
+	r = cli(t, env, "", "probe", "-echo", echo.URL())
+	require.Equal(t, 0, r.code, r.all())
+	assert.NotContains(t, r.stderr, "warning")
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out, errOut testlog.Buffer
+	code := make(chan int, 1)
+	go func() {
+		code <- run(ctx, []string{"probe", "-echo", echo.URL(), "-every", "1h"}, func(k string) string { return env[k] },
+			strings.NewReader(""), &out, &errOut)
+	}()
+	require.Eventually(t, func() bool { return strings.Contains(out.String(), "probed") }, 10*time.Second, 10*time.Millisecond,
+		"stdout %q, stderr %q", out.String(), errOut.String())
+	r = cli(t, env, "", "probe", "-echo", echo.URL())
+	require.Equal(t, 0, r.code, r.all())
+	assert.Contains(t, r.stderr, "proxyswitch: warning: ")
+	assert.Contains(t, r.stderr, warning)
+	assert.Contains(t, r.stdout, "probed")
+	cancel()
+	require.Equal(t, 0, <-code, errOut.String())
+
+	r = cli(t, env, "", "probe", "-echo", echo.URL())
+	require.Equal(t, 0, r.code, r.all())
+	assert.NotContains(t, r.stderr, "warning")
+	assert.NotContains(t, r.all()+out.String()+errOut.String(), redisSecret)
 }
