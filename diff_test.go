@@ -6,11 +6,12 @@ import (
 	"testing"
 
 	"github.com/proxyswitch/proxyswitch/ban"
+	"github.com/proxyswitch/proxyswitch/internal/hooks"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
-// TestDiff: Switch.Diff counts what ReplaceProxies would change, a gateway
+// TestDiff: Switch.diff counts what ReplaceProxies would change, a gateway
 // template by template, N and labels: a fresh parse of the pool's list
 // (new session ids) is no change, nor is it after a ban rotated a
 // session; N, the template's labels, a plain proxy's labels, a proxy or
@@ -20,18 +21,18 @@ func TestDiff(t *testing.T) {
 	s := newSwitch(t, shared.Client(t), WithTimeouts(Timeouts{MaxWait: Off}))
 	const tmpl = "http://user-session-{session:3}:pw@gw.example:7000 type=res"
 	const plain = "http://plain:pw@127.0.0.2:8080 country=kz"
-	diff := func(lines ...string) PoolDiff {
+	diff := func(lines ...string) hooks.PoolDiff {
 		t.Helper()
 		ps, err := ParseProxies(lines)
 		require.NoError(t, err)
-		d, err := s.Diff(ctx, ps)
+		d, err := s.diff(ctx, ps)
 		require.NoError(t, err)
 		return d
 	}
-	assert.Equal(t, PoolDiff{Added: 4}, diff(tmpl, plain), "an empty pool")
+	assert.Equal(t, hooks.PoolDiff{Added: 4}, diff(tmpl, plain), "an empty pool")
 	_, err := s.Replace(ctx, []string{tmpl, plain})
 	require.NoError(t, err)
-	assert.Equal(t, PoolDiff{Size: 4}, diff(tmpl, plain))
+	assert.Equal(t, hooks.PoolDiff{Size: 4}, diff(tmpl, plain))
 	assert.False(t, diff(tmpl, plain).Changed())
 
 	// A ban rotates a session: the pool still holds 3 of the template.
@@ -46,24 +47,24 @@ func TestDiff(t *testing.T) {
 		}
 	}
 	require.NotEqual(t, before, poolIDs(t, s), "no session rotated")
-	assert.Equal(t, PoolDiff{Size: 4}, diff(tmpl, plain))
+	assert.Equal(t, hooks.PoolDiff{Size: 4}, diff(tmpl, plain))
 
 	more := strings.Replace(tmpl, ":3}", ":5}", 1)
 	fewer := strings.Replace(tmpl, ":3}", ":2}", 1)
 	for _, c := range []struct {
 		name  string
 		lines []string
-		want  PoolDiff
+		want  hooks.PoolDiff
 	}{
-		{"N up", []string{more, plain}, PoolDiff{Size: 4, Added: 2}},
-		{"N down", []string{fewer, plain}, PoolDiff{Size: 4, Removed: 1}},
-		{"N down, relabelled", []string{strings.Replace(fewer, "res", "dc", 1), plain}, PoolDiff{Size: 4, Removed: 1, Relabelled: 2}},
-		{"template relabelled", []string{strings.Replace(tmpl, "res", "dc", 1), plain}, PoolDiff{Size: 4, Relabelled: 3}},
-		{"plain relabelled", []string{tmpl, strings.Replace(plain, "kz", "ru", 1)}, PoolDiff{Size: 4, Relabelled: 1}},
-		{"plain gone", []string{tmpl}, PoolDiff{Size: 4, Removed: 1}},
-		{"template gone", []string{plain}, PoolDiff{Size: 4, Removed: 3}},
-		{"plain new", []string{tmpl, plain, "127.0.0.3:8080"}, PoolDiff{Size: 4, Added: 1}},
-		{"another template", []string{strings.Replace(tmpl, "user-", "other-", 1), plain}, PoolDiff{Size: 4, Added: 3, Removed: 3}},
+		{"N up", []string{more, plain}, hooks.PoolDiff{Size: 4, Added: 2}},
+		{"N down", []string{fewer, plain}, hooks.PoolDiff{Size: 4, Removed: 1}},
+		{"N down, relabelled", []string{strings.Replace(fewer, "res", "dc", 1), plain}, hooks.PoolDiff{Size: 4, Removed: 1, Relabelled: 2}},
+		{"template relabelled", []string{strings.Replace(tmpl, "res", "dc", 1), plain}, hooks.PoolDiff{Size: 4, Relabelled: 3}},
+		{"plain relabelled", []string{tmpl, strings.Replace(plain, "kz", "ru", 1)}, hooks.PoolDiff{Size: 4, Relabelled: 1}},
+		{"plain gone", []string{tmpl}, hooks.PoolDiff{Size: 4, Removed: 1}},
+		{"template gone", []string{plain}, hooks.PoolDiff{Size: 4, Removed: 3}},
+		{"plain new", []string{tmpl, plain, "127.0.0.3:8080"}, hooks.PoolDiff{Size: 4, Added: 1}},
+		{"another template", []string{strings.Replace(tmpl, "user-", "other-", 1), plain}, hooks.PoolDiff{Size: 4, Added: 3, Removed: 3}},
 	} {
 		assert.Equal(t, c.want, diff(c.lines...), c.name)
 		assert.True(t, c.want.Changed(), c.name)

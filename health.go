@@ -137,6 +137,9 @@ func init() {
 	hooks.Prefix = func(sw any) string { return sw.(*Switch).cfg.prefix }
 	hooks.Redis = func(sw any) redis.Scripter { return sw.(*Switch).rdb }
 	hooks.Observers = func(sw any) []any { return sw.(*Switch).observerList() }
+	hooks.Diff = func(ctx context.Context, sw any, ps any) (hooks.PoolDiff, error) {
+		return sw.(*Switch).diff(ctx, ps.([]*Proxy))
+	}
 }
 
 // namedKey marks LeaseProxy's context: its lease names the proxy (lease.lua's

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/proxyswitch/proxyswitch/internal/engine"
+	"github.com/proxyswitch/proxyswitch/internal/hooks"
 )
 
 // Pool administration. Every change takes effect on the next lease of every
@@ -107,18 +108,7 @@ func (s *Switch) ReplaceProxies(ctx context.Context, ps []*Proxy) (PoolChange, e
 	return s.update(ctx, "replace", entries(ps))
 }
 
-// PoolDiff is how a proxy list differs from the pool (Switch.Diff).
-type PoolDiff struct {
-	Size       int // proxies in the pool
-	Added      int // proxies ReplaceProxies with the list would add
-	Removed    int // proxies it would remove
-	Relabelled int // proxies it would keep, with other labels
-}
-
-// Changed reports whether ReplaceProxies with the list would change the pool.
-func (d PoolDiff) Changed() bool { return d.Added+d.Removed+d.Relabelled > 0 }
-
-// Diff compares ps (as ParseProxies or ReadProxies return them) with the
+// diff compares ps (as ParseProxies or ReadProxies return them) with the
 // pool: what ReplaceProxies(ctx, ps) would change, without writing. A
 // gateway template is compared as ReplaceProxies applies it, by template,
 // session count N and labels, never by its sessions: every parse draws new
@@ -126,15 +116,15 @@ func (d PoolDiff) Changed() bool { return d.Added+d.Removed+d.Relabelled > 0 }
 // labels needs no change (ReplaceProxies would keep them). It reads the
 // pool and its gateways in pages as List does, so it is not one instant:
 // a change made meanwhile may count or not. It writes nothing and is safe
-// for concurrent use.
-func (s *Switch) Diff(ctx context.Context, ps []*Proxy) (PoolDiff, error) {
+// for concurrent use. Package source's Syncer calls it (hooks.Diff).
+func (s *Switch) diff(ctx context.Context, ps []*Proxy) (hooks.PoolDiff, error) {
 	cur, err := s.own.redis().list(ctx)
 	if err != nil {
-		return PoolDiff{}, err
+		return hooks.PoolDiff{}, err
 	}
 	gws, err := s.hashKeys(ctx, s.keys.gateways())
 	if err != nil {
-		return PoolDiff{}, err
+		return hooks.PoolDiff{}, err
 	}
 	gwOf := make(map[string]string, len(gws)) // member ID -> its template
 	for _, kv := range gws {
@@ -154,7 +144,7 @@ func (s *Switch) Diff(ctx context.Context, ps []*Proxy) (PoolDiff, error) {
 			plain[p.id] = p.labels
 		}
 	}
-	d := PoolDiff{Size: len(cur)}
+	d := hooks.PoolDiff{Size: len(cur)}
 	have := map[string]int{}    // template -> its members in the pool
 	relabel := map[string]int{} // template -> those of them with other labels than in ps
 	inPool := make(map[string]bool, len(cur))

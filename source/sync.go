@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/proxyswitch/proxyswitch"
+	"github.com/proxyswitch/proxyswitch/internal/hooks"
 )
 
 // DefaultEvery is how often a Syncer polls its source unless told.
@@ -39,7 +40,7 @@ type Result struct {
 }
 
 // Syncer keeps a Switch's pool equal to a Source's list. Each sync fetches
-// the list and compares it with the pool (Switch.Diff: proxies by ID and
+// the list and compares it with the pool (the root's diff, through internal/hooks: proxies by ID and
 // labels, a gateway template by template, session count and labels, not by
 // the session ids each fetch draws anew); when they differ it replaces the
 // pool with the list (Switch.ReplaceProxies: proxies kept keep their
@@ -131,7 +132,7 @@ func (s *Syncer) sync(ctx context.Context) Result {
 		return r
 	}
 	r.Fetched = len(ps)
-	d, err := s.Switch.Diff(ctx, ps)
+	d, err := hooks.Diff(ctx, s.Switch, ps)
 	if err != nil {
 		r.Err = err
 		return r

@@ -2,7 +2,11 @@
 // package keeps unexported, so that the root's API stays small.
 package hooks
 
-import "github.com/redis/go-redis/v9"
+import (
+	"context"
+
+	"github.com/redis/go-redis/v9"
+)
 
 // Prefix returns the key prefix (WithPrefix) of sw, a *proxyswitch.Switch.
 // Package proxyswitch sets it in its init.
@@ -17,3 +21,19 @@ var Redis func(sw any) redis.Scripter
 // module can hand them events of an optional interface of its own.
 // Package proxyswitch sets it in its init.
 var Observers func(sw any) []any
+
+// PoolDiff is how a proxy list differs from a pool (Diff).
+type PoolDiff struct {
+	Size       int // proxies in the pool
+	Added      int // proxies ReplaceProxies with the list would add
+	Removed    int // proxies it would remove
+	Relabelled int // proxies it would keep, with other labels
+}
+
+// Changed reports whether ReplaceProxies with the list would change the pool.
+func (d PoolDiff) Changed() bool { return d.Added+d.Removed+d.Relabelled > 0 }
+
+// Diff compares ps, a []*proxyswitch.Proxy, with the pool of sw: what
+// sw.ReplaceProxies(ctx, ps) would change, without writing (package
+// source's Syncer). Package proxyswitch sets it in its init.
+var Diff func(ctx context.Context, sw any, ps any) (PoolDiff, error)
