@@ -2,9 +2,12 @@ package proxyswitch
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/proxyswitch/proxyswitch/internal/engine"
@@ -216,4 +219,40 @@ func TestLeaseScriptExitsConcurrency(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 2, res[0], "%v", res)
 	assert.Len(t, res, 4+2*2, "three entries of one IP, 2 slots: 2 grants")
+}
+
+// TestStrictExitsWaitWithoutPolling: under strict exits, a pool larger
+// than one call's look (300 entries) whose entries with a known exit are
+// all leased, the rest unknown: a waiting lease backs off as for a busy
+// pool (lease.lua's all_out counts the unknown entries out), instead of
+// looking at the next 128 entries every millisecond.
+func TestStrictExitsWaitWithoutPolling(t *testing.T) {
+	ctx := context.Background()
+	rdb := shared.Client(t)
+	var calls atomic.Int64
+	rdb.AddHook(countHook{&calls})
+	s := newSwitch(t, rdb, WithTimeouts(Timeouts{MaxWait: time.Second}))
+	urls := proxyURLs(300)
+	_, err := s.Add(ctx, urls...)
+	require.NoError(t, err)
+	args := []any{s.keys.base}
+	known := map[string]bool{}
+	for i, u := range urls[:10] {
+		p, err := ParseProxy(u)
+		require.NoError(t, err)
+		known[p.ID()] = true
+		args = append(args, p.ID(), fmt.Sprintf("10.0.1.%d", i))
+	}
+	require.NoError(t, exitNoteScript.Run(ctx, rdb, []string{s.keys.exits(), s.keys.sites(), s.keys.meta(), s.keys.proxies()}, args...).Err())
+	require.NoError(t, engine.Root.Script("exit_strict").Run(ctx, rdb, []string{s.keys.meta()}, 60000).Err())
+
+	for range 10 {
+		l, err := s.Lease(ctx, "ozon.example")
+		require.NoError(t, err)
+		require.True(t, known[l.Proxy().ID()], "an entry with no exit was leased under strict exits")
+	}
+	calls.Store(0)
+	_, err = s.Lease(ctx, "ozon.example")
+	require.ErrorIs(t, err, ErrNoProxy)
+	assert.Less(t, calls.Load(), int64(40), "attempts in one second of waiting")
 }

@@ -475,7 +475,7 @@ func TestStrictExitsHoldUnknown(t *testing.T) {
 		sw := newSwitch(t, testPrefix(), proxyswitch.WithTimeouts(proxyswitch.Timeouts{MaxWait: 200 * time.Millisecond}))
 		_, err := sw.Add(ctx, b.proxies[0].URL())
 		require.NoError(t, err)
-		c := &probe.Checker{Switch: sw, EchoURL: b.echo.URL(), Timeout: 2 * time.Second, Exits: true, Strict: strict, Every: 400 * time.Millisecond}
+		c := &probe.Checker{Switch: sw, EchoURL: b.echo.URL(), Timeout: 2 * time.Second, Exits: true, Strict: strict, Every: 5 * time.Second}
 		_, err = c.Check(ctx)
 		require.NoError(t, err)
 		first, err := sw.Lease(ctx, "shop.example")
@@ -518,8 +518,10 @@ func TestStrictExitsHoldUnknown(t *testing.T) {
 	require.NoError(t, err, "the IP came back")
 	require.NoError(t, l.Release(ctx))
 
-	// A third entry of its own IP: held while strict rounds run, leased
-	// once they stop (3 × Every after the last).
+	// A third entry of its own IP, probed by nobody: held while the hold
+	// lasts, leased once it lapses (3 × Every after the last strict round).
+	_, err = (&probe.Checker{Switch: sw, EchoURL: b.echo.URL(), Timeout: 2 * time.Second, Exits: true, Strict: true, Every: time.Second}).Check(ctx)
+	require.NoError(t, err)
 	_, err = sw.Add(ctx, b.proxies[4].URL())
 	require.NoError(t, err)
 	var got []*proxyswitch.Lease
@@ -536,7 +538,7 @@ func TestStrictExitsHoldUnknown(t *testing.T) {
 		}
 		require.Equal(t, idOf(t, b.proxies[4].URL()), l.Proxy().ID())
 		return true
-	}, 5*time.Second, 50*time.Millisecond, "strict exits did not lapse without a strict checker")
+	}, 10*time.Second, 50*time.Millisecond, "strict exits did not lapse without a strict checker")
 
 	_, err = (&probe.Checker{Switch: sw, EchoURL: b.echo.URL(), Strict: true}).Check(ctx)
 	require.ErrorIs(t, err, proxyswitch.ErrConfig, "Strict without Exits")
@@ -603,10 +605,62 @@ func TestExitsThroughSharedGateway(t *testing.T) {
 	crawl(t, sw, third, 8, 80)
 	require.Zero(t, third.Recorder().Collisions())
 	require.Empty(t, gw.SessionIP(session(fresh)), "the new session was used before its exit was known")
+
 	_, err = c.Check(ctx)
 	require.NoError(t, err)
 	exits, err = c.ExitIPs(ctx)
 	require.NoError(t, err)
 	require.NotEmpty(t, exits[fresh.ID()])
 	require.Equal(t, gw.SessionIP(session(fresh)), exits[fresh.ID()])
+
+	// While Run runs, its look for new proxies (every NewEvery) finds the
+	// session a ban rotates in, though the banned one's stale exit (until
+	// the next full round, an hour away) keeps as many exits as proxies.
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var rounds atomic.Int64
+	c.Every, c.NewEvery, c.Redis = time.Hour, 100*time.Millisecond, shared.Client(t)
+	c.OnReport = func(probe.Report) { rounds.Add(1) }
+	done := make(chan error, 1)
+	go func() { done <- c.Run(rctx) }()
+	require.Eventually(t, func() bool { return rounds.Load() >= 1 }, 10*time.Second, 10*time.Millisecond)
+	banOn(t, sw, after.Host(), fresh.URL().String())
+	require.Eventually(t, func() bool {
+		now, err := sw.List(ctx)
+		require.NoError(t, err)
+		exits, err := c.ExitIPs(ctx)
+		require.NoError(t, err)
+		for _, p := range now {
+			if exits[p.ID()] == "" {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, 20*time.Millisecond, "the rotated session's exit was not recorded within NewEvery")
+	cancel()
+	require.ErrorIs(t, <-done, context.Canceled)
+}
+
+// TestStrictExitsNeedAnIP: an echo URL whose answer holds no IP (JSON, say)
+// records no exit: the round fails with ErrConfig instead of passing, and
+// Strict holds nothing, so the pool keeps serving.
+func TestStrictExitsNeedAnIP(t *testing.T) {
+	ctx := context.Background()
+	p := proxyswitchtest.NewProxy(t, proxyswitchtest.SourceIP(370))
+	json := proxyswitchtest.NewSite(t, "json-echo", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		host, _, _ := net.SplitHostPort(r.RemoteAddr)
+		fmt.Fprintf(w, `{"origin": %q}`, host)
+	}))
+	sw := newSwitch(t, testPrefix())
+	_, err := sw.Add(ctx, p.URL())
+	require.NoError(t, err)
+	c := &probe.Checker{Switch: sw, EchoURL: json.URL(), Timeout: 2 * time.Second, Exits: true, Strict: true}
+	rep, err := c.Check(ctx)
+	require.ErrorIs(t, err, proxyswitch.ErrConfig)
+	require.ErrorContains(t, err, "no IP address for 1 of 1")
+	require.Equal(t, 1, rep.Probed)
+	require.Zero(t, rep.Dead, "a proxy that answered is not dead")
+	l, err := sw.Lease(ctx, "shop.example")
+	require.NoError(t, err, "strict exits held the pool though no exit could be recorded")
+	require.NoError(t, l.Release(ctx))
 }

@@ -173,11 +173,20 @@ type Checker struct {
 	// failed): until a probe records its exit, leases by rotation, sessions
 	// and labelled requests do not take it on any site, so it cannot share
 	// an IP unseen with an entry in use. Run probes such entries every
-	// NewEvery; the probe's own lease (Switch.LeaseProxy) still takes them.
-	// Each round writes the pool's meta field "strict" (exit_strict.lua)
-	// for 3 × Every; when no strict checker runs any more it lapses and
-	// such entries are leased again rather than held for good. The fleet's
-	// checkers should agree on Strict. Off (the default): an entry with no
+	// NewEvery (and whenever the pool changed); the probe's own lease
+	// (Switch.LeaseProxy) still takes them. Rounds write the hold, the
+	// pool's meta field "strict" (exit_strict.lua), for 3 × Every (3
+	// minutes by default, also after a one-shot Check): before a round
+	// once some exit is recorded, and after a round that recorded some
+	// (a first round holds nothing until it ends). When no strict checker
+	// runs any more the hold lapses, and such entries are leased again
+	// rather than held for good. A round whose echo answers hold no IP
+	// fails with ErrConfig (with Exits, strict or not) and writes no hold.
+	// While held, an entry shows as free in ProxyStates, and a wait for
+	// it reports a proxy freeing within a second. Not held by: Switches
+	// of versions before Strict, and the local shard of WithFallback
+	// (while it serves, exclusivity is per entry). The fleet's checkers
+	// should agree on Strict. Off (the default): an entry with no
 	// recorded exit is its own IP until a probe says otherwise.
 	Strict bool
 	// NewEvery is how often Run looks for proxies without a recorded exit
@@ -209,6 +218,7 @@ type Checker struct {
 
 	mu       sync.Mutex // one round at a time
 	isLeader atomic.Bool
+	newSeen  atomic.Int64 // the pool's generation at the last round of new proxies
 }
 
 type settings struct {
@@ -320,22 +330,30 @@ func (c *Checker) checkNew(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	// Every proxy of the pool has an exit (or a stale one of a proxy
-	// removed, which the next round forgets): nothing new to probe.
+	// As many exits as proxies, and the pool unchanged since the last
+	// such round: nothing new to probe. (The count alone would miss a
+	// proxy that replaced one whose stale exit the next full round
+	// forgets, as a gateway's rotated session does.)
 	base, err := c.keyBase()
 	if err != nil {
 		return err
 	}
-	n, err := exitListScript.Run(ctx, hooks.Redis(c.Switch), []string{base + ":exit", base + ":proxies"}, "count").Int64Slice()
+	n, err := exitListScript.Run(ctx, hooks.Redis(c.Switch), []string{base + ":exit", base + ":proxies", base + ":meta"}, "count").Int64Slice()
 	if err != nil {
 		return fmt.Errorf("probe: count exit IPs: %w", err)
 	}
-	if len(n) == 2 && n[1] >= n[0] {
+	if len(n) != 3 {
+		return fmt.Errorf("%w: probe: exit_list count answered %d items", proxyswitch.ErrCorrupt, len(n))
+	}
+	if n[1] >= n[0] && n[2] == c.newSeen.Load() {
 		return nil
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	rep, err := c.round(ctx, s, true)
+	if err == nil {
+		c.newSeen.Store(n[2])
+	}
 	if err != nil {
 		s.log.Warn("proxyswitch probe: round of new proxies failed", "pool", c.Switch.Pool(), "err", err.Error())
 	}
@@ -350,11 +368,6 @@ func (c *Checker) checkNew(ctx context.Context) error {
 func (c *Checker) round(ctx context.Context, s settings, fresh bool) (Report, error) {
 	rep := Report{Start: time.Now()}
 	defer func() { rep.End = time.Now() }()
-	if c.Strict && !fresh {
-		if err := c.holdUnknown(ctx, 3*s.every); err != nil {
-			return rep, err
-		}
-	}
 	states, err := c.Switch.ProxyStates(ctx, s.echoSite)
 	if err != nil {
 		return rep, err
@@ -362,6 +375,16 @@ func (c *Checker) round(ctx context.Context, s settings, fresh bool) (Report, er
 	known, err := c.exits(ctx)
 	if err != nil {
 		return rep, err
+	}
+	// Strict: the hold is renewed before a round (a long round does not
+	// outlive it) once exits are known, and after a round that recorded
+	// some; a first round over a pool with none holds nothing until its
+	// end.
+	strict := c.Strict && !fresh
+	if strict && len(known) > 0 {
+		if err := c.holdUnknown(ctx, 3*s.every); err != nil {
+			return rep, err
+		}
 	}
 	type job struct {
 		p      *proxyswitch.Proxy
@@ -494,6 +517,27 @@ func (c *Checker) round(ctx context.Context, s settings, fresh bool) (Report, er
 	mu.Unlock()
 	if firstErr == nil {
 		firstErr = ctx.Err()
+	}
+	if firstErr == nil && c.Exits {
+		// An echo answer with no IP records nothing: under Strict its
+		// proxy would be held for good while the round looked fine.
+		noIP, withIP := 0, 0
+		for _, r := range rep.Results {
+			switch {
+			case !r.Echo || !r.OK:
+			case r.ExitIP == "":
+				noIP++
+			default:
+				withIP++
+			}
+		}
+		if noIP > 0 {
+			firstErr = fmt.Errorf("%w: probe: the echo URL's answer held no IP address for %d of %d passing proxies (Exits needs the client's IP alone on the first line)",
+				proxyswitch.ErrConfig, noIP, noIP+withIP)
+		}
+		if firstErr == nil && strict && len(known)+withIP > 0 {
+			firstErr = c.holdUnknown(ctx, 3*s.every)
+		}
 	}
 	if firstErr == nil && c.Exits && !fresh {
 		// Forget the exits of proxies no longer in the pool.

@@ -172,25 +172,26 @@ local function banned(id, free)
 end
 
 -- The exit IPs: read only when some are known, or strict exits hold the
--- unknown ones (unknown: when such an entry is out, nil when not).
+-- unknown ones (strict_hold: until when such an entry is out, a second at
+-- a time; nil when not strict).
 local EXITS = KEYS[11]
 local exits_on = EXITS and (strict or redis.call('HLEN', EXITS) > 0)
-local unknown = strict and now + 1000 or nil
+local strict_hold = strict and EXITS and now + 1000 or nil
 -- With exits: whether any proxy is dead, or banned on every site, read once.
 local anydead = exits_on and redis.call('HLEN', KEYS[6]) > 0
 local anyban = exits_on and redis.call('ZCOUNT', KEYS[7], '(' .. nows, '+inf') > 0
 
--- exit_out returns nil when proxy id has no known exit (held: when the
--- entry is out for that, strict exits), or fewer than K slots of the
--- entries of its exit IP are out on the site; else the time the soonest of
--- them comes back. Each IP is read once per call (ip_out), again after a
--- grant to one of its entries: a call costs the entries of the IPs it
--- meets, not of each candidate.
+-- exit_out returns nil when proxy id has no known exit (and true: its
+-- exit is unknown), or fewer than K slots of the entries of its exit IP
+-- are out on the site; else the time the soonest of them comes back. Each
+-- IP is read once per call (ip_out), again after a grant to one of its
+-- entries: a call costs the entries of the IPs it meets, not of each
+-- candidate.
 local ip_out = {}
-local function exit_out(id, held)
+local function exit_out(id)
   if not exits_on then return nil end
   local ip = redis.call('HGET', EXITS, id)
-  if not ip then return held end
+  if not ip then return nil, true end
   local memo = ip_out[ip]
   if not memo then
     -- At most three reads per 256 entries of the IP (and per 4096
@@ -237,9 +238,10 @@ local function exit_out(id, held)
 end
 
 -- try returns the first free slot of proxy id on the site (member), or nil
--- and the time until which the proxy is out; held as for exit_out.
+-- and the time until which the proxy is out; held: until when an entry
+-- free but for its unknown exit is out (strict exits), or nil.
 local function try(id, held)
-  local x = exit_out(id, held) -- first: the IP's entries read once per call
+  local x, unknown = exit_out(id) -- first: the IP's entries read once per call
   if x then return nil, x end
   local soonest, free = nil, {}
   for s = 0, slots - 1 do
@@ -254,13 +256,14 @@ local function try(id, held)
   if #free == 0 then return nil, soonest end
   local b = banned(id, free)
   if b then return nil, b end
+  if unknown and held then return nil, held end
   return free[1]
 end
 
 local member, url
 -- A preferred proxy (same IP across a redirect chain or a session) wins if free.
 if ARGV[7] ~= '' and hold <= now then
-  local held = unknown
+  local held = strict_hold
   if ARGV[8] == 'x' then held = nil end
   local m = try(ARGV[7], held)
   if m then
@@ -290,7 +293,8 @@ if not member and ARGV[8] == '1' then
   if q and q > soonest then soonest, firm = q, 1 end
   if soonest and soonest <= now then
     -- Its own slot is free: another entry of its exit IP holds the IP.
-    local x = exit_out(ARGV[7], unknown)
+    local x, unk = exit_out(ARGV[7])
+    if not x and unk then x = strict_hold end
     if x then soonest, firm = x, 0 end
   end
   if not soonest or soonest >= DEAD then return {-2} end
@@ -311,12 +315,21 @@ end
 
 -- all_out is the soonest score of the site's busy set when it covers every
 -- slot of the pool (out on the site, or dead), else nil: a saturated pool
--- answers a wait at once, not after looking at SCAN busy proxies.
+-- answers a wait at once, not after looking at SCAN busy proxies. Under
+-- strict exits the entries with no exit are out too: as many as the pool
+-- has entries more than exits recorded, counted with the dead (the larger
+-- of the two, as they may be the same entries: never more out than are),
+-- and the wait is at most the hold's.
 local function all_out()
-  local outs = redis.call('ZCOUNT', KEYS[2], '(' .. nows, '(' .. DEAD) + redis.call('HLEN', KEYS[6]) * slots
+  local dead = redis.call('HLEN', KEYS[6])
+  local gone = dead
+  if strict_hold then gone = math.max(dead, redis.call('HLEN', KEYS[1]) - redis.call('HLEN', EXITS)) end
+  local outs = redis.call('ZCOUNT', KEYS[2], '(' .. nows, '(' .. DEAD) + gone * slots
   if outs < redis.call('HLEN', KEYS[1]) * slots then return nil end
   local head = redis.call('ZRANGE', KEYS[2], '(' .. nows, '+inf', 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
-  return head[2] and num(head[2]) or now + 1
+  local soon = head[2] and num(head[2])
+  if gone > dead then soon = math.min(soon or strict_hold, strict_hold) end
+  return soon or now + 1
 end
 
 -- rotate walks the rotation from the cursor (place) to the first proxy with
@@ -337,7 +350,7 @@ local function rotate()
     for i = 1, #ids, 2 do
       seen = seen + 1
       last = ids[i + 1]
-      local m, w = try(ids[i], unknown)
+      local m, w = try(ids[i], strict_hold)
       if m then
         local u = redis.call('HGET', KEYS[1], ids[i])
         if u then
