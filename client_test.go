@@ -631,3 +631,44 @@ func TestClientCustomKeepAlive(t *testing.T) {
 		"an operator's ban closes the TLS site's")
 	assertNoLeases(t, s, plain, tlsSite)
 }
+
+// plainRT is a custom RoundTripper without CloseIdleConnections.
+type plainRT struct{ inner *http.Transport }
+
+func (r plainRT) RoundTrip(req *http.Request) (*http.Response, error) { return r.inner.RoundTrip(req) }
+
+// With KeepAlive, a RoundTripper of Client.New that cannot close its idle
+// connections (no CloseIdleConnections) fails its requests with a clear
+// error before anything is sent: its connections could not be closed when
+// the proxy is banned. Without KeepAlive it is used.
+func TestClientKeepAliveNeedsCloseIdle(t *testing.T) {
+	for _, keep := range []bool{true, false} {
+		t.Run(fmt.Sprintf("keepalive=%v", keep), func(t *testing.T) {
+			bed := testbed.NewBed(t, 1, 1)
+			p := bed.Proxies[0]
+			p.SetCredentials("user", "pw")
+			s := newSwitch(t, shared.Client(t), WithClient(Client{KeepAlive: keep, New: func(proxy *url.URL) (http.RoundTripper, error) {
+				return plainRT{inner: &http.Transport{Proxy: http.ProxyURL(proxy), DisableKeepAlives: true}}, nil
+			}}))
+			_, err := s.Add(context.Background(), p.URL())
+			require.NoError(t, err)
+			c := colly.NewCollector()
+			s.Attach(c)
+			err = c.Visit(bed.Sites[0].URL() + "/p/1")
+			if !keep {
+				require.NoError(t, err)
+				assert.Equal(t, 1, bed.SiteHits())
+				return
+			}
+			require.ErrorIs(t, err, ErrNoProxy)
+			require.ErrorIs(t, err, ErrConfig)
+			assert.Contains(t, err.Error(), "CloseIdleConnections")
+			assert.Contains(t, err.Error(), "plainRT")
+			assert.NotContains(t, err.Error(), "pw")
+			t.Log(err)
+			assert.Zero(t, p.Requests(), "nothing reached the proxy")
+			assert.Zero(t, bed.SiteHits())
+			assertNoLeases(t, s, bed.Sites...)
+		})
+	}
+}
