@@ -496,6 +496,15 @@ func (t *transport) sendPerProxy(a *attempt) (*http.Response, error) {
 	}
 	a.startTimer(s.cfg.attemptTimeout) // the proxy is leased: Timeouts.Attempt's bound starts
 	resp, err := rt.RoundTrip(req)
+	if resp != nil && resp.Request != req {
+		// The RoundTripper sent a copy (one that sets headers of its own
+		// must, as a RoundTripper leaves its request unmodified): the
+		// response names the request it was given, as net/http's does.
+		// Colly and the hooks find the request's binding, and so its lease,
+		// by that request's header map; a redirect's next hop finds its
+		// chain by it.
+		resp.Request = req
+	}
 	if _, ok := rt.(*http.Transport); ok || s.cfg.client.KeepAlive {
 		return resp, err
 	}

@@ -672,3 +672,59 @@ func TestClientKeepAliveNeedsCloseIdle(t *testing.T) {
 		})
 	}
 }
+
+// headerRT is a custom RoundTripper that sets a header of its own on a copy
+// of the request, as a RoundTripper must (it may not modify its request),
+// and returns net/http's response, whose Request is that copy.
+type headerRT struct{ inner *http.Transport }
+
+func (h headerRT) RoundTrip(req *http.Request) (*http.Response, error) {
+	req = req.Clone(req.Context())
+	req.Header.Set("X-Client", "fingerprint")
+	return h.inner.RoundTrip(req)
+}
+
+func (h headerRT) CloseIdleConnections() { h.inner.CloseIdleConnections() }
+
+// A custom RoundTripper that sends a copy of its request (with headers of
+// its own) loses no lease: each request's lease comes back as it ends, so
+// requests one after the other through one proxy never wait for one
+// another, a redirect chain included, and none is left.
+func TestClientCopyingRoundTripper(t *testing.T) {
+	var marked, unmarked atomic.Int64
+	shop := testbed.DefaultHandler()
+	site := testbed.NewSite(t, "shop", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Client") == "fingerprint" {
+			marked.Add(1)
+		} else {
+			unmarked.Add(1)
+		}
+		shop.ServeHTTP(w, r)
+	}))
+	p := testbed.NewProxies(t, 1)[0]
+	for _, keep := range []bool{false, true} {
+		t.Run(fmt.Sprintf("keepalive=%v", keep), func(t *testing.T) {
+			s := newSwitch(t, shared.Client(t), WithTimeouts(Timeouts{MaxWait: 2 * time.Second}), WithClient(Client{KeepAlive: keep,
+				New: func(proxy *url.URL) (http.RoundTripper, error) {
+					return headerRT{inner: &http.Transport{Proxy: http.ProxyURL(proxy)}}, nil
+				}}))
+			_, err := s.Add(context.Background(), p.URL())
+			require.NoError(t, err)
+			c := colly.NewCollector(colly.AllowURLRevisit())
+			s.Attach(c)
+			var proxies []string
+			c.OnResponse(func(r *colly.Response) { proxies = append(proxies, r.Request.ProxyURL) })
+			for i := range 4 { // one proxy: each request needs the lease of the one before back
+				require.NoError(t, c.Visit(fmt.Sprintf("%s/p/%d", site.URL(), i+1)))
+			}
+			require.NoError(t, c.Visit(site.URL()+"/redirect?n=2"))
+			assert.Len(t, proxies, 5)
+			for _, u := range proxies {
+				assert.Equal(t, p.URL(), u, "Request.ProxyURL names the proxy")
+			}
+			assertNoLeases(t, s, site)
+		})
+	}
+	assert.Equal(t, int64(14), marked.Load(), "every request, redirect hops included, went through the RoundTripper")
+	assert.Zero(t, unmarked.Load())
+}
