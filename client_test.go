@@ -558,6 +558,34 @@ func TestClientLeaseLossClosesIdle(t *testing.T) {
 	assertNoLeases(t, s, bed.Sites...)
 }
 
+// A lease whose owner check fails at its release (its record lost or
+// taken over, and the renewer has not seen it yet) closes its proxy's idle
+// connections on that site too; the other site's stay.
+func TestClientReleaseLossClosesIdle(t *testing.T) {
+	var logs testlog.Buffer
+	bed, s := bedSwitch(t, 2, 1, WithClient(Client{KeepAlive: true}), WithLogger(logs.Logger()))
+	site, other := bed.Sites[0], bed.Sites[1]
+	p := bed.Proxies[0]
+	c := colly.NewCollector(colly.AllowURLRevisit())
+	s.Attach(c)
+	require.NoError(t, c.Visit(site.URL()+"/p/1"))
+	require.NoError(t, c.Visit(other.URL()+"/p/1"))
+	_, open := p.Conns()
+	require.Equal(t, 2, open)
+
+	ctx := context.Background()
+	l, err := s.Lease(ctx, site.Host())
+	require.NoError(t, err)
+	require.NoError(t, shared.Client(t).Del(ctx, s.keys.leases(site.Host())).Err())
+	s.releaseQuietly(l) // as a request's end does
+	assert.Equal(t, 1, strings.Count(logs.String(), "outlived its lease"), logs.String())
+	require.Eventually(t, func() bool { _, open := p.Conns(); return open == 1 }, 5*time.Second, 10*time.Millisecond,
+		"the lost lease's site connection closed")
+	require.NoError(t, c.Visit(other.URL()+"/p/2"))
+	accepted, _ := p.Conns()
+	assert.Equal(t, 2, accepted, "the other site's connection kept and reused")
+}
+
 // keepRT is a custom RoundTripper that is not an *http.Transport and keeps
 // connections (as a uTLS transport does): it wraps an inner transport and
 // closes that one's idle connections on CloseIdleConnections. It counts
