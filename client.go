@@ -36,7 +36,13 @@ type Client struct {
 	// (proxy, site) and per session (a task's requests), on a request
 	// goroutine, and must return a new RoundTripper each time: Attach
 	// closes its idle connections (CloseIdleConnections, when it has
-	// one) with its proxy. It must send every request through proxy and
+	// one) with its proxy. With KeepAlive it must have that method (as
+	// *http.Transport and http2.Transport have; a wrapper delegates it to
+	// the transport that holds the connections), for Attach closes a
+	// quarantined proxy's idle connections with it: a RoundTripper without
+	// it fails the request with an error wrapping ErrNoProxy and ErrConfig,
+	// before anything is sent, rather than reuse a connection the site
+	// banned. It must send every request through proxy and
 	// never directly: Attach fails closed where it can tell (an error or
 	// a panic of New, a nil RoundTripper, an *http.Transport whose Proxy
 	// names another proxy or none without a dialer of its own all fail the
@@ -57,7 +63,8 @@ type Client struct {
 	// sticky session opens one connection per site, as one browser does,
 	// instead of a TCP and TLS handshake per request. Reuse is safe under
 	// the leases: a connection of (proxy, site) carries only requests that
-	// hold that proxy's lease for that site. It is off by default, as
+	// hold that proxy's lease for that site. With New, its RoundTrippers
+	// must have CloseIdleConnections (see New). It is off by default, as
 	// Colly's SetProxyFunc has it, because an idle connection outlives the
 	// lease: while another worker holds the proxy for the site, the site
 	// sees a second connection from the same address (idle, but open), and
@@ -350,9 +357,13 @@ func closeAll(es []*clientEntry) {
 	}
 }
 
+// idleCloser is a RoundTripper that can close its idle connections, as
+// *http.Transport and *http2.Transport can.
+type idleCloser interface{ CloseIdleConnections() }
+
 // closeIdle closes rt's idle connections, if it can say so.
 func closeIdle(rt http.RoundTripper) {
-	if ci, ok := rt.(interface{ CloseIdleConnections() }); ok {
+	if ci, ok := rt.(idleCloser); ok {
 		ci.CloseIdleConnections()
 	}
 }
@@ -377,6 +388,12 @@ func (c *clientCache) build(req *http.Request, p *Proxy, u *url.URL) (http.Round
 	}
 	if rt == nil || isNilPointer(rt) {
 		return nil, fmt.Errorf("%w: the client built for proxy %s is nil", ErrNoProxy, p)
+	}
+	if _, ok := rt.(idleCloser); !ok && cl.KeepAlive {
+		// Its idle connections could not be closed on a quarantine or a lost
+		// lease: a connection banned on a site would be reused there.
+		return nil, fmt.Errorf("%w: %w: the client built for proxy %s (%T) has no CloseIdleConnections method: "+
+			"with Client.KeepAlive its idle connections could not be closed on a ban", ErrNoProxy, ErrConfig, p, rt)
 	}
 	if t, ok := rt.(*http.Transport); ok {
 		if err := checkTransport(t, req, u, p); err != nil {
@@ -479,6 +496,15 @@ func (t *transport) sendPerProxy(a *attempt) (*http.Response, error) {
 	}
 	a.startTimer(s.cfg.attemptTimeout) // the proxy is leased: Timeouts.Attempt's bound starts
 	resp, err := rt.RoundTrip(req)
+	if resp != nil && resp.Request != req {
+		// The RoundTripper sent a copy (one that sets headers of its own
+		// must, as a RoundTripper leaves its request unmodified): the
+		// response names the request it was given, as net/http's does.
+		// Colly and the hooks find the request's binding, and so its lease,
+		// by that request's header map; a redirect's next hop finds its
+		// chain by it.
+		resp.Request = req
+	}
 	if _, ok := rt.(*http.Transport); ok || s.cfg.client.KeepAlive {
 		return resp, err
 	}

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/gocolly/colly/v2"
 	"github.com/proxyswitch/proxyswitch/internal/testbed"
+	"github.com/proxyswitch/proxyswitch/internal/testlog"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -508,4 +510,249 @@ func TestClientCustomNoKeepAlive(t *testing.T) {
 	accepted, _ := bed.Proxies[0].Conns()
 	assert.Equal(t, 5, accepted)
 	require.Eventually(t, func() bool { _, open := bed.Proxies[0].Conns(); return open == 0 }, 5*time.Second, 10*time.Millisecond)
+}
+
+// A request that finds its lease lost (the renewer's owner check failed:
+// the lease record vanished from Redis while the request ran) closes its
+// proxy's idle connections on that site: the one it went through, back in
+// the pool once its body was read, is closed at the proxy; the proxy's
+// connection to another site stays.
+func TestClientLeaseLossClosesIdle(t *testing.T) {
+	var logs testlog.Buffer
+	bed, s := bedSwitch(t, 2, 1, WithTimeouts(Timeouts{LeaseTTL: renewTTL}), WithClient(Client{KeepAlive: true}),
+		WithLogger(logs.Logger()))
+	site, other := bed.Sites[0], bed.Sites[1]
+	p := bed.Proxies[0]
+	c := colly.NewCollector(colly.AllowURLRevisit())
+	s.Attach(c)
+	require.NoError(t, c.Visit(site.URL()+"/p/1"))
+	require.NoError(t, c.Visit(other.URL()+"/p/1"))
+	accepted, open := p.Conns()
+	require.Equal(t, 2, accepted)
+	require.Equal(t, 2, open, "idle, kept for the next requests")
+
+	slow := colly.NewCollector(colly.Async(true))
+	s.Attach(slow)
+	var gotErr error
+	var responses atomic.Int64
+	slow.OnResponse(func(*colly.Response) { responses.Add(1) })
+	slow.OnError(func(_ *colly.Response, err error) { gotErr = err })
+	require.NoError(t, slow.Visit(site.URL()+"/slow?d=1s"))
+	require.Eventually(t, func() bool { return site.Recorder().InFlight() == 1 }, 5*time.Second, 5*time.Millisecond)
+	accepted, _ = p.Conns()
+	require.Equal(t, 2, accepted, "the slow request reuses the site's idle connection")
+	require.NoError(t, shared.Client(t).Del(context.Background(), s.keys.leases(site.Host())).Err())
+	slow.Wait()
+	require.ErrorIs(t, gotErr, ErrLeaseLost)
+	assert.Zero(t, responses.Load())
+	assert.Equal(t, 1, strings.Count(logs.String(), "lost its lease"), logs.String())
+
+	require.Eventually(t, func() bool { _, open := p.Conns(); return open == 1 }, 5*time.Second, 10*time.Millisecond,
+		"the lost lease's site connection closed")
+	time.Sleep(100 * time.Millisecond)
+	_, open = p.Conns()
+	assert.Equal(t, 1, open, "the other site's connection is kept")
+	require.NoError(t, c.Visit(other.URL()+"/p/2"))
+	accepted, _ = p.Conns()
+	assert.Equal(t, 2, accepted, "and reused")
+	assertNoLeases(t, s, bed.Sites...)
+}
+
+// A lease whose owner check fails at its release (its record lost or
+// taken over, and the renewer has not seen it yet) closes its proxy's idle
+// connections on that site too; the other site's stay.
+func TestClientReleaseLossClosesIdle(t *testing.T) {
+	var logs testlog.Buffer
+	bed, s := bedSwitch(t, 2, 1, WithClient(Client{KeepAlive: true}), WithLogger(logs.Logger()))
+	site, other := bed.Sites[0], bed.Sites[1]
+	p := bed.Proxies[0]
+	c := colly.NewCollector(colly.AllowURLRevisit())
+	s.Attach(c)
+	require.NoError(t, c.Visit(site.URL()+"/p/1"))
+	require.NoError(t, c.Visit(other.URL()+"/p/1"))
+	_, open := p.Conns()
+	require.Equal(t, 2, open)
+
+	ctx := context.Background()
+	l, err := s.Lease(ctx, site.Host())
+	require.NoError(t, err)
+	require.NoError(t, shared.Client(t).Del(ctx, s.keys.leases(site.Host())).Err())
+	s.releaseQuietly(l) // as a request's end does
+	assert.Equal(t, 1, strings.Count(logs.String(), "outlived its lease"), logs.String())
+	require.Eventually(t, func() bool { _, open := p.Conns(); return open == 1 }, 5*time.Second, 10*time.Millisecond,
+		"the lost lease's site connection closed")
+	require.NoError(t, c.Visit(other.URL()+"/p/2"))
+	accepted, _ := p.Conns()
+	assert.Equal(t, 2, accepted, "the other site's connection kept and reused")
+}
+
+// keepRT is a custom RoundTripper that is not an *http.Transport and keeps
+// connections (as a uTLS transport does): it wraps an inner transport and
+// closes that one's idle connections on CloseIdleConnections. It counts
+// what it carried and how often it was asked to close.
+type keepRT struct {
+	inner  *http.Transport
+	sent   *atomic.Int64
+	closes *atomic.Int64
+}
+
+func (k *keepRT) RoundTrip(req *http.Request) (*http.Response, error) {
+	k.sent.Add(1)
+	return k.inner.RoundTrip(req)
+}
+
+func (k *keepRT) CloseIdleConnections() {
+	k.closes.Add(1)
+	k.inner.CloseIdleConnections()
+}
+
+// With KeepAlive, a custom RoundTripper (not an *http.Transport) carries a
+// sticky session of 20 requests per site over one connection per site, and
+// a quarantine closes the proxy's idle connections through its
+// CloseIdleConnections: a ban seen by the transport those on the banned
+// site (the session's among them), an operator's ban the other site's.
+func TestClientCustomKeepAlive(t *testing.T) {
+	guard := &banIPs{next: testbed.DefaultHandler()}
+	plain := testbed.NewSite(t, "plain", guard)
+	tlsSite := testbed.NewTLSSite(t, "tls", nil)
+	p := testbed.NewProxies(t, 1)[0]
+	var sent, closes, built atomic.Int64
+	s := newSwitch(t, shared.Client(t), WithTimeouts(Timeouts{MaxWait: 100 * time.Millisecond}), WithClient(Client{KeepAlive: true,
+		New: func(proxy *url.URL) (http.RoundTripper, error) {
+			built.Add(1)
+			inner := &http.Transport{Proxy: http.ProxyURL(proxy), TLSClientConfig: tlsSite.TLSConfig()}
+			return &keepRT{inner: inner, sent: &sent, closes: &closes}, nil
+		}}))
+	_, err := s.Add(context.Background(), p.URL())
+	require.NoError(t, err)
+	c := colly.NewCollector(colly.AllowURLRevisit())
+	s.Attach(c)
+	ctx := NewTaskContext("shopper")
+	const n = 20
+	for i := range n {
+		for _, site := range []*testbed.Site{plain, tlsSite} {
+			require.NoError(t, c.Request("GET", fmt.Sprintf("%s/p/%d", site.URL(), i+1), nil, ctx, nil))
+		}
+	}
+	for _, site := range []*testbed.Site{plain, tlsSite} {
+		assert.Equal(t, n, site.Recorder().Count())
+	}
+	assert.Equal(t, int64(2*n), sent.Load(), "every request went through the custom RoundTripper")
+	assert.Equal(t, int64(2), built.Load(), "one RoundTripper per site for the session")
+	accepted, open := p.Conns()
+	assert.Equal(t, 2, accepted, "one connection per site, not one per request")
+	assert.Equal(t, 2, open)
+	assert.Zero(t, closes.Load())
+	_, err = s.EndSession(context.Background(), "shopper")
+	require.NoError(t, err)
+
+	// The plain site bans the proxy: its connections there close, the
+	// session's idle one too; the TLS site's stays.
+	guard.banned.Store(p.SourceIP().String(), true)
+	err = c.Visit(plain.URL() + "/p/100")
+	require.ErrorIs(t, err, ErrBanned)
+	require.Eventually(t, func() bool { _, open := p.Conns(); return open == 1 }, 5*time.Second, 10*time.Millisecond,
+		"the banned site's idle connections closed")
+	assert.Positive(t, closes.Load(), "through the RoundTripper's CloseIdleConnections")
+	require.NoError(t, s.Ban(context.Background(), p.URL(), tlsSite.Host(), time.Minute))
+	require.Eventually(t, func() bool { _, open := p.Conns(); return open == 0 }, 5*time.Second, 10*time.Millisecond,
+		"an operator's ban closes the TLS site's")
+	assertNoLeases(t, s, plain, tlsSite)
+}
+
+// plainRT is a custom RoundTripper without CloseIdleConnections.
+type plainRT struct{ inner *http.Transport }
+
+func (r plainRT) RoundTrip(req *http.Request) (*http.Response, error) { return r.inner.RoundTrip(req) }
+
+// With KeepAlive, a RoundTripper of Client.New that cannot close its idle
+// connections (no CloseIdleConnections) fails its requests with a clear
+// error before anything is sent: its connections could not be closed when
+// the proxy is banned. Without KeepAlive it is used.
+func TestClientKeepAliveNeedsCloseIdle(t *testing.T) {
+	for _, keep := range []bool{true, false} {
+		t.Run(fmt.Sprintf("keepalive=%v", keep), func(t *testing.T) {
+			bed := testbed.NewBed(t, 1, 1)
+			p := bed.Proxies[0]
+			p.SetCredentials("user", "pw")
+			s := newSwitch(t, shared.Client(t), WithClient(Client{KeepAlive: keep, New: func(proxy *url.URL) (http.RoundTripper, error) {
+				return plainRT{inner: &http.Transport{Proxy: http.ProxyURL(proxy), DisableKeepAlives: true}}, nil
+			}}))
+			_, err := s.Add(context.Background(), p.URL())
+			require.NoError(t, err)
+			c := colly.NewCollector()
+			s.Attach(c)
+			err = c.Visit(bed.Sites[0].URL() + "/p/1")
+			if !keep {
+				require.NoError(t, err)
+				assert.Equal(t, 1, bed.SiteHits())
+				return
+			}
+			require.ErrorIs(t, err, ErrNoProxy)
+			require.ErrorIs(t, err, ErrConfig)
+			assert.Contains(t, err.Error(), "CloseIdleConnections")
+			assert.Contains(t, err.Error(), "plainRT")
+			assert.NotContains(t, err.Error(), "pw")
+			t.Log(err)
+			assert.Zero(t, p.Requests(), "nothing reached the proxy")
+			assert.Zero(t, bed.SiteHits())
+			assertNoLeases(t, s, bed.Sites...)
+		})
+	}
+}
+
+// headerRT is a custom RoundTripper that sets a header of its own on a copy
+// of the request, as a RoundTripper must (it may not modify its request),
+// and returns net/http's response, whose Request is that copy.
+type headerRT struct{ inner *http.Transport }
+
+func (h headerRT) RoundTrip(req *http.Request) (*http.Response, error) {
+	req = req.Clone(req.Context())
+	req.Header.Set("X-Client", "fingerprint")
+	return h.inner.RoundTrip(req)
+}
+
+func (h headerRT) CloseIdleConnections() { h.inner.CloseIdleConnections() }
+
+// A custom RoundTripper that sends a copy of its request (with headers of
+// its own) loses no lease: each request's lease comes back as it ends, so
+// requests one after the other through one proxy never wait for one
+// another, a redirect chain included, and none is left.
+func TestClientCopyingRoundTripper(t *testing.T) {
+	var marked, unmarked atomic.Int64
+	shop := testbed.DefaultHandler()
+	site := testbed.NewSite(t, "shop", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Client") == "fingerprint" {
+			marked.Add(1)
+		} else {
+			unmarked.Add(1)
+		}
+		shop.ServeHTTP(w, r)
+	}))
+	p := testbed.NewProxies(t, 1)[0]
+	for _, keep := range []bool{false, true} {
+		t.Run(fmt.Sprintf("keepalive=%v", keep), func(t *testing.T) {
+			s := newSwitch(t, shared.Client(t), WithTimeouts(Timeouts{MaxWait: 2 * time.Second}), WithClient(Client{KeepAlive: keep,
+				New: func(proxy *url.URL) (http.RoundTripper, error) {
+					return headerRT{inner: &http.Transport{Proxy: http.ProxyURL(proxy)}}, nil
+				}}))
+			_, err := s.Add(context.Background(), p.URL())
+			require.NoError(t, err)
+			c := colly.NewCollector(colly.AllowURLRevisit())
+			s.Attach(c)
+			var proxies []string
+			c.OnResponse(func(r *colly.Response) { proxies = append(proxies, r.Request.ProxyURL) })
+			for i := range 4 { // one proxy: each request needs the lease of the one before back
+				require.NoError(t, c.Visit(fmt.Sprintf("%s/p/%d", site.URL(), i+1)))
+			}
+			require.NoError(t, c.Visit(site.URL()+"/redirect?n=2"))
+			assert.Len(t, proxies, 5)
+			for _, u := range proxies {
+				assert.Equal(t, p.URL(), u, "Request.ProxyURL names the proxy")
+			}
+			assertNoLeases(t, s, site)
+		})
+	}
+	assert.Equal(t, int64(14), marked.Load(), "every request, redirect hops included, went through the RoundTripper")
+	assert.Zero(t, unmarked.Load())
 }

@@ -341,6 +341,14 @@ func (s *Switch) releaseQuietly(l *Lease) {
 	switch {
 	case err == nil:
 	case errors.Is(err, ErrLeaseLost):
+		// Another holder may have the proxy there now: its idle connections
+		// of this Switch there close (client.go), as on a loss found while
+		// the request ran (transport.go).
+		site := l.scope
+		if site == globalSite {
+			site = ""
+		}
+		s.clients.closeProxy(l.proxy.id, site)
 		if l.taken.Load() {
 			return // the renewer or Close said so already
 		}

@@ -5,6 +5,10 @@
 // of the first session (an IP burnt before we came), and the ban rotates
 // that session (a new id, a new exit IP) instead of losing it. Two
 // shoppers (sticky tasks) keep one exit IP each for their whole visit.
+// The gateway's sessions are labelled country=de, and a plain proxy beside
+// them country=ru: pages asked for with UseLabels(ctx, "country=ru") leave
+// through that one only. Every request goes through a custom RoundTripper
+// (WithClient), as a uTLS or HTTP/2-fingerprint client would plug in.
 //
 //	go run ./_examples/gateway                 # an embedded in-process Redis
 //	go run ./_examples/gateway -redis server   # a private redis-server from PATH
@@ -13,7 +17,8 @@
 // its exit addresses 127.0.x.y, chosen by the session id in the user name,
 // so the shop sees the exit IP as a real site would. It exits 1 if two
 // requests reached the shop from one IP at once, if a request went without
-// a proxy, if a page failed, or if a shopper changed IPs.
+// a proxy or without the custom RoundTripper, if a page failed, if a
+// shopper changed IPs, or if a country=ru page left from another IP.
 package main
 
 import (
@@ -23,10 +28,12 @@ import (
 	"log"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/gocolly/colly/v2"
 	"github.com/proxyswitch/proxyswitch"
@@ -53,7 +60,16 @@ func main() {
 	}
 	defer gw.Close()
 	burnt := gw.Exits()[0] // the exit the gateway gives its first session
+	ru, err := proxyswitchtest.StartProxy(proxyswitchtest.SourceIP(0))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer ru.Close()
+	var bypassed atomic.Int64 // requests that did not come through the custom RoundTripper
 	shop := proxyswitchtest.StartSite("shop", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Client") != "fingerprint-demo" {
+			bypassed.Add(1)
+		}
 		if ip, _, _ := net.SplitHostPort(r.RemoteAddr); ip == burnt {
 			http.Error(w, "access denied", http.StatusForbidden)
 			return
@@ -62,7 +78,11 @@ func main() {
 	}))
 	defer shop.Close()
 
-	sw, err := proxyswitch.NewSwitch(rdb, proxyswitch.WithPrefix("gateway-example"))
+	var sent atomic.Int64
+	sw, err := proxyswitch.NewSwitch(rdb, proxyswitch.WithPrefix("gateway-example"),
+		proxyswitch.WithClient(proxyswitch.Client{New: func(proxy *url.URL) (http.RoundTripper, error) {
+			return &fingerprintClient{inner: &http.Transport{Proxy: http.ProxyURL(proxy)}, sent: &sent}, nil
+		}}))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -71,9 +91,10 @@ func main() {
 	// One entry: the provider's gateway with a session placeholder in the
 	// user name (Bright Data's "-session-", Oxylabs' "-sessid-"; IPRoyal's
 	// "_session-" sits in the password), here
-	// http://customer-demo-session-{session:6}:s3cret@127.0.0.1:PORT.
-	entry := gw.Template("customer-demo", *sessions)
-	if _, err := sw.Replace(ctx, []string{entry}); err != nil {
+	// http://customer-demo-session-{session:6}:s3cret@127.0.0.1:PORT,
+	// its sessions labelled country=de; and a plain proxy labelled ru.
+	entry := gw.Template("customer-demo", *sessions) + " country=de"
+	if _, err := sw.Replace(ctx, []string{entry, ru.URL() + " country=ru"}); err != nil {
 		log.Fatal(err)
 	}
 	before := ids(ctx, sw)
@@ -104,6 +125,18 @@ func main() {
 			}
 		}
 	}
+	// Pages that must leave from Russia, beside the crawl.
+	rc := colly.NewCollector(colly.AllowURLRevisit())
+	rc.Context = proxyswitch.UseLabels(ctx, "country=ru")
+	sw.Attach(rc)
+	for i := range 3 {
+		if err := rc.Visit(fmt.Sprintf("%s/ru/%d", shop.URL(), i)); err != nil {
+			mu.Lock()
+			failed++
+			mu.Unlock()
+			log.Printf("/ru/%d: %v", i, err)
+		}
+	}
 	c.Wait()
 
 	rec := shop.Recorder()
@@ -116,8 +149,11 @@ func main() {
 	fmt.Printf("%d requests reached the shop from %d exit IPs:\n", rec.Count(), len(exits))
 	for _, ip := range exits {
 		note := ""
-		if ip == burnt {
+		switch ip {
+		case burnt:
 			note = "  (burnt: refused, its session rotated)"
+		case ru.SourceIP().String():
+			note = "  (the country=ru proxy)"
 		}
 		fmt.Printf("  %-15s %3d%s\n", ip, byIP[ip], note)
 	}
@@ -128,7 +164,7 @@ func main() {
 			rotated++
 		}
 	}
-	fmt.Printf("pool: %d sessions, %d of them new (rotated after a ban); the gateway saw %d session ids\n",
+	fmt.Printf("pool: %d gateway sessions, %d of them new (rotated after a ban); the gateway saw %d session ids\n",
 		len(after), rotated, gw.Sessions())
 	taskIPs := map[string]map[string]bool{} // what the shop saw of each shopper
 	for _, h := range rec.Hits() {
@@ -145,14 +181,28 @@ func main() {
 		fmt.Printf("%s: every step from one exit IP: %v\n", task, len(taskIPs[task]) == 1)
 		sticky = sticky && len(taskIPs[task]) == 1
 	}
+	fromRU, elsewhere := 0, 0 // the country=ru pages by where they left from
+	for _, h := range rec.Hits() {
+		if strings.HasPrefix(h.Path, "/ru/") {
+			if h.ClientIP == ru.SourceIP().String() {
+				fromRU++
+			} else {
+				elsewhere++
+			}
+		}
+	}
+	fmt.Printf("country=ru pages: %d of 3 from the ru proxy, %d from another IP\n", fromRU, elsewhere)
+	fmt.Printf("custom RoundTripper (WithClient): %d requests sent, %d reached the shop without it\n",
+		sent.Load(), bypassed.Load())
 	fmt.Printf("IP collisions at the shop: %d, requests without a proxy: %d, failed pages: %d\n",
 		rec.Collisions(), rec.DirectHits(), failed)
-	if rec.Collisions() > 0 || rec.DirectHits() > 0 || failed > 0 || !sticky {
+	if rec.Collisions() > 0 || rec.DirectHits() > 0 || failed > 0 || !sticky || fromRU != 3 || elsewhere > 0 ||
+		bypassed.Load() > 0 || sent.Load() == 0 {
 		os.Exit(1)
 	}
 }
 
-// ids returns the IDs of the pool's proxies (its sessions).
+// ids returns the IDs of the pool's gateway sessions.
 func ids(ctx context.Context, sw *proxyswitch.Switch) map[string]bool {
 	ps, err := sw.List(ctx)
 	if err != nil {
@@ -160,7 +210,28 @@ func ids(ctx context.Context, sw *proxyswitch.Switch) map[string]bool {
 	}
 	out := map[string]bool{}
 	for _, p := range ps {
-		out[p.ID()] = true
+		if p.Labels()["country"] == "de" {
+			out[p.ID()] = true
+		}
 	}
 	return out
 }
+
+// fingerprintClient stands for a uTLS or HTTP/2-fingerprint RoundTripper
+// (Client.New): it sends through its one proxy, marks each request so that
+// the shop can tell it came through it, and counts them.
+type fingerprintClient struct {
+	inner *http.Transport
+	sent  *atomic.Int64
+}
+
+func (f *fingerprintClient) RoundTrip(req *http.Request) (*http.Response, error) {
+	f.sent.Add(1)
+	req = req.Clone(req.Context()) // a RoundTripper leaves its request as it was
+	req.Header.Set("X-Client", "fingerprint-demo")
+	return f.inner.RoundTrip(req)
+}
+
+// CloseIdleConnections lets the Switch close its connections when the proxy
+// is banned (needed with Client.KeepAlive).
+func (f *fingerprintClient) CloseIdleConnections() { f.inner.CloseIdleConnections() }
