@@ -20,7 +20,6 @@ var (
 	listScript        = Root.Script("list")
 	statsScript       = Root.Script("stats")
 	poolUpdateScript  = Root.Script("pool_update")
-	gatewayOfScript   = Root.Script("gateway_of")
 	findScript        = Root.Script("find")
 	unbanScript       = Root.Script("unban")
 	drainScript       = Root.Script("drain")
@@ -99,17 +98,6 @@ func (c PoolUpdate) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
 	argv := append([]any{c.Mode, c.Prefix, c.IdleTTL.Milliseconds(), changed}, c.Entries...)
 	return poolUpdateScript.Run(ctx, rdb, []string{c.Pool, c.Sites, c.Meta, c.Dead, c.Fails, c.Quarantine, c.Order, c.Cursor,
 		c.Gateways, c.Labels, c.GatewayIndex, c.Relabel}, argv...)
-}
-
-// GatewayOf runs gateway_of.lua: the gateway template of a proxy, "" for none.
-type GatewayOf struct {
-	Gateways string // KEYS[1] the pool's gateways hash
-	Proxy    string // ARGV[1] proxy id
-}
-
-// Run sends the call.
-func (c GatewayOf) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
-	return gatewayOfScript.Run(ctx, rdb, []string{c.Gateways}, c.Proxy)
 }
 
 // Find runs find.lua: one proxy by ID, {URL, labels}, {} when not in the pool.
