@@ -143,10 +143,10 @@ func expandGateway(template string, n int) ([]*Proxy, error) {
 }
 
 // rotates reports whether a verdict on a virtual proxy rotates its session
-// rather than quarantining it: a ban, but an operator's or a rate-limit
-// refusal under learned pacing.
+// rather than quarantining it: a ban, but an operator's, a site probe's
+// (ReasonSiteProbe) or a rate-limit refusal under learned pacing.
 func rotates(c *config, v ban.Verdict) bool {
-	return v.Kind == ban.Ban && v.Reason != ReasonOperator && paceRefusal(c, v) == ""
+	return v.Kind == ban.Ban && v.Reason != ReasonOperator && !siteOnly(v) && paceRefusal(c, v) == ""
 }
 
 // rotation is what rotate did.

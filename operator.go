@@ -17,6 +17,26 @@ import (
 // ReasonOperator is the reason of a ban an operator applied with Ban.
 const ReasonOperator = "operator"
 
+// ReasonSiteProbe is the reason of the ban.Ban a site probe reports (package
+// probe's Checker.Sites): the proxy could not reach the lease's site. Such a
+// verdict (Lease.Report) quarantines the proxy on that site only, for its
+// RetryAfter at least, whatever Bans.AllSites, and as it is: a gateway's
+// session is not rotated (another one may not reach the site either), and
+// the site's circuit breaker neither absorbs it nor counts it (a probe is
+// no crawl's ban rate; a site that every proxy fails is down, which the
+// checker tells apart). Unban lifts it.
+const ReasonSiteProbe = "site_probe"
+
+// siteOnly reports whether v quarantines on the site only whatever
+// Bans.AllSites: a site probe's verdict.
+func siteOnly(v ban.Verdict) bool { return v.Kind == ban.Ban && v.Reason == ReasonSiteProbe }
+
+// banAll reports whether v quarantines the proxy on every site: a ban with
+// Bans.AllSites, but a site probe's.
+func banAll(c *config, v ban.Verdict) bool {
+	return c.banAllSites && v.Kind == ban.Ban && !siteOnly(v)
+}
+
 // Ban quarantines proxy (a URL or an ID, as List shows it) on site for at
 // least d, for every worker of the pool, as if the site had banned it: a
 // request already using it finishes, and it counts as an offence for the

@@ -310,8 +310,8 @@ func (p *redisPool) quarantine(ctx context.Context, site string, px *Proxy, l *L
 	c, k := p.cfg, p.keys
 	scope := p.sw.scopeOf(site)
 	kind, base, maxq, hard, first, certain := "ban", c.quarantine, c.maxQuarantine, "0", c.firstQuarantine, "0"
-	if unambiguous(v) {
-		certain = "1"
+	if unambiguous(v) || siteOnly(v) {
+		certain = "1" // a site probe's failure is a verdict, no first strike
 	}
 	if v.Kind == ban.ProxyFailure {
 		kind, base, maxq = "fail", c.failQuarantine, c.maxFailQuarantine
@@ -324,7 +324,7 @@ func (p *redisPool) quarantine(ctx context.Context, site string, px *Proxy, l *L
 		member, token = l.member, l.token
 	}
 	all := "0"
-	if c.banAllSites && v.Kind == ban.Ban {
+	if banAll(c, v) {
 		all = "1"
 	}
 	keys := []string{k.free(scope), k.leases(scope), k.strikes(scope), k.fails(), k.dead(), k.sites(), k.quarantine(),
@@ -334,7 +334,7 @@ func (p *redisPool) quarantine(ctx context.Context, site string, px *Proxy, l *L
 	// An operator's ban (Switch.Ban) says nothing of either.
 	flaky, pace := c.flakyDelay, paceRefusal(c, v)
 	switch {
-	case v.Reason == ReasonOperator:
+	case v.Reason == ReasonOperator || siteOnly(v):
 		flaky, pace = 0, ""
 	case pace != "":
 		flaky = 0

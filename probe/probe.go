@@ -121,7 +121,11 @@ type Report struct {
 	Revived     int // proxies revived this round
 	Quarantined int // (proxy, site) pairs quarantined this round
 	ExitChanges int // proxies whose recorded exit IP changed this round (Exits)
-	Results     []Result
+	// SitesDown are the probed sites that every proxy probed there this
+	// round failed: the site is taken for down, and nobody is quarantined
+	// on it.
+	SitesDown []string
+	Results   []Result
 }
 
 // Checker probes the proxies of one Switch's pool. Set the fields before
@@ -139,7 +143,11 @@ type Checker struct {
 	EchoSite string
 	// Sites are optional per-site probes, run for proxies that pass the
 	// echo probe; a failure quarantines the proxy on that site only, for
-	// SiteQuarantine (a ban: it counts for the site's backoff).
+	// SiteQuarantine (a ban with proxyswitch.ReasonSiteProbe: it counts for
+	// the site's backoff, and stays on the site whatever Bans.AllSites, the
+	// site's circuit breaker or the proxy being a gateway's session). When
+	// every proxy probed on a site in a round fails there, the site is
+	// taken for down: nobody is quarantined (Report.SitesDown, a warning).
 	Sites []SiteProbe
 	// Every is Run's interval; 0 is DefaultEvery.
 	Every time.Duration
@@ -395,6 +403,7 @@ func (c *Checker) round(ctx context.Context, s settings, fresh bool) (Report, er
 			rep.Quarantined++
 		}
 	}
+	sv := &siteVerdicts{passed: map[string]int{}, failed: map[string][]siteFailure{}}
 	var firstErr error
 	fail := func(err error) {
 		mu.Lock()
@@ -450,7 +459,7 @@ func (c *Checker) round(ctx context.Context, s settings, fresh bool) (Report, er
 					}
 					if ok {
 						for _, sp := range s.sites {
-							if err := c.checkSite(ctx, s, j.p, sp, add); err != nil {
+							if err := c.checkSite(ctx, s, j.p, sp, add, sv); err != nil {
 								fail(err)
 							}
 						}
@@ -472,6 +481,11 @@ func (c *Checker) round(ctx context.Context, s settings, fresh bool) (Report, er
 	mu.Lock()
 	rep.Skipped += len(busy)
 	mu.Unlock()
+	down, err := c.settleSites(ctx, s, sv, add)
+	rep.SitesDown = down
+	if err != nil {
+		fail(err)
+	}
 	if firstErr == nil {
 		firstErr = ctx.Err()
 	}
@@ -570,9 +584,26 @@ func (c *Checker) lease(ctx context.Context, s settings, site string, p *proxysw
 	return l, nil
 }
 
-// checkSite runs one site probe of p under a lease on the site; a failure
-// quarantines p there.
-func (c *Checker) checkSite(ctx context.Context, s settings, p *proxyswitch.Proxy, sp SiteProbe, add func(Result)) error {
+// siteVerdicts are a round's site probes: passes counted per site, the
+// failures held (with their leases) until the round ends, when
+// settleSites tells a site down from proxies that cannot reach it.
+type siteVerdicts struct {
+	mu     sync.Mutex
+	passed map[string]int
+	failed map[string][]siteFailure
+}
+
+// siteFailure is a failed site probe: its result, and the lease of the
+// proxy on the site, held until settleSites decides.
+type siteFailure struct {
+	l *proxyswitch.Lease
+	r Result
+}
+
+// checkSite runs one site probe of p under a lease on the site. A pass is
+// counted and its lease released; a failure is kept in sv, lease held, for
+// settleSites.
+func (c *Checker) checkSite(ctx context.Context, s settings, p *proxyswitch.Proxy, sp SiteProbe, add func(Result), sv *siteVerdicts) error {
 	l, err := c.lease(ctx, s, sp.Site, p)
 	if l == nil {
 		return err
@@ -580,18 +611,66 @@ func (c *Checker) checkSite(ctx context.Context, s settings, p *proxyswitch.Prox
 	r := c.probe(ctx, s, p, sp.URL, false)
 	r.Site = sp.Site
 	if r.OK || ctx.Err() != nil {
+		if r.OK {
+			sv.mu.Lock()
+			sv.passed[sp.Site]++
+			sv.mu.Unlock()
+		}
 		add(r)
 		return l.Release(context.WithoutCancel(ctx))
 	}
-	if err := l.Report(ctx, ban.Verdict{Kind: ban.Ban, Reason: ban.ReasonCustom, RetryAfter: s.siteQ}); err != nil {
-		_ = l.Release(context.WithoutCancel(ctx))
-		return err
-	}
-	r.Action = "quarantined"
-	s.log.Info("proxyswitch probe: proxy quarantined on a site", "pool", c.Switch.Pool(), "proxy", p.String(),
-		"site", sp.Site, "for", s.siteQ, "err", r.Err.Error())
-	add(r)
+	sv.mu.Lock()
+	sv.failed[sp.Site] = append(sv.failed[sp.Site], siteFailure{l: l, r: r})
+	sv.mu.Unlock()
 	return nil
+}
+
+// settleSites acts on the round's failed site probes: a site that every
+// proxy probed there failed is down (its proxies are released, nobody is
+// quarantined; it is logged and returned); on the others each proxy that
+// failed is quarantined on that site only, for SiteQuarantine
+// (proxyswitch.ReasonSiteProbe). A round that ended (ctx) quarantines
+// nobody. The error is the first Redis error.
+func (c *Checker) settleSites(ctx context.Context, s settings, sv *siteVerdicts, add func(Result)) ([]string, error) {
+	var down []string
+	var firstErr error
+	for _, sp := range s.sites {
+		fails := sv.failed[sp.Site]
+		if len(fails) == 0 {
+			continue
+		}
+		delete(sv.failed, sp.Site) // a site probed twice (two SiteProbes of one site) is settled once
+		if ctx.Err() != nil || sv.passed[sp.Site] == 0 {
+			if ctx.Err() == nil {
+				down = append(down, sp.Site)
+				s.log.Warn("proxyswitch probe: every proxy failed the site probe; taking the site for down, quarantining nobody",
+					"pool", c.Switch.Pool(), "site", sp.Site, "proxies", len(fails), "err", fails[0].r.Err.Error())
+			}
+			for _, f := range fails {
+				if err := f.l.Release(context.WithoutCancel(ctx)); err != nil && !errors.Is(err, proxyswitch.ErrLeaseLost) && firstErr == nil {
+					firstErr = err
+				}
+				add(f.r)
+			}
+			continue
+		}
+		for _, f := range fails {
+			err := f.l.Report(ctx, ban.Verdict{Kind: ban.Ban, Reason: proxyswitch.ReasonSiteProbe, RetryAfter: s.siteQ})
+			if err != nil {
+				_ = f.l.Release(context.WithoutCancel(ctx))
+				if firstErr == nil {
+					firstErr = err
+				}
+				add(f.r)
+				continue
+			}
+			f.r.Action = "quarantined"
+			s.log.Info("proxyswitch probe: proxy quarantined on a site", "pool", c.Switch.Pool(), "proxy", f.r.Proxy.String(),
+				"site", sp.Site, "for", s.siteQ, "err", f.r.Err.Error())
+			add(f.r)
+		}
+	}
+	return down, firstErr
 }
 
 // maxEcho bounds the echo answer read.
