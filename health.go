@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 	"unicode"
 
 	"github.com/proxyswitch/proxyswitch/internal/engine"
@@ -134,4 +135,7 @@ func init() {
 	hooks.Prefix = func(sw any) string { return sw.(*Switch).cfg.prefix }
 	hooks.Redis = func(sw any) redis.Scripter { return sw.(*Switch).rdb }
 	hooks.Observers = func(sw any) []any { return sw.(*Switch).observerList() }
+	hooks.SiteHold = func(ctx context.Context, sw any, mode, site string, ids []string, ttl time.Duration) ([]string, error) {
+		return sw.(*Switch).siteHold(ctx, mode, site, ids, ttl)
+	}
 }

@@ -87,6 +87,20 @@ func (s *Switch) Unban(ctx context.Context, proxy, site string) error {
 	return nil
 }
 
+// siteHold runs site_hold.lua on site's scope (hooks.SiteHold, for
+// package probe): the quarantines site probes put proxies under there.
+func (s *Switch) siteHold(ctx context.Context, mode, site string, ids []string, ttl time.Duration) ([]string, error) {
+	scope := s.scopeOf(site)
+	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]string, error) {
+		return engine.SiteHold{Ledger: s.keys.siteHold(scope), Free: s.keys.free(scope), Lease: s.keys.leases(scope),
+			Strikes: s.keys.strikes(scope), Mode: mode, Slots: s.cfg.slots, TTL: ttl, IDs: ids}.Run(ctx, s.rdb).StringSlice()
+	}, nil)
+	if err != nil {
+		return nil, redisErr("site probe quarantines", err)
+	}
+	return res, nil
+}
+
 // Clear deletes every key of the pool: its proxies, settings, leases, bans,
 // dead list, members and the set LiveSessions counts (session records and
 // cookie jars, kept per task, lapse with their TTL; a session whose lease

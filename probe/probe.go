@@ -7,7 +7,9 @@
 // Every probe of a live proxy runs under a lease of that proxy for the
 // probed site (Switch.LeaseProxy): a probe never collides with a crawl
 // request on the echo site, or on a probed site, and a proxy busy there is
-// skipped (it is not idle). The checker marks with a reason of its own
+// skipped (it is not idle). The one exception is a proxy a site probe
+// quarantined on a site: no request uses it there meanwhile, and it is
+// probed there again under that quarantine, which ends early if it passes. The checker marks with a reason of its own
 // (Switch.Drain with its reason) and revives only what it marked
 // (Switch.Revive with that reason): a proxy an operator drained, or one dead
 // of its failures, is left alone.
@@ -88,7 +90,9 @@ type Result struct {
 	// Err is why the probe failed, without the proxy's password.
 	Err error
 	// Action is what the checker did: "dead" (marked dead), "revived",
-	// "quarantined" (on Site), or "" (nothing).
+	// "quarantined" (on Site), "lifted" (the quarantine on Site a site
+	// probe had put it under ended: the probe passed again), or ""
+	// (nothing).
 	Action string
 }
 
@@ -120,6 +124,7 @@ type Report struct {
 	Dead        int // proxies marked dead this round
 	Revived     int // proxies revived this round
 	Quarantined int // (proxy, site) pairs quarantined this round
+	Lifted      int // (proxy, site) quarantines of site probes lifted this round: the site probe passed again
 	ExitChanges int // proxies whose recorded exit IP changed this round (Exits)
 	// SitesDown are the probed sites that every proxy probed there this
 	// round failed: the site is taken for down, and nobody is quarantined
@@ -148,6 +153,10 @@ type Checker struct {
 	// site's circuit breaker or the proxy being a gateway's session). When
 	// every proxy probed on a site in a round fails there, the site is
 	// taken for down: nobody is quarantined (Report.SitesDown, a warning).
+	// A proxy a site probe quarantined is probed there again in the next
+	// rounds (without a lease: its quarantine keeps requests off it there)
+	// and, when it passes, its quarantine is lifted (Switch.Unban's
+	// effect; Report.Lifted), unless another ban lengthened it since.
 	Sites []SiteProbe
 	// Every is Run's interval; 0 is DefaultEvery.
 	Every time.Duration
@@ -401,9 +410,14 @@ func (c *Checker) round(ctx context.Context, s settings, fresh bool) (Report, er
 			rep.Revived++
 		case "quarantined":
 			rep.Quarantined++
+		case "lifted":
+			rep.Lifted++
 		}
 	}
 	sv := &siteVerdicts{passed: map[string]int{}, failed: map[string][]siteFailure{}}
+	if err := c.heldOnSites(ctx, s, sv); err != nil {
+		return rep, err
+	}
 	var firstErr error
 	fail := func(err error) {
 		mu.Lock()
@@ -586,11 +600,65 @@ func (c *Checker) lease(ctx context.Context, s settings, site string, p *proxysw
 
 // siteVerdicts are a round's site probes: passes counted per site, the
 // failures held (with their leases) until the round ends, when
-// settleSites tells a site down from proxies that cannot reach it.
+// settleSites tells a site down from proxies that cannot reach it; and
+// held, the proxies under a quarantine a site probe put them under, by
+// site, as the round started (heldOnSites).
 type siteVerdicts struct {
 	mu     sync.Mutex
 	passed map[string]int
 	failed map[string][]siteFailure
+	held   map[string]map[string]bool
+}
+
+// heldOnSites reads, for each probed site, the proxies still under the
+// quarantine a site probe put them under there (site_hold.lua): those are
+// probed again without a lease, and lifted if they pass.
+func (c *Checker) heldOnSites(ctx context.Context, s settings, sv *siteVerdicts) error {
+	sv.held = map[string]map[string]bool{}
+	for _, sp := range s.sites {
+		if sv.held[sp.Site] != nil {
+			continue
+		}
+		ids, err := hooks.SiteHold(ctx, c.Switch, "list", sp.Site, nil, 0)
+		if err != nil {
+			return err
+		}
+		sv.held[sp.Site] = map[string]bool{}
+		for _, id := range ids {
+			sv.held[sp.Site][id] = true
+		}
+	}
+	return nil
+}
+
+// ledgerMargin is how long the ledger of a site's probe quarantines
+// outlives the latest of them.
+const ledgerMargin = time.Minute
+
+// recheckSite probes p on a site it is quarantined on by a site probe:
+// without a lease (none is to be had), which the quarantine makes safe: no
+// request uses p on the site meanwhile. A pass lifts the quarantine, if it
+// is still the probe's (site_hold.lua), and counts for the site being up;
+// a failure leaves it to run out.
+func (c *Checker) recheckSite(ctx context.Context, s settings, p *proxyswitch.Proxy, sp SiteProbe, add func(Result), sv *siteVerdicts) error {
+	r := c.probe(ctx, s, p, sp.URL, false)
+	r.Site = sp.Site
+	if r.OK {
+		sv.mu.Lock()
+		sv.passed[sp.Site]++
+		sv.mu.Unlock()
+		ids, err := hooks.SiteHold(ctx, c.Switch, "lift", sp.Site, []string{p.ID()}, 0)
+		if err != nil {
+			return err
+		}
+		if len(ids) == 1 {
+			r.Action = "lifted"
+			s.log.Info("proxyswitch probe: site probe passed again; quarantine lifted", "pool", c.Switch.Pool(),
+				"proxy", p.String(), "site", sp.Site)
+		}
+	}
+	add(r)
+	return nil
 }
 
 // siteFailure is a failed site probe: its result, and the lease of the
@@ -606,6 +674,9 @@ type siteFailure struct {
 func (c *Checker) checkSite(ctx context.Context, s settings, p *proxyswitch.Proxy, sp SiteProbe, add func(Result), sv *siteVerdicts) error {
 	l, err := c.lease(ctx, s, sp.Site, p)
 	if l == nil {
+		if err == nil && sv.held[sp.Site][p.ID()] {
+			return c.recheckSite(ctx, s, p, sp, add, sv)
+		}
 		return err
 	}
 	r := c.probe(ctx, s, p, sp.URL, false)
@@ -654,6 +725,7 @@ func (c *Checker) settleSites(ctx context.Context, s settings, sv *siteVerdicts,
 			}
 			continue
 		}
+		var ids []string
 		for _, f := range fails {
 			err := f.l.Report(ctx, ban.Verdict{Kind: ban.Ban, Reason: proxyswitch.ReasonSiteProbe, RetryAfter: s.siteQ})
 			if err != nil {
@@ -664,10 +736,17 @@ func (c *Checker) settleSites(ctx context.Context, s settings, sv *siteVerdicts,
 				add(f.r)
 				continue
 			}
+			ids = append(ids, f.r.Proxy.ID())
 			f.r.Action = "quarantined"
 			s.log.Info("proxyswitch probe: proxy quarantined on a site", "pool", c.Switch.Pool(), "proxy", f.r.Proxy.String(),
 				"site", sp.Site, "for", s.siteQ, "err", f.r.Err.Error())
 			add(f.r)
+		}
+		// The ledger a later round lifts them from when they pass again.
+		if len(ids) > 0 {
+			if _, err := hooks.SiteHold(ctx, c.Switch, "note", sp.Site, ids, ledgerMargin); err != nil && firstErr == nil {
+				firstErr = err
+			}
 		}
 	}
 	return down, firstErr

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/proxyswitch/proxyswitch"
+	"github.com/proxyswitch/proxyswitch/internal/engine"
 	"github.com/proxyswitch/proxyswitch/probe"
 	"github.com/proxyswitch/proxyswitch/proxyswitchtest"
 	"github.com/stretchr/testify/require"
@@ -424,7 +425,7 @@ func TestCheckerSiteProbeOnSiteOnly(t *testing.T) {
 	healthy := farm.Proxies[0].SourceIP().String()
 	ozon := blockingSite(t, "ozon", func(ip string) bool { return ip != healthy })
 	c := &probe.Checker{Switch: sw, EchoURL: ec.site.URL(), Sites: []probe.SiteProbe{{URL: ozon.URL() + "/"}},
-		Timeout: time.Second, SiteQuarantine: time.Hour}
+		Timeout: time.Second, SiteQuarantine: time.Hour, Logger: (&testlog.Buffer{}).Logger()}
 	rep, err := c.Check(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 5, rep.Quarantined)
@@ -475,7 +476,7 @@ func TestCheckerSiteProbeGatewayHeld(t *testing.T) {
 		return ip == blocked
 	})
 	c := &probe.Checker{Switch: sw, EchoURL: ec.site.URL(), Timeout: time.Second, SiteQuarantine: time.Hour,
-		OnResult: func(r probe.Result) {
+		Logger: (&testlog.Buffer{}).Logger(), OnResult: func(r probe.Result) {
 			mu.Lock()
 			defer mu.Unlock()
 			if r.Echo && r.OK && blocked == "" {
@@ -524,4 +525,64 @@ func TestCheckerSiteDown(t *testing.T) {
 	require.Empty(t, quarantinedOn(t, sw, ozonSite))
 	require.Len(t, leaseAll(t, sw, ozonSite), 4)
 	require.Contains(t, buf.String(), "taking the site for down")
+}
+
+// TestCheckerSiteProbeLifts: a proxy a site probe quarantined is probed
+// there again in the next round, under its quarantine, and lifted when it
+// passes; a quarantine that is not the probe's (an operator's ban), or
+// that a later ban lengthened, is left alone.
+func TestCheckerSiteProbeLifts(t *testing.T) {
+	ctx := context.Background()
+	farm := proxyswitchtest.NewFarm(t, 5)
+	prefix := testPrefix()
+	sw := newSwitch(t, prefix)
+	_, err := sw.Add(ctx, farm.URLs()...)
+	require.NoError(t, err)
+	ec := newEcho(t, 0)
+	var blocking atomic.Bool
+	blocking.Store(true)
+	one, three := farm.Proxies[1].SourceIP().String(), farm.Proxies[3].SourceIP().String()
+	ozon := blockingSite(t, "ozon", func(ip string) bool { return blocking.Load() && (ip == one || ip == three) })
+	ozonSite := strings.TrimPrefix(ozon.URL(), "http://")
+	c := &probe.Checker{Switch: sw, EchoURL: ec.site.URL(), Sites: []probe.SiteProbe{{URL: ozon.URL() + "/"}},
+		Timeout: time.Second, SiteQuarantine: time.Hour, Logger: (&testlog.Buffer{}).Logger()}
+	rep, err := c.Check(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 2, rep.Quarantined)
+	id := func(i int) string { return idOf(t, farm.Proxies[i].URL()) }
+	sorted := func(ids ...string) []string { sort.Strings(ids); return ids }
+	require.Equal(t, sorted(id(1), id(3)), quarantinedOn(t, sw, ozonSite))
+	base, err := engine.KeyBase(prefix, sw.Pool())
+	require.NoError(t, err)
+	ledger := base + ":siteprobe:" + ozonSite
+	require.Equal(t, int64(1), shared.Client(t).Exists(ctx, ledger).Val(), "the ledger of the probe's quarantines")
+
+	require.NoError(t, sw.Ban(ctx, id(2), ozonSite, time.Hour), "an operator's ban: not the probe's")
+	require.NoError(t, sw.Ban(ctx, id(3), ozonSite, 3*time.Hour), "a longer ban over the probe's")
+	blocking.Store(false)
+	rep, err = c.Check(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, rep.Lifted)
+	require.Equal(t, 0, rep.Quarantined)
+	require.Equal(t, sorted(id(2), id(3)), quarantinedOn(t, sw, ozonSite))
+	got := leaseAll(t, sw, ozonSite)
+	require.True(t, got[id(1)], "lifted: the site leases it again")
+	require.Len(t, got, 3)
+
+	rep, err = c.Check(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 0, rep.Lifted, "nothing left the probe's to lift")
+	require.Equal(t, sorted(id(2), id(3)), quarantinedOn(t, sw, ozonSite))
+
+	// Clear deletes the ledger: another site's, written by a fourth round.
+	zero := farm.Proxies[0].SourceIP().String()
+	wb := blockingSite(t, "wb", func(ip string) bool { return ip == zero })
+	c.Sites = append(c.Sites, probe.SiteProbe{URL: wb.URL() + "/"})
+	rep, err = c.Check(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, rep.Quarantined)
+	ledger = base + ":siteprobe:" + strings.TrimPrefix(wb.URL(), "http://")
+	require.Equal(t, int64(1), shared.Client(t).Exists(ctx, ledger).Val())
+	require.NoError(t, sw.Clear(ctx))
+	require.Zero(t, shared.Client(t).Exists(ctx, ledger).Val(), "Clear deletes the ledger")
 }

@@ -22,6 +22,7 @@ var (
 	poolUpdateScript  = Root.Script("pool_update")
 	findScript        = Root.Script("find")
 	unbanScript       = Root.Script("unban")
+	siteHoldScript    = Root.Script("site_hold")
 	drainScript       = Root.Script("drain")
 	clearScript       = Root.Script("clear")
 	sitesScript       = Root.Script("sites")
@@ -122,6 +123,27 @@ type Unban struct {
 // Run sends the call.
 func (c Unban) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
 	return unbanScript.Run(ctx, rdb, []string{c.Free, c.Lease, c.Strikes}, c.Proxy, c.Slots)
+}
+
+// SiteHold runs site_hold.lua: the ledger of the quarantines site probes
+// put proxies under on one scope ("note", "list", "lift"); the reply is
+// the ids noted, still held or lifted.
+type SiteHold struct {
+	Ledger, Free, Lease, Strikes string // KEYS[1..4] of the scope
+
+	Mode  string        // ARGV[1] "note", "list" or "lift"
+	Slots int           // ARGV[2] slots per proxy (K)
+	TTL   time.Duration // ARGV[3] how long the ledger outlives its latest quarantine ("note")
+	IDs   []string      // ARGV[4..] proxy ids ("note", "lift")
+}
+
+// Run sends the call.
+func (c SiteHold) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
+	argv := []any{c.Mode, c.Slots, c.TTL.Milliseconds()}
+	for _, id := range c.IDs {
+		argv = append(argv, id)
+	}
+	return siteHoldScript.Run(ctx, rdb, []string{c.Ledger, c.Free, c.Lease, c.Strikes}, argv...)
 }
 
 // Drain runs drain.lua: take proxies out of every site's rotation,
