@@ -271,16 +271,17 @@ func (p *redisPool) extendMember(ctx context.Context, l *Lease, ttl time.Duratio
 }
 
 // penalize runs penalize.lua: p's slots on site's scope (every site with
-// Bans.AllSites and a ban.Ban) wait out the quarantine, its run of bans or
-// failures grows, and l ends if it is p's lease on that scope.
+// Bans.AllSites and a ban.Ban, but a site probe's) wait out the quarantine,
+// its run of bans or failures grows, and l ends if it is p's lease on that
+// scope.
 //
 // A ban that rotates (rotates) a gateway's virtual proxy rotates it
-// instead, in one round trip either way: when the pool's copy knows px's
-// template, rotate runs at once; otherwise penalize.lua checks the pool's
-// gateways hash first and, for a gateway's proxy, changes nothing and
-// returns the template, which rotate then uses (the one case of two round
-// trips: a session newer than the copy). A plain proxy is quarantined by
-// that first call.
+// instead. One round trip either way, but for a session newer than the
+// pool's copy: when the copy knows px's template, rotate runs at once;
+// otherwise penalize.lua checks the pool's gateways hash first and
+// quarantines a plain proxy in that one call, while for a gateway's proxy
+// it changes nothing and returns the template, which rotate then uses (a
+// second round trip).
 func (p *redisPool) penalize(ctx context.Context, site string, px *Proxy, l *Lease, v ban.Verdict) (penalty, error) {
 	check := false
 	if rotates(p.cfg, v) {
