@@ -73,7 +73,7 @@ func (s *Switch) penalize(ctx context.Context, site string, p *Proxy, l *Lease, 
 	if l != nil {
 		be = l.be
 	}
-	if v.Kind == ban.Ban {
+	if v.Kind == ban.Ban && !siteOnly(v) {
 		if pen, ok := s.brk.absorb(ctx, site, be, l); ok {
 			return pen, nil // the site's circuit breaker holds it: the storm is the site's (breaker.go)
 		}
@@ -89,7 +89,7 @@ func (s *Switch) penalize(ctx context.Context, site string, p *Proxy, l *Lease, 
 		s.observeQuarantine(be.pool(), site, p, v, pen)
 		s.clients.closeProxy(p.id, s.quarantineScope(site, v)) // its idle connections there (client.go)
 	}
-	if v.Kind == ban.Ban {
+	if v.Kind == ban.Ban && !siteOnly(v) {
 		// The site's circuit breaker counts the attempt, and the ban when
 		// it is evidence (penalty.evidence): the report may open the
 		// breaker, lifting this quarantine. A first strike is reported when
@@ -106,7 +106,7 @@ func (s *Switch) penalize(ctx context.Context, site string, p *Proxy, l *Lease, 
 // quarantineScope is the site a verdict quarantines a proxy on: site for a
 // ban, "" (every site) for a proxy failure or with Bans.AllSites.
 func (s *Switch) quarantineScope(site string, v ban.Verdict) string {
-	if v.Kind == ban.ProxyFailure || s.cfg.banAllSites {
+	if v.Kind == ban.ProxyFailure || banAll(&s.cfg, v) {
 		return ""
 	}
 	return site

@@ -2,15 +2,18 @@ package proxyswitch
 
 import (
 	"context"
+	"crypto/sha1"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/proxyswitch/proxyswitch/ban"
+	"github.com/proxyswitch/proxyswitch/internal/engine"
 	"github.com/proxyswitch/proxyswitch/internal/redistest"
 	"github.com/proxyswitch/proxyswitch/internal/testbed"
 	"github.com/proxyswitch/proxyswitch/internal/testlog"
@@ -480,4 +483,169 @@ func TestBansOnRedisCluster(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 1, n)
 	assert.Equal(t, 2, free("a.example"))
+}
+
+// scriptLog is a redis.Hook that records the script (by name) of every
+// EVALSHA and EVAL sent through the client it is added to.
+type scriptLog struct {
+	mu    sync.Mutex
+	bySHA map[string]string
+	names []string
+}
+
+func newScriptLog() *scriptLog {
+	l := &scriptLog{bySHA: map[string]string{}}
+	for _, name := range engine.Root.Names() {
+		l.bySHA[engine.Root.Script(name).Hash()] = name
+	}
+	return l
+}
+
+func (l *scriptLog) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (l *scriptLog) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if n := cmd.Name(); n == "evalsha" || n == "eval" {
+			name := "?"
+			if a := cmd.Args(); len(a) > 1 {
+				if s, ok := a[1].(string); ok {
+					if n == "eval" {
+						s = fmt.Sprintf("%x", sha1.Sum([]byte(s)))
+					}
+					name = l.bySHA[s]
+				}
+			}
+			l.mu.Lock()
+			l.names = append(l.names, name)
+			l.mu.Unlock()
+		}
+		return next(ctx, cmd)
+	}
+}
+func (l *scriptLog) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// take returns the scripts run since the last take, but those a Switch
+// runs in the background (its copy of the pool, lease renewals, its
+// membership) and the circuit breaker's report of a ban that is evidence
+// (breaker.go: the site's ban rate, not the proxy's penalty), and forgets
+// them.
+func (l *scriptLog) take() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	for _, n := range l.names {
+		switch n {
+		case "pool_snapshot", "extend_many", "member_heartbeat", "member_list", "breaker":
+		default:
+			out = append(out, n)
+		}
+	}
+	l.names = nil
+	return out
+}
+
+// A ban costs one round trip: penalize.lua for a plain proxy (it checks
+// whether the proxy is a gateway's in the same call), pool_update.lua's
+// rotate for a gateway session the pool's copy knows; two only for a
+// session the copy does not know yet (penalize.lua returns its template,
+// then rotate). Each still does what it did: the plain proxy is
+// quarantined, the session rotated.
+func TestBanRoundTrips(t *testing.T) {
+	ctx := context.Background()
+	rdb := shared.Client(t)
+	for _, name := range engine.Root.Names() { // loaded: no NOSCRIPT, EVAL pair counts here
+		require.NoError(t, engine.Root.Script(name).Load(ctx, rdb).Err())
+	}
+	log := newScriptLog()
+	rdb.AddHook(log)
+	s := newSwitch(t, rdb, WithTimeouts(Timeouts{MaxWait: Off}))
+	_, err := s.Add(ctx, proxyURLs(3)...)
+	require.NoError(t, err)
+	const site = "shop.example"
+	for i := range 3 {
+		l, err := s.Lease(ctx, site)
+		require.NoError(t, err)
+		log.take()
+		require.NoError(t, l.Report(ctx, ban.Verdict{Kind: ban.Ban, Reason: "http_403"}))
+		assert.Equal(t, []string{"penalize"}, log.take(), "ban %d of a plain proxy: one call", i+1)
+		assert.Equal(t, StateQuarantined, stateOf(t, s, site, l.Proxy().ID()), "a plain ban still quarantines")
+	}
+
+	// A gateway's sessions, in a pool with plain proxies.
+	g := newSwitch(t, rdb, WithTimeouts(Timeouts{MaxWait: Off}))
+	_, err = g.Add(ctx, "http://user-session-{session:3}:pw@gw.example:7000", "http://plain:pw@127.0.0.2:8080")
+	require.NoError(t, err)
+	rp := g.own.redis()
+	_, err = rp.refreshSnapshot(ctx)
+	require.NoError(t, err)
+	lease := func(gw bool) *Lease {
+		t.Helper()
+		var held []*Lease
+		defer func() {
+			for _, h := range held {
+				require.NoError(t, h.Release(ctx))
+			}
+		}()
+		for {
+			l, err := g.Lease(ctx, site)
+			require.NoError(t, err)
+			if isGW := !strings.Contains(l.proxy.raw(), "plain"); isGW == gw {
+				return l
+			}
+			held = append(held, l)
+		}
+	}
+	l := lease(true)
+	require.NotEmpty(t, rp.snapshot().gatewayOf(l.proxy.id), "the copy knows the session")
+	log.take()
+	require.NoError(t, l.Report(ctx, ban.Verdict{Kind: ban.Ban, Reason: "http_403"}))
+	assert.Equal(t, []string{"pool_update"}, log.take(), "a session the copy knows: rotated in one call")
+	assert.NotContains(t, poolIDs(t, g), l.proxy.id, "rotated")
+	assert.Len(t, poolIDs(t, g), 4)
+
+	// The session rotated in is not in the copy (read before the rotate).
+	var fresh string
+	for _, id := range poolIDs(t, g) {
+		if rp.snapshot().gatewayOf(id) == "" && id != mustID(t, "http://plain:pw@127.0.0.2:8080") {
+			fresh = id
+		}
+	}
+	require.NotEmpty(t, fresh, "a session newer than the copy")
+	px, err := g.find(ctx, fresh)
+	require.NoError(t, err)
+	log.take()
+	_, err = g.penalize(ctx, site, px, nil, ban.Verdict{Kind: ban.Ban, Reason: "http_403"})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"penalize", "pool_update"}, log.take(), "a session newer than the copy: its template from penalize.lua, then rotate")
+	assert.NotContains(t, poolIDs(t, g), fresh, "rotated, not quarantined")
+	assert.Len(t, poolIDs(t, g), 4)
+
+	// The plain proxy of the same pool: one call, quarantined.
+	l = lease(false)
+	log.take()
+	require.NoError(t, l.Report(ctx, ban.Verdict{Kind: ban.Ban, Reason: "http_403"}))
+	assert.Equal(t, []string{"penalize"}, log.take(), "a plain proxy beside gateways: one call")
+	assert.Equal(t, StateQuarantined, stateOf(t, g, site, l.Proxy().ID()))
+}
+
+// stateOf returns the state of proxy id on site, as ProxyStates has it.
+func stateOf(t *testing.T, s *Switch, site, id string) string {
+	t.Helper()
+	st, err := s.ProxyStates(context.Background(), site)
+	require.NoError(t, err)
+	for _, ps := range st {
+		if ps.Proxy.ID() == id {
+			return ps.State
+		}
+	}
+	t.Fatalf("proxy %s not in the pool", id)
+	return ""
+}
+
+func mustID(t *testing.T, raw string) string {
+	t.Helper()
+	p, err := ParseProxy(raw)
+	require.NoError(t, err)
+	return p.ID()
 }

@@ -9,7 +9,6 @@ import (
 	"strings"
 
 	"github.com/proxyswitch/proxyswitch/ban"
-	"github.com/proxyswitch/proxyswitch/internal/engine"
 )
 
 // Gateway entries: one provider endpoint, many exit IPs.
@@ -144,34 +143,34 @@ func expandGateway(template string, n int) ([]*Proxy, error) {
 }
 
 // rotates reports whether a verdict on a virtual proxy rotates its session
-// rather than quarantining it: a ban, but an operator's or a rate-limit
-// refusal under learned pacing.
+// rather than quarantining it: a ban, but an operator's, a site probe's
+// (ReasonSiteProbe) or a rate-limit refusal under learned pacing.
 func rotates(c *config, v ban.Verdict) bool {
-	return v.Kind == ban.Ban && v.Reason != ReasonOperator && paceRefusal(c, v) == ""
+	return v.Kind == ban.Ban && v.Reason != ReasonOperator && !siteOnly(v) && paceRefusal(c, v) == ""
 }
 
-// rotate replaces px, when it is a virtual proxy of a gateway entry, by a
-// new session of its gateway, ending l if it is px's lease on site. ok is
-// false when px is no virtual proxy, or when Redis failed (the caller
-// quarantines it then, as any proxy). A virtual proxy another worker
-// rotated already is gone: ok, and nothing changes.
-func (p *redisPool) rotate(ctx context.Context, site string, px *Proxy, l *Lease) (penalty, bool) {
-	tmpl, err := roundTrip(ctx, p.timeout, func(ctx context.Context) (string, error) {
-		return engine.GatewayOf{Gateways: p.keys.gateways(), Proxy: px.id}.Run(ctx, p.rdb).Text()
-	}, nil)
-	if err != nil {
-		p.cfg.logger.Warn("proxyswitch: reading the gateway of a banned proxy failed; quarantining it",
-			"proxy", px.String(), "err", redisErr("gateway", err))
-		return penalty{}, false
-	}
-	if tmpl == "" {
-		return penalty{}, false
-	}
+// rotation is what rotate did.
+type rotation int
+
+const (
+	rotateFailed rotation = iota // Redis failed, or the template is invalid: quarantine px as any proxy
+	rotatePlain                  // px is in the pool but no gateway's: quarantine it
+	rotateDone                   // px was rotated, or is gone (another worker rotated it)
+)
+
+// rotate replaces px, a virtual proxy of gateway template tmpl (as the
+// pool's copy or penalize.lua said), by a new session of its gateway,
+// ending l if it is px's lease on site: one round trip. pool_update.lua
+// checks against the pool that px is still tmpl's member: a virtual proxy
+// another worker rotated already is gone (rotateDone, nothing changes), and
+// one that the copy took for a gateway's but is a plain proxy now is
+// reported rotatePlain. pen is set for rotateDone only.
+func (p *redisPool) rotate(ctx context.Context, site string, px *Proxy, l *Lease, tmpl string) (penalty, rotation) {
 	np, err := gatewayProxy(tmpl, newSessionID())
 	if err != nil {
 		p.cfg.logger.Warn("proxyswitch: a gateway template in the pool is invalid; quarantining its proxy",
 			"proxy", px.String(), "key", p.keys.gateways(), "err", err)
-		return penalty{}, false
+		return penalty{}, rotateFailed
 	}
 	member, token := "", ""
 	if l != nil && l.scope == p.sw.scopeOf(site) && l.local == nil && l.released.CompareAndSwap(false, true) {
@@ -181,16 +180,19 @@ func (p *redisPool) rotate(ctx context.Context, site string, px *Proxy, l *Lease
 	res, err := roundTrip(ctx, p.timeout, func(ctx context.Context) ([]int64, error) {
 		return call.Run(ctx, p.rdb).Int64Slice()
 	}, nil)
-	if err == nil && len(res) != 5 {
+	if err == nil && len(res) != 6 {
 		err = fmt.Errorf("%w: rotate reply of %d items", ErrCorrupt, len(res))
 	}
-	if err != nil {
+	if err != nil || res[5] == 1 {
 		if member != "" {
 			l.released.Store(false)
 		}
-		p.cfg.logger.Warn("proxyswitch: rotating a gateway session failed; quarantining it",
-			"proxy", px.String(), "site", site, "err", redisErr("rotate", err))
-		return penalty{}, false
+		if err != nil {
+			p.cfg.logger.Warn("proxyswitch: rotating a gateway session failed; quarantining it",
+				"proxy", px.String(), "site", site, "err", redisErr("rotate", err))
+			return penalty{}, rotateFailed
+		}
+		return penalty{}, rotatePlain
 	}
 	if res[1] == 1 {
 		p.cfg.logger.Debug("proxyswitch: gateway session rotated", "proxy", px.String(), "site", site,
@@ -199,5 +201,5 @@ func (p *redisPool) rotate(ctx context.Context, site string, px *Proxy, l *Lease
 	// The banned session is gone: no strike stays. It was fresh (a new
 	// session has no strike on any site), which the evidence of a page that
 	// refuses everyone counts (Switch.pageRefused).
-	return penalty{ended: member != "", strikes: 1, healthy: true, rotated: true}, true
+	return penalty{ended: member != "", strikes: 1, healthy: true, rotated: true}, rotateDone
 }

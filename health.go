@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 	"unicode"
 
 	"github.com/proxyswitch/proxyswitch/internal/engine"
@@ -139,6 +140,9 @@ func init() {
 	hooks.Observers = func(sw any) []any { return sw.(*Switch).observerList() }
 	hooks.Diff = func(ctx context.Context, sw any, ps any) (hooks.PoolDiff, error) {
 		return sw.(*Switch).diff(ctx, ps.([]*Proxy))
+	}
+	hooks.SiteHold = func(ctx context.Context, sw any, mode, site string, ids []string, ttl time.Duration) ([]string, error) {
+		return sw.(*Switch).siteHold(ctx, mode, site, ids, ttl)
 	}
 }
 

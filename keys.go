@@ -34,6 +34,8 @@ const globalSite = "*"
 //	                                   (leased, cooling, quarantined, dead); no entry: free there; TTL: idle TTL
 //	{prefix:pool}:lease:<site>   hash  "<id>:<slot>" -> "<token>|<expiry ms>"; TTL: idle TTL
 //	{prefix:pool}:strikes:<site> hash  proxy ID -> "<bans in a row>|<ms of the last>|<its end>"; TTL: idle TTL
+//	{prefix:pool}:siteprobe:<site> hash  proxy ID -> end (ms) of the quarantine a site probe (package probe) put it
+//	                                   under there, for a later passing probe to lift (site_hold.lua); TTL: the longest entry's need
 //	{prefix:pool}:health:<site>  hash  proxy ID -> its recent failure rate there, 0 < r <= 1 (lib.lua's health_note); TTL: idle TTL
 //	{prefix:pool}:pace:<site>    hash  the cooldown learned for the site: "c", "cut", "ok", "step" (lib.lua's pace_refused); TTL: idle TTL
 //	{prefix:pool}:fails          hash  proxy ID -> proxy failures in a row (see penalize.lua); TTL: idle TTL
@@ -81,29 +83,30 @@ func newKeyspace(prefix, pool string) (keyspace, error) {
 	return keyspace{base: base}, nil
 }
 
-func (k keyspace) proxies() string            { return k.base + ":proxies" }
-func (k keyspace) meta() string               { return k.base + ":meta" }
-func (k keyspace) sites() string              { return k.base + ":sites" }
-func (k keyspace) free(site string) string    { return k.base + ":free:" + site }
-func (k keyspace) leases(site string) string  { return k.base + ":lease:" + site }
-func (k keyspace) strikes(site string) string { return k.base + ":strikes:" + site }
-func (k keyspace) health(site string) string  { return k.base + ":health:" + site }
-func (k keyspace) pace(site string) string    { return k.base + ":pace:" + site }
-func (k keyspace) fails() string              { return k.base + ":fails" }
-func (k keyspace) quarantine() string         { return k.base + ":quarantine" }
-func (k keyspace) dead() string               { return k.base + ":dead" }
-func (k keyspace) gateways() string           { return k.base + ":gateways" }
-func (k keyspace) labels() string             { return k.base + ":labels" }
-func (k keyspace) gatewayIndex() string       { return k.base + ":gwindex" }
-func (k keyspace) relabel() string            { return k.base + ":gwrelabel" }
-func (k keyspace) liveSessions() string       { return k.base + ":sessions" }
-func (k keyspace) members() string            { return k.base + ":members" }
-func (k keyspace) memberOwners() string       { return k.base + ":member-owners" }
-func (k keyspace) modes() string              { return k.base + ":modes" }
-func (k keyspace) breaker() string            { return k.base + ":breaker" }
-func (k keyspace) order() string              { return k.base + ":order" }
-func (k keyspace) cursor() string             { return k.base + ":cursor" }
-func (k keyspace) exits() string              { return k.base + ":exit" }
+func (k keyspace) proxies() string             { return k.base + ":proxies" }
+func (k keyspace) meta() string                { return k.base + ":meta" }
+func (k keyspace) sites() string               { return k.base + ":sites" }
+func (k keyspace) free(site string) string     { return k.base + ":free:" + site }
+func (k keyspace) leases(site string) string   { return k.base + ":lease:" + site }
+func (k keyspace) strikes(site string) string  { return k.base + ":strikes:" + site }
+func (k keyspace) siteHold(site string) string { return k.base + ":siteprobe:" + site }
+func (k keyspace) health(site string) string   { return k.base + ":health:" + site }
+func (k keyspace) pace(site string) string     { return k.base + ":pace:" + site }
+func (k keyspace) fails() string               { return k.base + ":fails" }
+func (k keyspace) quarantine() string          { return k.base + ":quarantine" }
+func (k keyspace) dead() string                { return k.base + ":dead" }
+func (k keyspace) gateways() string            { return k.base + ":gateways" }
+func (k keyspace) labels() string              { return k.base + ":labels" }
+func (k keyspace) gatewayIndex() string        { return k.base + ":gwindex" }
+func (k keyspace) relabel() string             { return k.base + ":gwrelabel" }
+func (k keyspace) liveSessions() string        { return k.base + ":sessions" }
+func (k keyspace) members() string             { return k.base + ":members" }
+func (k keyspace) memberOwners() string        { return k.base + ":member-owners" }
+func (k keyspace) modes() string               { return k.base + ":modes" }
+func (k keyspace) breaker() string             { return k.base + ":breaker" }
+func (k keyspace) order() string               { return k.base + ":order" }
+func (k keyspace) cursor() string              { return k.base + ":cursor" }
+func (k keyspace) exits() string               { return k.base + ":exit" }
 
 // gatewayMembers is the index zset of gateway template t's members
 // (pool_update.lua's index_key): named by the template's SHA-1, never by

@@ -17,6 +17,26 @@ import (
 // ReasonOperator is the reason of a ban an operator applied with Ban.
 const ReasonOperator = "operator"
 
+// ReasonSiteProbe is the reason of the ban.Ban a site probe reports (package
+// probe's Checker.Sites): the proxy could not reach the lease's site. Such a
+// verdict (Lease.Report) quarantines the proxy on that site only, for its
+// RetryAfter at least, whatever Bans.AllSites, and as it is: a gateway's
+// session is not rotated (another one may not reach the site either), and
+// the site's circuit breaker neither absorbs it nor counts it (a probe is
+// no crawl's ban rate; a site that every proxy fails is down, which the
+// checker tells apart). Unban lifts it.
+const ReasonSiteProbe = "site_probe"
+
+// siteOnly reports whether v quarantines on the site only whatever
+// Bans.AllSites: a site probe's verdict.
+func siteOnly(v ban.Verdict) bool { return v.Kind == ban.Ban && v.Reason == ReasonSiteProbe }
+
+// banAll reports whether v quarantines the proxy on every site: a ban with
+// Bans.AllSites, but a site probe's.
+func banAll(c *config, v ban.Verdict) bool {
+	return c.banAllSites && v.Kind == ban.Ban && !siteOnly(v)
+}
+
 // Ban quarantines proxy (a URL or an ID, as List shows it) on site for at
 // least d, for every worker of the pool, as if the site had banned it: a
 // request already using it finishes, and it counts as an offence for the
@@ -65,6 +85,20 @@ func (s *Switch) Unban(ctx context.Context, proxy, site string) error {
 		return redisErr("unban", err)
 	}
 	return nil
+}
+
+// siteHold runs site_hold.lua on site's scope (hooks.SiteHold, for
+// package probe): the quarantines site probes put proxies under there.
+func (s *Switch) siteHold(ctx context.Context, mode, site string, ids []string, ttl time.Duration) ([]string, error) {
+	scope := s.scopeOf(site)
+	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]string, error) {
+		return engine.SiteHold{Ledger: s.keys.siteHold(scope), Free: s.keys.free(scope), Lease: s.keys.leases(scope),
+			Strikes: s.keys.strikes(scope), Mode: mode, Slots: s.cfg.slots, TTL: ttl, IDs: ids}.Run(ctx, s.rdb).StringSlice()
+	}, nil)
+	if err != nil {
+		return nil, redisErr("site probe quarantines", err)
+	}
+	return res, nil
 }
 
 // Clear deletes every key of the pool: its proxies, settings, leases, bans,

@@ -273,19 +273,48 @@ func (p *redisPool) extendMember(ctx context.Context, l *Lease, ttl time.Duratio
 }
 
 // penalize runs penalize.lua: p's slots on site's scope (every site with
-// Bans.AllSites and a ban.Ban) wait out the quarantine, its run of bans or
-// failures grows, and l ends if it is p's lease on that scope.
+// Bans.AllSites and a ban.Ban, but a site probe's) wait out the quarantine,
+// its run of bans or failures grows, and l ends if it is p's lease on that
+// scope.
+//
+// A ban that rotates (rotates) a gateway's virtual proxy rotates it
+// instead. One round trip either way, but for a session newer than the
+// pool's copy: when the copy knows px's template, rotate runs at once;
+// otherwise penalize.lua checks the pool's gateways hash first and
+// quarantines a plain proxy in that one call, while for a gateway's proxy
+// it changes nothing and returns the template, which rotate then uses (a
+// second round trip).
 func (p *redisPool) penalize(ctx context.Context, site string, px *Proxy, l *Lease, v ban.Verdict) (penalty, error) {
+	check := false
 	if rotates(p.cfg, v) {
-		if pen, ok := p.rotate(ctx, site, px, l); ok {
-			return pen, nil
+		check = true
+		if tmpl := p.snapshot().gatewayOf(px.id); tmpl != "" {
+			pen, r := p.rotate(ctx, site, px, l, tmpl)
+			if r == rotateDone {
+				return pen, nil
+			}
+			check = false // a plain proxy, or Redis failed: quarantine it
 		}
 	}
+	pen, tmpl, err := p.quarantine(ctx, site, px, l, v, check)
+	if tmpl == "" {
+		return pen, err
+	}
+	if pen, r := p.rotate(ctx, site, px, l, tmpl); r == rotateDone {
+		return pen, nil
+	}
+	pen, _, err = p.quarantine(ctx, site, px, l, v, false)
+	return pen, err
+}
+
+// quarantine runs penalize.lua for penalize. With check, a virtual proxy of
+// a gateway is left alone and its template returned instead (tmpl != "").
+func (p *redisPool) quarantine(ctx context.Context, site string, px *Proxy, l *Lease, v ban.Verdict, check bool) (_ penalty, tmpl string, _ error) {
 	c, k := p.cfg, p.keys
 	scope := p.sw.scopeOf(site)
 	kind, base, maxq, hard, first, certain := "ban", c.quarantine, c.maxQuarantine, "0", c.firstQuarantine, "0"
-	if unambiguous(v) {
-		certain = "1"
+	if unambiguous(v) || siteOnly(v) {
+		certain = "1" // a site probe's failure is a verdict, no first strike
 	}
 	if v.Kind == ban.ProxyFailure {
 		kind, base, maxq = "fail", c.failQuarantine, c.maxFailQuarantine
@@ -298,17 +327,17 @@ func (p *redisPool) penalize(ctx context.Context, site string, px *Proxy, l *Lea
 		member, token = l.member, l.token
 	}
 	all := "0"
-	if c.banAllSites && v.Kind == ban.Ban {
+	if banAll(c, v) {
 		all = "1"
 	}
 	keys := []string{k.free(scope), k.leases(scope), k.strikes(scope), k.fails(), k.dead(), k.sites(), k.quarantine(),
-		k.health(scope), k.pace(scope)}
+		k.health(scope), k.pace(scope), k.gateways()}
 	// A rate-limit refusal under learned pacing is the site's pace, not the
 	// proxy's health: it lengthens the site's cooldown, not the proxy's hold.
 	// An operator's ban (Switch.Ban) says nothing of either.
 	flaky, pace := c.flakyDelay, paceRefusal(c, v)
 	switch {
-	case v.Reason == ReasonOperator:
+	case v.Reason == ReasonOperator || siteOnly(v):
 		flaky, pace = 0, ""
 	case pace != "":
 		flaky = 0
@@ -316,18 +345,39 @@ func (p *redisPool) penalize(ctx context.Context, site string, px *Proxy, l *Lea
 	argv := []any{kind, px.id, member, token, base.Milliseconds(), maxq.Milliseconds(),
 		min(v.RetryAfter, maxq).Milliseconds(), 850 + rand.N(301), all, k.base,
 		c.idleTTL.Milliseconds(), hard, c.deadAfter, site, v.Reason, c.slots, first.Milliseconds(), certain, 0,
-		flaky.Milliseconds(), pace}
-	res, err := roundTrip(ctx, p.timeout, func(ctx context.Context) ([]int64, error) {
-		return penalizeScript.Run(ctx, p.rdb, keys, argv...).Int64Slice()
+		flaky.Milliseconds(), pace, "0"}
+	if check {
+		argv[len(argv)-1] = "1"
+	}
+	reply, err := roundTrip(ctx, p.timeout, func(ctx context.Context) ([]any, error) {
+		return penalizeScript.Run(ctx, p.rdb, keys, argv...).Slice()
 	}, nil)
+	if err == nil && check && len(reply) == 2 && reply[0] == "gateway" {
+		if member != "" {
+			l.released.Store(false) // untouched: rotate ends it
+		}
+		if t, ok := reply[1].(string); ok && t != "" {
+			return penalty{}, t, nil
+		}
+		err = fmt.Errorf("%w: quarantine reply with a gateway template of type %T", ErrCorrupt, reply[1])
+		return penalty{}, "", err
+	}
 	if err != nil {
 		if member != "" {
 			l.released.Store(false) // still held: it expires by its TTL, or Release may retry
 		}
-		return penalty{}, redisErr("quarantine", err)
+		return penalty{}, "", redisErr("quarantine", err)
 	}
-	if len(res) != 11 {
-		return penalty{ended: member != ""}, fmt.Errorf("%w: quarantine reply of %d items", ErrCorrupt, len(res))
+	if len(reply) != 11 {
+		return penalty{ended: member != ""}, "", fmt.Errorf("%w: quarantine reply of %d items", ErrCorrupt, len(reply))
+	}
+	res := make([]int64, len(reply))
+	for i := range reply {
+		n, ok := intAt(reply, i)
+		if !ok {
+			return penalty{ended: member != ""}, "", fmt.Errorf("%w: quarantine reply item %d of type %T", ErrCorrupt, i+1, reply[i])
+		}
+		res[i] = n
 	}
 	pen := penalty{quarantine: time.Duration(res[0]) * time.Millisecond, until: time.UnixMilli(res[1]),
 		strikes: int(res[2]), dead: res[3] == 1, ended: member != "", first: res[5] == 1, healthy: res[6] == 1,
@@ -345,7 +395,7 @@ func (p *redisPool) penalize(ctx context.Context, site string, px *Proxy, l *Lea
 		c.logger.Debug("proxyswitch: proxy quarantined", "proxy", px.String(), "site", site,
 			"kind", v.Kind.String(), "reason", v.Reason, "for", pen.quarantine, "in_a_row", pen.strikes)
 	}
-	return pen, nil
+	return pen, "", nil
 }
 
 // paceRefusal is penalize.lua's ARGV[18]: "<floor ms>|<max ms>" when v is a

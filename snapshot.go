@@ -65,6 +65,28 @@ type poolSnapshot struct {
 	gateways []any // id, template, ...: the gateways hash (gateway.go)
 	labels   []any // id, "k=v,k=v", ...: the labels hash (labels.go)
 	dead     []any // id, "<ms>|<reason>", ...: the dead list
+
+	gwOnce sync.Once
+	gwByID map[string]string // gateways by ID, built on the first gatewayOf
+}
+
+// gatewayOf returns the gateway template of proxy id as the copy has it, ""
+// for none or no copy. A session rotated in since the copy was read is not
+// in it: "" says "not known here", never "plain" (penalize asks Redis then).
+func (s *poolSnapshot) gatewayOf(id string) string {
+	if s == nil || len(s.gateways) == 0 {
+		return ""
+	}
+	s.gwOnce.Do(func() {
+		m := make(map[string]string, len(s.gateways)/2)
+		for i := 0; i+1 < len(s.gateways); i += 2 {
+			k, _ := s.gateways[i].(string)
+			t, _ := s.gateways[i+1].(string)
+			m[k] = t
+		}
+		s.gwByID = m
+	})
+	return s.gwByID[id]
 }
 
 // labelsByID returns the labels of the copy's proxies by ID.

@@ -7,7 +7,9 @@
 // Every probe of a live proxy runs under a lease of that proxy for the
 // probed site (Switch.LeaseProxy): a probe never collides with a crawl
 // request on the echo site, or on a probed site, and a proxy busy there is
-// skipped (it is not idle). The checker marks with a reason of its own
+// skipped (it is not idle). The one exception is a proxy a site probe
+// quarantined on a site: no request uses it there meanwhile, and it is
+// probed there again under that quarantine, which ends early if it passes. The checker marks with a reason of its own
 // (Switch.Drain with its reason) and revives only what it marked
 // (Switch.Revive with that reason): a proxy an operator drained, or one dead
 // of its failures, is left alone.
@@ -88,7 +90,9 @@ type Result struct {
 	// Err is why the probe failed, without the proxy's password.
 	Err error
 	// Action is what the checker did: "dead" (marked dead), "revived",
-	// "quarantined" (on Site), or "" (nothing).
+	// "quarantined" (on Site), "lifted" (the quarantine on Site a site
+	// probe had put it under ended: the probe passed again), or ""
+	// (nothing).
 	Action string
 }
 
@@ -120,8 +124,13 @@ type Report struct {
 	Dead        int // proxies marked dead this round
 	Revived     int // proxies revived this round
 	Quarantined int // (proxy, site) pairs quarantined this round
+	Lifted      int // (proxy, site) quarantines of site probes lifted this round: the site probe passed again
 	ExitChanges int // proxies whose recorded exit IP changed this round (Exits)
-	Results     []Result
+	// SitesDown are the probed sites that every proxy probed there this
+	// round failed, two at least: the site is taken for down, and nobody
+	// is quarantined on it.
+	SitesDown []string
+	Results   []Result
 }
 
 // Checker probes the proxies of one Switch's pool. Set the fields before
@@ -139,7 +148,16 @@ type Checker struct {
 	EchoSite string
 	// Sites are optional per-site probes, run for proxies that pass the
 	// echo probe; a failure quarantines the proxy on that site only, for
-	// SiteQuarantine (a ban: it counts for the site's backoff).
+	// SiteQuarantine (a ban with proxyswitch.ReasonSiteProbe: it counts for
+	// the site's backoff, and stays on the site whatever Bans.AllSites, the
+	// site's circuit breaker or the proxy being a gateway's session). When
+	// every proxy probed on a site in a round fails there, two at least,
+	// the site is taken for down: nobody is quarantined (Report.SitesDown,
+	// a warning).
+	// A proxy a site probe quarantined is probed there again in the next
+	// rounds (without a lease: its quarantine keeps requests off it there)
+	// and, when it passes, its quarantine is lifted (Switch.Unban's
+	// effect; Report.Lifted), unless another ban lengthened it since.
 	Sites []SiteProbe
 	// Every is Run's interval; 0 is DefaultEvery.
 	Every time.Duration
@@ -436,7 +454,13 @@ func (c *Checker) round(ctx context.Context, s settings, fresh bool) (Report, er
 			rep.Revived++
 		case "quarantined":
 			rep.Quarantined++
+		case "lifted":
+			rep.Lifted++
 		}
+	}
+	sv := &siteVerdicts{passed: map[string]int{}, failed: map[string][]siteFailure{}}
+	if err := c.heldOnSites(ctx, s, sv); err != nil {
+		return rep, err
 	}
 	var firstErr error
 	fail := func(err error) {
@@ -493,7 +517,7 @@ func (c *Checker) round(ctx context.Context, s settings, fresh bool) (Report, er
 					}
 					if ok {
 						for _, sp := range s.sites {
-							if err := c.checkSite(ctx, s, j.p, sp, add); err != nil {
+							if err := c.checkSite(ctx, s, j.p, sp, add, sv); err != nil {
 								fail(err)
 							}
 						}
@@ -515,6 +539,11 @@ func (c *Checker) round(ctx context.Context, s settings, fresh bool) (Report, er
 	mu.Lock()
 	rep.Skipped += len(busy)
 	mu.Unlock()
+	down, err := c.settleSites(ctx, s, sv, add)
+	rep.SitesDown = down
+	if err != nil {
+		fail(err)
+	}
 	if firstErr == nil {
 		firstErr = ctx.Err()
 	}
@@ -634,28 +663,160 @@ func (c *Checker) lease(ctx context.Context, s settings, site string, p *proxysw
 	return l, nil
 }
 
-// checkSite runs one site probe of p under a lease on the site; a failure
-// quarantines p there.
-func (c *Checker) checkSite(ctx context.Context, s settings, p *proxyswitch.Proxy, sp SiteProbe, add func(Result)) error {
+// siteVerdicts are a round's site probes: passes counted per site, the
+// failures held (with their leases) until the round ends, when
+// settleSites tells a site down from proxies that cannot reach it; and
+// held, the proxies under a quarantine a site probe put them under, by
+// site, as the round started (heldOnSites).
+type siteVerdicts struct {
+	mu     sync.Mutex
+	passed map[string]int
+	failed map[string][]siteFailure
+	held   map[string]map[string]bool
+}
+
+// heldOnSites reads, for each probed site, the proxies still under the
+// quarantine a site probe put them under there (site_hold.lua): those are
+// probed again without a lease, and lifted if they pass.
+func (c *Checker) heldOnSites(ctx context.Context, s settings, sv *siteVerdicts) error {
+	sv.held = map[string]map[string]bool{}
+	for _, sp := range s.sites {
+		if sv.held[sp.Site] != nil {
+			continue
+		}
+		ids, err := hooks.SiteHold(ctx, c.Switch, "list", sp.Site, nil, 0)
+		if err != nil {
+			return err
+		}
+		sv.held[sp.Site] = map[string]bool{}
+		for _, id := range ids {
+			sv.held[sp.Site][id] = true
+		}
+	}
+	return nil
+}
+
+// ledgerMargin is how long the ledger of a site's probe quarantines
+// outlives the latest of them.
+const ledgerMargin = time.Minute
+
+// recheckSite probes p on a site it is quarantined on by a site probe:
+// without a lease (none is to be had), which the quarantine makes safe: no
+// request uses p on the site meanwhile. A pass lifts the quarantine, if it
+// is still the probe's (site_hold.lua), and counts for the site being up;
+// a failure leaves it to run out.
+func (c *Checker) recheckSite(ctx context.Context, s settings, p *proxyswitch.Proxy, sp SiteProbe, add func(Result), sv *siteVerdicts) error {
+	r := c.probe(ctx, s, p, sp.URL, false)
+	r.Site = sp.Site
+	if r.OK {
+		sv.mu.Lock()
+		sv.passed[sp.Site]++
+		sv.mu.Unlock()
+		ids, err := hooks.SiteHold(ctx, c.Switch, "lift", sp.Site, []string{p.ID()}, 0)
+		if err != nil {
+			return err
+		}
+		if len(ids) == 1 {
+			r.Action = "lifted"
+			s.log.Info("proxyswitch probe: site probe passed again; quarantine lifted", "pool", c.Switch.Pool(),
+				"proxy", p.String(), "site", sp.Site)
+		}
+	}
+	add(r)
+	return nil
+}
+
+// siteFailure is a failed site probe: its result, and the lease of the
+// proxy on the site, held until settleSites decides.
+type siteFailure struct {
+	l *proxyswitch.Lease
+	r Result
+}
+
+// checkSite runs one site probe of p under a lease on the site. A pass is
+// counted and its lease released; a failure is kept in sv, lease held, for
+// settleSites.
+func (c *Checker) checkSite(ctx context.Context, s settings, p *proxyswitch.Proxy, sp SiteProbe, add func(Result), sv *siteVerdicts) error {
 	l, err := c.lease(ctx, s, sp.Site, p)
 	if l == nil {
+		if err == nil && sv.held[sp.Site][p.ID()] {
+			return c.recheckSite(ctx, s, p, sp, add, sv)
+		}
 		return err
 	}
 	r := c.probe(ctx, s, p, sp.URL, false)
 	r.Site = sp.Site
 	if r.OK || ctx.Err() != nil {
+		if r.OK {
+			sv.mu.Lock()
+			sv.passed[sp.Site]++
+			sv.mu.Unlock()
+		}
 		add(r)
 		return l.Release(context.WithoutCancel(ctx))
 	}
-	if err := l.Report(ctx, ban.Verdict{Kind: ban.Ban, Reason: ban.ReasonCustom, RetryAfter: s.siteQ}); err != nil {
-		_ = l.Release(context.WithoutCancel(ctx))
-		return err
-	}
-	r.Action = "quarantined"
-	s.log.Info("proxyswitch probe: proxy quarantined on a site", "pool", c.Switch.Pool(), "proxy", p.String(),
-		"site", sp.Site, "for", s.siteQ, "err", r.Err.Error())
-	add(r)
+	sv.mu.Lock()
+	sv.failed[sp.Site] = append(sv.failed[sp.Site], siteFailure{l: l, r: r})
+	sv.mu.Unlock()
 	return nil
+}
+
+// settleSites acts on the round's failed site probes: a site that every
+// proxy probed there failed, two at least, is down (its proxies are
+// released, nobody is quarantined; it is logged and returned): one proxy
+// alone cannot tell its own fault from the site's, and is quarantined;
+// on the others each proxy that
+// failed is quarantined on that site only, for SiteQuarantine
+// (proxyswitch.ReasonSiteProbe). A round that ended (ctx) quarantines
+// nobody. The error is the first Redis error.
+func (c *Checker) settleSites(ctx context.Context, s settings, sv *siteVerdicts, add func(Result)) ([]string, error) {
+	var down []string
+	var firstErr error
+	for _, sp := range s.sites {
+		fails := sv.failed[sp.Site]
+		if len(fails) == 0 {
+			continue
+		}
+		delete(sv.failed, sp.Site) // a site probed twice (two SiteProbes of one site) is settled once
+		if ctx.Err() != nil || sv.passed[sp.Site] == 0 && len(fails) >= 2 {
+			if ctx.Err() == nil {
+				down = append(down, sp.Site)
+				s.log.Warn("proxyswitch probe: every proxy failed the site probe; taking the site for down, quarantining nobody",
+					"pool", c.Switch.Pool(), "site", sp.Site, "proxies", len(fails), "err", fails[0].r.Err.Error())
+			}
+			for _, f := range fails {
+				if err := f.l.Release(context.WithoutCancel(ctx)); err != nil && !errors.Is(err, proxyswitch.ErrLeaseLost) && firstErr == nil {
+					firstErr = err
+				}
+				add(f.r)
+			}
+			continue
+		}
+		var ids []string
+		for _, f := range fails {
+			err := f.l.Report(ctx, ban.Verdict{Kind: ban.Ban, Reason: proxyswitch.ReasonSiteProbe, RetryAfter: s.siteQ})
+			if err != nil {
+				_ = f.l.Release(context.WithoutCancel(ctx))
+				if firstErr == nil {
+					firstErr = err
+				}
+				add(f.r)
+				continue
+			}
+			ids = append(ids, f.r.Proxy.ID())
+			f.r.Action = "quarantined"
+			s.log.Info("proxyswitch probe: proxy quarantined on a site", "pool", c.Switch.Pool(), "proxy", f.r.Proxy.String(),
+				"site", sp.Site, "for", s.siteQ, "err", f.r.Err.Error())
+			add(f.r)
+		}
+		// The ledger a later round lifts them from when they pass again.
+		if len(ids) > 0 {
+			if _, err := hooks.SiteHold(ctx, c.Switch, "note", sp.Site, ids, ledgerMargin); err != nil && firstErr == nil {
+				firstErr = err
+			}
+		}
+	}
+	return down, firstErr
 }
 
 // maxEcho bounds the echo answer read.

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/proxyswitch/proxyswitch"
+	"github.com/proxyswitch/proxyswitch/internal/engine"
 	"github.com/proxyswitch/proxyswitch/probe"
 	"github.com/proxyswitch/proxyswitch/proxyswitchtest"
 	"github.com/stretchr/testify/require"
@@ -381,4 +382,207 @@ func TestCheckerConfig(t *testing.T) {
 	}
 	err := (&probe.Checker{Switch: sw, EchoURL: "http://127.0.0.1:1/"}).Run(ctx)
 	require.ErrorIs(t, err, proxyswitch.ErrConfig)
+}
+
+// blockingSite is a site that answers 403 to the source IPs in block.
+func blockingSite(t *testing.T, name string, block func(ip string) bool) *proxyswitchtest.Site {
+	return proxyswitchtest.NewSite(t, name, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		host, _, _ := net.SplitHostPort(r.RemoteAddr)
+		if block(host) {
+			http.Error(w, "blocked", http.StatusForbidden)
+		}
+	}))
+}
+
+// quarantinedOn returns the IDs of the proxies quarantined on site, sorted.
+func quarantinedOn(t *testing.T, sw *proxyswitch.Switch, site string) []string {
+	t.Helper()
+	st, err := sw.ProxyStates(context.Background(), site)
+	require.NoError(t, err)
+	var out []string
+	for _, s := range st {
+		if s.State == proxyswitch.StateQuarantined {
+			out = append(out, s.Proxy.ID())
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// TestCheckerSiteProbeOnSiteOnly: a site probe's failure quarantines the
+// proxy on that site only, with Bans.AllSites on and a site circuit
+// breaker that two bans in a row would open: every proxy that failed is
+// quarantined (the breaker absorbs none, and does not open: the site still
+// leases its healthy proxy), and every other site leases all of them.
+func TestCheckerSiteProbeOnSiteOnly(t *testing.T) {
+	ctx := context.Background()
+	farm := proxyswitchtest.NewFarm(t, 6)
+	sw := newSwitch(t, testPrefix(), proxyswitch.WithBans(proxyswitch.Bans{AllSites: true}),
+		proxyswitch.WithBreaker(proxyswitch.Breaker{Burst: 2, MinProxies: 2, MinAttempts: 2}))
+	_, err := sw.Add(ctx, farm.URLs()...)
+	require.NoError(t, err)
+	ec := newEcho(t, 0)
+	healthy := farm.Proxies[0].SourceIP().String()
+	ozon := blockingSite(t, "ozon", func(ip string) bool { return ip != healthy })
+	c := &probe.Checker{Switch: sw, EchoURL: ec.site.URL(), Sites: []probe.SiteProbe{{URL: ozon.URL() + "/"}},
+		Timeout: time.Second, SiteQuarantine: time.Hour, Logger: (&testlog.Buffer{}).Logger()}
+	rep, err := c.Check(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 5, rep.Quarantined)
+	require.Empty(t, rep.SitesDown)
+	ozonSite := strings.TrimPrefix(ozon.URL(), "http://")
+	var want []string
+	for _, p := range farm.Proxies[1:] {
+		want = append(want, idOf(t, p.URL()))
+	}
+	sort.Strings(want)
+	require.Equal(t, want, quarantinedOn(t, sw, ozonSite))
+	require.Equal(t, map[string]bool{idOf(t, farm.Proxies[0].URL()): true}, leaseAll(t, sw, ozonSite),
+		"the site is not paused: its healthy proxy leases")
+	require.Len(t, leaseAll(t, sw, "avito.example"), 6, "not quarantined on other sites")
+	require.Empty(t, quarantinedOn(t, sw, "avito.example"))
+	require.Equal(t, int64(5), sw.BanCounts()[proxyswitch.BanKey{Site: ozonSite, Reason: proxyswitch.ReasonSiteProbe}])
+}
+
+// TestCheckerSiteProbeGatewayHeld: a gateway session that cannot reach a
+// site is held off it, not rotated: the pool keeps its sessions.
+func TestCheckerSiteProbeGatewayHeld(t *testing.T) {
+	ctx := context.Background()
+	gw := proxyswitchtest.NewGateway(t, proxyswitchtest.GatewayConfig{Exits: 8})
+	sw := newSwitch(t, testPrefix())
+	_, err := sw.Add(ctx, gw.Template("customer-test", 3))
+	require.NoError(t, err)
+	list := func() []string {
+		ps, err := sw.List(ctx)
+		require.NoError(t, err)
+		var ids []string
+		for _, p := range ps {
+			ids = append(ids, p.ID())
+		}
+		sort.Strings(ids)
+		return ids
+	}
+	before := list()
+	require.Len(t, before, 3)
+	ec := newEcho(t, 0)
+	// The echo round gives each session its exit; the site blocks the
+	// first session's.
+	var mu sync.Mutex
+	var blocked string
+	var victim string
+	ozon := blockingSite(t, "ozon", func(ip string) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return ip == blocked
+	})
+	c := &probe.Checker{Switch: sw, EchoURL: ec.site.URL(), Timeout: time.Second, SiteQuarantine: time.Hour,
+		Logger: (&testlog.Buffer{}).Logger(), OnResult: func(r probe.Result) {
+			mu.Lock()
+			defer mu.Unlock()
+			if r.Echo && r.OK && blocked == "" {
+				blocked, victim = r.ExitIP, r.Proxy.ID()
+			}
+		}}
+	_, err = c.Check(ctx)
+	require.NoError(t, err)
+	require.NotEmpty(t, blocked)
+	c.Sites = []probe.SiteProbe{{URL: ozon.URL() + "/"}}
+	rep, err := c.Check(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, rep.Quarantined)
+	require.Equal(t, before, list(), "no session rotated")
+	require.Equal(t, []string{victim}, quarantinedOn(t, sw, strings.TrimPrefix(ozon.URL(), "http://")))
+}
+
+// TestCheckerSiteDown: when every proxy fails a site's probe, the site is
+// down, not the proxies: nobody is quarantined, the round reports it, and
+// the site leases every proxy.
+func TestCheckerSiteDown(t *testing.T) {
+	ctx := context.Background()
+	farm := proxyswitchtest.NewFarm(t, 4)
+	var buf testlog.Buffer
+	sw := newSwitch(t, testPrefix())
+	_, err := sw.Add(ctx, farm.URLs()...)
+	require.NoError(t, err)
+	ec := newEcho(t, 0)
+	ozon := proxyswitchtest.NewSite(t, "ozon", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "down for maintenance", http.StatusServiceUnavailable)
+	}))
+	ozonSite := strings.TrimPrefix(ozon.URL(), "http://")
+	var failed atomic.Int64
+	c := &probe.Checker{Switch: sw, EchoURL: ec.site.URL(), Sites: []probe.SiteProbe{{URL: ozon.URL() + "/"}},
+		Timeout: time.Second, SiteQuarantine: time.Hour, Logger: buf.Logger(),
+		OnResult: func(r probe.Result) {
+			if !r.Echo && !r.OK {
+				failed.Add(1)
+			}
+		}}
+	rep, err := c.Check(ctx)
+	require.NoError(t, err)
+	require.Equal(t, int64(4), failed.Load(), "every proxy probed the site, and failed")
+	require.Equal(t, 0, rep.Quarantined)
+	require.Equal(t, []string{ozonSite}, rep.SitesDown)
+	require.Empty(t, quarantinedOn(t, sw, ozonSite))
+	require.Len(t, leaseAll(t, sw, ozonSite), 4)
+	require.Contains(t, buf.String(), "taking the site for down")
+}
+
+// TestCheckerSiteProbeLifts: a proxy a site probe quarantined is probed
+// there again in the next round, under its quarantine, and lifted when it
+// passes; a quarantine that is not the probe's (an operator's ban), or
+// that a later ban lengthened, is left alone.
+func TestCheckerSiteProbeLifts(t *testing.T) {
+	ctx := context.Background()
+	farm := proxyswitchtest.NewFarm(t, 5)
+	prefix := testPrefix()
+	sw := newSwitch(t, prefix)
+	_, err := sw.Add(ctx, farm.URLs()...)
+	require.NoError(t, err)
+	ec := newEcho(t, 0)
+	var blocking atomic.Bool
+	blocking.Store(true)
+	one, three := farm.Proxies[1].SourceIP().String(), farm.Proxies[3].SourceIP().String()
+	ozon := blockingSite(t, "ozon", func(ip string) bool { return blocking.Load() && (ip == one || ip == three) })
+	ozonSite := strings.TrimPrefix(ozon.URL(), "http://")
+	c := &probe.Checker{Switch: sw, EchoURL: ec.site.URL(), Sites: []probe.SiteProbe{{URL: ozon.URL() + "/"}},
+		Timeout: time.Second, SiteQuarantine: time.Hour, Logger: (&testlog.Buffer{}).Logger()}
+	rep, err := c.Check(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 2, rep.Quarantined)
+	id := func(i int) string { return idOf(t, farm.Proxies[i].URL()) }
+	sorted := func(ids ...string) []string { sort.Strings(ids); return ids }
+	require.Equal(t, sorted(id(1), id(3)), quarantinedOn(t, sw, ozonSite))
+	base, err := engine.KeyBase(prefix, sw.Pool())
+	require.NoError(t, err)
+	ledger := base + ":siteprobe:" + ozonSite
+	require.Equal(t, int64(1), shared.Client(t).Exists(ctx, ledger).Val(), "the ledger of the probe's quarantines")
+
+	require.NoError(t, sw.Ban(ctx, id(2), ozonSite, time.Hour), "an operator's ban: not the probe's")
+	require.NoError(t, sw.Ban(ctx, id(3), ozonSite, 3*time.Hour), "a longer ban over the probe's")
+	blocking.Store(false)
+	rep, err = c.Check(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, rep.Lifted)
+	require.Equal(t, 0, rep.Quarantined)
+	require.Equal(t, sorted(id(2), id(3)), quarantinedOn(t, sw, ozonSite))
+	got := leaseAll(t, sw, ozonSite)
+	require.True(t, got[id(1)], "lifted: the site leases it again")
+	require.Len(t, got, 3)
+
+	rep, err = c.Check(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 0, rep.Lifted, "nothing left the probe's to lift")
+	require.Equal(t, sorted(id(2), id(3)), quarantinedOn(t, sw, ozonSite))
+
+	// Clear deletes the ledger: another site's, written by a fourth round.
+	zero := farm.Proxies[0].SourceIP().String()
+	wb := blockingSite(t, "wb", func(ip string) bool { return ip == zero })
+	c.Sites = append(c.Sites, probe.SiteProbe{URL: wb.URL() + "/"})
+	rep, err = c.Check(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, rep.Quarantined)
+	ledger = base + ":siteprobe:" + strings.TrimPrefix(wb.URL(), "http://")
+	require.Equal(t, int64(1), shared.Client(t).Exists(ctx, ledger).Val())
+	require.NoError(t, sw.Clear(ctx))
+	require.Zero(t, shared.Client(t).Exists(ctx, ledger).Val(), "Clear deletes the ledger")
 }

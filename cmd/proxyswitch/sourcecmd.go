@@ -49,7 +49,9 @@ dead (reason "probe"); one the probe marked dead that passes is revived;
 drained proxies are left alone. Each live proxy is leased on the echo
 site for its probe, so it never meets a crawl request there. With -site, a
 proxy that passes is also probed on each site URL and quarantined on that
-site only if it cannot reach it (status other than 2xx/3xx).
+site only if it cannot reach it (status other than 2xx/3xx); a site that
+every proxy fails (two at least) is taken for down, and nobody is quarantined on it; a
+proxy quarantined so is probed there again, and lifted when it passes.
 Without -every: one round, a line per proxy, and a summary; it takes no
 lock, and warns on stderr when a probe -every holds the fleet's lock (its
 rounds and this one then probe the pool at once). With -every: a round
@@ -246,5 +248,11 @@ func printRound(w io.Writer, r probe.Report) {
 		r.Start.UTC().Format(time.RFC3339), r.Probed, r.Skipped, r.Dead, r.Revived, r.Quarantined, r.End.Sub(r.Start).Round(time.Millisecond))
 	if r.ExitChanges > 0 {
 		fmt.Fprintf(w, "  exit IPs changed: %d\n", r.ExitChanges)
+	}
+	if r.Lifted > 0 {
+		fmt.Fprintf(w, "  site quarantines lifted (the site probe passed again): %d\n", r.Lifted)
+	}
+	if len(r.SitesDown) > 0 {
+		fmt.Fprintf(w, "  sites down (every proxy failed their probe; nobody quarantined): %s\n", strings.Join(r.SitesDown, ", "))
 	}
 }

@@ -20,9 +20,9 @@ var (
 	listScript        = Root.Script("list")
 	statsScript       = Root.Script("stats")
 	poolUpdateScript  = Root.Script("pool_update")
-	gatewayOfScript   = Root.Script("gateway_of")
 	findScript        = Root.Script("find")
 	unbanScript       = Root.Script("unban")
+	siteHoldScript    = Root.Script("site_hold")
 	drainScript       = Root.Script("drain")
 	clearScript       = Root.Script("clear")
 	sitesScript       = Root.Script("sites")
@@ -101,17 +101,6 @@ func (c PoolUpdate) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
 		c.Gateways, c.Labels, c.GatewayIndex, c.Relabel}, argv...)
 }
 
-// GatewayOf runs gateway_of.lua: the gateway template of a proxy, "" for none.
-type GatewayOf struct {
-	Gateways string // KEYS[1] the pool's gateways hash
-	Proxy    string // ARGV[1] proxy id
-}
-
-// Run sends the call.
-func (c GatewayOf) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
-	return gatewayOfScript.Run(ctx, rdb, []string{c.Gateways}, c.Proxy)
-}
-
 // Find runs find.lua: one proxy by ID, {URL, labels}, {} when not in the pool.
 type Find struct {
 	Pool, Labels string // KEYS[1..2] the pool's hash and its labels hash
@@ -134,6 +123,27 @@ type Unban struct {
 // Run sends the call.
 func (c Unban) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
 	return unbanScript.Run(ctx, rdb, []string{c.Free, c.Lease, c.Strikes}, c.Proxy, c.Slots)
+}
+
+// SiteHold runs site_hold.lua: the ledger of the quarantines site probes
+// put proxies under on one scope ("note", "list", "lift"); the reply is
+// the ids noted, still held or lifted.
+type SiteHold struct {
+	Ledger, Free, Lease, Strikes string // KEYS[1..4] of the scope
+
+	Mode  string        // ARGV[1] "note", "list" or "lift"
+	Slots int           // ARGV[2] slots per proxy (K)
+	TTL   time.Duration // ARGV[3] how long the ledger outlives its latest quarantine ("note")
+	IDs   []string      // ARGV[4..] proxy ids ("note", "lift")
+}
+
+// Run sends the call.
+func (c SiteHold) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
+	argv := []any{c.Mode, c.Slots, c.TTL.Milliseconds()}
+	for _, id := range c.IDs {
+		argv = append(argv, id)
+	}
+	return siteHoldScript.Run(ctx, rdb, []string{c.Ledger, c.Free, c.Lease, c.Strikes}, argv...)
 }
 
 // Drain runs drain.lua: take proxies out of every site's rotation,

@@ -4,6 +4,7 @@ package hooks
 
 import (
 	"context"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -15,6 +16,14 @@ var Prefix func(sw any) string
 // Redis returns the Redis client of sw, a *proxyswitch.Switch (the one
 // given to NewSwitch). Package proxyswitch sets it in its init.
 var Redis func(sw any) redis.Scripter
+
+// SiteHold runs site_hold.lua on the scope of site in the pool of sw, a
+// *proxyswitch.Switch: mode "note" records the quarantines just put on ids
+// by a site probe (the ledger outliving the latest by ttl), "list" returns the ids whose
+// quarantine there is still the probe's, "lift" ends those of ids that
+// are (as Switch.Unban); the reply is the ids noted, held or lifted.
+// Package proxyswitch sets it in its init.
+var SiteHold func(ctx context.Context, sw any, mode, site string, ids []string, ttl time.Duration) ([]string, error)
 
 // Observers returns the observers set on sw, a *proxyswitch.Switch, by
 // SetObserver, each as it was given (none: nil), so that a package of the

@@ -6,7 +6,7 @@
 -- KEYS[2..] the other pool-wide keys to delete (pool hash, meta hash, ...)
 -- ARGV[1] key prefix "{prefix:pool}": the per-site keys of site S are
 --         ARGV[1]..":free:"..S, ":lease:"..S, ":strikes:"..S, ":health:"..S,
---         ":pace:"..S and ":breaker:"..S (the window of its circuit breaker,
+--         ":pace:"..S, ":siteprobe:"..S (site_hold.lua) and ":breaker:"..S (the window of its circuit breaker,
 --         breaker.lua; so is that of every site the breaker hash ARGV[1]..":breaker" names),
 --         and ARGV[1]..":exit" with the set ARGV[1]..":exit:"..IP of each IP it holds,
 --         and ARGV[1]..":gwindex" with the index zset ARGV[1]..":gw:"..D of each
@@ -46,7 +46,7 @@ if redis.call('ZCARD', KEYS[1]) > budget then
   local some = redis.call('ZRANGE', KEYS[1], 0, budget - 1)
   for _, sc in ipairs(some) do
     redis.call('UNLINK', base .. ':free:' .. sc, base .. ':lease:' .. sc, base .. ':strikes:' .. sc,
-      base .. ':health:' .. sc, base .. ':pace:' .. sc, base .. ':breaker:' .. sc)
+      base .. ':health:' .. sc, base .. ':pace:' .. sc, base .. ':siteprobe:' .. sc, base .. ':breaker:' .. sc)
   end
   redis.call('ZREM', KEYS[1], unpack(some))
   return -1
@@ -79,7 +79,7 @@ if entries then
 end
 for _, sc in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
   n = n + redis.call('UNLINK', base .. ':free:' .. sc, base .. ':lease:' .. sc, base .. ':strikes:' .. sc,
-    base .. ':health:' .. sc, base .. ':pace:' .. sc, base .. ':breaker:' .. sc)
+    base .. ':health:' .. sc, base .. ':pace:' .. sc, base .. ':siteprobe:' .. sc, base .. ':breaker:' .. sc)
 end
 for _, site in ipairs(redis.call('HKEYS', base .. ':breaker')) do
   n = n + redis.call('UNLINK', base .. ':breaker:' .. site)

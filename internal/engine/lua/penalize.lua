@@ -13,6 +13,7 @@
 -- KEYS[7] quarantine zset (pool)        id -> unix ms until which it is banned on every site
 -- KEYS[8] health hash     of the scope  id -> recent failure rate (lib.lua's health_note)
 -- KEYS[9] pace hash       of the scope  the learned cooldown (lib.lua's pace_refused)
+-- KEYS[10] gateways hash  (pool)        id -> gateway template; read only with ARGV[22] = "1"
 -- ARGV[1]  "ban" or "fail"              ARGV[2] proxy id
 -- ARGV[3]  member of the lease to end, or ""     ARGV[4] its owner token, or ""
 -- ARGV[5]  base quarantine ms           ARGV[6] max quarantine ms
@@ -47,6 +48,11 @@
 -- ARGV[20] flaky delay ms (Rotation.FlakyDelay): a verdict (no first strike) counts in the health
 --          hash, and the proxy waits at least its failure rate times this; 0: off
 -- ARGV[21] a rate-limit refusal under learned pacing: "<floor ms>|<max ms>"; else ""
+-- ARGV[22] "1": a ban that rotates a gateway's session (gateway.go): when the
+--          proxy is a virtual proxy of a gateway (KEYS[10]), nothing changes
+--          and the reply is {"gateway", its template}, for the caller to
+--          rotate it (pool_update.lua's "rotate"); a plain proxy is
+--          penalized as any. Saves the caller a round trip to learn which.
 --
 -- Paced refusals (ban with ARGV[21]): a refusal of a proxy that had not
 -- rested (lib.lua's PACE_RESTED: its last healthy answer on the scope is
@@ -84,9 +90,14 @@
 -- Returns {quarantine ms, until ms, offences in a row, dead 0/1, lease ended 0/1,
 --          first quarantine 0/1, healthy before 0/1, witness 0/1,
 --          hold 0/1 (2: a hold of a proxy rested past PACE_TIRED times the accepted rest),
---          ms of the lift after the last verdict (0: none), now ms}.
+--          ms of the lift after the last verdict (0: none), now ms},
+--          or {"gateway", template} (ARGV[22]).
 local pool, badpool = pool_prefix(ARGV[10])
 if not pool then return redis.error_reply(badpool) end
+if ARGV[22] == '1' then
+  local t = redis.call('HGET', KEYS[10], ARGV[2])
+  if t then return {'gateway', t} end
+end
 local now = now_ms()
 local id = ARGV[2]
 local base, maxq, minq = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])

@@ -84,6 +84,8 @@
 -- Returns {added, removed, size after, entries consumed, pending}: pending
 -- 1 while the index build or a relabelling is not done ("index" calls
 -- finish them), else 0.
+-- "rotate" adds a sixth item: 1 when the old id is in the pool but no
+-- gateway's virtual proxy (a plain proxy: the caller quarantines it), else 0.
 local now = now_ms()
 local base, badbase = pool_prefix(ARGV[2])
 if not base then return redis.error_reply(badbase) end
@@ -100,6 +102,7 @@ if #stale > 0 then
   redis.call('ZREM', KEYS[2], unpack(stale))
   redis.call('HDEL', KEYS[8], unpack(stale))
 end
+local plain = 0 -- rotate: the old id is in the pool but no gateway's
 local sites = {}
 if mode == 'remove' or mode == 'replace' or mode == 'rotate' then
   for _, s in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
@@ -444,6 +447,7 @@ elseif mode == 'replace' then
   consumed = total
 elseif mode == 'rotate' then
   local old, t = ARGV[5], redis.call('HGET', KEYS[9], ARGV[5])
+  if not t and redis.call('HEXISTS', KEYS[1], old) == 1 then plain = 1 end
   if t and redis.call('HEXISTS', KEYS[1], old) == 1 and redis.call('HEXISTS', KEYS[1], ARGV[6]) == 0 then
     local labels = redis.call('HGET', KEYS[10], old) or ''
     if redis.call('HEXISTS', KEYS[12], digest(t)) == 1 then
@@ -487,4 +491,5 @@ if consumed >= total then
   end
 end
 if consumed < total and relabelled > 0 then bump_version(KEYS[3]) end -- not counted by ARGV[4]
+if mode == 'rotate' then return {added, removed, size, consumed, pending, plain} end
 return {added, removed, size, consumed, pending}

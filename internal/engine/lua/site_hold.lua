@@ -1,0 +1,92 @@
+-- site_hold.lua: the quarantines site probes (package probe) put proxies
+-- under on one scope, so that a later probe of the site that passes lifts
+-- them early, and only them.
+--
+-- KEYS[1] ledger hash  of the scope  id -> end (ms) of the quarantine a site probe put it under
+-- KEYS[2] free zset    of the scope  "<id>:<slot>" -> unix ms at which it is next available
+-- KEYS[3] lease hash   of the scope  "<id>:<slot>" -> "<token>|<expiry ms>"
+-- KEYS[4] strikes hash of the scope  id -> "<bans in a row>|<ms of the last>|<its end>"
+-- ARGV[1] "note" | "list" | "lift"
+-- ARGV[2] slots per proxy (K)
+-- ARGV[3] note: ms the ledger outlives the latest quarantine noted (its TTL)
+-- ARGV[4..] note, lift: proxy ids
+--
+-- A proxy's quarantine end on the scope is the latest score of its slots
+-- in the free set, while it is in the future (and no dead mark). A
+-- quarantine is the probe's while that end is the one noted: a later ban
+-- (which pushes it), an Unban, its running out or the proxy's death makes
+-- it someone else's, or none, and its entry goes.
+--
+-- note: records the end of each id's quarantine, just put (ids not
+-- quarantined are skipped); returns the ids noted.
+-- list: returns the ids whose quarantine is still the probe's.
+-- lift: ends the quarantine of each id that is still the probe's, as
+-- unban.lua does (a slot held by a live lease comes back when the lease
+-- ends; the backoff starts over); returns the ids lifted.
+local now = now_ms()
+local mode, slots = ARGV[1], tonumber(ARGV[2])
+
+local function qend(id)
+  local e = nil
+  for s = 0, slots - 1 do
+    local sc = num(redis.call('ZSCORE', KEYS[2], id .. ':' .. s))
+    if sc and sc >= DEAD then return nil end
+    if sc and sc > now and (not e or sc > e) then e = sc end
+  end
+  return e
+end
+
+-- held reports whether id's quarantine is the one noted; a stale entry goes.
+local function held(id, noted)
+  local e = qend(id)
+  if e and noted and tonumber(noted) == e then return true end
+  redis.call('HDEL', KEYS[1], id)
+  return false
+end
+
+local out = {}
+if mode == 'note' then
+  local last = 0
+  for i = 4, #ARGV do
+    local e = qend(ARGV[i])
+    if e then
+      redis.call('HSET', KEYS[1], ARGV[i], string.format('%d', e))
+      out[#out + 1] = ARGV[i]
+      if e > last then last = e end
+    end
+  end
+  local ttl = last - now + tonumber(ARGV[3])
+  if #out > 0 and redis.call('PTTL', KEYS[1]) < ttl then
+    redis.call('PEXPIRE', KEYS[1], string.format('%d', ttl))
+  end
+elseif mode == 'list' then
+  local kv = redis.call('HGETALL', KEYS[1])
+  for i = 1, #kv, 2 do
+    if held(kv[i], kv[i + 1]) then out[#out + 1] = kv[i] end
+  end
+elseif mode == 'lift' then
+  for i = 4, #ARGV do
+    local id = ARGV[i]
+    if held(id, redis.call('HGET', KEYS[1], id)) then
+      redis.call('HDEL', KEYS[1], id)
+      redis.call('HDEL', KEYS[4], id)
+      for s = 0, slots - 1 do
+        local m = id .. ':' .. s
+        local score = num(redis.call('ZSCORE', KEYS[2], m))
+        if score and score > now and score < DEAD then
+          local v = redis.call('HGET', KEYS[3], m)
+          local exp = v and tonumber(string.match(v, '|(%d+)$'))
+          if exp and exp > now then
+            redis.call('ZADD', KEYS[2], exp, m)
+          else
+            redis.call('ZADD', KEYS[2], now, m)
+          end
+        end
+      end
+      out[#out + 1] = id
+    end
+  end
+else
+  return redis.error_reply('PSCONFIG unknown site_hold mode ' .. tostring(mode))
+end
+return out
