@@ -14,7 +14,9 @@ import (
 // by hand. Each is one Lua script and takes effect for every worker from its
 // next lease on.
 
-// ReasonOperator is the reason of a ban an operator applied with Ban.
+// ReasonOperator is the reason of a ban an operator applied with Ban. It
+// and ReasonSiteProbe are reserved: a Classifier's verdict giving either
+// counts as ban.ReasonCustom.
 const ReasonOperator = "operator"
 
 // ReasonSiteProbe is the reason of the ban.Ban a site probe reports (package
@@ -24,7 +26,7 @@ const ReasonOperator = "operator"
 // session is not rotated (another one may not reach the site either), and
 // the site's circuit breaker neither absorbs it nor counts it (a probe is
 // no crawl's ban rate; a site that every proxy fails is down, which the
-// checker tells apart). Unban lifts it.
+// checker tells apart). Unban lifts it. Reserved (see ReasonOperator).
 const ReasonSiteProbe = "site_probe"
 
 // siteOnly reports whether v quarantines on the site only whatever
@@ -93,7 +95,7 @@ func (s *Switch) siteHold(ctx context.Context, mode, site string, ids []string, 
 	scope := s.scopeOf(site)
 	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]string, error) {
 		return engine.SiteHold{Ledger: s.keys.siteHold(scope), Free: s.keys.free(scope), Lease: s.keys.leases(scope),
-			Strikes: s.keys.strikes(scope), Mode: mode, Slots: s.cfg.slots, TTL: ttl, IDs: ids}.Run(ctx, s.rdb).StringSlice()
+			Strikes: s.keys.strikes(scope), Mode: mode, Slots: s.cfg.slots, TTL: ttl, Site: site, IDs: ids}.Run(ctx, s.rdb).StringSlice()
 	}, nil)
 	if err != nil {
 		return nil, redisErr("site probe quarantines", err)

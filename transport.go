@@ -213,6 +213,9 @@ func (t *transport) judge(req *http.Request, a *attempt, b *binding, l *Lease, r
 	}
 	x.TimedOut = x.Err != nil && a.timedOut()
 	v, cerr := s.cfg.detector.Classify(x)
+	if v.Reason == ReasonOperator || v.Reason == ReasonSiteProbe {
+		v.Reason = ban.ReasonCustom // reserved: an operator's or a site probe's, not a classifier's
+	}
 	if cerr == nil {
 		s.observeAttempt(l.be.pool(), x.Site, l.proxy, v, time.Since(a.start))
 		s.brk.attempt(l, x.Site, v) // the site's circuit breaker counts it (breaker.go)

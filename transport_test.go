@@ -317,3 +317,34 @@ func BenchmarkBuffer(b *testing.B) {
 		}
 	}
 }
+
+// TestClassifierReservedReasons: a classifier's ban with a reason the
+// Switch reserves (an operator's, a site probe's) counts as a custom ban:
+// it does not get a site probe's treatment (on the site only, past the
+// breaker), nor pass for an operator's.
+func TestClassifierReservedReasons(t *testing.T) {
+	for _, reason := range []string{ReasonSiteProbe, ReasonOperator} {
+		t.Run(reason, func(t *testing.T) {
+			site := testbed.NewSite(t, "shop", nil)
+			proxies := testbed.NewProxies(t, 1)
+			s := newSwitch(t, shared.Client(t), WithClassifier(func(x *ban.Exchange) ban.Verdict {
+				return ban.Verdict{Kind: ban.Ban, Reason: reason}
+			}), WithTimeouts(Timeouts{MaxWait: Off}))
+			obs := &recordingObserver{}
+			s.SetObserver(obs)
+			_, err := s.Add(context.Background(), proxies[0].URL())
+			require.NoError(t, err)
+			c := colly.NewCollector()
+			s.Attach(c)
+			_ = c.Visit(site.URL() + "/p")
+			obs.mu.Lock()
+			defer obs.mu.Unlock()
+			require.NotEmpty(t, obs.attempts)
+			for _, a := range obs.attempts {
+				assert.Equal(t, ban.ReasonCustom, a.Reason)
+			}
+			require.NotEmpty(t, obs.quarantines)
+			assert.Equal(t, ban.ReasonCustom, obs.quarantines[0].Reason)
+		})
+	}
+}

@@ -36,9 +36,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -158,6 +160,11 @@ type Checker struct {
 	// rounds (without a lease: its quarantine keeps requests off it there)
 	// and, when it passes, its quarantine is lifted (Switch.Unban's
 	// effect; Report.Lifted), unless another ban lengthened it since.
+	// A failure quarantines at once (no request uses the proxy there
+	// meanwhile); a site found down at the round's end has those lifted.
+	// Under ScopeGlobal a site probe's quarantine holds the proxy on every
+	// site (one scope), its echo probe finds it busy, and it runs out
+	// rather than being lifted early.
 	Sites []SiteProbe
 	// Every is Run's interval; 0 is DefaultEvery.
 	Every time.Duration
@@ -726,16 +733,18 @@ func (c *Checker) recheckSite(ctx context.Context, s settings, p *proxyswitch.Pr
 	return nil
 }
 
-// siteFailure is a failed site probe: its result, and the lease of the
-// proxy on the site, held until settleSites decides.
+// siteFailure is a failed site probe: its result, and whether its
+// proxy was quarantined on the site for it (and noted in the ledger).
 type siteFailure struct {
-	l *proxyswitch.Lease
-	r Result
+	r           Result
+	quarantined bool
 }
 
 // checkSite runs one site probe of p under a lease on the site. A pass is
-// counted and its lease released; a failure is kept in sv, lease held, for
-// settleSites.
+// counted and its lease released. A failure quarantines p on the site at
+// once (the lease ends with it: p serves no request there meanwhile) and
+// is noted in the ledger and kept in sv for settleSites, which lifts it
+// again if the site turns out down.
 func (c *Checker) checkSite(ctx context.Context, s settings, p *proxyswitch.Proxy, sp SiteProbe, add func(Result), sv *siteVerdicts) error {
 	l, err := c.lease(ctx, s, sp.Site, p)
 	if l == nil {
@@ -755,20 +764,30 @@ func (c *Checker) checkSite(ctx context.Context, s settings, p *proxyswitch.Prox
 		add(r)
 		return l.Release(context.WithoutCancel(ctx))
 	}
-	sv.mu.Lock()
-	sv.failed[sp.Site] = append(sv.failed[sp.Site], siteFailure{l: l, r: r})
-	sv.mu.Unlock()
-	return nil
+	f := siteFailure{r: r}
+	defer func() {
+		sv.mu.Lock()
+		sv.failed[sp.Site] = append(sv.failed[sp.Site], f)
+		sv.mu.Unlock()
+	}()
+	if err := l.Report(ctx, ban.Verdict{Kind: ban.Ban, Reason: proxyswitch.ReasonSiteProbe, RetryAfter: s.siteQ}); err != nil {
+		_ = l.Release(context.WithoutCancel(ctx))
+		return err
+	}
+	f.quarantined = true
+	// The ledger a later round lifts it from when it passes again.
+	_, err = hooks.SiteHold(ctx, c.Switch, "note", sp.Site, []string{p.ID()}, ledgerMargin)
+	return err
 }
 
-// settleSites acts on the round's failed site probes: a site that every
-// proxy probed there failed, two at least, is down (its proxies are
-// released, nobody is quarantined; it is logged and returned): one proxy
-// alone cannot tell its own fault from the site's, and is quarantined;
-// on the others each proxy that
-// failed is quarantined on that site only, for SiteQuarantine
-// (proxyswitch.ReasonSiteProbe). A round that ended (ctx) quarantines
-// nobody. The error is the first Redis error.
+// settleSites settles the round's failed site probes: a site that every
+// proxy probed there failed, two at least, is down: the quarantines its
+// probes put are lifted again (nobody stays quarantined for it), and it is
+// logged and returned. One proxy alone cannot tell its own fault from the
+// site's: it stays quarantined. On the other sites each proxy that failed
+// stays quarantined on that site only, for SiteQuarantine
+// (proxyswitch.ReasonSiteProbe). A round that ended (ctx) lifts nothing.
+// The error is the first Redis error.
 func (c *Checker) settleSites(ctx context.Context, s settings, sv *siteVerdicts, add func(Result)) ([]string, error) {
 	var down []string
 	var firstErr error
@@ -778,42 +797,30 @@ func (c *Checker) settleSites(ctx context.Context, s settings, sv *siteVerdicts,
 			continue
 		}
 		delete(sv.failed, sp.Site) // a site probed twice (two SiteProbes of one site) is settled once
-		if ctx.Err() != nil || sv.passed[sp.Site] == 0 && len(fails) >= 2 {
-			if ctx.Err() == nil {
-				down = append(down, sp.Site)
-				s.log.Warn("proxyswitch probe: every proxy failed the site probe; taking the site for down, quarantining nobody",
-					"pool", c.Switch.Pool(), "site", sp.Site, "proxies", len(fails), "err", fails[0].r.Err.Error())
-			}
-			for _, f := range fails {
-				if err := f.l.Release(context.WithoutCancel(ctx)); err != nil && !errors.Is(err, proxyswitch.ErrLeaseLost) && firstErr == nil {
-					firstErr = err
-				}
-				add(f.r)
-			}
-			continue
-		}
-		var ids []string
+		proxies := map[string]bool{}
 		for _, f := range fails {
-			err := f.l.Report(ctx, ban.Verdict{Kind: ban.Ban, Reason: proxyswitch.ReasonSiteProbe, RetryAfter: s.siteQ})
-			if err != nil {
-				_ = f.l.Release(context.WithoutCancel(ctx))
-				if firstErr == nil {
-					firstErr = err
-				}
-				add(f.r)
-				continue
-			}
-			ids = append(ids, f.r.Proxy.ID())
-			f.r.Action = "quarantined"
-			s.log.Info("proxyswitch probe: proxy quarantined on a site", "pool", c.Switch.Pool(), "proxy", f.r.Proxy.String(),
-				"site", sp.Site, "for", s.siteQ, "err", f.r.Err.Error())
-			add(f.r)
+			proxies[f.r.Proxy.ID()] = true
 		}
-		// The ledger a later round lifts them from when they pass again.
-		if len(ids) > 0 {
-			if _, err := hooks.SiteHold(ctx, c.Switch, "note", sp.Site, ids, ledgerMargin); err != nil && firstErr == nil {
+		lifted := map[string]bool{}
+		if ctx.Err() == nil && sv.passed[sp.Site] == 0 && len(proxies) >= 2 {
+			down = append(down, sp.Site)
+			s.log.Warn("proxyswitch probe: every proxy failed the site probe; taking the site for down, quarantining nobody",
+				"pool", c.Switch.Pool(), "site", sp.Site, "proxies", len(proxies), "err", fails[0].r.Err.Error())
+			ids, err := hooks.SiteHold(ctx, c.Switch, "lift", sp.Site, slices.Collect(maps.Keys(proxies)), 0)
+			if err != nil && firstErr == nil {
 				firstErr = err
 			}
+			for _, id := range ids {
+				lifted[id] = true
+			}
+		}
+		for _, f := range fails {
+			if f.quarantined && !lifted[f.r.Proxy.ID()] {
+				f.r.Action = "quarantined"
+				s.log.Info("proxyswitch probe: proxy quarantined on a site", "pool", c.Switch.Pool(), "proxy", f.r.Proxy.String(),
+					"site", sp.Site, "for", s.siteQ, "err", f.r.Err.Error())
+			}
+			add(f.r)
 		}
 	}
 	return down, firstErr

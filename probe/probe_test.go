@@ -586,3 +586,48 @@ func TestCheckerSiteProbeLifts(t *testing.T) {
 	require.NoError(t, sw.Clear(ctx))
 	require.Zero(t, shared.Client(t).Exists(ctx, ledger).Val(), "Clear deletes the ledger")
 }
+
+// TestCheckerSiteProbeLedgerPerSite: under ScopeGlobal one scope holds
+// every site's quarantines (the ledger names the site whose probe put
+// each): a proxy that fails wb's probe is out everywhere, its echo probe
+// finds it busy, and no pass of ozon's lifts it. A site that every proxy
+// fails (two at least) is down: the quarantines its probes put are lifted
+// at the round's end, and nobody stays quarantined.
+func TestCheckerSiteProbeLedgerPerSite(t *testing.T) {
+	ctx := context.Background()
+	farm := proxyswitchtest.NewFarm(t, 3)
+	sw := newSwitch(t, testPrefix(), proxyswitch.WithRotation(proxyswitch.Rotation{Scope: proxyswitch.ScopeGlobal}))
+	_, err := sw.Add(ctx, farm.URLs()...)
+	require.NoError(t, err)
+	ec := newEcho(t, 0)
+	zero := farm.Proxies[0].SourceIP().String()
+	wb := blockingSite(t, "wb", func(ip string) bool { return ip == zero })
+	ozon := blockingSite(t, "ozon", func(string) bool { return false })
+	c := &probe.Checker{Switch: sw, EchoURL: ec.site.URL(), Sites: []probe.SiteProbe{{URL: wb.URL() + "/"}, {URL: ozon.URL() + "/"}},
+		Timeout: time.Second, SiteQuarantine: time.Hour, Logger: (&testlog.Buffer{}).Logger()}
+	rep, err := c.Check(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, rep.Quarantined)
+	id0 := idOf(t, farm.Proxies[0].URL())
+	wbSite := strings.TrimPrefix(wb.URL(), "http://")
+	require.Equal(t, []string{id0}, quarantinedOn(t, sw, wbSite))
+	for range 2 {
+		rep, err = c.Check(ctx)
+		require.NoError(t, err)
+		require.Zero(t, rep.Lifted, "ozon's pass lifted the quarantine wb's probe put")
+		require.Equal(t, []string{id0}, quarantinedOn(t, sw, wbSite))
+	}
+
+	// Every proxy fails a third site: down, nobody stays quarantined.
+	down := blockingSite(t, "down", func(string) bool { return true })
+	c.Sites = []probe.SiteProbe{{URL: down.URL() + "/"}}
+	fresh := newSwitch(t, testPrefix())
+	_, err = fresh.Add(ctx, farm.URLs()...)
+	require.NoError(t, err)
+	c.Switch = fresh
+	rep, err = c.Check(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []string{strings.TrimPrefix(down.URL(), "http://")}, rep.SitesDown)
+	require.Zero(t, rep.Quarantined)
+	require.Empty(t, quarantinedOn(t, fresh, strings.TrimPrefix(down.URL(), "http://")), "the quarantines of a down site's probes were not lifted")
+}

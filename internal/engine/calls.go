@@ -134,12 +134,13 @@ type SiteHold struct {
 	Mode  string        // ARGV[1] "note", "list" or "lift"
 	Slots int           // ARGV[2] slots per proxy (K)
 	TTL   time.Duration // ARGV[3] how long the ledger outlives its latest quarantine ("note")
-	IDs   []string      // ARGV[4..] proxy ids ("note", "lift")
+	Site  string        // ARGV[4] the probed site (its scope's may be every site's)
+	IDs   []string      // ARGV[5..] proxy ids ("note", "lift")
 }
 
 // Run sends the call.
 func (c SiteHold) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
-	argv := []any{c.Mode, c.Slots, c.TTL.Milliseconds()}
+	argv := []any{c.Mode, c.Slots, c.TTL.Milliseconds(), c.Site}
 	for _, id := range c.IDs {
 		argv = append(argv, id)
 	}

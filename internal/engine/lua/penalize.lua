@@ -234,7 +234,8 @@ if ARGV[1] ~= 'fail' then
   redis.call('PEXPIRE', KEYS[3], idle)
   -- A verdict on a proxy healthy there before: the site burns IPs that
   -- worked (a proxy burnt from the start, or a repeat, says nothing new).
-  if not short and healthy then site_burnt_mark(KEYS[9], now, idle) end
+  -- (A site probe's failure, reason "site_probe", is no refusal of the site.)
+  if not short and healthy and ARGV[15] ~= 'site_probe' then site_burnt_mark(KEYS[9], now, idle) end
 end
 if dead then
   untl = DEAD

@@ -2,14 +2,17 @@
 -- under on one scope, so that a later probe of the site that passes lifts
 -- them early, and only them.
 --
--- KEYS[1] ledger hash  of the scope  id -> end (ms) of the quarantine a site probe put it under
+-- KEYS[1] ledger hash  of the scope  id -> "<site>|<end ms>" of the quarantine a site probe of
+--                                    site put it under (under one scope for every site, each
+--                                    proxy's record names the site whose probe it was)
 -- KEYS[2] free zset    of the scope  "<id>:<slot>" -> unix ms at which it is next available
 -- KEYS[3] lease hash   of the scope  "<id>:<slot>" -> "<token>|<expiry ms>"
 -- KEYS[4] strikes hash of the scope  id -> "<bans in a row>|<ms of the last>|<its end>"
 -- ARGV[1] "note" | "list" | "lift"
 -- ARGV[2] slots per proxy (K)
 -- ARGV[3] note: ms the ledger outlives the latest quarantine noted (its TTL)
--- ARGV[4..] note, lift: proxy ids
+-- ARGV[4] site
+-- ARGV[5..] note, lift: proxy ids
 --
 -- A proxy's quarantine end on the scope is the latest score of its slots
 -- in the free set, while it is in the future (and no dead mark). A
@@ -19,12 +22,12 @@
 --
 -- note: records the end of each id's quarantine, just put (ids not
 -- quarantined are skipped); returns the ids noted.
--- list: returns the ids whose quarantine is still the probe's.
--- lift: ends the quarantine of each id that is still the probe's, as
+-- list: returns the ids whose quarantine is still the probe's of the site.
+-- lift: ends the quarantine of each id that is still the probe's of the site, as
 -- unban.lua does (a slot held by a live lease comes back when the lease
 -- ends; the backoff starts over); returns the ids lifted.
 local now = now_ms()
-local mode, slots = ARGV[1], tonumber(ARGV[2])
+local mode, slots, site = ARGV[1], tonumber(ARGV[2]), ARGV[4]
 
 local function qend(id)
   local e = nil
@@ -36,10 +39,12 @@ local function qend(id)
   return e
 end
 
--- held reports whether id's quarantine is the one noted; a stale entry goes.
+-- held reports whether id's quarantine is the one noted, by the site's
+-- probe; a stale entry goes.
 local function held(id, noted)
   local e = qend(id)
-  if e and noted and tonumber(noted) == e then return true end
+  local by, untl = string.match(noted or '', '^(.*)|(%d+)$')
+  if e and untl and tonumber(untl) == e then return by == site end
   redis.call('HDEL', KEYS[1], id)
   return false
 end
@@ -47,10 +52,10 @@ end
 local out = {}
 if mode == 'note' then
   local last = 0
-  for i = 4, #ARGV do
+  for i = 5, #ARGV do
     local e = qend(ARGV[i])
     if e then
-      redis.call('HSET', KEYS[1], ARGV[i], string.format('%d', e))
+      redis.call('HSET', KEYS[1], ARGV[i], site .. '|' .. string.format('%d', e))
       out[#out + 1] = ARGV[i]
       if e > last then last = e end
     end
@@ -65,7 +70,7 @@ elseif mode == 'list' then
     if held(kv[i], kv[i + 1]) then out[#out + 1] = kv[i] end
   end
 elseif mode == 'lift' then
-  for i = 4, #ARGV do
+  for i = 5, #ARGV do
     local id = ARGV[i]
     if held(id, redis.call('HGET', KEYS[1], id)) then
       redis.call('HDEL', KEYS[1], id)
