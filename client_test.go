@@ -586,24 +586,17 @@ func TestClientReleaseLossClosesIdle(t *testing.T) {
 	assert.Equal(t, 2, accepted, "the other site's connection kept and reused")
 }
 
-// keepRT is a custom RoundTripper that is not an *http.Transport and keeps
-// connections (as a uTLS transport does): it wraps an inner transport and
-// closes that one's idle connections on CloseIdleConnections. It counts
-// what it carried and how often it was asked to close.
+// keepRT is fingerprintRT (a custom RoundTripper that is not an
+// *http.Transport and keeps connections, as a uTLS transport does) that
+// also counts how often it was asked to close its idle connections.
 type keepRT struct {
-	inner  *http.Transport
-	sent   *atomic.Int64
+	fingerprintRT
 	closes *atomic.Int64
-}
-
-func (k *keepRT) RoundTrip(req *http.Request) (*http.Response, error) {
-	k.sent.Add(1)
-	return k.inner.RoundTrip(req)
 }
 
 func (k *keepRT) CloseIdleConnections() {
 	k.closes.Add(1)
-	k.inner.CloseIdleConnections()
+	k.fingerprintRT.CloseIdleConnections()
 }
 
 // With KeepAlive, a custom RoundTripper (not an *http.Transport) carries a
@@ -621,7 +614,7 @@ func TestClientCustomKeepAlive(t *testing.T) {
 		New: func(proxy *url.URL) (http.RoundTripper, error) {
 			built.Add(1)
 			inner := &http.Transport{Proxy: http.ProxyURL(proxy), TLSClientConfig: tlsSite.TLSConfig()}
-			return &keepRT{inner: inner, sent: &sent, closes: &closes}, nil
+			return &keepRT{fingerprintRT{proxy: proxy, inner: inner, sent: &sent}, &closes}, nil
 		}}))
 	_, err := s.Add(context.Background(), p.URL())
 	require.NoError(t, err)

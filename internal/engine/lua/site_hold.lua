@@ -1,6 +1,7 @@
 -- site_hold.lua: the quarantines site probes (package probe) put proxies
 -- under on one scope, so that a later probe of the site that passes lifts
 -- them early, and only them.
+-- include: unban_lib.lua
 --
 -- KEYS[1] ledger hash  of the scope  id -> "<site>|<end ms>" of the quarantine a site probe of
 --                                    site put it under (under one scope for every site, each
@@ -24,7 +25,7 @@
 -- quarantined are skipped); returns the ids noted.
 -- list: returns the ids whose quarantine is still the probe's of the site.
 -- lift: ends the quarantine of each id that is still the probe's of the site, as
--- unban.lua does (a slot held by a live lease comes back when the lease
+-- unban.lua does (unban_slots) (a slot held by a live lease comes back when the lease
 -- ends; the backoff starts over); returns the ids lifted.
 local now = now_ms()
 local mode, slots, site = ARGV[1], tonumber(ARGV[2]), ARGV[4]
@@ -74,20 +75,7 @@ elseif mode == 'lift' then
     local id = ARGV[i]
     if held(id, redis.call('HGET', KEYS[1], id)) then
       redis.call('HDEL', KEYS[1], id)
-      redis.call('HDEL', KEYS[4], id)
-      for s = 0, slots - 1 do
-        local m = id .. ':' .. s
-        local score = num(redis.call('ZSCORE', KEYS[2], m))
-        if score and score > now and score < DEAD then
-          local v = redis.call('HGET', KEYS[3], m)
-          local exp = v and tonumber(string.match(v, '|(%d+)$'))
-          if exp and exp > now then
-            redis.call('ZADD', KEYS[2], exp, m)
-          else
-            redis.call('ZADD', KEYS[2], now, m)
-          end
-        end
-      end
+      unban_slots(KEYS[2], KEYS[3], KEYS[4], id, slots, now)
       out[#out + 1] = id
     end
   end
