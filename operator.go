@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/proxyswitch/proxyswitch/ban"
@@ -91,16 +92,42 @@ func (s *Switch) Unban(ctx context.Context, proxy, site string) error {
 
 // siteHold runs site_hold.lua on site's scope (hooks.SiteHold, for
 // package probe): the quarantines site probes put proxies under there.
+// "list" reads the ledger in pages (one HSCAN page per call).
 func (s *Switch) siteHold(ctx context.Context, mode, site string, ids []string, ttl time.Duration) ([]string, error) {
 	scope := s.scopeOf(site)
-	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]string, error) {
-		return engine.SiteHold{Ledger: s.keys.siteHold(scope), Free: s.keys.free(scope), Lease: s.keys.leases(scope),
-			Strikes: s.keys.strikes(scope), Mode: mode, Slots: s.cfg.slots, TTL: ttl, Site: site, IDs: ids}.Run(ctx, s.rdb).StringSlice()
-	}, nil)
-	if err != nil {
-		return nil, redisErr("site probe quarantines", err)
+	call := func(args []string) ([]string, error) {
+		res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]string, error) {
+			return engine.SiteHold{Ledger: s.keys.siteHold(scope), Free: s.keys.free(scope), Lease: s.keys.leases(scope),
+				Strikes: s.keys.strikes(scope), Mode: mode, Slots: s.cfg.slots, TTL: ttl, Site: site, IDs: args}.Run(ctx, s.rdb).StringSlice()
+		}, nil)
+		if err != nil {
+			return nil, redisErr("site probe quarantines", err)
+		}
+		return res, nil
 	}
-	return res, nil
+	if mode != "list" {
+		return call(ids)
+	}
+	seen := map[string]bool{}
+	var out []string
+	for cursor := "0"; ; {
+		res, err := call([]string{cursor, strconv.Itoa(pageSize())})
+		if err != nil {
+			return nil, err
+		}
+		if len(res) == 0 {
+			return nil, fmt.Errorf("%w: site_hold list answered nothing", ErrCorrupt)
+		}
+		for _, id := range res[1:] {
+			if !seen[id] {
+				seen[id] = true
+				out = append(out, id)
+			}
+		}
+		if cursor = res[0]; cursor == "0" {
+			return out, nil
+		}
+	}
 }
 
 // Clear deletes every key of the pool: its proxies, settings, leases, bans,

@@ -456,3 +456,38 @@ func TestSiteStatePagesAgree(t *testing.T) {
 		assert.Equal(t, wantStats, gotStats, "pages of %d", page)
 	}
 }
+
+// TestSiteHoldPaged: the ledger of a site probe's quarantines is read in
+// pages (site_hold.lua "list", one HSCAN page per call), whole however
+// small the page; a lifted proxy leaves it, and another site's probe
+// quarantines are not this site's.
+func TestSiteHoldPaged(t *testing.T) {
+	ctx := context.Background()
+	setPageSize(t, 3)
+	s := newSwitch(t, shared.Client(t), WithTimeouts(Timeouts{MaxWait: Off}))
+	urls := proxyURLs(20)
+	_, err := s.Add(ctx, urls...)
+	require.NoError(t, err)
+	var ids []string
+	for _, u := range urls {
+		p, err := ParseProxy(u)
+		require.NoError(t, err)
+		ids = append(ids, p.ID())
+		require.NoError(t, s.Ban(ctx, p.ID(), "ozon.example", time.Hour))
+	}
+	noted, err := s.siteHold(ctx, "note", "ozon.example", ids, time.Minute)
+	require.NoError(t, err)
+	require.ElementsMatch(t, ids, noted)
+	held, err := s.siteHold(ctx, "list", "ozon.example", nil, 0)
+	require.NoError(t, err)
+	require.ElementsMatch(t, ids, held, "a page of 3 read the whole ledger")
+	lifted, err := s.siteHold(ctx, "lift", "ozon.example", ids[:1], 0)
+	require.NoError(t, err)
+	require.Equal(t, ids[:1], lifted)
+	held, err = s.siteHold(ctx, "list", "ozon.example", nil, 0)
+	require.NoError(t, err)
+	require.ElementsMatch(t, ids[1:], held)
+	held, err = s.siteHold(ctx, "list", "wb.example", nil, 0)
+	require.NoError(t, err)
+	require.Empty(t, held)
+}

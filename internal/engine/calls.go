@@ -135,7 +135,7 @@ type SiteHold struct {
 	Slots int           // ARGV[2] slots per proxy (K)
 	TTL   time.Duration // ARGV[3] how long the ledger outlives its latest quarantine ("note")
 	Site  string        // ARGV[4] the probed site (its scope's may be every site's)
-	IDs   []string      // ARGV[5..] proxy ids ("note", "lift")
+	IDs   []string      // ARGV[5..] proxy ids ("note", "lift"); "list": HSCAN cursor and count
 }
 
 // Run sends the call.

@@ -13,7 +13,8 @@
 -- ARGV[2] slots per proxy (K)
 -- ARGV[3] note: ms the ledger outlives the latest quarantine noted (its TTL)
 -- ARGV[4] site
--- ARGV[5..] note, lift: proxy ids
+-- ARGV[5..] note, lift: proxy ids; list: ARGV[5] HSCAN cursor ("0" first),
+--           ARGV[6] HSCAN count (bounded work per call, whatever the ledger's size)
 --
 -- A proxy's quarantine end on the scope is the latest score of its slots
 -- in the free set, while it is in the future (and no dead mark). A
@@ -23,7 +24,9 @@
 --
 -- note: records the end of each id's quarantine, just put (ids not
 -- quarantined are skipped); returns the ids noted.
--- list: returns the ids whose quarantine is still the probe's of the site.
+-- list: returns {next cursor ("0" after the last page), ids...}: of one
+-- HSCAN page of the ledger, the ids whose quarantine is still the probe's
+-- of the site (an id may come twice over the pages).
 -- lift: ends the quarantine of each id that is still the probe's of the site, as
 -- unban.lua does (unban_slots) (a slot held by a live lease comes back when the lease
 -- ends; the backoff starts over); returns the ids lifted.
@@ -66,7 +69,9 @@ if mode == 'note' then
     redis.call('PEXPIRE', KEYS[1], string.format('%d', ttl))
   end
 elseif mode == 'list' then
-  local kv = redis.call('HGETALL', KEYS[1])
+  local page = redis.call('HSCAN', KEYS[1], ARGV[5], 'COUNT', ARGV[6])
+  out[1] = page[1]
+  local kv = page[2]
   for i = 1, #kv, 2 do
     if held(kv[i], kv[i + 1]) then out[#out + 1] = kv[i] end
   end
