@@ -459,13 +459,14 @@ func TestSiteStatePagesAgree(t *testing.T) {
 
 // TestSiteHoldPaged: the ledger of a site probe's quarantines is read in
 // pages (site_hold.lua "list", one HSCAN page per call), whole however
-// small the page; a lifted proxy leaves it, and another site's probe
+// small the page (600 entries: past a hash kept as a listpack, which HSCAN
+// returns whole); a lifted proxy leaves it, and another site's probe
 // quarantines are not this site's.
 func TestSiteHoldPaged(t *testing.T) {
 	ctx := context.Background()
 	setPageSize(t, 3)
 	s := newSwitch(t, shared.Client(t), WithTimeouts(Timeouts{MaxWait: Off}))
-	urls := proxyURLs(20)
+	urls := proxyURLs(600)
 	_, err := s.Add(ctx, urls...)
 	require.NoError(t, err)
 	var ids []string
