@@ -34,8 +34,9 @@ const globalSite = "*"
 //	                                   (leased, cooling, quarantined, dead); no entry: free there; TTL: idle TTL
 //	{prefix:pool}:lease:<site>   hash  "<id>:<slot>" -> "<token>|<expiry ms>"; TTL: idle TTL
 //	{prefix:pool}:strikes:<site> hash  proxy ID -> "<bans in a row>|<ms of the last>|<its end>"; TTL: idle TTL
-//	{prefix:pool}:siteprobe:<site> hash  proxy ID -> end (ms) of the quarantine a site probe (package probe) put it
-//	                                   under there, for a later passing probe to lift (site_hold.lua); TTL: the longest entry's need
+//	{prefix:pool}:siteprobe:<site> hash  proxy ID -> "<site>|<end ms>" of the quarantine a site probe (package probe) of
+//	                                   site put it under on the scope (every site's under ScopeGlobal), for a later
+//	                                   passing probe to lift (site_hold.lua); TTL: the longest entry's need
 //	{prefix:pool}:health:<site>  hash  proxy ID -> its recent failure rate there, 0 < r <= 1 (lib.lua's health_note); TTL: idle TTL
 //	{prefix:pool}:pace:<site>    hash  the cooldown learned for the site: "c", "cut", "ok", "step" (lib.lua's pace_refused); TTL: idle TTL
 //	{prefix:pool}:fails          hash  proxy ID -> proxy failures in a row (see penalize.lua); TTL: idle TTL

@@ -491,4 +491,16 @@ func TestSiteHoldPaged(t *testing.T) {
 	held, err = s.siteHold(ctx, "list", "wb.example", nil, 0)
 	require.NoError(t, err)
 	require.Empty(t, held)
+
+	// held: the probe's quarantines that last long enough for a probe
+	// without a lease (an hour's ban: a minute yes, two hours no).
+	held, err = s.siteHold(ctx, "held", "ozon.example", ids[:3], time.Minute)
+	require.NoError(t, err)
+	require.Equal(t, ids[1:3], held, "the lifted one is no longer held")
+	held, err = s.siteHold(ctx, "held", "ozon.example", ids[1:3], 2*time.Hour)
+	require.NoError(t, err)
+	require.Empty(t, held)
+	held, err = s.siteHold(ctx, "held", "wb.example", ids[1:3], time.Minute)
+	require.NoError(t, err)
+	require.Empty(t, held, "another site's probe")
 }

@@ -657,10 +657,31 @@ func TestStrictExitsNeedAnIP(t *testing.T) {
 	c := &probe.Checker{Switch: sw, EchoURL: json.URL(), Timeout: 2 * time.Second, Exits: true, Strict: true}
 	rep, err := c.Check(ctx)
 	require.ErrorIs(t, err, proxyswitch.ErrConfig)
-	require.ErrorContains(t, err, "no IP address for 1 of 1")
+	require.ErrorContains(t, err, "no IP address for any of 1 passing")
 	require.Equal(t, 1, rep.Probed)
 	require.Zero(t, rep.Dead, "a proxy that answered is not dead")
 	l, err := sw.Lease(ctx, "shop.example")
 	require.NoError(t, err, "strict exits held the pool though no exit could be recorded")
 	require.NoError(t, l.Release(ctx))
+
+	// A second proxy whose answers hold its IP: the round passes, the
+	// first proxy's exit stays unknown (and held under Strict).
+	ip := proxyswitchtest.NewProxy(t, proxyswitchtest.SourceIP(371))
+	_, err = sw.Add(ctx, ip.URL())
+	require.NoError(t, err)
+	mixed := proxyswitchtest.NewSite(t, "mixed-echo", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		host, _, _ := net.SplitHostPort(r.RemoteAddr)
+		if host == p.SourceIP().String() {
+			fmt.Fprintf(w, "<html>welcome</html>")
+			return
+		}
+		fmt.Fprintln(w, host)
+	}))
+	c.EchoURL = mixed.URL()
+	rep, err = c.Check(ctx)
+	require.NoError(t, err, "one captive answer failed the round")
+	require.Equal(t, 2, rep.Probed)
+	exits, err := c.ExitIPs(ctx)
+	require.NoError(t, err)
+	require.Equal(t, map[string]string{idOf(t, ip.URL()): ip.SourceIP().String()}, exits)
 }

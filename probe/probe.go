@@ -200,13 +200,15 @@ type Checker struct {
 	// an IP unseen with an entry in use. Run probes such entries every
 	// NewEvery (and whenever the pool changed); the probe's own lease
 	// (Switch.LeaseProxy) still takes them. Rounds write the hold, the
-	// pool's meta field "strict" (exit_strict.lua), for 3 × Every (3
-	// minutes by default, also after a one-shot Check): before a round
+	// pool's meta field "strict" (exit_strict.lua), for 3 × Every, a day
+	// at most (3 minutes by default, also after a one-shot Check): before a round
 	// once some exit is recorded, and after a round that recorded some
 	// (a first round holds nothing until it ends). When no strict checker
 	// runs any more the hold lapses, and such entries are leased again
-	// rather than held for good. A round whose echo answers hold no IP
-	// fails with ErrConfig (with Exits, strict or not) and writes no hold.
+	// rather than held for good. A round in which no passing echo answer
+	// holds an IP fails with ErrConfig (with Exits, strict or not) and
+	// writes no hold; a few such answers (a captive page) leave their
+	// proxies' exits unknown, with a warning.
 	// While held, an entry shows as free in ProxyStates, and a wait for
 	// it reports a proxy freeing within a second. Not held by: Switches
 	// of versions before Strict, and the local shard of WithFallback
@@ -407,7 +409,7 @@ func (c *Checker) round(ctx context.Context, s settings, fresh bool) (Report, er
 	// end.
 	strict := c.Strict && !fresh
 	if strict && len(known) > 0 {
-		if err := c.holdUnknown(ctx, 3*s.every); err != nil {
+		if err := c.holdUnknown(ctx, strictHold(s)); err != nil {
 			return rep, err
 		}
 	}
@@ -567,12 +569,16 @@ func (c *Checker) round(ctx context.Context, s settings, fresh bool) (Report, er
 				withIP++
 			}
 		}
-		if noIP > 0 {
-			firstErr = fmt.Errorf("%w: probe: the echo URL's answer held no IP address for %d of %d passing proxies (Exits needs the client's IP alone on the first line)",
-				proxyswitch.ErrConfig, noIP, noIP+withIP)
+		switch {
+		case noIP > 0 && withIP == 0:
+			firstErr = fmt.Errorf("%w: probe: the echo URL's answer held no IP address for any of %d passing proxies (Exits needs the client's IP alone on the first line)",
+				proxyswitch.ErrConfig, noIP)
+		case noIP > 0: // a few proxies answer for the echo (a captive page, say): theirs stay unknown
+			s.log.Warn("proxyswitch probe: echo answers with no IP address: their exits stay unknown",
+				"pool", c.Switch.Pool(), "proxies", noIP)
 		}
 		if firstErr == nil && strict && len(known)+withIP > 0 {
-			firstErr = c.holdUnknown(ctx, 3*s.every)
+			firstErr = c.holdUnknown(ctx, strictHold(s))
 		}
 	}
 	if firstErr == nil && c.Exits && !fresh {
@@ -713,6 +719,14 @@ const ledgerMargin = time.Minute
 // is still the probe's (site_hold.lua), and counts for the site being up;
 // a failure leaves it to run out.
 func (c *Checker) recheckSite(ctx context.Context, s settings, p *proxyswitch.Proxy, sp SiteProbe, add func(Result), sv *siteVerdicts) error {
+	// The list was read as the round started: the quarantine may have run
+	// out, or been lifted, since (and a request may hold the proxy there
+	// now). Without a lease, probe only under a quarantine that outlasts
+	// the probe.
+	still, err := hooks.SiteHold(ctx, c.Switch, "held", sp.Site, []string{p.ID()}, s.timeout+time.Second)
+	if err != nil || len(still) == 0 {
+		return err
+	}
 	r := c.probe(ctx, s, p, sp.URL, false)
 	r.Site = sp.Site
 	if r.OK {
@@ -950,6 +964,10 @@ func (c *Checker) noteExits(ctx context.Context, pairs ...string) ([]exitNote, e
 	}
 	return out, nil
 }
+
+// strictHold is how long a strict round's hold lasts: three rounds, at
+// most a day (exit_strict.lua's bound).
+func strictHold(s settings) time.Duration { return min(3*s.every, 24*time.Hour) }
 
 // holdUnknown makes leases hold the entries with no recorded exit for d
 // (Strict).

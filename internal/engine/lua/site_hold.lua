@@ -9,11 +9,12 @@
 -- KEYS[2] free zset    of the scope  "<id>:<slot>" -> unix ms at which it is next available
 -- KEYS[3] lease hash   of the scope  "<id>:<slot>" -> "<token>|<expiry ms>"
 -- KEYS[4] strikes hash of the scope  id -> "<bans in a row>|<ms of the last>|<its end>"
--- ARGV[1] "note" | "list" | "lift"
+-- ARGV[1] "note" | "list" | "lift" | "held"
 -- ARGV[2] slots per proxy (K)
--- ARGV[3] note: ms the ledger outlives the latest quarantine noted (its TTL)
+-- ARGV[3] note: ms the ledger outlives the latest quarantine noted (its TTL);
+--         held: ms the quarantine must still last
 -- ARGV[4] site
--- ARGV[5..] note, lift: proxy ids; list: ARGV[5] HSCAN cursor ("0" first),
+-- ARGV[5..] note, lift, held: proxy ids; list: ARGV[5] HSCAN cursor ("0" first),
 --           ARGV[6] HSCAN count (bounded work per call, whatever the ledger's size)
 --
 -- A proxy's quarantine end on the scope is the latest score of its slots
@@ -27,6 +28,9 @@
 -- list: returns {next cursor ("0" after the last page), ids...}: of one
 -- HSCAN page of the ledger, the ids whose quarantine is still the probe's
 -- of the site (an id may come twice over the pages).
+-- held: returns the ids whose quarantine is still the probe's of the site
+-- and lasts ARGV[3] ms more at least (a probe without a lease meets no
+-- request within that).
 -- lift: ends the quarantine of each id that is still the probe's of the site, as
 -- unban.lua does (unban_slots) (a slot held by a live lease comes back when the lease
 -- ends; the backoff starts over); returns the ids lifted.
@@ -74,6 +78,12 @@ elseif mode == 'list' then
   local kv = page[2]
   for i = 1, #kv, 2 do
     if held(kv[i], kv[i + 1]) then out[#out + 1] = kv[i] end
+  end
+elseif mode == 'held' then
+  local need = tonumber(ARGV[3])
+  for i = 5, #ARGV do
+    local id = ARGV[i]
+    if held(id, redis.call('HGET', KEYS[1], id)) and qend(id) - now > need then out[#out + 1] = id end
   end
 elseif mode == 'lift' then
   for i = 5, #ARGV do
