@@ -512,6 +512,22 @@ func TestClientCustomNoKeepAlive(t *testing.T) {
 	require.Eventually(t, func() bool { _, open := bed.Proxies[0].Conns(); return open == 0 }, 5*time.Second, 10*time.Millisecond)
 }
 
+// idleOnTwoSites sends one page of each of bed's two sites through its one
+// proxy, with s on a collector of its own, and checks that the proxy then
+// keeps one idle connection to each (s with KeepAlive).
+func idleOnTwoSites(t *testing.T, bed *testbed.Bed, s *Switch) (site, other *testbed.Site, p *testbed.Proxy, c *colly.Collector) {
+	t.Helper()
+	site, other, p = bed.Sites[0], bed.Sites[1], bed.Proxies[0]
+	c = colly.NewCollector(colly.AllowURLRevisit())
+	s.Attach(c)
+	require.NoError(t, c.Visit(site.URL()+"/p/1"))
+	require.NoError(t, c.Visit(other.URL()+"/p/1"))
+	accepted, open := p.Conns()
+	require.Equal(t, 2, accepted)
+	require.Equal(t, 2, open, "idle, kept for the next requests")
+	return site, other, p, c
+}
+
 // A request that finds its lease lost (the renewer's owner check failed:
 // the lease record vanished from Redis while the request ran) closes its
 // proxy's idle connections on that site: the one it went through, back in
@@ -521,15 +537,7 @@ func TestClientLeaseLossClosesIdle(t *testing.T) {
 	var logs testlog.Buffer
 	bed, s := bedSwitch(t, 2, 1, WithTimeouts(Timeouts{LeaseTTL: renewTTL}), WithClient(Client{KeepAlive: true}),
 		WithLogger(logs.Logger()))
-	site, other := bed.Sites[0], bed.Sites[1]
-	p := bed.Proxies[0]
-	c := colly.NewCollector(colly.AllowURLRevisit())
-	s.Attach(c)
-	require.NoError(t, c.Visit(site.URL()+"/p/1"))
-	require.NoError(t, c.Visit(other.URL()+"/p/1"))
-	accepted, open := p.Conns()
-	require.Equal(t, 2, accepted)
-	require.Equal(t, 2, open, "idle, kept for the next requests")
+	site, other, p, c := idleOnTwoSites(t, bed, s)
 
 	slow := colly.NewCollector(colly.Async(true))
 	s.Attach(slow)
@@ -539,7 +547,7 @@ func TestClientLeaseLossClosesIdle(t *testing.T) {
 	slow.OnError(func(_ *colly.Response, err error) { gotErr = err })
 	require.NoError(t, slow.Visit(site.URL()+"/slow?d=1s"))
 	require.Eventually(t, func() bool { return site.Recorder().InFlight() == 1 }, 5*time.Second, 5*time.Millisecond)
-	accepted, _ = p.Conns()
+	accepted, _ := p.Conns()
 	require.Equal(t, 2, accepted, "the slow request reuses the site's idle connection")
 	require.NoError(t, shared.Client(t).Del(context.Background(), s.keys.leases(site.Host())).Err())
 	slow.Wait()
@@ -550,7 +558,7 @@ func TestClientLeaseLossClosesIdle(t *testing.T) {
 	require.Eventually(t, func() bool { _, open := p.Conns(); return open == 1 }, 5*time.Second, 10*time.Millisecond,
 		"the lost lease's site connection closed")
 	time.Sleep(100 * time.Millisecond)
-	_, open = p.Conns()
+	_, open := p.Conns()
 	assert.Equal(t, 1, open, "the other site's connection is kept")
 	require.NoError(t, c.Visit(other.URL()+"/p/2"))
 	accepted, _ = p.Conns()
@@ -564,14 +572,7 @@ func TestClientLeaseLossClosesIdle(t *testing.T) {
 func TestClientReleaseLossClosesIdle(t *testing.T) {
 	var logs testlog.Buffer
 	bed, s := bedSwitch(t, 2, 1, WithClient(Client{KeepAlive: true}), WithLogger(logs.Logger()))
-	site, other := bed.Sites[0], bed.Sites[1]
-	p := bed.Proxies[0]
-	c := colly.NewCollector(colly.AllowURLRevisit())
-	s.Attach(c)
-	require.NoError(t, c.Visit(site.URL()+"/p/1"))
-	require.NoError(t, c.Visit(other.URL()+"/p/1"))
-	_, open := p.Conns()
-	require.Equal(t, 2, open)
+	site, other, p, c := idleOnTwoSites(t, bed, s)
 
 	ctx := context.Background()
 	l, err := s.Lease(ctx, site.Host())
