@@ -31,7 +31,8 @@ import (
 // and on one with ContextTimeoutEnabled: "-ctx") against Colly's own
 // proxy.RoundRobinProxySwitcher. Besides pages/s it reports the Redis
 // round trips per page (script calls in INFO commandstats: the Switch
-// sends nothing else on this path) and the Redis CPU per page; and for
+// sends nothing else on this path), the Redis CPU per page, and how much of
+// it the scripts took, in all and in the commands they ran; and for
 // both, the CPU per page of this process (the crawler with the site and the
 // proxies it runs: the same for both but for what the engine costs), which
 // under a shared machine's load says more than pages/s.
@@ -114,6 +115,9 @@ func benchCrawl(b *testing.B, proxies int, engine string) {
 		scripts, _ := redisCalls(b, rdb)
 		b.ReportMetric(float64(scripts)/float64(b.N), "redis-trips/page")
 		b.ReportMetric((redisCPU(b, rdb)-cpu0)*1e6/float64(b.N), "redis-µs/page")
+		inScripts, inCommands := scriptTime(b, rdb)
+		b.ReportMetric(inScripts/float64(b.N), "script-µs/page")
+		b.ReportMetric(inCommands/float64(b.N), "command-µs/page")
 	}
 }
 
@@ -122,35 +126,67 @@ func benchCrawl(b *testing.B, proxies int, engine string) {
 // and CONFIG aside). The commands a script runs count in commandstats too,
 // so with scripts only the script calls are the round trips.
 func redisCalls(b *testing.B, rdb *redis.Client) (scripts, commands int64) {
-	for name, calls := range commandStats(b, rdb) {
+	for name, st := range commandStats(b, rdb) {
 		switch {
-		case name == "evalsha" || name == "eval" || name == "evalsha_ro" || name == "eval_ro":
-			scripts += calls
+		case isScriptCall(name):
+			scripts += st.calls
 		case name != "info" && !strings.HasPrefix(name, "config"):
-			commands += calls
+			commands += st.calls
 		}
 	}
 	return scripts, commands
 }
 
-// commandStats returns the calls of each command from INFO commandstats.
-func commandStats(b *testing.B, rdb *redis.Client) map[string]int64 {
+// scriptTime splits the time Redis spent in script calls since its stats
+// were reset (INFO commandstats' usec, µs): in all, and in the commands the
+// scripts ran (every command but the script calls, INFO and CONFIG: on the
+// hot path the Switch sends nothing else). The difference is the Lua around
+// them: the interpreter, and the passing of each command's arguments and
+// reply between Lua and Redis.
+func scriptTime(b *testing.B, rdb *redis.Client) (scripts, commands float64) {
+	for name, st := range commandStats(b, rdb) {
+		switch {
+		case isScriptCall(name):
+			scripts += st.usec
+		case name != "info" && !strings.HasPrefix(name, "config"):
+			commands += st.usec
+		}
+	}
+	return scripts, commands
+}
+
+func isScriptCall(name string) bool {
+	return name == "evalsha" || name == "eval" || name == "evalsha_ro" || name == "eval_ro"
+}
+
+// cmdStat is one command's line of INFO commandstats.
+type cmdStat struct {
+	calls int64
+	usec  float64 // the time its calls took in Redis, µs
+}
+
+// commandStats returns the calls and time of each command from INFO commandstats.
+func commandStats(b *testing.B, rdb *redis.Client) map[string]cmdStat {
 	info, err := rdb.Info(context.Background(), "commandstats").Result()
 	if err != nil {
 		b.Fatal(err)
 	}
-	out := map[string]int64{}
+	out := map[string]cmdStat{}
 	for _, line := range strings.Split(info, "\n") {
 		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_")
 		if !ok {
 			continue
 		}
 		name, fields, _ := strings.Cut(rest, ":")
+		var st cmdStat
 		for _, kv := range strings.Split(fields, ",") {
 			if v, ok := strings.CutPrefix(kv, "calls="); ok {
-				out[name], _ = strconv.ParseInt(v, 10, 64)
+				st.calls, _ = strconv.ParseInt(v, 10, 64)
+			} else if v, ok := strings.CutPrefix(kv, "usec="); ok {
+				st.usec, _ = strconv.ParseFloat(v, 64)
 			}
 		}
+		out[name] = st
 	}
 	return out
 }
