@@ -36,7 +36,7 @@ failed=0
 
 for i in $(seq "$rounds"); do
   echo "round $i/$rounds"
-  want hot && bench hot.txt root.test 'BenchmarkCrawl|BenchmarkLeasePairs' 2s
+  want hot && bench hot.txt root.test 'BenchmarkCrawl|BenchmarkLeasePairs|BenchmarkClientTimeout' 2s
   want lease && bench lease.txt root.test 'BenchmarkLease$' 2s
   want storage && bench storage.txt storage.test . 1s
   want session && bench session.txt root.test 'BenchmarkSessionUse$|BenchmarkClientSession' 300x
