@@ -8,6 +8,7 @@ import (
 
 	"github.com/proxyswitch/proxyswitch/ban"
 	"github.com/proxyswitch/proxyswitch/internal/engine"
+	"github.com/proxyswitch/proxyswitch/internal/redact"
 	"github.com/proxyswitch/proxyswitch/shard"
 )
 
@@ -190,9 +191,9 @@ func clip(s string) string {
 	return fmt.Sprintf("%s...(%d bytes)", strings.ToValidUTF8(s[:maxQuoted], ""), len(s))
 }
 
-// redactedError hides a proxy's password in a transport error's message.
-// net/http does not put proxy credentials into its errors today; this keeps
-// it so should a dialer (SOCKS, a custom one) ever do.
+// redactedError hides a proxy's credentials in an error's message: a
+// dialer (SOCKS, a custom one), a custom RoundTripper or a Client.New
+// function may quote the proxy's URL or user name.
 type redactedError struct {
 	msg string
 	err error
@@ -202,20 +203,10 @@ func (e *redactedError) Error() string { return e.msg }
 func (e *redactedError) Unwrap() error { return e.err }
 
 func redactErr(err error, p *Proxy) error {
-	if err == nil || p == nil || p.url.User == nil {
+	if err == nil || p == nil || p.url == nil || p.url.User == nil {
 		return err
 	}
-	pw, ok := p.url.User.Password()
-	if !ok || pw == "" {
-		return err
-	}
-	msg := err.Error()
-	_, escaped, _ := strings.Cut(p.url.User.String(), ":")
-	for _, secret := range []string{pw, escaped} {
-		if secret != "" {
-			msg = strings.ReplaceAll(msg, secret, "xxxxx")
-		}
-	}
+	msg := redact.Credentials(err.Error(), p.url, p.String())
 	if msg == err.Error() {
 		return err
 	}

@@ -1,10 +1,18 @@
 package proxyswitch
 
 import (
+	"bytes"
+	"context"
 	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 
+	"github.com/gocolly/colly/v2"
+	"github.com/proxyswitch/proxyswitch/internal/testbed"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -156,3 +164,58 @@ func TestRedactRawNamesOnlyWhatIsNotSecret(t *testing.T) {
 		assert.Equal(t, want, redactRaw(in), in)
 	}
 }
+
+// TestTransportErrorsHideCredentials: an error or panic of Client.New, or a
+// custom RoundTripper's error, that quotes the proxy's URL or user name
+// reaches the request's error and the logs without the credentials: the
+// user name is hidden too, with or without a password (a provider's account
+// or token often is the user name).
+func TestTransportErrorsHideCredentials(t *testing.T) {
+	const user, pass = "Canary7U-acct-session-1", "Canary7P"
+	bed := testbed.NewBed(t, 1, 1)
+	hp := bed.Proxies[0].URL()
+	hp = hp[strings.LastIndex(hp, "/")+1:]
+	for name, tc := range map[string]struct {
+		proxy string
+		newf  func(*url.URL) (http.RoundTripper, error)
+	}{
+		"New panics": {"http://" + user + ":" + pass + "@" + hp, func(u *url.URL) (http.RoundTripper, error) {
+			panic(fmt.Sprintf("no dialer for %s", u))
+		}},
+		"New fails": {"http://" + user + ":" + pass + "@" + hp, func(u *url.URL) (http.RoundTripper, error) {
+			return nil, fmt.Errorf("unsupported proxy %v (user %s)", u, u.User.Username())
+		}},
+		"RoundTrip fails": {"http://" + user + ":" + pass + "@" + hp, func(u *url.URL) (http.RoundTripper, error) {
+			return roundTripFunc(func(*http.Request) (*http.Response, error) {
+				return nil, fmt.Errorf("proxy %v refused the credentials of %s", u, u.User.Username())
+			}), nil
+		}},
+		"token as the user name, no password": {"socks5://" + user + "@" + hp, func(u *url.URL) (http.RoundTripper, error) {
+			return nil, errors.New("socks: cannot dial " + u.String())
+		}},
+		"empty password": {"http://" + user + ":@" + hp, func(u *url.URL) (http.RoundTripper, error) {
+			return nil, errors.New("cannot dial " + u.String())
+		}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			var logs bytes.Buffer
+			s := newSwitch(t, shared.Client(t), WithLogger(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))),
+				WithClient(Client{New: tc.newf}), WithTimeouts(Timeouts{MaxWait: Off}))
+			_, err := s.Add(context.Background(), tc.proxy)
+			require.NoError(t, err)
+			c := colly.NewCollector()
+			s.Attach(c)
+			err = c.Visit(bed.Sites[0].URL() + "/p/1")
+			require.Error(t, err)
+			all := err.Error() + "\n" + logs.String()
+			assert.NotContains(t, all, "Canary7U")
+			assert.NotContains(t, all, pass)
+			assert.Contains(t, err.Error(), hp, "the proxy is still named by its address")
+		})
+	}
+}
+
+// roundTripFunc is a RoundTripper of one function.
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

@@ -50,6 +50,7 @@ import (
 	"github.com/proxyswitch/proxyswitch/ban"
 	"github.com/proxyswitch/proxyswitch/internal/engine"
 	"github.com/proxyswitch/proxyswitch/internal/hooks"
+	"github.com/proxyswitch/proxyswitch/internal/redact"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -892,15 +893,7 @@ func (c *Checker) probe(ctx context.Context, s settings, p *proxyswitch.Proxy, t
 // redactErr is err's text without p's user info: a transport's error may
 // quote the proxy's URL.
 func redactErr(err error, p *proxyswitch.Proxy) error {
-	msg := err.Error()
-	if u := p.URL(); u.User != nil {
-		msg = strings.ReplaceAll(msg, u.String(), p.String())
-		msg = strings.ReplaceAll(msg, u.User.String(), "xxxxx")
-		if pw, ok := u.User.Password(); ok && pw != "" {
-			msg = strings.ReplaceAll(msg, pw, "xxxxx")
-		}
-	}
-	return fmt.Errorf("probe via %s: %s", p, msg)
+	return fmt.Errorf("probe via %s: %s", p, redact.Credentials(err.Error(), p.URL(), p.String()))
 }
 
 // leaderKey is the lock's key: beside the pool's keys, in its hash tag.

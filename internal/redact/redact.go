@@ -4,7 +4,11 @@
 // at all.
 package redact
 
-import "strings"
+import (
+	"net/url"
+	"slices"
+	"strings"
+)
 
 // Unparsable stands for the part of a URL that could not be identified.
 const Unparsable = "<unparsable URL>"
@@ -128,4 +132,29 @@ func only(s, set string) bool {
 		}
 	}
 	return true
+}
+
+// Credentials returns msg with every spelling of u's credentials replaced:
+// u written whole becomes shown (a name for the URL without them), then its
+// user info, password and user name, escaped or raw, become "xxxxx". A user
+// name counts as a secret too (a provider's token or account name often is
+// one), however short: a message may come out mangled, never leaking. With
+// no user info in u, msg is returned as it is.
+func Credentials(msg string, u *url.URL, shown string) string {
+	if u == nil || u.User == nil {
+		return msg
+	}
+	msg = strings.ReplaceAll(msg, u.String(), shown)
+	name := u.User.Username()
+	pw, _ := u.User.Password()
+	escName, escPw, _ := strings.Cut(u.User.String(), ":")
+	secrets := []string{u.User.String(), escPw, pw, escName, name}
+	// Longest first: a secret inside a longer one must not cut that one up.
+	slices.SortStableFunc(secrets, func(a, b string) int { return len(b) - len(a) })
+	for _, s := range secrets {
+		if s != "" {
+			msg = strings.ReplaceAll(msg, s, "xxxxx")
+		}
+	}
+	return msg
 }
