@@ -104,8 +104,23 @@ func (s *Switch) Replace(ctx context.Context, urls []string) (PoolChange, error)
 }
 
 // ReplaceProxies is Replace for proxies already parsed (by ReadProxies, say).
+// A nil entry, or one not made by ParseProxy (a zero Proxy), fails the call
+// with ErrInvalidProxy and changes nothing.
 func (s *Switch) ReplaceProxies(ctx context.Context, ps []*Proxy) (PoolChange, error) {
+	if err := parsed(ps); err != nil {
+		return PoolChange{}, err
+	}
 	return s.update(ctx, "replace", entries(ps))
+}
+
+// parsed fails for a nil entry of ps, or one not made by ParseProxy.
+func parsed(ps []*Proxy) error {
+	for i, p := range ps {
+		if p == nil || p.url == nil {
+			return fmt.Errorf("%w: entry %d is nil or a zero Proxy (make proxies with ParseProxy)", ErrInvalidProxy, i)
+		}
+	}
+	return nil
 }
 
 // diff compares ps (as ParseProxies or ReadProxies return them) with the
@@ -118,6 +133,9 @@ func (s *Switch) ReplaceProxies(ctx context.Context, ps []*Proxy) (PoolChange, e
 // a change made meanwhile may count or not. It writes nothing and is safe
 // for concurrent use. Package source's Syncer calls it (hooks.Diff).
 func (s *Switch) diff(ctx context.Context, ps []*Proxy) (hooks.PoolDiff, error) {
+	if err := parsed(ps); err != nil {
+		return hooks.PoolDiff{}, err
+	}
 	cur, err := s.own.redis().list(ctx)
 	if err != nil {
 		return hooks.PoolDiff{}, err

@@ -293,9 +293,13 @@ func isASCII(s string) bool {
 // its canonical URL, credentials included). It reveals no secret.
 func (p *Proxy) ID() string { return p.id }
 
-// URL returns a copy of the proxy URL, credentials included, for dialing.
-// Do not log it; log String instead.
+// URL returns a copy of the proxy URL, credentials included, for dialing
+// (nil for a zero Proxy, one not made by ParseProxy). Do not log it; log
+// String instead.
 func (p *Proxy) URL() *url.URL {
+	if p == nil || p.url == nil {
+		return nil
+	}
 	u := *p.url
 	return &u
 }

@@ -153,7 +153,7 @@ func NewDetector(r Rules) (*Detector, error) {
 		}
 		d.expects = append(d.expects, rule)
 	}
-	if r.SizeDrop < 0 || r.SizeDrop >= 1 {
+	if !(r.SizeDrop >= 0 && r.SizeDrop < 1) { // NaN too
 		return nil, fmt.Errorf("ban: size drop ratio %v is outside [0, 1)", r.SizeDrop)
 	}
 	for _, cl := range r.Classifiers {

@@ -163,7 +163,7 @@ func (s *Syncer) sync(ctx context.Context) Result {
 }
 
 func (s *Syncer) check() error {
-	if s.MinFraction < 0 || s.MinFraction > 1 {
+	if !(s.MinFraction >= 0 && s.MinFraction <= 1) { // NaN too
 		return fmt.Errorf("%w: source: MinFraction %v not in (0, 1]", proxyswitch.ErrConfig, s.MinFraction)
 	}
 	if s.Every < 0 {

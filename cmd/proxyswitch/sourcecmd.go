@@ -103,7 +103,7 @@ func (a *app) syncCmd(ctx context.Context, args []string) error {
 	if fs.NArg() > 0 || (*rawURL == "") == (*file == "") {
 		return fmt.Errorf("%w: sync takes -url URL or -file FILE", errUsage)
 	}
-	if *every <= 0 || *timeout <= 0 || *minFrac <= 0 || *minFrac > 1 {
+	if *every <= 0 || *timeout <= 0 || !(*minFrac > 0 && *minFrac <= 1) { // NaN too
 		return fmt.Errorf("%w: sync: -every and -timeout must be positive, -min-fraction in (0, 1]", errUsage)
 	}
 	var src source.Source = source.File{Path: *file}
