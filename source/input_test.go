@@ -16,7 +16,7 @@ import (
 type fixedList []*proxyswitch.Proxy
 
 func (l fixedList) Fetch(context.Context) ([]*proxyswitch.Proxy, error) { return l, nil }
-func (l fixedList) String() string                                     { return "fixed list" }
+func (l fixedList) String() string                                      { return "fixed list" }
 
 // TestSyncerBadInput: a MinFraction of NaN is refused as any value outside
 // (0, 1] is (it used to pass the check and switch the shrink guard off),
