@@ -230,3 +230,38 @@ func TestCorruptValuesOnMiniredis(t *testing.T) {
 	require.ErrorIs(t, err, ErrCorrupt)
 	require.Contains(t, err.Error(), s.keys.fails())
 }
+
+// TestCorruptScanMarks: a garbage value in the meta hash's scan marks (the
+// order's "index", the gateway index's "gwindex", each a scan cursor or
+// "done") starts their scan over instead of failing every lease or update
+// with Redis' "invalid cursor" until someone edits Redis by hand.
+func TestCorruptScanMarks(t *testing.T) {
+	rdb := shared.Client(t)
+	for _, field := range []string{"index", "gwindex"} {
+		t.Run(field, func(t *testing.T) {
+			ctx := context.Background()
+			s := newSwitch(t, rdb, WithTimeouts(Timeouts{MaxWait: Off}))
+			_, err := s.Add(ctx, "http://127.0.0.1:10001", "http://u-{session:3}:p@127.0.0.1:3128")
+			require.NoError(t, err)
+			require.NoError(t, rdb.HSet(ctx, s.keys.meta(), field, "x").Err())
+			l, err := s.Lease(ctx, corruptSite)
+			require.NoError(t, err)
+			require.NoError(t, l.Release(ctx))
+			_, err = s.Add(ctx, "http://127.0.0.1:10002")
+			require.NoError(t, err)
+			_, err = s.Remove(ctx, "http://127.0.0.1:10002")
+			require.NoError(t, err)
+			ch, err := s.Replace(ctx, []string{"http://127.0.0.1:10001", "http://u-{session:2}:p@127.0.0.1:3128"})
+			require.NoError(t, err)
+			require.Equal(t, 3, ch.Size)
+			for range 8 { // the scan's later pages, if any, run with the calls
+				l, err := s.Lease(ctx, corruptSite)
+				require.NoError(t, err)
+				require.NoError(t, l.Release(ctx))
+			}
+			v, err := rdb.HGet(ctx, s.keys.meta(), field).Result()
+			require.NoError(t, err)
+			require.Equal(t, "done", v)
+		})
+	}
+}

@@ -304,8 +304,10 @@ end
 -- A pool written without its order (by hand, or before the order existed:
 -- no "index" mark in the meta hash; pool_update.lua and pool_seed.lua
 -- write both) is put in order here, one bounded page per lease.
+-- (The mark is a scan cursor: any other value, a corrupt one, starts the
+-- scan over, which only adds what is missing.)
 if meta[4] ~= 'done' then
-  local page = redis.call('HSCAN', KEYS[1], meta[4] or '0', 'COUNT', 200)
+  local page = redis.call('HSCAN', KEYS[1], string.match(meta[4] or '', '^%d+$') or '0', 'COUNT', 200)
   local ids = {}
   for i = 1, #page[2], 2 do ids[#ids + 1] = page[2][i] end
   order_add(KEYS[9], KEYS[5], ids)

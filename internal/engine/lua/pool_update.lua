@@ -225,6 +225,9 @@ end
 -- indexed reports whether the pool's gateways are all in the index. An
 -- empty gateways hash is indexed.
 local meta_gw = redis.call('HGET', KEYS[3], 'gwindex')
+-- A scan cursor or "done"; any other value (a corrupt one) starts the
+-- indexing over, which only registers what is missing.
+if meta_gw and meta_gw ~= 'done' and not string.match(meta_gw, '^%d+$') then meta_gw = nil end
 if meta_gw ~= 'done' and redis.call('EXISTS', KEYS[9]) == 0 then
   meta_gw = 'done'
   redis.call('HSET', KEYS[3], 'gwindex', 'done')
