@@ -41,3 +41,12 @@ func TestSizeDropNaN(t *testing.T) {
 		assert.ErrorIs(t, err, ErrConfig, "WithSizeDrop(%v)", r)
 	}
 }
+
+// TestMalformedUserInfoHint: a character url.Parse refuses in the user info
+// ('{' here) is named in the error's hint, and the password is not shown.
+func TestMalformedUserInfoHint(t *testing.T) {
+	_, err := ParseProxy("http://u:" + canary + "{w@127.0.0.1:1")
+	require.ErrorIs(t, err, ErrInvalidProxy)
+	assert.Contains(t, err.Error(), "'{'")
+	assert.NotContains(t, err.Error(), canary)
+}

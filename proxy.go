@@ -187,7 +187,7 @@ func parseURL(raw string) (*Proxy, string) {
 	if err != nil {
 		// url.Error quotes the whole input, password included: never wrap it.
 		if strings.Contains(raw, "@") {
-			return nil, "malformed URL (a '/', '?', '#', '@' or '%' in a user name or password must be %-escaped)"
+			return nil, `malformed URL (in a user name or password, '/', '?', '#', '@', '%' and characters outside RFC 3986's user info, such as '{', '}', '^', '"', '<', '>', '|' or '\', must be %-escaped)`
 		}
 		return nil, "malformed URL"
 	}
