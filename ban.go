@@ -128,6 +128,9 @@ func (s *Switch) quarantineScope(site string, v ban.Verdict) string {
 // failures are counted in BanCounts. It is safe for concurrent use; after
 // the lease ended, a ban.Ban or ban.ProxyFailure report still quarantines the proxy.
 func (l *Lease) Report(ctx context.Context, v ban.Verdict) error {
+	if err := l.made(); err != nil {
+		return err
+	}
 	switch v.Kind {
 	case ban.Ban, ban.ProxyFailure:
 		if !ban.ValidReason(v.Reason) {

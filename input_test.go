@@ -4,7 +4,9 @@ import (
 	"context"
 	"math"
 	"testing"
+	"time"
 
+	"github.com/proxyswitch/proxyswitch/ban"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -49,4 +51,15 @@ func TestMalformedUserInfoHint(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalidProxy)
 	assert.Contains(t, err.Error(), "'{'")
 	assert.NotContains(t, err.Error(), canary)
+}
+
+// TestZeroLease: a nil or zero Lease fails its methods with ErrConfig
+// instead of panicking.
+func TestZeroLease(t *testing.T) {
+	ctx := context.Background()
+	for _, l := range []*Lease{nil, {}} {
+		require.ErrorIs(t, l.Release(ctx), ErrConfig)
+		require.ErrorIs(t, l.Extend(ctx, time.Second), ErrConfig)
+		require.ErrorIs(t, l.Report(ctx, ban.Verdict{Kind: ban.Ban, Reason: ban.ReasonSizeDrop}), ErrConfig)
+	}
 }

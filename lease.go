@@ -49,6 +49,9 @@ func (l *Lease) Expiry() time.Time { return time.UnixMilli(l.expiry.Load()) }
 // Releasing twice is a no-op. On a Redis error the lease stays held (it will
 // expire by its TTL) and Release may be called again.
 func (l *Lease) Release(ctx context.Context) error {
+	if err := l.made(); err != nil {
+		return err
+	}
 	if !l.released.CompareAndSwap(false, true) {
 		return nil
 	}
@@ -66,6 +69,9 @@ func (l *Lease) Release(ctx context.Context) error {
 // expired or been released: an expired holder can never extend the next
 // holder's lease.
 func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
+	if err := l.made(); err != nil {
+		return err
+	}
 	if ttl <= 0 {
 		ttl = l.sw.cfg.leaseTTL
 	}
@@ -73,6 +79,15 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 		return l.lost("already released")
 	}
 	return l.be.extend(ctx, l, ttl)
+}
+
+// made fails with ErrConfig for a nil Lease or one a Switch did not grant
+// (a zero Lease): its methods would have nothing to act on.
+func (l *Lease) made() error {
+	if l == nil || l.sw == nil || l.be == nil {
+		return configErr("a Lease must come from Switch.Lease (nil or zero Lease)")
+	}
+	return nil
 }
 
 func (l *Lease) lost(why string) error {
