@@ -2,6 +2,7 @@ package proxyswitch
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/proxyswitch/proxyswitch/ban"
 	"github.com/proxyswitch/proxyswitch/internal/testbed"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -244,4 +246,43 @@ func TestPacedRefusalHold(t *testing.T) {
 	st, err = s.SiteState(ctx, site)
 	require.NoError(t, err)
 	assert.Equal(t, before, st.Learned, "a rested refusal leaves the cooldown alone")
+}
+
+// TestPaceRaisePushesBounded: a rate-limit refusal that raises the learned
+// cooldown pushes out the slots cooling down on the site by the difference,
+// at most a thousand of them per raise (one script call stays short however
+// many proxies cool down there), the soonest free first.
+func TestPaceRaisePushesBounded(t *testing.T) {
+	ctx := context.Background()
+	const site = "crowded.example"
+	rdb := shared.Client(t)
+	s := newSwitch(t, rdb)
+	_, err := s.Add(ctx, proxyURLs(1)...)
+	require.NoError(t, err)
+	l, err := s.Lease(ctx, site)
+	require.NoError(t, err)
+	now := time.Now().UnixMilli()
+	const n = 3000
+	zs := make([]redis.Z, n)
+	for i := range zs { // slots of other proxies cooling down, one ms apart
+		zs[i] = redis.Z{Score: float64(now + 10_000 + int64(i)), Member: fmt.Sprintf("%016x:0", i+1)}
+	}
+	require.NoError(t, rdb.ZAdd(ctx, s.keys.free(site), zs...).Err())
+	// The site's learned cooldown is 30 s, not raised lately; the proxy was
+	// healthy there just now (the pace's refusal, not a ban).
+	require.NoError(t, rdb.HSet(ctx, s.keys.pace(site), "c", "30000.000", "cut", "0", "ok", "0", "step", "0.1").Err())
+	require.NoError(t, rdb.HSet(ctx, s.keys.strikes(site), l.proxy.id, fmt.Sprintf("0|%d|0", now)).Err())
+	require.NoError(t, l.Report(ctx, ban.Verdict{Kind: ban.Ban, Reason: ban.StatusReason(429)}))
+	c, err := rdb.HGet(ctx, s.keys.pace(site), "c").Float64()
+	require.NoError(t, err)
+	require.Equal(t, 60000.0, c, "raised twice over")
+	for i, z := range zs {
+		got, err := rdb.ZScore(ctx, s.keys.free(site), z.Member.(string)).Result()
+		require.NoError(t, err)
+		if i < 1000 {
+			require.Equal(t, z.Score+30000, got, "slot %d: one of the thousand soonest, pushed by the difference", i)
+		} else {
+			require.Equal(t, z.Score, got, "slot %d: beyond the thousand, as it was", i)
+		}
+	}
 }

@@ -229,6 +229,8 @@ end
 -- the one refused.
 local PACE_PROBE, PACE_SETTLED, PACE_CUT, PACE_CLIMB = 100, 20, 1.25, 200
 local PACE_MAX = 86400000 -- a day: no learned cooldown this module wrote is longer
+-- PACE_PUSH bounds the slots one raise pushes out (pace_refused).
+local PACE_PUSH = 1000
 
 -- A rate-limit refusal is the site's pace only when the proxy had not
 -- rested: under a per-IP limit, a proxy idle on the site longer than the
@@ -315,8 +317,10 @@ end
 -- the scope's free set free (which) cooling down (score within the old
 -- cooldown from now, not leased: lease hash) is pushed out by the
 -- difference, so that no proxy released before the raise runs early.
--- Bounded work: one pass over the proxies cooling down, at most once per
--- cooldown. Returns the cooldown after it (ms).
+-- Bounded work: at most PACE_PUSH slots, those free soonest (a site with
+-- more cooling down at once leaves the later ones as they are: they run
+-- after the soonest), at most once per cooldown. Returns the cooldown
+-- after it (ms).
 local function pace_refused(key, free, lease, floor, maxc, now, idle)
   local v = redis.call('HMGET', key, 'c', 'cut', 'ok')
   local c = math.max(fraction(v[1], key, 'field c', PACE_MAX) or 0, floor)
@@ -333,7 +337,7 @@ local function pace_refused(key, free, lease, floor, maxc, now, idle)
   redis.call('HSET', key, 'c', string.format('%.3f', c2), 'cut', now, 'ok', 0, 'step', string.format('%.6f', step))
   redis.call('PEXPIRE', key, idle)
   local d = math.floor(c2 - c)
-  local cooling = redis.call('ZRANGEBYSCORE', free, '(' .. now, now + math.ceil(c), 'WITHSCORES')
+  local cooling = redis.call('ZRANGE', free, '(' .. now, now + math.ceil(c), 'BYSCORE', 'LIMIT', 0, PACE_PUSH, 'WITHSCORES')
   for i = 1, #cooling, 2 do
     if redis.call('HEXISTS', lease, cooling[i]) == 0 then
       redis.call('ZADD', free, 'XX', num(cooling[i + 1]) + d, cooling[i])
