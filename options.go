@@ -346,7 +346,8 @@ type Rotation struct {
 	// given fewer than 20 healthy answers since the last raise, by a
 	// quarter after (from 0 to 100ms; at most once per cooldown, as the
 	// refusals of requests sent before the raise say nothing new), and the
-	// proxies already cooling down on the site wait the difference too.
+	// proxies already cooling down on the site (the 1,000 free soonest)
+	// wait the difference too.
 	// Each healthy answer then adds to the request rate per IP, by an equal
 	// step, so that it is back at the refused rate after 200 healthy
 	// answers (additive increase, multiplicative decrease). Such a refusal
