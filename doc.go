@@ -18,7 +18,10 @@
 //
 // The smallest integration is one line:
 //
-//	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"}) // or NewClusterClient, NewFailoverClient
+//	rdb := redis.NewClient(&redis.Options{ // or NewClusterClient, NewFailoverClient
+//		Addr:                  "localhost:6379",
+//		ContextTimeoutEnabled: true, // calls bounded by their context, on the caller's goroutine
+//	})
 //	c := colly.NewCollector()
 //	c.SetProxyFunc(proxyswitch.New(rdb))
 //

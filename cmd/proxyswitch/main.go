@@ -209,6 +209,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		level = slog.LevelDebug
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	opt.ContextTimeoutEnabled = true // each call bounded by its context (-timeout), on the calling goroutine
 	rdb := redis.NewClient(opt)
 	defer rdb.Close()
 	a := &app{rdb: rdb, ropt: opt, prefix: *prefix, logger: logger, stdin: stdin, out: stdout, errOut: stderr,
