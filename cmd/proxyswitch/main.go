@@ -48,7 +48,8 @@
 //
 // Flags:
 //
-//	-redis URL   Redis URL (default $PROXYSWITCH_REDIS_URL, else redis://127.0.0.1:6379/0)
+//	-redis URL   Redis URL (default $PROXYSWITCH_REDIS_URL, else redis://127.0.0.1:6379/0);
+//	             a command that writes first prints the Redis it acts on (host:port/db) on stderr
 //	-prefix P    key prefix (default "proxyswitch")
 //	-pool NAME   pool (default "default")
 //	-timeout D   bound on each Redis round trip (default 5s)
@@ -289,6 +290,11 @@ func (a *app) dispatch(ctx context.Context, cmd string, args []string) error {
 	if _, known := commandHelp[cmd]; known && isHelp(args) {
 		return printCommandHelp(a.out, cmd)
 	}
+	if writes(cmd, args) {
+		// Which Redis the write goes to, before it does: the URL may come
+		// from the environment or the default, unseen on the command line.
+		fmt.Fprintf(a.errOut, "proxyswitch: %s on Redis %s, prefix %q, pool %q\n", cmd, redisAddr(a.ropt), a.prefix, a.sw.Pool())
+	}
 	switch cmd {
 	case "ban", "unban", "drain", "revive":
 		if err := a.matchConcurrency(ctx); err != nil {
@@ -395,6 +401,32 @@ func (a *app) dispatch(ctx context.Context, cmd string, args []string) error {
 		return a.probeCmd(ctx, args)
 	}
 	return fmt.Errorf("%w: unknown command %q", errUsage, cmd)
+}
+
+// writes reports whether cmd with args writes to the pool or a queue in
+// Redis: such a command first says on stderr which Redis it acts on (probe
+// is not listed: it writes only the verdicts of its probes).
+func writes(cmd string, args []string) bool {
+	switch cmd {
+	case "load", "add", "remove", "ban", "unban", "pause", "resume", "drain", "revive", "clear", "sync":
+		return true
+	case "queue":
+		return len(args) >= 2 && args[1] == "requeue"
+	}
+	return false
+}
+
+// redisAddr names the Redis of o as host:port/db (a Unix socket as its
+// path and db), never with its user name or password.
+func redisAddr(o *redis.Options) string {
+	s := fmt.Sprintf("%s/%d", o.Addr, o.DB)
+	switch {
+	case o.Network == "unix":
+		s = fmt.Sprintf("unix:%s db %d", o.Addr, o.DB)
+	case o.TLSConfig != nil:
+		s += " (TLS)"
+	}
+	return s
 }
 
 func (a *app) load(ctx context.Context, path string) error {
