@@ -290,6 +290,9 @@ func (a *app) dispatch(ctx context.Context, cmd string, args []string) error {
 	if _, known := commandHelp[cmd]; known && isHelp(args) {
 		return printCommandHelp(a.out, cmd)
 	}
+	if err := checkProxyArgs(cmd, args); err != nil {
+		return err
+	}
 	if writes(cmd, args) {
 		// Which Redis the write goes to, before it does: the URL may come
 		// from the environment or the default, unseen on the command line.
@@ -849,10 +852,41 @@ func proxyName(arg string) string {
 	if p, err := proxyswitch.ParseProxy(arg); err == nil {
 		return p.ID()
 	}
-	if len(arg) == 16 && strings.Trim(arg, "0123456789abcdef") == "" {
+	if isProxyID(arg) {
 		return arg
 	}
 	return "(unparseable)"
+}
+
+// isProxyID reports whether arg is a proxy ID as list shows it: 16
+// lower-case hex digits. The library takes such an argument as an ID
+// before trying it as a URL, and so does the CLI.
+func isProxyID(arg string) bool {
+	return len(arg) == 16 && strings.Trim(arg, "0123456789abcdef") == ""
+}
+
+// checkProxyArgs refuses, before any Redis call, a proxy argument of cmd
+// (ban and unban take one first, drain, revive and remove only proxies)
+// that is neither a proxy ID nor a proxy URL, saying both: the library's
+// error alone says only why it is no URL ("missing port"). A failure, not
+// a usage mistake (exit code 1), as an invalid line of load is.
+func checkProxyArgs(cmd string, args []string) error {
+	var proxies []string
+	switch cmd {
+	case "ban", "unban":
+		proxies = args[:min(len(args), 1)]
+	case "drain", "revive", "remove":
+		proxies = args
+	}
+	for _, arg := range proxies {
+		if isProxyID(arg) {
+			continue
+		}
+		if _, err := proxyswitch.ParseProxy(arg); err != nil {
+			return fmt.Errorf("a proxy argument is neither a proxy ID (16 hex digits, as list shows) nor a proxy URL: %s", message(err))
+		}
+	}
+	return nil
 }
 
 // redactURL names a URL given on the command line, which may not parse,
