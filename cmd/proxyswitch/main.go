@@ -12,7 +12,8 @@
 //	                            probe idle proxies, mark dead and revive them (package probe)
 //	add URL...                  add proxies
 //	remove ID|URL...            remove proxies
-//	list                        list the proxies: ID, URL (user info masked), state (ok, dead, drained)
+//	list                        list the proxies: ID, URL (user info masked), state (ok, dead, drained),
+//	                            labels, and for a gateway's session its template (SHA-1 prefix) and place
 //	list SITE                   list the proxies with their state on SITE ("*" for a pool leased with
 //	                            ScopeGlobal): free, leased (and how many of its slots), cooling,
 //	                            quarantined (noting a ban on every site), dead or drained; until
@@ -65,6 +66,8 @@ package main
 
 import (
 	"context"
+	"crypto/sha1"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -75,6 +78,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -85,6 +89,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/proxyswitch/proxyswitch"
+	"github.com/proxyswitch/proxyswitch/internal/engine"
 	"github.com/proxyswitch/proxyswitch/internal/redact"
 	"github.com/proxyswitch/proxyswitch/metrics"
 	"github.com/proxyswitch/proxyswitch/storage"
@@ -473,8 +478,12 @@ func (a *app) list(ctx context.Context) error {
 	for _, d := range dead {
 		out[d.Proxy.ID()] = d
 	}
+	sessions, err := a.gatewaySessions(ctx)
+	if err != nil {
+		return err
+	}
 	tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tPROXY\tSTATE\tSINCE\tREASON")
+	fmt.Fprintln(tw, "ID\tPROXY\tSTATE\tSINCE\tREASON\tLABELS\tGATEWAY")
 	for _, p := range ps {
 		state, since, reason := "ok", "-", "-"
 		if d, ok := out[p.ID()]; ok {
@@ -483,9 +492,68 @@ func (a *app) list(ctx context.Context) error {
 				state, reason = "drained", "-"
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", p.ID(), p, state, since, reason)
+		gw := sessions[p.ID()]
+		if gw == "" {
+			gw = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", p.ID(), p, state, since, reason, labelList(p.Labels()), gw)
 	}
 	return tw.Flush()
+}
+
+// labelList prints a proxy's labels as its list line gives them,
+// "key=value" joined by ',' in key order; "-" for none.
+func labelList(labels map[string]string) string {
+	if len(labels) == 0 {
+		return "-"
+	}
+	kv := make([]string, 0, len(labels))
+	for k, v := range labels {
+		kv = append(kv, k+"="+v)
+	}
+	slices.Sort(kv)
+	return strings.Join(kv, ",")
+}
+
+// gatewaySessions tells apart the virtual proxies of gateway entries, whose
+// masked URLs (list's PROXY) are alike: proxy ID -> "<template>#<i>/<n>",
+// template the first 8 hex digits of the SHA-1 of the gateway template (as
+// the pool's key gw:<SHA-1> names it; the template itself holds
+// credentials and is never printed), i the session's place among the
+// template's n sessions, by ID. Read from the pool's gateways hash (the
+// root API keeps gateway membership unexported), a page at a time.
+func (a *app) gatewaySessions(ctx context.Context) (map[string]string, error) {
+	base, err := engine.KeyBase(a.prefix, a.sw.Pool())
+	if err != nil {
+		return nil, err
+	}
+	byTemplate := map[string][]string{} // SHA-1 prefix -> proxy IDs
+	var cursor uint64
+	for {
+		rctx, cancel := context.WithTimeout(ctx, a.timeout)
+		kv, next, err := a.rdb.HScan(rctx, base+":gateways", cursor, "", 500).Result()
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("redis error: gateways: %w", err)
+		}
+		for i := 0; i+1 < len(kv); i += 2 {
+			d := sha1.Sum([]byte(kv[i+1]))
+			tag := hex.EncodeToString(d[:4])
+			byTemplate[tag] = append(byTemplate[tag], kv[i])
+		}
+		if cursor = next; cursor == 0 {
+			break
+		}
+	}
+	out := map[string]string{}
+	for tag, ids := range byTemplate {
+		slices.Sort(ids)
+		ids = slices.Compact(ids) // HSCAN may return an entry twice
+		for i, id := range ids {
+			out[id] = fmt.Sprintf("%s#%d/%d", tag, i+1, len(ids))
+		}
+	}
+	return out, nil
 }
 
 // timeLayout prints the times of list SITE: UTC, to the millisecond (a
