@@ -18,7 +18,10 @@
 //
 // The smallest integration is one line:
 //
-//	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"}) // or NewClusterClient, NewFailoverClient
+//	rdb := redis.NewClient(&redis.Options{ // or NewClusterClient, NewFailoverClient
+//		Addr:                  "localhost:6379",
+//		ContextTimeoutEnabled: true, // calls bounded by their context, on the caller's goroutine
+//	})
 //	c := colly.NewCollector()
 //	c.SetProxyFunc(proxyswitch.New(rdb))
 //
@@ -192,25 +195,41 @@
 // distinct (prefix, pool) pairs never share a key; nor does a pool share one
 // with a storage namespace, whose tag holds no ':'.
 //
-//	{prefix:pool}:proxies        hash  proxy ID -> proxy URL (the pool; no TTL)
-//	{prefix:pool}:meta           hash  settings all workers must share (no TTL)
-//	{prefix:pool}:sites          zset  site -> time of its last lease (idle TTL)
-//	{prefix:pool}:free:<site>    zset  "<id>:<slot>" -> time it is next free, ms (idle TTL)
-//	{prefix:pool}:lease:<site>   hash  "<id>:<slot>" -> "<token>|<expiry ms>" (idle TTL)
-//	{prefix:pool}:strikes:<site> hash  proxy ID -> "<bans in a row>|<ms of the last>|<its end>" (idle TTL)
-//	{prefix:pool}:health:<site>  hash  proxy ID -> its recent failure rate on the site (idle TTL; Rotation.FlakyDelay)
-//	{prefix:pool}:pace:<site>    hash  the cooldown learned for the site (idle TTL; Rotation.LearnedPacing)
-//	{prefix:pool}:fails          hash  proxy ID -> proxy failures in a row (idle TTL)
-//	{prefix:pool}:quarantine     zset  proxy ID -> end of a ban on every site, ms (max quarantine)
-//	{prefix:pool}:dead           hash  proxy ID -> "<ms>|<reason>" (operator state: no TTL, until Revive)
-//	{prefix:pool}:exit           hash  proxy ID -> its exit IP (package probe, Checker.Exits; no TTL)
-//	{prefix:pool}:exit:<IP>      set   the proxy IDs leaving from IP: on a site they share one proxy's slots (no TTL)
-//	{prefix:pool}:members        zset  member ID -> end of its registration, ms (the last registration's end)
-//	{prefix:pool}:member-owners  hash  member ID -> token of the process holding it (same TTL)
-//	{prefix:pool}:modes          zset  member ID -> when it last leased from Redis, ms (member TTL)
-//	{prefix:pool}:session:<task> hash  a task's session: ID, proxy, slot per site, expiry, requests (session TTL)
-//	{prefix:pool}:sjar:<session> hash  "<domain>;<path>;<name>" -> the session's cookie (session TTL)
-//	{prefix:pool}:sessions       zset  session ID -> its expiry, ms: the live sessions (idle TTL)
+//	{prefix:pool}:proxies          hash  proxy ID -> proxy URL (the pool; no TTL)
+//	{prefix:pool}:meta             hash  settings all workers must share, and the pool's marks: its version,
+//	                                     how far its order and gateway index are built (no TTL)
+//	{prefix:pool}:order            zset  proxy ID -> its place in the rotation (no TTL)
+//	{prefix:pool}:labels           hash  proxy ID -> its labels "k=v,k=v" (no TTL)
+//	{prefix:pool}:gateways         hash  proxy ID -> gateway template, for the virtual proxies of a gateway entry (no TTL)
+//	{prefix:pool}:gwindex          hash  SHA-1 (hex) of a gateway template -> its members' labels (no TTL)
+//	{prefix:pool}:gw:<SHA-1>       zset  proxy ID -> 0: the members of that template (no TTL)
+//	{prefix:pool}:gwrelabel        hash  SHA-1 of a template -> the last member relabelled, while a change of
+//	                                     its labels goes through its members in pages (no TTL)
+//	{prefix:pool}:sites            zset  site -> time of its last lease (idle TTL)
+//	{prefix:pool}:cursor           hash  site -> the rotation's place last offered there (idle TTL)
+//	{prefix:pool}:free:<site>      zset  "<id>:<slot>" -> time it is next free, ms (idle TTL)
+//	{prefix:pool}:lease:<site>     hash  "<id>:<slot>" -> "<token>|<expiry ms>" (idle TTL)
+//	{prefix:pool}:strikes:<site>   hash  proxy ID -> "<bans in a row>|<ms of the last>|<its end>" (idle TTL)
+//	{prefix:pool}:health:<site>    hash  proxy ID -> its recent failure rate on the site (idle TTL; Rotation.FlakyDelay)
+//	{prefix:pool}:pace:<site>      hash  the cooldown learned for the site (idle TTL; Rotation.LearnedPacing)
+//	{prefix:pool}:siteprobe:<site> hash  proxy ID -> "<site>|<end ms>": a quarantine a site probe (package probe)
+//	                                     put it under, for a later passing probe to lift (TTL: the longest entry's)
+//	{prefix:pool}:breaker          hash  site -> its circuit breaker while open or half-open (no TTL: until it closes)
+//	{prefix:pool}:breaker:<site>   hash  the site's ban-rate window (TTL: twice Breaker.Window)
+//	{prefix:pool}:fails            hash  proxy ID -> proxy failures in a row (idle TTL)
+//	{prefix:pool}:quarantine       zset  proxy ID -> end of a ban on every site, ms (max quarantine)
+//	{prefix:pool}:dead             hash  proxy ID -> "<ms>|<reason>" (operator state: no TTL, until Revive)
+//	{prefix:pool}:exit             hash  proxy ID -> its exit IP (package probe, Checker.Exits; no TTL)
+//	{prefix:pool}:exit:<IP>        set   the proxy IDs leaving from IP: on a site they share one proxy's slots (no TTL)
+//	{prefix:pool}:probe-leader     string the token of the process running package probe's rounds (the lock's TTL)
+//	{prefix:pool}:members          zset  member ID -> end of its registration, ms (the last registration's end)
+//	{prefix:pool}:member-owners    hash  member ID -> token of the process holding it (same TTL)
+//	{prefix:pool}:modes            zset  member ID -> when it last leased from Redis, ms (member TTL)
+//	{prefix:pool}:session:<task>   hash  a task's session: ID, proxy, slot per site, expiry, requests (session TTL)
+//	{prefix:pool}:sjar:<session>   hash  "<domain>;<path>;<name>" -> the session's cookie (session TTL)
+//	{prefix:pool}:sessions         zset  session ID -> its expiry, ms: the live sessions (idle TTL)
+//	{prefix:pool}:seed:<token>:... the pool, order, dead, gateways and labels a Switch stages while it re-seeds
+//	                                     a pool Redis lost from its copy, renamed into place at once (TTL: a minute)
 //
 // A ban is no key of its own: it is the score of the proxy's slots in the
 // site's busy set ("free:<site>": only the slots out on the site, so a site

@@ -14,7 +14,7 @@ import (
 
 // The one-line integration: every request leases a proxy for its site.
 func ExampleNew() {
-	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379", ContextTimeoutEnabled: true})
 	c := colly.NewCollector()
 	c.SetProxyFunc(proxyswitch.New(rdb))
 	_ = c.Visit("https://www.ozon.ru/")
@@ -23,7 +23,7 @@ func ExampleNew() {
 // The whole extension: leases released as soon as each response is in, one
 // IP per redirect chain, Request.ProxyURL filled (user info masked).
 func ExampleSwitch_Attach() {
-	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379", ContextTimeoutEnabled: true})
 	sw, err := proxyswitch.NewSwitch(rdb,
 		proxyswitch.WithPool("datacenter"),
 		proxyswitch.WithRotation(proxyswitch.Rotation{Cooldown: 2 * time.Second}), // at most one request per IP per site every 2s, cluster-wide
@@ -48,7 +48,7 @@ func ExampleSwitch_Attach() {
 // Loading the pool from a file, and replacing it at run time without a
 // restart: workers see the old set or the new one, never a mix.
 func ExampleSwitch_ReplaceProxies() {
-	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379", ContextTimeoutEnabled: true})
 	sw, err := proxyswitch.NewSwitch(rdb, proxyswitch.WithPool("residential"))
 	if err != nil {
 		log.Fatal(err)
@@ -74,7 +74,7 @@ func ExampleSwitch_ReplaceProxies() {
 // request timeout, never): Close releases what is left, and any lease
 // attempt after it fails with ErrNoProxy.
 func ExampleSwitch_Close() {
-	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379", ContextTimeoutEnabled: true})
 	sw, err := proxyswitch.NewSwitch(rdb)
 	if err != nil {
 		log.Fatal(err)
@@ -92,7 +92,7 @@ func ExampleSwitch_Close() {
 
 // Leasing by hand, outside Colly.
 func ExampleSwitch_Lease() {
-	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379", ContextTimeoutEnabled: true})
 	sw, err := proxyswitch.NewSwitch(rdb)
 	if err != nil {
 		log.Fatal(err)
@@ -120,7 +120,7 @@ func ExampleParseProxy() {
 // card, cart) leaves from one IP, on any server, with the task's own
 // cookies, while catalog scans lease a datacenter IP per request.
 func ExampleNewTaskContext() {
-	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379", ContextTimeoutEnabled: true})
 	sw, err := proxyswitch.NewSwitch(rdb,
 		proxyswitch.WithPool("datacenter"),                                  // requests of no task
 		proxyswitch.WithSessions(proxyswitch.Sessions{Pool: "residential"}), // sessions

@@ -17,7 +17,7 @@ import (
 func ExampleWithFallback() {
 	ctx := context.Background()
 	host, _ := os.Hostname() // unique per process
-	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379", ContextTimeoutEnabled: true})
 	sw, err := proxyswitch.NewSwitch(rdb,
 		proxyswitch.WithPool("datacenter"),
 		proxyswitch.WithFallback(host, shard.Rendezvous{}),
@@ -39,7 +39,7 @@ func ExampleWithFallback() {
 // Datacenter proxies for catalog scans, residential ones for sessions, with
 // the residential pool as the catalog's overflow.
 func ExampleUsePools() {
-	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379", ContextTimeoutEnabled: true})
 	sw, err := proxyswitch.NewSwitch(rdb,
 		proxyswitch.WithPool("datacenter"),
 		proxyswitch.WithRoute("www.wildberries.ru", "datacenter", "residential"))

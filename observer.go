@@ -36,8 +36,11 @@ type AttemptEvent struct {
 	Latency             time.Duration // from sending the attempt to its verdict
 	// Labels are the proxy's labels, "key=value" joined by ',' in key
 	// order ("" for none), as this Switch's copy of the pool's labels has
-	// them (read again in the background every 10 seconds at most: a
-	// proxy's first attempts after a relabel may carry the old ones).
+	// them. Events never wait for that copy: one that finds it more than
+	// 10 seconds old has it read again in the background (a lease that
+	// asks for labels reads it again once it is 2 seconds old, for the
+	// selection), so a proxy's attempts in the 10 seconds after a relabel
+	// may carry the old ones.
 	Labels string
 }
 

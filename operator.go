@@ -23,7 +23,7 @@ const ReasonOperator = "operator"
 // ReasonSiteProbe is the reason of the ban.Ban a site probe reports (package
 // probe's Checker.Sites): the proxy could not reach the lease's site. Such a
 // verdict (Lease.Report) quarantines the proxy on that site only, for its
-// RetryAfter at least (Bans' backoff may make it longer, Bans.MaxQuarantine
+// RetryAfter at least (Bans' backoff may make it longer, Bans.QuarantineMax
 // caps it), whatever Bans.AllSites, and as it is: a gateway's
 // session is not rotated (another one may not reach the site either), and
 // the site's circuit breaker neither absorbs it nor counts it (a probe is

@@ -300,7 +300,8 @@ func WithClassifier(f ban.Classifier) Option {
 // wait), where a zero field leaves the value as it is (the default, or what
 // an earlier option set): pass Off, not a variable that may hold 0, to turn
 // a field off. NewSwitch rejects Off where zero is invalid (LeaseTTL,
-// Quarantine...) and any other negative value, naming the field.
+// Quarantine...) and any other negative value, naming the field; one field
+// has no off, Timeouts.Fallback, where zero and Off mean its default.
 const Off = -1
 
 // setField sets *dst to v: 0 keeps *dst, Off sets 0, any other value is
@@ -443,7 +444,9 @@ type Timeouts struct {
 	// long a Redis call may go unanswered before the Switch counts Redis as
 	// unreachable: it bounds every lease, release and quarantine call (in
 	// place of Redis, when shorter) and the health probe, which runs every
-	// quarter of it. The default (also for Off) is 1s; the minimum 20ms.
+	// quarter of it. The default is 1s; the minimum 20ms. This field has
+	// no "off": Off sets it to zero like any field, and zero means the
+	// default, so Off gives 1s too.
 	Fallback time.Duration
 }
 

@@ -256,8 +256,8 @@ type SiteStats struct {
 
 // Stats returns a snapshot of the pool for site (ignored with ScopeGlobal):
 // one round trip, or with more than 500 lease records on the site one call
-// per 500 of them (bounded work per call, issue 14; Leased is then counted
-// over calls, not at one instant). It is safe for concurrent use.
+// per 500 of them (bounded work per call, so that none blocks Redis for long;
+// Leased is then counted over calls, not at one instant). It is safe for concurrent use.
 func (s *Switch) Stats(ctx context.Context, site string) (SiteStats, error) {
 	scope := s.scopeOf(site)
 	call := engine.Stats{Pool: s.keys.proxies(), Free: s.keys.free(scope), Lease: s.keys.leases(scope), Meta: s.keys.meta(),

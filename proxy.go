@@ -343,9 +343,13 @@ func redactRaw(raw string) string {
 }
 
 // ParseProxies validates every URL and returns the proxies in order, with
-// duplicates (same identity) dropped. A gateway template ({session:N} in
-// the user info: see the gateway entries in gateway.go's doc and the README)
-// becomes N virtual proxies with new session ids, which Add and
+// duplicates (same identity) dropped. A gateway template, the entry of a
+// provider gateway whose user info picks a sticky exit IP by a session id
+// and holds the placeholder {session:N} (or {session}, N = 1) in its place,
+// as in http://customer-acme-session-{session:50}:secret@gw.example:7000,
+// becomes N virtual proxies, each the template with a new random session
+// id of 8 characters [a-z0-9] (a ban of one on a site replaces it by a new
+// session instead of quarantining it), which Add and
 // ReplaceProxies take only as far as the pool lacks sessions of that
 // gateway; a template given twice counts once. On any invalid URL it returns an error
 // naming its position (1-based) and reason, and no proxies: a pool is never

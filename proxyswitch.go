@@ -35,7 +35,7 @@ var (
 // The leases of running requests are renewed while they run, so that a
 // request longer than the lease TTL keeps its proxy, and a process that dies
 // frees its proxies within one TTL: one goroutine per Switch does it,
-// started by the first lease and gone once the Switch holds none (renew.go).
+// started by the first lease and gone once the Switch holds none.
 // Call Close once the collectors are done, before the process exits: it
 // stops that goroutine and releases every lease still held (without it,
 // those of requests whose context has not ended stay in Redis until their

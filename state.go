@@ -28,7 +28,7 @@ type SiteState struct {
 // SiteState reads the state of the pool for site: one round trip for a
 // small pool; a large one (more than 500 slots out on the site, or proxies
 // dead or banned everywhere) is read in calls of bounded work, one page at a
-// time, so that none blocks Redis for long (issue 14). Such a read is not
+// time, so that none blocks Redis for long. Such a read is not
 // one instant: a slot that changes state meanwhile may be counted in
 // either state, and the counts may not add up to the pool's slots then. It
 // is safe for concurrent use.

@@ -20,7 +20,7 @@ import (
 // the 20 worst proxies, and feeds the member list to the ban-spike signal.
 func ExampleNew() {
 	ctx := context.Background()
-	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379", ContextTimeoutEnabled: true})
 	sw, err := proxyswitch.NewSwitch(rdb, proxyswitch.WithPool("datacenter"))
 	if err != nil {
 		log.Fatal(err)
@@ -50,7 +50,7 @@ func ExampleNew() {
 // One process (not every worker) exports the pool's state read from Redis;
 // "proxyswitch serve" does this as a standalone exporter.
 func ExampleNewState() {
-	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379", ContextTimeoutEnabled: true})
 	sw, err := proxyswitch.NewSwitch(rdb, proxyswitch.WithPool("datacenter"))
 	if err != nil {
 		log.Fatal(err)
@@ -64,7 +64,7 @@ func ExampleNewState() {
 // The same process exports the shared Colly queue of a storage namespace:
 // requests ready, in flight and dead-lettered ("proxyswitch serve -queue").
 func ExampleNewQueue() {
-	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379", ContextTimeoutEnabled: true})
 	s, err := storage.New(rdb, storage.WithNamespace("ozon-crawl"))
 	if err != nil {
 		log.Fatal(err)

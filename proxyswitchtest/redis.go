@@ -138,9 +138,12 @@ func (s *Redis) expire() {
 }
 
 // Client returns a new client to the server, with a connection pool of its
-// own (as a separate machine would have). Close it when done.
+// own (as a separate machine would have), with ContextTimeoutEnabled set
+// as the package proxyswitch recommends (each call bounded by its context,
+// on the caller's goroutine). Close it when done.
 func (s *Redis) Client() *redis.Client {
 	opt := *s.opt // go-redis fills in an Options it is given: one copy per client
+	opt.ContextTimeoutEnabled = true
 	return redis.NewClient(&opt)
 }
 

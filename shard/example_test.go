@@ -91,7 +91,7 @@ func ExampleSharder() {
 // WithSharding run a Membership, and lease from the share, by themselves.)
 func ExampleMembership() {
 	ctx := context.Background()
-	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379", ContextTimeoutEnabled: true})
 	m, err := shard.NewMembership(rdb, shard.MemberConfig{
 		Prefix: "proxyswitch", // proxyswitch.WithPrefix, this is its default
 		Pool:   "datacenter",  // proxyswitch.WithPool

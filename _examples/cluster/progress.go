@@ -31,7 +31,8 @@ func newProgress(out *os.File) *progress {
 	return &progress{out: out, tty: tty}
 }
 
-// start begins a bar for one run of total products.
+// start begins a bar for one run of total products: the bar counts the
+// products done, scraped or given up (the table then tells them apart).
 func (p *progress) start(name string, total int) {
 	p.mu.Lock()
 	p.name, p.total, p.began, p.shown = name, int64(total), time.Now(), 0
@@ -79,14 +80,14 @@ func (p *progress) draw(last bool) {
 	if !p.tty {
 		if q := int64(frac * 4); q > p.shown || last {
 			p.shown = q
-			fmt.Fprintf(p.out, "%-22s %3.0f%%  %d/%d products  %v\n", p.name, 100*frac, done, p.total, took)
+			fmt.Fprintf(p.out, "%-22s %3.0f%%  %d/%d products done (scraped or given up)  %v\n", p.name, 100*frac, done, p.total, took)
 		}
 		return
 	}
 	const width = 30
 	n := int(frac * width)
 	bar := strings.Repeat("=", n) + strings.Repeat(" ", width-n)
-	fmt.Fprintf(p.out, "\r%-22s [%s] %3.0f%%  %d/%d products  %v ", p.name, bar, 100*frac, done, p.total, took)
+	fmt.Fprintf(p.out, "\r%-22s [%s] %3.0f%%  %d/%d products done (scraped or given up)  %v ", p.name, bar, 100*frac, done, p.total, took)
 	if last {
 		fmt.Fprintln(p.out)
 	}

@@ -187,6 +187,7 @@ func runWorker() {
 	must(json.NewDecoder(bufio.NewReader(os.Stdin)).Decode(&j))
 	opt, err := redis.ParseURL(j.RedisURL)
 	must(err)
+	opt.ContextTimeoutEnabled = true // each call bounded by its context, on the caller's goroutine
 	rdb := redis.NewClient(opt)
 	defer rdb.Close()
 

@@ -26,7 +26,12 @@ how many were in it.`,
 	"list": `usage: proxyswitch [flags] list [SITE]
 
 Without SITE: every proxy of the pool, ID, URL (user info masked) and
-state: ok, dead (since when, and the failure that killed it) or drained.
+state: ok, dead (since when, and the failure that killed it) or drained;
+its labels (key=value,...); and for a session of a gateway entry, whose
+masked URLs are alike, GATEWAY tells them apart: the first 8 hex digits of
+the SHA-1 of its template (as the pool's key gw:<SHA-1> names it; the
+template, which holds credentials, is never printed), # its place among
+the template's sessions by ID / their number.
 With SITE (as the workers' site function names it, host[:port] by default;
 "*" for a pool leased with ScopeGlobal): each proxy's state there: free,
 leased (and how many of its slots), cooling, quarantined (noting a ban on

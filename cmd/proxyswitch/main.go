@@ -12,7 +12,8 @@
 //	                            probe idle proxies, mark dead and revive them (package probe)
 //	add URL...                  add proxies
 //	remove ID|URL...            remove proxies
-//	list                        list the proxies: ID, URL (user info masked), state (ok, dead, drained)
+//	list                        list the proxies: ID, URL (user info masked), state (ok, dead, drained),
+//	                            labels, and for a gateway's session its template (SHA-1 prefix) and place
 //	list SITE                   list the proxies with their state on SITE ("*" for a pool leased with
 //	                            ScopeGlobal): free, leased (and how many of its slots), cooling,
 //	                            quarantined (noting a ban on every site), dead or drained; until
@@ -48,7 +49,8 @@
 //
 // Flags:
 //
-//	-redis URL   Redis URL (default $PROXYSWITCH_REDIS_URL, else redis://127.0.0.1:6379/0)
+//	-redis URL   Redis URL (default $PROXYSWITCH_REDIS_URL, else redis://127.0.0.1:6379/0);
+//	             a command that writes first prints the Redis it acts on (host:port/db) on stderr
 //	-prefix P    key prefix (default "proxyswitch")
 //	-pool NAME   pool (default "default")
 //	-timeout D   bound on each Redis round trip (default 5s)
@@ -64,6 +66,8 @@ package main
 
 import (
 	"context"
+	"crypto/sha1"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -74,6 +78,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -84,6 +89,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/proxyswitch/proxyswitch"
+	"github.com/proxyswitch/proxyswitch/internal/engine"
 	"github.com/proxyswitch/proxyswitch/internal/redact"
 	"github.com/proxyswitch/proxyswitch/metrics"
 	"github.com/proxyswitch/proxyswitch/storage"
@@ -209,6 +215,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		level = slog.LevelDebug
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	opt.ContextTimeoutEnabled = true // each call bounded by its context (-timeout), on the calling goroutine
 	rdb := redis.NewClient(opt)
 	defer rdb.Close()
 	a := &app{rdb: rdb, ropt: opt, prefix: *prefix, logger: logger, stdin: stdin, out: stdout, errOut: stderr,
@@ -287,6 +294,14 @@ func (a *app) matchConcurrency(ctx context.Context) error {
 func (a *app) dispatch(ctx context.Context, cmd string, args []string) error {
 	if _, known := commandHelp[cmd]; known && isHelp(args) {
 		return printCommandHelp(a.out, cmd)
+	}
+	if err := checkProxyArgs(cmd, args); err != nil {
+		return err
+	}
+	if writes(cmd, args) {
+		// Which Redis the write goes to, before it does: the URL may come
+		// from the environment or the default, unseen on the command line.
+		fmt.Fprintf(a.errOut, "proxyswitch: %s on Redis %s, prefix %q, pool %q\n", cmd, redisAddr(a.ropt), a.prefix, a.sw.Pool())
 	}
 	switch cmd {
 	case "ban", "unban", "drain", "revive":
@@ -396,6 +411,32 @@ func (a *app) dispatch(ctx context.Context, cmd string, args []string) error {
 	return fmt.Errorf("%w: unknown command %q", errUsage, cmd)
 }
 
+// writes reports whether cmd with args writes to the pool or a queue in
+// Redis: such a command first says on stderr which Redis it acts on (probe
+// is not listed: it writes only the verdicts of its probes).
+func writes(cmd string, args []string) bool {
+	switch cmd {
+	case "load", "add", "remove", "ban", "unban", "pause", "resume", "drain", "revive", "clear", "sync":
+		return true
+	case "queue":
+		return len(args) >= 2 && args[1] == "requeue"
+	}
+	return false
+}
+
+// redisAddr names the Redis of o as host:port/db (a Unix socket as its
+// path and db), never with its user name or password.
+func redisAddr(o *redis.Options) string {
+	s := fmt.Sprintf("%s/%d", o.Addr, o.DB)
+	switch {
+	case o.Network == "unix":
+		s = fmt.Sprintf("unix:%s db %d", o.Addr, o.DB)
+	case o.TLSConfig != nil:
+		s += " (TLS)"
+	}
+	return s
+}
+
 func (a *app) load(ctx context.Context, path string) error {
 	r := a.stdin
 	if path != "-" {
@@ -437,8 +478,12 @@ func (a *app) list(ctx context.Context) error {
 	for _, d := range dead {
 		out[d.Proxy.ID()] = d
 	}
+	sessions, err := a.gatewaySessions(ctx)
+	if err != nil {
+		return err
+	}
 	tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tPROXY\tSTATE\tSINCE\tREASON")
+	fmt.Fprintln(tw, "ID\tPROXY\tSTATE\tSINCE\tREASON\tLABELS\tGATEWAY")
 	for _, p := range ps {
 		state, since, reason := "ok", "-", "-"
 		if d, ok := out[p.ID()]; ok {
@@ -447,9 +492,68 @@ func (a *app) list(ctx context.Context) error {
 				state, reason = "drained", "-"
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", p.ID(), p, state, since, reason)
+		gw := sessions[p.ID()]
+		if gw == "" {
+			gw = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", p.ID(), p, state, since, reason, labelList(p.Labels()), gw)
 	}
 	return tw.Flush()
+}
+
+// labelList prints a proxy's labels as its list line gives them,
+// "key=value" joined by ',' in key order; "-" for none.
+func labelList(labels map[string]string) string {
+	if len(labels) == 0 {
+		return "-"
+	}
+	kv := make([]string, 0, len(labels))
+	for k, v := range labels {
+		kv = append(kv, k+"="+v)
+	}
+	slices.Sort(kv)
+	return strings.Join(kv, ",")
+}
+
+// gatewaySessions tells apart the virtual proxies of gateway entries, whose
+// masked URLs (list's PROXY) are alike: proxy ID -> "<template>#<i>/<n>",
+// template the first 8 hex digits of the SHA-1 of the gateway template (as
+// the pool's key gw:<SHA-1> names it; the template itself holds
+// credentials and is never printed), i the session's place among the
+// template's n sessions, by ID. Read from the pool's gateways hash (the
+// root API keeps gateway membership unexported), a page at a time.
+func (a *app) gatewaySessions(ctx context.Context) (map[string]string, error) {
+	base, err := engine.KeyBase(a.prefix, a.sw.Pool())
+	if err != nil {
+		return nil, err
+	}
+	byTemplate := map[string][]string{} // SHA-1 prefix -> proxy IDs
+	var cursor uint64
+	for {
+		rctx, cancel := context.WithTimeout(ctx, a.timeout)
+		kv, next, err := a.rdb.HScan(rctx, base+":gateways", cursor, "", 500).Result()
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("redis error: gateways: %w", err)
+		}
+		for i := 0; i+1 < len(kv); i += 2 {
+			d := sha1.Sum([]byte(kv[i+1]))
+			tag := hex.EncodeToString(d[:4])
+			byTemplate[tag] = append(byTemplate[tag], kv[i])
+		}
+		if cursor = next; cursor == 0 {
+			break
+		}
+	}
+	out := map[string]string{}
+	for tag, ids := range byTemplate {
+		slices.Sort(ids)
+		ids = slices.Compact(ids) // HSCAN may return an entry twice
+		for i, id := range ids {
+			out[id] = fmt.Sprintf("%s#%d/%d", tag, i+1, len(ids))
+		}
+	}
+	return out, nil
 }
 
 // timeLayout prints the times of list SITE: UTC, to the millisecond (a
@@ -816,10 +920,41 @@ func proxyName(arg string) string {
 	if p, err := proxyswitch.ParseProxy(arg); err == nil {
 		return p.ID()
 	}
-	if len(arg) == 16 && strings.Trim(arg, "0123456789abcdef") == "" {
+	if isProxyID(arg) {
 		return arg
 	}
 	return "(unparseable)"
+}
+
+// isProxyID reports whether arg is a proxy ID as list shows it: 16
+// lower-case hex digits. The library takes such an argument as an ID
+// before trying it as a URL, and so does the CLI.
+func isProxyID(arg string) bool {
+	return len(arg) == 16 && strings.Trim(arg, "0123456789abcdef") == ""
+}
+
+// checkProxyArgs refuses, before any Redis call, a proxy argument of cmd
+// (ban and unban take one first, drain, revive and remove only proxies)
+// that is neither a proxy ID nor a proxy URL, saying both: the library's
+// error alone says only why it is no URL ("missing port"). A failure, not
+// a usage mistake (exit code 1), as an invalid line of load is.
+func checkProxyArgs(cmd string, args []string) error {
+	var proxies []string
+	switch cmd {
+	case "ban", "unban":
+		proxies = args[:min(len(args), 1)]
+	case "drain", "revive", "remove":
+		proxies = args
+	}
+	for _, arg := range proxies {
+		if isProxyID(arg) {
+			continue
+		}
+		if _, err := proxyswitch.ParseProxy(arg); err != nil {
+			return fmt.Errorf("a proxy argument is neither a proxy ID (16 hex digits, as list shows) nor a proxy URL: %s", message(err))
+		}
+	}
+	return nil
 }
 
 // redactURL names a URL given on the command line, which may not parse,

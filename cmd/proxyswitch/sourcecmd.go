@@ -24,10 +24,14 @@ func init() {
 
 Keeps the pool equal to a proxy list: a provider's HTTP API (-url) or a
 file (-file), read every D (default 5m) until interrupted, or once with
--once. Each sync writes only when the list changed, in one atomic replace;
-it prints what it did. A list that fails (HTTP error, time-out, an invalid
-line, garbage) or that holds fewer than -min-fraction of the pool's proxies
-(an empty one included) changes nothing (-no-guard lets it through).
+-once. Each sync writes only when the list changed: one atomic replace
+while the pool and the list hold up to 500 proxies (a gateway entry
+counting its N sessions), in steps of bounded work beyond (meanwhile
+workers see the sets in between: the old one shrinking to the proxies both
+share, even to none, then growing); it prints what it did. A list that
+fails (HTTP error, time-out, an invalid line, garbage) or that holds fewer
+than -min-fraction of the pool's proxies (an empty one included) changes
+nothing (-no-guard lets it through).
 Lines are URLs, host:port, user:pass@host:port or host:port:user:pass.
 
   -url URL            GET the list from URL (its query and user info are never printed)

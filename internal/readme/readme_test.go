@@ -5,12 +5,15 @@
 //
 //   - A block that starts with "package main" is a complete program and is
 //     compiled as it is.
-//   - Any other block is a fragment: the body of a function in which ctx
-//     (context.Context), rdb (*redis.Client), sw (*proxyswitch.Switch),
-//     c (*colly.Collector) and s (*storage.Storage) are in scope, in a file
+//   - Any other block is a fragment, compiled the way the README says it
+//     is used: pasted at the end of the quick start's main (the first
+//     "package main" block), so in the same scope as its ctx, rdb, sw, err
+//     and c, with s (*storage.Storage) a package-level variable, in a file
 //     that imports the packages of fragmentImports. A fragment has no
-//     import block, may declare those names again, and must use every
-//     variable it declares.
+//     import block, must not declare the quick start's names again with :=
+//     (no new variables on the left side), and must use every variable it
+//     declares. Each fragment is pasted alone: fragments are not compiled
+//     after one another.
 //   - A block whose first line is a comment starting with "// not compiled:"
 //     (followed by the reason) is skipped.
 package readme_test
@@ -71,10 +74,32 @@ func readmeBlocks(t *testing.T, readme string) []goBlock {
 	return blocks
 }
 
+// quickStart returns the body of the quick start's main function (the
+// first block that starts with "package main"), which fragments follow, and
+// the README line it starts on.
+func quickStart(t *testing.T, blocks []goBlock) goBlock {
+	for _, b := range blocks {
+		if !strings.HasPrefix(strings.TrimSpace(b.text), "package main") {
+			continue
+		}
+		const open = "func main() {\n"
+		i := strings.Index(b.text, open)
+		j := strings.LastIndex(b.text, "}")
+		if i < 0 || j < i {
+			t.Fatalf("README.md:%d: the quick start has no func main() { ... }", b.line)
+		}
+		body := b.text[i+len(open) : j]
+		return goBlock{line: b.line + strings.Count(b.text[:i+len(open)], "\n"), text: body}
+	}
+	t.Fatal("README.md has no \"package main\" block: no quick start for the fragments to follow")
+	return goBlock{}
+}
+
 // program returns the source of b as a compilable main package, or "" for
-// a block marked "// not compiled:". A line directive makes the compiler's
-// errors point at README.md's lines.
-func program(b goBlock) string {
+// a block marked "// not compiled:". A fragment is pasted after qs, the
+// quick start's main body. Line directives make the compiler's errors point
+// at README.md's lines.
+func program(b, qs goBlock) string {
 	first, _, _ := strings.Cut(strings.TrimSpace(b.text), "\n")
 	line := fmt.Sprintf("//line README.md:%d\n", b.line)
 	switch {
@@ -92,11 +117,14 @@ func program(b goBlock) string {
 	for _, imp := range fragmentImports {
 		fmt.Fprintf(&src, "\t_ = %s\n", imp[1])
 	}
-	src.WriteString(")\n\nfunc main() {}\n\n")
-	src.WriteString("func fragment(ctx context.Context, rdb *redis.Client, sw *proxyswitch.Switch, c *colly.Collector, s *storage.Storage) {\n\t{\n")
+	src.WriteString(")\n\n// s is the storage of the README's storage section.\nvar s *storage.Storage\n\n")
+	src.WriteString("func main() {\n")
+	fmt.Fprintf(&src, "//line README.md:%d\n", qs.line)
+	src.WriteString(qs.text)
+	src.WriteString("\n")
 	src.WriteString(line)
 	src.WriteString(b.text)
-	src.WriteString("\t}\n}\n")
+	src.WriteString("}\n")
 	return src.String()
 }
 
@@ -125,9 +153,10 @@ func TestReadmeGoBlocksCompile(t *testing.T) {
 		t.Fatal(err)
 	}
 	write(t, filepath.Join(dir, "go.sum"), string(sum))
+	qs := quickStart(t, blocks)
 	compiled := 0
 	for _, b := range blocks {
-		src := program(b)
+		src := program(b, qs)
 		if src == "" {
 			t.Logf("README.md:%d: not compiled (marked so)", b.line)
 			continue
