@@ -120,6 +120,8 @@ type Event struct {
 
 // Report is what one round did.
 type Report struct {
+	// Start and End are when the round started and ended (End is set on
+	// every report, a failed round's too).
 	Start, End  time.Time
 	Probed      int // probes sent
 	Skipped     int // live proxies not idle on the echo site (leased, cooling or quarantined there)
@@ -391,9 +393,10 @@ func (c *Checker) checkNew(ctx context.Context) error {
 }
 
 // round probes the pool (fresh: only the live proxies without a recorded
-// exit IP).
-func (c *Checker) round(ctx context.Context, s settings, fresh bool) (Report, error) {
-	rep := Report{Start: time.Now()}
+// exit IP). The report is named: its End, set when the round returns,
+// reaches the caller.
+func (c *Checker) round(ctx context.Context, s settings, fresh bool) (rep Report, err error) {
+	rep = Report{Start: time.Now()}
 	defer func() { rep.End = time.Now() }()
 	states, err := c.Switch.ProxyStates(ctx, s.echoSite)
 	if err != nil {

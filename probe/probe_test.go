@@ -52,6 +52,17 @@ func newSwitch(t *testing.T, prefix string, opts ...proxyswitch.Option) *proxysw
 	return sw
 }
 
+// farmPool starts a farm of n proxies and a Switch of a pool of its own
+// holding them.
+func farmPool(t *testing.T, n int, opts ...proxyswitch.Option) (*proxyswitchtest.Farm, *proxyswitch.Switch) {
+	t.Helper()
+	farm := proxyswitchtest.NewFarm(t, n)
+	sw := newSwitch(t, testPrefix(), opts...)
+	_, err := sw.Add(context.Background(), farm.URLs()...)
+	require.NoError(t, err)
+	return farm, sw
+}
+
 func idOf(t *testing.T, u string) string {
 	t.Helper()
 	p, err := proxyswitch.ParseProxy(u)
@@ -360,6 +371,7 @@ func TestCheckerOneLeader(t *testing.T) {
 	who := map[int]int{}
 	for i, r := range rounds {
 		who[r.who]++
+		require.False(t, r.end.Before(r.start), "a round's End before its Start (or not set): %v, %v", r.start, r.end)
 		if i > 0 && rounds[i-1].who != r.who {
 			require.False(t, r.start.Before(rounds[i-1].end), "rounds of two checkers overlap")
 		}
@@ -630,4 +642,36 @@ func TestCheckerSiteProbeLedgerPerSite(t *testing.T) {
 	require.Equal(t, []string{strings.TrimPrefix(down.URL(), "http://")}, rep.SitesDown)
 	require.Zero(t, rep.Quarantined)
 	require.Empty(t, quarantinedOn(t, fresh, strings.TrimPrefix(down.URL(), "http://")), "the quarantines of a down site's probes were not lifted")
+}
+
+// TestCheckerReportEnd: a round's Report carries its End, after its
+// Start, to Check's caller and to OnReport (a failed round's too).
+func TestCheckerReportEnd(t *testing.T) {
+	ctx := context.Background()
+	_, sw := farmPool(t, 2)
+	ec := newEcho(t, 20*time.Millisecond)
+	var seen []probe.Report
+	c := &probe.Checker{Switch: sw, EchoURL: ec.site.URL(), Timeout: time.Second, Logger: (&testlog.Buffer{}).Logger(),
+		OnReport: func(r probe.Report) { seen = append(seen, r) }}
+	before := time.Now()
+	rep, err := c.Check(ctx)
+	require.NoError(t, err)
+	after := time.Now()
+	require.Equal(t, 2, rep.Probed)
+	require.False(t, rep.Start.Before(before))
+	require.True(t, rep.End.After(rep.Start), "End %v, Start %v", rep.End, rep.Start)
+	require.GreaterOrEqual(t, rep.End.Sub(rep.Start), 20*time.Millisecond, "the round lasted a probe at least")
+	require.False(t, rep.End.After(after))
+	require.Len(t, seen, 1)
+	require.Equal(t, rep.End, seen[0].End, "OnReport sees End")
+
+	// A failed round (a cancelled context) reports its End too.
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	rep, err = c.Check(cctx)
+	require.Error(t, err)
+	require.False(t, rep.End.IsZero())
+	require.False(t, rep.End.Before(rep.Start))
+	require.Len(t, seen, 2)
+	require.Equal(t, rep.End, seen[1].End)
 }
