@@ -799,8 +799,8 @@ func (c *Checker) checkSite(ctx context.Context, s settings, p *proxyswitch.Prox
 
 // settleSites settles the round's failed site probes: a site that every
 // proxy probed there failed, two at least, is down: the quarantines its
-// probes put are lifted again (nobody stays quarantined for it), and it is
-// logged and returned. One proxy alone cannot tell its own fault from the
+// probes put are lifted again (nobody stays quarantined for it; liftChunk
+// proxies per site_hold.lua call), and it is logged and returned. One proxy alone cannot tell its own fault from the
 // site's: it stays quarantined. On the other sites each proxy that failed
 // stays quarantined on that site only, for SiteQuarantine
 // (proxyswitch.ReasonSiteProbe). A round that ended (ctx) lifts nothing.
@@ -823,12 +823,18 @@ func (c *Checker) settleSites(ctx context.Context, s settings, sv *siteVerdicts,
 			down = append(down, sp.Site)
 			s.log.Warn("proxyswitch probe: every proxy failed the site probe; taking the site for down, quarantining nobody",
 				"pool", c.Switch.Pool(), "site", sp.Site, "proxies", len(proxies), "err", fails[0].r.Err.Error())
-			ids, err := hooks.SiteHold(ctx, c.Switch, "lift", sp.Site, slices.Collect(maps.Keys(proxies)), 0)
-			if err != nil && firstErr == nil {
-				firstErr = err
-			}
-			for _, id := range ids {
-				lifted[id] = true
+			all := slices.Collect(maps.Keys(proxies))
+			for chunk := range slices.Chunk(all, liftChunk) {
+				ids, err := hooks.SiteHold(ctx, c.Switch, "lift", sp.Site, chunk, 0)
+				if err != nil {
+					if firstErr == nil {
+						firstErr = err
+					}
+					break
+				}
+				for _, id := range ids {
+					lifted[id] = true
+				}
 			}
 		}
 		for _, f := range fails {
@@ -842,6 +848,11 @@ func (c *Checker) settleSites(ctx context.Context, s settings, sv *siteVerdicts,
 	}
 	return down, firstErr
 }
+
+// liftChunk is how many proxies one site_hold.lua "lift" call takes when a
+// site is found down: its work is per proxy, so a large pool's lift goes
+// in calls of bounded work. A test sets it smaller.
+var liftChunk = 500
 
 // maxEcho bounds the echo answer read.
 const maxEcho = 1 << 10

@@ -675,3 +675,41 @@ func TestCheckerReportEnd(t *testing.T) {
 	require.Len(t, seen, 2)
 	require.Equal(t, rep.End, seen[1].End)
 }
+
+// TestCheckerSiteDownLiftsInChunks: a down site's quarantines are lifted
+// in calls of at most the chunk (site_hold.lua's work is per proxy), and
+// every one of them is lifted: with a chunk of 2, 5 proxies go in 3 calls.
+func TestCheckerSiteDownLiftsInChunks(t *testing.T) {
+	ctx := context.Background()
+	defer probe.SetLiftChunk(2)()
+	var mu sync.Mutex
+	var lifts []int
+	defer probe.SpySiteHold(func(mode string, ids int) {
+		if mode == "lift" {
+			mu.Lock()
+			lifts = append(lifts, ids)
+			mu.Unlock()
+		}
+	})()
+	_, sw := farmPool(t, 5)
+	ec := newEcho(t, 0)
+	down := blockingSite(t, "down", func(string) bool { return true })
+	downSite := strings.TrimPrefix(down.URL(), "http://")
+	c := &probe.Checker{Switch: sw, EchoURL: ec.site.URL(), Sites: []probe.SiteProbe{{URL: down.URL() + "/"}},
+		Timeout: time.Second, SiteQuarantine: time.Hour, Logger: (&testlog.Buffer{}).Logger()}
+	rep, err := c.Check(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []string{downSite}, rep.SitesDown)
+	require.Zero(t, rep.Quarantined)
+	require.Empty(t, quarantinedOn(t, sw, downSite), "a quarantine of the down site's probes was not lifted")
+	require.Len(t, leaseAll(t, sw, downSite), 5)
+	mu.Lock()
+	defer mu.Unlock()
+	sum := 0
+	for _, n := range lifts {
+		require.LessOrEqual(t, n, 2, "a lift call of more than the chunk: %v", lifts)
+		sum += n
+	}
+	require.Equal(t, 5, sum, "lift calls %v", lifts)
+	require.Len(t, lifts, 3)
+}
