@@ -35,3 +35,14 @@ func SpySiteHold(spy func(mode string, ids int)) (restore func()) {
 	}
 	return func() { hooks.SiteHold = old }
 }
+
+// ForgetExits forgets the recorded exits of ids, as a round does for
+// proxies no longer in the pool (one exit_note.lua call).
+func ForgetExits(ctx context.Context, c *Checker, ids ...string) error {
+	var pairs []string
+	for _, id := range ids {
+		pairs = append(pairs, id, "")
+	}
+	_, err := c.noteExits(ctx, pairs...)
+	return err
+}

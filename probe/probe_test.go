@@ -52,12 +52,12 @@ func newSwitch(t *testing.T, prefix string, opts ...proxyswitch.Option) *proxysw
 	return sw
 }
 
-// farmPool starts a farm of n proxies and a Switch of a pool of its own
-// holding them.
-func farmPool(t *testing.T, n int, opts ...proxyswitch.Option) (*proxyswitchtest.Farm, *proxyswitch.Switch) {
+// farmPool starts a farm of n proxies and a Switch, under prefix, of a
+// pool holding them.
+func farmPool(t *testing.T, prefix string, n int, opts ...proxyswitch.Option) (*proxyswitchtest.Farm, *proxyswitch.Switch) {
 	t.Helper()
 	farm := proxyswitchtest.NewFarm(t, n)
-	sw := newSwitch(t, testPrefix(), opts...)
+	sw := newSwitch(t, prefix, opts...)
 	_, err := sw.Add(context.Background(), farm.URLs()...)
 	require.NoError(t, err)
 	return farm, sw
@@ -648,7 +648,7 @@ func TestCheckerSiteProbeLedgerPerSite(t *testing.T) {
 // Start, to Check's caller and to OnReport (a failed round's too).
 func TestCheckerReportEnd(t *testing.T) {
 	ctx := context.Background()
-	_, sw := farmPool(t, 2)
+	_, sw := farmPool(t, testPrefix(), 2)
 	ec := newEcho(t, 20*time.Millisecond)
 	var seen []probe.Report
 	c := &probe.Checker{Switch: sw, EchoURL: ec.site.URL(), Timeout: time.Second, Logger: (&testlog.Buffer{}).Logger(),
@@ -691,7 +691,7 @@ func TestCheckerSiteDownLiftsInChunks(t *testing.T) {
 			mu.Unlock()
 		}
 	})()
-	_, sw := farmPool(t, 5)
+	_, sw := farmPool(t, testPrefix(), 5)
 	ec := newEcho(t, 0)
 	down := blockingSite(t, "down", func(string) bool { return true })
 	downSite := strings.TrimPrefix(down.URL(), "http://")
