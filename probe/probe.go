@@ -3,6 +3,9 @@
 // latency, exit IP), marks those that fail dead before a request finds
 // them, and revives them when they recover; optionally it probes sites
 // too, quarantining a proxy that cannot reach a site on that site only.
+// When every proxy probed fails the echo URL (two at least), the echo URL
+// is taken for down rather than the pool: nobody is marked dead, and the
+// round fails with ErrEchoDown (Report.EchoDown).
 //
 // Every probe of a live proxy runs under a lease of that proxy for the
 // probed site (Switch.LeaseProxy): a probe never collides with a crawl
@@ -41,6 +44,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -63,6 +67,12 @@ const (
 	DefaultReason         = "probe"
 	DefaultNewEvery       = 5 * time.Second
 )
+
+// ErrEchoDown is the error of a round in which every echo probe failed
+// (Report.EchoDown): the echo URL, not the proxies, is taken for down, and
+// no proxy is marked dead for it. Test it with errors.Is; the error's text
+// names the echo site and the first failure, never a password.
+var ErrEchoDown = errors.New("probe: echo URL down: every echo probe failed")
 
 // SiteProbe is a site a proxy must reach: a GET of URL through the proxy
 // passes with a status from 200 to 399. Site is the site's name as the
@@ -96,6 +106,8 @@ type Result struct {
 	// probe had put it under ended: the probe passed again), or ""
 	// (nothing).
 	Action string
+
+	own bool // the failure is the proxy's own, whatever the echo URL (ownFault)
 }
 
 // Observer is an optional interface of a proxyswitch.Observer: an
@@ -120,8 +132,9 @@ type Event struct {
 
 // Report is what one round did.
 type Report struct {
-	// Start and End are when the round started and ended (End is set on
-	// every report, a failed round's too).
+	// Start and End are when the round started and ended: set on the
+	// report of every round that started, a failed one's too (zero only
+	// when Check failed on its configuration, before any round).
 	Start, End  time.Time
 	Probed      int // probes sent
 	Skipped     int // live proxies not idle on the echo site (leased, cooling or quarantined there)
@@ -134,7 +147,16 @@ type Report struct {
 	// round failed, two at least: the site is taken for down, and nobody
 	// is quarantined on it.
 	SitesDown []string
-	Results   []Result
+	// EchoDown is true when every echo probe of the round failed, through
+	// two distinct proxies at least (those marked dead before included)
+	// that were reached: a 5xx of the proxy, an error status of the echo
+	// URL, a time-out count; a refused connection to the proxy itself, or
+	// its 407, is the proxy's own fault and does not. The echo URL is
+	// then taken for down (unreachable from the proxies, mistyped, or
+	// failing): nobody is marked dead or revived for it, and the round
+	// fails with ErrEchoDown. False by default.
+	EchoDown bool
+	Results  []Result
 }
 
 // Checker probes the proxies of one Switch's pool. Set the fields before
@@ -144,8 +166,15 @@ type Checker struct {
 	// Switch is the pool to check (required).
 	Switch *proxyswitch.Switch
 	// EchoURL answers a GET with the client's address (an IP, alone on
-	// the body's first line) and a 2xx status (required). A proxy whose
-	// echo probe fails is marked dead.
+	// the body's first line) and a 2xx status (required): http or https,
+	// with a host, and a port, if given, from 1 to 65535 (else ErrConfig).
+	// A proxy whose echo probe fails is marked dead, unless the echo URL
+	// itself looks down: when every echo probe of a round fails, through
+	// two distinct proxies at least, nobody is marked dead for it
+	// (Report.EchoDown, ErrEchoDown). A proxy whose probe fails before any
+	// other's passed is marked when the first passes (or at the round's
+	// end): it may serve requests meanwhile. A proxy that refuses the
+	// connection, or answers 407, is marked at once: its own fault.
 	EchoURL string
 	// EchoSite names the echo URL's site for leases; empty is its
 	// host[:port], lower-cased.
@@ -314,8 +343,15 @@ func or(d, def time.Duration) time.Duration {
 // siteOf checks a probe URL and returns its site.
 func siteOf(raw, site string) (string, error) {
 	u, err := url.Parse(raw)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil {
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Hostname() == "" || u.User != nil {
 		return "", errors.New("want an http or https URL with a host and no user info")
+	}
+	// url.Parse takes "host:" (an empty port), which the transport would
+	// dial as port 80 or fail on; a port must be a number in range.
+	if i := strings.LastIndexByte(u.Host, ':'); i > strings.LastIndexByte(u.Host, ']') {
+		if n, err := strconv.Atoi(u.Host[i+1:]); err != nil || n < 1 || n > 65535 {
+			return "", fmt.Errorf("port %q of %q: want a number from 1 to 65535", u.Host[i+1:], u.Host)
+		}
 	}
 	if site == "" {
 		site = strings.ToLower(u.Host)
@@ -331,8 +367,10 @@ func siteOf(raw, site string) (string, error) {
 // ones that fail, revives the marked ones that pass, and runs the site
 // probes on the proxies that passed. Drained proxies and those dead of
 // their failures are not probed. At most Concurrency probes run at once,
-// each within Timeout. The error is the round's (Redis, configuration):
-// a probe's failure is in its Result.
+// each within Timeout. The error is the round's (Redis, configuration
+// before any probe, with a zero Report; ErrEchoDown when every echo probe
+// failed: then nobody was marked dead): a probe's failure is in its
+// Result. The Report is complete, End included, also with an error.
 func (c *Checker) Check(ctx context.Context) (Report, error) {
 	s, err := c.settings()
 	if err != nil {
@@ -471,6 +509,7 @@ func (c *Checker) round(ctx context.Context, s settings, fresh bool) (rep Report
 		}
 	}
 	sv := &siteVerdicts{passed: map[string]int{}, failed: map[string][]siteFailure{}}
+	ev := &echoVerdicts{failed: map[string]bool{}}
 	if err := c.heldOnSites(ctx, s, sv); err != nil {
 		return rep, err
 	}
@@ -517,7 +556,7 @@ func (c *Checker) round(ctx context.Context, s settings, fresh bool) (rep Report
 					if ctx.Err() != nil {
 						return
 					}
-					ok, skipped, err := c.checkOne(ctx, s, j.p, j.marked, add)
+					ok, skipped, err := c.checkOne(ctx, s, j.p, j.marked, add, ev)
 					if err != nil {
 						fail(err)
 						return
@@ -551,6 +590,11 @@ func (c *Checker) round(ctx context.Context, s settings, fresh bool) (rep Report
 	mu.Lock()
 	rep.Skipped += len(busy)
 	mu.Unlock()
+	echoDown, err := c.settleEcho(ctx, s, ev, add)
+	if err != nil {
+		fail(err)
+	}
+	rep.EchoDown = echoDown != nil
 	down, err := c.settleSites(ctx, s, sv, add)
 	rep.SitesDown = down
 	if err != nil {
@@ -558,6 +602,9 @@ func (c *Checker) round(ctx context.Context, s settings, fresh bool) (rep Report
 	}
 	if firstErr == nil {
 		firstErr = ctx.Err()
+	}
+	if firstErr == nil {
+		firstErr = echoDown
 	}
 	if firstErr == nil && c.Exits {
 		// An echo answer with no IP records nothing: under Strict its
@@ -611,8 +658,10 @@ func (c *Checker) round(ctx context.Context, s settings, fresh bool) (rep Report
 
 // checkOne runs the echo probe of p and acts on it. It reports whether p
 // is alive, and whether it was skipped (busy on the echo site); the error
-// is Redis'.
-func (c *Checker) checkOne(ctx context.Context, s settings, p *proxyswitch.Proxy, marked bool, add func(Result)) (ok, skipped bool, err error) {
+// is Redis'. A live proxy's failure that may be the echo URL's, before any
+// probe of the round passed, is held in ev: the first pass marks the held
+// ones dead (here), or settleEcho does at the round's end.
+func (c *Checker) checkOne(ctx context.Context, s settings, p *proxyswitch.Proxy, marked bool, add func(Result), ev *echoVerdicts) (ok, skipped bool, err error) {
 	var l *proxyswitch.Lease
 	if !marked {
 		if l, err = c.lease(ctx, s, s.echoSite, p); l == nil {
@@ -633,18 +682,29 @@ func (c *Checker) checkOne(ctx context.Context, s settings, p *proxyswitch.Proxy
 				"old", res[0].old, "new", r.ExitIP)
 		}
 	}
+	var flush []Result
+	if r.OK {
+		flush = ev.pass()
+	} else if ctx.Err() == nil && !r.own && ev.fail(r, marked) {
+		return false, false, nil // held until the echo URL is known up (settleEcho)
+	}
+	var flushErr error
+	for _, f := range flush {
+		if flushErr == nil && ctx.Err() == nil {
+			flushErr = c.markDead(ctx, s, &f)
+		}
+		add(f)
+	}
+	if flushErr != nil {
+		return false, false, flushErr
+	}
 	switch {
 	case !r.OK && !marked:
 		if ctx.Err() != nil {
 			return false, false, nil // the round ended, not the proxy
 		}
-		n, err := c.Switch.Drain(ctx, s.reason, p.ID())
-		if err != nil {
+		if err := c.markDead(ctx, s, &r); err != nil {
 			return false, false, err
-		}
-		if n > 0 {
-			r.Action = "dead"
-			s.log.Info("proxyswitch probe: proxy marked dead", "pool", c.Switch.Pool(), "proxy", p.String(), "err", r.Err.Error())
 		}
 	case r.OK && marked:
 		n, err := c.Switch.Revive(ctx, s.reason, p.ID())
@@ -658,6 +718,102 @@ func (c *Checker) checkOne(ctx context.Context, s settings, p *proxyswitch.Proxy
 	}
 	add(r)
 	return r.OK, false, nil
+}
+
+// markDead marks r's proxy dead with the checker's reason (it failed its
+// echo probe) and sets r.Action when it was marked. The error is Redis'.
+func (c *Checker) markDead(ctx context.Context, s settings, r *Result) error {
+	n, err := c.Switch.Drain(ctx, s.reason, r.Proxy.ID())
+	if err != nil {
+		return err
+	}
+	if n > 0 {
+		r.Action = "dead"
+		s.log.Info("proxyswitch probe: proxy marked dead", "pool", c.Switch.Pool(), "proxy", r.Proxy.String(), "err", r.Err.Error())
+	}
+	return nil
+}
+
+// ownFault reports whether a round trip's error through a proxy is the
+// proxy's own, whatever the target: the proxy could not be reached (a
+// refused connection, no route, a dial timeout: the transport's
+// "proxyconnect"), or refused the credentials of a CONNECT (407). Such a
+// failure is no sign of the echo URL being down (nor is a plain request's
+// answer 407: Result.own), and marks the proxy dead at once.
+func ownFault(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "proxyconnect" ||
+		strings.HasSuffix(err.Error(), http.StatusText(http.StatusProxyAuthRequired))
+}
+
+// echoVerdicts are a round's echo probes as they bear on the echo URL:
+// whether any passed, the distinct proxies whose failure may be the echo
+// URL's, and the live ones among those held unmarked until a pass shows
+// the echo URL up (or the round ends: settleEcho).
+type echoVerdicts struct {
+	mu      sync.Mutex
+	passed  int
+	failed  map[string]bool // proxy ID -> failed (marked ones too)
+	pending []Result        // live proxies' failures, not marked yet
+	first   error           // the first failure, for the round's error
+}
+
+// pass notes a passing echo probe; the first returns the failures held
+// until then, to be marked dead.
+func (ev *echoVerdicts) pass() []Result {
+	ev.mu.Lock()
+	defer ev.mu.Unlock()
+	ev.passed++
+	held := ev.pending
+	ev.pending = nil
+	return held
+}
+
+// fail notes a failed echo probe that may be the echo URL's fault; for a
+// live proxy, before any probe passed, it holds r and reports true (the
+// caller leaves it unmarked for now).
+func (ev *echoVerdicts) fail(r Result, marked bool) (held bool) {
+	ev.mu.Lock()
+	defer ev.mu.Unlock()
+	ev.failed[r.Proxy.ID()] = true
+	if ev.first == nil {
+		ev.first = r.Err
+	}
+	if ev.passed > 0 || marked {
+		return false
+	}
+	ev.pending = append(ev.pending, r)
+	return true
+}
+
+// settleEcho settles the echo probes held at the round's end: when no echo
+// probe passed and two distinct proxies at least failed it (not of their
+// own fault), the echo URL is taken for down: nobody is marked, it is
+// logged, and down is an ErrEchoDown. Otherwise the held proxies are marked
+// dead (one proxy alone cannot tell its own fault from the echo URL's). A
+// round that ended (ctx) marks nobody. The error is Redis'.
+func (c *Checker) settleEcho(ctx context.Context, s settings, ev *echoVerdicts, add func(Result)) (down, err error) {
+	ev.mu.Lock()
+	held, votes, passed, first := ev.pending, len(ev.failed), ev.passed, ev.first
+	ev.pending = nil
+	ev.mu.Unlock()
+	switch {
+	case passed == 0 && votes >= 2 && ctx.Err() == nil:
+		s.log.Warn("proxyswitch probe: every echo probe failed; taking the echo URL for down, marking nobody dead",
+			"pool", c.Switch.Pool(), "site", s.echoSite, "proxies", votes, "err", first.Error())
+		down = fmt.Errorf("%w (%s, through %d proxies); nobody marked dead; first failure: %v",
+			ErrEchoDown, s.echoSite, votes, first)
+	case ctx.Err() == nil:
+		for i := range held {
+			if err = c.markDead(ctx, s, &held[i]); err != nil {
+				break
+			}
+		}
+	}
+	for _, r := range held {
+		add(r)
+	}
+	return down, err
 }
 
 // lease leases p on site for one probe, long enough for it: nil with no
@@ -878,6 +1034,7 @@ func (c *Checker) probe(ctx context.Context, s settings, p *proxyswitch.Proxy, t
 	start := time.Now()
 	resp, err := rt.RoundTrip(req)
 	if err != nil {
+		r.own = ownFault(err)
 		r.Err = redactErr(err, p)
 		r.Latency = time.Since(start)
 		return r
@@ -891,6 +1048,7 @@ func (c *Checker) probe(ctx context.Context, s settings, p *proxyswitch.Proxy, t
 	}
 	if echo && (resp.StatusCode < 200 || resp.StatusCode > 299) || !echo && (resp.StatusCode < 200 || resp.StatusCode > 399) {
 		r.Err = fmt.Errorf("probe via %s: answered %s", p, resp.Status)
+		r.own = resp.StatusCode == http.StatusProxyAuthRequired
 		return r
 	}
 	if echo {

@@ -392,7 +392,21 @@ func TestCheckerConfig(t *testing.T) {
 		require.ErrorIs(t, err, proxyswitch.ErrConfig)
 		require.NotContains(t, err.Error(), canary)
 	}
-	err := (&probe.Checker{Switch: sw, EchoURL: "http://127.0.0.1:1/"}).Run(ctx)
+	// A port must be a number from 1 to 65535 (url.Parse takes an empty one).
+	for _, u := range []string{"http://127.0.0.1:/ip", "http://127.0.0.1:0/ip", "https://echo.example:65536/", "http://:8080/ip", "http://[::1]:/ip"} {
+		for _, c := range []*probe.Checker{{Switch: sw, EchoURL: u}, {Switch: sw, EchoURL: "http://127.0.0.1:1/", Sites: []probe.SiteProbe{{URL: u}}}} {
+			rep, err := c.Check(ctx)
+			require.ErrorIs(t, err, proxyswitch.ErrConfig, u)
+			require.True(t, rep.Start.IsZero(), "no round ran")
+		}
+	}
+	_, err := (&probe.Checker{Switch: sw, EchoURL: "http://127.0.0.1:/ip"}).Check(ctx)
+	require.ErrorContains(t, err, `port "" of "127.0.0.1:"`)
+	for _, u := range []string{"http://[::1]:8080/ip", "http://[::1]/ip", "https://echo.example/ip", "http://127.0.0.1:65535/"} {
+		_, err := (&probe.Checker{Switch: sw, EchoURL: u, Timeout: 50 * time.Millisecond}).Check(ctx)
+		require.NoError(t, err, u) // an empty pool: no probe sent
+	}
+	err = (&probe.Checker{Switch: sw, EchoURL: "http://127.0.0.1:1/"}).Run(ctx)
 	require.ErrorIs(t, err, proxyswitch.ErrConfig)
 }
 
@@ -712,4 +726,120 @@ func TestCheckerSiteDownLiftsInChunks(t *testing.T) {
 	}
 	require.Equal(t, 5, sum, "lift calls %v", lifts)
 	require.Len(t, lifts, 3)
+}
+
+// closedURL is an http URL of a loopback port nothing listens on.
+func closedURL(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	return "http://" + addr + "/ip"
+}
+
+// TestCheckerEchoDown: when every echo probe fails, through two proxies
+// at least (an echo URL nothing listens on: each proxy answers 502; an
+// echo answering 503; one that outlasts the timeout), the echo URL is
+// down, not the proxies: nobody is marked dead, the round reports it
+// (EchoDown) and fails with ErrEchoDown, and every proxy still leases.
+// A proxy that refuses connections is dead whatever the echo URL: it is
+// marked, and does not count for the echo URL.
+func TestCheckerEchoDown(t *testing.T) {
+	ctx := context.Background()
+	down503 := proxyswitchtest.NewSite(t, "echo503", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "maintenance", http.StatusServiceUnavailable)
+	}))
+	slow := newEcho(t, 700*time.Millisecond)
+	for name, echoURL := range map[string]string{"unreachable": closedURL(t), "503": down503.URL() + "/ip", "timeout": slow.site.URL() + "/ip"} {
+		t.Run(name, func(t *testing.T) {
+			farm, sw := farmPool(t, testPrefix(), 4)
+			farm.Proxies[3].SetMode(proxyswitchtest.ProxyDead)
+			var buf testlog.Buffer
+			c := &probe.Checker{Switch: sw, EchoURL: echoURL, Timeout: 300 * time.Millisecond, Logger: buf.Logger()}
+			rep, err := c.Check(ctx)
+			require.ErrorIs(t, err, probe.ErrEchoDown)
+			require.True(t, rep.EchoDown)
+			require.Equal(t, 4, rep.Probed)
+			require.Equal(t, 1, rep.Dead, "only the proxy refusing connections: %+v", rep.Results)
+			require.Equal(t, map[string]string{idOf(t, farm.Proxies[3].URL()): "probe"}, deadReasons(t, sw))
+			require.Len(t, leaseAll(t, sw, "shop.example"), 3)
+			require.Contains(t, buf.String(), "taking the echo URL for down")
+			require.False(t, rep.End.Before(rep.Start))
+		})
+	}
+}
+
+// TestCheckerEchoDownKeepsMarks: a round whose echo URL is down neither
+// marks nor revives anyone: a proxy marked dead before stays so, and is
+// revived by the next round that finds the echo URL up and the proxy
+// recovered; a single proxy's failure, before any other passed, is still
+// marked (when the first probe passes).
+func TestCheckerEchoDownKeepsMarks(t *testing.T) {
+	ctx := context.Background()
+	farm, sw := farmPool(t, testPrefix(), 3)
+	ec := newEcho(t, 0)
+	// 0 fails at once (502), 1 and 2 pass later: 0's failure waits for
+	// the first pass, then is marked.
+	farm.Proxies[0].SetMode(proxyswitchtest.Proxy502)
+	for _, p := range farm.Proxies[1:] {
+		p.SetDelay(150 * time.Millisecond)
+		p.SetMode(proxyswitchtest.ProxySlow)
+	}
+	var results sync.Map
+	c := &probe.Checker{Switch: sw, EchoURL: ec.site.URL() + "/ip", Timeout: time.Second, Logger: (&testlog.Buffer{}).Logger(),
+		OnResult: func(r probe.Result) { results.Store(r.Proxy.ID(), r) }}
+	rep, err := c.Check(ctx)
+	require.NoError(t, err)
+	require.False(t, rep.EchoDown)
+	require.Equal(t, 1, rep.Dead)
+	id0 := idOf(t, farm.Proxies[0].URL())
+	require.Equal(t, map[string]string{id0: "probe"}, deadReasons(t, sw))
+	r, ok := results.Load(id0)
+	require.True(t, ok)
+	require.Equal(t, "dead", r.(probe.Result).Action)
+
+	// The echo URL goes down (and 0 recovers): nobody marked, nobody revived.
+	for _, p := range farm.Proxies {
+		p.SetMode(proxyswitchtest.ProxyOK)
+	}
+	c.EchoURL = closedURL(t)
+	rep, err = c.Check(ctx)
+	require.ErrorIs(t, err, probe.ErrEchoDown)
+	require.True(t, rep.EchoDown)
+	require.Zero(t, rep.Dead)
+	require.Zero(t, rep.Revived)
+	require.Equal(t, map[string]string{id0: "probe"}, deadReasons(t, sw))
+
+	// Up again: 0 is revived.
+	c.EchoURL = ec.site.URL() + "/ip"
+	rep, err = c.Check(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, rep.Revived)
+	require.Empty(t, deadReasons(t, sw))
+
+	// A pool of one cannot tell its proxy's fault from the echo URL's:
+	// its failure marks it, as before.
+	one, sw1 := farmPool(t, testPrefix(), 1)
+	c1 := &probe.Checker{Switch: sw1, EchoURL: closedURL(t), Timeout: time.Second, Logger: (&testlog.Buffer{}).Logger()}
+	rep, err = c1.Check(ctx)
+	require.NoError(t, err)
+	require.False(t, rep.EchoDown)
+	require.Equal(t, map[string]string{idOf(t, one.Proxies[0].URL()): "probe"}, deadReasons(t, sw1))
+}
+
+// TestCheckerAllProxiesRefuse: proxies that all refuse connections are
+// dead whatever the echo URL: every one is marked, the round does not
+// take the echo URL for down.
+func TestCheckerAllProxiesRefuse(t *testing.T) {
+	farm, sw := farmPool(t, testPrefix(), 3)
+	for _, p := range farm.Proxies {
+		p.SetMode(proxyswitchtest.ProxyDead)
+	}
+	ec := newEcho(t, 0)
+	c := &probe.Checker{Switch: sw, EchoURL: ec.site.URL(), Timeout: time.Second, Logger: (&testlog.Buffer{}).Logger()}
+	rep, err := c.Check(context.Background())
+	require.NoError(t, err)
+	require.False(t, rep.EchoDown)
+	require.Equal(t, 3, rep.Dead)
 }
