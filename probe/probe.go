@@ -3,6 +3,9 @@
 // latency, exit IP), marks those that fail dead before a request finds
 // them, and revives them when they recover; optionally it probes sites
 // too, quarantining a proxy that cannot reach a site on that site only.
+// When every proxy probed fails the echo URL (two at least), the echo URL
+// is taken for down rather than the pool: nobody is marked dead, and the
+// round fails with ErrEchoDown (Report.EchoDown).
 //
 // Every probe of a live proxy runs under a lease of that proxy for the
 // probed site (Switch.LeaseProxy): a probe never collides with a crawl
@@ -41,6 +44,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -64,6 +68,12 @@ const (
 	DefaultReason         = "probe"
 	DefaultNewEvery       = 5 * time.Second
 )
+
+// ErrEchoDown is the error of a round in which every echo probe failed
+// (Report.EchoDown): the echo URL, not the proxies, is taken for down, and
+// no proxy is marked dead for it. Test it with errors.Is; the error's text
+// names the echo site and the first failure, never a password.
+var ErrEchoDown = errors.New("probe: echo URL down: every echo probe failed")
 
 // SiteProbe is a site a proxy must reach: a GET of URL through the proxy
 // passes with a status from 200 to 399. Site is the site's name as the
@@ -97,6 +107,8 @@ type Result struct {
 	// probe had put it under ended: the probe passed again), or ""
 	// (nothing).
 	Action string
+
+	own bool // the failure is the proxy's own, whatever the echo URL (ownFault)
 }
 
 // Observer is an optional interface of a proxyswitch.Observer: an
@@ -121,6 +133,9 @@ type Event struct {
 
 // Report is what one round did.
 type Report struct {
+	// Start and End are when the round started and ended: set on the
+	// report of every round that started, a failed one's too (zero only
+	// when Check failed on its configuration, before any round).
 	Start, End  time.Time
 	Probed      int // probes sent
 	Skipped     int // live proxies not idle on the echo site (leased, cooling or quarantined there)
@@ -133,7 +148,16 @@ type Report struct {
 	// round failed, two at least: the site is taken for down, and nobody
 	// is quarantined on it.
 	SitesDown []string
-	Results   []Result
+	// EchoDown is true when every echo probe of the round failed, through
+	// two distinct proxies at least (those marked dead before included)
+	// that were reached: a 5xx of the proxy, an error status of the echo
+	// URL, a time-out count; a refused connection to the proxy itself, or
+	// its 407, is the proxy's own fault and does not. The echo URL is
+	// then taken for down (unreachable from the proxies, mistyped, or
+	// failing): nobody is marked dead or revived for it, and the round
+	// fails with ErrEchoDown. False by default.
+	EchoDown bool
+	Results  []Result
 }
 
 // Checker probes the proxies of one Switch's pool. Set the fields before
@@ -143,8 +167,15 @@ type Checker struct {
 	// Switch is the pool to check (required).
 	Switch *proxyswitch.Switch
 	// EchoURL answers a GET with the client's address (an IP, alone on
-	// the body's first line) and a 2xx status (required). A proxy whose
-	// echo probe fails is marked dead.
+	// the body's first line) and a 2xx status (required): http or https,
+	// with a host, and a port, if given, from 1 to 65535 (else ErrConfig).
+	// A proxy whose echo probe fails is marked dead, unless the echo URL
+	// itself looks down: when every echo probe of a round fails, through
+	// two distinct proxies at least, nobody is marked dead for it
+	// (Report.EchoDown, ErrEchoDown). A proxy whose probe fails before any
+	// other's passed is marked when the first passes (or at the round's
+	// end): it may serve requests meanwhile. A proxy that refuses the
+	// connection, or answers 407, is marked at once: its own fault.
 	EchoURL string
 	// EchoSite names the echo URL's site for leases; empty is its
 	// host[:port], lower-cased.
@@ -313,8 +344,15 @@ func or(d, def time.Duration) time.Duration {
 // siteOf checks a probe URL and returns its site.
 func siteOf(raw, site string) (string, error) {
 	u, err := url.Parse(raw)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil {
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Hostname() == "" || u.User != nil {
 		return "", errors.New("want an http or https URL with a host and no user info")
+	}
+	// url.Parse takes "host:" (an empty port), which the transport would
+	// dial as port 80 or fail on; a port must be a number in range.
+	if i := strings.LastIndexByte(u.Host, ':'); i > strings.LastIndexByte(u.Host, ']') {
+		if n, err := strconv.Atoi(u.Host[i+1:]); err != nil || n < 1 || n > 65535 {
+			return "", fmt.Errorf("port %q of %q: want a number from 1 to 65535", u.Host[i+1:], u.Host)
+		}
 	}
 	if site == "" {
 		site = strings.ToLower(u.Host)
@@ -330,8 +368,10 @@ func siteOf(raw, site string) (string, error) {
 // ones that fail, revives the marked ones that pass, and runs the site
 // probes on the proxies that passed. Drained proxies and those dead of
 // their failures are not probed. At most Concurrency probes run at once,
-// each within Timeout. The error is the round's (Redis, configuration):
-// a probe's failure is in its Result.
+// each within Timeout. The error is the round's (Redis, configuration
+// before any probe, with a zero Report; ErrEchoDown when every echo probe
+// failed: then nobody was marked dead): a probe's failure is in its
+// Result. The Report is complete, End included, also with an error.
 func (c *Checker) Check(ctx context.Context) (Report, error) {
 	s, err := c.settings()
 	if err != nil {
@@ -392,9 +432,10 @@ func (c *Checker) checkNew(ctx context.Context) error {
 }
 
 // round probes the pool (fresh: only the live proxies without a recorded
-// exit IP).
-func (c *Checker) round(ctx context.Context, s settings, fresh bool) (Report, error) {
-	rep := Report{Start: time.Now()}
+// exit IP). The report is named: its End, set when the round returns,
+// reaches the caller.
+func (c *Checker) round(ctx context.Context, s settings, fresh bool) (rep Report, err error) {
+	rep = Report{Start: time.Now()}
 	defer func() { rep.End = time.Now() }()
 	states, err := c.Switch.ProxyStates(ctx, s.echoSite)
 	if err != nil {
@@ -469,6 +510,7 @@ func (c *Checker) round(ctx context.Context, s settings, fresh bool) (Report, er
 		}
 	}
 	sv := &siteVerdicts{passed: map[string]int{}, failed: map[string][]siteFailure{}}
+	ev := &echoVerdicts{failed: map[string]bool{}}
 	if err := c.heldOnSites(ctx, s, sv); err != nil {
 		return rep, err
 	}
@@ -515,7 +557,7 @@ func (c *Checker) round(ctx context.Context, s settings, fresh bool) (Report, er
 					if ctx.Err() != nil {
 						return
 					}
-					ok, skipped, err := c.checkOne(ctx, s, j.p, j.marked, add)
+					ok, skipped, err := c.checkOne(ctx, s, j.p, j.marked, add, ev)
 					if err != nil {
 						fail(err)
 						return
@@ -549,6 +591,11 @@ func (c *Checker) round(ctx context.Context, s settings, fresh bool) (Report, er
 	mu.Lock()
 	rep.Skipped += len(busy)
 	mu.Unlock()
+	echoDown, err := c.settleEcho(ctx, s, ev, add)
+	if err != nil {
+		fail(err)
+	}
+	rep.EchoDown = echoDown != nil
 	down, err := c.settleSites(ctx, s, sv, add)
 	rep.SitesDown = down
 	if err != nil {
@@ -556,6 +603,9 @@ func (c *Checker) round(ctx context.Context, s settings, fresh bool) (Report, er
 	}
 	if firstErr == nil {
 		firstErr = ctx.Err()
+	}
+	if firstErr == nil {
+		firstErr = echoDown
 	}
 	if firstErr == nil && c.Exits {
 		// An echo answer with no IP records nothing: under Strict its
@@ -595,7 +645,7 @@ func (c *Checker) round(ctx context.Context, s settings, fresh bool) (Report, er
 			}
 		}
 		for len(gone) > 0 && firstErr == nil {
-			n := min(len(gone), 100)
+			n := min(len(gone), forgetBatch)
 			args := make([]string, 0, 2*n)
 			for _, id := range gone[:n] {
 				args = append(args, id, "")
@@ -609,8 +659,10 @@ func (c *Checker) round(ctx context.Context, s settings, fresh bool) (Report, er
 
 // checkOne runs the echo probe of p and acts on it. It reports whether p
 // is alive, and whether it was skipped (busy on the echo site); the error
-// is Redis'.
-func (c *Checker) checkOne(ctx context.Context, s settings, p *proxyswitch.Proxy, marked bool, add func(Result)) (ok, skipped bool, err error) {
+// is Redis'. A live proxy's failure that may be the echo URL's, before any
+// probe of the round passed, is held in ev: the first pass marks the held
+// ones dead (here), or settleEcho does at the round's end.
+func (c *Checker) checkOne(ctx context.Context, s settings, p *proxyswitch.Proxy, marked bool, add func(Result), ev *echoVerdicts) (ok, skipped bool, err error) {
 	var l *proxyswitch.Lease
 	if !marked {
 		if l, err = c.lease(ctx, s, s.echoSite, p); l == nil {
@@ -631,18 +683,29 @@ func (c *Checker) checkOne(ctx context.Context, s settings, p *proxyswitch.Proxy
 				"old", res[0].old, "new", r.ExitIP)
 		}
 	}
+	var flush []Result
+	if r.OK {
+		flush = ev.pass()
+	} else if ctx.Err() == nil && !r.own && ev.fail(r, marked) {
+		return false, false, nil // held until the echo URL is known up (settleEcho)
+	}
+	var flushErr error
+	for _, f := range flush {
+		if flushErr == nil && ctx.Err() == nil {
+			flushErr = c.markDead(ctx, s, &f)
+		}
+		add(f)
+	}
+	if flushErr != nil {
+		return false, false, flushErr
+	}
 	switch {
 	case !r.OK && !marked:
 		if ctx.Err() != nil {
 			return false, false, nil // the round ended, not the proxy
 		}
-		n, err := c.Switch.Drain(ctx, s.reason, p.ID())
-		if err != nil {
+		if err := c.markDead(ctx, s, &r); err != nil {
 			return false, false, err
-		}
-		if n > 0 {
-			r.Action = "dead"
-			s.log.Info("proxyswitch probe: proxy marked dead", "pool", c.Switch.Pool(), "proxy", p.String(), "err", r.Err.Error())
 		}
 	case r.OK && marked:
 		n, err := c.Switch.Revive(ctx, s.reason, p.ID())
@@ -656,6 +719,102 @@ func (c *Checker) checkOne(ctx context.Context, s settings, p *proxyswitch.Proxy
 	}
 	add(r)
 	return r.OK, false, nil
+}
+
+// markDead marks r's proxy dead with the checker's reason (it failed its
+// echo probe) and sets r.Action when it was marked. The error is Redis'.
+func (c *Checker) markDead(ctx context.Context, s settings, r *Result) error {
+	n, err := c.Switch.Drain(ctx, s.reason, r.Proxy.ID())
+	if err != nil {
+		return err
+	}
+	if n > 0 {
+		r.Action = "dead"
+		s.log.Info("proxyswitch probe: proxy marked dead", "pool", c.Switch.Pool(), "proxy", r.Proxy.String(), "err", r.Err.Error())
+	}
+	return nil
+}
+
+// ownFault reports whether a round trip's error through a proxy is the
+// proxy's own, whatever the target: the proxy could not be reached (a
+// refused connection, no route, a dial timeout: the transport's
+// "proxyconnect"), or refused the credentials of a CONNECT (407). Such a
+// failure is no sign of the echo URL being down (nor is a plain request's
+// answer 407: Result.own), and marks the proxy dead at once.
+func ownFault(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "proxyconnect" ||
+		strings.HasSuffix(err.Error(), http.StatusText(http.StatusProxyAuthRequired))
+}
+
+// echoVerdicts are a round's echo probes as they bear on the echo URL:
+// whether any passed, the distinct proxies whose failure may be the echo
+// URL's, and the live ones among those held unmarked until a pass shows
+// the echo URL up (or the round ends: settleEcho).
+type echoVerdicts struct {
+	mu      sync.Mutex
+	passed  int
+	failed  map[string]bool // proxy ID -> failed (marked ones too)
+	pending []Result        // live proxies' failures, not marked yet
+	first   error           // the first failure, for the round's error
+}
+
+// pass notes a passing echo probe; the first returns the failures held
+// until then, to be marked dead.
+func (ev *echoVerdicts) pass() []Result {
+	ev.mu.Lock()
+	defer ev.mu.Unlock()
+	ev.passed++
+	held := ev.pending
+	ev.pending = nil
+	return held
+}
+
+// fail notes a failed echo probe that may be the echo URL's fault; for a
+// live proxy, before any probe passed, it holds r and reports true (the
+// caller leaves it unmarked for now).
+func (ev *echoVerdicts) fail(r Result, marked bool) (held bool) {
+	ev.mu.Lock()
+	defer ev.mu.Unlock()
+	ev.failed[r.Proxy.ID()] = true
+	if ev.first == nil {
+		ev.first = r.Err
+	}
+	if ev.passed > 0 || marked {
+		return false
+	}
+	ev.pending = append(ev.pending, r)
+	return true
+}
+
+// settleEcho settles the echo probes held at the round's end: when no echo
+// probe passed and two distinct proxies at least failed it (not of their
+// own fault), the echo URL is taken for down: nobody is marked, it is
+// logged, and down is an ErrEchoDown. Otherwise the held proxies are marked
+// dead (one proxy alone cannot tell its own fault from the echo URL's). A
+// round that ended (ctx) marks nobody. The error is Redis'.
+func (c *Checker) settleEcho(ctx context.Context, s settings, ev *echoVerdicts, add func(Result)) (down, err error) {
+	ev.mu.Lock()
+	held, votes, passed, first := ev.pending, len(ev.failed), ev.passed, ev.first
+	ev.pending = nil
+	ev.mu.Unlock()
+	switch {
+	case passed == 0 && votes >= 2 && ctx.Err() == nil:
+		s.log.Warn("proxyswitch probe: every echo probe failed; taking the echo URL for down, marking nobody dead",
+			"pool", c.Switch.Pool(), "site", s.echoSite, "proxies", votes, "err", first.Error())
+		down = fmt.Errorf("%w (%s, through %d proxies); nobody marked dead; first failure: %v",
+			ErrEchoDown, s.echoSite, votes, first)
+	case ctx.Err() == nil:
+		for i := range held {
+			if err = c.markDead(ctx, s, &held[i]); err != nil {
+				break
+			}
+		}
+	}
+	for _, r := range held {
+		add(r)
+	}
+	return down, err
 }
 
 // lease leases p on site for one probe, long enough for it: nil with no
@@ -797,8 +956,8 @@ func (c *Checker) checkSite(ctx context.Context, s settings, p *proxyswitch.Prox
 
 // settleSites settles the round's failed site probes: a site that every
 // proxy probed there failed, two at least, is down: the quarantines its
-// probes put are lifted again (nobody stays quarantined for it), and it is
-// logged and returned. One proxy alone cannot tell its own fault from the
+// probes put are lifted again (nobody stays quarantined for it; liftChunk
+// proxies per site_hold.lua call), and it is logged and returned. One proxy alone cannot tell its own fault from the
 // site's: it stays quarantined. On the other sites each proxy that failed
 // stays quarantined on that site only, for SiteQuarantine
 // (proxyswitch.ReasonSiteProbe). A round that ended (ctx) lifts nothing.
@@ -821,12 +980,18 @@ func (c *Checker) settleSites(ctx context.Context, s settings, sv *siteVerdicts,
 			down = append(down, sp.Site)
 			s.log.Warn("proxyswitch probe: every proxy failed the site probe; taking the site for down, quarantining nobody",
 				"pool", c.Switch.Pool(), "site", sp.Site, "proxies", len(proxies), "err", fails[0].r.Err.Error())
-			ids, err := hooks.SiteHold(ctx, c.Switch, "lift", sp.Site, slices.Collect(maps.Keys(proxies)), 0)
-			if err != nil && firstErr == nil {
-				firstErr = err
-			}
-			for _, id := range ids {
-				lifted[id] = true
+			all := slices.Collect(maps.Keys(proxies))
+			for chunk := range slices.Chunk(all, liftChunk) {
+				ids, err := hooks.SiteHold(ctx, c.Switch, "lift", sp.Site, chunk, 0)
+				if err != nil {
+					if firstErr == nil {
+						firstErr = err
+					}
+					break
+				}
+				for _, id := range ids {
+					lifted[id] = true
+				}
 			}
 		}
 		for _, f := range fails {
@@ -840,6 +1005,18 @@ func (c *Checker) settleSites(ctx context.Context, s settings, sv *siteVerdicts,
 	}
 	return down, firstErr
 }
+
+// forgetBatch is how many exits of proxies gone from the pool one
+// exit_note.lua call forgets. Each still looks at the proxy's slots on the
+// pool's 256 last sites (what it would carry: nothing, for a proxy that
+// left), about 0.24 ms per proxy per slot there: 50 keep a call near
+// 12 ms per slot of Rotation.Concurrency (100 took 24 ms at one slot).
+const forgetBatch = 50
+
+// liftChunk is how many proxies one site_hold.lua "lift" call takes when a
+// site is found down: its work is per proxy, so a large pool's lift goes
+// in calls of bounded work. A test sets it smaller.
+var liftChunk = 500
 
 // maxEcho bounds the echo answer read.
 const maxEcho = 1 << 10
@@ -865,6 +1042,7 @@ func (c *Checker) probe(ctx context.Context, s settings, p *proxyswitch.Proxy, t
 	start := time.Now()
 	resp, err := rt.RoundTrip(req)
 	if err != nil {
+		r.own = ownFault(err)
 		r.Err = redactErr(err, p)
 		r.Latency = time.Since(start)
 		return r
@@ -878,6 +1056,7 @@ func (c *Checker) probe(ctx context.Context, s settings, p *proxyswitch.Proxy, t
 	}
 	if echo && (resp.StatusCode < 200 || resp.StatusCode > 299) || !echo && (resp.StatusCode < 200 || resp.StatusCode > 399) {
 		r.Err = fmt.Errorf("probe via %s: answered %s", p, resp.Status)
+		r.own = resp.StatusCode == http.StatusProxyAuthRequired
 		return r
 	}
 	if echo {

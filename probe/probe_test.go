@@ -52,6 +52,17 @@ func newSwitch(t *testing.T, prefix string, opts ...proxyswitch.Option) *proxysw
 	return sw
 }
 
+// farmPool starts a farm of n proxies and a Switch, under prefix, of a
+// pool holding them.
+func farmPool(t *testing.T, prefix string, n int, opts ...proxyswitch.Option) (*proxyswitchtest.Farm, *proxyswitch.Switch) {
+	t.Helper()
+	farm := proxyswitchtest.NewFarm(t, n)
+	sw := newSwitch(t, prefix, opts...)
+	_, err := sw.Add(context.Background(), farm.URLs()...)
+	require.NoError(t, err)
+	return farm, sw
+}
+
 func idOf(t *testing.T, u string) string {
 	t.Helper()
 	p, err := proxyswitch.ParseProxy(u)
@@ -360,6 +371,7 @@ func TestCheckerOneLeader(t *testing.T) {
 	who := map[int]int{}
 	for i, r := range rounds {
 		who[r.who]++
+		require.False(t, r.end.Before(r.start), "a round's End before its Start (or not set): %v, %v", r.start, r.end)
 		if i > 0 && rounds[i-1].who != r.who {
 			require.False(t, r.start.Before(rounds[i-1].end), "rounds of two checkers overlap")
 		}
@@ -380,7 +392,21 @@ func TestCheckerConfig(t *testing.T) {
 		require.ErrorIs(t, err, proxyswitch.ErrConfig)
 		require.NotContains(t, err.Error(), canary)
 	}
-	err := (&probe.Checker{Switch: sw, EchoURL: "http://127.0.0.1:1/"}).Run(ctx)
+	// A port must be a number from 1 to 65535 (url.Parse takes an empty one).
+	for _, u := range []string{"http://127.0.0.1:/ip", "http://127.0.0.1:0/ip", "https://echo.example:65536/", "http://:8080/ip", "http://[::1]:/ip"} {
+		for _, c := range []*probe.Checker{{Switch: sw, EchoURL: u}, {Switch: sw, EchoURL: "http://127.0.0.1:1/", Sites: []probe.SiteProbe{{URL: u}}}} {
+			rep, err := c.Check(ctx)
+			require.ErrorIs(t, err, proxyswitch.ErrConfig, u)
+			require.True(t, rep.Start.IsZero(), "no round ran")
+		}
+	}
+	_, err := (&probe.Checker{Switch: sw, EchoURL: "http://127.0.0.1:/ip"}).Check(ctx)
+	require.ErrorContains(t, err, `port "" of "127.0.0.1:"`)
+	for _, u := range []string{"http://[::1]:8080/ip", "http://[::1]/ip", "https://echo.example/ip", "http://127.0.0.1:65535/"} {
+		_, err := (&probe.Checker{Switch: sw, EchoURL: u, Timeout: 50 * time.Millisecond}).Check(ctx)
+		require.NoError(t, err, u) // an empty pool: no probe sent
+	}
+	err = (&probe.Checker{Switch: sw, EchoURL: "http://127.0.0.1:1/"}).Run(ctx)
 	require.ErrorIs(t, err, proxyswitch.ErrConfig)
 }
 
@@ -630,4 +656,190 @@ func TestCheckerSiteProbeLedgerPerSite(t *testing.T) {
 	require.Equal(t, []string{strings.TrimPrefix(down.URL(), "http://")}, rep.SitesDown)
 	require.Zero(t, rep.Quarantined)
 	require.Empty(t, quarantinedOn(t, fresh, strings.TrimPrefix(down.URL(), "http://")), "the quarantines of a down site's probes were not lifted")
+}
+
+// TestCheckerReportEnd: a round's Report carries its End, after its
+// Start, to Check's caller and to OnReport (a failed round's too).
+func TestCheckerReportEnd(t *testing.T) {
+	ctx := context.Background()
+	_, sw := farmPool(t, testPrefix(), 2)
+	ec := newEcho(t, 20*time.Millisecond)
+	var seen []probe.Report
+	c := &probe.Checker{Switch: sw, EchoURL: ec.site.URL(), Timeout: time.Second, Logger: (&testlog.Buffer{}).Logger(),
+		OnReport: func(r probe.Report) { seen = append(seen, r) }}
+	before := time.Now()
+	rep, err := c.Check(ctx)
+	require.NoError(t, err)
+	after := time.Now()
+	require.Equal(t, 2, rep.Probed)
+	require.False(t, rep.Start.Before(before))
+	require.True(t, rep.End.After(rep.Start), "End %v, Start %v", rep.End, rep.Start)
+	require.GreaterOrEqual(t, rep.End.Sub(rep.Start), 20*time.Millisecond, "the round lasted a probe at least")
+	require.False(t, rep.End.After(after))
+	require.Len(t, seen, 1)
+	require.Equal(t, rep.End, seen[0].End, "OnReport sees End")
+
+	// A failed round (a cancelled context) reports its End too.
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	rep, err = c.Check(cctx)
+	require.Error(t, err)
+	require.False(t, rep.End.IsZero())
+	require.False(t, rep.End.Before(rep.Start))
+	require.Len(t, seen, 2)
+	require.Equal(t, rep.End, seen[1].End)
+}
+
+// TestCheckerSiteDownLiftsInChunks: a down site's quarantines are lifted
+// in calls of at most the chunk (site_hold.lua's work is per proxy), and
+// every one of them is lifted: with a chunk of 2, 5 proxies go in 3 calls.
+func TestCheckerSiteDownLiftsInChunks(t *testing.T) {
+	ctx := context.Background()
+	defer probe.SetLiftChunk(2)()
+	var mu sync.Mutex
+	var lifts []int
+	defer probe.SpySiteHold(func(mode string, ids int) {
+		if mode == "lift" {
+			mu.Lock()
+			lifts = append(lifts, ids)
+			mu.Unlock()
+		}
+	})()
+	_, sw := farmPool(t, testPrefix(), 5)
+	ec := newEcho(t, 0)
+	down := blockingSite(t, "down", func(string) bool { return true })
+	downSite := strings.TrimPrefix(down.URL(), "http://")
+	c := &probe.Checker{Switch: sw, EchoURL: ec.site.URL(), Sites: []probe.SiteProbe{{URL: down.URL() + "/"}},
+		Timeout: time.Second, SiteQuarantine: time.Hour, Logger: (&testlog.Buffer{}).Logger()}
+	rep, err := c.Check(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []string{downSite}, rep.SitesDown)
+	require.Zero(t, rep.Quarantined)
+	require.Empty(t, quarantinedOn(t, sw, downSite), "a quarantine of the down site's probes was not lifted")
+	require.Len(t, leaseAll(t, sw, downSite), 5)
+	mu.Lock()
+	defer mu.Unlock()
+	sum := 0
+	for _, n := range lifts {
+		require.LessOrEqual(t, n, 2, "a lift call of more than the chunk: %v", lifts)
+		sum += n
+	}
+	require.Equal(t, 5, sum, "lift calls %v", lifts)
+	require.Len(t, lifts, 3)
+}
+
+// closedURL is an http URL of a loopback port nothing listens on.
+func closedURL(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	return "http://" + addr + "/ip"
+}
+
+// TestCheckerEchoDown: when every echo probe fails, through two proxies
+// at least (an echo URL nothing listens on: each proxy answers 502; an
+// echo answering 503; one that outlasts the timeout), the echo URL is
+// down, not the proxies: nobody is marked dead, the round reports it
+// (EchoDown) and fails with ErrEchoDown, and every proxy still leases.
+// A proxy that refuses connections is dead whatever the echo URL: it is
+// marked, and does not count for the echo URL.
+func TestCheckerEchoDown(t *testing.T) {
+	ctx := context.Background()
+	down503 := proxyswitchtest.NewSite(t, "echo503", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "maintenance", http.StatusServiceUnavailable)
+	}))
+	slow := newEcho(t, 700*time.Millisecond)
+	for name, echoURL := range map[string]string{"unreachable": closedURL(t), "503": down503.URL() + "/ip", "timeout": slow.site.URL() + "/ip"} {
+		t.Run(name, func(t *testing.T) {
+			farm, sw := farmPool(t, testPrefix(), 4)
+			farm.Proxies[3].SetMode(proxyswitchtest.ProxyDead)
+			var buf testlog.Buffer
+			c := &probe.Checker{Switch: sw, EchoURL: echoURL, Timeout: 300 * time.Millisecond, Logger: buf.Logger()}
+			rep, err := c.Check(ctx)
+			require.ErrorIs(t, err, probe.ErrEchoDown)
+			require.True(t, rep.EchoDown)
+			require.Equal(t, 4, rep.Probed)
+			require.Equal(t, 1, rep.Dead, "only the proxy refusing connections: %+v", rep.Results)
+			require.Equal(t, map[string]string{idOf(t, farm.Proxies[3].URL()): "probe"}, deadReasons(t, sw))
+			require.Len(t, leaseAll(t, sw, "shop.example"), 3)
+			require.Contains(t, buf.String(), "taking the echo URL for down")
+			require.False(t, rep.End.Before(rep.Start))
+		})
+	}
+}
+
+// TestCheckerEchoDownKeepsMarks: a round whose echo URL is down neither
+// marks nor revives anyone: a proxy marked dead before stays so, and is
+// revived by the next round that finds the echo URL up and the proxy
+// recovered; a single proxy's failure, before any other passed, is still
+// marked (when the first probe passes).
+func TestCheckerEchoDownKeepsMarks(t *testing.T) {
+	ctx := context.Background()
+	farm, sw := farmPool(t, testPrefix(), 3)
+	ec := newEcho(t, 0)
+	// 0 fails at once (502), 1 and 2 pass later: 0's failure waits for
+	// the first pass, then is marked.
+	farm.Proxies[0].SetMode(proxyswitchtest.Proxy502)
+	for _, p := range farm.Proxies[1:] {
+		p.SetDelay(150 * time.Millisecond)
+		p.SetMode(proxyswitchtest.ProxySlow)
+	}
+	var results sync.Map
+	c := &probe.Checker{Switch: sw, EchoURL: ec.site.URL() + "/ip", Timeout: time.Second, Logger: (&testlog.Buffer{}).Logger(),
+		OnResult: func(r probe.Result) { results.Store(r.Proxy.ID(), r) }}
+	rep, err := c.Check(ctx)
+	require.NoError(t, err)
+	require.False(t, rep.EchoDown)
+	require.Equal(t, 1, rep.Dead)
+	id0 := idOf(t, farm.Proxies[0].URL())
+	require.Equal(t, map[string]string{id0: "probe"}, deadReasons(t, sw))
+	r, ok := results.Load(id0)
+	require.True(t, ok)
+	require.Equal(t, "dead", r.(probe.Result).Action)
+
+	// The echo URL goes down (and 0 recovers): nobody marked, nobody revived.
+	for _, p := range farm.Proxies {
+		p.SetMode(proxyswitchtest.ProxyOK)
+	}
+	c.EchoURL = closedURL(t)
+	rep, err = c.Check(ctx)
+	require.ErrorIs(t, err, probe.ErrEchoDown)
+	require.True(t, rep.EchoDown)
+	require.Zero(t, rep.Dead)
+	require.Zero(t, rep.Revived)
+	require.Equal(t, map[string]string{id0: "probe"}, deadReasons(t, sw))
+
+	// Up again: 0 is revived.
+	c.EchoURL = ec.site.URL() + "/ip"
+	rep, err = c.Check(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, rep.Revived)
+	require.Empty(t, deadReasons(t, sw))
+
+	// A pool of one cannot tell its proxy's fault from the echo URL's:
+	// its failure marks it, as before.
+	one, sw1 := farmPool(t, testPrefix(), 1)
+	c1 := &probe.Checker{Switch: sw1, EchoURL: closedURL(t), Timeout: time.Second, Logger: (&testlog.Buffer{}).Logger()}
+	rep, err = c1.Check(ctx)
+	require.NoError(t, err)
+	require.False(t, rep.EchoDown)
+	require.Equal(t, map[string]string{idOf(t, one.Proxies[0].URL()): "probe"}, deadReasons(t, sw1))
+}
+
+// TestCheckerAllProxiesRefuse: proxies that all refuse connections are
+// dead whatever the echo URL: every one is marked, the round does not
+// take the echo URL for down.
+func TestCheckerAllProxiesRefuse(t *testing.T) {
+	farm, sw := farmPool(t, testPrefix(), 3)
+	for _, p := range farm.Proxies {
+		p.SetMode(proxyswitchtest.ProxyDead)
+	}
+	ec := newEcho(t, 0)
+	c := &probe.Checker{Switch: sw, EchoURL: ec.site.URL(), Timeout: time.Second, Logger: (&testlog.Buffer{}).Logger()}
+	rep, err := c.Check(context.Background())
+	require.NoError(t, err)
+	require.False(t, rep.EchoDown)
+	require.Equal(t, 3, rep.Dead)
 }

@@ -13,6 +13,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/proxyswitch/proxyswitch"
 	"github.com/proxyswitch/proxyswitch/probe"
 	"github.com/proxyswitch/proxyswitch/source"
 )
@@ -56,6 +57,12 @@ proxy that passes is also probed on each site URL and quarantined on that
 site only if it cannot reach it (status other than 2xx/3xx); a site that
 every proxy fails (two at least) is taken for down, and nobody is quarantined on it; a
 proxy quarantined so is probed there again, and lifted when it passes.
+Likewise, when every echo probe of a round fails (two proxies at least;
+one that refuses the connection or answers 407 is dead whatever the echo
+URL, and does not count), the echo URL is taken for down: nobody is
+marked dead, the summary says "echo URL down", and without -every the
+command exits 1. A malformed -echo or -site URL (a port that is empty,
+not a number or out of range) is a usage error (exit 2).
 Without -every: one round, a line per proxy, and a summary; it takes no
 lock, and warns on stderr when a probe -every holds the fleet's lock (its
 rounds and this one then probe the pool at once). With -every: a round
@@ -200,9 +207,13 @@ func (a *app) probeCmd(ctx context.Context, args []string) error {
 			return err
 		}
 		rep, err := c.Check(ctx)
-		if err != nil {
+		if err != nil && rep.Start.IsZero() && errors.Is(err, proxyswitch.ErrConfig) {
+			return fmt.Errorf("%w: %s", errUsage, message(err)) // a flag's value (-echo, -site): no round ran
+		}
+		if err != nil && !errors.Is(err, probe.ErrEchoDown) {
 			return err
 		}
+		// The echo URL down: the round's lines and summary, then exit 1.
 		tw := tabwriter.NewWriter(a.out, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "ID\tURL\tSITE\tRESULT\tLATENCY\tEXIT IP\tACTION\tERROR")
 		for _, r := range rep.Results {
@@ -221,12 +232,15 @@ func (a *app) probeCmd(ctx context.Context, args []string) error {
 			return err
 		}
 		printRound(a.out, rep)
-		return nil
+		return err
 	}
 	c.OnReport = func(r probe.Report) { printRound(a.out, r) }
 	err := c.Run(ctx)
-	if errors.Is(err, context.Canceled) {
+	switch {
+	case errors.Is(err, context.Canceled):
 		return nil
+	case errors.Is(err, proxyswitch.ErrConfig): // before any round: a flag's value
+		return fmt.Errorf("%w: %s", errUsage, message(err))
 	}
 	return err
 }
@@ -255,6 +269,9 @@ func printRound(w io.Writer, r probe.Report) {
 	}
 	if r.Lifted > 0 {
 		fmt.Fprintf(w, "  site quarantines lifted (the site probe passed again): %d\n", r.Lifted)
+	}
+	if r.EchoDown {
+		fmt.Fprintln(w, "  echo URL down (every echo probe failed; nobody marked dead)")
 	}
 	if len(r.SitesDown) > 0 {
 		fmt.Fprintf(w, "  sites down (every proxy failed their probe; nobody quarantined): %s\n", strings.Join(r.SitesDown, ", "))

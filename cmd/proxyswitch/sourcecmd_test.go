@@ -127,14 +127,22 @@ func TestCLIProbe(t *testing.T) {
 	assert.NotContains(t, all, redisSecret)
 }
 
+// probeBed starts a Redis and a farm of n proxies, loaded into the
+// default pool; env points the CLI at that Redis.
+func probeBed(t *testing.T, n int) (*redistest.Server, map[string]string, *proxyswitchtest.Farm) {
+	t.Helper()
+	srv := redistest.Start(t)
+	env := map[string]string{EnvRedisURL: "redis://" + srv.Addr() + "/0"}
+	farm := proxyswitchtest.NewFarm(t, n)
+	r := cli(t, env, "", append([]string{"add"}, farm.URLs()...)...)
+	require.Equal(t, 0, r.code, r.all())
+	return srv, env, farm
+}
+
 // TestCLIProbeExits: probe -exits records the exit IPs; a later round
 // that finds one changed prints it ("was") and counts it.
 func TestCLIProbeExits(t *testing.T) {
-	srv := redistest.Start(t)
-	env := map[string]string{EnvRedisURL: "redis://" + srv.Addr() + "/0"}
-	farm := proxyswitchtest.NewFarm(t, 2)
-	r := cli(t, env, "", append([]string{"add"}, farm.URLs()...)...)
-	require.Equal(t, 0, r.code, r.all())
+	srv, env, farm := probeBed(t, 2)
 	a, b := farm.Proxies[0].SourceIP().String(), farm.Proxies[1].SourceIP().String()
 	var moved atomic.Bool
 	echo := proxyswitchtest.NewSite(t, "echo", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -144,7 +152,7 @@ func TestCLIProbeExits(t *testing.T) {
 		}
 		w.Write([]byte(host))
 	}))
-	r = cli(t, env, "", "probe", "-echo", echo.URL(), "-exits")
+	r := cli(t, env, "", "probe", "-echo", echo.URL(), "-exits")
 	require.Equal(t, 0, r.code, r.all())
 	assert.Contains(t, r.stdout, a)
 	assert.Contains(t, r.stdout, b)
@@ -214,4 +222,36 @@ func TestCLIProbeWarnsWhenLockHeld(t *testing.T) {
 	require.Equal(t, 0, r.code, r.all())
 	assert.NotContains(t, r.stderr, "warning")
 	assert.NotContains(t, r.all()+out.String()+errOut.String(), redisSecret)
+}
+
+// TestCLIProbeEchoDown: probe with an echo URL nothing listens on (every
+// proxy answers 502) marks nobody dead, says the echo URL is down and
+// exits 1; an echo URL with an empty port is a usage error (exit 2),
+// before any probe.
+func TestCLIProbeEchoDown(t *testing.T) {
+	_, env, _ := probeBed(t, 3)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	closed := "http://" + ln.Addr().String() + "/ip"
+	require.NoError(t, ln.Close())
+
+	r := cli(t, env, "", "probe", "-echo", closed, "-timeout", "2s")
+	assert.Equal(t, 1, r.code, r.all())
+	assert.Contains(t, r.stdout, "marked dead 0")
+	assert.Contains(t, r.stdout, "echo URL down")
+	assert.Contains(t, r.stdout, "502")
+	assert.Contains(t, r.stderr, "echo URL down")
+	assert.NotContains(t, r.stdout, " in -", "the round's duration")
+	r = cli(t, env, "", "list")
+	require.Equal(t, 0, r.code, r.all())
+	assert.NotContains(t, r.stdout, "dead")
+
+	for _, bad := range []string{"http://127.0.0.1:/ip", "http://127.0.0.1:70000/ip"} {
+		r = cli(t, env, "", "probe", "-echo", bad)
+		assert.Equal(t, 2, r.code, r.all())
+		assert.Contains(t, r.stderr, "want a number from 1 to 65535")
+		assert.Empty(t, r.stdout)
+	}
+	r = cli(t, env, "", "probe", "-echo", "http://127.0.0.1:/ip", "-every", "1h")
+	assert.Equal(t, 2, r.code, r.all())
 }

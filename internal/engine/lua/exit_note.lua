@@ -20,7 +20,8 @@
 -- on each site (the 256 last leased) at least until the proxy's slots that
 -- rest there (cooling down or quarantined, not leased) come back, and banned
 -- on every site as long as the proxy is. Bounded work: sites x entries of
--- the old IP x slots.
+-- the old IP x slots, and sites x slots only when the proxy has nothing
+-- to carry (no ban, no slot resting): the old IP's entries are not read.
 --
 -- Returns {code 1, old IP 1, code 2, old IP 2, ...}, per pair: 0 unchanged,
 -- 1 first recorded, 2 changed (counted in the meta hash's "exit_changes"),
@@ -34,17 +35,17 @@ local MAX_SITES = 256
 
 -- carry holds the entries left on IP old on every site, as long as proxy
 -- id's own slots rest there, and on every site as long as its ban lasts.
+-- What is to be carried (the ban, each site's rest) is read first: when
+-- there is none (a proxy that left the pool has no state left), the old
+-- IP's entries are not read at all (a shared IP may hold thousands).
 local function carry(id, old)
-  local left = {}
-  for _, e in ipairs(redis.call('SMEMBERS', KEYS[1] .. ':' .. old)) do
-    if e ~= id then left[#left + 1] = e end
-  end
-  if #left == 0 then return end
+  local ipk = KEYS[1] .. ':' .. old
+  local n = redis.call('SCARD', ipk)
+  if n == 0 or (n == 1 and redis.call('SISMEMBER', ipk, id) == 1) then return end -- no entry left there
   local qk = base .. ':quarantine'
   local q = num(redis.call('ZSCORE', qk, id))
-  if q and q > now then
-    for _, e in ipairs(left) do redis.call('ZADD', qk, 'GT', q, e) end
-  end
+  if not (q and q > now) then q = nil end
+  local holds = {} -- {free key, lease key, until} of each site where id's slots rest
   for _, site in ipairs(redis.call('ZREVRANGE', KEYS[2], 0, MAX_SITES - 1)) do
     local fk, lk = base .. ':free:' .. site, base .. ':lease:' .. site
     local untl = 0
@@ -53,12 +54,22 @@ local function carry(id, old)
       local sc = num(redis.call('ZSCORE', fk, m))
       if sc and sc > now and sc < DEAD and redis.call('HEXISTS', lk, m) == 0 and sc > untl then untl = sc end
     end
-    if untl > 0 then
-      for _, e in ipairs(left) do
-        for s = 0, slots - 1 do
-          local m = e .. ':' .. s
-          if redis.call('HEXISTS', lk, m) == 0 then redis.call('ZADD', fk, 'GT', untl, m) end
-        end
+    if untl > 0 then holds[#holds + 1] = {fk, lk, untl} end
+  end
+  if not q and #holds == 0 then return end
+  local left = {}
+  for _, e in ipairs(redis.call('SMEMBERS', ipk)) do
+    if e ~= id then left[#left + 1] = e end
+  end
+  if q then
+    for _, e in ipairs(left) do redis.call('ZADD', qk, 'GT', q, e) end
+  end
+  for _, h in ipairs(holds) do
+    local fk, lk, untl = h[1], h[2], h[3]
+    for _, e in ipairs(left) do
+      for s = 0, slots - 1 do
+        local m = e .. ':' .. s
+        if redis.call('HEXISTS', lk, m) == 0 then redis.call('ZADD', fk, 'GT', untl, m) end
       end
     end
   end
