@@ -772,3 +772,16 @@ func TestExitForgetGoneReadsNoEntries(t *testing.T) {
 	require.Equal(t, int64(20000-100), rdb.SCard(ctx, base+":exit:"+ip).Val())
 	require.False(t, rdb.SIsMember(ctx, base+":exit:"+ip, gone[0]).Val())
 }
+
+// TestStrictHugeEvery: an Every so long that three of them overflow a
+// Duration still holds unprobed entries for a day, the most, rather than
+// failing every strict round.
+func TestStrictHugeEvery(t *testing.T) {
+	b := newExitBed(t, 240)
+	ctx := context.Background()
+	sw := newSwitch(t, testPrefix())
+	_, err := sw.Add(ctx, b.urls()...)
+	require.NoError(t, err)
+	_, err = (&probe.Checker{Switch: sw, EchoURL: b.echo.URL(), Exits: true, Strict: true, Every: 1 << 62, Transport: b.transport}).Check(ctx)
+	require.NoError(t, err)
+}

@@ -1138,8 +1138,15 @@ func (c *Checker) noteExits(ctx context.Context, pairs ...string) ([]exitNote, e
 }
 
 // strictHold is how long a strict round's hold lasts: three rounds, at
-// most a day (exit_strict.lua's bound).
-func strictHold(s settings) time.Duration { return min(3*s.every, 24*time.Hour) }
+// most a day (exit_strict.lua's bound), whatever Every is (3 × Every
+// would overflow beyond about 97 years).
+func strictHold(s settings) time.Duration {
+	const most = 24 * time.Hour
+	if s.every >= most/3 {
+		return most
+	}
+	return 3 * s.every
+}
 
 // holdUnknown makes leases hold the entries with no recorded exit for d
 // (Strict).
