@@ -27,15 +27,20 @@ func setPageSize(t *testing.T, n int) {
 
 // meteredScripter records the largest script call going through it: its
 // ARGV items and its reply's items (what a call of bounded work keeps
-// small whatever the pool's size).
+// small whatever the pool's size); after, if set, runs after each call
+// with the number of calls so far.
 type meteredScripter struct {
 	redis.Scripter
 	maxArgs, maxReply atomic.Int64
 	calls             atomic.Int64
+	after             atomic.Pointer[func(calls int64)]
 }
 
 func (m *meteredScripter) note(cmd *redis.Cmd, args []any) *redis.Cmd {
-	m.calls.Add(1)
+	n := m.calls.Add(1)
+	if f := m.after.Load(); f != nil {
+		(*f)(n)
+	}
 	for {
 		cur := m.maxArgs.Load()
 		if int64(len(args)) <= cur || m.maxArgs.CompareAndSwap(cur, int64(len(args))) {
