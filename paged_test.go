@@ -313,12 +313,7 @@ func TestStateStatsClearBounded(t *testing.T) {
 	urls := scaleURLs(0, n)
 	_, err := s.Add(ctx, urls...)
 	require.NoError(t, err)
-	ids := make([]string, n)
-	for i, u := range urls {
-		p, err := ParseProxy(u)
-		require.NoError(t, err)
-		ids[i] = p.id
-	}
+	ids := proxyIDsOf(t, urls)
 
 	// 600 leases held (more than a lease hash kept as a listpack, 512:
 	// HSCAN pages it), 20 released (cooling), then 1500 others drained and
