@@ -541,11 +541,7 @@ func TestReseedDeadMergeBounded(t *testing.T) {
 	for _, since := range []int{3, 600} {
 		t.Run(fmt.Sprint(since), func(t *testing.T) {
 			ctx := context.Background()
-			srv := redistest.Start(t)
-			rdb := srv.Client(t)
-			w := &workScripter{Scripter: srv.Client(t), info: rdb, t: t}
-			w.reset()
-			s := newSwitch(t, w)
+			s, w, rdb := workSwitch(t)
 			urls := scaleURLs(0, n)
 			_, err := s.Add(ctx, urls...)
 			require.NoError(t, err)

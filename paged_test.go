@@ -224,6 +224,18 @@ type workScripter struct {
 	wholeKeyReads map[string]int
 }
 
+// workSwitch starts a Redis of the test's own and returns a Switch with
+// opts whose script calls go through a workScripter (reset), and a plain
+// client of that Redis.
+func workSwitch(t *testing.T, opts ...Option) (*Switch, *workScripter, *redis.Client) {
+	t.Helper()
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	w := &workScripter{Scripter: srv.Client(t), info: rdb, t: t}
+	w.reset()
+	return newSwitch(t, w, opts...), w, rdb
+}
+
 // commandCalls reads the calls of each command the server ran so far.
 func (w *workScripter) commandCalls() map[string]int {
 	txt, err := w.info.Info(context.Background(), "commandstats").Result()
@@ -305,11 +317,7 @@ func (w *workScripter) EvalShaRO(ctx context.Context, sha string, keys []string,
 func TestStateStatsClearBounded(t *testing.T) {
 	const n, page, site = 4000, 7, "shop.example"
 	ctx := context.Background()
-	srv := redistest.Start(t)
-	rdb := srv.Client(t)
-	w := &workScripter{Scripter: srv.Client(t), info: rdb, t: t}
-	w.reset()
-	s := newSwitch(t, w, WithRotation(Rotation{Cooldown: time.Hour}))
+	s, w, rdb := workSwitch(t, WithRotation(Rotation{Cooldown: time.Hour}))
 	urls := scaleURLs(0, n)
 	_, err := s.Add(ctx, urls...)
 	require.NoError(t, err)
