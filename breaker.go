@@ -422,8 +422,26 @@ func (b *breaker) flush(ctx context.Context, rp *redisPool, site string, p *Prox
 	}
 }
 
-// report runs breaker.lua on rp for sites and keeps the states it returns.
+// report runs breaker.lua on rp for sites and keeps the states it returns;
+// then again, with zero counts, for each site whose window holds more
+// quarantines to lift (a page per call), until none does.
 func (b *breaker) report(ctx context.Context, rp *redisPool, sites map[string]*brCount, ids map[string]string) error {
+	for len(sites) > 0 {
+		more, err := b.reportOnce(ctx, rp, sites, ids)
+		if err != nil {
+			return err
+		}
+		sites, ids = map[string]*brCount{}, nil
+		for _, site := range more {
+			sites[site] = &brCount{}
+		}
+	}
+	return nil
+}
+
+// reportOnce is one breaker.lua call of report: it returns the sites with
+// more quarantines to lift.
+func (b *breaker) reportOnce(ctx context.Context, rp *redisPool, sites map[string]*brCount, ids map[string]string) ([]string, error) {
 	c := b.cfg()
 	bucket := max(c.Window/20, time.Millisecond)
 	keys := []string{rp.keys.breaker()}
@@ -441,7 +459,7 @@ func (b *breaker) report(ctx context.Context, rp *redisPool, sites map[string]*b
 		return breakerScript.Run(ctx, rp.rdb, keys, argv...).Slice()
 	}, nil)
 	if err != nil {
-		return redisErr("breaker", err)
+		return nil, redisErr("breaker", err)
 	}
 	now := time.Now()
 	b.mu.Lock()
@@ -450,16 +468,20 @@ func (b *breaker) report(ctx context.Context, rp *redisPool, sites map[string]*b
 		b.states = map[string]brState{}
 	}
 	if len(res) != len(order) {
-		return fmt.Errorf("%w: breaker reply of %d items for %d sites", ErrCorrupt, len(res), len(order))
+		return nil, fmt.Errorf("%w: breaker reply of %d items for %d sites", ErrCorrupt, len(res), len(order))
 	}
+	var more []string
 	for i, site := range order {
 		r, _ := res[i].([]any)
-		if len(r) != 3 {
-			return fmt.Errorf("%w: breaker reply item %d of %d values", ErrCorrupt, i, len(r))
+		if len(r) != 4 {
+			return nil, fmt.Errorf("%w: breaker reply item %d of %d values", ErrCorrupt, i, len(r))
 		}
 		st, _ := intAt(r, 0)
 		until, _ := intAt(r, 1)
 		lifted, _ := intAt(r, 2)
+		if m, _ := intAt(r, 3); m == 1 {
+			more = append(more, site)
+		}
 		prev := b.states[site]
 		if prev.seen.After(sent) {
 			continue // a newer word on the site came meanwhile (a lease refused, another report)
@@ -473,7 +495,7 @@ func (b *breaker) report(ctx context.Context, rp *redisPool, sites map[string]*b
 			b.s.cfg.logger.Info("proxyswitch: site resumed: its circuit breaker closed", "pool", rp.name, "site", site)
 		}
 	}
-	return nil
+	return more, nil
 }
 
 // paused is lease.lua's {-3, wait ms, until ms}: the site's breaker holds it.

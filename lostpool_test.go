@@ -526,3 +526,63 @@ func lostLabels(t *testing.T, cached bool) {
 	require.NoError(t, err)
 	assert.Contains(t, got[rep.info.ProxyID], "country=ru")
 }
+
+// TestReseedDeadMergeBounded (issue 14): with pages forced to 7, a pool of
+// 1200 proxies, 1000 of them drained, is lost; marks are written to its dead
+// hash since (failures, a Drain): a few, then many. The re-seed merges them
+// with the copy's dead list in script calls that each run a page's worth of
+// commands (before, the commit ran an HSETNX per mark of the copy: 100,000
+// drained proxies blocked Redis for 0.5 s), and the dead hash ends as one
+// merge would leave it: the marks written since the loss win, the copy's
+// others are all there, nothing set aside is left.
+func TestReseedDeadMergeBounded(t *testing.T) {
+	const n, drained, page = 1200, 1000, 7
+	setPageSize(t, page)
+	for _, since := range []int{3, 600} {
+		t.Run(fmt.Sprint(since), func(t *testing.T) {
+			ctx := context.Background()
+			s, w, rdb := workSwitch(t)
+			urls := scaleURLs(0, n)
+			_, err := s.Add(ctx, urls...)
+			require.NoError(t, err)
+			ids := proxyIDsOf(t, urls)
+			k, err := s.Drain(ctx, "", ids[:drained]...)
+			require.NoError(t, err)
+			require.Equal(t, drained, k)
+			_, err = s.own.redis().refreshSnapshot(ctx)
+			require.NoError(t, err)
+			want, err := rdb.HGetAll(ctx, s.keys.dead()).Result()
+			require.NoError(t, err)
+			require.Len(t, want, drained)
+
+			require.NoError(t, rdb.FlushAll(ctx).Err())
+			// Marks since the loss: on drained proxies and live ones, and
+			// on proxies the copy does not hold.
+			mark := fmt.Sprintf("%d|proxy_connect", time.Now().UnixMilli())
+			var kv []any
+			for i := range since {
+				id := fmt.Sprintf("%016x", i+1)
+				if i < since*5/6 {
+					id = ids[n-since+i]
+				}
+				kv = append(kv, id, mark)
+				want[id] = mark
+			}
+			require.NoError(t, rdb.HSet(ctx, s.keys.dead(), kv...).Err())
+
+			w.reset()
+			got, err := s.own.redis().reseed(ctx)
+			require.NoError(t, err)
+			require.Equal(t, n, got)
+			calls, maxCmds, _, _ := w.report()
+			t.Logf("re-seed: %d script calls, at most %d commands in one", calls, maxCmds)
+			assert.LessOrEqual(t, maxCmds, 12*page+40, "commands of one script call")
+			dead, err := rdb.HGetAll(ctx, s.keys.dead()).Result()
+			require.NoError(t, err)
+			assert.Equal(t, want, dead)
+			left, err := rdb.Keys(ctx, "*:seed:*").Result()
+			require.NoError(t, err)
+			assert.Empty(t, left, "staged or set-aside keys left")
+		})
+	}
+}

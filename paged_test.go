@@ -27,15 +27,20 @@ func setPageSize(t *testing.T, n int) {
 
 // meteredScripter records the largest script call going through it: its
 // ARGV items and its reply's items (what a call of bounded work keeps
-// small whatever the pool's size).
+// small whatever the pool's size); after, if set, runs after each call
+// with the number of calls so far.
 type meteredScripter struct {
 	redis.Scripter
 	maxArgs, maxReply atomic.Int64
 	calls             atomic.Int64
+	after             atomic.Pointer[func(calls int64)]
 }
 
 func (m *meteredScripter) note(cmd *redis.Cmd, args []any) *redis.Cmd {
-	m.calls.Add(1)
+	n := m.calls.Add(1)
+	if f := m.after.Load(); f != nil {
+		(*f)(n)
+	}
 	for {
 		cur := m.maxArgs.Load()
 		if int64(len(args)) <= cur || m.maxArgs.CompareAndSwap(cur, int64(len(args))) {
@@ -219,6 +224,18 @@ type workScripter struct {
 	wholeKeyReads map[string]int
 }
 
+// workSwitch starts a Redis of the test's own and returns a Switch with
+// opts whose script calls go through a workScripter (reset), and a plain
+// client of that Redis.
+func workSwitch(t *testing.T, opts ...Option) (*Switch, *workScripter, *redis.Client) {
+	t.Helper()
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	w := &workScripter{Scripter: srv.Client(t), info: rdb, t: t}
+	w.reset()
+	return newSwitch(t, w, opts...), w, rdb
+}
+
 // commandCalls reads the calls of each command the server ran so far.
 func (w *workScripter) commandCalls() map[string]int {
 	txt, err := w.info.Info(context.Background(), "commandstats").Result()
@@ -300,20 +317,11 @@ func (w *workScripter) EvalShaRO(ctx context.Context, sha string, keys []string,
 func TestStateStatsClearBounded(t *testing.T) {
 	const n, page, site = 4000, 7, "shop.example"
 	ctx := context.Background()
-	srv := redistest.Start(t)
-	rdb := srv.Client(t)
-	w := &workScripter{Scripter: srv.Client(t), info: rdb, t: t}
-	w.reset()
-	s := newSwitch(t, w, WithRotation(Rotation{Cooldown: time.Hour}))
+	s, w, rdb := workSwitch(t, WithRotation(Rotation{Cooldown: time.Hour}))
 	urls := scaleURLs(0, n)
 	_, err := s.Add(ctx, urls...)
 	require.NoError(t, err)
-	ids := make([]string, n)
-	for i, u := range urls {
-		p, err := ParseProxy(u)
-		require.NoError(t, err)
-		ids[i] = p.id
-	}
+	ids := proxyIDsOf(t, urls)
 
 	// 600 leases held (more than a lease hash kept as a listpack, 512:
 	// HSCAN pages it), 20 released (cooling), then 1500 others drained and

@@ -348,7 +348,8 @@ func (p *redisPool) reseed(ctx context.Context) (int, error) {
 const seedStageTTL = time.Minute
 
 // seedOnce runs pool_seed.lua with the copy: stage calls of 250 proxies
-// each (half a page) into staged keys of this call alone, then one commit.
+// each (half a page) into staged keys of this call alone, then one commit
+// (and merge calls when the commit set dead marks aside: seedMerge).
 func (p *redisPool) seedOnce(ctx context.Context) (int, error) {
 	snap := p.snapshot()
 	if snap.size() == 0 {
@@ -364,7 +365,7 @@ func (p *redisPool) seedOnce(ctx context.Context) (int, error) {
 	_, _ = rand.Read(tok[:])
 	staged := k.base + ":seed:" + hex.EncodeToString(tok[:])
 	keys := []string{k.proxies(), k.meta(), k.dead(), k.order(), staged + ":pool", staged + ":order", staged + ":dead",
-		staged + ":gateways", staged + ":labels", k.gateways(), k.labels(), k.gatewayIndex(), k.relabel()}
+		staged + ":gateways", staged + ":labels", k.gateways(), k.labels(), k.gatewayIndex(), k.relabel(), staged + ":aside"}
 	byID := func(kv []any) map[string]string {
 		m := make(map[string]string, len(kv)/2)
 		for i := 0; i+1 < len(kv); i += 2 {
@@ -400,11 +401,19 @@ func (p *redisPool) seedOnce(ctx context.Context) (int, error) {
 			return 0, nil
 		}
 	}
-	n, err := roundTrip(ctx, p.cfg.redisTimeout, func(ctx context.Context) (int64, error) {
-		return poolSeedScript.Run(ctx, p.rdb, keys, "commit", snap.version, hold.Milliseconds(), slots, snap.size(), k.base).Int64()
+	res, err := roundTrip(ctx, p.cfg.redisTimeout, func(ctx context.Context) ([]int64, error) {
+		return poolSeedScript.Run(ctx, p.rdb, keys, "commit", snap.version, hold.Milliseconds(), slots, snap.size(), k.base,
+			pageSize(), seedStageTTL.Milliseconds()).Int64Slice()
 	}, nil)
 	if err != nil {
 		return 0, redisErr("re-seed", err)
+	}
+	if len(res) != 2 {
+		return 0, fmt.Errorf("%w: re-seed: commit reply %v", ErrCorrupt, res)
+	}
+	n := res[0]
+	if res[1] == 1 {
+		p.seedMerge(ctx, keys)
 	}
 	if n > 0 {
 		p.snap.reseeded.Add(n)
@@ -412,4 +421,25 @@ func (p *redisPool) seedOnce(ctx context.Context) (int, error) {
 			"pool", p.name, "proxies", n, "dead", len(snap.dead)/2, "generation", snap.version, "hold", hold)
 	}
 	return int(n), nil
+}
+
+// seedMerge puts back, a page per pool_seed.lua "merge" call, the dead marks
+// written since the loss that the commit set aside because both they and
+// the copy's dead list were too many to merge in one call. The pool is
+// there already, its proxies held out of rotation by the re-seed's hold,
+// with the copy's marks; a failure here loses marks written since the loss
+// only, and is logged, not returned: the re-seed itself is done.
+func (p *redisPool) seedMerge(ctx context.Context, keys []string) {
+	cursor := "0"
+	for first := true; first || cursor != "0"; first = false {
+		next, err := roundTrip(ctx, p.cfg.redisTimeout, func(ctx context.Context) (string, error) {
+			return poolSeedScript.Run(ctx, p.rdb, keys, "merge", cursor, pageSize(), seedStageTTL.Milliseconds()).Text()
+		}, nil)
+		if err != nil {
+			p.cfg.logger.Warn("proxyswitch: re-seed: dead marks written since Redis lost the pool not all merged back",
+				"pool", p.name, "error", redisErr("re-seed", err))
+			return
+		}
+		cursor = next
+	}
 }

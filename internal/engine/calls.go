@@ -185,16 +185,20 @@ func (c Clear) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
 	return clearScript.Run(ctx, rdb, append([]string{c.Sites}, c.Others...), c.Prefix, c.Budget, c.Entries)
 }
 
-// Sites runs sites.lua: the sites leased within the idle TTL, most recent
-// first, site, ms, site, ms, ...
+// Sites runs sites.lua: one page of the sites leased within the idle TTL,
+// oldest first after the continuation, {next score, next site, site, ms,
+// site, ms, ...} (next site "" after the last page).
 type Sites struct {
 	Sites   string        // KEYS[1] sites zset
 	IdleTTL time.Duration // ARGV[1]
+	Score   string        // ARGV[2] the continuation's score, "" for the first page
+	Site    string        // ARGV[3] the continuation's site, "" for the first page
+	Count   int           // ARGV[4] most sites in the page
 }
 
 // Run sends the call.
 func (c Sites) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
-	return sitesScript.Run(ctx, rdb, []string{c.Sites}, c.IdleTTL.Milliseconds())
+	return sitesScript.Run(ctx, rdb, []string{c.Sites}, c.IdleTTL.Milliseconds(), c.Score, c.Site, c.Count)
 }
 
 // StateKeys are the KEYS of state.lua and proxy_states.lua for one scope.

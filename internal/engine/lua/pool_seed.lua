@@ -9,8 +9,11 @@
 -- staged to again), then one "commit" call RENAMEs the staged pool hash
 -- and order into place: O(1) whatever the size, so that leases see either
 -- no pool or the whole of it. A staged dead list is renamed into place
--- too when there is no dead hash yet, else merged entry by entry (the
--- marks written since the loss win).
+-- too; a dead hash found there (marks written since the loss, which win
+-- over the copy's) is merged with it in the commit when one of the two
+-- holds at most ARGV[7] entries (the usual case: a few marks since the
+-- loss), else it is set aside (KEYS[14]) and "merge" calls put its marks
+-- back a page at a time right after the commit (see "merge" below).
 --
 -- KEYS[1] pool hash  id -> proxy URL
 -- KEYS[2] meta hash  "emptied" -> 1 when an operator emptied the pool (pool_update.lua,
@@ -44,14 +47,28 @@
 --         (the staged keys expired) writes nothing and fails
 --         ARGV[6] key prefix "{prefix:pool}" (lib.lua's pool_prefix: the hash
 --         tag of KEYS[1]) of the gateway index zsets
+--         ARGV[7] most dead marks merged in the commit; ARGV[8] TTL ms of
+--         the marks set aside (KEYS[14]) when there are more
+-- merge:  ARGV[2] HSCAN cursor of KEYS[14], "0" for the first call;
+--         ARGV[3] HSCAN count; ARGV[4] TTL ms of KEYS[14] until the next call.
+--         Puts one page of the marks set aside into the dead hash: a mark
+--         set aside wins unless the dead hash holds a later one (by its ms:
+--         the copy's marks are older, a mark written after the commit is
+--         newer). Meanwhile the re-seed's hold keeps every proxy out of
+--         rotation; the copy's marks are all in place from the commit on, so
+--         a seeder cut off mid-merge loses only marks written since the loss.
+--         Stops, deleting KEYS[14], at the last page or when the pool is gone
+--         again (cleared).
+-- KEYS[14] the dead marks set aside by the commit (staged name, same hash tag)
 --
 -- Seeds only a pool that does not exist and that no operator emptied: a pool
 -- emptied on purpose stays empty, and an operator's write made since Redis
 -- lost the pool is never overwritten (a commit that finds the pool there
 -- drops what it staged). Quarantines, strikes and leases are not in the copy:
 -- they were lost with Redis. Returns, for stage, 1 (go on) or 0 (the pool is
--- there or emptied: stop); for commit, the number of proxies written (0 when
--- nothing was done).
+-- there or emptied: stop); for commit, {the number of proxies written (0
+-- when nothing was done), 1 if marks were set aside for "merge" calls else
+-- 0}; for merge, the next cursor ("0": done).
 local function taken()
   return redis.call('EXISTS', KEYS[1]) == 1 or redis.call('HEXISTS', KEYS[2], 'emptied') == 1
 end
@@ -87,9 +104,32 @@ if ARGV[1] == 'stage' then
   for k = 5, 9 do redis.call('PEXPIRE', KEYS[k], ttl) end
   return 1
 end
+if ARGV[1] == 'merge' then
+  if redis.call('EXISTS', KEYS[1]) == 0 then
+    redis.call('UNLINK', KEYS[14])
+    return '0'
+  end
+  local r = redis.call('HSCAN', KEYS[14], ARGV[2], 'COUNT', ARGV[3])
+  local kv = r[2]
+  for i = 1, #kv, 2 do
+    local cur = redis.call('HGET', KEYS[3], kv[i])
+    local at, was = tonumber(string.match(kv[i + 1], '^(%d+)|')), cur and tonumber(string.match(cur, '^(%d+)|'))
+    if not (at and was and was > at) then redis.call('HSET', KEYS[3], kv[i], kv[i + 1]) end
+  end
+  if r[1] == '0' then
+    redis.call('UNLINK', KEYS[14])
+  else
+    redis.call('PEXPIRE', KEYS[14], ARGV[4])
+  end
+  return r[1]
+end
 if ARGV[1] ~= 'commit' then return redis.error_reply('PSCONFIG unknown pool_seed mode') end
 local base, badbase = pool_prefix(ARGV[6] or '')
 if not base then return redis.error_reply(badbase) end
+local most, aside = tonumber(ARGV[7]), tonumber(ARGV[8])
+if not most or most < 1 or not aside or aside < 1 then
+  return redis.error_reply('PSCONFIG bad pool_seed commit arguments')
+end
 if taken() then
   redis.call('UNLINK', KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9])
   return 0
@@ -118,16 +158,30 @@ end
 for _, d in ipairs(redis.call('HKEYS', KEYS[12])) do redis.call('UNLINK', base .. ':gw:' .. d) end
 redis.call('UNLINK', KEYS[12], KEYS[13])
 redis.call('HSET', KEYS[2], 'gwindex', redis.call('EXISTS', KEYS[10]) == 1 and '0' or 'done')
+-- The dead list: marks written since the loss (a Drain, a worker's
+-- failures) win over the copy's (KEYS[7]). The smaller of the two is merged
+-- into the other when it holds at most ARGV[7] marks; else the copy's goes
+-- into place and the others are set aside for the "merge" calls.
+local merge = 0
 if redis.call('EXISTS', KEYS[7]) == 1 then
   if redis.call('EXISTS', KEYS[3]) == 0 then
     redis.call('RENAME', KEYS[7], KEYS[3])
     redis.call('PERSIST', KEYS[3])
-  else
-    -- Marks written since the loss (a Drain) win; the staged list is the
-    -- copy's dead list, as long as it is (rarely more than a few).
+  elseif redis.call('HLEN', KEYS[7]) <= most then
     local kv = redis.call('HGETALL', KEYS[7])
     for i = 1, #kv, 2 do redis.call('HSETNX', KEYS[3], kv[i], kv[i + 1]) end
     redis.call('UNLINK', KEYS[7])
+  else
+    if redis.call('HLEN', KEYS[3]) <= most then
+      local kv = redis.call('HGETALL', KEYS[3])
+      for i = 1, #kv, 2 do redis.call('HSET', KEYS[7], kv[i], kv[i + 1]) end
+    else
+      redis.call('RENAME', KEYS[3], KEYS[14])
+      redis.call('PEXPIRE', KEYS[14], aside)
+      merge = 1
+    end
+    redis.call('RENAME', KEYS[7], KEYS[3])
+    redis.call('PERSIST', KEYS[3])
   end
 end
 if redis.call('HEXISTS', KEYS[2], 'version') == 0 and tonumber(ARGV[2]) > 0 then
@@ -142,4 +196,4 @@ if hold > 0 then
   local untl = now_ms() + hold
   if untl > meta_ms(KEYS[2], 'hold') then redis.call('HSET', KEYS[2], 'hold', untl) end
 end
-return n
+return {n, merge}
