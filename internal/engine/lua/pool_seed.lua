@@ -132,7 +132,7 @@ if not most or most < 1 or not aside or aside < 1 then
 end
 if taken() then
   redis.call('UNLINK', KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9])
-  return 0
+  return {0, 0}
 end
 local n = tonumber(ARGV[5])
 if not n or n <= 0 or redis.call('HLEN', KEYS[5]) ~= n then
