@@ -444,3 +444,24 @@ func TestBreakerWindowBounded(t *testing.T) {
 	assert.True(t, open, "the rate rule opened the breaker")
 	assert.Zero(t, qFields(storm), "every quarantine of the storm lifted by the report")
 }
+
+// TestBreakerCorruptCursors: a garbage value in a window's stored scan
+// cursors ("scan" of the prune, "lift" of a storm's lifting) starts that
+// scan over instead of failing every report with Redis' "invalid cursor".
+func TestBreakerCorruptCursors(t *testing.T) {
+	ctx := context.Background()
+	s, _, rdb := workSwitch(t)
+	const site = "corrupt-window.example"
+	now := time.Now().UnixMilli()
+	bucket := max(s.cfg.breaker.Window/20, time.Millisecond).Milliseconds()
+	kv := []any{"scan", "x", "lift", "y", fmt.Sprintf("c%d", (now-1000)/bucket), 50}
+	for j := range 50 {
+		kv = append(kv, fmt.Sprintf("q%016x", j+1), now-1000)
+	}
+	require.NoError(t, rdb.HSet(ctx, s.keys.breakerWindow(site), kv...).Err())
+	require.NoError(t, s.brk.report(ctx, s.own.redis(), map[string]*brCount{site: {att: 10, ok: 10}}, nil))
+	require.NoError(t, s.brk.report(ctx, s.own.redis(), map[string]*brCount{site: {att: 100, bans: 100}}, nil))
+	open, err := rdb.HExists(ctx, s.keys.breaker(), site).Result()
+	require.NoError(t, err)
+	assert.True(t, open, "the storm opened the breaker")
+}

@@ -121,7 +121,8 @@ for i = 1, (#KEYS - 1) / 4 do
   end
   redis.call('HDEL', win, unpack(stale))
   -- One page of the window's fields: the q fields that left the window go.
-  local page = redis.call('HSCAN', win, redis.call('HGET', win, 'scan') or '0', 'COUNT', SCAN)
+  -- (A stored cursor that is no cursor, a corrupt one, starts over.)
+  local page = redis.call('HSCAN', win, string.match(redis.call('HGET', win, 'scan') or '', '^%d+$') or '0', 'COUNT', SCAN)
   for j = 1, #page[2], 2 do
     local f, v = page[2][j], page[2][j + 1]
     if string.sub(f, 1, 1) == 'q' and (tonumber(v) or 0) < now - window then redis.call('HDEL', win, f) end
@@ -166,6 +167,7 @@ for i = 1, (#KEYS - 1) / 4 do
     for _, id in ipairs(ids) do quarantined[id] = tostring(now) end
     local lc = redis.call('HGET', win, 'lift') or '0'
     if lc ~= 'done' then
+      lc = string.match(lc, '^%d+$') or '0' -- a corrupt cursor starts over
       local pg = redis.call('HSCAN', win, lc, 'COUNT', SCAN)
       for j = 1, #pg[2], 2 do
         local f, v = pg[2][j], pg[2][j + 1]
