@@ -116,44 +116,30 @@ func benchCrawl(b *testing.B, proxies int, engine string) {
 	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "pages/s")
 	b.ReportMetric(float64(proc.Microseconds())/float64(b.N), "cpu-µs/page")
 	if engine != "roundrobin" {
-		scripts, _ := redisCalls(b, rdb)
-		b.ReportMetric(float64(scripts)/float64(b.N), "redis-trips/page")
+		scripts, commands := redisWork(b, rdb)
+		b.ReportMetric(float64(scripts.calls)/float64(b.N), "redis-trips/page")
 		b.ReportMetric((redisCPU(b, rdb)-cpu0)*1e6/float64(b.N), "redis-µs/page")
-		inScripts, inCommands := scriptTime(b, rdb)
-		b.ReportMetric(inScripts/float64(b.N), "script-µs/page")
-		b.ReportMetric(inCommands/float64(b.N), "command-µs/page")
+		b.ReportMetric(scripts.usec/float64(b.N), "script-µs/page")
+		b.ReportMetric(commands.usec/float64(b.N), "command-µs/page")
 	}
 }
 
-// redisCalls counts the script calls (EVALSHA, EVAL) and the other
-// commands sent to Redis since its stats were reset (INFO commandstats, INFO
-// and CONFIG aside). The commands a script runs count in commandstats too,
-// so with scripts only the script calls are the round trips.
-func redisCalls(b *testing.B, rdb *redis.Client) (scripts, commands int64) {
+// redisWork sums INFO commandstats since Redis' stats were reset, split
+// between the script calls (EVALSHA, EVAL) and the other commands (INFO and
+// CONFIG aside): the calls of each and the time Redis spent in them. The
+// commands a script runs count in commandstats too, so with scripts only
+// the script calls are round trips, and the time in scripts less the time
+// in the commands they ran is the Lua around those: the interpreter, and
+// the passing of each command's arguments and reply between Lua and Redis.
+func redisWork(b *testing.B, rdb *redis.Client) (scripts, commands cmdStat) {
 	for name, st := range commandStats(b, rdb) {
 		switch {
 		case isScriptCall(name):
-			scripts += st.calls
+			scripts.calls += st.calls
+			scripts.usec += st.usec
 		case name != "info" && !strings.HasPrefix(name, "config"):
-			commands += st.calls
-		}
-	}
-	return scripts, commands
-}
-
-// scriptTime splits the time Redis spent in script calls since its stats
-// were reset (INFO commandstats' usec, µs): in all, and in the commands the
-// scripts ran (every command but the script calls, INFO and CONFIG: on the
-// hot path the Switch sends nothing else). The difference is the Lua around
-// them: the interpreter, and the passing of each command's arguments and
-// reply between Lua and Redis.
-func scriptTime(b *testing.B, rdb *redis.Client) (scripts, commands float64) {
-	for name, st := range commandStats(b, rdb) {
-		switch {
-		case isScriptCall(name):
-			scripts += st.usec
-		case name != "info" && !strings.HasPrefix(name, "config"):
-			commands += st.usec
+			commands.calls += st.calls
+			commands.usec += st.usec
 		}
 	}
 	return scripts, commands
@@ -391,6 +377,6 @@ func benchPairs(b *testing.B, goroutines int, ours bool) {
 		b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-lease-µs")
 	}
 	b.ReportMetric((redisCPU(b, rdb)-cpu0)*1e6/float64(b.N), "redis-µs/pair")
-	scripts, _ := redisCalls(b, rdb)
-	b.ReportMetric(float64(scripts)/float64(b.N), "redis-trips/pair")
+	scripts, _ := redisWork(b, rdb)
+	b.ReportMetric(float64(scripts.calls)/float64(b.N), "redis-trips/pair")
 }
