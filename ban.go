@@ -182,8 +182,8 @@ func (rp *redisPool) dead(ctx context.Context) ([]ProxyState, error) {
 // of its failures, or marked by another reason, stays out), so that a
 // health checker revives only what it marked. It returns how many it
 // revived. It is safe to call while workers lease. Many proxies go in calls
-// of bounded work, as with Drain: each proxy comes back on every site at
-// once, the whole not.
+// of 500, as with Drain: each proxy comes back on every site at once, the
+// whole not.
 func (s *Switch) Revive(ctx context.Context, reason string, proxies ...string) (int, error) {
 	if reason != "" {
 		if err := checkReason(reason); err != nil {
@@ -198,12 +198,12 @@ func (s *Switch) Revive(ctx context.Context, reason string, proxies ...string) (
 }
 
 // revive runs revive.lua for ids, only those marked with reason unless it
-// is empty: in calls of bounded work (chunkBudget), each proxy's revival
+// is empty: in calls of a page of proxies each, each proxy's revival
 // atomic across the sites, the whole not.
 func (s *Switch) revive(ctx context.Context, reason string, ids []any) (int, error) {
 	n := 0
 	for rest := ids; len(rest) > 0; {
-		argv := append([]any{s.keys.base, s.cfg.slots, reason, chunkBudget()}, rest[:min(len(rest), pageSize())]...)
+		argv := append([]any{s.keys.base, s.cfg.slots, reason, pageSize()}, rest[:min(len(rest), pageSize())]...)
 		revived, done, err := chunkCall(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]int64, error) {
 			return reviveScript.Run(ctx, s.rdb, []string{s.keys.dead(), s.keys.fails(), s.keys.sites()}, argv...).Int64Slice()
 		}, len(argv)-4)

@@ -225,6 +225,9 @@
 //	{prefix:pool}:members          zset  member ID -> end of its registration, ms (the last registration's end)
 //	{prefix:pool}:member-owners    hash  member ID -> token of the process holding it (same TTL)
 //	{prefix:pool}:modes            zset  member ID -> when it last leased from Redis, ms (member TTL)
+//	{prefix:pool}:gone             zset  proxy ID -> when it left the pool (ms x 1000 + a count): each site forgets
+//	                                     its state at its next leases (an entry goes after the idle TTL)
+//	{prefix:pool}:swept            hash  site -> how far in the gone zset the site forgot (idle TTL)
 //	{prefix:pool}:session:<task>   hash  a task's session: ID, proxy, slot per site, expiry, requests (session TTL)
 //	{prefix:pool}:sjar:<session>   hash  "<domain>;<path>;<name>" -> the session's cookie (session TTL)
 //	{prefix:pool}:sessions         zset  session ID -> its expiry, ms: the live sessions (idle TTL)

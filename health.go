@@ -65,11 +65,11 @@ func (s *Switch) LeaseProxy(ctx context.Context, site, proxy string) (*Lease, er
 // Drain takes proxies (URLs or IDs) out of every site's rotation: requests
 // already using them finish, none starts. Dead lists them with their mark,
 // and Revive brings them back. It returns how many proxies it marked. It
-// is safe for concurrent use. Each proxy leaves every site at once; many
-// proxies go in calls of bounded work (proxies x sites x concurrency of at
-// most 2,000 per call), so a Drain of many is not atomic: a lease meanwhile
-// may get a proxy drained later in the same call to Drain. On an error the
-// proxies before it stay drained, and the count says how many.
+// is safe for concurrent use. Each proxy leaves every site at once, in
+// work that does not grow with the sites; many proxies go in calls of 500,
+// so a Drain of many is not atomic: a lease meanwhile may get a proxy
+// drained later in the same call to Drain. On an error the proxies before
+// it stay drained, and the count says how many.
 //
 // With reason "" it is an operator's drain: every proxy must be in the pool
 // (otherwise it fails with ErrNotInPool and drains none), Dead lists it with
@@ -111,7 +111,7 @@ func (s *Switch) Drain(ctx context.Context, reason string, proxies ...string) (i
 		part := rest[:min(len(rest), pageSize())]
 		marked, done, err := chunkCall(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]int64, error) {
 			return engine.Drain{Dead: s.keys.dead(), Sites: s.keys.sites(), Pool: s.keys.proxies(),
-				Prefix: s.keys.base, Slots: s.cfg.slots, Reason: reason, Budget: chunkBudget(), Proxies: part}.Run(ctx, s.rdb).Int64Slice()
+				Prefix: s.keys.base, Slots: s.cfg.slots, Reason: reason, Budget: pageSize(), Proxies: part}.Run(ctx, s.rdb).Int64Slice()
 		}, len(part))
 		if err != nil {
 			return n, redisErr("drain", err)

@@ -3,8 +3,11 @@
 -- this file in front of each script before loading it, so every call stays
 -- one EVALSHA; it runs nothing by itself.
 
--- DEAD is the score of a dead or drained proxy's slots in every site's free
--- set (penalize.lua, drain.lua; revive.lua brings them back).
+-- DEAD is the score of a dead or drained proxy's slots in a site's busy set:
+-- that of the site it died on (penalize.lua), and of each other site once a
+-- lease there meets it (lease.lua's dead_mark). The dead hash is what says a
+-- proxy is dead: a slot at DEAD of a proxy no longer dead (revive.lua) is
+-- free but for a lease taken before its death.
 local DEAD = 1e15
 
 -- tonumber, for every script, returns nil for nil as Redis' Lua 5.1 does:
