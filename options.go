@@ -192,8 +192,8 @@ func (c *config) validate() error {
 // WithPrefix sets the first part of every Redis key, so several projects can
 // share one Redis. It must not contain braces or spaces. The default is
 // "proxyswitch". Two distinct (prefix, pool) pairs never share a key, ':' in
-// either name notwithstanding (the pool name is escaped in the keys, see the
-// package documentation).
+// either name notwithstanding (the pool name is escaped in the keys, see
+// ARCHITECTURE.md).
 func WithPrefix(prefix string) Option { return func(c *config) { c.prefix = prefix } }
 
 // WithPool names the proxy pool to lease from (for instance "datacenter" or
