@@ -251,39 +251,30 @@ func WithBanStatus(site string, codes ...int) Option {
 	}
 }
 
-// WithChallengeURLs sets the regular expressions (Go syntax) that name
-// captcha, login and block pages. A redirect (3xx) whose Location, resolved
-// against the hop's URL, matches one of them is a ban (ban.ReasonChallenge) of
-// the site that redirected: the challenge page is never requested (so
-// Colly never marks it visited) and the hop is sent again through another
-// proxy. A chain that ends on a matching URL some other way, other than
-// the URL it asked for, is a ban too and starts again from its first URL.
-// The whole URL is matched. No patterns turns the check off. The default
-// is ban.DefaultChallengeURLs.
+// WithChallengeURLs sets the regular expressions (Go syntax, matching the
+// whole URL) that name captcha, login and block pages. A redirect to one is
+// a ban (ban.ReasonChallenge) of the redirecting site: the challenge page
+// is never requested and the hop is retried through another proxy. No
+// patterns turns the check off. The default is ban.DefaultChallengeURLs.
 func WithChallengeURLs(patterns ...string) Option {
 	return func(c *config) { c.banRules.ChallengeURLs = append([]string{}, patterns...) }
 }
 
 // WithExpect names CSS selectors (goquery syntax) that every 2xx page of
-// site ("" = every site) whose request URI (path and query) matches
-// urlPattern (a Go regular expression; "" = every page) must contain. A page
-// without one of them is a soft ban (ban.ReasonSelector): a captcha, a
-// placeholder or an empty page served with 200. Several rules may apply to
-// one page; each is checked. A page that cannot be checked (it does not
-// decode or parse, or was cut at MaxBodySize before the selector) is no ban:
-// it reaches Colly, counted ban.Neutral with ban.ReasonUnchecked. The
-// default is no rule.
+// site ("" = every site) whose path and query match urlPattern (a Go
+// regular expression; "" = every page) must contain; a page without one is a
+// soft ban (ban.ReasonSelector). A page that cannot be checked reaches
+// Colly as ban.ReasonUnchecked, never as a ban. The default is no rule.
 func WithExpect(site, urlPattern string, selectors ...string) Option {
 	return func(c *config) {
 		c.banRules.Expect = append(c.banRules.Expect, ban.Expect{Site: site, URL: urlPattern, Selectors: append([]string{}, selectors...)})
 	}
 }
 
-// WithSizeDrop sets when a 2xx body is a soft ban for being small
-// (ban.ReasonSizeDrop): when it is below ratio times the median size of the
-// latest 64 OK pages of the same site and media type. Pages are judged by
-// size once 16 of them are known. Baselines are learnt by each Switch on its
-// own (no Redis traffic). Zero turns the check off. The default is 0.25.
+// WithSizeDrop makes a 2xx body below ratio times the median size of the
+// site's recent OK pages of its media type a soft ban (ban.ReasonSizeDrop).
+// Each Switch learns its own baselines. Zero turns the check off. The
+// default is 0.25.
 func WithSizeDrop(ratio float64) Option { return func(c *config) { c.banRules.SizeDrop = ratio } }
 
 // WithClassifier adds a classifier that runs before the built-in checks: it
@@ -296,12 +287,9 @@ func WithClassifier(f ban.Classifier) Option {
 }
 
 // Off, given to a numeric field of Rotation, Timeouts, Bans or Sessions,
-// sets it to zero (the field's documented "Off" meaning: off, no bound, no
-// wait), where a zero field leaves the value as it is (the default, or what
-// an earlier option set): pass Off, not a variable that may hold 0, to turn
-// a field off. NewSwitch rejects Off where zero is invalid (LeaseTTL,
-// Quarantine...) and any other negative value, naming the field; one field
-// has no off, Timeouts.Fallback, where zero and Off mean its default.
+// sets it to zero (the field's documented "Off" meaning), where a zero field
+// keeps the value as it is. NewSwitch rejects Off where zero is invalid
+// (LeaseTTL, Quarantine...) and any other negative value.
 const Off = -1
 
 // setField sets *dst to v: 0 keeps *dst, Off sets 0, any other value is
@@ -337,55 +325,22 @@ type Rotation struct {
 	// default is 0: a released proxy is free at once.
 	Cooldown time.Duration
 
-	// LearnedPacing lets the fleet learn each site's pace per IP from its
-	// answers, in Redis, so that every worker of the pool paces alike: it
-	// is the most the learned cooldown may reach. The cooldown between two
-	// requests from one proxy to one site is then the learned cooldown,
-	// never below Cooldown (the floor and the start) nor above
-	// LearnedPacing. A rate-limit refusal (a ban with status 429, or any
-	// ban with a Retry-After) lengthens it: twice over while the site has
-	// given fewer than 20 healthy answers since the last raise, by a
-	// quarter after (from 0 to 100ms; at most once per cooldown, as the
-	// refusals of requests sent before the raise say nothing new), and the
-	// proxies already cooling down on the site (the 1,000 free soonest)
-	// wait the difference too.
-	// Each healthy answer then adds to the request rate per IP, by an equal
-	// step, so that it is back at the refused rate after 200 healthy
-	// answers (additive increase, multiplicative decrease). Such a refusal
-	// is the site's pace, not the proxy's: the proxy waits out the learned
-	// cooldown (or the Retry-After, if longer) and is neither struck nor
-	// quarantined, and the site's circuit breaker does not count it. Only a
-	// proxy that had rested is refused otherwise: under a per-IP limit a
-	// proxy idle on the site longer than the limit is served, so a
-	// rate-limit refusal of a proxy whose last healthy answer there is
-	// twice as old as the site's accepted rest (about the shortest time
-	// between two healthy answers of one proxy there lately), or of a proxy
-	// struck there since, is a refusal like any other (Bans) and evidence
-	// of a storm for the breaker; one past the accepted rest by a quarter
-	// is still the pace for the proxy, but evidence for the breaker. With
-	// LearnedPacing Off a rate-limit refusal is a refusal like any other.
-	// With Concurrency above 1, the learned cooldown paces each slot from
-	// its release only. The default is 1m; the most 24h.
+	// LearnedPacing is the most the learned cooldown may reach. The fleet
+	// learns each site's pace per IP, in Redis: a rate-limit refusal (429,
+	// or any ban with a Retry-After) lengthens the cooldown between two
+	// requests from one proxy to the site, healthy answers shorten it
+	// again, never below Cooldown nor above LearnedPacing. A refusal that
+	// is the site's pace only holds the proxy for the cooldown (no strike,
+	// no quarantine, no breaker count); one of a proxy that had rested is a
+	// refusal like any other (Bans). Off makes every rate-limit refusal a
+	// refusal like any other. The default is 1m; the most 24h.
 	LearnedPacing time.Duration
 
-	// FlakyDelay sets how much a proxy's recent failures on a site hold it
-	// back there (success-aware selection). Each (proxy, site) pair has a
-	// failure rate r in Redis, shared by every worker: a moving average
-	// over its outcomes there (each ban or proxy failure weighs 1, each
-	// healthy answer 0, the latest counting for a fifth, so it follows
-	// about the last ten). Each release of a proxy after an answer makes it
-	// next free on that site after the cooldown plus r × FlakyDelay. The
-	// rotation skips a proxy while it waits, so a flaky proxy comes round
-	// less often than a healthy one, and a proxy that recovered sheds its
-	// rate with each healthy answer.
-	//
-	// Fairness: no proxy is held back more than FlakyDelay beyond the
-	// cooldown per request, so each proxy is still leased at least once per
-	// turn of the pool (the time the others take to come round) plus
-	// FlakyDelay, and one with r = 0 loses nothing. The work is a hash read
-	// and at most one write per release and per quarantine, no extra round
-	// trip; the lease itself is unchanged (O(log N)). Off turns it off. The
-	// default is 10s; the most 24h.
+	// FlakyDelay holds a proxy back on a site by its recent failure rate
+	// there, r in 0..1 (shared by every worker): each release makes it free
+	// again after the cooldown plus r × FlakyDelay, so a flaky proxy is
+	// served less, yet at least once per turn of the pool plus FlakyDelay.
+	// Off turns it off. The default is 10s; the most 24h.
 	FlakyDelay time.Duration
 }
 
@@ -406,13 +361,11 @@ func WithRotation(r Rotation) Option {
 // Timeouts bounds how long things take and last. A zero field keeps the
 // default (or what an earlier WithTimeouts set); Off sets a field to zero.
 type Timeouts struct {
-	// LeaseTTL is how long a lease lives if it is never released nor
-	// renewed: at most this long after its holder crashed, a proxy is free
-	// again. The leases of running requests (those of ProxyFunc, with or
-	// without Attach) are renewed every quarter of this TTL while their
-	// request runs, however long it runs and whatever its deadline (Switch
-	// describes the renewer); those of Switch.Lease are not (Lease.Extend).
-	// The default is 30s; the minimum 100ms.
+	// LeaseTTL is how long a lease lives unless released or renewed: at
+	// most this long after its holder crashed, a proxy is free again. The
+	// leases of running requests (ProxyFunc's) are renewed while their
+	// request runs, however long; those of Switch.Lease are not
+	// (Lease.Extend). The default is 30s; the minimum 100ms.
 	LeaseTTL time.Duration
 
 	// MaxWait bounds how long a request waits for a free proxy before it
@@ -421,14 +374,12 @@ type Timeouts struct {
 	// earlier. Off means do not wait at all. The default is 30s.
 	MaxWait time.Duration
 
-	// Attempt bounds each attempt through one proxy, from the moment its
-	// proxy is leased until the body is read for classification (at most
-	// MaxBodySize), so that a hanging proxy is dropped
-	// (ban.ReasonProxyTimeout) and the request retried through another one
-	// within its own timeout. Set it well below the collector's request
-	// timeout. Off (the default) means no bound of its own: a request that
-	// outlives its own timeout fails and no proxy is blamed, as the site
-	// may be the slow one.
+	// Attempt bounds each attempt through one proxy, from its lease until
+	// its body is read, so that a hanging proxy is dropped
+	// (ban.ReasonProxyTimeout) and the request retried through another
+	// one. Set it well below the collector's request timeout. Off (the
+	// default) means no bound: a request that outlives its own timeout
+	// fails and no proxy is blamed.
 	Attempt time.Duration
 
 	// Redis bounds every single Redis round trip (go-redis retries
@@ -440,13 +391,9 @@ type Timeouts struct {
 	// lease TTL. The default is 24h.
 	IdleTTL time.Duration
 
-	// Fallback sets, for a Switch with WithFallback or WithSharding, how
-	// long a Redis call may go unanswered before the Switch counts Redis as
-	// unreachable: it bounds every lease, release and quarantine call (in
-	// place of Redis, when shorter) and the health probe, which runs every
-	// quarter of it. The default is 1s; the minimum 20ms. This field has
-	// no "off": Off sets it to zero like any field, and zero means the
-	// default, so Off gives 1s too.
+	// Fallback is, with WithFallback or WithSharding, how long a Redis call
+	// may go unanswered before the Switch counts Redis as unreachable. The
+	// default is 1s (Off and zero both mean it); the minimum 20ms.
 	Fallback time.Duration
 }
 
@@ -465,86 +412,54 @@ func WithTimeouts(t Timeouts) Option {
 
 // Bans says what a refusal or a proxy failure costs a proxy: quarantines,
 // the evidence a refusal needs, when a proxy is dead, how often a request is
-// retried. They act through the transport that Attach installs; a collector
-// given only the proxy function (New) does not classify responses. The
-// quarantine, dead and backoff state they produce lives in Redis and is
-// shared by every worker of the pool. A zero field keeps the default (or
-// what an earlier WithBans set); Off sets a numeric field to zero.
+// retried. They act through Attach's transport (New alone classifies
+// nothing); the state they produce lives in Redis, shared by every worker of
+// the pool. A zero field keeps the default (or what an earlier WithBans
+// set); Off sets a numeric field to zero.
 type Bans struct {
 	// Quarantine and QuarantineMax set how long a proxy proven banned by a
-	// site stays out of that site's rotation, cluster-wide: Quarantine for
-	// a proven ban, doubling for each further ban in a row (no healthy
-	// answer in between), jittered by up to ±15%, capped at QuarantineMax,
-	// and never shorter than the site's Retry-After (itself capped at
-	// QuarantineMax). A first refusal is proof only when it is unambiguous
-	// (a redirect to a challenge page) or once it is confirmed: before that
-	// it is a strike, quarantined for EvidenceFirst. Bans live in the
-	// site's keys: a site nobody leases for during the idle TTL
-	// (Timeouts.IdleTTL) forgets them. The defaults are 30m and 12h;
-	// 0 < Quarantine <= QuarantineMax.
+	// site stays out of that site's rotation, cluster-wide: Quarantine,
+	// doubling for each further ban in a row, jittered, capped at
+	// QuarantineMax, never shorter than the site's Retry-After. The
+	// defaults are 30m and 12h; 0 < Quarantine <= QuarantineMax.
 	Quarantine, QuarantineMax time.Duration
 
-	// FailureQuarantine and FailureQuarantineMax set how long a proxy that
-	// failed (see ban.ProxyFailure) stays out of the site's rotation:
-	// FailureQuarantine for a first failure, doubling for each further
-	// failure in a row, jittered, capped at FailureQuarantineMax. The
-	// defaults are 1m and 30m.
+	// FailureQuarantine and FailureQuarantineMax are the same for a proxy
+	// failure (ban.ProxyFailure). The defaults are 1m and 30m.
 	FailureQuarantine, FailureQuarantineMax time.Duration
 
-	// EvidenceFirst and PageProxies set how much evidence a refusal (a ban
-	// status, a page without its content, a challenge) needs before it
-	// becomes a verdict on the proxy, on the refusing site, cluster-wide.
+	// EvidenceFirst is how long a first refusal (a strike) keeps the proxy
+	// off the site; it becomes a ban when the same proxy is refused again
+	// there or the refusal is confirmed (the request then succeeded through
+	// another proxy). A redirect to a challenge page is a ban at once. It is
+	// at most Quarantine; Off makes every refusal a ban. The local shard
+	// (WithFallback, WithSharding) always uses Quarantine.
 	//
-	// A refusal is a strike against the (proxy, site) pair. A first strike
-	// takes the proxy out of the site's rotation at once, for EvidenceFirst
-	// (jittered, never shorter than Retry-After). It becomes a ban
-	// (Quarantine, then doubling) when the evidence comes: the same proxy
-	// refused again on the site (no healthy answer in between), or the
-	// refusal confirmed (the request it refused then succeeded through
-	// another proxy). A redirect to a challenge page (ban.ReasonChallenge)
-	// is evidence enough by itself.
+	// PageProxies: a URL refused through that many proxies healthy on the
+	// site's other pages is the page's answer, not theirs: the request
+	// fails at once with a *BlockedError wrapping ErrPageRefused and the
+	// strikes it cost are taken back. Off never blames the page; otherwise
+	// it is 2..100.
 	//
-	// When one URL is refused through PageProxies different proxies, each
-	// of them healthy on the site's other pages (the first one: no strike
-	// there; every later one: a healthy answer there and no strike since,
-	// later than the site's last verdict on a proxy that was healthy there,
-	// as proxies burnt together with it may not be; or the lift of a strike
-	// by another page's verdict, after the URL's first refusal), it is the
-	// page that refuses, not the proxies: the request is not retried
-	// further, the first strikes it cost are taken back (the proxies are
-	// free on the site again), and it fails with a *BlockedError that wraps
-	// ErrPageRefused and names the site's answer (its Status). PageProxies
-	// Off never blames the page; otherwise it is 2..100.
-	//
-	// EvidenceFirst is at most Quarantine. Both Off is the behaviour before
-	// evidence existed: every refusal is a ban at once and is retried
-	// through other proxies until Retries runs out. The quarantines of the
-	// local shard (WithFallback, WithSharding) are always Quarantine. The
-	// defaults are 1m and 2.
+	// The defaults are 1m and 2.
 	EvidenceFirst time.Duration
 	PageProxies   int
 
-	// DeadAfter is how many proxy failures in a row (no answer from any
-	// site in between) mark a proxy dead: out of every site's rotation
-	// until Revive or probe.CheckDead brings it back. Failures that only
-	// the proxy can cause (it refuses connections or the credentials) count
-	// alone; others (timeouts, 502s, broken tunnels) count only once they
-	// happened on two sites or more, so that one site's outage never kills
-	// the pool. Off never marks a proxy dead. The default is 5.
+	// DeadAfter is how many proxy failures in a row mark a proxy dead: out
+	// of every site's rotation until Revive or probe.CheckDead. Failures
+	// that could be one site's outage (timeouts, 502s) count only once seen
+	// on two sites. Off never marks a proxy dead. The default is 5.
 	DeadAfter int
 
-	// Retries is how many times a request is sent again through another
-	// proxy after a ban or a proxy failure, at most. A request whose
-	// retries run out fails with a *BlockedError (ErrBanned or
-	// ErrProxyFailed). All attempts share the request's own timeout. A
-	// request whose body cannot be sent again (no GetBody) is not retried.
-	// Off never retries. The default is 2 (three proxies at most); at most
-	// 100.
+	// Retries is how many times, at most, a request is sent again through
+	// another proxy after a ban or a proxy failure; then it fails with a
+	// *BlockedError (ErrBanned or ErrProxyFailed). Attempts share the
+	// request's timeout; a body without GetBody is not retried. Off never
+	// retries. The default is 2; at most 100.
 	Retries int
 
 	// AllSites makes a ban take the proxy out of every site's rotation,
-	// sites first crawled later included, not only the banning site's. The
-	// default is false.
+	// not only the banning site's. The default is false.
 	AllSites bool
 }
 
