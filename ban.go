@@ -50,9 +50,8 @@ func (c *banCounters) add(k BanKey) {
 
 // BanCounts returns a snapshot of the bans and proxy failures this Switch
 // has acted on since it was made, by site and reason (proxy failures have
-// the "proxy_" reasons). The counters are in-process, like Prometheus
-// counters: each worker counts what it detected, and a monitoring system adds
-// the workers up. It is safe for concurrent use.
+// the "proxy_" reasons). The counters are per process: a monitoring system
+// adds the workers up. It is safe for concurrent use.
 func (s *Switch) BanCounts() map[BanKey]int64 {
 	s.bans.mu.Lock()
 	defer s.bans.mu.Unlock()
@@ -115,18 +114,18 @@ func (s *Switch) quarantineScope(site string, v ban.Verdict) string {
 // Report ends the lease with what the request made through it showed, for
 // callers of Lease who make requests themselves (Attach does this for Colly):
 //
-//   - ban.OK or ban.Neutral: the proxy is released and its backoff starts over;
-//   - ban.Ban: the proxy is quarantined on the lease's site and the lease
-//     ends: a strike (Bans.EvidenceFirst's first quarantine) on a first refusal
-//     that is not a challenge redirect, a ban (Bans.Quarantine) when the
-//     proxy was refused there before (nothing here confirms a strike);
+//   - ban.OK or ban.Neutral: the proxy is released and its backoff starts
+//     over;
+//   - ban.Ban: the proxy is quarantined on the lease's site (a strike on a
+//     first refusal, a ban when refused there before) and the lease ends;
 //   - ban.ProxyFailure: the proxy is quarantined for the failure quarantine,
 //     counts towards being marked dead, and the lease ends;
 //   - ban.Pass: the lease is released and nothing else happens.
 //
-// Every worker of the pool acts on it from its next lease on. Bans and
-// failures are counted in BanCounts. It is safe for concurrent use; after
-// the lease ended, a ban.Ban or ban.ProxyFailure report still quarantines the proxy.
+// Every worker of the pool acts on it from its next lease on; bans and
+// failures count in BanCounts. After the lease ended, a ban.Ban or
+// ban.ProxyFailure report still quarantines the proxy. It is safe for
+// concurrent use.
 func (l *Lease) Report(ctx context.Context, v ban.Verdict) error {
 	if err := l.made(); err != nil {
 		return err
@@ -146,10 +145,9 @@ func (l *Lease) Report(ctx context.Context, v ban.Verdict) error {
 }
 
 // Dead lists the proxies of the pool marked dead or drained, ordered by
-// redacted URL: each with its State (StateDead or StateDrained), Since (by
-// Redis' clock) and Reason ("drained", or the failure that made it dead).
-// It reads the dead list in pages of 500, one round trip each, as List
-// does. It is safe for concurrent use.
+// redacted URL, each with its State (StateDead or StateDrained), Since and
+// Reason ("drained", or the failure that made it dead). It reads in pages, as
+// List does. It is safe for concurrent use.
 func (s *Switch) Dead(ctx context.Context) ([]ProxyState, error) { return s.own.redis().dead(ctx) }
 
 func (rp *redisPool) dead(ctx context.Context) ([]ProxyState, error) {
@@ -175,15 +173,12 @@ func (rp *redisPool) dead(ctx context.Context) ([]ProxyState, error) {
 	return out, nil
 }
 
-// Revive brings dead or drained proxies, named by URL or ID, back into
-// every site's rotation at once, with their failure record cleared. With
-// reason "" it revives any of them; with another reason only those whose
-// mark is reason's, as Drain set it (a proxy drained by an operator, dead
-// of its failures, or marked by another reason, stays out), so that a
-// health checker revives only what it marked. It returns how many it
-// revived. It is safe to call while workers lease. Many proxies go in calls
-// of bounded work, as with Drain: each proxy comes back on every site at
-// once, the whole not.
+// Revive brings dead or drained proxies, named by URL or ID, back into every
+// site's rotation, with their failure record cleared, and returns how many
+// it revived. With reason "" it revives any of them; with another reason only
+// those Drain marked with that reason, so that a health checker revives only
+// what it marked. Each proxy comes back on every site at once; many proxies
+// are not revived atomically. It is safe to call while workers lease.
 func (s *Switch) Revive(ctx context.Context, reason string, proxies ...string) (int, error) {
 	if reason != "" {
 		if err := checkReason(reason); err != nil {

@@ -23,12 +23,9 @@ const ReasonOperator = "operator"
 // ReasonSiteProbe is the reason of the ban.Ban a site probe reports (package
 // probe's Checker.Sites): the proxy could not reach the lease's site. Such a
 // verdict (Lease.Report) quarantines the proxy on that site only, for its
-// RetryAfter at least (Bans' backoff may make it longer, Bans.QuarantineMax
-// caps it), whatever Bans.AllSites, and as it is: a gateway's
-// session is not rotated (another one may not reach the site either), and
-// the site's circuit breaker neither absorbs it nor counts it (a probe is
-// no crawl's ban rate; a site that every proxy fails is down, which the
-// checker tells apart). Unban lifts it. Reserved (see ReasonOperator).
+// RetryAfter at least, whatever Bans.AllSites; it does not rotate a gateway's
+// session and does not count for the site's circuit breaker. Unban lifts it.
+// Reserved (see ReasonOperator).
 const ReasonSiteProbe = "site_probe"
 
 // siteOnly reports whether v quarantines on the site only whatever
@@ -131,20 +128,12 @@ func (s *Switch) siteHold(ctx context.Context, mode, site string, ids []string, 
 	}
 }
 
-// Clear deletes every key of the pool: its proxies, settings, leases, bans,
-// dead list, members and the set LiveSessions counts (session records and
-// cookie jars, kept per task, lapse with their TTL; a session whose lease
-// Clear deleted retires at its next use). It finds them through the pool's own registries,
-// never with a KEYS or SCAN glob, so other pools and prefixes are untouched.
-// One key stays: the pool's meta hash, marking the pool as emptied on
-// purpose, so that no Switch takes it for a pool Redis lost and re-seeds
-// it. Workers still running lease from an empty pool (ErrEmptyPool) until
-// the pool is loaded again. With many sites (more than 100) the keys of
-// the sites go first, 100 sites per call, then with many circuit breakers
-// or exit IPs (more than 500) those go 500 per call, and the rest in one
-// last atomic call (a site leased meanwhile is cleared by it too): each
-// call of bounded work, whatever the pool's size (the pool's large keys go
-// with UNLINK).
+// Clear deletes every key of the pool (proxies, settings, leases, bans, dead
+// list, members, the live session set) without KEYS or SCAN, so other pools
+// and prefixes are untouched; session records and cookie jars lapse with
+// their TTL. It leaves a mark so that no Switch re-seeds the pool from its
+// copy. Workers still running get ErrEmptyPool until the pool is loaded
+// again. A large pool is cleared in several calls.
 func (s *Switch) Clear(ctx context.Context) error {
 	for {
 		n, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) (int64, error) {

@@ -80,21 +80,15 @@ func proxyIDs(proxies []string) ([]any, error) {
 	return ids, nil
 }
 
-// Replace makes the pool exactly urls. Use it to reload a list from a file
-// (ReadProxies) or a provider's API at run time. Proxies kept keep their
-// state (leases, cooldowns). All URLs are validated first: on an invalid
-// one the pool is unchanged.
+// Replace makes the pool exactly urls, for instance to reload a list at run
+// time. Proxies kept keep their state (leases, cooldowns). All URLs are
+// validated first: on an invalid one the pool is unchanged.
 //
-// Up to 500 proxies (in the pool and in urls) Replace is one atomic call:
-// workers see the old set or the new one, never a mix. A larger Replace is
-// several calls of bounded work (no Redis call blocks others for long): the
-// proxies to drop go first, then the new ones are added. Until it returns,
-// workers, List and Stats may see any set in between: the old set
-// shrinking to the proxies both sets share (none when they share none: the
-// pool is empty for a moment, and a lease may fail with ErrEmptyPool), then
-// growing to the new set; the pool's generation moves with each call. A
-// Replace that fails part way leaves such a set. Two large Replaces of one
-// pool at once may interleave: run one at a time.
+// Up to 500 proxies (in the pool and in urls) Replace is one atomic call. A
+// larger Replace is several calls: until it returns, workers may see the old
+// set shrink to the proxies both share (possibly none: ErrEmptyPool for a
+// moment), then grow to the new set; a failure part way leaves such a set.
+// Run large Replaces of one pool one at a time.
 func (s *Switch) Replace(ctx context.Context, urls []string) (PoolChange, error) {
 	ps, err := ParseProxies(urls)
 	if err != nil {
@@ -201,10 +195,8 @@ func (s *Switch) diff(ctx context.Context, ps []*Proxy) (hooks.PoolDiff, error) 
 }
 
 // List returns the proxies of the pool, ordered by their redacted URL. It
-// reads the pool in pages of 500 proxies, one round trip each (no call
-// blocks Redis for long, whatever the pool's size), so it is not one
-// instant: a proxy added or removed meanwhile may be listed or not. It is
-// safe for concurrent use.
+// reads a large pool in pages, so it is not one instant: a proxy added or
+// removed meanwhile may be listed or not. It is safe for concurrent use.
 func (s *Switch) List(ctx context.Context) ([]*Proxy, error) { return s.own.redis().list(ctx) }
 
 func (rp *redisPool) list(ctx context.Context) ([]*Proxy, error) {
@@ -254,10 +246,9 @@ type SiteStats struct {
 	Concurrency int
 }
 
-// Stats returns a snapshot of the pool for site (ignored with ScopeGlobal):
-// one round trip, or with more than 500 lease records on the site one call
-// per 500 of them (bounded work per call, so that none blocks Redis for long;
-// Leased is then counted over calls, not at one instant). It is safe for concurrent use.
+// Stats returns a snapshot of the pool for site (ignored with ScopeGlobal);
+// on a busy site Leased is counted over several calls, not at one instant.
+// It is safe for concurrent use.
 func (s *Switch) Stats(ctx context.Context, site string) (SiteStats, error) {
 	scope := s.scopeOf(site)
 	call := engine.Stats{Pool: s.keys.proxies(), Free: s.keys.free(scope), Lease: s.keys.leases(scope), Meta: s.keys.meta(),
