@@ -87,24 +87,16 @@ type fallbackConfig struct {
 	set     int // options naming a scheme: more than one is a conflict
 }
 
-// WithFallback turns on the hybrid mode: leases come from Redis, and while
-// Redis is unreachable or hangs, from this server's own share of the pool,
-// computed by sh (nil means shard.Rendezvous{}) from the last known member list,
-// so that servers still never share an IP. self names this process in the
-// member list (unique among live processes, e.g. the host name). Bans and
-// quarantines go on locally and are written back when Redis returns; a Redis
-// that restarted empty gets the pool back. Call Start before the first
-// lease and Stop when done. Every worker of the pool must use the fallback
-// with the same sharder.
-//
-// How fast: Redis counts as gone after Timeouts.Fallback (1s); then the
-// local shard waits until any attempt another server began through one of
-// its proxies is over: the attempt timeout (Timeouts.Attempt) when set,
-// otherwise the lease TTL. Set an attempt timeout to switch within seconds.
-// When Redis answers again the Switch leases from it once every server of
-// the member list has written back (at most the member TTL, 3s, for a
-// server that is gone). The default is no fallback: a request fails with
-// ErrNoProxy while Redis is unreachable.
+// WithFallback turns on the hybrid mode: leases come from Redis and, while
+// Redis is unreachable or hangs (Timeouts.Fallback), from this server's own
+// share of the pool, computed by sh (nil means shard.Rendezvous{}) from the
+// last known member list, so that servers still never share an IP. self
+// names this process in the member list (unique among live processes, e.g.
+// the host name). Bans go on locally and are written back when Redis
+// returns. Set Timeouts.Attempt to switch within seconds (otherwise the
+// switch waits a lease TTL). Call Start before the first lease and Stop when
+// done; every worker of the pool must use the same sharder. The default is
+// no fallback: a request fails with ErrNoProxy while Redis is unreachable.
 func WithFallback(self string, sh shard.Sharder) Option {
 	return func(c *config) {
 		c.fallback.self, c.fallback.sharder, c.fallback.sharded = self, sh, false
@@ -113,15 +105,13 @@ func WithFallback(self string, sh shard.Sharder) Option {
 }
 
 // WithSharding turns on shared-nothing sharding: this server leases only
-// from its own share of the pool, computed by sh (shard.Modulo{} for the static
-// modulo shard, shard.Rendezvous{} for consistent hashing) from the live member
-// list, in memory; Redis only holds the member list and the pool. self
-// names this process in the member list. A proxy that moves to this server
-// when the member list changes is used only once its former owner can have
-// noticed (a heartbeat interval, the fallback timeout and the attempt
-// timeout or lease TTL). Bans stay with the server that learnt them. Call
-// Start before the first lease and Stop when done. The default is the
-// central broker.
+// from its own share of the pool, in memory, computed by sh
+// (shard.Rendezvous{} or shard.Modulo{}) from the live member list, which
+// Redis holds with the pool. self names this process in the member list. A
+// proxy that moves to this server is used only once its former owner can
+// have noticed. Bans stay with the server that learnt them. Call Start
+// before the first lease and Stop when done. The default is the central
+// broker.
 func WithSharding(self string, sh shard.Sharder) Option {
 	return func(c *config) {
 		c.fallback.self, c.fallback.sharder, c.fallback.sharded = self, sh, true
@@ -156,20 +146,17 @@ func (fc *fallbackConfig) validate() error {
 
 // FallbackStatus is a snapshot of a Switch's fallback or sharding state.
 type FallbackStatus struct {
-	// Mode is where the Switch leases from now: "broker" (Redis, the
-	// central broker), "local" (this server's share of the pool, in
-	// memory: Redis is unreachable, or always with WithSharding) or
-	// "resuming" (Redis is back: the Switch writes its state back and
-	// waits for the other servers; requests wait meanwhile).
+	// Mode is where the Switch leases from now: "broker" (Redis), "local"
+	// (this server's share, in memory) or "resuming" (Redis is back;
+	// requests wait while the servers write their state back).
 	Mode    string
 	Since   time.Time // when the current mode began
 	Members []string  // the member list this server's share is computed from
 	Share   int       // proxies in this server's share of the Switch's pool
 	Outages int       // switches to the local shard since Start
 	// Reseeded counts the proxies this Switch wrote into a Redis that had
-	// lost the pool (on resume, or when a lease or a probe found the pool
-	// lost: see the package documentation), BansWritten the local bans written back,
-	// Adopted the local leases handed over to Redis, since Start.
+	// lost the pool, BansWritten the local bans written back, Adopted the
+	// local leases handed over to Redis, since Start.
 	Reseeded, BansWritten, Adopted int
 }
 
@@ -270,13 +257,12 @@ func newFbPool(f *fallback, rp *redisPool) *fbPool {
 	return &fbPool{f: f, rp: rp, fromRedis: map[*Lease]struct{}{}, locals: map[*Lease]bool{}}
 }
 
-// Start registers this server in the pool's member list, reads the pool,
-// computes this server's share and starts the goroutine that probes Redis
-// and switches between the broker and the local shard. It is needed only
-// with WithFallback or WithSharding (otherwise it does nothing); until then
-// every lease fails with ErrNoProxy and ErrConfig. It fails if Redis is
-// unreachable (ErrRedis) or another live process holds the member ID
-// (ErrMemberTaken). The goroutine runs until Stop or until ctx ends.
+// Start registers this server in the pool's member list, computes its share
+// and starts the goroutine that watches Redis, until Stop or until ctx ends.
+// It is needed only with WithFallback or WithSharding (otherwise it does
+// nothing); until then every lease fails with ErrNoProxy and ErrConfig. It
+// fails with ErrRedis if Redis is unreachable, or ErrMemberTaken if another
+// live process holds the member ID.
 func (s *Switch) Start(ctx context.Context) error {
 	f := s.fb
 	if f == nil {

@@ -129,10 +129,8 @@ type selector struct {
 }
 
 // UseLabels returns a copy of ctx whose requests lease only proxies that
-// carry every one of labels ("key=value": UseLabels(ctx, "country=ru",
-// "type=residential")), from the pools of their route. Give it to a
-// collector that runs one kind of task (Collector.Context =
-// proxyswitch.UseLabels(ctx, "country=ru")), or to Switch.Lease. No labels
+// carry every one of labels ("key=value"), from the pools of their route.
+// Give it to a collector (Collector.Context) or to Switch.Lease. No labels
 // means any proxy. An invalid label fails every lease of ctx with an error
 // wrapping ErrNoProxy and ErrInvalidProxy.
 func UseLabels(ctx context.Context, labels ...string) context.Context {

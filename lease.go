@@ -94,14 +94,12 @@ func (l *Lease) lost(why string) error {
 	return &ProxyError{Proxy: l.proxy.String(), Reason: "lease on " + l.scope + " lost: " + why, Err: ErrLeaseLost}
 }
 
-// Lease waits for a free proxy for site (a host name, or whatever the site
-// function returns) and leases it. It waits at most the max-wait option, or
-// until ctx ends, and then fails with ErrNoProxy (as it does after Close).
-// The lease lives for the lease TTL (Timeouts.LeaseTTL) unless released or
-// extended: unlike the leases of the ProxyFunc's requests, the Switch does
-// not renew it (call Extend while you need it longer). Close releases it if
-// it is still held. Most users never call Lease: the ProxyFunc and the hooks
-// installed by Attach do. It is safe for concurrent use.
+// Lease waits for a free proxy for site (as the site function names it) and
+// leases it, at most Timeouts.MaxWait or until ctx ends; then, and after
+// Close, it fails with ErrNoProxy. The Switch does not renew this lease: call
+// Extend while you need it longer than the lease TTL. Close releases it if
+// still held. Most users never call Lease: Attach does. It is safe for
+// concurrent use.
 func (s *Switch) Lease(ctx context.Context, site string) (*Lease, error) {
 	return s.acquire(ctx, site, "", false)
 }

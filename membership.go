@@ -80,12 +80,8 @@ func (s *Switch) membership(self string, mc memberConfig) (*shard.Membership, er
 // is never registered.
 const memberReader = "proxyswitch-reader"
 
-// Members reads the live member list of the Switch's pool from Redis: the
-// IDs of the servers registered (by WithFallback, WithSharding or a
-// shard.Membership of their own) whose registration has not run out,
-// sorted. It registers nothing and calls no member-change function.
-// It is one round trip, bounded by the Redis timeout, and safe for
-// concurrent use.
+// Members reads the live member list of the Switch's pool from Redis, sorted;
+// it registers nothing. It is one round trip and safe for concurrent use.
 func (s *Switch) Members(ctx context.Context) ([]string, error) {
 	mc := s.cfg.member
 	mc.onChange = nil

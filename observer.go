@@ -19,8 +19,7 @@ type Observer interface {
 	// Switch applied, operator bans (Switch.Ban) included.
 	ObserveQuarantine(QuarantineEvent)
 	// ObserveSession is called when this process starts a sticky session
-	// and when it retires or ends one (a session that lapses, unused for its
-	// TTL, is seen by no one: count live ones with Switch.LiveSessions).
+	// and when it retires or ends one (not when one lapses).
 	ObserveSession(SessionEvent)
 	// ObserveEvidence is called for what the ban evidence
 	// (Bans.EvidenceFirst) and the sessions' error score
@@ -35,12 +34,8 @@ type AttemptEvent struct {
 	Reason              string        // the verdict's reason ("" for OK; ban.ReasonUnchecked for a Neutral page the content checks could not read)
 	Latency             time.Duration // from sending the attempt to its verdict
 	// Labels are the proxy's labels, "key=value" joined by ',' in key
-	// order ("" for none), as this Switch's copy of the pool's labels has
-	// them. Events never wait for that copy: one that finds it more than
-	// 10 seconds old has it read again in the background (a lease that
-	// asks for labels reads it again once it is 2 seconds old, for the
-	// selection), so a proxy's attempts in the 10 seconds after a relabel
-	// may carry the old ones.
+	// order ("" for none); for about 10 seconds after a relabel they may
+	// be the old ones.
 	Labels string
 }
 
@@ -73,17 +68,10 @@ type SessionEvent struct {
 }
 
 // EvidenceEvent is a step of the evidence against a proxy on a site, or a
-// soft refusal a sticky session scored. What is one of:
-//
-//   - "confirmed": a first strike became a ban (the URL it refused was
-//     then served through another proxy);
-//   - "lifted": a first strike was taken back (the page refuses everyone);
-//   - "page_refused": a request failed with ErrPageRefused (ProxyID: the
-//     last proxy it was refused through);
-//   - "session_kept": a soft refusal (429, 503) the task's session survived,
-//     its error score below the max: no quarantine, no retry;
-//   - "session_spent": a soft refusal that spent the session's error score:
-//     the session retires (ObserveSession then reports its end).
+// soft refusal a sticky session scored. What is one of "confirmed" (a strike
+// became a ban), "lifted" (a strike was taken back), "page_refused" (a
+// request failed with ErrPageRefused), "session_kept" (a soft refusal the
+// session survived) and "session_spent" (one that retired the session).
 type EvidenceEvent struct {
 	Pool, Site, ProxyID string
 	What                string

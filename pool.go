@@ -238,11 +238,8 @@ type SiteStats struct {
 	Leased       int // live leases
 	BusySlots    int // slots not free: leased, cooling down or quarantined
 	LeaseRecords int // lease records in Redis, live or expired but not yet reclaimed
-	// Concurrency is the concurrency the pool records: the Rotation.Concurrency
-	// of the Switches that lease from it (the first lease records it; a
-	// Switch asking for another one gets ErrConfig), or 0 when nothing
-	// leased from it yet. Tools that act on a pool they did not configure
-	// (the proxyswitch command) read it to match.
+	// Concurrency is the Rotation.Concurrency the pool records (its first
+	// lease fixes it), or 0 when nothing leased from it yet.
 	Concurrency int
 }
 

@@ -18,15 +18,10 @@ import (
 )
 
 // Proxy is one validated proxy of a pool. It is immutable and safe for
-// concurrent use.
-//
-// A proxy's identity is its whole canonical URL, scheme and credentials
-// included: gateway providers hand out one host:port with a different
-// username per exit IP, and those are different proxies. The canonical URL
-// spells the host and port one way only (see ParseProxy), so two spellings of
-// one proxy are one pool entry; it is what is stored and dialled. ID is derived from that identity (a
-// hash, so it carries no secret) and names the proxy in Redis, logs and
-// metrics.
+// concurrent use. Its identity is its whole canonical URL, credentials
+// included (a gateway's usernames per exit IP are different proxies); two
+// spellings of one proxy are one pool entry. ID, a hash of that identity,
+// names the proxy in Redis, logs and metrics.
 type Proxy struct {
 	id     string
 	url    *url.URL
@@ -43,26 +38,14 @@ var proxySchemes = map[string]bool{"http": true, "https": true, "socks5": true, 
 //   - a URL: http, https, socks5 or socks5h, a host and a numeric port,
 //     optional user:password, no path, query or fragment;
 //   - host:port, meaning http://host:port;
-//   - user:password@host:port, meaning http://user:password@host:port
-//     (user name and password as they are, not %-escaped; the password
-//     may hold ':' and '@');
-//   - host:port:user:password, the line format most providers export,
-//     meaning http://user:password@host:port (as they are, not %-escaped;
-//     the password may hold ':' and '@').
+//   - user:password@host:port or host:port:user:password (the line format
+//     most providers export), meaning http://user:password@host:port, user
+//     name and password as they are, not %-escaped.
 //
-// IPv6 addresses are bracketed: [::1]:8080. The host and port are
-// canonicalised: a name lower-cased, without its trailing dot, an
-// internationalised name in punycode (bücher.example is
-// xn--bcher-kva.example), an IP address in its shortest form (an
-// IPv4-mapped IPv6 address as the IPv4 address), the port in plain decimal
-// (08080 is 8080). A dotted-decimal host that is no IPv4 address (010.0.0.1,
-// 1.2.3.256) is rejected rather than handed to a resolver. A line that reads both as
-// user:password@host:port and as host:port:user:password, or whose last two
-// fields look like a host and a port (user:password:host:port?), is
-// rejected as ambiguous. The error, a *ProxyError wrapping ErrInvalidProxy, names the
-// problem and never echoes user info: its Proxy field holds at most the
-// scheme, "xxxxx@" and host:port, or a placeholder when those cannot be told
-// apart from the rest.
+// IPv6 addresses are bracketed: [::1]:8080. Host and port are canonicalised
+// (lower case, punycode, shortest IP form, plain decimal port). Ambiguous
+// lines and dotted-decimal hosts that are no IPv4 address are rejected. The
+// error, a *ProxyError wrapping ErrInvalidProxy, never echoes user info.
 func ParseProxy(raw string) (*Proxy, error) {
 	bad := func(reason string) error {
 		return &ProxyError{Proxy: redactRaw(raw), Reason: reason, Err: ErrInvalidProxy}
@@ -304,12 +287,10 @@ func (p *Proxy) URL() *url.URL {
 	return &u
 }
 
-// String returns the URL with its user info masked: the user name and the
-// password each become "xxxxx" (http://xxxxx:xxxxx@gw.example:8000). Gateway
-// providers put account names, session ids and targeting in the user name,
-// so it is no less secret than the password; entries that differ only in
-// credentials print alike and are told apart by ID. This is what logs,
-// errors, Request.ProxyURL and the CLI show.
+// String returns the URL with its user name and password each masked as
+// "xxxxx" (http://xxxxx:xxxxx@gw.example:8000): what logs, errors,
+// Request.ProxyURL and the CLI show. Entries that differ only in credentials
+// print alike; ID tells them apart.
 func (p *Proxy) String() string { return p.shown }
 
 // masked is u with its user info masked, as String shows it.
@@ -343,17 +324,12 @@ func redactRaw(raw string) string {
 }
 
 // ParseProxies validates every URL and returns the proxies in order, with
-// duplicates (same identity) dropped. A gateway template, the entry of a
-// provider gateway whose user info picks a sticky exit IP by a session id
-// and holds the placeholder {session:N} (or {session}, N = 1) in its place,
-// as in http://customer-acme-session-{session:50}:secret@gw.example:7000,
-// becomes N virtual proxies, each the template with a new random session
-// id of 8 characters [a-z0-9] (a ban of one on a site replaces it by a new
-// session instead of quarantining it), which Add and
-// ReplaceProxies take only as far as the pool lacks sessions of that
-// gateway; a template given twice counts once. On any invalid URL it returns an error
-// naming its position (1-based) and reason, and no proxies: a pool is never
-// half-loaded.
+// duplicates dropped. A gateway template, a provider gateway's URL with the
+// placeholder {session:N} (or {session}, N = 1) where its user info names a
+// session, as in http://customer-acme-session-{session:50}:secret@gw.example:7000,
+// becomes N virtual proxies with random session ids; a ban of one replaces it
+// by a new session. On any invalid URL it returns an error naming its
+// position (1-based) and reason, and no proxies.
 func ParseProxies(raws []string) ([]*Proxy, error) {
 	return parseAll(raws, func(i int) string { return fmt.Sprintf("proxy #%d", i+1) })
 }
