@@ -563,12 +563,11 @@ func checkSite(site string) error {
 // indefinitely is the pause of PauseSite with no duration: until ResumeSite.
 const indefinitely = 100 * 365 * 24 * time.Hour
 
-// PauseSite pauses site in the Switch's pool by hand, on every server at
-// once: no proxy is leased for it for d (d <= 0: until ResumeSite), then its
-// breaker half-opens like one the ban rate opened. Requests for the site
-// wait up to the max wait, then fail with ErrSitePaused. It returns the end
-// of the pause (Redis clock). It works with the breaker disabled too. Safe
-// for concurrent use.
+// PauseSite pauses site in the Switch's pool on every server: no proxy is
+// leased for it for d (d <= 0: until ResumeSite), then its breaker half-opens.
+// Requests for the site fail with ErrSitePaused after the max wait. It
+// returns the end of the pause and works with the breaker disabled too. It
+// is safe for concurrent use.
 func (s *Switch) PauseSite(ctx context.Context, site string, d time.Duration) (time.Time, error) {
 	if err := checkSite(site); err != nil {
 		return time.Time{}, err

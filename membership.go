@@ -36,18 +36,12 @@ func (mc *memberConfig) validate() error {
 	return nil
 }
 
-// WithMembership configures the Membership that Start registers for
-// WithFallback or WithSharding: mc's Heartbeat (how often the registration
-// is renewed: one Redis round trip each; default 1s), TTL (how long a
-// registration lives without renewal, so how long after its last heartbeat
-// a crashed server drops out of every member list; at least twice the
+// WithMembership configures the member registration Start makes for
+// WithFallback or WithSharding: mc's Heartbeat (default 1s), TTL (how long
+// after its last heartbeat a crashed server drops out; at least twice the
 // heartbeat; default three heartbeats) and Changed (called with each new
-// member list, sorted, one call at a time, for instance
-// metrics.Collector.ObserveMembers; it must not block or panic; default
-// none). Zero fields take the defaults; a negative duration is an ErrConfig
-// error. Prefix, Pool, Self, Timeout and Logger are the Switch's (its
-// prefix, pool, the self of WithFallback or WithSharding, its Redis timeout
-// and logger), whatever mc says. The default is shard.MemberConfig{}.
+// member list, one call at a time; it must not block or panic). Zero fields
+// take the defaults; the other fields of mc are the Switch's own.
 func WithMembership(mc shard.MemberConfig) Option {
 	return func(c *config) {
 		c.member = memberConfig{interval: mc.Heartbeat, ttl: mc.TTL, onChange: mc.Changed}

@@ -141,10 +141,8 @@ func (s *Switch) observerList() []any {
 // observerBox lets an interface value live in an atomic.Pointer.
 type observerBox struct{ o Observer }
 
-// SetObserver makes os receive the Switch's events from now on, each event
-// handed to each of them in turn (the metrics Collector and your own, say:
-// SetObserver(col, mine)); nil ones are skipped. It replaces the observers
-// set before; none removes them. It is safe for concurrent use.
+// SetObserver makes os (nil ones skipped) receive the Switch's events from
+// now on, replacing the observers set before. It is safe for concurrent use.
 func (s *Switch) SetObserver(os ...Observer) {
 	o := observers(os...)
 	if o == nil {

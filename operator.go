@@ -38,10 +38,9 @@ func banAll(c *config, v ban.Verdict) bool {
 	return c.banAllSites && v.Kind == ban.Ban && !siteOnly(v)
 }
 
-// Ban quarantines proxy (a URL or an ID, as List shows it) on site for at
-// least d, for every worker of the pool, as if the site had banned it: a
-// request already using it finishes, and it counts as an offence for the
-// backoff. It is safe for concurrent use.
+// Ban quarantines proxy (a URL or an ID) on site for at least d, for every
+// worker of the pool, as if the site had banned it; a request already using
+// it finishes. It is safe for concurrent use.
 func (s *Switch) Ban(ctx context.Context, proxy, site string, d time.Duration) error {
 	p, err := s.find(ctx, proxy)
 	if err != nil {
@@ -69,9 +68,8 @@ func (s *Switch) Ban(ctx context.Context, proxy, site string, d time.Duration) e
 }
 
 // Unban ends proxy's quarantine on site now and starts its backoff over. A
-// slot held by a live lease comes back when that lease ends; a dead or
-// drained proxy stays out (see Revive), and so does one banned on every
-// site (Bans.AllSites) until that ban ends: leases check it for every site.
+// dead or drained proxy stays out (see Revive), and so does one banned on
+// every site until that ban ends.
 func (s *Switch) Unban(ctx context.Context, proxy, site string) error {
 	p, err := s.find(ctx, proxy)
 	if err != nil {

@@ -125,9 +125,7 @@ func taskOfCtx(ctx *colly.Context) string {
 }
 
 // SessionOf returns the session the latest request of ctx's task in this
-// process went out with, or nil (no task, or no request sent yet). Read it
-// in OnResponse or OnError: the same context may carry several requests of
-// the task at once, and each request leaves its session there as it goes.
+// process went out with, or nil. Read it in OnResponse or OnError.
 func SessionOf(ctx *colly.Context) *SessionInfo {
 	if ctx == nil {
 		return nil
@@ -179,61 +177,42 @@ type sessionConfig struct {
 	maxErrors, errorDecay float64 // Sessions.MaxErrorScore, ErrorDecay (sessionscore.go)
 }
 
-// Sessions configures the sticky sessions of tasks. A zero field keeps the
-// default (or what an earlier WithSessions set); Off sets a numeric field to
-// zero.
+// Sessions configures the sticky sessions of tasks (TaskKey), which need
+// Attach. Sessions live in Redis only: with Redis unreachable, or under
+// WithSharding, a request of a task fails with ErrNoProxy rather than leave
+// from another IP. A zero field keeps the default (or what an earlier
+// WithSessions set); Off sets a numeric field to zero.
 type Sessions struct {
-	// TTL is how long a task's session lives after its last use; every
-	// request of the task renews it. While it lives, its proxy serves no one
-	// else on the sites it visited. The session's own requests are not
-	// paced by Rotation.Cooldown (pace a flow with Colly's LimitRule Delay).
-	// A request of a session holds its proxy by the session, not by a
-	// renewed lease: keep the session TTL above the request timeout. It
-	// must not exceed the idle TTL. The default is 10 minutes
-	// (DefaultSessionTTL), or the idle TTL if shorter.
+	// TTL is how long a task's session lives after its last request; while
+	// it lives, its proxy serves no one else on the sites it visited. Keep
+	// it above the request timeout; it must not exceed the idle TTL.
+	// Rotation.Cooldown does not pace a session's own requests. The default
+	// is 10 minutes (DefaultSessionTTL), or the idle TTL if shorter.
 	TTL time.Duration
 
 	// MaxRequests retires a session once it has sent that many requests
-	// (every hop of a redirect chain counts); the task's next request
-	// starts a new one, with another proxy and no cookies. The default is
-	// 0: no limit.
+	// (redirect hops count). The default is 0: no limit.
 	MaxRequests int
 
-	// MaxAge retires a session once it is older than that, counted from its
-	// first request. The default is 0: no limit.
+	// MaxAge retires a session once it is older than that. The default is
+	// 0: no limit.
 	MaxAge time.Duration
 
 	// Pool makes sessions lease from another pool under the same prefix
-	// and Redis, for instance residential or mobile proxies for shopper
-	// flows while bulk catalog scans use the Switch's own datacenter pool:
-	//
-	//	sw, err := proxyswitch.NewSwitch(rdb, proxyswitch.WithPool("datacenter"),
-	//		proxyswitch.WithSessions(proxyswitch.Sessions{Pool: "residential"}))
-	//
-	// The session pool takes every other option of the Switch, as a pool of
-	// WithRoute does (its bans count in the Switch's BanCounts and reach its
-	// observer). Load it as any pool, through a Switch of its own:
-	// NewSwitch(rdb, WithPool("residential")).Replace. Sessions lease from
-	// this one pool: routes (WithRoute, UsePools) apply to requests of no
-	// task only (without a session pool, a task's request to a routed site
-	// logs a warning once). The default ("") is the Switch's own pool.
+	// (residential proxies, say), with the Switch's other options. Routes
+	// (WithRoute, UsePools) apply to requests of no task only. The default
+	// ("") is the Switch's own pool.
 	Pool string
 
-	// Retired is told of every session retired (by a ban, a proxy failure,
-	// a limit, its proxy leaving the pool), once, by the worker that
-	// retired it, on a request goroutine: it must be fast, must not block
-	// and must not panic (a panic is recovered and logged). Sessions that
-	// lapse or that EndSession ends are not reported. The default is none.
+	// Retired is told of every session retired (not lapsed or ended by
+	// EndSession), once, by the worker that retired it, on a request
+	// goroutine: it must be fast and must not block. The default is none.
 	Retired func(SessionRetirement)
 
 	// MaxErrorScore and ErrorDecay set how many soft refusals (429, 503) a
-	// sticky session tolerates: each adds 1 to its error score, each
-	// healthy request takes ErrorDecay off it, and the refusal that brings
-	// the score to MaxErrorScore retires the session. MaxErrorScore 1
-	// retires it on its first refusal (as a hard ban always does). The
-	// defaults are 3 and 0.5 (DefaultSessionMaxErrorScore,
-	// DefaultSessionErrorDecay); MaxErrorScore must be at least 1,
-	// ErrorDecay at least 0 (Off).
+	// session survives: each adds 1 to its error score, each healthy
+	// request takes ErrorDecay off, and reaching MaxErrorScore (at least 1)
+	// retires it; a hard ban always does. The defaults are 3 and 0.5.
 	MaxErrorScore, ErrorDecay float64
 }
 
@@ -349,9 +328,8 @@ func (s *Switch) peekSession(ctx context.Context, task string) (*useReply, error
 	return rep, nil
 }
 
-// SessionCookies returns the cookies the live session of task would send
-// to u (the session's Set-Cookie headers never reach Colly's callbacks or
-// jar: they are kept here), or none if the task has no live session. It is
+// SessionCookies returns the cookies the live session of task would send to
+// u (they never reach Colly's jar), or none without a live session. It is
 // safe for concurrent use.
 func (s *Switch) SessionCookies(ctx context.Context, task string, u *url.URL) ([]*http.Cookie, error) {
 	if err := checkTask(task); err != nil {
@@ -367,11 +345,8 @@ func (s *Switch) SessionCookies(ctx context.Context, task string, u *url.URL) ([
 	return cookiesFor(rep.jar, u, time.Now()), nil
 }
 
-// LiveSessions counts the live sessions of the Switch's session pool (the
-// one Sessions.Pool names, else its own), on every server: those started
-// and neither ended, retired nor lapsed (unused for their TTL), by Redis'
-// clock. It is one round trip, bounded by the Redis timeout, and safe for
-// concurrent use.
+// LiveSessions counts the live sessions of the Switch's session pool on every
+// server. It is one round trip and safe for concurrent use.
 func (s *Switch) LiveSessions(ctx context.Context) (int, error) {
 	ss, err := s.sessionPool()
 	if err != nil {
@@ -386,11 +361,11 @@ func (s *Switch) LiveSessions(ctx context.Context) (int, error) {
 	return int(n), nil
 }
 
-// EndSession ends the live session of task at once, when the flow is done:
-// its proxy serves others again after the cooldown (so call it once the
-// task's requests are over), and its cookies are deleted. It reports whether there was a session to end. It also deletes
-// a session record this package cannot read (ErrCorrupt), which otherwise
-// fails the task's requests until it expires. It is safe for concurrent use.
+// EndSession ends the live session of task once its requests are over: its
+// proxy serves others again after the cooldown, and its cookies are deleted.
+// It reports whether there was a session to end, and also deletes a session
+// record this package cannot read (ErrCorrupt). It is safe for concurrent
+// use.
 func (s *Switch) EndSession(ctx context.Context, task string) (bool, error) {
 	if err := checkTask(task); err != nil {
 		return false, err
