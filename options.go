@@ -304,43 +304,32 @@ func setField[T ~int | ~int64 | ~float64](dst *T, v T) {
 	}
 }
 
-// Rotation says what a lease makes a proxy exclusive for and how long a
-// proxy rests on a site between two requests. A zero field keeps the
-// default (or what an earlier WithRotation set); Off sets a numeric field
-// to zero.
+// Rotation says what a lease makes a proxy exclusive for and how long it
+// rests between requests. A zero field keeps the default; Off sets a
+// numeric field to zero.
 type Rotation struct {
-	// Scope chooses what a proxy is exclusive for: ScopeSite (the default)
-	// or ScopeGlobal. All workers of one pool must use the same scope.
+	// Scope: ScopeSite (the default) or ScopeGlobal, the same for all
+	// workers of a pool.
 	Scope Scope
 
-	// Concurrency allows that many simultaneous requests per proxy per
-	// site (per proxy overall with ScopeGlobal). All workers of one pool
-	// must agree: the first lease fixes the value in Redis and a worker
-	// asking for another one gets ErrConfig. The default is 1; at most 1000.
+	// Concurrency is how many requests a proxy serves at once per site;
+	// all workers of a pool must agree (else ErrConfig). The default is 1.
 	Concurrency int
 
-	// Cooldown is the minimum pause, cluster-wide, between two requests
-	// from one proxy to one site (counted from the end of one to the start
-	// of the next; with Concurrency above 1, also between two starts). The
-	// default is 0: a released proxy is free at once.
+	// Cooldown is the minimum pause, for every worker, between two requests
+	// from one proxy to one site. The default is 0.
 	Cooldown time.Duration
 
-	// LearnedPacing is the most the learned cooldown may reach. The fleet
-	// learns each site's pace per IP, in Redis: a rate-limit refusal (429,
-	// or any ban with a Retry-After) lengthens the cooldown between two
-	// requests from one proxy to the site, healthy answers shorten it
-	// again, never below Cooldown nor above LearnedPacing. A refusal that
-	// is the site's pace only holds the proxy for the cooldown (no strike,
-	// no quarantine, no breaker count); one of a proxy that had rested is a
-	// refusal like any other (Bans). Off makes every rate-limit refusal a
-	// refusal like any other. The default is 1m; the most 24h.
+	// LearnedPacing caps the cooldown learned per site from rate-limit
+	// refusals (429 or Retry-After), which lengthen it while healthy
+	// answers shorten it. Such a refusal only holds the proxy for the
+	// cooldown, unless the proxy had rested. Off treats it as any refusal.
+	// The default is 1m.
 	LearnedPacing time.Duration
 
-	// FlakyDelay holds a proxy back on a site by its recent failure rate
-	// there, r in 0..1 (shared by every worker): each release makes it free
-	// again after the cooldown plus r × FlakyDelay, so a flaky proxy is
-	// served less, yet at least once per turn of the pool plus FlakyDelay.
-	// Off turns it off. The default is 10s; the most 24h.
+	// FlakyDelay holds a proxy back on a site after each request by its
+	// recent failure rate r there: r × FlakyDelay. Off turns it off. The
+	// default is 10s.
 	FlakyDelay time.Duration
 }
 
@@ -359,41 +348,32 @@ func WithRotation(r Rotation) Option {
 }
 
 // Timeouts bounds how long things take and last. A zero field keeps the
-// default (or what an earlier WithTimeouts set); Off sets a field to zero.
+// default; Off sets a field to zero.
 type Timeouts struct {
-	// LeaseTTL is how long a lease lives unless released or renewed: at
-	// most this long after its holder crashed, a proxy is free again. The
-	// leases of running requests (ProxyFunc's) are renewed while their
-	// request runs, however long; those of Switch.Lease are not
-	// (Lease.Extend). The default is 30s; the minimum 100ms.
+	// LeaseTTL is how long a lease lives unless released or renewed (a
+	// crashed holder's proxies are free after it). Running requests' leases
+	// are renewed; Switch.Lease's are not. The default is 30s.
 	LeaseTTL time.Duration
 
-	// MaxWait bounds how long a request waits for a free proxy before it
-	// fails with ErrNoProxy. The request's own context (Colly's request
-	// timeout, 10s by default, counts the wait too) can end the wait
-	// earlier. Off means do not wait at all. The default is 30s.
+	// MaxWait bounds the wait for a free proxy (then ErrNoProxy); the
+	// request's context may end it earlier. Off: no wait. The default is
+	// 30s.
 	MaxWait time.Duration
 
-	// Attempt bounds each attempt through one proxy, from its lease until
-	// its body is read, so that a hanging proxy is dropped
-	// (ban.ReasonProxyTimeout) and the request retried through another
-	// one. Set it well below the collector's request timeout. Off (the
-	// default) means no bound: a request that outlives its own timeout
-	// fails and no proxy is blamed.
+	// Attempt bounds each attempt through one proxy, so that a hanging
+	// proxy is dropped and the request retried; set it well below the
+	// request timeout. The default is Off: no bound.
 	Attempt time.Duration
 
-	// Redis bounds every single Redis round trip (go-redis retries
-	// included). The default is 2s.
+	// Redis bounds every Redis round trip. The default is 2s.
 	Redis time.Duration
 
-	// IdleTTL is how long the per-site keys of a site nobody crawls any
-	// more are kept in Redis. It must be at least a minute and twice the
-	// lease TTL. The default is 24h.
+	// IdleTTL is how long Redis keeps the keys of a site nobody crawls. The
+	// default is 24h.
 	IdleTTL time.Duration
 
-	// Fallback is, with WithFallback or WithSharding, how long a Redis call
-	// may go unanswered before the Switch counts Redis as unreachable. The
-	// default is 1s (Off and zero both mean it); the minimum 20ms.
+	// Fallback is how long a Redis call may go unanswered before the
+	// fallback counts Redis as unreachable. The default is 1s.
 	Fallback time.Duration
 }
 
@@ -410,18 +390,14 @@ func WithTimeouts(t Timeouts) Option {
 	}
 }
 
-// Bans says what a refusal or a proxy failure costs a proxy: quarantines,
-// the evidence a refusal needs, when a proxy is dead, how often a request is
-// retried. They act through Attach's transport (New alone classifies
-// nothing); the state they produce lives in Redis, shared by every worker of
-// the pool. A zero field keeps the default (or what an earlier WithBans
-// set); Off sets a numeric field to zero.
+// Bans says what a refusal or a proxy failure costs a proxy. They act
+// through Attach's transport; their state is shared by every worker in
+// Redis. A zero field keeps the default; Off sets a numeric field to zero.
 type Bans struct {
-	// Quarantine and QuarantineMax set how long a proxy proven banned by a
-	// site stays out of that site's rotation, cluster-wide: Quarantine,
-	// doubling for each further ban in a row, jittered, capped at
-	// QuarantineMax, never shorter than the site's Retry-After. The
-	// defaults are 30m and 12h; 0 < Quarantine <= QuarantineMax.
+	// Quarantine is how long a proxy banned by a site stays out of that
+	// site's rotation, for every worker, doubling for each further ban in a
+	// row up to QuarantineMax, never shorter than Retry-After. The defaults
+	// are 30m and 12h.
 	Quarantine, QuarantineMax time.Duration
 
 	// FailureQuarantine and FailureQuarantineMax are the same for a proxy
@@ -429,37 +405,25 @@ type Bans struct {
 	FailureQuarantine, FailureQuarantineMax time.Duration
 
 	// EvidenceFirst is how long a first refusal (a strike) keeps the proxy
-	// off the site; it becomes a ban when the same proxy is refused again
-	// there or the refusal is confirmed (the request then succeeded through
-	// another proxy). A redirect to a challenge page is a ban at once. It is
-	// at most Quarantine; Off makes every refusal a ban. The local shard
-	// (WithFallback, WithSharding) always uses Quarantine.
-	//
-	// PageProxies: a URL refused through that many proxies healthy on the
-	// site's other pages is the page's answer, not theirs: the request
-	// fails at once with a *BlockedError wrapping ErrPageRefused and the
-	// strikes it cost are taken back. Off never blames the page; otherwise
-	// it is 2..100.
-	//
-	// The defaults are 1m and 2.
+	// off the site; a repeated or confirmed refusal is a ban. Off makes
+	// every refusal a ban. PageProxies: a URL refused through that many
+	// proxies healthy on the site is the page's answer (ErrPageRefused), and
+	// their strikes are taken back; Off never blames the page. The defaults
+	// are 1m and 2.
 	EvidenceFirst time.Duration
 	PageProxies   int
 
 	// DeadAfter is how many proxy failures in a row mark a proxy dead: out
-	// of every site's rotation until Revive or probe.CheckDead. Failures
-	// that could be one site's outage (timeouts, 502s) count only once seen
-	// on two sites. Off never marks a proxy dead. The default is 5.
+	// of every site's rotation until Revive. Off never does. The default
+	// is 5.
 	DeadAfter int
 
-	// Retries is how many times, at most, a request is sent again through
-	// another proxy after a ban or a proxy failure; then it fails with a
-	// *BlockedError (ErrBanned or ErrProxyFailed). Attempts share the
-	// request's timeout; a body without GetBody is not retried. Off never
-	// retries. The default is 2; at most 100.
+	// Retries is how many times a request is sent again through another
+	// proxy after a ban or a proxy failure. Off never retries. The default
+	// is 2.
 	Retries int
 
-	// AllSites makes a ban take the proxy out of every site's rotation,
-	// not only the banning site's. The default is false.
+	// AllSites makes a ban take the proxy out of every site's rotation.
 	AllSites bool
 }
 
