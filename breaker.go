@@ -74,37 +74,34 @@ func (e *SitePausedError) Error() string {
 // Unwrap returns ErrSitePaused and ErrNoProxy.
 func (e *SitePausedError) Unwrap() []error { return []error{ErrSitePaused, ErrNoProxy} }
 
-// Breaker configures the site circuit breaker (WithBreaker). A zero field
-// takes its default.
+// Breaker configures the site circuit breaker (WithBreaker), which pauses
+// a site on every server when its ban rate spikes, then lets a few probe
+// requests through (half-open) before it closes. A zero field takes its
+// default.
 type Breaker struct {
-	// Disabled turns the breaker off: every ban quarantines its proxy, no
-	// site is ever paused (PauseSite still pauses one by hand).
+	// Disabled turns the breaker off (PauseSite still works).
 	Disabled bool
 	// Window is the sliding window of the ban rate. Default 10s.
 	Window time.Duration
-	// MinAttempts: the rate opens the breaker only over at least this many
-	// attempts in the window (all servers together). Default 20.
+	// MinAttempts is the fewest attempts in the window (all servers) the
+	// rate needs. Default 20.
 	MinAttempts int
-	// BanRate opens the breaker when bans / attempts in the window reach it
-	// (0 < BanRate <= 1). Default 0.5.
+	// BanRate opens the breaker when bans / attempts reach it. Default 0.5.
 	BanRate float64
-	// MinProxies: the rate opens the breaker only when at least this many
-	// distinct proxies were quarantined there in the window (a single burnt
-	// proxy retried is no storm). Default 3.
+	// MinProxies is the fewest distinct proxies quarantined in the window
+	// the rate needs. Default 3.
 	MinProxies int
-	// Burst opens the breaker, whatever the rate, when this many distinct
-	// proxies are banned in a row on the site (fleet-wide, no healthy answer
-	// in between): a storm that starts after hours of healthy pages.
-	// Default 8.
+	// Burst opens the breaker when this many distinct proxies are banned in
+	// a row on the site, whatever the rate. Default 8.
 	Burst int
-	// Pause is the first pause; each reopening after failed probes doubles
-	// it, up to MaxPause. Defaults 10s and 5m.
+	// Pause is the first pause, doubled on each reopening up to MaxPause.
+	// Defaults 10s and 5m.
 	Pause, MaxPause time.Duration
-	// Probes is how many requests the half-open breaker lets through; it
-	// closes when that many answers are healthy. Default 3.
+	// Probes is how many healthy answers the half-open breaker needs to
+	// close. Default 3.
 	Probes int
-	// Flush is the most time a Switch keeps its counts before reporting
-	// them to Redis. Default 250ms.
+	// Flush is how long a Switch may keep its counts before reporting them.
+	// Default 250ms.
 	Flush time.Duration
 }
 

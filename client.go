@@ -30,47 +30,31 @@ import (
 // Client configures the client each request leaves through (WithClient).
 // A zero field takes its default.
 type Client struct {
-	// New builds the RoundTripper that sends requests through proxy (its
-	// URL holds the credentials: never log it), for instance a uTLS or
-	// HTTP/2-fingerprint transport. It is called once per (proxy, site) and
-	// per session, on a request goroutine, and must return a new
-	// RoundTripper each time, one that sends every request through proxy,
-	// never directly. Attach fails closed where it can tell: an error or a
-	// panic of New, a nil RoundTripper, or an *http.Transport without the
-	// proxy fails the request with ErrNoProxy before anything is sent. With
-	// KeepAlive the RoundTripper must have CloseIdleConnections, else the
-	// request fails with ErrNoProxy and ErrConfig. The default clones
-	// WithBaseTransport's transport with its Proxy set to proxy.
+	// New builds a new RoundTripper (a uTLS transport, say) that sends
+	// every request through proxy, never directly; proxy holds the
+	// credentials. It is called per (proxy, site) and per session. An error,
+	// a panic or a transport without the proxy fails the request with
+	// ErrNoProxy. With KeepAlive it must have CloseIdleConnections. The
+	// default clones the base transport.
 	New func(proxy *url.URL) (http.RoundTripper, error)
 
-	// KeepAlive lets later requests through the same proxy to the same
-	// site (and of the same session) reuse connections; a connection only
-	// carries requests holding that proxy's lease for that site. It is off
-	// by default, as in Colly, because an idle connection outlives the
-	// lease: the site may see a second, idle, connection from an address
-	// another worker holds. Idle connections close after IdleTimeout, on
-	// eviction, when this Switch quarantines, drains or removes the proxy,
-	// and on Close.
+	// KeepAlive reuses connections per (proxy, site, session), only for
+	// requests holding that lease. It is off by default because an idle
+	// connection outlives its lease.
 	KeepAlive bool
 
-	// MaxPerProxy is the most connection pools kept per proxy (one per
-	// site, and per session), least recently used out. Default 8.
+	// MaxPerProxy and MaxTotal bound the connection pools kept per proxy
+	// and in all (least recently used out). Defaults 8 and 512.
 	MaxPerProxy int
-	// MaxTotal is the most connection pools kept in all, over every proxy.
-	// Default 512.
-	MaxTotal int
-	// IdleTimeout closes a connection (and drops its pool) unused for this
-	// long. Default 30s.
+	MaxTotal    int
+	// IdleTimeout closes a connection unused for this long. Default 30s.
 	IdleTimeout time.Duration
 
-	// Identities are client identities (a User-Agent and the headers that
-	// go with it) for sticky sessions: each session picks one by a hash of
-	// its ID, so every worker applies the same one to every request of the
-	// session. Requests of no task are left as they are. Default none.
+	// Identities are header sets (User-Agent...) for sticky sessions: each
+	// session's requests carry one, picked by its ID. Default none.
 	Identities []http.Header
-	// Identity, instead of Identities, returns the identity of the session
-	// with the given ID: the same headers for the same ID on every worker.
-	// It must be fast and must not panic. Default none.
+	// Identity, instead of Identities, returns a session's headers: the
+	// same for the same ID on every worker. It must be fast.
 	Identity func(session string) http.Header
 }
 

@@ -15,67 +15,51 @@ import (
 // Sentinel errors. Callers branch on them with errors.Is; every error the
 // package returns wraps one of them or a Redis/context error.
 var (
-	// ErrNoProxy means no proxy could be leased for a request (an empty
-	// pool, every proxy busy for the whole wait, the context ended, Redis
-	// failed). The request stops before any connection is made; the error
-	// reaches Colly's OnError and the error Visit returns.
+	// ErrNoProxy: no proxy could be leased (empty pool, all busy past the
+	// wait, context ended, Redis failed); the request was never sent.
 	ErrNoProxy = errors.New("proxyswitch: no proxy available")
 
-	// ErrEmptyPool means the pool holds no proxies at all. It is always
-	// returned together with ErrNoProxy.
+	// ErrEmptyPool: the pool holds no proxies (always with ErrNoProxy).
 	ErrEmptyPool = errors.New("proxyswitch: proxy pool is empty")
 
-	// ErrInvalidProxy means a proxy URL was rejected by validation. The error
-	// that wraps it is a *ProxyError naming the problem; it never carries the
-	// password.
+	// ErrInvalidProxy: a proxy URL was rejected, by a *ProxyError that
+	// never carries the password.
 	ErrInvalidProxy = errors.New("proxyswitch: invalid proxy URL")
 
-	// ErrLeaseLost means a lease can no longer be released or extended by its
-	// holder: it expired and may already belong to someone else.
+	// ErrLeaseLost: the lease expired and may belong to someone else.
 	ErrLeaseLost = errors.New("proxyswitch: lease lost (expired or taken over)")
 
-	// ErrConfig means an option value or a setting shared through Redis is
-	// invalid or disagrees with other workers of the pool (shard.ErrConfig).
+	// ErrConfig: an invalid option, or one other workers of the pool
+	// disagree with.
 	ErrConfig = shard.ErrConfig
 
-	// ErrRedis marks a failed Redis round trip; the go-redis error is
-	// wrapped too (shard.ErrRedis).
+	// ErrRedis: a Redis round trip failed (its error is wrapped too).
 	ErrRedis = shard.ErrRedis
 
-	// ErrCorrupt means a value read from Redis is not what this package
-	// writes there; the message names the key (shard.ErrCorrupt).
+	// ErrCorrupt: a value in Redis is not what this package writes there.
 	ErrCorrupt = shard.ErrCorrupt
 
-	// ErrNotInPool means an operator action named a proxy the pool does not hold.
+	// ErrNotInPool: an operator action named a proxy not in the pool.
 	ErrNotInPool = errors.New("proxyswitch: proxy not in the pool")
 
-	// ErrInvalidTask means a task ID is empty, longer than 256 bytes, not
-	// UTF-8 or holds control characters. A request with such a task fails
-	// with it (and ErrNoProxy) before any proxy is leased.
+	// ErrInvalidTask: a task ID is empty, over 256 bytes, not UTF-8 or has
+	// control characters; its request fails before any lease.
 	ErrInvalidTask = errors.New("proxyswitch: invalid task ID")
 
-	// ErrBanned means a request was given up because the site banned the
-	// proxies tried for it and no retry was left. The error is a
-	// *BlockedError; the banned response never reaches OnResponse or
-	// OnHTML.
+	// ErrBanned: the site banned every proxy tried (a *BlockedError).
 	ErrBanned = errors.New("proxyswitch: banned by the site")
 
-	// ErrPageRefused means the site refused the page itself, not the
-	// proxies: the URL was refused through several proxies the site serves
-	// otherwise (Bans.PageProxies). The error is a *BlockedError naming the
-	// site's answer; it does not match ErrBanned.
+	// ErrPageRefused: the site refused the page itself, not the proxies
+	// (a *BlockedError; Bans.PageProxies).
 	ErrPageRefused = errors.New("proxyswitch: the site refused the page")
 
-	// ErrProxyFailed means a request was given up because the proxies tried
-	// for it failed and no retry was left. The error is a *BlockedError.
+	// ErrProxyFailed: every proxy tried failed (a *BlockedError).
 	ErrProxyFailed = errors.New("proxyswitch: proxy failed")
 
-	// ErrNotMember means a server asked for its share of a member list it is
-	// not in (shard.ErrNotMember).
+	// ErrNotMember: this server is not in the member list.
 	ErrNotMember = shard.ErrNotMember
 
-	// ErrMemberTaken means another live process holds the same member ID:
-	// give each process its own (shard.ErrMemberTaken).
+	// ErrMemberTaken: another live process holds this member ID.
 	ErrMemberTaken = shard.ErrMemberTaken
 )
 

@@ -30,21 +30,15 @@ type ProxyState struct {
 	Proxy *Proxy // its ID and URL (String redacts the password)
 	State string // StateFree, StateLeased, StateCooling, StateQuarantined, StateDead or StateDrained
 
-	// Until is when the state ends unless something changes it: the
-	// expiry of its last live lease (leased), the end of its cooldown
-	// (cooling) or of its quarantine (quarantined), for the last of its
-	// slots in that state. Zero for free, dead and drained.
+	// Until is when the state ends (lease expiry, end of cooldown or of
+	// quarantine); zero for free, dead and drained.
 	Until time.Time
-	// Strikes is the proxy's bans in a row on the site: the offences the
-	// quarantine backoff counts (Bans.Quarantine). A healthy answer through
-	// the proxy on the site or Unban sets it back to 0; it outlives the
-	// quarantine until then.
+	// Strikes is the proxy's bans in a row on the site, until a healthy
+	// answer or Unban.
 	Strikes int
-	// BanAllSites says a quarantined proxy is held out by a ban on every
-	// site (Bans.AllSites), which may end later than a ban on this site.
+	// BanAllSites: a ban on every site holds the proxy out.
 	BanAllSites bool
-	// Since and Reason say when and why a dead or drained proxy was marked
-	// ("drained", or the failure that killed it, as Dead lists them).
+	// Since and Reason say when and why a dead or drained proxy was marked.
 	Since  time.Time
 	Reason string
 

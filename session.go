@@ -82,17 +82,16 @@ const TaskKey = "proxyswitch.task"
 // SessionOf).
 const SessionKey = "proxyswitch.session"
 
-// Reasons a session is retired for, besides the ban and failure reasons of
-// the verdict that retired it ("http_403", "proxy_connect"...).
+// Reasons a session is retired for, besides verdict reasons ("http_403"...).
 const (
 	SessionMaxRequests  = "max_requests"  // it served Sessions.MaxRequests requests
 	SessionMaxAge       = "max_age"       // it grew older than Sessions.MaxAge
-	SessionProxyRemoved = "proxy_removed" // its proxy left the pool, or is dead
+	SessionProxyRemoved = "proxy_removed" // its proxy left the pool
 	SessionProxyDead    = "proxy_dead"    // its proxy was marked dead or drained
-	SessionQuarantined  = "quarantined"   // its proxy was banned on one of its sites by someone else (an operator, another slot)
-	SessionLeaseLost    = "lease_lost"    // one of its leases was lost (the pool was cleared, say)
-	SessionLabels       = "labels"        // its proxy does not carry the labels a request of the task asks for (UseLabels; its labels changed)
-	SessionEnded        = "ended"         // EndSession ended it (never reported to Sessions.Retired)
+	SessionQuarantined  = "quarantined"   // its proxy was banned on one of its sites by someone else
+	SessionLeaseLost    = "lease_lost"    // one of its leases was lost
+	SessionLabels       = "labels"        // its proxy lacks the labels a request asks for (UseLabels)
+	SessionEnded        = "ended"         // EndSession ended it
 )
 
 const (
