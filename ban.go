@@ -48,10 +48,8 @@ func (c *banCounters) add(k BanKey) {
 	c.m[k]++
 }
 
-// BanCounts returns a snapshot of the bans and proxy failures this Switch
-// has acted on since it was made, by site and reason (proxy failures have
-// the "proxy_" reasons). The counters are per process: a monitoring system
-// adds the workers up. It is safe for concurrent use.
+// BanCounts returns this process's counts of bans and proxy failures by site
+// and reason. It is safe for concurrent use.
 func (s *Switch) BanCounts() map[BanKey]int64 {
 	s.bans.mu.Lock()
 	defer s.bans.mu.Unlock()
@@ -113,19 +111,11 @@ func (s *Switch) quarantineScope(site string, v ban.Verdict) string {
 
 // Report ends the lease with what the request made through it showed, for
 // callers of Lease who make requests themselves (Attach does this for Colly):
-//
-//   - ban.OK or ban.Neutral: the proxy is released and its backoff starts
-//     over;
-//   - ban.Ban: the proxy is quarantined on the lease's site (a strike on a
-//     first refusal, a ban when refused there before) and the lease ends;
-//   - ban.ProxyFailure: the proxy is quarantined for the failure quarantine,
-//     counts towards being marked dead, and the lease ends;
-//   - ban.Pass: the lease is released and nothing else happens.
-//
-// Every worker of the pool acts on it from its next lease on; bans and
-// failures count in BanCounts. After the lease ended, a ban.Ban or
-// ban.ProxyFailure report still quarantines the proxy. It is safe for
-// concurrent use.
+// ban.OK or ban.Neutral release the proxy; ban.Ban quarantines it on the
+// lease's site (a strike first); ban.ProxyFailure quarantines it and counts
+// towards a dead mark; ban.Pass only releases it. Every worker acts on it;
+// bans count in BanCounts. A ban or failure reported after the lease ended
+// still quarantines the proxy. It is safe for concurrent use.
 func (l *Lease) Report(ctx context.Context, v ban.Verdict) error {
 	if err := l.made(); err != nil {
 		return err
@@ -173,12 +163,10 @@ func (rp *redisPool) dead(ctx context.Context) ([]ProxyState, error) {
 	return out, nil
 }
 
-// Revive brings dead or drained proxies, named by URL or ID, back into every
-// site's rotation, with their failure record cleared, and returns how many
-// it revived. With reason "" it revives any of them; with another reason only
-// those Drain marked with that reason, so that a health checker revives only
-// what it marked. Each proxy comes back on every site at once; many proxies
-// are not revived atomically. It is safe to call while workers lease.
+// Revive brings dead or drained proxies (URLs or IDs) back into every site's
+// rotation and returns how many. With a reason it revives only those Drain
+// marked with it. A Revive of many is not atomic. It is safe for concurrent
+// use.
 func (s *Switch) Revive(ctx context.Context, reason string, proxies ...string) (int, error) {
 	if reason != "" {
 		if err := checkReason(reason); err != nil {

@@ -50,10 +50,8 @@ import (
 // quarantine no proxy, and when the breaker opens the quarantines its
 // storm gave within the window are lifted (the proxies were not at fault).
 
-// ErrSitePaused means a site's circuit breaker holds its requests: the site
-// refused too many of them lately (or an operator paused it), and no proxy
-// is leased for it until the pause ends and probe requests succeed. It is
-// always returned together with ErrNoProxy, by a *SitePausedError.
+// ErrSitePaused means the site's circuit breaker (or an operator) paused its
+// requests. It comes with ErrNoProxy, in a *SitePausedError.
 var ErrSitePaused = errors.New("proxyswitch: site paused")
 
 // SitePausedError is the error of a request that found its site paused by
@@ -560,11 +558,9 @@ func checkSite(site string) error {
 // indefinitely is the pause of PauseSite with no duration: until ResumeSite.
 const indefinitely = 100 * 365 * 24 * time.Hour
 
-// PauseSite pauses site in the Switch's pool on every server: no proxy is
-// leased for it for d (d <= 0: until ResumeSite), then its breaker half-opens.
-// Requests for the site fail with ErrSitePaused after the max wait. It
-// returns the end of the pause and works with the breaker disabled too. It
-// is safe for concurrent use.
+// PauseSite pauses site on every server for d (d <= 0: until ResumeSite):
+// its requests fail with ErrSitePaused after the max wait. It returns the
+// pause's end and works with the breaker disabled too.
 func (s *Switch) PauseSite(ctx context.Context, site string, d time.Duration) (time.Time, error) {
 	if err := checkSite(site); err != nil {
 		return time.Time{}, err
@@ -580,10 +576,8 @@ func (s *Switch) PauseSite(ctx context.Context, site string, d time.Duration) (t
 	return time.UnixMilli(until), nil
 }
 
-// ResumeSite closes site's breaker in the Switch's pool on every server at
-// once, whether the ban rate or an operator paused it, and forgets its ban
-// rate. Resuming a site that is not paused does nothing. Safe for
-// concurrent use.
+// ResumeSite closes site's breaker on every server and forgets its ban rate.
+// It is safe for concurrent use.
 func (s *Switch) ResumeSite(ctx context.Context, site string) error {
 	if err := checkSite(site); err != nil {
 		return err

@@ -87,16 +87,13 @@ type fallbackConfig struct {
 	set     int // options naming a scheme: more than one is a conflict
 }
 
-// WithFallback turns on the hybrid mode: leases come from Redis and, while
-// Redis is unreachable or hangs (Timeouts.Fallback), from this server's own
-// share of the pool, computed by sh (nil means shard.Rendezvous{}) from the
-// last known member list, so that servers still never share an IP. self
-// names this process in the member list (unique among live processes, e.g.
-// the host name). Bans go on locally and are written back when Redis
-// returns. Set Timeouts.Attempt to switch within seconds (otherwise the
-// switch waits a lease TTL). Call Start before the first lease and Stop when
-// done; every worker of the pool must use the same sharder. The default is
-// no fallback: a request fails with ErrNoProxy while Redis is unreachable.
+// WithFallback leases from Redis and, while Redis is unreachable, from this
+// server's own share of the pool, computed by sh (nil: shard.Rendezvous{})
+// from the member list, so that servers still never share an IP. self names
+// this process (unique among live processes). Bans are written back when
+// Redis returns. Set Timeouts.Attempt to switch within seconds. Call Start
+// first and Stop when done; every worker of the pool must use the same
+// sharder. Without it a request fails with ErrNoProxy while Redis is down.
 func WithFallback(self string, sh shard.Sharder) Option {
 	return func(c *config) {
 		c.fallback.self, c.fallback.sharder, c.fallback.sharded = self, sh, false
@@ -104,14 +101,10 @@ func WithFallback(self string, sh shard.Sharder) Option {
 	}
 }
 
-// WithSharding turns on shared-nothing sharding: this server leases only
-// from its own share of the pool, in memory, computed by sh
-// (shard.Rendezvous{} or shard.Modulo{}) from the live member list, which
-// Redis holds with the pool. self names this process in the member list. A
-// proxy that moves to this server is used only once its former owner can
-// have noticed. Bans stay with the server that learnt them. Call Start
-// before the first lease and Stop when done. The default is the central
-// broker.
+// WithSharding makes this server lease only from its own share of the pool,
+// in memory, computed by sh (shard.Rendezvous{} or shard.Modulo{}) from the
+// live member list in Redis; self names this process. Bans stay local. Call
+// Start first and Stop when done. The default is the central broker.
 func WithSharding(self string, sh shard.Sharder) Option {
 	return func(c *config) {
 		c.fallback.self, c.fallback.sharder, c.fallback.sharded = self, sh, true
@@ -257,12 +250,10 @@ func newFbPool(f *fallback, rp *redisPool) *fbPool {
 	return &fbPool{f: f, rp: rp, fromRedis: map[*Lease]struct{}{}, locals: map[*Lease]bool{}}
 }
 
-// Start registers this server in the pool's member list, computes its share
-// and starts the goroutine that watches Redis, until Stop or until ctx ends.
-// It is needed only with WithFallback or WithSharding (otherwise it does
-// nothing); until then every lease fails with ErrNoProxy and ErrConfig. It
-// fails with ErrRedis if Redis is unreachable, or ErrMemberTaken if another
-// live process holds the member ID.
+// Start registers this server in the member list and starts watching Redis
+// until Stop or ctx ends. WithFallback and WithSharding need it (leases fail
+// with ErrConfig until then); otherwise it does nothing. It fails with
+// ErrRedis or ErrMemberTaken.
 func (s *Switch) Start(ctx context.Context) error {
 	f := s.fb
 	if f == nil {

@@ -16,12 +16,9 @@ import (
 // given proxy, mark proxies dead with a reason of its own (Drain), and
 // revive only what it marked (Revive). Each is one Lua script.
 
-// LeaseProxy leases proxy (a URL or an ID, as List shows it) for site now,
-// from the Switch's own pool, if one of its slots is free there. Unlike Lease
-// it neither waits nor takes another proxy: a proxy busy, cooling,
-// quarantined, dead or not in the pool fails with ErrNoProxy, an empty pool
-// with ErrEmptyPool. The lease is not renewed (Extend it); Close releases it
-// if still held. It is safe for concurrent use.
+// LeaseProxy leases that proxy (URL or ID) for site from the Switch's own
+// pool if a slot is free now, without waiting: otherwise ErrNoProxy (or
+// ErrEmptyPool). The lease is not renewed. It is safe for concurrent use.
 func (s *Switch) LeaseProxy(ctx context.Context, site, proxy string) (*Lease, error) {
 	if s.renew.isClosed() {
 		return nil, errClosed
@@ -57,19 +54,15 @@ func (s *Switch) LeaseProxy(ctx context.Context, site, proxy string) (*Lease, er
 	return l, nil
 }
 
-// Drain takes proxies (URLs or IDs) out of every site's rotation: requests
-// already using them finish, none starts, until Revive. It returns how many
-// proxies it marked. Each proxy leaves every site at once; a Drain of many is
-// not atomic, and on an error the proxies before it stay drained. It is safe
-// for concurrent use.
+// Drain takes proxies (URLs or IDs) out of every site's rotation until
+// Revive: requests using them finish, none starts. It returns how many it
+// marked; a Drain of many is not atomic. It is safe for concurrent use.
 //
 // With reason "" it is an operator's drain: every proxy must be in the pool
-// (otherwise it fails with ErrNotInPool and drains none), Dead lists it as
-// "drained", and that mark wins over any other. Another reason is a health
-// checker's mark (package probe's is "probe": at most 64 printable
-// characters, no spaces, no '|', not "drained"): Dead lists the proxy as
-// StateDead with that Reason, a proxy already dead or drained keeps its mark,
-// and one not in the pool is skipped.
+// (else ErrNotInPool, nothing drained), and the mark "drained" wins over any
+// other. Another reason (at most 64 printable characters, no spaces or '|')
+// is a health checker's mark, such as package probe's "probe": it marks only
+// proxies not yet dead or drained, and skips those not in the pool.
 func (s *Switch) Drain(ctx context.Context, reason string, proxies ...string) (int, error) {
 	var strs []string
 	if reason == "" {

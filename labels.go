@@ -128,11 +128,9 @@ type selector struct {
 	err  error
 }
 
-// UseLabels returns a copy of ctx whose requests lease only proxies that
-// carry every one of labels ("key=value"), from the pools of their route.
-// Give it to a collector (Collector.Context) or to Switch.Lease. No labels
-// means any proxy. An invalid label fails every lease of ctx with an error
-// wrapping ErrNoProxy and ErrInvalidProxy.
+// UseLabels returns a copy of ctx whose requests lease only proxies carrying
+// every label ("key=value"). Give it to a collector's Context or to Lease.
+// An invalid label fails the leases with ErrNoProxy and ErrInvalidProxy.
 func UseLabels(ctx context.Context, labels ...string) context.Context {
 	c, err := parseLabels(labels, "asked label")
 	sel := selector{err: err}

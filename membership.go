@@ -36,12 +36,10 @@ func (mc *memberConfig) validate() error {
 	return nil
 }
 
-// WithMembership configures the member registration Start makes for
-// WithFallback or WithSharding: mc's Heartbeat (default 1s), TTL (how long
-// after its last heartbeat a crashed server drops out; at least twice the
-// heartbeat; default three heartbeats) and Changed (called with each new
-// member list, one call at a time; it must not block or panic). Zero fields
-// take the defaults; the other fields of mc are the Switch's own.
+// WithMembership sets the member registration of WithFallback and
+// WithSharding: mc.Heartbeat (default 1s), mc.TTL (how soon a crashed server
+// drops out; default three heartbeats) and mc.Changed (called with each new
+// member list; must not block). Its other fields are the Switch's own.
 func WithMembership(mc shard.MemberConfig) Option {
 	return func(c *config) {
 		c.member = memberConfig{interval: mc.Heartbeat, ttl: mc.TTL, onChange: mc.Changed}

@@ -20,12 +20,9 @@ import (
 // counts as ban.ReasonCustom.
 const ReasonOperator = "operator"
 
-// ReasonSiteProbe is the reason of the ban.Ban a site probe reports (package
-// probe's Checker.Sites): the proxy could not reach the lease's site. Such a
-// verdict (Lease.Report) quarantines the proxy on that site only, for its
-// RetryAfter at least, whatever Bans.AllSites; it does not rotate a gateway's
-// session and does not count for the site's circuit breaker. Unban lifts it.
-// Reserved (see ReasonOperator).
+// ReasonSiteProbe is the reason of a site probe's ban (package probe): it
+// quarantines the proxy on that site only, for its RetryAfter at least, and
+// the breaker does not count it. Unban lifts it. Reserved, as ReasonOperator.
 const ReasonSiteProbe = "site_probe"
 
 // siteOnly reports whether v quarantines on the site only whatever
@@ -38,9 +35,8 @@ func banAll(c *config, v ban.Verdict) bool {
 	return c.banAllSites && v.Kind == ban.Ban && !siteOnly(v)
 }
 
-// Ban quarantines proxy (a URL or an ID) on site for at least d, for every
-// worker of the pool, as if the site had banned it; a request already using
-// it finishes. It is safe for concurrent use.
+// Ban quarantines proxy (URL or ID) on site for at least d, for every
+// worker. It is safe for concurrent use.
 func (s *Switch) Ban(ctx context.Context, proxy, site string, d time.Duration) error {
 	p, err := s.find(ctx, proxy)
 	if err != nil {
@@ -126,12 +122,9 @@ func (s *Switch) siteHold(ctx context.Context, mode, site string, ids []string, 
 	}
 }
 
-// Clear deletes every key of the pool (proxies, settings, leases, bans, dead
-// list, members, the live session set) without KEYS or SCAN, so other pools
-// and prefixes are untouched; session records and cookie jars lapse with
-// their TTL. It leaves a mark so that no Switch re-seeds the pool from its
-// copy. Workers still running get ErrEmptyPool until the pool is loaded
-// again. A large pool is cleared in several calls.
+// Clear deletes every key of the pool, and nothing of other pools, leaving a
+// mark so that no Switch re-seeds it. Running workers get ErrEmptyPool until
+// it is loaded again. Sessions lapse with their TTL.
 func (s *Switch) Clear(ctx context.Context) error {
 	for {
 		n, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) (int64, error) {

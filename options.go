@@ -189,24 +189,17 @@ func (c *config) validate() error {
 	return nil
 }
 
-// WithPrefix sets the first part of every Redis key, so several projects can
-// share one Redis. It must not contain braces or spaces. The default is
-// "proxyswitch". Two distinct (prefix, pool) pairs never share a key, ':' in
-// either name notwithstanding (the pool name is escaped in the keys, see
-// ARCHITECTURE.md).
+// WithPrefix sets the first part of every Redis key (no braces or spaces),
+// so several projects can share one Redis: distinct (prefix, pool) pairs
+// never share a key. The default is "proxyswitch".
 func WithPrefix(prefix string) Option { return func(c *config) { c.prefix = prefix } }
 
-// WithPool names the proxy pool to lease from (for instance "datacenter" or
-// "residential"); pools are independent sets of proxies under one prefix.
-// The default is "default". A ':' or '%' in the name is escaped in the keys
-// ("%3A", "%25").
+// WithPool names the pool to lease from. The default is "default".
 func WithPool(name string) Option { return func(c *config) { c.pool = name } }
 
 // WithSiteFunc sets how a request URL maps to the site a lease is exclusive
-// for, e.g. to treat "www.ozon.ru" and "api.ozon.ru" as one site. The
-// function must be fast, must not block and must not panic. The default is
-// the lower-cased host of the URL, with its port when the URL names one
-// ("ozon.ru", "127.0.0.1:8080").
+// for (to make "www.ozon.ru" and "api.ozon.ru" one site, say); it must be
+// fast and must not panic. The default is the lower-cased host with its port.
 func WithSiteFunc(f func(*url.URL) string) Option { return func(c *config) { c.siteFunc = f } }
 
 // WithLogger sets where the Switch logs. It logs warnings (a missing hook, a
@@ -231,17 +224,13 @@ const (
 	maxLearned        = 24 * time.Hour
 )
 
-// WithBaseTransport sets the transport Attach clones for its requests (TLS
-// settings, timeouts, dialer); Attach replaces its Proxy with the Switch's
-// ProxyFunc and turns keep-alives off, as Colly's SetProxyFunc does
-// (WithClient can keep them, or replace the transport by any
-// RoundTripper). The default is a clone of http.DefaultTransport.
+// WithBaseTransport sets the transport Attach clones (TLS, dialer,
+// timeouts); its Proxy is replaced and keep-alives turned off. The default
+// clones http.DefaultTransport.
 func WithBaseTransport(t *http.Transport) Option { return func(c *config) { c.baseTransport = t } }
 
-// WithBanStatus sets the HTTP status codes that mean a site bans the proxy,
-// for site (as the site function names it; "" sets the default for every
-// site without a rule of its own). No codes means none is a ban there. The
-// default is 403, 429 and 503 for every site (ban.DefaultBanStatus).
+// WithBanStatus sets the status codes that are a ban on site ("" for every
+// site without its own rule). The default is 403, 429 and 503.
 func WithBanStatus(site string, codes ...int) Option {
 	return func(c *config) {
 		if c.banRules.BanStatus == nil {
@@ -251,20 +240,17 @@ func WithBanStatus(site string, codes ...int) Option {
 	}
 }
 
-// WithChallengeURLs sets the regular expressions (Go syntax, matching the
-// whole URL) that name captcha, login and block pages. A redirect to one is
-// a ban (ban.ReasonChallenge) of the redirecting site: the challenge page
-// is never requested and the hop is retried through another proxy. No
-// patterns turns the check off. The default is ban.DefaultChallengeURLs.
+// WithChallengeURLs sets the regular expressions of captcha, login and block
+// page URLs: a redirect to one is a ban, and the hop is retried through
+// another proxy. The default is ban.DefaultChallengeURLs.
 func WithChallengeURLs(patterns ...string) Option {
 	return func(c *config) { c.banRules.ChallengeURLs = append([]string{}, patterns...) }
 }
 
-// WithExpect names CSS selectors (goquery syntax) that every 2xx page of
-// site ("" = every site) whose path and query match urlPattern (a Go
-// regular expression; "" = every page) must contain; a page without one is a
-// soft ban (ban.ReasonSelector). A page that cannot be checked reaches
-// Colly as ban.ReasonUnchecked, never as a ban. The default is no rule.
+// WithExpect names CSS selectors every 2xx page of site ("" = all) whose
+// path matches urlPattern ("" = all) must contain; a page without one is a
+// soft ban (ban.ReasonSelector). A page that cannot be checked is let
+// through. The default is no rule.
 func WithExpect(site, urlPattern string, selectors ...string) Option {
 	return func(c *config) {
 		c.banRules.Expect = append(c.banRules.Expect, ban.Expect{Site: site, URL: urlPattern, Selectors: append([]string{}, selectors...)})
@@ -277,19 +263,15 @@ func WithExpect(site, urlPattern string, selectors ...string) Option {
 // default is 0.25.
 func WithSizeDrop(ratio float64) Option { return func(c *config) { c.banRules.SizeDrop = ratio } }
 
-// WithClassifier adds a classifier that runs before the built-in checks: it
-// can turn a response into a ban or a proxy failure, or overrule the
-// built-in checks with ban.OK or ban.Neutral; with ban.Pass it leaves the
-// decision to them. Classifiers run in the order they were added. Package ban
-// documents the order of the checks and what a Classifier may do.
+// WithClassifier adds a classifier run before the built-in checks, in the
+// order added: it may return a ban, a proxy failure, ban.OK or ban.Neutral,
+// or ban.Pass to let the checks decide (see package ban).
 func WithClassifier(f ban.Classifier) Option {
 	return func(c *config) { c.banRules.Classifiers = append(c.banRules.Classifiers, f) }
 }
 
 // Off, given to a numeric field of Rotation, Timeouts, Bans or Sessions,
-// sets it to zero (the field's documented "Off" meaning), where a zero field
-// keeps the value as it is. NewSwitch rejects Off where zero is invalid
-// (LeaseTTL, Quarantine...) and any other negative value.
+// sets it to zero (its "Off" meaning), where zero keeps the current value.
 const Off = -1
 
 // setField sets *dst to v: 0 keeps *dst, Off sets 0, any other value is

@@ -25,9 +25,8 @@ type PoolChange struct {
 	Size    int // proxies in the pool afterwards
 }
 
-// Add validates every URL (all or nothing: one invalid URL rejects the whole
-// call) and adds the proxies not yet in the pool. Adding a proxy twice is a
-// no-op. It is safe to call while workers lease.
+// Add validates every URL (one invalid rejects all) and adds the proxies not
+// yet in the pool. It is safe to call while workers lease.
 func (s *Switch) Add(ctx context.Context, urls ...string) (PoolChange, error) {
 	ps, err := ParseProxies(urls)
 	if err != nil {
@@ -36,9 +35,9 @@ func (s *Switch) Add(ctx context.Context, urls ...string) (PoolChange, error) {
 	return s.update(ctx, "add", entries(ps))
 }
 
-// Remove takes proxies out of the pool, named by URL or by ID (Proxy.ID, as
-// List shows it). A proxy in use stays with its current holder until released;
-// it is never leased again. Unknown proxies are ignored.
+// Remove takes proxies (URLs or IDs) out of the pool: one in use stays with
+// its holder until released and is never leased again. Unknown proxies are
+// ignored.
 func (s *Switch) Remove(ctx context.Context, proxies ...string) (PoolChange, error) {
 	ids, err := proxyIDs(proxies)
 	if err != nil {
@@ -80,15 +79,11 @@ func proxyIDs(proxies []string) ([]any, error) {
 	return ids, nil
 }
 
-// Replace makes the pool exactly urls, for instance to reload a list at run
-// time. Proxies kept keep their state (leases, cooldowns). All URLs are
-// validated first: on an invalid one the pool is unchanged.
-//
-// Up to 500 proxies (in the pool and in urls) Replace is one atomic call. A
-// larger Replace is several calls: until it returns, workers may see the old
-// set shrink to the proxies both share (possibly none: ErrEmptyPool for a
-// moment), then grow to the new set; a failure part way leaves such a set.
-// Run large Replaces of one pool one at a time.
+// Replace makes the pool exactly urls, all validated first (an invalid one
+// changes nothing). Proxies kept keep their state. Up to 500 proxies it is
+// one atomic call; a larger Replace is several, and until it returns workers
+// may see the old set shrink (even to nothing: ErrEmptyPool) then grow. Run
+// large Replaces of one pool one at a time.
 func (s *Switch) Replace(ctx context.Context, urls []string) (PoolChange, error) {
 	ps, err := ParseProxies(urls)
 	if err != nil {
@@ -194,9 +189,8 @@ func (s *Switch) diff(ctx context.Context, ps []*Proxy) (hooks.PoolDiff, error) 
 	return d, nil
 }
 
-// List returns the proxies of the pool, ordered by their redacted URL. It
-// reads a large pool in pages, so it is not one instant: a proxy added or
-// removed meanwhile may be listed or not. It is safe for concurrent use.
+// List returns the proxies of the pool, ordered by redacted URL, read in
+// pages. It is safe for concurrent use.
 func (s *Switch) List(ctx context.Context) ([]*Proxy, error) { return s.own.redis().list(ctx) }
 
 func (rp *redisPool) list(ctx context.Context) ([]*Proxy, error) {

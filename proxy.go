@@ -33,19 +33,12 @@ type Proxy struct {
 // proxySchemes are the schemes net/http's Transport can dial through.
 var proxySchemes = map[string]bool{"http": true, "https": true, "socks5": true, "socks5h": true}
 
-// ParseProxy validates raw and returns the proxy it names. Accepted:
-//
-//   - a URL: http, https, socks5 or socks5h, a host and a numeric port,
-//     optional user:password, no path, query or fragment;
-//   - host:port, meaning http://host:port;
-//   - user:password@host:port or host:port:user:password (the line format
-//     most providers export), meaning http://user:password@host:port, user
-//     name and password as they are, not %-escaped.
-//
-// IPv6 addresses are bracketed: [::1]:8080. Host and port are canonicalised
-// (lower case, punycode, shortest IP form, plain decimal port). Ambiguous
-// lines and dotted-decimal hosts that are no IPv4 address are rejected. The
-// error, a *ProxyError wrapping ErrInvalidProxy, never echoes user info.
+// ParseProxy validates raw and returns the proxy it names: a URL (http,
+// https, socks5, socks5h; host and numeric port; optional user:password; no
+// path), host:port, user:password@host:port or host:port:user:password (user
+// info as is, not %-escaped). IPv6 hosts are bracketed. Host and port are
+// canonicalised; ambiguous lines are rejected. The error, a *ProxyError
+// wrapping ErrInvalidProxy, never echoes user info.
 func ParseProxy(raw string) (*Proxy, error) {
 	bad := func(reason string) error {
 		return &ProxyError{Proxy: redactRaw(raw), Reason: reason, Err: ErrInvalidProxy}
@@ -323,13 +316,11 @@ func redactRaw(raw string) string {
 	return redact.Split(strings.TrimSpace(raw), func(s string) bool { return knownSchemes[s] }).String()
 }
 
-// ParseProxies validates every URL and returns the proxies in order, with
-// duplicates dropped. A gateway template, a provider gateway's URL with the
-// placeholder {session:N} (or {session}, N = 1) where its user info names a
-// session, as in http://customer-acme-session-{session:50}:secret@gw.example:7000,
-// becomes N virtual proxies with random session ids; a ban of one replaces it
-// by a new session. On any invalid URL it returns an error naming its
-// position (1-based) and reason, and no proxies.
+// ParseProxies validates every URL and returns the proxies in order, without
+// duplicates. A gateway template, a URL whose user info holds {session:N},
+// becomes N virtual proxies with random session ids
+// (http://customer-acme-session-{session:50}:secret@gw.example:7000). Any
+// invalid URL returns an error naming its position, and no proxies.
 func ParseProxies(raws []string) ([]*Proxy, error) {
 	return parseAll(raws, func(i int) string { return fmt.Sprintf("proxy #%d", i+1) })
 }

@@ -53,11 +53,9 @@ type ProxyState struct {
 // proxy_states.lua.
 const proxyStateFields = 13
 
-// ProxyStates reads the state of every proxy of the Switch's own pool in
-// Redis on site (any site with ScopeGlobal), ordered by redacted URL. It
-// reads in pages, each at one instant, so a proxy added or removed meanwhile
-// may be listed or not. It walks the whole pool: an operator's call, not one
-// for every request. It is safe for concurrent use.
+// ProxyStates reads the state of every proxy of the Switch's own pool on
+// site, ordered by redacted URL, in pages (not one instant). It walks the
+// whole pool: an operator's call. It is safe for concurrent use.
 func (s *Switch) ProxyStates(ctx context.Context, site string) ([]ProxyState, error) {
 	if site == "" && s.cfg.scope != ScopeGlobal {
 		return nil, fmt.Errorf("%w: empty site", ErrConfig)

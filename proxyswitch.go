@@ -56,11 +56,10 @@ type Switch struct {
 	waiters      waiters                     // the leases waiting for a busy site, woken by this Switch's releases (waiters.go)
 }
 
-// NewSwitch returns a Switch leasing from the pool that opts name (by default
-// "default" under the key prefix "proxyswitch"). It does no I/O. rdb may be
-// any go-redis client: *redis.Client (single node or Sentinel failover),
-// *redis.ClusterClient or *redis.Ring. It fails with ErrConfig on a nil
-// client or an invalid option.
+// NewSwitch returns a Switch for the pool opts name ("default" under the
+// prefix "proxyswitch"). rdb may be any go-redis client (single, Sentinel,
+// Cluster, Ring). It does no I/O and fails with ErrConfig on a nil client or
+// an invalid option.
 func NewSwitch(rdb redis.Scripter, opts ...Option) (*Switch, error) {
 	if rdb == nil || isNilPointer(rdb) {
 		return nil, fmt.Errorf("%w: nil redis client", ErrConfig)
@@ -95,13 +94,9 @@ func (s *Switch) build() error {
 //
 //	c.SetProxyFunc(proxyswitch.New(rdb))
 //
-// Each request leases a free proxy for its site, never sharing an IP on one
-// site with another request, but the proxy stays taken until the request's
-// context ends (or the lease TTL runs out), and responses are not classified
-// (bans other workers recorded still apply). Use NewSwitch and Attach for
-// early release, ban detection, retries and Close. If the options are
-// invalid, every request fails with an ErrConfig error: no request ever goes
-// out without a proxy.
+// It never lets two requests share an IP on one site, but a proxy stays
+// taken until its request's context ends, and nothing is classified: prefer
+// NewSwitch and Attach. Invalid options fail every request with ErrConfig.
 func New(rdb redis.Scripter, opts ...Option) colly.ProxyFunc {
 	s, err := NewSwitch(rdb, opts...)
 	if err != nil {
@@ -112,17 +107,11 @@ func New(rdb redis.Scripter, opts ...Option) colly.ProxyFunc {
 }
 
 // Attach installs the whole extension on c: the proxy function, ban
-// detection with retries through other proxies (Bans), and the hooks that
-// release each lease as soon as its response (or error) is in, keep one
-// proxy for a whole redirect chain, run sticky sessions, and fill
-// Request.ProxyURL (user info masked) for your callbacks. A request out of
-// retries fails with a *BlockedError through OnError and Visit; a banned
-// page never reaches OnResponse or OnHTML.
-//
-// Call Attach before registering your own callbacks. Attach each collector,
-// clones included (Collector.Clone shares the transport but not the hooks).
-// Calling c.WithTransport or c.SetProxyFunc after Attach turns ban detection
-// off.
+// detection with retries (Bans), sticky sessions, and hooks that release
+// each lease as soon as its response is in, keep one proxy for a redirect
+// chain and set Request.ProxyURL (masked). Call it before registering your
+// own callbacks, on every collector and clone. Calling c.WithTransport or
+// c.SetProxyFunc afterwards turns ban detection off.
 func (s *Switch) Attach(c *colly.Collector) {
 	c.WithTransport(s.newTransport(c))
 	c.OnRequestHeaders(s.onRequestHeaders)
@@ -132,10 +121,9 @@ func (s *Switch) Attach(c *colly.Collector) {
 	c.OnError(func(r *colly.Response, err error) { s.finishAfter(r.Request, err) })
 }
 
-// ProxyFunc is the proxy function Colly (and net/http) call for every hop of
-// every request. It returns a leased proxy or an error wrapping ErrNoProxy;
-// never (nil, nil), which would make Go connect directly; after Close, it
-// always fails. It is safe for concurrent use.
+// ProxyFunc is the proxy function for every hop of every request: a leased
+// proxy or an error wrapping ErrNoProxy, never (nil, nil). It is safe for
+// concurrent use.
 func (s *Switch) ProxyFunc(req *http.Request) (*url.URL, error) {
 	if req == nil || req.URL == nil {
 		return nil, fmt.Errorf("%w: request without URL", ErrNoProxy)

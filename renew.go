@@ -247,17 +247,12 @@ func (p *redisPool) extendMany(ctx context.Context, ls []*Lease, ttl time.Durati
 	return res, nil
 }
 
-// Close ends the Switch: every lease it still holds is released
-// (owner-checked; requests still running then fail with ErrLeaseLost), and
-// with WithFallback or WithSharding it leaves the member list (Stop). From
-// then on ProxyFunc and Lease fail with an error wrapping ErrNoProxy.
-//
-// Call it once the collectors are done (after Collector.Wait), before the
-// process exits: otherwise leases of unfinished requests stay in Redis until
-// their TTL runs out. Close waits at most until ctx ends; leases it could not
-// release expire by their TTL, and the error says so. Calling it again does
-// nothing more. It does not close the Redis client. It is safe for
-// concurrent use.
+// Close releases every lease the Switch holds (requests still running then
+// fail with ErrLeaseLost) and calls Stop; from then on ProxyFunc and Lease
+// fail with ErrNoProxy. Call it after Collector.Wait, before the process
+// exits, or unfinished leases stay in Redis for their TTL. It waits at most
+// until ctx ends, and reports leases it could not release. It does not close
+// the Redis client. It is safe for concurrent use.
 func (s *Switch) Close(ctx context.Context) error {
 	r := &s.renew
 	r.mu.Lock()

@@ -234,10 +234,9 @@ func WithSessions(ss Sessions) Option {
 	}
 }
 
-// WithTaskFunc sets how a request names its task ("" for none); it runs in
-// the OnRequestHeaders hook Attach installs, once per request. It must be
-// fast and must not panic (a panic fails the request). The default reads
-// TaskKey from the request's colly.Context (its TaskKey value).
+// WithTaskFunc sets how a request names its task ("" for none), in Attach's
+// hook. It must be fast. The default reads TaskKey from the request's
+// context.
 func WithTaskFunc(f func(*colly.Request) string) Option {
 	return func(c *config) { c.session.taskFunc = f }
 }
@@ -360,11 +359,9 @@ func (s *Switch) LiveSessions(ctx context.Context) (int, error) {
 	return int(n), nil
 }
 
-// EndSession ends the live session of task once its requests are over: its
-// proxy serves others again after the cooldown, and its cookies are deleted.
-// It reports whether there was a session to end, and also deletes a session
-// record this package cannot read (ErrCorrupt). It is safe for concurrent
-// use.
+// EndSession ends the live session of task (its proxy is freed, its cookies
+// deleted) and reports whether there was one. It also deletes a corrupt
+// session record. It is safe for concurrent use.
 func (s *Switch) EndSession(ctx context.Context, task string) (bool, error) {
 	if err := checkTask(task); err != nil {
 		return false, err
