@@ -134,10 +134,8 @@ func (l *Lease) Report(ctx context.Context, v ban.Verdict) error {
 	return l.Release(ctx)
 }
 
-// Dead lists the proxies of the pool marked dead or drained, ordered by
-// redacted URL, each with its State (StateDead or StateDrained), Since and
-// Reason ("drained", or the failure that made it dead). It reads in pages, as
-// List does. It is safe for concurrent use.
+// Dead lists the proxies of the pool marked dead or drained, with State,
+// Since and Reason. It is safe for concurrent use.
 func (s *Switch) Dead(ctx context.Context) ([]ProxyState, error) { return s.own.redis().dead(ctx) }
 
 func (rp *redisPool) dead(ctx context.Context) ([]ProxyState, error) {

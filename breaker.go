@@ -116,9 +116,7 @@ const (
 	DefaultBreakerFlush       = 250 * time.Millisecond
 )
 
-// WithBreaker configures the site circuit breaker (see Breaker; it is on by
-// default with Breaker's defaults). WithBreaker(Breaker{Disabled: true})
-// turns it off.
+// WithBreaker configures the site circuit breaker, on by default (Breaker).
 func WithBreaker(b Breaker) Option { return func(c *config) { c.breaker = b } }
 
 // withDefaults fills b's zero fields and checks the others.
@@ -602,8 +600,8 @@ func (s *Switch) setBreaker(ctx context.Context, site string, ms int64) (int64, 
 	return n, nil
 }
 
-// PausedSites lists the sites of the Switch's pool whose circuit breaker is
-// open or half-open, ordered by site. Safe for concurrent use.
+// PausedSites lists the sites whose circuit breaker is open or half-open. It
+// is safe for concurrent use.
 func (s *Switch) PausedSites(ctx context.Context) ([]SiteBreaker, error) {
 	rp := s.own.redis()
 	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]any, error) {

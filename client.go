@@ -66,8 +66,7 @@ const (
 )
 
 // WithClient sets the client Attach's requests leave through (Client). The
-// default is Client{}: the base transport, keep-alives off, no identities.
-// The Switch's clients are safe for concurrent use.
+// default is Client{}.
 func WithClient(cl Client) Option { return func(c *config) { c.client = cl } }
 
 // withDefaults fills cl's zero fields and checks the others.

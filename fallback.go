@@ -153,9 +153,8 @@ type FallbackStatus struct {
 	Reseeded, BansWritten, Adopted int
 }
 
-// FallbackStatus returns where the Switch leases from now and what its
-// fallback did so far. Without WithFallback or WithSharding it reports
-// Mode "broker" and nothing else. It is safe for concurrent use.
+// FallbackStatus returns where the Switch leases from now (Mode "broker"
+// without WithFallback or WithSharding). It is safe for concurrent use.
 func (s *Switch) FallbackStatus() FallbackStatus {
 	f := s.fb
 	if f == nil {
@@ -252,8 +251,8 @@ func newFbPool(f *fallback, rp *redisPool) *fbPool {
 
 // Start registers this server in the member list and starts watching Redis
 // until Stop or ctx ends. WithFallback and WithSharding need it (leases fail
-// with ErrConfig until then); otherwise it does nothing. It fails with
-// ErrRedis or ErrMemberTaken.
+// with ErrNoProxy and ErrConfig until then); otherwise it does nothing. It
+// fails with ErrRedis or ErrMemberTaken.
 func (s *Switch) Start(ctx context.Context) error {
 	f := s.fb
 	if f == nil {
@@ -304,9 +303,8 @@ func (s *Switch) Start(ctx context.Context) error {
 	return nil
 }
 
-// Stop ends the probe goroutine and takes this server out of the member
-// list. Leases after Stop fail with ErrNoProxy. Stop without Start, or
-// twice, does nothing.
+// Stop leaves the member list and stops watching Redis; leases after it fail
+// with ErrNoProxy. Stop without Start, or twice, does nothing.
 func (s *Switch) Stop(ctx context.Context) error {
 	f := s.fb
 	if f == nil {

@@ -95,9 +95,8 @@ func splitLabels(line string) (string, string, error) {
 	return f[0], labels, err
 }
 
-// Labels returns the proxy's labels (nil for none): those of its line, for
-// a proxy ParseProxies or ReadProxies made, or those the pool keeps, for a
-// proxy List returns. Each call returns a new map.
+// Labels returns a new map of the proxy's labels (nil for none), from its
+// line or, for List's proxies, from the pool.
 func (p *Proxy) Labels() map[string]string {
 	if p.labels == "" {
 		return nil

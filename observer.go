@@ -12,18 +12,14 @@ import (
 // called on request goroutines: they must be fast, must not block and must
 // not panic. Events carry proxy IDs, never URLs or credentials.
 type Observer interface {
-	// ObserveAttempt is called for every attempt the transport installed by
-	// Attach classified.
+	// ObserveAttempt: every attempt Attach's transport classified.
 	ObserveAttempt(AttemptEvent)
-	// ObserveQuarantine is called for every quarantine or dead-marking the
-	// Switch applied, operator bans (Switch.Ban) included.
+	// ObserveQuarantine: every quarantine or dead mark, Ban included.
 	ObserveQuarantine(QuarantineEvent)
-	// ObserveSession is called when this process starts a sticky session
-	// and when it retires or ends one (not when one lapses).
+	// ObserveSession: a session this process starts, retires or ends.
 	ObserveSession(SessionEvent)
-	// ObserveEvidence is called for what the ban evidence
-	// (Bans.EvidenceFirst) and the sessions' error score
-	// (Sessions.MaxErrorScore) made of a refusal.
+	// ObserveEvidence: what the evidence or a session's error score made
+	// of a refusal.
 	ObserveEvidence(EvidenceEvent)
 }
 
@@ -33,9 +29,7 @@ type AttemptEvent struct {
 	Kind                ban.Kind      // ban.OK, ban.Neutral, ban.Ban or ban.ProxyFailure
 	Reason              string        // the verdict's reason ("" for OK; ban.ReasonUnchecked for a Neutral page the content checks could not read)
 	Latency             time.Duration // from sending the attempt to its verdict
-	// Labels are the proxy's labels, "key=value" joined by ',' in key
-	// order ("" for none); for about 10 seconds after a relabel they may
-	// be the old ones.
+	// Labels are the proxy's labels, "k=v,k=v" (possibly stale for 10s).
 	Labels string
 }
 
@@ -56,12 +50,9 @@ type QuarantineEvent struct {
 type SessionEvent struct {
 	Pool    string // the pool the session leases from (Sessions.Pool)
 	ProxyID string
-	Ended   bool // false: the session started; true: it was retired or ended
-	// Site is where the session started, or where the reason that ended it
-	// showed ("" for limits and EndSession).
-	Site string
-	// Reason is why it ended: a verdict's reason ("http_403"...) or one of
-	// the Session... reasons (SessionEnded for EndSession). "" at the start.
+	Ended   bool   // false: the session started; true: it was retired or ended
+	Site    string // where it started, or where its end's reason showed
+	// Reason is why it ended: a verdict's reason or a Session... reason.
 	Reason   string
 	Requests int           // Ended: the requests it served
 	Age      time.Duration // Ended: from its start to its end (Redis clock)

@@ -15,9 +15,8 @@ import (
 // by hand. Each is one Lua script and takes effect for every worker from its
 // next lease on.
 
-// ReasonOperator is the reason of a ban an operator applied with Ban. It
-// and ReasonSiteProbe are reserved: a Classifier's verdict giving either
-// counts as ban.ReasonCustom.
+// ReasonOperator is the reason of an operator's Ban. It and ReasonSiteProbe
+// are reserved: a Classifier giving either counts as ban.ReasonCustom.
 const ReasonOperator = "operator"
 
 // ReasonSiteProbe is the reason of a site probe's ban (package probe): it

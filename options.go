@@ -10,8 +10,7 @@ import (
 	"github.com/proxyswitch/proxyswitch/ban"
 )
 
-// Option configures a Switch. Options are applied in order; invalid values
-// are reported by NewSwitch (and by every lease of a ProxyFunc made by New).
+// Option configures a Switch; NewSwitch reports invalid values.
 type Option func(*config)
 
 // Scope says what a lease makes a proxy exclusive for.
@@ -202,9 +201,8 @@ func WithPool(name string) Option { return func(c *config) { c.pool = name } }
 // fast and must not panic. The default is the lower-cased host with its port.
 func WithSiteFunc(f func(*url.URL) string) Option { return func(c *config) { c.siteFunc = f } }
 
-// WithLogger sets where the Switch logs. It logs warnings (a missing hook, a
-// failed release) and, at debug level, lease traffic; never passwords. The
-// default is slog.Default().
+// WithLogger sets where the Switch logs (never passwords). The default is
+// slog.Default().
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
 
 // defaultSite is the default site function (WithSiteFunc).

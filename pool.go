@@ -92,8 +92,7 @@ func (s *Switch) Replace(ctx context.Context, urls []string) (PoolChange, error)
 	return s.ReplaceProxies(ctx, ps)
 }
 
-// ReplaceProxies is Replace for proxies already parsed (by ReadProxies, say).
-// A nil entry, or one not made by ParseProxy (a zero Proxy), fails the call
+// ReplaceProxies is Replace for parsed proxies; a nil or zero Proxy fails
 // with ErrInvalidProxy and changes nothing.
 func (s *Switch) ReplaceProxies(ctx context.Context, ps []*Proxy) (PoolChange, error) {
 	if err := parsed(ps); err != nil {

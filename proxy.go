@@ -265,13 +265,12 @@ func isASCII(s string) bool {
 	return true
 }
 
-// ID is a short, stable identifier of the proxy (16 hex digits derived from
-// its canonical URL, credentials included). It reveals no secret.
+// ID is a short, stable identifier of the proxy (16 hex digits), a hash that
+// reveals no secret.
 func (p *Proxy) ID() string { return p.id }
 
-// URL returns a copy of the proxy URL, credentials included, for dialing
-// (nil for a zero Proxy, one not made by ParseProxy). Do not log it; log
-// String instead.
+// URL returns a copy of the proxy URL, credentials included, for dialing.
+// Log String instead.
 func (p *Proxy) URL() *url.URL {
 	if p == nil || p.url == nil {
 		return nil
@@ -325,9 +324,8 @@ func ParseProxies(raws []string) ([]*Proxy, error) {
 	return parseAll(raws, func(i int) string { return fmt.Sprintf("proxy #%d", i+1) })
 }
 
-// ReadProxies reads proxy URLs from r, one per line. Blank lines and lines
-// starting with '#' are skipped. Every URL is validated as ParseProxies does;
-// an error names the line number and never echoes a password.
+// ReadProxies reads proxy URLs from r, one per line, skipping blank lines and
+// '#' comments, validated as ParseProxies does.
 func ReadProxies(r io.Reader) ([]*Proxy, error) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64*1024), 64*1024)

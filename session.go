@@ -72,14 +72,12 @@ import (
 // the 2 seconds the Switch trusts its copy of the labels) is retired with
 // SessionLabels, and the request starts a new one on a matching proxy.
 
-// TaskKey is the colly.Context key that names the task a request belongs
-// to: a string of 1 to 256 bytes (printable UTF-8). Requests whose context
-// has no task lease a proxy per request, as usual.
+// TaskKey is the colly.Context key naming a request's task: 1 to 256 bytes
+// of printable UTF-8. Requests without a task lease a proxy each.
 const TaskKey = "proxyswitch.task"
 
-// SessionKey is the colly.Context key under which each request of a task
-// leaves a *SessionInfo of the session it went out with (read it with
-// SessionOf).
+// SessionKey is the colly.Context key where each request of a task leaves
+// its *SessionInfo (SessionOf).
 const SessionKey = "proxyswitch.session"
 
 // Reasons a session is retired for, besides verdict reasons ("http_403"...).
@@ -105,9 +103,8 @@ const (
 	maxSessionRounds = 8
 )
 
-// NewTaskContext returns a new colly.Context whose requests belong to task
-// (TaskKey). Pass it to Collector.Request; the requests made from their
-// responses with Request.Visit inherit it.
+// NewTaskContext returns a new colly.Context whose requests, and those made
+// from their responses, belong to task.
 func NewTaskContext(task string) *colly.Context {
 	ctx := colly.NewContext()
 	ctx.Put(TaskKey, task)
@@ -133,8 +130,7 @@ func SessionOf(ctx *colly.Context) *SessionInfo {
 	return info
 }
 
-// SessionInfo describes a task's session at one request. It is a snapshot:
-// a value never changes once handed out.
+// SessionInfo describes a task's session at one request: a snapshot value.
 type SessionInfo struct {
 	Task       string
 	ID         string // random, new for each session of the task
@@ -299,8 +295,8 @@ func (s *Switch) sessionPool() (*redisPool, error) {
 	return be.redis(), nil
 }
 
-// Session returns the live session of task, or nil if it has none. It
-// changes nothing. It is safe for concurrent use.
+// Session returns the live session of task, or nil, changing nothing. It is
+// safe for concurrent use.
 func (s *Switch) Session(ctx context.Context, task string) (*SessionInfo, error) {
 	rep, err := s.peekSession(ctx, task)
 	if rep == nil {
