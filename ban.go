@@ -162,9 +162,8 @@ func (rp *redisPool) dead(ctx context.Context) ([]ProxyState, error) {
 }
 
 // Revive brings dead or drained proxies (URLs or IDs) back into every site's
-// rotation and returns how many. With a reason it revives only those Drain
-// marked with it. A Revive of many is not atomic. It is safe for concurrent
-// use.
+// rotation and returns how many; with a reason, only those Drain marked with
+// it. A Revive of many is not atomic. It is safe for concurrent use.
 func (s *Switch) Revive(ctx context.Context, reason string, proxies ...string) (int, error) {
 	if reason != "" {
 		if err := checkReason(reason); err != nil {

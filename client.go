@@ -30,12 +30,10 @@ import (
 // Client configures the client each request leaves through (WithClient).
 // A zero field takes its default.
 type Client struct {
-	// New builds a new RoundTripper (a uTLS transport, say) that sends
-	// every request through proxy, never directly; proxy holds the
-	// credentials. It is called per (proxy, site) and per session. An error,
-	// a panic or a transport without the proxy fails the request with
-	// ErrNoProxy. With KeepAlive it must have CloseIdleConnections. The
-	// default clones the base transport.
+	// New builds a new RoundTripper (uTLS, say) per (proxy, site, session)
+	// that sends every request through proxy (credentials included). A
+	// failure fails the request with ErrNoProxy. With KeepAlive it must have
+	// CloseIdleConnections. The default clones the base transport.
 	New func(proxy *url.URL) (http.RoundTripper, error)
 
 	// KeepAlive reuses connections per (proxy, site, session), only for

@@ -46,9 +46,8 @@
 //     site, kind of request or label.
 //   - Sticky sessions (Attach only): requests of one task (TaskKey) leave
 //     from one proxy with their own cookies (Sessions).
-//   - Operators: Ban, Unban, Drain, Revive, Remove, Clear, SiteState,
-//     ProxyStates; SetObserver and package metrics for monitoring;
-//     cmd/proxyswitch from a shell.
+//   - Operators: Ban, Drain, Revive, SiteState, ProxyStates and more
+//     (cmd/proxyswitch from a shell); SetObserver and package metrics.
 //   - Redis failures: a pool Redis lost is re-seeded from every Switch's
 //     copy; WithFallback leases from each server's own share while Redis is
 //     away (package shard).
@@ -63,6 +62,6 @@
 //
 // # More
 //
-// README.md is the user guide; ARCHITECTURE.md describes the internals,
-// among them every Redis key the package writes.
+// README.md is the user guide; ARCHITECTURE.md describes the internals
+// and every Redis key.
 package proxyswitch

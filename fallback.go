@@ -88,12 +88,11 @@ type fallbackConfig struct {
 }
 
 // WithFallback leases from Redis and, while Redis is unreachable, from this
-// server's own share of the pool, computed by sh (nil: shard.Rendezvous{})
-// from the member list, so that servers still never share an IP. self names
-// this process (unique among live processes). Bans are written back when
-// Redis returns. Set Timeouts.Attempt to switch within seconds. Call Start
-// first and Stop when done; every worker of the pool must use the same
-// sharder. Without it a request fails with ErrNoProxy while Redis is down.
+// server's own share of the pool (computed by sh, nil: shard.Rendezvous{}),
+// so that servers still never share an IP. self names this process, unique
+// among live ones. Bans are written back when Redis returns; set
+// Timeouts.Attempt to switch within seconds. Call Start and Stop; all
+// workers must use the same sharder. The default is no fallback.
 func WithFallback(self string, sh shard.Sharder) Option {
 	return func(c *config) {
 		c.fallback.self, c.fallback.sharder, c.fallback.sharded = self, sh, false

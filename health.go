@@ -56,13 +56,12 @@ func (s *Switch) LeaseProxy(ctx context.Context, site, proxy string) (*Lease, er
 
 // Drain takes proxies (URLs or IDs) out of every site's rotation until
 // Revive: requests using them finish, none starts. It returns how many it
-// marked; a Drain of many is not atomic. It is safe for concurrent use.
-//
-// With reason "" it is an operator's drain: every proxy must be in the pool
-// (else ErrNotInPool, nothing drained), and the mark "drained" wins over any
-// other. Another reason (at most 64 printable characters, no spaces or '|')
-// is a health checker's mark, such as package probe's "probe": it marks only
-// proxies not yet dead or drained, and skips those not in the pool.
+// marked; a Drain of many is not atomic. With reason "" it is an operator's
+// drain: every proxy must be in the pool (else ErrNotInPool, nothing
+// drained), and it overrides other marks. Another reason (at most 64
+// printable characters, no spaces or '|') is a health checker's mark, such as
+// package probe's "probe", set only on live proxies of the pool. It is safe
+// for concurrent use.
 func (s *Switch) Drain(ctx context.Context, reason string, proxies ...string) (int, error) {
 	var strs []string
 	if reason == "" {

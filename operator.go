@@ -62,9 +62,8 @@ func (s *Switch) Ban(ctx context.Context, proxy, site string, d time.Duration) e
 	return err
 }
 
-// Unban ends proxy's quarantine on site now and starts its backoff over. A
-// dead or drained proxy stays out (see Revive), and so does one banned on
-// every site until that ban ends.
+// Unban ends proxy's quarantine on site now and starts its backoff over; it
+// does not revive a dead or drained proxy nor lift a ban on every site.
 func (s *Switch) Unban(ctx context.Context, proxy, site string) error {
 	p, err := s.find(ctx, proxy)
 	if err != nil {

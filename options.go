@@ -17,11 +17,9 @@ type Option func(*config)
 type Scope int
 
 const (
-	// ScopeSite (the default) makes a proxy exclusive per target site: it may
-	// serve Ozon and Avito at once, never two requests to Ozon at once.
+	// ScopeSite (the default): a proxy is exclusive per target site.
 	ScopeSite Scope = iota
-	// ScopeGlobal makes a proxy exclusive across all sites: one request at a
-	// time, whatever the target.
+	// ScopeGlobal: a proxy serves one request at a time, whatever the site.
 	ScopeGlobal
 )
 
@@ -255,10 +253,9 @@ func WithExpect(site, urlPattern string, selectors ...string) Option {
 	}
 }
 
-// WithSizeDrop makes a 2xx body below ratio times the median size of the
-// site's recent OK pages of its media type a soft ban (ban.ReasonSizeDrop).
-// Each Switch learns its own baselines. Zero turns the check off. The
-// default is 0.25.
+// WithSizeDrop makes a 2xx body smaller than ratio times the site's recent
+// median a soft ban (ban.ReasonSizeDrop); 0 turns it off. The default is
+// 0.25.
 func WithSizeDrop(ratio float64) Option { return func(c *config) { c.banRules.SizeDrop = ratio } }
 
 // WithClassifier adds a classifier run before the built-in checks, in the

@@ -80,10 +80,9 @@ func proxyIDs(proxies []string) ([]any, error) {
 }
 
 // Replace makes the pool exactly urls, all validated first (an invalid one
-// changes nothing). Proxies kept keep their state. Up to 500 proxies it is
-// one atomic call; a larger Replace is several, and until it returns workers
-// may see the old set shrink (even to nothing: ErrEmptyPool) then grow. Run
-// large Replaces of one pool one at a time.
+// changes nothing); proxies kept keep their state. Up to 500 proxies it is
+// atomic; a larger one may show workers the old set shrinking (even to
+// ErrEmptyPool) then growing. Run large Replaces one at a time.
 func (s *Switch) Replace(ctx context.Context, urls []string) (PoolChange, error) {
 	ps, err := ParseProxies(urls)
 	if err != nil {

@@ -33,12 +33,11 @@ type Proxy struct {
 // proxySchemes are the schemes net/http's Transport can dial through.
 var proxySchemes = map[string]bool{"http": true, "https": true, "socks5": true, "socks5h": true}
 
-// ParseProxy validates raw and returns the proxy it names: a URL (http,
-// https, socks5, socks5h; host and numeric port; optional user:password; no
-// path), host:port, user:password@host:port or host:port:user:password (user
-// info as is, not %-escaped). IPv6 hosts are bracketed. Host and port are
-// canonicalised; ambiguous lines are rejected. The error, a *ProxyError
-// wrapping ErrInvalidProxy, never echoes user info.
+// ParseProxy validates raw: a URL (http, https, socks5, socks5h, with a
+// numeric port and optional user:password), host:port,
+// user:password@host:port or host:port:user:password (user info as is). Host
+// and port are canonicalised; ambiguous lines are rejected. The error, a
+// *ProxyError wrapping ErrInvalidProxy, never echoes user info.
 func ParseProxy(raw string) (*Proxy, error) {
 	bad := func(reason string) error {
 		return &ProxyError{Proxy: redactRaw(raw), Reason: reason, Err: ErrInvalidProxy}

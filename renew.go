@@ -247,12 +247,11 @@ func (p *redisPool) extendMany(ctx context.Context, ls []*Lease, ttl time.Durati
 	return res, nil
 }
 
-// Close releases every lease the Switch holds (requests still running then
-// fail with ErrLeaseLost) and calls Stop; from then on ProxyFunc and Lease
-// fail with ErrNoProxy. Call it after Collector.Wait, before the process
-// exits, or unfinished leases stay in Redis for their TTL. It waits at most
-// until ctx ends, and reports leases it could not release. It does not close
-// the Redis client. It is safe for concurrent use.
+// Close releases every lease the Switch holds (requests still running fail
+// with ErrLeaseLost) and calls Stop; then ProxyFunc and Lease fail with
+// ErrNoProxy. Call it after Collector.Wait, before exiting, or leases stay
+// in Redis until their TTL. It waits at most until ctx ends and reports
+// leases it could not release. It is safe for concurrent use.
 func (s *Switch) Close(ctx context.Context) error {
 	r := &s.renew
 	r.mu.Lock()

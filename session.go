@@ -141,9 +141,8 @@ type SessionInfo struct {
 	Requests   int    // requests sent through the session so far, this one included
 	Started    time.Time
 	Expires    time.Time // when it lapses unless used again (Redis clock)
-	// Previous tells why the task's previous session ended, when it was
-	// retired or ended (not when it lapsed) within a TTL before this one
-	// started; nil otherwise.
+	// Previous tells why the task's previous session was retired or
+	// ended, if it was within a TTL; nil otherwise.
 	Previous *SessionRetirement
 }
 
@@ -173,16 +172,13 @@ type sessionConfig struct {
 }
 
 // Sessions configures the sticky sessions of tasks (TaskKey), which need
-// Attach. Sessions live in Redis only: with Redis unreachable, or under
-// WithSharding, a request of a task fails with ErrNoProxy rather than leave
-// from another IP. A zero field keeps the default (or what an earlier
-// WithSessions set); Off sets a numeric field to zero.
+// Attach and Redis: with Redis unreachable, or under WithSharding, a request
+// of a task fails with ErrNoProxy rather than leave from another IP. A zero
+// field keeps the default; Off sets a numeric field to zero.
 type Sessions struct {
-	// TTL is how long a task's session lives after its last request; while
-	// it lives, its proxy serves no one else on the sites it visited. Keep
-	// it above the request timeout; it must not exceed the idle TTL.
-	// Rotation.Cooldown does not pace a session's own requests. The default
-	// is 10 minutes (DefaultSessionTTL), or the idle TTL if shorter.
+	// TTL is how long a session lives after its last request, its proxy
+	// serving no one else on its sites; keep it above the request timeout
+	// and within the idle TTL. The default is 10 minutes.
 	TTL time.Duration
 
 	// MaxRequests retires a session once it has sent that many requests
@@ -193,21 +189,17 @@ type Sessions struct {
 	// 0: no limit.
 	MaxAge time.Duration
 
-	// Pool makes sessions lease from another pool under the same prefix
-	// (residential proxies, say), with the Switch's other options. Routes
-	// (WithRoute, UsePools) apply to requests of no task only. The default
-	// ("") is the Switch's own pool.
+	// Pool makes sessions lease from another pool (routes apply to
+	// requests of no task only). The default is the Switch's own pool.
 	Pool string
 
-	// Retired is told of every session retired (not lapsed or ended by
-	// EndSession), once, by the worker that retired it, on a request
-	// goroutine: it must be fast and must not block. The default is none.
+	// Retired is told once of every session retired (not lapsed or ended),
+	// on a request goroutine: it must be fast. The default is none.
 	Retired func(SessionRetirement)
 
-	// MaxErrorScore and ErrorDecay set how many soft refusals (429, 503) a
-	// session survives: each adds 1 to its error score, each healthy
-	// request takes ErrorDecay off, and reaching MaxErrorScore (at least 1)
-	// retires it; a hard ban always does. The defaults are 3 and 0.5.
+	// MaxErrorScore and ErrorDecay: each soft refusal (429, 503) adds 1 to
+	// a session's error score, each healthy request takes ErrorDecay off,
+	// and reaching MaxErrorScore retires it. The defaults are 3 and 0.5.
 	MaxErrorScore, ErrorDecay float64
 }
 

@@ -19,9 +19,8 @@ type SiteState struct {
 	Quarantined int // banned on this site (or on every site) until the quarantine ends
 	Dead        int // out of every site's rotation until revived (drained ones too)
 
-	// Learned is the cooldown the fleet learned for the site
-	// (Rotation.LearnedPacing), 0 for none; releases use it when it is longer
-	// than Rotation.Cooldown.
+	// Learned is the site's learned cooldown (Rotation.LearnedPacing), 0
+	// for none.
 	Learned time.Duration
 }
 
