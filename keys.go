@@ -60,10 +60,10 @@ const globalSite = "*"
 //	                                   half-open (breaker.go, breaker_lib.lua; no TTL, until it closes)
 //	{prefix:pool}:breaker:<site> hash  the site's ban-rate window (breaker.lua); TTL: twice the window
 //	{prefix:pool}:modes          zset  member ID -> Redis ms at which it last leased from the broker (fallback.go); TTL: member TTL
-//	{prefix:pool}:gone           zset  proxy ID -> ms x 1000 + a count (unique, rising): the proxies removed from the pool,
-//	                                   whose state each site forgets at its next leases (pool_update.lua, lease.lua's
-//	                                   forget_gone); an entry goes after the idle TTL; no TTL
-//	{prefix:pool}:swept          hash  site -> the gone zset's score up to which the site forgot them; TTL: idle TTL
+//	{prefix:pool}:sweep          zset  "<kind>:<id>" -> ms x 1000 + a count (unique, rising): a removal ("g") or a
+//	                                   revival ("r") each site applies to its keys at its next leases (lib.lua's
+//	                                   sweep_add, lease.lua's sweep); an event goes after the idle TTL; no TTL
+//	{prefix:pool}:swept          hash  site -> the sweep zset's score up to which the site applied it; TTL: idle TTL
 //
 // A ban is not a key of its own: it is the score of the proxy's slots in the
 // site's busy set ("free:<site>"), pushed to the end of the quarantine, so it
@@ -74,7 +74,7 @@ const globalSite = "*"
 // zset, and the busy set of the one site it happened on: lease.lua checks
 // both for each proxy it offers, and records a dead proxy's slots out on
 // its site at DEAD (lib.lua) when it first meets it. A removal writes the
-// gone zset, and each site forgets the proxy's state at its next leases.
+// sweep zset, and each site forgets the proxy's state at its next leases.
 // No death, ban, drain, revival or removal visits every site. lease.lua sets
 // the TTLs of a site's keys at most once a second: a busy set or lease hash
 // emptied and written again within that second (a release took its last
@@ -115,7 +115,7 @@ func (k keyspace) breaker() string             { return k.base + ":breaker" }
 func (k keyspace) order() string               { return k.base + ":order" }
 func (k keyspace) cursor() string              { return k.base + ":cursor" }
 func (k keyspace) exits() string               { return k.base + ":exit" }
-func (k keyspace) gone() string                { return k.base + ":gone" }
+func (k keyspace) sweep() string               { return k.base + ":sweep" }
 func (k keyspace) swept() string               { return k.base + ":swept" }
 
 // gatewayMembers is the index zset of gateway template t's members

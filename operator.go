@@ -127,7 +127,7 @@ func (s *Switch) Clear(ctx context.Context) error {
 	for {
 		n, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) (int64, error) {
 			return engine.Clear{Sites: s.keys.sites(), Others: []string{s.keys.proxies(), s.keys.meta(), s.keys.fails(),
-				s.keys.quarantine(), s.keys.dead(), s.keys.members(), s.keys.memberOwners(), s.keys.modes(), s.keys.liveSessions(), s.keys.breaker(), s.keys.order(), s.keys.cursor(), s.keys.gateways(), s.keys.labels(), s.keys.relabel(), s.keys.gone(), s.keys.swept()},
+				s.keys.quarantine(), s.keys.dead(), s.keys.members(), s.keys.memberOwners(), s.keys.modes(), s.keys.liveSessions(), s.keys.breaker(), s.keys.order(), s.keys.cursor(), s.keys.gateways(), s.keys.labels(), s.keys.relabel(), s.keys.sweep(), s.keys.swept()},
 				Prefix: s.keys.base, Budget: max(1, pageSize()/5), Entries: pageSize()}.Run(ctx, s.rdb).Int64()
 		}, nil)
 		if err != nil {

@@ -317,3 +317,28 @@ func TestRemovedProxyIsNoSlotOut(t *testing.T) {
 	leasesGet(t, s, "b.example", r, 6)
 	require.NoError(t, lq.Release(ctx))
 }
+
+// TestReviveEndsWhatTheDeathEnded: a proxy's death ends its quarantines on
+// every site, as its revival shows: revived, it is free on a site that
+// had it quarantined before it died, though no lease there met it dead,
+// both for the state reads and for the next lease (the site applies the
+// revival at once, not after the quarantine).
+func TestReviveEndsWhatTheDeathEnded(t *testing.T) {
+	ctx := context.Background()
+	s, _, p, _ := threeInOrder(t, WithBans(Bans{DeadAfter: 1}))
+	l, err := s.Lease(ctx, "d.example") // the site is known to the sweep
+	require.NoError(t, err)
+	require.NoError(t, l.Release(ctx))
+	_, err = s.penalize(ctx, "d.example", p, nil, ban.Verdict{Kind: ban.Ban, Reason: "http_403"})
+	require.NoError(t, err)
+	_, err = s.penalize(ctx, "a.example", p, nil, ban.Verdict{Kind: ban.ProxyFailure, Reason: ban.ReasonProxyConnect})
+	require.NoError(t, err)
+	n, err := s.Revive(ctx, "", p.id)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+
+	st, err := s.SiteState(ctx, "d.example")
+	require.NoError(t, err)
+	assert.Equal(t, 3, st.Free, "%+v", st)
+	assert.Contains(t, leaseAll(t, s, "d.example"), p.id)
+}

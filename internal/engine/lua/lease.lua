@@ -138,56 +138,17 @@ end
 local pruned = redis.call('ZRANGE', KEYS[2], '-inf', nows, 'BYSCORE', 'LIMIT', '0', PRUNE)
 if #pruned > 0 then redis.call('ZREM', KEYS[2], unpack(pruned)) end
 
--- Proxies that left the pool. pool_update.lua takes a proxy out of the
--- pool and records it in the pool's gone zset (id -> a unique, rising
--- score: ms x 1000 + a count), never visiting the sites (bounded work
--- whatever their number). Each site forgets their state here: the slots
--- out on it (but those of a live lease: its holder releases it), their
--- expired leases, strikes and failure rates, GONE_PAGE proxies per call
--- (fewer at more than 4 slots per proxy),
--- at its bookkeeping (once a second) and before it answers that every
--- proxy is out (all_out). The swept hash keeps, per site, the score up to
--- which it did; a site new to it starts from now (nothing gone before is
--- on it). Returns whether it forgot any slot; runs once per call.
-local GONE_PAGE, DEAD_SAMPLE = 64, 64
+-- The sweep (lib.lua's site_sweep), at the site's bookkeeping (once a
+-- second) and before it answers that every proxy is out (all_out): once
+-- per call. Returns whether a slot out came back.
+local DEAD_SAMPLE = 64
 local swept = false
-local function forget_gone()
+local function sweep()
   if swept then return false end
   swept = true
-  local base = pool_prefix(string.sub(KEYS[2], 1, #KEYS[2] - #(':free:' .. ARGV[1])))
-  if not base or KEYS[2] ~= base .. ':free:' .. ARGV[1] then return false end
-  local wk = base .. ':swept'
-  local from = redis.call('HGET', wk, ARGV[1])
-  if not from then
-    redis.call('HSET', wk, ARGV[1], string.format('%.0f', now * 1000))
-    redis.call('PEXPIRE', wk, idle)
-    return false
-  end
-  local page = math.max(1, math.min(GONE_PAGE, math.floor(4 * GONE_PAGE / slots))) -- (slots looked at: at most 256, or one proxy's)
-  local ids = redis.call('ZRANGE', base .. ':gone', '(' .. from, '+inf', 'BYSCORE', 'LIMIT', 0, page, 'WITHSCORES')
-  if #ids == 0 then return false end
-  local sk, hk, moved = base .. ':strikes:' .. ARGV[1], base .. ':health:' .. ARGV[1], false
-  for i = 1, #ids, 2 do
-    local id = ids[i]
-    if redis.call('HEXISTS', KEYS[1], id) == 0 then -- (not back in the pool since)
-      for s = 0, slots - 1 do
-        local m = id .. ':' .. s
-        local v = redis.call('HGET', KEYS[3], m)
-        local exp = v and tonumber(string.match(v, '|(%d+)$'))
-        if not (exp and exp > now) then
-          if redis.call('ZREM', KEYS[2], m) == 1 then moved = true end
-          if v then redis.call('HDEL', KEYS[3], m) end
-        end
-      end
-      redis.call('HDEL', sk, id)
-      redis.call('HDEL', hk, id)
-    end
-  end
-  redis.call('HSET', wk, ARGV[1], ids[#ids])
-  redis.call('PEXPIRE', wk, idle)
-  return moved
+  return site_sweep(ARGV[1], KEYS[2], KEYS[3], KEYS[1], KEYS[6], slots, now, idle)
 end
-if fresh then forget_gone() end
+if fresh then sweep() end
 
 -- Whether any proxy is dead is read once (most often none is: then no
 -- candidate is looked up); a call of several leases reads once whether any
@@ -397,7 +358,7 @@ end
 -- and the wait is at most the hold's.
 --
 -- The busy set may still count, below DEAD, slots of proxies that died
--- since on another site (dead_mark) or left the pool (forget_gone): before
+-- since on another site (dead_mark) or left the pool (sweep): before
 -- it answers a wait, a bounded sample of each is recorded, and the set
 -- counted again.
 local function all_out()
@@ -407,7 +368,7 @@ local function all_out()
   local total = redis.call('HLEN', KEYS[1]) * slots
   local function outs() return redis.call('ZCOUNT', KEYS[2], '(' .. nows, '(' .. DEAD) + gone * slots end
   if outs() < total then return nil end
-  local moved = forget_gone()
+  local moved = sweep()
   if dead > 0 then
     for _, id in ipairs(redis.call('HRANDFIELD', KEYS[6], math.max(1, math.floor(DEAD_SAMPLE / slots)))) do
       if dead_mark(id) then moved = true end

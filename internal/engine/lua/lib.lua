@@ -164,6 +164,102 @@ local function order_add(key, meta, list)
   end
 end
 
+-- Per-site sweeps. A change that concerns every site's keys (a proxy
+-- removed from the pool, or revived) is written once, as an event of the
+-- pool's sweep zset ("<prefix>:sweep", member "<kind>:<id>", score a unique
+-- rising number, ms x 1000 + a count from 1), never into each site's keys:
+-- each site applies the events newer than its mark (the swept hash) at its
+-- next leases (lease.lua's sweep). Kinds: "g" gone from the pool (the site
+-- forgets its state), "r" revived (its slots out on the site, but a live
+-- lease's, come back, as its death had put them all at DEAD). An event
+-- goes after the idle TTL (pool_update.lua).
+
+-- sweep_add records an event of kind for each id of list (at most 1000)
+-- in the sweep zset of pool prefix base, each at a score of its own above
+-- every score there (a site new to the sweep at now starts at now x 1000).
+local function sweep_add(base, kind, list)
+  if #list == 0 then return end
+  local key = base .. ':sweep'
+  local top = redis.call('ZRANGE', key, '+inf', '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, 1, 'WITHSCORES')
+  local sc = math.max(now_ms() * 1000 + 1, (num(top[2]) or 0) + 1)
+  local args = {}
+  for _, id in ipairs(list) do
+    args[#args + 1] = string.format('%.0f', sc)
+    args[#args + 1] = kind .. ':' .. id
+    sc = sc + 1
+  end
+  redis.call('ZADD', key, unpack(args))
+end
+
+-- SWEEP_PAGE is the most sweep events one call applies to a site (fewer
+-- at more than 4 slots per proxy: at most 256 slots looked at, or one
+-- proxy's).
+local SWEEP_PAGE = 64
+
+-- site_sweep applies to site scope (its busy set free and lease hash
+-- leases; pool hash pool, dead hash dead, slots per proxy) the events of
+-- the pool's sweep zset newer than the site's mark in the swept hash (a
+-- bounded page; lease.lua at the site's bookkeeping, the state reads
+-- before they count). "g", a proxy gone from the pool (and not back
+-- since): its slots out on the site but a live lease's (its holder
+-- releases it), its expired leases, strikes and failure rate go. "r", a
+-- proxy revived (and not dead again): its slots out on the site come back,
+-- a live lease's at its end. A site new to the sweep starts from now
+-- (nothing before is on it); with idle nil (a read), a site with no mark
+-- is left alone. The keys are named from free's prefix, which must be
+-- KEYS[1]'s hash tag (pool_prefix; else nothing is done). Returns whether
+-- a slot out came back.
+local function site_sweep(scope, free, leases, pool, dead, slots, now, idle)
+  local base = pool_prefix(string.sub(free, 1, #free - #(':free:' .. scope)))
+  if not base or free ~= base .. ':free:' .. scope then return false end
+  local wk = base .. ':swept'
+  local from = redis.call('HGET', wk, scope)
+  if not from then
+    if not idle then return false end
+    redis.call('HSET', wk, scope, string.format('%.0f', now * 1000))
+    redis.call('PEXPIRE', wk, idle)
+    return false
+  end
+  local page = math.max(1, math.min(SWEEP_PAGE, math.floor(4 * SWEEP_PAGE / slots)))
+  local evs = redis.call('ZRANGE', base .. ':sweep', '(' .. from, '+inf', 'BYSCORE', 'LIMIT', 0, page, 'WITHSCORES')
+  if #evs == 0 then return false end
+  local sk, hk, moved = base .. ':strikes:' .. scope, base .. ':health:' .. scope, false
+  for i = 1, #evs, 2 do
+    local kind, id = string.match(evs[i], '^(%a):(.+)$')
+    local here = id and redis.call('HEXISTS', pool, id) == 1
+    if (kind == 'g' and not here) or (kind == 'r' and here and redis.call('HEXISTS', dead, id) == 0) then
+      for s = 0, slots - 1 do
+        local m = id .. ':' .. s
+        local v = redis.call('HGET', leases, m)
+        local exp = v and tonumber(string.match(v, '|(%d+)$'))
+        if exp and exp > now then
+          if kind == 'r' and num(redis.call('ZSCORE', free, m)) ~= exp then redis.call('ZADD', free, exp, m) end
+        else
+          if redis.call('ZREM', free, m) == 1 then moved = true end
+          if v and kind == 'g' then redis.call('HDEL', leases, m) end
+        end
+      end
+      if kind == 'g' then
+        redis.call('HDEL', sk, id)
+        redis.call('HDEL', hk, id)
+      end
+    end
+  end
+  redis.call('HSET', wk, scope, evs[#evs])
+  if idle then redis.call('PEXPIRE', wk, idle) end
+  return moved
+end
+
+-- read_sweep is site_sweep for the scripts that read a site's state
+-- (state.lua, proxy_states.lua, stats.lua; pool hash pool, busy set free,
+-- whose scope follows the pool's prefix): a revival or removal the site
+-- has not applied yet is applied before they count.
+local function read_sweep(pool, free, leases, dead, slots, now)
+  local pre = string.sub(pool, 1, #pool - #':proxies') .. ':free:'
+  if string.sub(pool, -#':proxies') ~= ':proxies' or string.sub(free, 1, #pre) ~= pre then return end
+  site_sweep(string.sub(free, #pre + 1), free, leases, pool, dead, slots, now, nil)
+end
+
 -- Script body.
 
 -- fraction reads a stored non-negative number (a rate, a learned time in

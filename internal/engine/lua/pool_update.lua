@@ -35,11 +35,10 @@
 --         entries: a page of the index build below, or of relabelling; the
 --         "emptied" mark is left alone)
 -- ARGV[2] key prefix "{prefix:pool}" (same hash tag, hence same cluster
---         slot as KEYS; checked): the gone zset ARGV[2]..":gone" (id -> a
---         unique rising score, ms x 1000 + a count: the proxies removed,
---         which each site forgets at its next leases, lease.lua's
---         forget_gone), the swept hash ARGV[2]..":swept" (site -> how far
---         it did), and with "rotate" the busy set and lease hash of its scope
+--         slot as KEYS; checked): the sweep zset ARGV[2]..":sweep" (the
+--         proxies removed, which each site forgets at its next leases:
+--         lib.lua's sweep_add), the swept hash ARGV[2]..":swept" (site ->
+--         how far it did), and with "rotate" the busy set and lease hash of its scope
 -- ARGV[3] idle TTL ms: sites not leased for that long are forgotten
 -- ARGV[4] "1": earlier calls of the same change changed the pool; "0": none
 -- ARGV[5..] add/replace: id, URL, template, size, labels, ... (template "" and
@@ -62,7 +61,7 @@
 --           ends them as usual)
 --
 -- Work bound: "add" and "remove" take at most BUDGET entries per call, and
--- no call visits the sites' keys (a removed proxy is recorded in the gone
+-- no call visits the sites' keys (a removed proxy is recorded in the sweep
 -- zset for the sites to forget: remove_all). A
 -- gateway's members are counted (ZCARD) and listed (a bounded ZRANGE) from
 -- its index zset, and relabelled when its labels change RELABEL at a time
@@ -99,17 +98,16 @@ local RELABEL = 500 -- members relabelled per call
 local INDEX_PAGE = 200 -- gateways hash entries indexed per call (HSCAN COUNT)
 
 -- Sites idle past the idle TTL are forgotten (a bounded step per call),
--- and so are proxies that left the pool that long ago (the gone zset,
--- lease.lua's forget_gone: every site leased since has forgotten them).
+-- and so are sweep events that old (lib.lua's sweep_add: every site
+-- leased since has applied them).
 local stale = redis.call('ZRANGE', KEYS[2], '-inf', now - idle, 'BYSCORE', 'LIMIT', 0, 100)
 if #stale > 0 then
   redis.call('ZREM', KEYS[2], unpack(stale))
   redis.call('HDEL', KEYS[8], unpack(stale))
   redis.call('HDEL', base .. ':swept', unpack(stale))
 end
-local GONE = base .. ':gone'
-local old_gone = redis.call('ZRANGE', GONE, '-inf', string.format('%.0f', (now - idle) * 1000), 'BYSCORE', 'LIMIT', 0, 1000)
-if #old_gone > 0 then redis.call('ZREM', GONE, unpack(old_gone)) end
+local old_events = redis.call('ZRANGE', base .. ':sweep', '-inf', string.format('%.0f', (now - idle) * 1000), 'BYSCORE', 'LIMIT', 0, 1000)
+if #old_events > 0 then redis.call('ZREM', base .. ':sweep', unpack(old_events)) end
 local plain = 0 -- rotate: the old id is in the pool but no gateway's
 
 -- many runs cmd on key with the items of list, 1000 at a time; returns the
@@ -260,27 +258,11 @@ local function index_page()
   redis.call('HSET', KEYS[3], 'gwindex', meta_gw)
 end
 
--- gone_add records the ids of list (at most 1000) in the gone zset, each
--- at a score of its own above every score there (ms x 1000 + a count from 1), so
--- that a site's sweep (lease.lua's forget_gone) pages through them
--- without skipping any.
-local function gone_add(list)
-  local top = redis.call('ZRANGE', GONE, '+inf', '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, 1, 'WITHSCORES')
-  local sc = math.max(now * 1000 + 1, (num(top[2]) or 0) + 1) -- (a site new to the sweep now starts at now x 1000)
-  local args = {}
-  for _, id in ipairs(list) do
-    args[#args + 1] = string.format('%.0f', sc)
-    args[#args + 1] = id
-    sc = sc + 1
-  end
-  redis.call('ZADD', GONE, unpack(args))
-end
-
 -- remove_all takes the ids of list out of the pool, the order, the
 -- gateways and labels hashes, the dead, fails and quarantine records: a
 -- few commands per key for the whole list. The sites' keys are left to
--- the sites: each forgets the proxies recorded in the gone zset at its
--- next leases (lease.lua's forget_gone), so the call's work does not grow
+-- the sites: each forgets the proxies at its next leases (a "g" event of
+-- lib.lua's sweep_add, lease.lua's sweep), so the call's work does not grow
 -- with the sites. With a scope, the lease of member mine there, owned by
 -- token, ends now. Returns how many were in the pool.
 local function remove_all(list, scope, mine, token)
@@ -296,7 +278,7 @@ local function remove_all(list, scope, mine, token)
     unindex(part)
     redis.call('HDEL', KEYS[9], unpack(part))
     redis.call('HDEL', KEYS[10], unpack(part))
-    gone_add(part)
+    sweep_add(base, 'g', part)
   end
   if scope and mine and mine ~= '' then
     local lk = base .. ':lease:' .. scope

@@ -43,6 +43,7 @@ local function after_now(v)
   if v and v > now then return v end
 end
 
+if ARGV[2] == '0' then read_sweep(KEYS[1], KEYS[2], KEYS[3], KEYS[6], slots, now) end
 local page = redis.call('HSCAN', KEYS[1], ARGV[2], 'COUNT', ARGV[3])
 local pool = page[2]
 local out = {page[1], now, slots, #pool / 2}

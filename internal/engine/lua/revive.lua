@@ -12,11 +12,13 @@
 -- ARGV[4] budget: the most proxies one call revives; at least one
 -- ARGV[5..] proxy ids
 --
--- Reviving is deleting the dead hash's entry: a slot a site's busy set
--- still records at DEAD is free for a lease once its proxy is not dead
--- (lease.lua's out), or out until the end of a live lease taken before
--- the death, never earlier: no slot is ever leased twice. So a call's work
--- follows its proxies, not the sites of the pool.
+-- Reviving is deleting the dead hash's entry, and an "r" event of the
+-- sweep zset (lib.lua's sweep_add): each site then frees the proxy's slots
+-- out there at its next leases, as the death had put them all at DEAD (a
+-- slot a live lease holds comes back when that lease ends, never earlier:
+-- no slot is ever leased twice). Until a site did, a slot it records at
+-- DEAD is free for a lease (lease.lua's out) and any other stays out. So
+-- a call's work follows its proxies, not the sites of the pool.
 -- Returns {proxies that were dead and are not any more, ids consumed}: a
 -- call does the first ids that fit the budget, the caller sends the rest
 -- again (ban.go).
@@ -25,15 +27,17 @@ if not base then return redis.error_reply(badbase) end
 local want = ARGV[3]
 local cap = math.max(1, math.floor(tonumber(ARGV[4]) or 0))
 local last = math.min(#ARGV, 4 + cap)
-local revived = 0
+local revived, ids = 0, {}
 for i = 5, last do
   local id = ARGV[i]
   local mark = redis.call('HGET', KEYS[1], id)
   if mark and (want == '' or string.sub(mark, (string.find(mark, '|', 1, true) or 0) + 1) == want) then
     redis.call('HDEL', KEYS[1], id)
     revived = revived + 1
+    ids[revived] = id
     redis.call('HDEL', KEYS[2], id)
   end
 end
+sweep_add(base, 'r', ids)
 if revived > 0 then bump_version(base .. ':meta') end -- the dead list is part of the pool's generation
 return {revived, last - 4}

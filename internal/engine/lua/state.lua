@@ -39,6 +39,7 @@ local phase, cursor = ARGV[2], ARGV[3]
 local budget = tonumber(ARGV[4])
 if not budget or budget < 1 then return redis.error_reply('PSARGS bad state budget') end
 local out = {size, slots, learned}
+if phase == 'busy' and cursor == '0' then read_sweep(KEYS[1], KEYS[2], KEYS[3], KEYS[6], slots, now) end
 
 -- leased: slot member m is held by a live lease on the site.
 local function leased(m)

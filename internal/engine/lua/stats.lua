@@ -30,6 +30,8 @@ if slots then
   if not k or k < 1 or k > MAX_SLOTS or k ~= math.floor(k) then k = -1 end
 end
 if k <= 0 then return {size, -1, -1, 0, 0, k, '0'} end
+local base = pool_prefix(string.sub(KEYS[1], 1, #KEYS[1] - #':proxies'))
+if ARGV[1] == '0' and base then read_sweep(KEYS[1], KEYS[2], KEYS[3], base .. ':dead', k, now) end
 local tracked = redis.call('ZCARD', KEYS[2])
 local out = redis.call('ZCOUNT', KEYS[2], '(' .. now, '+inf')
 -- Dead proxies, and those banned on every site, are out on the site
@@ -39,7 +41,6 @@ local out = redis.call('ZCOUNT', KEYS[2], '(' .. now, '+inf')
 -- each once, for up to AWAY of them (bounded work); past that, all of their
 -- slots are (an estimate: a slot out on the site counts twice).
 local AWAY = 256
-local base = pool_prefix(string.sub(KEYS[1], 1, #KEYS[1] - #':proxies'))
 if base then
   local dk, qk = base .. ':dead', base .. ':quarantine'
   local nd, nq = redis.call('HLEN', dk), redis.call('ZCOUNT', qk, '(' .. now, '+inf')
