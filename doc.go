@@ -221,6 +221,10 @@
 //	{prefix:pool}:dead             hash  proxy ID -> "<ms>|<reason>" (operator state: no TTL, until Revive)
 //	{prefix:pool}:exit             hash  proxy ID -> its exit IP (package probe, Checker.Exits; no TTL)
 //	{prefix:pool}:exit:<IP>        set   the proxy IDs leaving from IP: on a site they share one proxy's slots (no TTL)
+//	{prefix:pool}:exitips          zset  exit IP -> how many proxy IDs leave from it (no TTL)
+//	{prefix:pool}:exitout:<site>   zset  "<IP>|<id>" -> 0: the proxies with an exit IP that may have slots out on
+//	                                     the site, so that a lease counts an IP's slots without reading its set (idle TTL)
+//	{prefix:pool}:exitban:<IP>     zset  proxy ID -> end of its ban on every site, ms, or later: those of IP (max quarantine)
 //	{prefix:pool}:probe-leader     string the token of the process running package probe's rounds (the lock's TTL)
 //	{prefix:pool}:members          zset  member ID -> end of its registration, ms (the last registration's end)
 //	{prefix:pool}:member-owners    hash  member ID -> token of the process holding it (same TTL)

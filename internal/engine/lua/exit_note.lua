@@ -29,6 +29,10 @@
 local base, badbase = pool_prefix(ARGV[1])
 if not base then return redis.error_reply(badbase) end
 if #ARGV % 2 ~= 1 then return redis.error_reply('PSARGS want pairs of a proxy ID and an exit IP') end
+for i = 3, #ARGV, 2 do
+  -- The exit indexes read an IP's members by lex range ("<IP>|<id>").
+  if string.find(ARGV[i], '|', 1, true) then return redis.error_reply('PSARGS an exit IP holds no "|"') end
+end
 local now = now_ms()
 local slots = meta_slots(KEYS[3], 1)
 local MAX_SITES = 256
@@ -54,7 +58,7 @@ local function carry(id, old)
       local sc = num(redis.call('ZSCORE', fk, m))
       if sc and sc > now and sc < DEAD and redis.call('HEXISTS', lk, m) == 0 and sc > untl then untl = sc end
     end
-    if untl > 0 then holds[#holds + 1] = {fk, lk, untl} end
+    if untl > 0 then holds[#holds + 1] = {fk, lk, untl, site} end
   end
   if not q and #holds == 0 then return end
   local left = {}
@@ -63,6 +67,7 @@ local function carry(id, old)
   end
   if q then
     for _, e in ipairs(left) do redis.call('ZADD', qk, 'GT', q, e) end
+    exit_ban(base, old, left, q)
   end
   for _, h in ipairs(holds) do
     local fk, lk, untl = h[1], h[2], h[3]
@@ -72,9 +77,36 @@ local function carry(id, old)
         if redis.call('HEXISTS', lk, m) == 0 then redis.call('ZADD', fk, 'GT', untl, m) end
       end
     end
+    exit_mark(base, h[4], old, left, redis.call('PTTL', fk))
   end
 end
 
+-- join has the exit indexes of IP ip (lib.lua's exit_mark, exit_ban) name
+-- proxy id, one of its entries now, where it is out: on each of the
+-- MAX_SITES last sites where a slot of it is out, and in the IP's ban
+-- index while it is banned on every site (a dead proxy: none, revive.lua
+-- names it). Bounded work: one read per site.
+local recent -- the MAX_SITES last sites, read once per call
+local function join(id, ip)
+  if redis.call('HEXISTS', base .. ':dead', id) == 1 then return end
+  local q = num(redis.call('ZSCORE', base .. ':quarantine', id))
+  if q and q > now then exit_ban(base, ip, {id}, q) end
+  recent = recent or redis.call('ZREVRANGE', KEYS[2], 0, MAX_SITES - 1)
+  local ms = {}
+  for s = 0, slots - 1 do ms[#ms + 1] = id .. ':' .. s end
+  for _, site in ipairs(recent) do
+    local fk = base .. ':free:' .. site
+    for _, sc in ipairs(redis.call('ZMSCORE', fk, unpack(ms))) do
+      local n = num(sc)
+      if n and n > now then
+        exit_mark(base, site, ip, {id}, redis.call('PTTL', fk))
+        break
+      end
+    end
+  end
+end
+
+local ips = base .. ':exitips' -- IP -> its entries (lease.lua's exit_all_out)
 local out = {}
 for i = 2, #ARGV, 2 do
   local id, ip = ARGV[i], ARGV[i + 1]
@@ -88,14 +120,17 @@ for i = 2, #ARGV, 2 do
   else
     if old then
       carry(id, old)
-      redis.call('SREM', KEYS[1] .. ':' .. old, id)
+      if redis.call('SREM', KEYS[1] .. ':' .. old, id) == 1 and redis.call('ZINCRBY', ips, -1, old) + 0 <= 0 then
+        redis.call('ZREM', ips, old)
+      end
     end
     if ip == '' then
       redis.call('HDEL', KEYS[1], id)
       code = 3
     else
       redis.call('HSET', KEYS[1], id, ip)
-      redis.call('SADD', KEYS[1] .. ':' .. ip, id)
+      if redis.call('SADD', KEYS[1] .. ':' .. ip, id) == 1 then redis.call('ZINCRBY', ips, 1, ip) end
+      join(id, ip)
       if old then
         code = 2
         redis.call('HINCRBY', KEYS[3], 'exit_changes', 1)
@@ -103,6 +138,9 @@ for i = 2, #ARGV, 2 do
         code = 1
       end
     end
+    -- A first exit, or one forgotten: lease.lua's scan for entries with
+    -- no exit (the meta's "exitall") starts over.
+    if code ~= 2 then redis.call('HDEL', KEYS[3], 'exitall') end
   end
   out[#out + 1] = code
   out[#out + 1] = old or ''

@@ -20,6 +20,14 @@ local function extend_member(free, leases, member, token, newexp, now, live_only
   local score = num(redis.call('ZSCORE', free, member)) or 0
   if score < newexp then
     redis.call('ZADD', free, newexp, member)
+    if score <= now then
+      -- A lease renewed after its expiry (live_only false) puts back out a
+      -- slot that was free: the site's exit index names its entry again
+      -- (lib.lua's exit_mark; one HGET when it has no exit).
+      local base, site = busy_site(free)
+      local id = string.match(member, '^(.*):%d+$')
+      if base and id then exit_mark_id(base, site, id, redis.call('PTTL', free)) end
+    end
   end
   redis.call('HSET', leases, member, token .. '|' .. newexp)
   return newexp

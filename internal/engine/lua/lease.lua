@@ -96,7 +96,7 @@ local ttl, cooldown, idle = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[6]
 local SCAN, PRUNE = 128, tostring(2 * want)
 local nows = string.format('%.0f', now)
 
-local meta = redis.call('HMGET', KEYS[5], 'slots', 'version', 'hold', 'index', 'strict')
+local meta = redis.call('HMGET', KEYS[5], 'slots', 'version', 'hold', 'index', 'strict', 'exitall')
 local slots = meta[1]
 if not slots then
   redis.call('HSET', KEYS[5], 'slots', ARGV[5])
@@ -177,16 +177,108 @@ end
 local EXITS = KEYS[11]
 local exits_on = EXITS and (strict or redis.call('HLEN', EXITS) > 0)
 local strict_hold = strict and EXITS and now + 1000 or nil
--- With exits: whether any proxy is dead, or banned on every site, read once.
+-- With exits: whether any proxy is dead, or banned on every site, read once;
+-- the pool's key prefix (EXITS is "<base>:exit") and the site's index of
+-- the entries with slots out (lib.lua's exit_mark).
 local anydead = exits_on and redis.call('HLEN', KEYS[6]) > 0
 local anyban = exits_on and redis.call('ZCOUNT', KEYS[7], '(' .. nows, '+inf') > 0
+local XBASE = exits_on and string.sub(EXITS, 1, #EXITS - 5)
+local XOUT = exits_on and XBASE .. ':exitout:' .. ARGV[1]
+-- READ bounds the entries of one IP an index read looks at.
+local READ = 64
+
+-- ip_count counts the slots out on the site of the entries of exit IP ip,
+-- from the two indexes (lib.lua): each entry banned on every site holds K
+-- (the IP's ban index, entries whose noted end is ahead), each other entry
+-- the slots it has out there (the site's index); an entry dead, gone to
+-- another IP or with nothing out any more leaves the index it was read
+-- from. It stops once K are counted. Returns that count, the soonest time
+-- one of the slots counted comes back (nil for none), and whether the
+-- count is sure: false when an index held more than READ entries to look
+-- at and fewer than K were found out among those read (those read that
+-- were stale are gone: the next call goes further). Bounded work: two
+-- index reads of READ entries and K slots each, whatever the IP's size.
+local function ip_count(ip)
+  local n, soonest, sure, counted = 0, nil, true, {}
+  local function add(k, sc)
+    n = n + k
+    if not soonest or sc < soonest then soonest = sc end
+  end
+  if anyban then
+    local bk = XBASE .. ':exitban:' .. ip
+    local es = redis.call('ZRANGE', bk, '(' .. nows, '+inf', 'BYSCORE', 'LIMIT', 0, READ)
+    if #es > 0 then
+      local qs = redis.call('ZMSCORE', KEYS[7], unpack(es))
+      local at = redis.call('HMGET', EXITS, unpack(es))
+      local dead = anydead and redis.call('HMGET', KEYS[6], unpack(es)) or {}
+      local stale = {}
+      for i, e in ipairs(es) do
+        local q = num(qs[i])
+        if at[i] ~= ip or dead[i] or not q or q <= now then
+          stale[#stale + 1] = e
+        elseif n < slots then
+          counted[e] = true
+          add(slots, q)
+        end
+      end
+      if #stale > 0 then redis.call('ZREM', bk, unpack(stale)) end
+      if #es == READ and n < slots then sure = false end
+    end
+  end
+  if n >= slots or not sure then return n, soonest, sure end
+  local ms = redis.call('ZRANGEBYLEX', XOUT, '[' .. ip .. '|', '(' .. ip .. '}', 'LIMIT', 0, READ)
+  if #ms == 0 then return n, soonest, sure end
+  local es, mine = {}, {}
+  for i, m in ipairs(ms) do
+    local mip, e = string.match(m, '^(.*)|([^|]*)$')
+    if mip == ip then
+      es[#es + 1] = e
+      mine[#es] = m
+    end
+  end
+  if #es == 0 then return n, soonest, sure end
+  local at = redis.call('HMGET', EXITS, unpack(es))
+  local dead = anydead and redis.call('HMGET', KEYS[6], unpack(es)) or {}
+  local qs = anyban and redis.call('ZMSCORE', KEYS[7], unpack(es)) or {}
+  local sl = {}
+  for _, e in ipairs(es) do
+    for s = 0, slots - 1 do sl[#sl + 1] = e .. ':' .. s end
+  end
+  local scs = {}
+  for j = 1, #sl, 4096 do
+    local part = redis.call('ZMSCORE', KEYS[2], unpack(sl, j, math.min(j + 4095, #sl)))
+    for x = 1, #part do scs[j + x - 1] = part[x] end
+  end
+  local stale = {}
+  for i, e in ipairs(es) do
+    if at[i] ~= ip or dead[i] then
+      stale[#stale + 1] = mine[i]
+    elseif not counted[e] then
+      local q, any = num(qs[i]), false
+      for s = 1, slots do
+        local k = (i - 1) * slots + s
+        local sc = num(scs[k]) or 0
+        if sc >= DEAD then sc = out(sl[k], e) end
+        if q and q > sc then sc = q end
+        if sc > now then
+          any = true
+          add(1, sc)
+        end
+      end
+      if not any then stale[#stale + 1] = mine[i] end
+    end
+  end
+  if #stale > 0 then redis.call('ZREM', XOUT, unpack(stale)) end
+  if #ms == READ and n < slots then sure = false end
+  return n, soonest, sure
+end
 
 -- exit_out returns nil when proxy id has no known exit (and true: its
 -- exit is unknown), or fewer than K slots of the entries of its exit IP
--- are out on the site; else the time the soonest of them comes back. Each
--- IP is read once per call (ip_out), again after a grant to one of its
--- entries: a call costs the entries of the IPs it meets, not of each
--- candidate.
+-- are out on the site; else the time the soonest of them comes back (1 ms
+-- from now when the count was not sure: see ip_count). Its third result is
+-- the IP. Each IP is counted once per call (ip_out), again after a grant
+-- to one of its entries.
 local ip_out = {}
 local function exit_out(id)
   if not exits_on then return nil end
@@ -194,54 +286,19 @@ local function exit_out(id)
   if not ip then return nil, true end
   local memo = ip_out[ip]
   if not memo then
-    -- At most three reads per 256 entries of the IP (and per 4096
-    -- slots): their dead marks (if any proxy is dead), bans on every site
-    -- (if any) and slot scores (a slot at DEAD of an entry no longer dead
-    -- goes through out, as in try).
-    local n, soonest = 0, nil
-    local all = redis.call('SMEMBERS', EXITS .. ':' .. ip)
-    for from = 1, #all, 256 do
-      local es, ms = {}, {}
-      for i = from, math.min(from + 255, #all) do
-        es[#es + 1] = all[i]
-        for s = 0, slots - 1 do ms[#ms + 1] = all[i] .. ':' .. s end
-      end
-      local dead, qs = {}, {}
-      if anydead then dead = redis.call('HMGET', KEYS[6], unpack(es)) end
-      if anyban then qs = redis.call('ZMSCORE', KEYS[7], unpack(es)) end
-      local scs = {}
-      for j = 1, #ms, 4096 do
-        local part = redis.call('ZMSCORE', KEYS[2], unpack(ms, j, math.min(j + 4095, #ms)))
-        for x = 1, #part do scs[j + x - 1] = part[x] end
-      end
-      for i, e in ipairs(es) do
-        if not dead[i] then
-          local q = num(qs[i])
-          for s = 1, slots do
-            local k = (i - 1) * slots + s
-            local sc = num(scs[k]) or 0
-            if sc >= DEAD then sc = out(ms[k], e) end
-            if q and q > sc then sc = q end
-            if sc > now then
-              n = n + 1
-              if not soonest or sc < soonest then soonest = sc end
-            end
-          end
-        end
-      end
-    end
-    memo = {n, soonest}
+    memo = {ip_count(ip)}
     ip_out[ip] = memo
   end
-  if memo[1] < slots then return nil end
-  return memo[2]
+  if not memo[3] then return now + 1, false, ip end
+  if memo[1] < slots then return nil, false, ip end
+  return memo[2], false, ip
 end
 
 -- try returns the first free slot of proxy id on the site (member), or nil
 -- and the time until which the proxy is out; held: until when an entry
 -- free but for its unknown exit is out (strict exits), or nil.
 local function try(id, held)
-  local x, unknown = exit_out(id) -- first: the IP's entries read once per call
+  local x, unknown, ip = exit_out(id) -- first: the IP's count read once per call
   if x then return nil, x end
   local soonest, free = nil, {}
   for s = 0, slots - 1 do
@@ -255,7 +312,11 @@ local function try(id, held)
   end
   if #free == 0 then return nil, soonest end
   local b = banned(id, free)
-  if b then return nil, b end
+  if b then
+    -- A ban recorded on the site's busy set: the IP's index names it.
+    if ip and b < DEAD then exit_mark(XBASE, ARGV[1], ip, {id}, idle) end
+    return nil, b
+  end
   if unknown and held then return nil, held end
   return free[1]
 end
@@ -334,6 +395,77 @@ local function all_out()
   return soon or now + 1
 end
 
+-- IPS bounds the exit IPs exit_all_out counts; EXITSCAN the entries one
+-- call of it scans for an exit (in pages of 512).
+local IPS, EXITSCAN = 64, 2048
+
+-- exit_all_out is, for a pool whose entries all leave from recorded exit
+-- IPs (or are held for having none: strict exits), of at most IPS IPs,
+-- the soonest time one of them comes back when every IP has its K slots
+-- out on the site; else nil. It answers the wait of a pool saturated by
+-- its IPs, which all_out (counting slots) cannot see, with bounded work:
+-- ip_count for each IP (shared with the rotation's), the exit IPs zset
+-- ("<base>:exitips", IP -> its entries: exit_note.lua), whose counts must
+-- add up to the exit hash's (else nil: an IP may be missing), and, without
+-- strict exits, the meta's "exitall" mark: "<version>|done|<proxies>"
+-- once a scan of the pool (EXITSCAN entries per call, at this version of
+-- the pool) found an exit for every entry, "<version>|miss" when
+-- one had none (exit_note.lua deletes the mark when it records a first
+-- exit or forgets one), else "<version>|<HSCAN cursor>" while the scan runs.
+local function exit_all_out()
+  if not exits_on then return nil end
+  local vs = string.format('%.0f', version)
+  if not strict then
+    local mark = meta[6] or ''
+    local v, rest = string.match(mark, '^(%d+)|(.*)$')
+    if v ~= vs then rest = '0' end
+    if rest == 'miss' then return nil end
+    local size = string.match(rest, '^done|(%d+)$')
+    if size then
+      if tonumber(size) ~= redis.call('HLEN', KEYS[1]) then
+        rest = '0'
+      end
+    end
+    if not size or rest == '0' then
+      if not string.match(rest, '^%d+$') then rest = '0' end
+      local nxt, seen_ = rest, 0
+      repeat
+        local page = redis.call('HSCAN', KEYS[1], nxt, 'COUNT', 512)
+        local ids = {}
+        for i = 1, #page[2], 2 do ids[#ids + 1] = page[2][i] end
+        nxt, seen_ = page[1], seen_ + #ids
+        if #ids > 0 then
+          for _, ip in ipairs(redis.call('HMGET', EXITS, unpack(ids))) do
+            if not ip then nxt = 'miss' end
+          end
+        end
+      until nxt == '0' or nxt == 'miss' or seen_ >= EXITSCAN
+      if nxt == '0' then nxt = 'done|' .. redis.call('HLEN', KEYS[1]) end
+      redis.call('HSET', KEYS[5], 'exitall', vs .. '|' .. nxt)
+      meta[6] = vs .. '|' .. nxt
+      if nxt == 'miss' or string.sub(nxt, 1, 5) ~= 'done|' then return nil end
+    end
+  end
+  local xk = XBASE .. ':exitips'
+  if redis.call('ZCARD', xk) > IPS then return nil end
+  local ips = redis.call('ZRANGE', xk, 0, -1, 'WITHSCORES')
+  local sum, soon = 0, nil
+  for i = 1, #ips, 2 do sum = sum + (num(ips[i + 1]) or 0) end
+  if sum ~= redis.call('HLEN', EXITS) then return nil end
+  for i = 1, #ips, 2 do
+    local ip = ips[i]
+    local memo = ip_out[ip]
+    if not memo then
+      memo = {ip_count(ip)}
+      ip_out[ip] = memo
+    end
+    if not memo[3] or memo[1] < slots or not memo[2] then return nil end
+    if not soon or memo[2] < soon then soon = memo[2] end
+  end
+  if strict_hold and redis.call('HLEN', KEYS[1]) > sum then soon = math.min(soon or strict_hold, strict_hold) end
+  return soon
+end
+
 -- rotate walks the rotation from the cursor (place) to the first proxy with
 -- a slot free, up to SCAN proxies per call in all, wrapping once: it returns
 -- that slot and the proxy's URL, and moves place to the proxy; or nil, the
@@ -384,8 +516,11 @@ local function rotate()
   end
   if not whole then
     -- Only part of the pool looked at: out everywhere only if the busy
-    -- set covers every slot of the pool; else move on and come back soon.
-    -- (all_out found the pool not saturated at the first proxy.)
+    -- set covers every slot of the pool (all_out found it did not at the
+    -- first proxy) or every exit IP is out (exit_all_out); else move on
+    -- and come back soon.
+    local full = exit_all_out()
+    if full then return nil, {0, math.max(full - now, 1)}, num(last) end
     return nil, {0, 1}, num(last)
   end
   if not soonest then return nil, {0, 1} end
@@ -399,8 +534,12 @@ local exps = string.format('%.0f', expiry)
 local function grant(m, tok)
   redis.call('ZADD', KEYS[2], exps, m)
   if exits_on then
-    local ip = redis.call('HGET', EXITS, string.match(m, '^(.*):%d+$'))
-    if ip then ip_out[ip] = nil end
+    local id = string.match(m, '^(.*):%d+$')
+    local ip = redis.call('HGET', EXITS, id)
+    if ip then
+      ip_out[ip] = nil
+      exit_mark(XBASE, ARGV[1], ip, {id}, idle)
+    end
   end
   redis.call('HSET', KEYS[3], m, tok .. '|' .. exps)
   -- Pacing with K > 1: no other slot of this proxy may start before the cooldown.
@@ -445,6 +584,7 @@ end
 if booked == now then -- the bookkeeping above: the keys may be new
   redis.call('PEXPIRE', KEYS[2], idle)
   redis.call('PEXPIRE', KEYS[3], idle)
+  if exits_on then redis.call('PEXPIRE', XOUT, idle) end -- the site's exit index lives as long
 end
 -- A call with further tokens answers in the form of many grants even when
 -- it granted one (a half-open breaker's probe): the one is ARGV[2]'s, the

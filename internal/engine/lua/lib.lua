@@ -161,6 +161,80 @@ local function order_add(key, meta, list)
   end
 end
 
+-- Exit IPs (exit_note.lua, lease.lua). The entries whose recorded exit
+-- IPs are equal share one proxy's slots on a site. So that a lease counts
+-- the slots out of one IP without reading its entries (thousands may share
+-- it), two indexes name the entries that may have some out:
+--   "<base>:exitout:<site>" zset  "<IP>|<id>" -> 0 (read by lex range, one
+--       IP at a time): every entry with a slot out on the site (leased,
+--       cooling down, quarantined there), written where a slot goes out
+--       without a live lease of the entry (lease.lua's grant, a late
+--       release or renewal, penalize.lua, fallback_writeback.lua,
+--       revive.lua, exit_note.lua when an entry comes to an IP or carries
+--       a hold over to the one it left); it lives as long as the site's
+--       busy set (the idle TTL, refreshed with it);
+--   "<base>:exitban:<IP>" zset  id -> the end (ms) of its ban on every
+--       site, or later: every entry of IP with such a ban (penalize.lua,
+--       fallback_writeback.lua, revive.lua, exit_note.lua); TTL: the
+--       quarantine zset's.
+-- They may name more than that: lease.lua checks each entry it reads
+-- against the busy set, the dead hash, the quarantine and the exit hash,
+-- and drops those with nothing out there, dead (revive.lua names them
+-- again) or gone to another IP. An IP never holds '|' (lex ranges); the
+-- IP of a member is what comes before its last '|' (ids are hex).
+
+-- exit_mark names the entries ids (a table) of exit IP ip in the index of
+-- the site whose busy set is "<base>:free:<site>", which then lives ttl ms
+-- (a number or a string; nil or below 1: its TTL is left as it is).
+local function exit_mark(base, site, ip, ids, ttl)
+  local k = base .. ':exitout:' .. site
+  for i = 1, #ids, 512 do
+    local args = {}
+    for j = i, math.min(i + 511, #ids) do
+      args[#args + 1] = '0'
+      args[#args + 1] = ip .. '|' .. ids[j]
+    end
+    redis.call('ZADD', k, unpack(args))
+  end
+  local t = tonumber(ttl)
+  if t and t > 0 then redis.call('PEXPIRE', k, string.format('%.0f', t)) end
+end
+
+-- exit_mark_id is exit_mark for one proxy id, whose exit IP it reads:
+-- nothing when none is recorded (then it is one HGET). Returns the IP, or nil.
+local function exit_mark_id(base, site, id, ttl)
+  local ip = redis.call('HGET', base .. ':exit', id)
+  if ip then exit_mark(base, site, ip, {id}, ttl) end
+  return ip
+end
+
+-- exit_ban names the entries ids (a table) of exit IP ip, banned on every
+-- site until q, in the IP's ban index (which then takes the quarantine
+-- zset's TTL); up to #ids + 1 entries whose noted end passed go (bounded
+-- work: what a write adds, it takes away at least).
+local function exit_ban(base, ip, ids, q)
+  local k = base .. ':exitban:' .. ip
+  local old = redis.call('ZRANGE', k, '-inf', string.format('%.0f', now_ms()), 'BYSCORE', 'LIMIT', 0, #ids + 1)
+  if #old > 0 then redis.call('ZREM', k, unpack(old)) end
+  local qs = string.format('%.0f', q)
+  for i = 1, #ids, 512 do
+    local args = {}
+    for j = i, math.min(i + 511, #ids) do
+      args[#args + 1] = qs
+      args[#args + 1] = ids[j]
+    end
+    redis.call('ZADD', k, 'GT', unpack(args))
+  end
+  local t = redis.call('PTTL', base .. ':quarantine')
+  if t > 0 then redis.call('PEXPIRE', k, t) end
+end
+
+-- busy_site splits the key of a site's busy set, "<base>:free:<site>",
+-- into base and site (nil for another key).
+local function busy_site(fk)
+  return string.match(fk, '^({[^}]*}):free:(.*)$')
+end
+
 -- Script body.
 
 -- fraction reads a stored non-negative number (a rate, a learned time in

@@ -72,6 +72,14 @@ local score = num(redis.call('ZSCORE', KEYS[1], ARGV[1])) or 0
 local nextfree = now + cooldown
 if nextfree > now and (score == expiry or score < nextfree) then
   redis.call('ZADD', KEYS[1], string.format('%.0f', nextfree), ARGV[1])
+  if not (expiry and expiry > now) then
+    -- A late release puts back out a slot that was free: the exit index
+    -- of the site names the entry again (lib.lua's exit_mark; one HGET
+    -- when it has no exit). A live lease's entry is named already.
+    local base, site = busy_site(KEYS[1])
+    local id = string.match(ARGV[1], '^(.*):%d+$')
+    if base and id then exit_mark_id(base, site, id, idle) end
+  end
 elseif score == expiry then
   redis.call('ZREM', KEYS[1], ARGV[1])
 end

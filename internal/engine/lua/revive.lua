@@ -38,6 +38,13 @@ for i = 5, last do
     redis.call('HDEL', KEYS[1], id)
     revived = revived + 1
     redis.call('HDEL', KEYS[2], id)
+    -- Alive again: its exit IP's indexes name it where it is out (lib.lua's
+    -- exit_mark, exit_ban; lease.lua drops a dead entry from them).
+    local ip = redis.call('HGET', base .. ':exit', id)
+    if ip then
+      local q = num(redis.call('ZSCORE', base .. ':quarantine', id))
+      if q and q > now then exit_ban(base, ip, {id}, q) end
+    end
     for _, sc in ipairs(sites) do
       local fk, lk = base .. ':free:' .. sc, base .. ':lease:' .. sc
       for s = 0, slots - 1 do
@@ -49,6 +56,7 @@ for i = 5, last do
           local exp = v and tonumber(string.match(v, '|(%d+)$'))
           if exp and exp > now then at = exp end
           redis.call('ZADD', fk, at, m)
+          if ip and at > now then exit_mark(base, sc, ip, {id}, redis.call('PTTL', fk)) end
         end
       end
     end
