@@ -36,6 +36,12 @@
 -- KEYS[11] exit hash    id -> the proxy's exit IP (probe.Checker with Exits,
 --                        exit_note.lua); each IP's entries in the set
 --                        "<KEYS[11]>:<IP>". Absent, or empty: no exit known.
+--                        With exits, the keys named from its prefix (KEYS[11]
+--                        is "<base>:exit", the pool's hash tag): the site's
+--                        exit index "<base>:exitout:<site>", the ban index
+--                        "<base>:exitban:<IP>" of each IP (lib.lua), and the
+--                        IPs "<base>:exitips" (IP -> its entries, exit_note.lua);
+--                        the meta's "exitall" (exit_all_out).
 -- include: breaker_lib.lua
 --
 -- Exit IPs: entries whose exit IPs are known and equal share one set of
@@ -45,8 +51,15 @@
 -- Exclusivity, pacing and quarantine thus apply to the IP, and two
 -- requests never reach a site from one exit address because two entries
 -- share it. Each entry keeps its own members ("<id>:<slot>"): release,
--- extend and penalize are unchanged, and the state an entry earned stays
--- with it when its exit changes (it then holds its new IP's slots).
+-- extend and penalize stay owner-checked on them, and the state an entry
+-- earned stays with it when its exit changes (it then holds its new IP's
+-- slots). The count does not read the IP's entries (thousands may share
+-- one): it reads the site's index of the entries of the IP that may have
+-- slots out, and the IP's index of entries banned on every site (lib.lua's
+-- exit_mark, exit_ban; ip_count below), checking each entry read as the
+-- count always did: bounded work per IP met, one count per IP per call.
+-- A pool saturated by its IPs answers the time until one comes back
+-- (exit_all_out), not a 1 ms retry.
 -- Strict exits (the meta's "strict" in the future, probe.Checker.Strict):
 -- an entry whose exit is not known yet is out on every site, for a second
 -- at a time, until a probe records it; only a lease that names it with
