@@ -221,3 +221,28 @@ func exitIndexFollowsTheEntries(t *testing.T, rdb redis.UniversalClient) {
 	note(ids[4], "10.0.0.4", ids[1], "10.0.0.4")
 	assert.Empty(t, firm(ids[1], "t1"), "4's ban on every site holds the IP it joined")
 }
+
+// TestExitIndexStaysSmall: a site's exit index holds about the entries
+// out there, not every entry ever leased there: 300 leases and releases
+// in turn over 300 entries of 100 IPs leave a handful in it (each grant
+// checks two at random, lease.lua's sweep).
+func TestExitIndexStaysSmall(t *testing.T) {
+	ctx := context.Background()
+	rdb := shared.Client(t)
+	s := newSwitch(t, rdb)
+	urls := proxyURLs(300)
+	_, err := s.Add(ctx, urls...)
+	require.NoError(t, err)
+	noteExitsOf(t, rdb, s, urls, func(i int) string { return fmt.Sprintf("10.0.7.%d", i%100) })
+	const site = "small.example"
+	for range 300 {
+		l, err := s.Lease(ctx, site)
+		require.NoError(t, err)
+		require.NoError(t, l.Release(ctx))
+	}
+	n, err := rdb.ZCard(ctx, s.keys.base+":exitout:"+site).Result()
+	require.NoError(t, err)
+	t.Logf("exit index of the site: %d entries after 300 leases", n)
+	assert.Less(t, n, int64(30), "entries in the site's exit index")
+	assert.Positive(t, n, "the index exists")
+}

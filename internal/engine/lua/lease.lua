@@ -286,6 +286,46 @@ local function ip_count(ip)
   return n, soonest, sure
 end
 
+-- sweep checks n entries of the site's exit index at random, and drops
+-- those with nothing out there (or dead, or gone to another IP), so that
+-- the index of a site leased without pause holds about what is out, not
+-- every entry ever leased there (an IP read again is swept by ip_count).
+-- Each grant runs it: an index grows by one entry at most per grant.
+local function sweep(n)
+  local ms = redis.call('ZRANDMEMBER', XOUT, n)
+  local es, ips = {}, {}
+  for _, m in ipairs(ms) do
+    local ip, e = string.match(m, '^(.*)|([^|]*)$')
+    if e then
+      es[#es + 1], ips[#es + 1] = e, ip
+    end
+  end
+  if #es == 0 then return end
+  local at = redis.call('HMGET', EXITS, unpack(es))
+  local dead = anydead and redis.call('HMGET', KEYS[6], unpack(es)) or {}
+  local qs = anyban and redis.call('ZMSCORE', KEYS[7], unpack(es)) or {}
+  local sl = {}
+  for _, e in ipairs(es) do
+    for s = 0, slots - 1 do sl[#sl + 1] = e .. ':' .. s end
+  end
+  local scs = redis.call('ZMSCORE', KEYS[2], unpack(sl))
+  local stale = {}
+  for i, e in ipairs(es) do
+    local gone = at[i] ~= ips[i] or dead[i]
+    if not gone and not (num(qs[i]) and num(qs[i]) > now) then
+      gone = true
+      for s = 1, slots do
+        local k = (i - 1) * slots + s
+        local sc = num(scs[k]) or 0
+        if sc >= DEAD then sc = out(sl[k], e) end
+        if sc > now then gone = false end
+      end
+    end
+    if gone then stale[#stale + 1] = ips[i] .. '|' .. e end
+  end
+  if #stale > 0 then redis.call('ZREM', XOUT, unpack(stale)) end
+end
+
 -- exit_out returns nil when proxy id has no known exit (and true: its
 -- exit is unknown), or fewer than K slots of the entries of its exit IP
 -- are out on the site; else the time the soonest of them comes back (1 ms
@@ -552,6 +592,7 @@ local function grant(m, tok)
     if ip then
       ip_out[ip] = nil
       exit_mark(XBASE, ARGV[1], ip, {id}, idle)
+      sweep(2)
     end
   end
   redis.call('HSET', KEYS[3], m, tok .. '|' .. exps)

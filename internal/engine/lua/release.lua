@@ -72,10 +72,11 @@ local score = num(redis.call('ZSCORE', KEYS[1], ARGV[1])) or 0
 local nextfree = now + cooldown
 if nextfree > now and (score == expiry or score < nextfree) then
   redis.call('ZADD', KEYS[1], string.format('%.0f', nextfree), ARGV[1])
-  if not (expiry and expiry > now) then
-    -- A late release puts back out a slot that was free: the exit index
-    -- of the site names the entry again (lib.lua's exit_mark; one HGET
-    -- when it has no exit). A live lease's entry is named already.
+  if score <= now then
+    -- A release puts back out a slot that was free (a late one, or one
+    -- whose score something lowered): the site's exit index names the
+    -- entry again (lib.lua's exit_mark; one HGET when it has no exit). An
+    -- entry with a slot out is named already.
     local base, site = busy_site(KEYS[1])
     local id = string.match(ARGV[1], '^(.*):%d+$')
     if base and id then exit_mark_id(base, site, id, idle) end
