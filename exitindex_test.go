@@ -246,3 +246,53 @@ func TestExitIndexStaysSmall(t *testing.T) {
 	assert.Less(t, n, int64(30), "entries in the site's exit index")
 	assert.Positive(t, n, "the index exists")
 }
+
+// TestExitIndexBuiltFromWhatIsOut: a pool whose exits were recorded, with
+// slots out, by Switches that wrote no exit index (as an older version
+// left it: the indexes and the meta's "exitidx" deleted here) gets them
+// built by its next leases from its busy sets and quarantine zset before
+// any exit count is trusted: a lease taken then still holds its IP, and a
+// ban on every site too. (K = 1.)
+func TestExitIndexBuiltFromWhatIsOut(t *testing.T) {
+	exitIndexBuiltFromWhatIsOut(t, shared.Client(t))
+}
+
+// TestExitIndexBuiltFromWhatIsOutOnMiniredis: the same on gopher-lua.
+func TestExitIndexBuiltFromWhatIsOutOnMiniredis(t *testing.T) {
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	exitIndexBuiltFromWhatIsOut(t, rdb)
+}
+
+func exitIndexBuiltFromWhatIsOut(t *testing.T, rdb redis.UniversalClient) {
+	ctx := context.Background()
+	s := newSwitch(t, rdb, WithBans(Bans{AllSites: true}))
+	urls := proxyURLs(4)
+	_, err := s.Add(ctx, urls...)
+	require.NoError(t, err)
+	ids := noteExitsOf(t, rdb, s, urls, func(i int) string { return fmt.Sprintf("10.0.8.%d", i/2) })
+	const site = "old.example"
+	firm := func(id, tok string) string {
+		t.Helper()
+		argv := leaseArgv(s, site, tok)
+		argv[6], argv[7] = id, "1"
+		res, err := leaseScript.Run(ctx, rdb, s.keys.lease(site), argv...).Slice()
+		require.NoError(t, err)
+		if res[0].(int64) == 1 {
+			return res[1].(string)
+		}
+		require.EqualValues(t, 0, res[0], "%v", res)
+		return ""
+	}
+	require.NotEmpty(t, firm(ids[0], "t0"))
+	require.NoError(t, s.Ban(ctx, urls[2], "b.example", time.Hour))
+	// What an older version leaves: no index, no mark.
+	require.NoError(t, rdb.Del(ctx, s.keys.base+":exitout:"+site, s.keys.base+":exitout:b.example",
+		s.keys.base+":exitban:10.0.8.0", s.keys.base+":exitban:10.0.8.1").Err())
+	require.NoError(t, rdb.HDel(ctx, s.keys.meta(), "exitidx").Err())
+
+	assert.Empty(t, firm(ids[1], "t1"), "0's lease holds the IP 1 shares")
+	assert.Empty(t, firm(ids[3], "t3"), "2's ban on every site holds the IP 3 shares")
+	assert.Equal(t, "done", rdb.HGet(ctx, s.keys.meta(), "exitidx").Val())
+}

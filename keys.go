@@ -26,7 +26,9 @@ const globalSite = "*"
 //	                                   "hold", ms until which a re-seeded pool leases nothing; "index" and
 //	                                   "gwindex", how far the order and the gateway index are built (lease.lua,
 //	                                   pool_update.lua: an HSCAN cursor, then "done"); "strict", ms until
-//	                                   which entries with no recorded exit are held (exit_strict.lua)
+//	                                   which entries with no recorded exit are held (exit_strict.lua);
+//	                                   "exitidx", how far the exit indexes are built from what is out, and
+//	                                   "exitall", whether every proxy has a recorded exit (lease.lua)
 //	{prefix:pool}:order          zset  proxy ID -> its place in the rotation (pool_update.lua; no TTL)
 //	{prefix:pool}:cursor         hash  site -> "<place last offered>|<ms of its last bookkeeping>" (lease.lua); TTL: idle TTL
 //	{prefix:pool}:sites          zset  site -> last lease (ms, refreshed at most once a second); TTL: idle TTL

@@ -41,7 +41,7 @@
 --                        exit index "<base>:exitout:<site>", the ban index
 --                        "<base>:exitban:<IP>" of each IP (lib.lua), and the
 --                        IPs "<base>:exitips" (IP -> its entries, exit_note.lua);
---                        the meta's "exitall" (exit_all_out).
+--                        the meta's "exitidx" (migrate) and "exitall" (exit_all_out).
 -- include: breaker_lib.lua
 --
 -- Exit IPs: entries whose exit IPs are known and equal share one set of
@@ -109,7 +109,7 @@ local ttl, cooldown, idle = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[6]
 local SCAN, PRUNE = 128, tostring(2 * want)
 local nows = string.format('%.0f', now)
 
-local meta = redis.call('HMGET', KEYS[5], 'slots', 'version', 'hold', 'index', 'strict', 'exitall')
+local meta = redis.call('HMGET', KEYS[5], 'slots', 'version', 'hold', 'index', 'strict', 'exitall', 'exitidx')
 local slots = meta[1]
 if not slots then
   redis.call('HSET', KEYS[5], 'slots', ARGV[5])
@@ -200,6 +200,78 @@ local XOUT = exits_on and XBASE .. ':exitout:' .. ARGV[1]
 -- READ bounds the entries of one IP an index read looks at.
 local READ = 64
 
+-- The indexes are built once per pool from what is out when a lease first
+-- meets exits (what a Switch older than them left out: leases, cooldowns,
+-- quarantines, bans), in steps of MIGRATE entries per call, before any
+-- count is sure: the meta's "exitidx" is "q|<ZSCAN cursor>" while the
+-- quarantine zset is read into the ban indexes, "s|<rank>|<ZSCAN cursor>"
+-- while the busy set of the site of that rank in the sites zset (by last
+-- lease: a site leased meanwhile moves past the rank, to be read again) is
+-- read into its index, then "done". Returns whether it is done.
+local MIGRATE = 2048
+local function migrate()
+  local st = meta[7]
+  if st == 'done' then return true end
+  local budget = MIGRATE
+  local qc = string.match(st or 'q|0', '^q|(%d+)$')
+  if qc then
+    repeat
+      local page = redis.call('ZSCAN', KEYS[7], qc, 'COUNT', 256)
+      qc = page[1]
+      local ids, qs = {}, {}
+      for i = 1, #page[2], 2 do
+        local q = num(page[2][i + 1])
+        if q and q > now then ids[#ids + 1], qs[#ids + 1] = page[2][i], q end
+      end
+      budget = budget - math.max(#page[2] / 2, 1)
+      if #ids > 0 then
+        for i, ip in ipairs(redis.call('HMGET', EXITS, unpack(ids))) do
+          if ip then exit_ban(XBASE, ip, {ids[i]}, qs[i]) end
+        end
+      end
+    until qc == '0' or budget <= 0
+    if qc ~= '0' then
+      redis.call('HSET', KEYS[5], 'exitidx', 'q|' .. qc)
+      return false
+    end
+    st = 's|0|0'
+  end
+  local rank, bc = string.match(st, '^s|(%d+)|(%d+)$')
+  rank = tonumber(rank) or 0
+  bc = bc or '0'
+  while budget > 0 do
+    local site = redis.call('ZRANGE', KEYS[4], rank, rank)[1]
+    if not site then
+      redis.call('HSET', KEYS[5], 'exitidx', 'done')
+      return true
+    end
+    local fk = XBASE .. ':free:' .. site
+    local page = redis.call('ZSCAN', fk, bc, 'COUNT', 256)
+    bc = page[1]
+    local ids = {}
+    for i = 1, #page[2], 2 do
+      local sc = num(page[2][i + 1])
+      local id = string.match(page[2][i], '^(.*):%d+$')
+      if id and sc and sc > now then ids[#ids + 1] = id end
+    end
+    budget = budget - math.max(#page[2] / 2, 1)
+    if #ids > 0 then
+      local by, ttl = {}, redis.call('PTTL', fk)
+      for i, ip in ipairs(redis.call('HMGET', EXITS, unpack(ids))) do
+        if ip then
+          by[ip] = by[ip] or {}
+          table.insert(by[ip], ids[i])
+        end
+      end
+      for ip, es in pairs(by) do exit_mark(XBASE, site, ip, es, ttl) end
+    end
+    if bc == '0' then rank = rank + 1 end
+  end
+  redis.call('HSET', KEYS[5], 'exitidx', 's|' .. rank .. '|' .. bc)
+  return false
+end
+local built = not exits_on or migrate()
+
 -- ip_count counts the slots out on the site of the entries of exit IP ip,
 -- from the two indexes (lib.lua): each entry banned on every site holds K
 -- (the IP's ban index, entries whose noted end is ahead), each other entry
@@ -213,6 +285,7 @@ local READ = 64
 -- index reads of READ entries and K slots each, whatever the IP's size.
 local function ip_count(ip)
   local n, soonest, sure, counted = 0, nil, true, {}
+  if not built then return 0, nil, false end
   local function add(k, sc)
     n = n + k
     if not soonest or sc < soonest then soonest = sc end
