@@ -56,8 +56,9 @@ for i = 5, last do
           local exp = v and tonumber(string.match(v, '|(%d+)$'))
           if exp and exp > now then at = exp end
           redis.call('ZADD', fk, at, m)
-          if ip and at > now then exit_mark(base, sc, ip, {id}, redis.call('PTTL', fk)) end
+          score = at
         end
+        if ip and score and score > now then exit_mark(base, sc, ip, {id}, redis.call('PTTL', fk)) end
       end
     end
   end
