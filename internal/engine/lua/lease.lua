@@ -363,7 +363,8 @@ end
 -- those with nothing out there (or dead, or gone to another IP), so that
 -- the index of a site leased without pause holds about what is out, not
 -- every entry ever leased there (an IP read again is swept by ip_count).
--- Each grant runs it: an index grows by one entry at most per grant.
+-- A grant that adds an entry runs it: an index grows by one entry at most
+-- per grant.
 local function sweep(n)
   local ms = redis.call('ZRANDMEMBER', XOUT, n)
   local es, ips = {}, {}
@@ -663,9 +664,10 @@ local function grant(m, tok)
     local id = string.match(m, '^(.*):%d+$')
     local ip = redis.call('HGET', EXITS, id)
     if ip then
+      -- The site's index names the entry (its TTL: the bookkeeping's, as
+      -- for the busy set); one it did not name yet has two others checked.
       ip_out[ip] = nil
-      exit_mark(XBASE, ARGV[1], ip, {id}, idle)
-      sweep(2)
+      if exit_mark(XBASE, ARGV[1], ip, {id}) > 0 then sweep(2) end
     end
   end
   redis.call('HSET', KEYS[3], m, tok .. '|' .. exps)

@@ -186,18 +186,21 @@ end
 -- exit_mark names the entries ids (a table) of exit IP ip in the index of
 -- the site whose busy set is "<base>:free:<site>", which then lives ttl ms
 -- (a number or a string; nil or below 1: its TTL is left as it is).
+-- Returns how many it added (those not named yet).
 local function exit_mark(base, site, ip, ids, ttl)
   local k = base .. ':exitout:' .. site
+  local added = 0
   for i = 1, #ids, 512 do
     local args = {}
     for j = i, math.min(i + 511, #ids) do
       args[#args + 1] = '0'
       args[#args + 1] = ip .. '|' .. ids[j]
     end
-    redis.call('ZADD', k, unpack(args))
+    added = added + redis.call('ZADD', k, unpack(args))
   end
   local t = tonumber(ttl)
   if t and t > 0 then redis.call('PEXPIRE', k, string.format('%.0f', t)) end
+  return added
 end
 
 -- exit_mark_id is exit_mark for one proxy id, whose exit IP it reads:
