@@ -664,10 +664,13 @@ local function grant(m, tok)
     local id = string.match(m, '^(.*):%d+$')
     local ip = redis.call('HGET', EXITS, id)
     if ip then
-      -- The site's index names the entry (its TTL: the bookkeeping's, as
-      -- for the busy set); one it did not name yet has two others checked.
+      -- The site's index names the entry; one it did not name yet (the
+      -- index may be new: its TTL) has two others checked.
       ip_out[ip] = nil
-      if exit_mark(XBASE, ARGV[1], ip, {id}) > 0 then sweep(2) end
+      if exit_mark(XBASE, ARGV[1], ip, {id}) > 0 then
+        redis.call('PEXPIRE', XOUT, idle)
+        sweep(2)
+      end
     end
   end
   redis.call('HSET', KEYS[3], m, tok .. '|' .. exps)
