@@ -296,3 +296,92 @@ func exitIndexBuiltFromWhatIsOut(t *testing.T, rdb redis.UniversalClient) {
 	assert.Empty(t, firm(ids[3], "t3"), "2's ban on every site holds the IP 3 shares")
 	assert.Equal(t, "done", rdb.HGet(ctx, s.keys.meta(), "exitidx").Val())
 }
+
+// TestExitIndexLateReleaseAndRenewal: a slot whose lease expired is free,
+// and a lease that looks at its IP drops its entry from the site's exit
+// index; a late release that puts it out again (its cooldown) and a late
+// renewal (the renewer's extend_many.lua renews while the record is the
+// caller's) name it again, so that it holds its IP as it did. (K = 1.)
+func TestExitIndexLateReleaseAndRenewal(t *testing.T) {
+	ctx := context.Background()
+	rdb := shared.Client(t)
+	s := newSwitch(t, rdb)
+	urls := proxyURLs(3)
+	_, err := s.Add(ctx, urls...)
+	require.NoError(t, err)
+	ids := noteExitsOf(t, rdb, s, urls, func(int) string { return "10.0.9.1" })
+	const site = "late.example"
+	lease := func(id, tok string, ttl int64) string {
+		t.Helper()
+		argv := leaseArgv(s, site, tok)
+		argv[2], argv[6], argv[7] = ttl, id, "1"
+		res, err := leaseScript.Run(ctx, rdb, s.keys.lease(site), argv...).Slice()
+		require.NoError(t, err)
+		if res[0].(int64) == 1 {
+			return res[1].(string)
+		}
+		require.EqualValues(t, 0, res[0], "%v", res)
+		return ""
+	}
+	index := func() []string {
+		v, err := rdb.ZRange(ctx, s.keys.base+":exitout:"+site, 0, -1).Result()
+		require.NoError(t, err)
+		return v
+	}
+
+	m0 := lease(ids[0], "t0", 30)
+	require.NotEmpty(t, m0)
+	time.Sleep(60 * time.Millisecond)
+	m1 := lease(ids[1], "t1", 30)
+	require.NotEmpty(t, m1, "0's lease expired: the IP is free")
+	assert.NotContains(t, index(), "10.0.9.1|"+ids[0], "the look at the IP dropped 0")
+	keys := []string{s.keys.free(site), s.keys.leases(site), s.keys.strikes(site), s.keys.fails(), s.keys.health(site), s.keys.pace(site)}
+	n, err := releaseScript.Run(ctx, rdb, keys, m0, "t0", 60000, "", 0, "0", s.cfg.idleTTL.Milliseconds()).Int64()
+	require.NoError(t, err)
+	require.EqualValues(t, 2, n, "released after its expiry")
+	assert.Contains(t, index(), "10.0.9.1|"+ids[0], "its cooldown named it again")
+
+	// 1's lease expires unseen; a late renewal takes it back.
+	time.Sleep(60 * time.Millisecond)
+	require.NoError(t, rdb.ZRem(ctx, s.keys.free(site), m0).Err()) // 0's cooldown ends
+	m2 := lease(ids[2], "t2", 30)
+	require.NotEmpty(t, m2, "0 rested, 1's lease expired: the IP is free")
+	assert.NotContains(t, index(), "10.0.9.1|"+ids[1])
+	res, err := extendManyScript.Run(ctx, rdb, []string{s.keys.free(site), s.keys.leases(site)}, 60000, 1, m1, "t1").Int64Slice()
+	require.NoError(t, err)
+	require.NotZero(t, res[0], "renewed late")
+	assert.Contains(t, index(), "10.0.9.1|"+ids[1], "its renewal named it again")
+	time.Sleep(60 * time.Millisecond) // 2's lease expires
+	assert.Empty(t, lease(ids[0], "t0b", 30000), "1's renewed lease holds the IP")
+}
+
+// TestExitIndexFallbackWriteback: what a Switch's local shard wrote back
+// (fallback_writeback.lua) holds the exit IPs too: a ban on one site and
+// a lease still running, each of an entry sharing its IP with another, and
+// a ban on every site, keep the other entry off the site. (K = 1.)
+func TestExitIndexFallbackWriteback(t *testing.T) {
+	ctx := context.Background()
+	rdb := shared.Client(t)
+	s := newSwitch(t, rdb)
+	urls := proxyURLs(6)
+	_, err := s.Add(ctx, urls...)
+	require.NoError(t, err)
+	ids := noteExitsOf(t, rdb, s, urls, func(i int) string { return fmt.Sprintf("10.0.10.%d", i/2) })
+	const site = "back.example"
+	k := s.keys
+	head := []any{k.base, s.cfg.idleTTL.Milliseconds(), s.cfg.slots, s.cfg.maxQuarantine.Milliseconds()}
+	argv := append(head,
+		"ban", site, ids[0], "", 60000,
+		"lease", site, ids[2]+":0", "local-token", 60000,
+		"ban", "", ids[4], "", 60000)
+	res, err := fallbackWritebackScript.Run(ctx, rdb, []string{k.proxies(), k.sites(), k.meta(), k.dead(), k.quarantine()}, argv...).Int64Slice()
+	require.NoError(t, err)
+	require.Equal(t, []int64{2, 1}, res)
+	for _, id := range []string{ids[1], ids[3], ids[5]} {
+		a := leaseArgv(s, site, "t-"+id)
+		a[6], a[7] = id, "1"
+		r, err := leaseScript.Run(ctx, rdb, k.lease(site), a...).Slice()
+		require.NoError(t, err)
+		assert.EqualValues(t, 0, r[0], "the entry sharing %s's IP waits: %v", id, r)
+	}
+}
