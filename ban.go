@@ -48,11 +48,8 @@ func (c *banCounters) add(k BanKey) {
 	c.m[k]++
 }
 
-// BanCounts returns a snapshot of the bans and proxy failures this Switch
-// has acted on since it was made, by site and reason (proxy failures have
-// the "proxy_" reasons). The counters are in-process, like Prometheus
-// counters: each worker counts what it detected, and a monitoring system adds
-// the workers up. It is safe for concurrent use.
+// BanCounts returns this process's counts of bans and proxy failures by site
+// and reason. It is safe for concurrent use.
 func (s *Switch) BanCounts() map[BanKey]int64 {
 	s.bans.mu.Lock()
 	defer s.bans.mu.Unlock()
@@ -114,19 +111,11 @@ func (s *Switch) quarantineScope(site string, v ban.Verdict) string {
 
 // Report ends the lease with what the request made through it showed, for
 // callers of Lease who make requests themselves (Attach does this for Colly):
-//
-//   - ban.OK or ban.Neutral: the proxy is released and its backoff starts over;
-//   - ban.Ban: the proxy is quarantined on the lease's site and the lease
-//     ends: a strike (Bans.EvidenceFirst's first quarantine) on a first refusal
-//     that is not a challenge redirect, a ban (Bans.Quarantine) when the
-//     proxy was refused there before (nothing here confirms a strike);
-//   - ban.ProxyFailure: the proxy is quarantined for the failure quarantine,
-//     counts towards being marked dead, and the lease ends;
-//   - ban.Pass: the lease is released and nothing else happens.
-//
-// Every worker of the pool acts on it from its next lease on. Bans and
-// failures are counted in BanCounts. It is safe for concurrent use; after
-// the lease ended, a ban.Ban or ban.ProxyFailure report still quarantines the proxy.
+// ban.OK or ban.Neutral release the proxy; ban.Ban quarantines it on the
+// lease's site (a strike first); ban.ProxyFailure quarantines it and counts
+// towards a dead mark; ban.Pass only releases it. Every worker acts on it;
+// bans count in BanCounts. A ban or failure reported after the lease ended
+// still quarantines the proxy. It is safe for concurrent use.
 func (l *Lease) Report(ctx context.Context, v ban.Verdict) error {
 	if err := l.made(); err != nil {
 		return err
@@ -145,11 +134,8 @@ func (l *Lease) Report(ctx context.Context, v ban.Verdict) error {
 	return l.Release(ctx)
 }
 
-// Dead lists the proxies of the pool marked dead or drained, ordered by
-// redacted URL: each with its State (StateDead or StateDrained), Since (by
-// Redis' clock) and Reason ("drained", or the failure that made it dead).
-// It reads the dead list in pages of 500, one round trip each, as List
-// does. It is safe for concurrent use.
+// Dead lists the proxies of the pool marked dead or drained, with State,
+// Since and Reason. It is safe for concurrent use.
 func (s *Switch) Dead(ctx context.Context) ([]ProxyState, error) { return s.own.redis().dead(ctx) }
 
 func (rp *redisPool) dead(ctx context.Context) ([]ProxyState, error) {
@@ -175,15 +161,9 @@ func (rp *redisPool) dead(ctx context.Context) ([]ProxyState, error) {
 	return out, nil
 }
 
-// Revive brings dead or drained proxies, named by URL or ID, back into
-// every site's rotation at once, with their failure record cleared. With
-// reason "" it revives any of them; with another reason only those whose
-// mark is reason's, as Drain set it (a proxy drained by an operator, dead
-// of its failures, or marked by another reason, stays out), so that a
-// health checker revives only what it marked. It returns how many it
-// revived. It is safe to call while workers lease. Many proxies go in calls
-// of bounded work, as with Drain: each proxy comes back on every site at
-// once, the whole not.
+// Revive brings dead or drained proxies (URLs or IDs) back into every site's
+// rotation and returns how many; with a reason, only those Drain marked with
+// it. A Revive of many is not atomic. It is safe for concurrent use.
 func (s *Switch) Revive(ctx context.Context, reason string, proxies ...string) (int, error) {
 	if reason != "" {
 		if err := checkReason(reason); err != nil {
@@ -198,12 +178,12 @@ func (s *Switch) Revive(ctx context.Context, reason string, proxies ...string) (
 }
 
 // revive runs revive.lua for ids, only those marked with reason unless it
-// is empty: in calls of bounded work (chunkBudget), each proxy's revival
+// is empty: in calls of a page of proxies each, each proxy's revival
 // atomic across the sites, the whole not.
 func (s *Switch) revive(ctx context.Context, reason string, ids []any) (int, error) {
 	n := 0
 	for rest := ids; len(rest) > 0; {
-		argv := append([]any{s.keys.base, s.cfg.slots, reason, chunkBudget()}, rest[:min(len(rest), pageSize())]...)
+		argv := append([]any{s.keys.base, s.cfg.slots, reason, pageSize()}, rest[:min(len(rest), pageSize())]...)
 		revived, done, err := chunkCall(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]int64, error) {
 			return reviveScript.Run(ctx, s.rdb, []string{s.keys.dead(), s.keys.fails(), s.keys.sites()}, argv...).Int64Slice()
 		}, len(argv)-4)

@@ -449,8 +449,9 @@ func TestBanCoversEverySlotAndKeepsKeysTidy(t *testing.T) {
 	}
 }
 
-// TestBansOnRedisCluster: the ban scripts touch per-site keys they derive
-// themselves (every site's free set for an all-site ban or a dead proxy),
+// TestBansOnRedisCluster: the ban scripts touch keys they derive
+// themselves (the meta hash for a dead proxy, the dead hash and the
+// quarantine zset in a session's or Stats' reads),
 // all under the pool's hash tag, so they run on a Redis Cluster too.
 func TestBansOnRedisCluster(t *testing.T) {
 	ctx := context.Background()

@@ -50,10 +50,8 @@ import (
 // quarantine no proxy, and when the breaker opens the quarantines its
 // storm gave within the window are lifted (the proxies were not at fault).
 
-// ErrSitePaused means a site's circuit breaker holds its requests: the site
-// refused too many of them lately (or an operator paused it), and no proxy
-// is leased for it until the pause ends and probe requests succeed. It is
-// always returned together with ErrNoProxy, by a *SitePausedError.
+// ErrSitePaused means the site's circuit breaker (or an operator) paused its
+// requests. It comes with ErrNoProxy, in a *SitePausedError.
 var ErrSitePaused = errors.New("proxyswitch: site paused")
 
 // SitePausedError is the error of a request that found its site paused by
@@ -74,37 +72,34 @@ func (e *SitePausedError) Error() string {
 // Unwrap returns ErrSitePaused and ErrNoProxy.
 func (e *SitePausedError) Unwrap() []error { return []error{ErrSitePaused, ErrNoProxy} }
 
-// Breaker configures the site circuit breaker (WithBreaker). A zero field
-// takes its default.
+// Breaker configures the site circuit breaker (WithBreaker), which pauses
+// a site on every server when its ban rate spikes, then lets a few probe
+// requests through (half-open) before it closes. A zero field takes its
+// default.
 type Breaker struct {
-	// Disabled turns the breaker off: every ban quarantines its proxy, no
-	// site is ever paused (PauseSite still pauses one by hand).
+	// Disabled turns the breaker off (PauseSite still works).
 	Disabled bool
 	// Window is the sliding window of the ban rate. Default 10s.
 	Window time.Duration
-	// MinAttempts: the rate opens the breaker only over at least this many
-	// attempts in the window (all servers together). Default 20.
+	// MinAttempts is the fewest attempts in the window (all servers) the
+	// rate needs. Default 20.
 	MinAttempts int
-	// BanRate opens the breaker when bans / attempts in the window reach it
-	// (0 < BanRate <= 1). Default 0.5.
+	// BanRate opens the breaker when bans / attempts reach it. Default 0.5.
 	BanRate float64
-	// MinProxies: the rate opens the breaker only when at least this many
-	// distinct proxies were quarantined there in the window (a single burnt
-	// proxy retried is no storm). Default 3.
+	// MinProxies is the fewest distinct proxies quarantined in the window
+	// the rate needs. Default 3.
 	MinProxies int
-	// Burst opens the breaker, whatever the rate, when this many distinct
-	// proxies are banned in a row on the site (fleet-wide, no healthy answer
-	// in between): a storm that starts after hours of healthy pages.
-	// Default 8.
+	// Burst opens the breaker when this many distinct proxies are banned in
+	// a row on the site, whatever the rate. Default 8.
 	Burst int
-	// Pause is the first pause; each reopening after failed probes doubles
-	// it, up to MaxPause. Defaults 10s and 5m.
+	// Pause is the first pause, doubled on each reopening up to MaxPause.
+	// Defaults 10s and 5m.
 	Pause, MaxPause time.Duration
-	// Probes is how many requests the half-open breaker lets through; it
-	// closes when that many answers are healthy. Default 3.
+	// Probes is how many healthy answers the half-open breaker needs to
+	// close. Default 3.
 	Probes int
-	// Flush is the most time a Switch keeps its counts before reporting
-	// them to Redis. Default 250ms.
+	// Flush is how long a Switch may keep its counts before reporting them.
+	// Default 250ms.
 	Flush time.Duration
 }
 
@@ -121,9 +116,7 @@ const (
 	DefaultBreakerFlush       = 250 * time.Millisecond
 )
 
-// WithBreaker configures the site circuit breaker (see Breaker; it is on by
-// default with Breaker's defaults). WithBreaker(Breaker{Disabled: true})
-// turns it off.
+// WithBreaker configures the site circuit breaker, on by default (Breaker).
 func WithBreaker(b Breaker) Option { return func(c *config) { c.breaker = b } }
 
 // withDefaults fills b's zero fields and checks the others.
@@ -563,12 +556,9 @@ func checkSite(site string) error {
 // indefinitely is the pause of PauseSite with no duration: until ResumeSite.
 const indefinitely = 100 * 365 * 24 * time.Hour
 
-// PauseSite pauses site in the Switch's pool by hand, on every server at
-// once: no proxy is leased for it for d (d <= 0: until ResumeSite), then its
-// breaker half-opens like one the ban rate opened. Requests for the site
-// wait up to the max wait, then fail with ErrSitePaused. It returns the end
-// of the pause (Redis clock). It works with the breaker disabled too. Safe
-// for concurrent use.
+// PauseSite pauses site on every server for d (d <= 0: until ResumeSite):
+// its requests fail with ErrSitePaused after the max wait. It returns the
+// pause's end and works with the breaker disabled too.
 func (s *Switch) PauseSite(ctx context.Context, site string, d time.Duration) (time.Time, error) {
 	if err := checkSite(site); err != nil {
 		return time.Time{}, err
@@ -584,10 +574,8 @@ func (s *Switch) PauseSite(ctx context.Context, site string, d time.Duration) (t
 	return time.UnixMilli(until), nil
 }
 
-// ResumeSite closes site's breaker in the Switch's pool on every server at
-// once, whether the ban rate or an operator paused it, and forgets its ban
-// rate. Resuming a site that is not paused does nothing. Safe for
-// concurrent use.
+// ResumeSite closes site's breaker on every server and forgets its ban rate.
+// It is safe for concurrent use.
 func (s *Switch) ResumeSite(ctx context.Context, site string) error {
 	if err := checkSite(site); err != nil {
 		return err
@@ -612,8 +600,8 @@ func (s *Switch) setBreaker(ctx context.Context, site string, ms int64) (int64, 
 	return n, nil
 }
 
-// PausedSites lists the sites of the Switch's pool whose circuit breaker is
-// open or half-open, ordered by site. Safe for concurrent use.
+// PausedSites lists the sites whose circuit breaker is open or half-open. It
+// is safe for concurrent use.
 func (s *Switch) PausedSites(ctx context.Context) ([]SiteBreaker, error) {
 	rp := s.own.redis()
 	res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]any, error) {

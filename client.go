@@ -30,81 +30,29 @@ import (
 // Client configures the client each request leaves through (WithClient).
 // A zero field takes its default.
 type Client struct {
-	// New builds the RoundTripper that sends requests through proxy (the
-	// proxy's URL, credentials included: never log it), for instance a
-	// uTLS or HTTP/2-fingerprint transport. It is called once per
-	// (proxy, site) and per session (a task's requests), on a request
-	// goroutine, and must return a new RoundTripper each time: Attach
-	// closes its idle connections (CloseIdleConnections, when it has
-	// one) with its proxy. With KeepAlive it must have that method (as
-	// *http.Transport and http2.Transport have; a wrapper delegates it to
-	// the transport that holds the connections), for Attach closes a
-	// quarantined proxy's idle connections with it: a RoundTripper without
-	// it fails the request with an error wrapping ErrNoProxy and ErrConfig,
-	// before anything is sent, rather than reuse a connection the site
-	// banned. It must send every request through proxy and
-	// never directly: Attach fails closed where it can tell (an error or
-	// a panic of New, a nil RoundTripper, an *http.Transport whose Proxy
-	// names another proxy or none without a dialer of its own all fail the
-	// request with ErrNoProxy, and nothing is sent); what a custom
-	// RoundTripper does on the wire is its own. Of an *http.Transport it
-	// returns, Attach sets OnProxyConnectResponse (calling the one it had
-	// first) so that a refused CONNECT is a proxy failure, and with
-	// KeepAlive off DisableKeepAlives; of another RoundTripper, with
-	// KeepAlive off, Attach closes the idle connections as each response
-	// body is closed. Bans, retries, leases and sessions
-	// work as with the default transport. The default clones
-	// WithBaseTransport's transport (or http.DefaultTransport) with its
-	// Proxy set to proxy.
+	// New builds a new RoundTripper (uTLS, say) per (proxy, site, session)
+	// that sends every request through proxy (credentials included). A
+	// failure fails the request with ErrNoProxy. With KeepAlive it must have
+	// CloseIdleConnections. The default clones the base transport.
 	New func(proxy *url.URL) (http.RoundTripper, error)
 
-	// KeepAlive lets connections be reused by later requests through the
-	// same proxy to the same site (and of the same session), so that a
-	// sticky session opens one connection per site, as one browser does,
-	// instead of a TCP and TLS handshake per request. Reuse is safe under
-	// the leases: a connection of (proxy, site) carries only requests that
-	// hold that proxy's lease for that site. With New, its RoundTrippers
-	// must have CloseIdleConnections (see New). It is off by default, as
-	// Colly's SetProxyFunc has it, because an idle connection outlives the
-	// lease: while another worker holds the proxy for the site, the site
-	// sees a second connection from the same address (idle, but open), and
-	// through a rotating gateway an idle connection keeps the exit address
-	// it was opened with. Idle connections close after IdleTimeout, when
-	// their pool is evicted (MaxPerProxy, MaxTotal), when this Switch
-	// quarantines the proxy on the site (a ban: that site's connections;
-	// a proxy failure: all of them) or marks it dead or drained
-	// (Drain, Remove), when a request finds its lease lost, and
-	// on Close. A quarantine made by another worker closes them at the
-	// IdleTimeout at the latest.
+	// KeepAlive reuses connections per (proxy, site, session), only for
+	// requests holding that lease. It is off by default because an idle
+	// connection outlives its lease.
 	KeepAlive bool
 
-	// MaxPerProxy is the most connection pools kept per proxy (one per
-	// site, and per session): the least recently used beyond it is closed.
-	// Each pool the default transport builds keeps at most
-	// Rotation.Concurrency's k idle connections per host (1 by default), so a
-	// proxy keeps at most MaxPerProxy × k idle connections per host of a
-	// site. Default 8.
+	// MaxPerProxy and MaxTotal bound the connection pools kept per proxy
+	// and in all (least recently used out). Defaults 8 and 512.
 	MaxPerProxy int
-	// MaxTotal is the most connection pools kept in all, over every proxy.
-	// Default 512.
-	MaxTotal int
-	// IdleTimeout closes a connection (and drops its pool) unused for this
-	// long. Default 30s.
+	MaxTotal    int
+	// IdleTimeout closes a connection unused for this long. Default 30s.
 	IdleTimeout time.Duration
 
-	// Identities are client identities (a User-Agent and the headers that
-	// go with it: Accept-Language, Sec-CH-UA...) for sticky sessions: each
-	// session picks one at its start, by a hash of its ID, so every worker
-	// that continues the session applies the same one, and every request
-	// of the session carries its headers (replacing the request's own of
-	// the same names). A new session (after a retirement) picks afresh.
-	// Requests of no task are left as they are. Default none.
+	// Identities are header sets (User-Agent...) for sticky sessions: each
+	// session's requests carry one, picked by its ID. Default none.
 	Identities []http.Header
-	// Identity, instead of Identities, returns the identity of the session
-	// with the given ID. It must return the same headers for the same ID
-	// on every worker (derive them from the ID), must be fast and must not
-	// panic (a panic fails the request). Attach does not modify the
-	// returned headers. Default none.
+	// Identity, instead of Identities, returns a session's headers: the
+	// same for the same ID on every worker. It must be fast.
 	Identity func(session string) http.Header
 }
 
@@ -115,12 +63,8 @@ const (
 	defaultClientIdle     = 30 * time.Second
 )
 
-// WithClient sets the client requests leave through: a RoundTripper built
-// per proxy (a custom TLS or HTTP/2 fingerprint), keep-alive connections
-// per (proxy, site) and client identities for sticky sessions (see
-// Client). It applies to the transport Attach installs. The default is
-// Client{}: the base transport (WithBaseTransport), keep-alives off, no
-// identities. The Switch's clients are safe for concurrent use.
+// WithClient sets the client Attach's requests leave through (Client). The
+// default is Client{}.
 func WithClient(cl Client) Option { return func(c *config) { c.client = cl } }
 
 // withDefaults fills cl's zero fields and checks the others.

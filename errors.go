@@ -15,92 +15,58 @@ import (
 // Sentinel errors. Callers branch on them with errors.Is; every error the
 // package returns wraps one of them or a Redis/context error.
 var (
-	// ErrNoProxy means no proxy could be leased for a request: the pool is
-	// empty, every proxy stayed busy for the whole wait, the request's context
-	// ended while waiting, or Redis failed. A ProxyFunc that returns it stops
-	// the request before any connection is made, so the request never leaves
-	// without a proxy. It reaches Colly's OnError and the error Visit returns.
+	// ErrNoProxy: no proxy could be leased (empty pool, all busy past the
+	// wait, context ended, Redis failed); the request was never sent.
 	ErrNoProxy = errors.New("proxyswitch: no proxy available")
 
-	// ErrEmptyPool means the pool holds no proxies at all. It is always
-	// returned together with ErrNoProxy.
+	// ErrEmptyPool: the pool holds no proxies (always with ErrNoProxy).
 	ErrEmptyPool = errors.New("proxyswitch: proxy pool is empty")
 
-	// ErrInvalidProxy means a proxy URL was rejected by validation. The error
-	// that wraps it is a *ProxyError naming the problem; it never carries the
-	// password.
+	// ErrInvalidProxy: a proxy URL was rejected, by a *ProxyError that
+	// never carries the password.
 	ErrInvalidProxy = errors.New("proxyswitch: invalid proxy URL")
 
-	// ErrLeaseLost means a lease can no longer be released or extended by its
-	// holder: it expired and may already belong to someone else.
+	// ErrLeaseLost: the lease expired and may belong to someone else.
 	ErrLeaseLost = errors.New("proxyswitch: lease lost (expired or taken over)")
 
-	// ErrConfig means an option value or a setting shared through Redis is
-	// invalid or disagrees with the one other workers of the pool use, or
-	// that a sharder got bad input. It is shard.ErrConfig, the same value.
+	// ErrConfig: an invalid option, or one other workers of the pool
+	// disagree with.
 	ErrConfig = shard.ErrConfig
 
-	// ErrRedis marks a failed Redis round trip (connection refused, timeout,
-	// a script error). The underlying go-redis error is wrapped too. It is
-	// shard.ErrRedis, the same value.
+	// ErrRedis: a Redis round trip failed (its error is wrapped too).
 	ErrRedis = shard.ErrRedis
 
-	// ErrCorrupt means a value read from Redis is not what this package
-	// writes there (a foreign or damaged key: a number that is none, a key
-	// of another type). The message names the key and quotes at most the
-	// first bytes of the value. It is shard.ErrCorrupt, the same value.
+	// ErrCorrupt: a value in Redis is not what this package writes there.
 	ErrCorrupt = shard.ErrCorrupt
 
-	// ErrNotInPool means an operator action named a proxy the pool does not hold.
+	// ErrNotInPool: an operator action named a proxy not in the pool.
 	ErrNotInPool = errors.New("proxyswitch: proxy not in the pool")
 
-	// ErrInvalidTask means a task ID (TaskKey, WithTaskFunc, EndSession...)
-	// is empty, longer than 256 bytes, not UTF-8 or holds control
-	// characters. A request with such a task fails with it (and ErrNoProxy)
-	// before any proxy is leased.
+	// ErrInvalidTask: a task ID is empty, over 256 bytes, not UTF-8 or has
+	// control characters; its request fails before any lease.
 	ErrInvalidTask = errors.New("proxyswitch: invalid task ID")
 
-	// ErrBanned means a request was given up because the site banned the
-	// proxies tried for it (a ban status, a redirect to a challenge page, a
-	// page without its expected content or far smaller than usual) and no
-	// retry was left. The error is a *BlockedError. It reaches Colly's
-	// OnError and the error Visit returns; the banned response itself never
-	// reaches OnResponse, OnHTML or OnXML.
+	// ErrBanned: the site banned every proxy tried (a *BlockedError).
 	ErrBanned = errors.New("proxyswitch: banned by the site")
 
-	// ErrPageRefused means a request was given up because the site refused
-	// the page itself, not the proxies: the same URL was refused (a ban status,
-	// a page without its content) through several proxies that the site
-	// serves its other pages (see Bans.EvidenceFirst). The error is a
-	// *BlockedError whose Status and Verdict name the site's answer. It does
-	// not match ErrBanned: no proxy was blamed, and sending the request again
-	// through other proxies would only meet the same answer.
+	// ErrPageRefused: the site refused the page itself, not the proxies
+	// (a *BlockedError; Bans.PageProxies).
 	ErrPageRefused = errors.New("proxyswitch: the site refused the page")
 
-	// ErrProxyFailed means a request was given up because the proxies tried
-	// for it failed (could not connect, refused the credentials, broke the
-	// CONNECT tunnel, answered 502, outlived the attempt timeout) and no retry
-	// was left. The error is a *BlockedError.
+	// ErrProxyFailed: every proxy tried failed (a *BlockedError).
 	ErrProxyFailed = errors.New("proxyswitch: proxy failed")
 
-	// ErrNotMember means a server asked for its share of a member list it is
-	// not in (it never registered, or its heartbeat ran out). It is
-	// shard.ErrNotMember, the same value.
+	// ErrNotMember: this server is not in the member list.
 	ErrNotMember = shard.ErrNotMember
 
-	// ErrMemberTaken means another live process is registered under the same
-	// member ID. Two processes with one ID would compute one share and use the
-	// same proxies: give each process its own ID. It is
-	// shard.ErrMemberTaken, the same value.
+	// ErrMemberTaken: another live process holds this member ID.
 	ErrMemberTaken = shard.ErrMemberTaken
 )
 
 // BlockedError is the error of a request given up after bans or proxy
-// failures. It wraps ErrPageRefused (Page: the site refused the page to
-// every proxy), ErrBanned or ErrProxyFailed (after the last attempt's
-// verdict) and, when the last attempt failed in transport, that error too.
-// Its message names the site's last answer: its status and the verdict's
-// reason. Proxy is redacted: no field or message carries a password.
+// failures. It wraps ErrPageRefused, ErrBanned or ErrProxyFailed and the
+// last attempt's transport error, if any. No field or message carries a
+// password.
 type BlockedError struct {
 	Site     string      // the site, as the site function names it
 	Proxy    string      // the last proxy tried, redacted

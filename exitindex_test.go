@@ -227,6 +227,17 @@ func exitIndexFollowsTheEntries(t *testing.T, rdb redis.UniversalClient) {
 	site = "new.example"
 	assert.Empty(t, firm(ids[2], "t2"), "3's ban holds its IP on a site met after it")
 	assert.Empty(t, firm(ids[1], "t1"), "4's ban holds its IP on a site met after it")
+	// Dead, 3 holds nothing (its IP's ban index lets it go); revived while
+	// banned, it holds its IP again (revive.lua names it there).
+	_, err = s.Drain(ctx, "", ids[3])
+	require.NoError(t, err)
+	m2 := firm(ids[2], "t2")
+	require.NotEmpty(t, m2, "3 is dead: its ban holds nothing")
+	release(m2, "t2")
+	_, err = s.Revive(ctx, "", ids[3])
+	require.NoError(t, err)
+	site = "newer.example"
+	assert.Empty(t, firm(ids[2], "t2"), "revived, 3's ban holds its IP again")
 }
 
 // TestExitIndexStaysSmall: a site's exit index holds about the entries

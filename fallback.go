@@ -87,24 +87,12 @@ type fallbackConfig struct {
 	set     int // options naming a scheme: more than one is a conflict
 }
 
-// WithFallback turns on the hybrid mode: leases come from Redis, and while
-// Redis is unreachable or hangs, from this server's own share of the pool,
-// computed by sh (nil means shard.Rendezvous{}) from the last known member list,
-// so that servers still never share an IP. self names this process in the
-// member list (unique among live processes, e.g. the host name). Bans and
-// quarantines go on locally and are written back when Redis returns; a Redis
-// that restarted empty gets the pool back. Call Start before the first
-// lease and Stop when done. Every worker of the pool must use the fallback
-// with the same sharder.
-//
-// How fast: Redis counts as gone after Timeouts.Fallback (1s); then the
-// local shard waits until any attempt another server began through one of
-// its proxies is over: the attempt timeout (Timeouts.Attempt) when set,
-// otherwise the lease TTL. Set an attempt timeout to switch within seconds.
-// When Redis answers again the Switch leases from it once every server of
-// the member list has written back (at most the member TTL, 3s, for a
-// server that is gone). The default is no fallback: a request fails with
-// ErrNoProxy while Redis is unreachable.
+// WithFallback leases from Redis and, while Redis is unreachable, from this
+// server's own share of the pool (computed by sh, nil: shard.Rendezvous{}),
+// so that servers still never share an IP. self names this process, unique
+// among live ones. Bans are written back when Redis returns; set
+// Timeouts.Attempt to switch within seconds. Call Start and Stop; all
+// workers must use the same sharder. The default is no fallback.
 func WithFallback(self string, sh shard.Sharder) Option {
 	return func(c *config) {
 		c.fallback.self, c.fallback.sharder, c.fallback.sharded = self, sh, false
@@ -112,16 +100,10 @@ func WithFallback(self string, sh shard.Sharder) Option {
 	}
 }
 
-// WithSharding turns on shared-nothing sharding: this server leases only
-// from its own share of the pool, computed by sh (shard.Modulo{} for the static
-// modulo shard, shard.Rendezvous{} for consistent hashing) from the live member
-// list, in memory; Redis only holds the member list and the pool. self
-// names this process in the member list. A proxy that moves to this server
-// when the member list changes is used only once its former owner can have
-// noticed (a heartbeat interval, the fallback timeout and the attempt
-// timeout or lease TTL). Bans stay with the server that learnt them. Call
-// Start before the first lease and Stop when done. The default is the
-// central broker.
+// WithSharding makes this server lease only from its own share of the pool,
+// in memory, computed by sh (shard.Rendezvous{} or shard.Modulo{}) from the
+// live member list in Redis; self names this process. Bans stay local. Call
+// Start first and Stop when done. The default is the central broker.
 func WithSharding(self string, sh shard.Sharder) Option {
 	return func(c *config) {
 		c.fallback.self, c.fallback.sharder, c.fallback.sharded = self, sh, true
@@ -156,26 +138,22 @@ func (fc *fallbackConfig) validate() error {
 
 // FallbackStatus is a snapshot of a Switch's fallback or sharding state.
 type FallbackStatus struct {
-	// Mode is where the Switch leases from now: "broker" (Redis, the
-	// central broker), "local" (this server's share of the pool, in
-	// memory: Redis is unreachable, or always with WithSharding) or
-	// "resuming" (Redis is back: the Switch writes its state back and
-	// waits for the other servers; requests wait meanwhile).
+	// Mode is where the Switch leases from now: "broker" (Redis), "local"
+	// (this server's share, in memory) or "resuming" (Redis is back;
+	// requests wait while the servers write their state back).
 	Mode    string
 	Since   time.Time // when the current mode began
 	Members []string  // the member list this server's share is computed from
 	Share   int       // proxies in this server's share of the Switch's pool
 	Outages int       // switches to the local shard since Start
 	// Reseeded counts the proxies this Switch wrote into a Redis that had
-	// lost the pool (on resume, or when a lease or a probe found the pool
-	// lost: see the package documentation), BansWritten the local bans written back,
-	// Adopted the local leases handed over to Redis, since Start.
+	// lost the pool, BansWritten the local bans written back, Adopted the
+	// local leases handed over to Redis, since Start.
 	Reseeded, BansWritten, Adopted int
 }
 
-// FallbackStatus returns where the Switch leases from now and what its
-// fallback did so far. Without WithFallback or WithSharding it reports
-// Mode "broker" and nothing else. It is safe for concurrent use.
+// FallbackStatus returns where the Switch leases from now (Mode "broker"
+// without WithFallback or WithSharding). It is safe for concurrent use.
 func (s *Switch) FallbackStatus() FallbackStatus {
 	f := s.fb
 	if f == nil {
@@ -270,13 +248,10 @@ func newFbPool(f *fallback, rp *redisPool) *fbPool {
 	return &fbPool{f: f, rp: rp, fromRedis: map[*Lease]struct{}{}, locals: map[*Lease]bool{}}
 }
 
-// Start registers this server in the pool's member list, reads the pool,
-// computes this server's share and starts the goroutine that probes Redis
-// and switches between the broker and the local shard. It is needed only
-// with WithFallback or WithSharding (otherwise it does nothing); until then
-// every lease fails with ErrNoProxy and ErrConfig. It fails if Redis is
-// unreachable (ErrRedis) or another live process holds the member ID
-// (ErrMemberTaken). The goroutine runs until Stop or until ctx ends.
+// Start registers this server in the member list and starts watching Redis
+// until Stop or ctx ends. WithFallback and WithSharding need it (leases fail
+// with ErrNoProxy and ErrConfig until then); otherwise it does nothing. It
+// fails with ErrRedis or ErrMemberTaken.
 func (s *Switch) Start(ctx context.Context) error {
 	f := s.fb
 	if f == nil {
@@ -327,9 +302,8 @@ func (s *Switch) Start(ctx context.Context) error {
 	return nil
 }
 
-// Stop ends the probe goroutine and takes this server out of the member
-// list. Leases after Stop fail with ErrNoProxy. Stop without Start, or
-// twice, does nothing.
+// Stop leaves the member list and stops watching Redis; leases after it fail
+// with ErrNoProxy. Stop without Start, or twice, does nothing.
 func (s *Switch) Stop(ctx context.Context) error {
 	f := s.fb
 	if f == nil {

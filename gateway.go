@@ -176,7 +176,7 @@ func (p *redisPool) rotate(ctx context.Context, site string, px *Proxy, l *Lease
 	if l != nil && l.scope == p.sw.scopeOf(site) && l.local == nil && l.released.CompareAndSwap(false, true) {
 		member, token = l.member, l.token
 	}
-	call := p.keys.poolUpdate("rotate", p.cfg.idleTTL, false, []any{px.id, np.id, np.raw(), member, token})
+	call := p.keys.poolUpdate("rotate", p.cfg.idleTTL, false, []any{px.id, np.id, np.raw(), member, token, p.sw.scopeOf(site)})
 	res, err := roundTrip(ctx, p.timeout, func(ctx context.Context) ([]int64, error) {
 		return call.Run(ctx, p.rdb).Int64Slice()
 	}, nil)

@@ -16,17 +16,9 @@ import (
 // given proxy, mark proxies dead with a reason of its own (Drain), and
 // revive only what it marked (Revive). Each is one Lua script.
 
-// LeaseProxy leases proxy (a URL or an ID, as List shows it) for site now,
-// if one of its slots is free there: unlike Lease it does not wait and
-// takes no other proxy; a proxy busy, cooling, quarantined or dead there
-// (or not in the pool) fails with ErrNoProxy, an empty pool with
-// ErrEmptyPool. It leases from the Switch's own
-// pool (WithPool), whatever WithRoute says of site. The lease is not
-// renewed (Extend it while you need it longer than the lease TTL); Close
-// releases it if it is still held. A proxy whose exit IP strict exits
-// hold (probe.Checker.Strict: not recorded yet) is taken all the same: it
-// is named, as a probe names the proxy whose exit it records. It is safe
-// for concurrent use.
+// LeaseProxy leases that proxy (URL or ID) for site from the Switch's own
+// pool if a slot is free now, without waiting: otherwise ErrNoProxy (or
+// ErrEmptyPool). The lease is not renewed. It is safe for concurrent use.
 func (s *Switch) LeaseProxy(ctx context.Context, site, proxy string) (*Lease, error) {
 	if s.renew.isClosed() {
 		return nil, errClosed
@@ -62,24 +54,14 @@ func (s *Switch) LeaseProxy(ctx context.Context, site, proxy string) (*Lease, er
 	return l, nil
 }
 
-// Drain takes proxies (URLs or IDs) out of every site's rotation: requests
-// already using them finish, none starts. Dead lists them with their mark,
-// and Revive brings them back. It returns how many proxies it marked. It
-// is safe for concurrent use. Each proxy leaves every site at once; many
-// proxies go in calls of bounded work (proxies x sites x concurrency of at
-// most 2,000 per call), so a Drain of many is not atomic: a lease meanwhile
-// may get a proxy drained later in the same call to Drain. On an error the
-// proxies before it stay drained, and the count says how many.
-//
-// With reason "" it is an operator's drain: every proxy must be in the pool
-// (otherwise it fails with ErrNotInPool and drains none), Dead lists it with
-// the reason "drained", and that mark wins over any other. With another
-// reason it is a health checker's mark (package probe's is "probe"): Dead
-// lists the proxy as StateDead with that Reason, a proxy already dead or
-// drained keeps its mark (an operator's drain is never turned into a
-// probe's mark), and one not in the pool is skipped. Such a reason is a
-// short name of the caller: at most 64 printable characters, no spaces, no
-// '|', not "drained".
+// Drain takes proxies (URLs or IDs) out of every site's rotation until
+// Revive: requests using them finish, none starts. It returns how many it
+// marked; a Drain of many is not atomic. With reason "" it is an operator's
+// drain: every proxy must be in the pool (else ErrNotInPool, nothing
+// drained), and it overrides other marks. Another reason (at most 64
+// printable characters, no spaces or '|') is a health checker's mark, such as
+// package probe's "probe", set only on live proxies of the pool. It is safe
+// for concurrent use.
 func (s *Switch) Drain(ctx context.Context, reason string, proxies ...string) (int, error) {
 	var strs []string
 	if reason == "" {
@@ -111,7 +93,7 @@ func (s *Switch) Drain(ctx context.Context, reason string, proxies ...string) (i
 		part := rest[:min(len(rest), pageSize())]
 		marked, done, err := chunkCall(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]int64, error) {
 			return engine.Drain{Dead: s.keys.dead(), Sites: s.keys.sites(), Pool: s.keys.proxies(),
-				Prefix: s.keys.base, Slots: s.cfg.slots, Reason: reason, Budget: chunkBudget(), Proxies: part}.Run(ctx, s.rdb).Int64Slice()
+				Prefix: s.keys.base, Slots: s.cfg.slots, Reason: reason, Budget: pageSize(), Proxies: part}.Run(ctx, s.rdb).Int64Slice()
 		}, len(part))
 		if err != nil {
 			return n, redisErr("drain", err)

@@ -69,15 +69,22 @@ const globalSite = "*"
 //	                                   half-open (breaker.go, breaker_lib.lua; no TTL, until it closes)
 //	{prefix:pool}:breaker:<site> hash  the site's ban-rate window (breaker.lua); TTL: twice the window
 //	{prefix:pool}:modes          zset  member ID -> Redis ms at which it last leased from the broker (fallback.go); TTL: member TTL
+//	{prefix:pool}:gone           zset  proxy ID -> ms x 1000 + a count (unique, rising): the proxies removed from the pool,
+//	                                   whose state each site forgets at its next leases (pool_update.lua, lease.lua's
+//	                                   forget_gone); an entry goes after the idle TTL; no TTL
+//	{prefix:pool}:swept          hash  site -> the gone zset's score up to which the site forgot them; TTL: idle TTL
 //
 // A ban is not a key of its own: it is the score of the proxy's slots in the
 // site's busy set ("free:<site>"), pushed to the end of the quarantine, so it
 // ends by itself. A site's busy set holds only the slots out on the site:
 // entries whose score passed are pruned by leases (two per lease), so a
-// site costs memory for what is in use on it, not for the pool. A dead
-// proxy's slots sit at DEAD (lib.lua) in the busy sets of the sites known
-// when it died; lease.lua checks the dead hash and the quarantine zset for
-// each proxy it offers, so a site met later skips them too. lease.lua sets
+// site costs memory for what is in use on it, not for the pool. A death, a
+// drain or a ban on every site writes the pool's dead hash or quarantine
+// zset, and the busy set of the one site it happened on: lease.lua checks
+// both for each proxy it offers, and records a dead proxy's slots out on
+// its site at DEAD (lib.lua) when it first meets it. A removal writes the
+// gone zset, and each site forgets the proxy's state at its next leases.
+// No death, ban, drain, revival or removal visits every site. lease.lua sets
 // the TTLs of a site's keys at most once a second: a busy set or lease hash
 // emptied and written again within that second (a release took its last
 // entry) carries no TTL until the site's next lease a second later.
@@ -117,6 +124,8 @@ func (k keyspace) breaker() string             { return k.base + ":breaker" }
 func (k keyspace) order() string               { return k.base + ":order" }
 func (k keyspace) cursor() string              { return k.base + ":cursor" }
 func (k keyspace) exits() string               { return k.base + ":exit" }
+func (k keyspace) gone() string                { return k.base + ":gone" }
+func (k keyspace) swept() string               { return k.base + ":swept" }
 
 // gatewayMembers is the index zset of gateway template t's members
 // (pool_update.lua's index_key): named by the template's SHA-1, never by

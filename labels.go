@@ -95,9 +95,8 @@ func splitLabels(line string) (string, string, error) {
 	return f[0], labels, err
 }
 
-// Labels returns the proxy's labels (nil for none): those of its line, for
-// a proxy ParseProxies or ReadProxies made, or those the pool keeps, for a
-// proxy List returns. Each call returns a new map.
+// Labels returns a new map of the proxy's labels (nil for none), from its
+// line or, for List's proxies, from the pool.
 func (p *Proxy) Labels() map[string]string {
 	if p.labels == "" {
 		return nil
@@ -128,13 +127,9 @@ type selector struct {
 	err  error
 }
 
-// UseLabels returns a copy of ctx whose requests lease only proxies that
-// carry every one of labels ("key=value": UseLabels(ctx, "country=ru",
-// "type=residential")), from the pools of their route. Give it to a
-// collector that runs one kind of task (Collector.Context =
-// proxyswitch.UseLabels(ctx, "country=ru")), or to Switch.Lease. No labels
-// means any proxy. An invalid label fails every lease of ctx with an error
-// wrapping ErrNoProxy and ErrInvalidProxy.
+// UseLabels returns a copy of ctx whose requests lease only proxies carrying
+// every label ("key=value"). Give it to a collector's Context or to Lease.
+// An invalid label fails the leases with ErrNoProxy and ErrInvalidProxy.
 func UseLabels(ctx context.Context, labels ...string) context.Context {
 	c, err := parseLabels(labels, "asked label")
 	sel := selector{err: err}

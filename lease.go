@@ -45,9 +45,8 @@ func (l *Lease) Proxy() *Proxy { return l.proxy }
 func (l *Lease) Expiry() time.Time { return time.UnixMilli(l.expiry.Load()) }
 
 // Release gives the proxy back, owner-checked: a holder whose lease expired
-// and was taken by someone else gets ErrLeaseLost and changes nothing.
-// Releasing twice is a no-op. On a Redis error the lease stays held (it will
-// expire by its TTL) and Release may be called again.
+// gets ErrLeaseLost and changes nothing. Releasing twice is a no-op. After a
+// Redis error it may be called again.
 func (l *Lease) Release(ctx context.Context) error {
 	if err := l.made(); err != nil {
 		return err
@@ -64,10 +63,9 @@ func (l *Lease) Release(ctx context.Context) error {
 	return err
 }
 
-// Extend pushes the lease's expiry to now + ttl (Redis clock); ttl <= 0 means
-// the Switch's lease TTL. It fails with ErrLeaseLost once the lease has
-// expired or been released: an expired holder can never extend the next
-// holder's lease.
+// Extend pushes the lease's expiry to now + ttl (ttl <= 0: the lease TTL),
+// owner-checked: it fails with ErrLeaseLost once the lease expired or was
+// released, never extending the next holder's.
 func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if err := l.made(); err != nil {
 		return err
@@ -94,14 +92,10 @@ func (l *Lease) lost(why string) error {
 	return &ProxyError{Proxy: l.proxy.String(), Reason: "lease on " + l.scope + " lost: " + why, Err: ErrLeaseLost}
 }
 
-// Lease waits for a free proxy for site (a host name, or whatever the site
-// function returns) and leases it. It waits at most the max-wait option, or
-// until ctx ends, and then fails with ErrNoProxy (as it does after Close).
-// The lease lives for the lease TTL (Timeouts.LeaseTTL) unless released or
-// extended: unlike the leases of the ProxyFunc's requests, the Switch does
-// not renew it (call Extend while you need it longer). Close releases it if
-// it is still held. Most users never call Lease: the ProxyFunc and the hooks
-// installed by Attach do. It is safe for concurrent use.
+// Lease waits for a free proxy for site, at most Timeouts.MaxWait or until
+// ctx ends, then fails with ErrNoProxy (as after Close). The lease is not
+// renewed: Extend it. Most users never call Lease. It is safe for concurrent
+// use.
 func (s *Switch) Lease(ctx context.Context, site string) (*Lease, error) {
 	return s.acquire(ctx, site, "", false)
 }

@@ -36,18 +36,10 @@ func (mc *memberConfig) validate() error {
 	return nil
 }
 
-// WithMembership configures the Membership that Start registers for
-// WithFallback or WithSharding: mc's Heartbeat (how often the registration
-// is renewed: one Redis round trip each; default 1s), TTL (how long a
-// registration lives without renewal, so how long after its last heartbeat
-// a crashed server drops out of every member list; at least twice the
-// heartbeat; default three heartbeats) and Changed (called with each new
-// member list, sorted, one call at a time, for instance
-// metrics.Collector.ObserveMembers; it must not block or panic; default
-// none). Zero fields take the defaults; a negative duration is an ErrConfig
-// error. Prefix, Pool, Self, Timeout and Logger are the Switch's (its
-// prefix, pool, the self of WithFallback or WithSharding, its Redis timeout
-// and logger), whatever mc says. The default is shard.MemberConfig{}.
+// WithMembership sets the member registration of WithFallback and
+// WithSharding: mc.Heartbeat (default 1s), mc.TTL (how soon a crashed server
+// drops out; default three heartbeats) and mc.Changed (called with each new
+// member list; must not block). Its other fields are the Switch's own.
 func WithMembership(mc shard.MemberConfig) Option {
 	return func(c *config) {
 		c.member = memberConfig{interval: mc.Heartbeat, ttl: mc.TTL, onChange: mc.Changed}
@@ -80,12 +72,8 @@ func (s *Switch) membership(self string, mc memberConfig) (*shard.Membership, er
 // is never registered.
 const memberReader = "proxyswitch-reader"
 
-// Members reads the live member list of the Switch's pool from Redis: the
-// IDs of the servers registered (by WithFallback, WithSharding or a
-// shard.Membership of their own) whose registration has not run out,
-// sorted. It registers nothing and calls no member-change function.
-// It is one round trip, bounded by the Redis timeout, and safe for
-// concurrent use.
+// Members reads the live member list of the Switch's pool from Redis, sorted;
+// it registers nothing. It is one round trip and safe for concurrent use.
 func (s *Switch) Members(ctx context.Context) ([]string, error) {
 	mc := s.cfg.member
 	mc.onChange = nil

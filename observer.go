@@ -12,19 +12,14 @@ import (
 // called on request goroutines: they must be fast, must not block and must
 // not panic. Events carry proxy IDs, never URLs or credentials.
 type Observer interface {
-	// ObserveAttempt is called for every attempt the transport installed by
-	// Attach classified.
+	// ObserveAttempt: every attempt Attach's transport classified.
 	ObserveAttempt(AttemptEvent)
-	// ObserveQuarantine is called for every quarantine or dead-marking the
-	// Switch applied, operator bans (Switch.Ban) included.
+	// ObserveQuarantine: every quarantine or dead mark, Ban included.
 	ObserveQuarantine(QuarantineEvent)
-	// ObserveSession is called when this process starts a sticky session
-	// and when it retires or ends one (a session that lapses, unused for its
-	// TTL, is seen by no one: count live ones with Switch.LiveSessions).
+	// ObserveSession: a session this process starts, retires or ends.
 	ObserveSession(SessionEvent)
-	// ObserveEvidence is called for what the ban evidence
-	// (Bans.EvidenceFirst) and the sessions' error score
-	// (Sessions.MaxErrorScore) made of a refusal.
+	// ObserveEvidence: what the evidence or a session's error score made
+	// of a refusal.
 	ObserveEvidence(EvidenceEvent)
 }
 
@@ -34,13 +29,7 @@ type AttemptEvent struct {
 	Kind                ban.Kind      // ban.OK, ban.Neutral, ban.Ban or ban.ProxyFailure
 	Reason              string        // the verdict's reason ("" for OK; ban.ReasonUnchecked for a Neutral page the content checks could not read)
 	Latency             time.Duration // from sending the attempt to its verdict
-	// Labels are the proxy's labels, "key=value" joined by ',' in key
-	// order ("" for none), as this Switch's copy of the pool's labels has
-	// them. Events never wait for that copy: one that finds it more than
-	// 10 seconds old has it read again in the background (a lease that
-	// asks for labels reads it again once it is 2 seconds old, for the
-	// selection), so a proxy's attempts in the 10 seconds after a relabel
-	// may carry the old ones.
+	// Labels are the proxy's labels, "k=v,k=v" (possibly stale for 10s).
 	Labels string
 }
 
@@ -61,29 +50,19 @@ type QuarantineEvent struct {
 type SessionEvent struct {
 	Pool    string // the pool the session leases from (Sessions.Pool)
 	ProxyID string
-	Ended   bool // false: the session started; true: it was retired or ended
-	// Site is where the session started, or where the reason that ended it
-	// showed ("" for limits and EndSession).
-	Site string
-	// Reason is why it ended: a verdict's reason ("http_403"...) or one of
-	// the Session... reasons (SessionEnded for EndSession). "" at the start.
+	Ended   bool   // false: the session started; true: it was retired or ended
+	Site    string // where it started, or where its end's reason showed
+	// Reason is why it ended: a verdict's reason or a Session... reason.
 	Reason   string
 	Requests int           // Ended: the requests it served
 	Age      time.Duration // Ended: from its start to its end (Redis clock)
 }
 
 // EvidenceEvent is a step of the evidence against a proxy on a site, or a
-// soft refusal a sticky session scored. What is one of:
-//
-//   - "confirmed": a first strike became a ban (the URL it refused was
-//     then served through another proxy);
-//   - "lifted": a first strike was taken back (the page refuses everyone);
-//   - "page_refused": a request failed with ErrPageRefused (ProxyID: the
-//     last proxy it was refused through);
-//   - "session_kept": a soft refusal (429, 503) the task's session survived,
-//     its error score below the max: no quarantine, no retry;
-//   - "session_spent": a soft refusal that spent the session's error score:
-//     the session retires (ObserveSession then reports its end).
+// soft refusal a sticky session scored. What is one of "confirmed" (a strike
+// became a ban), "lifted" (a strike was taken back), "page_refused" (a
+// request failed with ErrPageRefused), "session_kept" (a soft refusal the
+// session survived) and "session_spent" (one that retired the session).
 type EvidenceEvent struct {
 	Pool, Site, ProxyID string
 	What                string
@@ -153,10 +132,8 @@ func (s *Switch) observerList() []any {
 // observerBox lets an interface value live in an atomic.Pointer.
 type observerBox struct{ o Observer }
 
-// SetObserver makes os receive the Switch's events from now on, each event
-// handed to each of them in turn (the metrics Collector and your own, say:
-// SetObserver(col, mine)); nil ones are skipped. It replaces the observers
-// set before; none removes them. It is safe for concurrent use.
+// SetObserver makes os (nil ones skipped) receive the Switch's events from
+// now on, replacing the observers set before. It is safe for concurrent use.
 func (s *Switch) SetObserver(os ...Observer) {
 	o := observers(os...)
 	if o == nil {

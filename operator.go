@@ -15,20 +15,13 @@ import (
 // by hand. Each is one Lua script and takes effect for every worker from its
 // next lease on.
 
-// ReasonOperator is the reason of a ban an operator applied with Ban. It
-// and ReasonSiteProbe are reserved: a Classifier's verdict giving either
-// counts as ban.ReasonCustom.
+// ReasonOperator is the reason of an operator's Ban. It and ReasonSiteProbe
+// are reserved: a Classifier giving either counts as ban.ReasonCustom.
 const ReasonOperator = "operator"
 
-// ReasonSiteProbe is the reason of the ban.Ban a site probe reports (package
-// probe's Checker.Sites): the proxy could not reach the lease's site. Such a
-// verdict (Lease.Report) quarantines the proxy on that site only, for its
-// RetryAfter at least (Bans' backoff may make it longer, Bans.QuarantineMax
-// caps it), whatever Bans.AllSites, and as it is: a gateway's
-// session is not rotated (another one may not reach the site either), and
-// the site's circuit breaker neither absorbs it nor counts it (a probe is
-// no crawl's ban rate; a site that every proxy fails is down, which the
-// checker tells apart). Unban lifts it. Reserved (see ReasonOperator).
+// ReasonSiteProbe is the reason of a site probe's ban (package probe): it
+// quarantines the proxy on that site only, for its RetryAfter at least, and
+// the breaker does not count it. Unban lifts it. Reserved, as ReasonOperator.
 const ReasonSiteProbe = "site_probe"
 
 // siteOnly reports whether v quarantines on the site only whatever
@@ -41,10 +34,8 @@ func banAll(c *config, v ban.Verdict) bool {
 	return c.banAllSites && v.Kind == ban.Ban && !siteOnly(v)
 }
 
-// Ban quarantines proxy (a URL or an ID, as List shows it) on site for at
-// least d, for every worker of the pool, as if the site had banned it: a
-// request already using it finishes, and it counts as an offence for the
-// backoff. It is safe for concurrent use.
+// Ban quarantines proxy (URL or ID) on site for at least d, for every
+// worker. It is safe for concurrent use.
 func (s *Switch) Ban(ctx context.Context, proxy, site string, d time.Duration) error {
 	p, err := s.find(ctx, proxy)
 	if err != nil {
@@ -71,10 +62,8 @@ func (s *Switch) Ban(ctx context.Context, proxy, site string, d time.Duration) e
 	return err
 }
 
-// Unban ends proxy's quarantine on site now and starts its backoff over. A
-// slot held by a live lease comes back when that lease ends; a dead or
-// drained proxy stays out (see Revive), and so does one banned on every
-// site (Bans.AllSites) until that ban ends: leases check it for every site.
+// Unban ends proxy's quarantine on site now and starts its backoff over; it
+// does not revive a dead or drained proxy nor lift a ban on every site.
 func (s *Switch) Unban(ctx context.Context, proxy, site string) error {
 	p, err := s.find(ctx, proxy)
 	if err != nil {
@@ -131,25 +120,14 @@ func (s *Switch) siteHold(ctx context.Context, mode, site string, ids []string, 
 	}
 }
 
-// Clear deletes every key of the pool: its proxies, settings, leases, bans,
-// dead list, members and the set LiveSessions counts (session records and
-// cookie jars, kept per task, lapse with their TTL; a session whose lease
-// Clear deleted retires at its next use). It finds them through the pool's own registries,
-// never with a KEYS or SCAN glob, so other pools and prefixes are untouched.
-// One key stays: the pool's meta hash, marking the pool as emptied on
-// purpose, so that no Switch takes it for a pool Redis lost and re-seeds
-// it. Workers still running lease from an empty pool (ErrEmptyPool) until
-// the pool is loaded again. With many sites (more than 100) the keys of
-// the sites go first, 100 sites per call, then with many circuit breakers
-// or exit IPs (more than 500) those go 500 per call, and the rest in one
-// last atomic call (a site leased meanwhile is cleared by it too): each
-// call of bounded work, whatever the pool's size (the pool's large keys go
-// with UNLINK).
+// Clear deletes every key of the pool, and nothing of other pools, leaving a
+// mark so that no Switch re-seeds it. Running workers get ErrEmptyPool until
+// it is loaded again. Sessions lapse with their TTL.
 func (s *Switch) Clear(ctx context.Context) error {
 	for {
 		n, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) (int64, error) {
 			return engine.Clear{Sites: s.keys.sites(), Others: []string{s.keys.proxies(), s.keys.meta(), s.keys.fails(),
-				s.keys.quarantine(), s.keys.dead(), s.keys.members(), s.keys.memberOwners(), s.keys.modes(), s.keys.liveSessions(), s.keys.breaker(), s.keys.order(), s.keys.cursor(), s.keys.gateways(), s.keys.labels(), s.keys.relabel()},
+				s.keys.quarantine(), s.keys.dead(), s.keys.members(), s.keys.memberOwners(), s.keys.modes(), s.keys.liveSessions(), s.keys.breaker(), s.keys.order(), s.keys.cursor(), s.keys.gateways(), s.keys.labels(), s.keys.relabel(), s.keys.gone(), s.keys.swept()},
 				Prefix: s.keys.base, Budget: max(1, pageSize()/5), Entries: pageSize()}.Run(ctx, s.rdb).Int64()
 		}, nil)
 		if err != nil {

@@ -10,19 +10,16 @@ import (
 	"github.com/proxyswitch/proxyswitch/ban"
 )
 
-// Option configures a Switch. Options are applied in order; invalid values
-// are reported by NewSwitch (and by every lease of a ProxyFunc made by New).
+// Option configures a Switch; NewSwitch reports invalid values.
 type Option func(*config)
 
 // Scope says what a lease makes a proxy exclusive for.
 type Scope int
 
 const (
-	// ScopeSite (the default) makes a proxy exclusive per target site: it may
-	// serve Ozon and Avito at once, never two requests to Ozon at once.
+	// ScopeSite (the default): a proxy is exclusive per target site.
 	ScopeSite Scope = iota
-	// ScopeGlobal makes a proxy exclusive across all sites: one request at a
-	// time, whatever the target.
+	// ScopeGlobal: a proxy serves one request at a time, whatever the site.
 	ScopeGlobal
 )
 
@@ -189,29 +186,21 @@ func (c *config) validate() error {
 	return nil
 }
 
-// WithPrefix sets the first part of every Redis key, so several projects can
-// share one Redis. It must not contain braces or spaces. The default is
-// "proxyswitch". Two distinct (prefix, pool) pairs never share a key, ':' in
-// either name notwithstanding (the pool name is escaped in the keys, see the
-// package documentation).
+// WithPrefix sets the first part of every Redis key (no braces or spaces),
+// so several projects can share one Redis: distinct (prefix, pool) pairs
+// never share a key. The default is "proxyswitch".
 func WithPrefix(prefix string) Option { return func(c *config) { c.prefix = prefix } }
 
-// WithPool names the proxy pool to lease from (for instance "datacenter" or
-// "residential"); pools are independent sets of proxies under one prefix.
-// The default is "default". A ':' or '%' in the name is escaped in the keys
-// ("%3A", "%25").
+// WithPool names the pool to lease from. The default is "default".
 func WithPool(name string) Option { return func(c *config) { c.pool = name } }
 
 // WithSiteFunc sets how a request URL maps to the site a lease is exclusive
-// for, e.g. to treat "www.ozon.ru" and "api.ozon.ru" as one site. The
-// function must be fast, must not block and must not panic. The default is
-// the lower-cased host of the URL, with its port when the URL names one
-// ("ozon.ru", "127.0.0.1:8080").
+// for (to make "www.ozon.ru" and "api.ozon.ru" one site, say); it must be
+// fast and must not panic. The default is the lower-cased host with its port.
 func WithSiteFunc(f func(*url.URL) string) Option { return func(c *config) { c.siteFunc = f } }
 
-// WithLogger sets where the Switch logs. It logs warnings (a missing hook, a
-// failed release) and, at debug level, lease traffic; never passwords. The
-// default is slog.Default().
+// WithLogger sets where the Switch logs (never passwords). The default is
+// slog.Default().
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
 
 // defaultSite is the default site function (WithSiteFunc).
@@ -231,17 +220,13 @@ const (
 	maxLearned        = 24 * time.Hour
 )
 
-// WithBaseTransport sets the transport Attach clones for its requests (TLS
-// settings, timeouts, dialer); Attach replaces its Proxy with the Switch's
-// ProxyFunc and turns keep-alives off, as Colly's SetProxyFunc does
-// (WithClient can keep them, or replace the transport by any
-// RoundTripper). The default is a clone of http.DefaultTransport.
+// WithBaseTransport sets the transport Attach clones (TLS, dialer,
+// timeouts); its Proxy is replaced and keep-alives turned off. The default
+// clones http.DefaultTransport.
 func WithBaseTransport(t *http.Transport) Option { return func(c *config) { c.baseTransport = t } }
 
-// WithBanStatus sets the HTTP status codes that mean a site bans the proxy,
-// for site (as the site function names it; "" sets the default for every
-// site without a rule of its own). No codes means none is a ban there. The
-// default is 403, 429 and 503 for every site (ban.DefaultBanStatus).
+// WithBanStatus sets the status codes that are a ban on site ("" for every
+// site without its own rule). The default is 403, 429 and 503.
 func WithBanStatus(site string, codes ...int) Option {
 	return func(c *config) {
 		if c.banRules.BanStatus == nil {
@@ -251,57 +236,37 @@ func WithBanStatus(site string, codes ...int) Option {
 	}
 }
 
-// WithChallengeURLs sets the regular expressions (Go syntax) that name
-// captcha, login and block pages. A redirect (3xx) whose Location, resolved
-// against the hop's URL, matches one of them is a ban (ban.ReasonChallenge) of
-// the site that redirected: the challenge page is never requested (so
-// Colly never marks it visited) and the hop is sent again through another
-// proxy. A chain that ends on a matching URL some other way, other than
-// the URL it asked for, is a ban too and starts again from its first URL.
-// The whole URL is matched. No patterns turns the check off. The default
-// is ban.DefaultChallengeURLs.
+// WithChallengeURLs sets the regular expressions of captcha, login and block
+// page URLs: a redirect to one is a ban, and the hop is retried through
+// another proxy. The default is ban.DefaultChallengeURLs.
 func WithChallengeURLs(patterns ...string) Option {
 	return func(c *config) { c.banRules.ChallengeURLs = append([]string{}, patterns...) }
 }
 
-// WithExpect names CSS selectors (goquery syntax) that every 2xx page of
-// site ("" = every site) whose request URI (path and query) matches
-// urlPattern (a Go regular expression; "" = every page) must contain. A page
-// without one of them is a soft ban (ban.ReasonSelector): a captcha, a
-// placeholder or an empty page served with 200. Several rules may apply to
-// one page; each is checked. A page that cannot be checked (it does not
-// decode or parse, or was cut at MaxBodySize before the selector) is no ban:
-// it reaches Colly, counted ban.Neutral with ban.ReasonUnchecked. The
-// default is no rule.
+// WithExpect names CSS selectors every 2xx page of site ("" = all) whose
+// path matches urlPattern ("" = all) must contain; a page without one is a
+// soft ban (ban.ReasonSelector). A page that cannot be checked is let
+// through. The default is no rule.
 func WithExpect(site, urlPattern string, selectors ...string) Option {
 	return func(c *config) {
 		c.banRules.Expect = append(c.banRules.Expect, ban.Expect{Site: site, URL: urlPattern, Selectors: append([]string{}, selectors...)})
 	}
 }
 
-// WithSizeDrop sets when a 2xx body is a soft ban for being small
-// (ban.ReasonSizeDrop): when it is below ratio times the median size of the
-// latest 64 OK pages of the same site and media type. Pages are judged by
-// size once 16 of them are known. Baselines are learnt by each Switch on its
-// own (no Redis traffic). Zero turns the check off. The default is 0.25.
+// WithSizeDrop makes a 2xx body smaller than ratio times the site's recent
+// median a soft ban (ban.ReasonSizeDrop); 0 turns it off. The default is
+// 0.25.
 func WithSizeDrop(ratio float64) Option { return func(c *config) { c.banRules.SizeDrop = ratio } }
 
-// WithClassifier adds a classifier that runs before the built-in checks: it
-// can turn a response into a ban or a proxy failure, or overrule the
-// built-in checks with ban.OK or ban.Neutral; with ban.Pass it leaves the
-// decision to them. Classifiers run in the order they were added. Package ban
-// documents the order of the checks and what a Classifier may do.
+// WithClassifier adds a classifier run before the built-in checks, in the
+// order added: it may return a ban, a proxy failure, ban.OK or ban.Neutral,
+// or ban.Pass to let the checks decide (see package ban).
 func WithClassifier(f ban.Classifier) Option {
 	return func(c *config) { c.banRules.Classifiers = append(c.banRules.Classifiers, f) }
 }
 
 // Off, given to a numeric field of Rotation, Timeouts, Bans or Sessions,
-// sets it to zero (the field's documented "Off" meaning: off, no bound, no
-// wait), where a zero field leaves the value as it is (the default, or what
-// an earlier option set): pass Off, not a variable that may hold 0, to turn
-// a field off. NewSwitch rejects Off where zero is invalid (LeaseTTL,
-// Quarantine...) and any other negative value, naming the field; one field
-// has no off, Timeouts.Fallback, where zero and Off mean its default.
+// sets it to zero (its "Off" meaning), where zero keeps the current value.
 const Off = -1
 
 // setField sets *dst to v: 0 keeps *dst, Off sets 0, any other value is
@@ -316,76 +281,32 @@ func setField[T ~int | ~int64 | ~float64](dst *T, v T) {
 	}
 }
 
-// Rotation says what a lease makes a proxy exclusive for and how long a
-// proxy rests on a site between two requests. A zero field keeps the
-// default (or what an earlier WithRotation set); Off sets a numeric field
-// to zero.
+// Rotation says what a lease makes a proxy exclusive for and how long it
+// rests between requests. A zero field keeps the default; Off sets a
+// numeric field to zero.
 type Rotation struct {
-	// Scope chooses what a proxy is exclusive for: ScopeSite (the default)
-	// or ScopeGlobal. All workers of one pool must use the same scope.
+	// Scope: ScopeSite (the default) or ScopeGlobal, the same for all
+	// workers of a pool.
 	Scope Scope
 
-	// Concurrency allows that many simultaneous requests per proxy per
-	// site (per proxy overall with ScopeGlobal). All workers of one pool
-	// must agree: the first lease fixes the value in Redis and a worker
-	// asking for another one gets ErrConfig. The default is 1; at most 1000.
+	// Concurrency is how many requests a proxy serves at once per site;
+	// all workers of a pool must agree (else ErrConfig). The default is 1.
 	Concurrency int
 
-	// Cooldown is the minimum pause, cluster-wide, between two requests
-	// from one proxy to one site (counted from the end of one to the start
-	// of the next; with Concurrency above 1, also between two starts). The
-	// default is 0: a released proxy is free at once.
+	// Cooldown is the minimum pause, for every worker, between two requests
+	// from one proxy to one site. The default is 0.
 	Cooldown time.Duration
 
-	// LearnedPacing lets the fleet learn each site's pace per IP from its
-	// answers, in Redis, so that every worker of the pool paces alike: it
-	// is the most the learned cooldown may reach. The cooldown between two
-	// requests from one proxy to one site is then the learned cooldown,
-	// never below Cooldown (the floor and the start) nor above
-	// LearnedPacing. A rate-limit refusal (a ban with status 429, or any
-	// ban with a Retry-After) lengthens it: twice over while the site has
-	// given fewer than 20 healthy answers since the last raise, by a
-	// quarter after (from 0 to 100ms; at most once per cooldown, as the
-	// refusals of requests sent before the raise say nothing new), and the
-	// proxies already cooling down on the site (the 1,000 free soonest)
-	// wait the difference too.
-	// Each healthy answer then adds to the request rate per IP, by an equal
-	// step, so that it is back at the refused rate after 200 healthy
-	// answers (additive increase, multiplicative decrease). Such a refusal
-	// is the site's pace, not the proxy's: the proxy waits out the learned
-	// cooldown (or the Retry-After, if longer) and is neither struck nor
-	// quarantined, and the site's circuit breaker does not count it. Only a
-	// proxy that had rested is refused otherwise: under a per-IP limit a
-	// proxy idle on the site longer than the limit is served, so a
-	// rate-limit refusal of a proxy whose last healthy answer there is
-	// twice as old as the site's accepted rest (about the shortest time
-	// between two healthy answers of one proxy there lately), or of a proxy
-	// struck there since, is a refusal like any other (Bans) and evidence
-	// of a storm for the breaker; one past the accepted rest by a quarter
-	// is still the pace for the proxy, but evidence for the breaker. With
-	// LearnedPacing Off a rate-limit refusal is a refusal like any other.
-	// With Concurrency above 1, the learned cooldown paces each slot from
-	// its release only. The default is 1m; the most 24h.
+	// LearnedPacing caps the cooldown learned per site from rate-limit
+	// refusals (429 or Retry-After), which lengthen it while healthy
+	// answers shorten it. Such a refusal only holds the proxy for the
+	// cooldown, unless the proxy had rested. Off treats it as any refusal.
+	// The default is 1m.
 	LearnedPacing time.Duration
 
-	// FlakyDelay sets how much a proxy's recent failures on a site hold it
-	// back there (success-aware selection). Each (proxy, site) pair has a
-	// failure rate r in Redis, shared by every worker: a moving average
-	// over its outcomes there (each ban or proxy failure weighs 1, each
-	// healthy answer 0, the latest counting for a fifth, so it follows
-	// about the last ten). Each release of a proxy after an answer makes it
-	// next free on that site after the cooldown plus r × FlakyDelay. The
-	// rotation skips a proxy while it waits, so a flaky proxy comes round
-	// less often than a healthy one, and a proxy that recovered sheds its
-	// rate with each healthy answer.
-	//
-	// Fairness: no proxy is held back more than FlakyDelay beyond the
-	// cooldown per request, so each proxy is still leased at least once per
-	// turn of the pool (the time the others take to come round) plus
-	// FlakyDelay, and one with r = 0 loses nothing. The work is a hash read
-	// and at most one write per release and per quarantine, no extra round
-	// trip; the lease itself is unchanged (O(log N)). Off turns it off. The
-	// default is 10s; the most 24h.
+	// FlakyDelay holds a proxy back on a site after each request by its
+	// recent failure rate r there: r × FlakyDelay. Off turns it off. The
+	// default is 10s.
 	FlakyDelay time.Duration
 }
 
@@ -404,49 +325,32 @@ func WithRotation(r Rotation) Option {
 }
 
 // Timeouts bounds how long things take and last. A zero field keeps the
-// default (or what an earlier WithTimeouts set); Off sets a field to zero.
+// default; Off sets a field to zero.
 type Timeouts struct {
-	// LeaseTTL is how long a lease lives if it is never released nor
-	// renewed: at most this long after its holder crashed, a proxy is free
-	// again. The leases of running requests (those of ProxyFunc, with or
-	// without Attach) are renewed every quarter of this TTL while their
-	// request runs, however long it runs and whatever its deadline (Switch
-	// describes the renewer); those of Switch.Lease are not (Lease.Extend).
-	// The default is 30s; the minimum 100ms.
+	// LeaseTTL is how long a lease lives unless released or renewed (a
+	// crashed holder's proxies are free after it). Running requests' leases
+	// are renewed; Switch.Lease's are not. The default is 30s.
 	LeaseTTL time.Duration
 
-	// MaxWait bounds how long a request waits for a free proxy before it
-	// fails with ErrNoProxy. The request's own context (Colly's request
-	// timeout, 10s by default, counts the wait too) can end the wait
-	// earlier. Off means do not wait at all. The default is 30s.
+	// MaxWait bounds the wait for a free proxy (then ErrNoProxy); the
+	// request's context may end it earlier. Off: no wait. The default is
+	// 30s.
 	MaxWait time.Duration
 
-	// Attempt bounds each attempt through one proxy, from the moment its
-	// proxy is leased until the body is read for classification (at most
-	// MaxBodySize), so that a hanging proxy is dropped
-	// (ban.ReasonProxyTimeout) and the request retried through another one
-	// within its own timeout. Set it well below the collector's request
-	// timeout. Off (the default) means no bound of its own: a request that
-	// outlives its own timeout fails and no proxy is blamed, as the site
-	// may be the slow one.
+	// Attempt bounds each attempt through one proxy, so that a hanging
+	// proxy is dropped and the request retried; set it well below the
+	// request timeout. The default is Off: no bound.
 	Attempt time.Duration
 
-	// Redis bounds every single Redis round trip (go-redis retries
-	// included). The default is 2s.
+	// Redis bounds every Redis round trip. The default is 2s.
 	Redis time.Duration
 
-	// IdleTTL is how long the per-site keys of a site nobody crawls any
-	// more are kept in Redis. It must be at least a minute and twice the
-	// lease TTL. The default is 24h.
+	// IdleTTL is how long Redis keeps the keys of a site nobody crawls. The
+	// default is 24h.
 	IdleTTL time.Duration
 
-	// Fallback sets, for a Switch with WithFallback or WithSharding, how
-	// long a Redis call may go unanswered before the Switch counts Redis as
-	// unreachable: it bounds every lease, release and quarantine call (in
-	// place of Redis, when shorter) and the health probe, which runs every
-	// quarter of it. The default is 1s; the minimum 20ms. This field has
-	// no "off": Off sets it to zero like any field, and zero means the
-	// default, so Off gives 1s too.
+	// Fallback is how long a Redis call may go unanswered before the
+	// fallback counts Redis as unreachable. The default is 1s.
 	Fallback time.Duration
 }
 
@@ -463,88 +367,40 @@ func WithTimeouts(t Timeouts) Option {
 	}
 }
 
-// Bans says what a refusal or a proxy failure costs a proxy: quarantines,
-// the evidence a refusal needs, when a proxy is dead, how often a request is
-// retried. They act through the transport that Attach installs; a collector
-// given only the proxy function (New) does not classify responses. The
-// quarantine, dead and backoff state they produce lives in Redis and is
-// shared by every worker of the pool. A zero field keeps the default (or
-// what an earlier WithBans set); Off sets a numeric field to zero.
+// Bans says what a refusal or a proxy failure costs a proxy. They act
+// through Attach's transport; their state is shared by every worker in
+// Redis. A zero field keeps the default; Off sets a numeric field to zero.
 type Bans struct {
-	// Quarantine and QuarantineMax set how long a proxy proven banned by a
-	// site stays out of that site's rotation, cluster-wide: Quarantine for
-	// a proven ban, doubling for each further ban in a row (no healthy
-	// answer in between), jittered by up to ±15%, capped at QuarantineMax,
-	// and never shorter than the site's Retry-After (itself capped at
-	// QuarantineMax). A first refusal is proof only when it is unambiguous
-	// (a redirect to a challenge page) or once it is confirmed: before that
-	// it is a strike, quarantined for EvidenceFirst. Bans live in the
-	// site's keys: a site nobody leases for during the idle TTL
-	// (Timeouts.IdleTTL) forgets them. The defaults are 30m and 12h;
-	// 0 < Quarantine <= QuarantineMax.
+	// Quarantine is how long a proxy banned by a site stays out of that
+	// site's rotation, for every worker, doubling for each further ban in a
+	// row up to QuarantineMax, never shorter than Retry-After. The defaults
+	// are 30m and 12h.
 	Quarantine, QuarantineMax time.Duration
 
-	// FailureQuarantine and FailureQuarantineMax set how long a proxy that
-	// failed (see ban.ProxyFailure) stays out of the site's rotation:
-	// FailureQuarantine for a first failure, doubling for each further
-	// failure in a row, jittered, capped at FailureQuarantineMax. The
-	// defaults are 1m and 30m.
+	// FailureQuarantine and FailureQuarantineMax are the same for a proxy
+	// failure (ban.ProxyFailure). The defaults are 1m and 30m.
 	FailureQuarantine, FailureQuarantineMax time.Duration
 
-	// EvidenceFirst and PageProxies set how much evidence a refusal (a ban
-	// status, a page without its content, a challenge) needs before it
-	// becomes a verdict on the proxy, on the refusing site, cluster-wide.
-	//
-	// A refusal is a strike against the (proxy, site) pair. A first strike
-	// takes the proxy out of the site's rotation at once, for EvidenceFirst
-	// (jittered, never shorter than Retry-After). It becomes a ban
-	// (Quarantine, then doubling) when the evidence comes: the same proxy
-	// refused again on the site (no healthy answer in between), or the
-	// refusal confirmed (the request it refused then succeeded through
-	// another proxy). A redirect to a challenge page (ban.ReasonChallenge)
-	// is evidence enough by itself.
-	//
-	// When one URL is refused through PageProxies different proxies, each
-	// of them healthy on the site's other pages (the first one: no strike
-	// there; every later one: a healthy answer there and no strike since,
-	// later than the site's last verdict on a proxy that was healthy there,
-	// as proxies burnt together with it may not be; or the lift of a strike
-	// by another page's verdict, after the URL's first refusal), it is the
-	// page that refuses, not the proxies: the request is not retried
-	// further, the first strikes it cost are taken back (the proxies are
-	// free on the site again), and it fails with a *BlockedError that wraps
-	// ErrPageRefused and names the site's answer (its Status). PageProxies
-	// Off never blames the page; otherwise it is 2..100.
-	//
-	// EvidenceFirst is at most Quarantine. Both Off is the behaviour before
-	// evidence existed: every refusal is a ban at once and is retried
-	// through other proxies until Retries runs out. The quarantines of the
-	// local shard (WithFallback, WithSharding) are always Quarantine. The
-	// defaults are 1m and 2.
+	// EvidenceFirst is how long a first refusal (a strike) keeps the proxy
+	// off the site; a repeated or confirmed refusal is a ban. Off makes
+	// every refusal a ban. PageProxies: a URL refused through that many
+	// proxies healthy on the site is the page's answer (ErrPageRefused), and
+	// their strikes are taken back; Off never blames the page. The defaults
+	// are 1m and 2.
 	EvidenceFirst time.Duration
 	PageProxies   int
 
-	// DeadAfter is how many proxy failures in a row (no answer from any
-	// site in between) mark a proxy dead: out of every site's rotation
-	// until Revive or probe.CheckDead brings it back. Failures that only
-	// the proxy can cause (it refuses connections or the credentials) count
-	// alone; others (timeouts, 502s, broken tunnels) count only once they
-	// happened on two sites or more, so that one site's outage never kills
-	// the pool. Off never marks a proxy dead. The default is 5.
+	// DeadAfter is how many proxy failures in a row mark a proxy dead: out
+	// of every site's rotation until Revive. Off never does. The default
+	// is 5.
 	DeadAfter int
 
 	// Retries is how many times a request is sent again through another
-	// proxy after a ban or a proxy failure, at most. A request whose
-	// retries run out fails with a *BlockedError (ErrBanned or
-	// ErrProxyFailed). All attempts share the request's own timeout. A
-	// request whose body cannot be sent again (no GetBody) is not retried.
-	// Off never retries. The default is 2 (three proxies at most); at most
-	// 100.
+	// proxy after a ban or a proxy failure. Off never retries. The default
+	// is 2.
 	Retries int
 
-	// AllSites makes a ban take the proxy out of every site's rotation,
-	// sites first crawled later included, not only the banning site's. The
-	// default is false.
+	// AllSites makes a ban take the proxy out of every site's rotation.
 	AllSites bool
 }
 

@@ -70,11 +70,6 @@ func scanHash(ctx context.Context, rdb redis.Scripter, timeout time.Duration, wh
 	return nil
 }
 
-// chunkBudget is the most slot writes (proxies x sites x slots) one call
-// of a chunked operation over many proxies and sites makes (drain.lua,
-// revive.lua): a few ms of Redis time.
-func chunkBudget() int { return 4 * pageSize() }
-
 // chunkCall runs one call of a chunked operation that was sent sent entries, whose
 // script replies {count, entries consumed}, and returns both; a call that
 // consumed none, or more than it was sent, is ErrCorrupt.

@@ -25,9 +25,8 @@ type PoolChange struct {
 	Size    int // proxies in the pool afterwards
 }
 
-// Add validates every URL (all or nothing: one invalid URL rejects the whole
-// call) and adds the proxies not yet in the pool. Adding a proxy twice is a
-// no-op. It is safe to call while workers lease.
+// Add validates every URL (one invalid rejects all) and adds the proxies not
+// yet in the pool. It is safe to call while workers lease.
 func (s *Switch) Add(ctx context.Context, urls ...string) (PoolChange, error) {
 	ps, err := ParseProxies(urls)
 	if err != nil {
@@ -36,9 +35,9 @@ func (s *Switch) Add(ctx context.Context, urls ...string) (PoolChange, error) {
 	return s.update(ctx, "add", entries(ps))
 }
 
-// Remove takes proxies out of the pool, named by URL or by ID (Proxy.ID, as
-// List shows it). A proxy in use stays with its current holder until released;
-// it is never leased again. Unknown proxies are ignored.
+// Remove takes proxies (URLs or IDs) out of the pool: one in use stays with
+// its holder until released and is never leased again. Unknown proxies are
+// ignored.
 func (s *Switch) Remove(ctx context.Context, proxies ...string) (PoolChange, error) {
 	ids, err := proxyIDs(proxies)
 	if err != nil {
@@ -80,21 +79,10 @@ func proxyIDs(proxies []string) ([]any, error) {
 	return ids, nil
 }
 
-// Replace makes the pool exactly urls. Use it to reload a list from a file
-// (ReadProxies) or a provider's API at run time. Proxies kept keep their
-// state (leases, cooldowns). All URLs are validated first: on an invalid
-// one the pool is unchanged.
-//
-// Up to 500 proxies (in the pool and in urls) Replace is one atomic call:
-// workers see the old set or the new one, never a mix. A larger Replace is
-// several calls of bounded work (no Redis call blocks others for long): the
-// proxies to drop go first, then the new ones are added. Until it returns,
-// workers, List and Stats may see any set in between: the old set
-// shrinking to the proxies both sets share (none when they share none: the
-// pool is empty for a moment, and a lease may fail with ErrEmptyPool), then
-// growing to the new set; the pool's generation moves with each call. A
-// Replace that fails part way leaves such a set. Two large Replaces of one
-// pool at once may interleave: run one at a time.
+// Replace makes the pool exactly urls, all validated first (an invalid one
+// changes nothing); proxies kept keep their state. Up to 500 proxies it is
+// atomic; a larger one may show workers the old set shrinking (even to
+// ErrEmptyPool) then growing. Run large Replaces one at a time.
 func (s *Switch) Replace(ctx context.Context, urls []string) (PoolChange, error) {
 	ps, err := ParseProxies(urls)
 	if err != nil {
@@ -103,8 +91,7 @@ func (s *Switch) Replace(ctx context.Context, urls []string) (PoolChange, error)
 	return s.ReplaceProxies(ctx, ps)
 }
 
-// ReplaceProxies is Replace for proxies already parsed (by ReadProxies, say).
-// A nil entry, or one not made by ParseProxy (a zero Proxy), fails the call
+// ReplaceProxies is Replace for parsed proxies; a nil or zero Proxy fails
 // with ErrInvalidProxy and changes nothing.
 func (s *Switch) ReplaceProxies(ctx context.Context, ps []*Proxy) (PoolChange, error) {
 	if err := parsed(ps); err != nil {
@@ -200,11 +187,8 @@ func (s *Switch) diff(ctx context.Context, ps []*Proxy) (hooks.PoolDiff, error) 
 	return d, nil
 }
 
-// List returns the proxies of the pool, ordered by their redacted URL. It
-// reads the pool in pages of 500 proxies, one round trip each (no call
-// blocks Redis for long, whatever the pool's size), so it is not one
-// instant: a proxy added or removed meanwhile may be listed or not. It is
-// safe for concurrent use.
+// List returns the proxies of the pool, ordered by redacted URL, read in
+// pages. It is safe for concurrent use.
 func (s *Switch) List(ctx context.Context) ([]*Proxy, error) { return s.own.redis().list(ctx) }
 
 func (rp *redisPool) list(ctx context.Context) ([]*Proxy, error) {
@@ -246,18 +230,14 @@ type SiteStats struct {
 	Leased       int // live leases
 	BusySlots    int // slots not free: leased, cooling down or quarantined
 	LeaseRecords int // lease records in Redis, live or expired but not yet reclaimed
-	// Concurrency is the concurrency the pool records: the Rotation.Concurrency
-	// of the Switches that lease from it (the first lease records it; a
-	// Switch asking for another one gets ErrConfig), or 0 when nothing
-	// leased from it yet. Tools that act on a pool they did not configure
-	// (the proxyswitch command) read it to match.
+	// Concurrency is the Rotation.Concurrency the pool records (its first
+	// lease fixes it), or 0 when nothing leased from it yet.
 	Concurrency int
 }
 
-// Stats returns a snapshot of the pool for site (ignored with ScopeGlobal):
-// one round trip, or with more than 500 lease records on the site one call
-// per 500 of them (bounded work per call, so that none blocks Redis for long;
-// Leased is then counted over calls, not at one instant). It is safe for concurrent use.
+// Stats returns a snapshot of the pool for site (ignored with ScopeGlobal);
+// on a busy site Leased is counted over several calls, not at one instant.
+// It is safe for concurrent use.
 func (s *Switch) Stats(ctx context.Context, site string) (SiteStats, error) {
 	scope := s.scopeOf(site)
 	call := engine.Stats{Pool: s.keys.proxies(), Free: s.keys.free(scope), Lease: s.keys.leases(scope), Meta: s.keys.meta(),

@@ -18,15 +18,10 @@ import (
 )
 
 // Proxy is one validated proxy of a pool. It is immutable and safe for
-// concurrent use.
-//
-// A proxy's identity is its whole canonical URL, scheme and credentials
-// included: gateway providers hand out one host:port with a different
-// username per exit IP, and those are different proxies. The canonical URL
-// spells the host and port one way only (see ParseProxy), so two spellings of
-// one proxy are one pool entry; it is what is stored and dialled. ID is derived from that identity (a
-// hash, so it carries no secret) and names the proxy in Redis, logs and
-// metrics.
+// concurrent use. Its identity is its whole canonical URL, credentials
+// included (a gateway's usernames per exit IP are different proxies); two
+// spellings of one proxy are one pool entry. ID, a hash of that identity,
+// names the proxy in Redis, logs and metrics.
 type Proxy struct {
 	id     string
 	url    *url.URL
@@ -38,31 +33,11 @@ type Proxy struct {
 // proxySchemes are the schemes net/http's Transport can dial through.
 var proxySchemes = map[string]bool{"http": true, "https": true, "socks5": true, "socks5h": true}
 
-// ParseProxy validates raw and returns the proxy it names. Accepted:
-//
-//   - a URL: http, https, socks5 or socks5h, a host and a numeric port,
-//     optional user:password, no path, query or fragment;
-//   - host:port, meaning http://host:port;
-//   - user:password@host:port, meaning http://user:password@host:port
-//     (user name and password as they are, not %-escaped; the password
-//     may hold ':' and '@');
-//   - host:port:user:password, the line format most providers export,
-//     meaning http://user:password@host:port (as they are, not %-escaped;
-//     the password may hold ':' and '@').
-//
-// IPv6 addresses are bracketed: [::1]:8080. The host and port are
-// canonicalised: a name lower-cased, without its trailing dot, an
-// internationalised name in punycode (bücher.example is
-// xn--bcher-kva.example), an IP address in its shortest form (an
-// IPv4-mapped IPv6 address as the IPv4 address), the port in plain decimal
-// (08080 is 8080). A dotted-decimal host that is no IPv4 address (010.0.0.1,
-// 1.2.3.256) is rejected rather than handed to a resolver. A line that reads both as
-// user:password@host:port and as host:port:user:password, or whose last two
-// fields look like a host and a port (user:password:host:port?), is
-// rejected as ambiguous. The error, a *ProxyError wrapping ErrInvalidProxy, names the
-// problem and never echoes user info: its Proxy field holds at most the
-// scheme, "xxxxx@" and host:port, or a placeholder when those cannot be told
-// apart from the rest.
+// ParseProxy validates raw: a URL (http, https, socks5, socks5h, with a
+// numeric port and optional user:password), host:port,
+// user:password@host:port or host:port:user:password (user info as is). Host
+// and port are canonicalised; ambiguous lines are rejected. The error, a
+// *ProxyError wrapping ErrInvalidProxy, never echoes user info.
 func ParseProxy(raw string) (*Proxy, error) {
 	bad := func(reason string) error {
 		return &ProxyError{Proxy: redactRaw(raw), Reason: reason, Err: ErrInvalidProxy}
@@ -289,13 +264,12 @@ func isASCII(s string) bool {
 	return true
 }
 
-// ID is a short, stable identifier of the proxy (16 hex digits derived from
-// its canonical URL, credentials included). It reveals no secret.
+// ID is a short, stable identifier of the proxy (16 hex digits), a hash that
+// reveals no secret.
 func (p *Proxy) ID() string { return p.id }
 
-// URL returns a copy of the proxy URL, credentials included, for dialing
-// (nil for a zero Proxy, one not made by ParseProxy). Do not log it; log
-// String instead.
+// URL returns a copy of the proxy URL, credentials included, for dialing.
+// Log String instead.
 func (p *Proxy) URL() *url.URL {
 	if p == nil || p.url == nil {
 		return nil
@@ -304,12 +278,10 @@ func (p *Proxy) URL() *url.URL {
 	return &u
 }
 
-// String returns the URL with its user info masked: the user name and the
-// password each become "xxxxx" (http://xxxxx:xxxxx@gw.example:8000). Gateway
-// providers put account names, session ids and targeting in the user name,
-// so it is no less secret than the password; entries that differ only in
-// credentials print alike and are told apart by ID. This is what logs,
-// errors, Request.ProxyURL and the CLI show.
+// String returns the URL with its user name and password each masked as
+// "xxxxx" (http://xxxxx:xxxxx@gw.example:8000): what logs, errors,
+// Request.ProxyURL and the CLI show. Entries that differ only in credentials
+// print alike; ID tells them apart.
 func (p *Proxy) String() string { return p.shown }
 
 // masked is u with its user info masked, as String shows it.
@@ -342,25 +314,17 @@ func redactRaw(raw string) string {
 	return redact.Split(strings.TrimSpace(raw), func(s string) bool { return knownSchemes[s] }).String()
 }
 
-// ParseProxies validates every URL and returns the proxies in order, with
-// duplicates (same identity) dropped. A gateway template, the entry of a
-// provider gateway whose user info picks a sticky exit IP by a session id
-// and holds the placeholder {session:N} (or {session}, N = 1) in its place,
-// as in http://customer-acme-session-{session:50}:secret@gw.example:7000,
-// becomes N virtual proxies, each the template with a new random session
-// id of 8 characters [a-z0-9] (a ban of one on a site replaces it by a new
-// session instead of quarantining it), which Add and
-// ReplaceProxies take only as far as the pool lacks sessions of that
-// gateway; a template given twice counts once. On any invalid URL it returns an error
-// naming its position (1-based) and reason, and no proxies: a pool is never
-// half-loaded.
+// ParseProxies validates every URL and returns the proxies in order, without
+// duplicates. A gateway template, a URL whose user info holds {session:N},
+// becomes N virtual proxies with random session ids
+// (http://customer-acme-session-{session:50}:secret@gw.example:7000). Any
+// invalid URL returns an error naming its position, and no proxies.
 func ParseProxies(raws []string) ([]*Proxy, error) {
 	return parseAll(raws, func(i int) string { return fmt.Sprintf("proxy #%d", i+1) })
 }
 
-// ReadProxies reads proxy URLs from r, one per line. Blank lines and lines
-// starting with '#' are skipped. Every URL is validated as ParseProxies does;
-// an error names the line number and never echoes a password.
+// ReadProxies reads proxy URLs from r, one per line, skipping blank lines and
+// '#' comments, validated as ParseProxies does.
 func ReadProxies(r io.Reader) ([]*Proxy, error) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64*1024), 64*1024)

@@ -21,35 +21,24 @@ const (
 )
 
 // ProxyState is one proxy of a pool as one site sees it, read by
-// ProxyStates. Times are by Redis' clock. It is a snapshot: a value, safe
-// to share between goroutines.
+// ProxyStates. Times are by Redis' clock. It is a snapshot value.
 //
-// A proxy has one slot per site, or k with WithRotation(Rotation{Concurrency: k}), each in one
-// state; the slot counts of all proxies add up to SiteState's counts for
-// the site. State sums the slots up, the first that applies in this order:
-// dead or drained (the proxy is marked so, even while a request that
-// started before is under way), quarantined (a ban on the site or on every
-// site holds it out, even while a request that started before is under
-// way), leased (a slot is), free (a slot is), cooling.
+// A proxy has one slot per site (k with Rotation.Concurrency k). State sums
+// its slots up, the first that applies: dead or drained, quarantined,
+// leased, free, cooling.
 type ProxyState struct {
 	Proxy *Proxy // its ID and URL (String redacts the password)
 	State string // StateFree, StateLeased, StateCooling, StateQuarantined, StateDead or StateDrained
 
-	// Until is when the state ends unless something changes it: the
-	// expiry of its last live lease (leased), the end of its cooldown
-	// (cooling) or of its quarantine (quarantined), for the last of its
-	// slots in that state. Zero for free, dead and drained.
+	// Until is when the state ends (lease expiry, end of cooldown or of
+	// quarantine); zero for free, dead and drained.
 	Until time.Time
-	// Strikes is the proxy's bans in a row on the site: the offences the
-	// quarantine backoff counts (Bans.Quarantine). A healthy answer through
-	// the proxy on the site or Unban sets it back to 0; it outlives the
-	// quarantine until then.
+	// Strikes is the proxy's bans in a row on the site, until a healthy
+	// answer or Unban.
 	Strikes int
-	// BanAllSites says a quarantined proxy is held out by a ban on every
-	// site (Bans.AllSites), which may end later than a ban on this site.
+	// BanAllSites: a ban on every site holds the proxy out.
 	BanAllSites bool
-	// Since and Reason say when and why a dead or drained proxy was marked
-	// ("drained", or the failure that killed it, as Dead lists them).
+	// Since and Reason say when and why a dead or drained proxy was marked.
 	Since  time.Time
 	Reason string
 
@@ -64,22 +53,9 @@ type ProxyState struct {
 // proxy_states.lua.
 const proxyStateFields = 13
 
-// ProxyStates reads the state of every proxy of the pool on site, ordered
-// by redacted URL: in pages of 250 proxies (fewer with a concurrency over
-// 1: about 250 slots), one round trip each (one Lua
-// script, bounded by Timeouts.Redis), each page at one instant (a proxy
-// added or removed meanwhile may be in the result or not). With ScopeGlobal the site does not
-// matter and may be empty: the states are the global scope's. On a site
-// never leased (or idle past Timeouts.IdleTTL) every proxy is free but the dead
-// and drained ones, and those banned on every site, which its first lease
-// starts quarantined.
-//
-// It reads what the pool holds in Redis: not the local share of a Switch
-// that WithFallback switched over while Redis was unreachable, nor the
-// pools WithRoute sends a site to. It walks the whole pool, so it costs
-// Redis time in proportion to the pool's size times the concurrency (a few
-// ms per page): an operator's call, not one for every request. It is safe for concurrent
-// use. A reply that is not what the script writes fails with ErrCorrupt.
+// ProxyStates reads the state of every proxy of the Switch's own pool on
+// site, ordered by redacted URL, in pages (not one instant). It walks the
+// whole pool: an operator's call. It is safe for concurrent use.
 func (s *Switch) ProxyStates(ctx context.Context, site string) ([]ProxyState, error) {
 	if site == "" && s.cfg.scope != ScopeGlobal {
 		return nil, fmt.Errorf("%w: empty site", ErrConfig)

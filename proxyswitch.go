@@ -30,17 +30,8 @@ var (
 // Switch leases proxies from a Redis-backed pool to Colly requests. One
 // Switch serves any number of collectors and goroutines: it is safe for
 // concurrent use. It holds no connection of its own (close the Redis client
-// when you are done).
-//
-// The leases of running requests are renewed while they run, so that a
-// request longer than the lease TTL keeps its proxy, and a process that dies
-// frees its proxies within one TTL: one goroutine per Switch does it,
-// started by the first lease and gone once the Switch holds none.
-// Call Close once the collectors are done, before the process exits: it
-// stops that goroutine and releases every lease still held (without it,
-// those of requests whose context has not ended stay in Redis until their
-// TTL runs out). A lease that must be released late is released by a
-// goroutine started at that moment.
+// when you are done). The leases of running requests are renewed while they
+// run; call Close once the collectors are done, before the process exits.
 type Switch struct {
 	rdb  redis.Scripter
 	cfg  config
@@ -65,11 +56,10 @@ type Switch struct {
 	waiters      waiters                     // the leases waiting for a busy site, woken by this Switch's releases (waiters.go)
 }
 
-// NewSwitch returns a Switch leasing from the pool that opts name (by default
-// "default" under the key prefix "proxyswitch"). It does no I/O. rdb may be
-// any go-redis client: *redis.Client (single node or Sentinel failover),
-// *redis.ClusterClient or *redis.Ring. It fails with ErrConfig on a nil
-// client or an invalid option.
+// NewSwitch returns a Switch for the pool opts name ("default" under the
+// prefix "proxyswitch"). rdb may be any go-redis client (single, Sentinel,
+// Cluster, Ring). It does no I/O and fails with ErrConfig on a nil client or
+// an invalid option.
 func NewSwitch(rdb redis.Scripter, opts ...Option) (*Switch, error) {
 	if rdb == nil || isNilPointer(rdb) {
 		return nil, fmt.Errorf("%w: nil redis client", ErrConfig)
@@ -104,18 +94,9 @@ func (s *Switch) build() error {
 //
 //	c.SetProxyFunc(proxyswitch.New(rdb))
 //
-// Each request leases a free proxy for its site. That alone never lets two
-// requests share an IP on one site, but a proxy stays taken until its
-// request's context ends (renewed meanwhile; with no request timeout, until
-// the lease TTL, 30s by default, runs out): install the release hooks with
-// Switch.Attach to give proxies back as soon as each response is in. The
-// Switch New makes cannot be closed: to give every lease back at exit, use
-// NewSwitch, its ProxyFunc and Close. The
-// proxy function alone does not classify responses either: ban detection,
-// quarantine and retries through other proxies come with Attach too (bans
-// other workers made still apply: a quarantined proxy is never leased). If
-// the options are invalid, every request fails with an ErrConfig error: no
-// request ever goes out without a proxy.
+// It never lets two requests share an IP on one site, but a proxy stays
+// taken until its request's context ends, and nothing is classified: prefer
+// NewSwitch and Attach. Invalid options fail every request with ErrConfig.
 func New(rdb redis.Scripter, opts ...Option) colly.ProxyFunc {
 	s, err := NewSwitch(rdb, opts...)
 	if err != nil {
@@ -126,27 +107,11 @@ func New(rdb redis.Scripter, opts ...Option) colly.ProxyFunc {
 }
 
 // Attach installs the whole extension on c: the proxy function, ban
-// detection with retries through other proxies, and the hooks that tie each
-// lease to its request and release it as soon as the response (or the error)
-// is in, keep one proxy for a whole redirect chain, and fill
-// Request.ProxyURL (user info masked) for your callbacks.
-//
-// Ban detection runs in a transport Attach installs with c.WithTransport (a
-// clone of WithBaseTransport's, or of http.DefaultTransport, whose Proxy is
-// ProxyFunc; or, with WithClient, a RoundTripper per proxy, any kind,
-// reached after the ProxyFunc leased the proxy): every response is read
-// (at most c.MaxBodySize) and classified before Colly sees it. A ban or a proxy failure quarantines the proxy for
-// every worker of the pool and sends the request again through another
-// proxy (Bans.Retries); when no retry is left the request fails with a
-// *BlockedError (ErrBanned or ErrProxyFailed) through OnError and Visit. A
-// banned page therefore never reaches OnResponse, OnHTML or OnXML. Calling
-// c.WithTransport or c.SetProxyFunc after Attach replaces that transport and
-// turns ban detection off.
-//
-// Call Attach before registering your own callbacks, so that they run after
-// the extension's. Attach each collector, clones included: Collector.Clone
-// shares the transport but not the hooks, and requests without the hooks are
-// neither classified nor retried.
+// detection with retries (Bans), sticky sessions, and hooks that release
+// each lease as soon as its response is in, keep one proxy for a redirect
+// chain and set Request.ProxyURL (masked). Call it before registering your
+// own callbacks, on every collector and clone. Calling c.WithTransport or
+// c.SetProxyFunc afterwards turns ban detection off.
 func (s *Switch) Attach(c *colly.Collector) {
 	c.WithTransport(s.newTransport(c))
 	c.OnRequestHeaders(s.onRequestHeaders)
@@ -156,10 +121,9 @@ func (s *Switch) Attach(c *colly.Collector) {
 	c.OnError(func(r *colly.Response, err error) { s.finishAfter(r.Request, err) })
 }
 
-// ProxyFunc is the proxy function Colly (and net/http) call for every hop of
-// every request. It returns a leased proxy or an error wrapping ErrNoProxy;
-// never (nil, nil), which would make Go connect directly; after Close, it
-// always fails. It is safe for concurrent use.
+// ProxyFunc is the proxy function for every hop of every request: a leased
+// proxy or an error wrapping ErrNoProxy, never (nil, nil). It is safe for
+// concurrent use.
 func (s *Switch) ProxyFunc(req *http.Request) (*url.URL, error) {
 	if req == nil || req.URL == nil {
 		return nil, fmt.Errorf("%w: request without URL", ErrNoProxy)

@@ -247,23 +247,11 @@ func (p *redisPool) extendMany(ctx context.Context, ls []*Lease, ttl time.Durati
 	return res, nil
 }
 
-// Close ends the Switch: the renewer stops, every lease the Switch still
-// holds is released (owner-checked; leases of requests still running are
-// marked lost, so that those requests fail with ErrLeaseLost), releases in
-// flight on other goroutines (those of the ProxyFunc without hooks run when
-// a request's context ends) are waited for, and with WithFallback or
-// WithSharding the Switch leaves the member list (Stop), and its background
-// reads (of the copy of its pool kept to re-seed a Redis that lost it) end.
-// From then on
-// ProxyFunc and Lease fail with an error wrapping ErrNoProxy: no request
-// goes out without a proxy.
-//
-// Call it once the collectors are done (after Collector.Wait), before the
-// process exits: otherwise the leases of requests whose context has not
-// ended yet stay in Redis until their TTL runs out. Close waits at most
-// until ctx ends; leases it could not release (Redis unreachable) expire by
-// their TTL, and the error says so. Calling it again releases nothing more.
-// It does not close the Redis client. It is safe for concurrent use.
+// Close releases every lease the Switch holds (requests still running fail
+// with ErrLeaseLost) and calls Stop; then ProxyFunc and Lease fail with
+// ErrNoProxy. Call it after Collector.Wait, before exiting, or leases stay
+// in Redis until their TTL. It waits at most until ctx ends and reports
+// leases it could not release. It is safe for concurrent use.
 func (s *Switch) Close(ctx context.Context) error {
 	r := &s.renew
 	r.mu.Lock()

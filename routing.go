@@ -29,21 +29,17 @@ type route struct {
 	spread bool // start at a pool picked per lease, not at the first
 }
 
-// WithRoute makes the requests to site (as the site function names it, ""
-// for every site without a route of its own) lease from pools, in order: a
-// later pool only while every proxy of the earlier ones is busy,
-// quarantined or gone. Name one pool for no fallback. Pool names follow
-// WithPool's rules. Every option of the Switch applies to every pool, and
-// Start prepares the fallback shard of each. The default is the Switch's
-// own pool (WithPool) for every site.
+// WithRoute makes the requests to site ("" for every site without a route of
+// its own) lease from pools in order: a later pool only while every proxy of
+// the earlier ones is busy, quarantined or gone. Every option of the Switch
+// applies to every pool. The default is the Switch's own pool.
 func WithRoute(site string, pools ...string) Option {
 	return func(c *config) { c.setRoute(site, route{pools: append([]string(nil), pools...)}) }
 }
 
-// WithSpread is WithRoute for pools that split one hot pool (shard.PoolNames):
-// each lease starts at another pool, picked round-robin, and goes on to
-// the others in order, so the load spreads evenly over them (and over the
-// Redis Cluster masters their slots live on). The default is no spread.
+// WithSpread is WithRoute for the parts of one hot pool (shard.PoolNames):
+// each lease starts at another pool, round-robin, so the load spreads evenly.
+// The default is no spread.
 func WithSpread(site string, pools ...string) Option {
 	return func(c *config) { c.setRoute(site, route{pools: append([]string(nil), pools...), spread: true}) }
 }
@@ -57,11 +53,9 @@ func (c *config) setRoute(site string, r route) {
 
 type poolsKey struct{}
 
-// UsePools returns a copy of ctx whose requests lease from pools, in the
-// order and with the fallback WithRoute describes, whatever their site's
-// route: a route by request kind. Give it to a collector that runs one kind
-// of task (Collector.Context = proxyswitch.UsePools(ctx, "residential")),
-// or to Switch.Lease. No pools means the site's route.
+// UsePools returns a copy of ctx whose requests lease from pools as
+// WithRoute does, whatever their site's route. Give it to a collector
+// (Collector.Context) or to Switch.Lease. No pools means the site's route.
 func UsePools(ctx context.Context, pools ...string) context.Context {
 	return context.WithValue(ctx, poolsKey{}, route{pools: append([]string(nil), pools...)})
 }

@@ -72,27 +72,24 @@ import (
 // the 2 seconds the Switch trusts its copy of the labels) is retired with
 // SessionLabels, and the request starts a new one on a matching proxy.
 
-// TaskKey is the colly.Context key that names the task a request belongs
-// to: a string of 1 to 256 bytes (printable UTF-8). Requests whose context
-// has no task lease a proxy per request, as usual.
+// TaskKey is the colly.Context key naming a request's task: 1 to 256 bytes
+// of printable UTF-8. Requests without a task lease a proxy each.
 const TaskKey = "proxyswitch.task"
 
-// SessionKey is the colly.Context key under which each request of a task
-// leaves a *SessionInfo of the session it went out with (read it with
-// SessionOf).
+// SessionKey is the colly.Context key where each request of a task leaves
+// its *SessionInfo (SessionOf).
 const SessionKey = "proxyswitch.session"
 
-// Reasons a session is retired for, besides the ban and failure reasons of
-// the verdict that retired it ("http_403", "proxy_connect"...).
+// Reasons a session is retired for, besides verdict reasons ("http_403"...).
 const (
 	SessionMaxRequests  = "max_requests"  // it served Sessions.MaxRequests requests
 	SessionMaxAge       = "max_age"       // it grew older than Sessions.MaxAge
-	SessionProxyRemoved = "proxy_removed" // its proxy left the pool, or is dead
+	SessionProxyRemoved = "proxy_removed" // its proxy left the pool
 	SessionProxyDead    = "proxy_dead"    // its proxy was marked dead or drained
-	SessionQuarantined  = "quarantined"   // its proxy was banned on one of its sites by someone else (an operator, another slot)
-	SessionLeaseLost    = "lease_lost"    // one of its leases was lost (the pool was cleared, say)
-	SessionLabels       = "labels"        // its proxy does not carry the labels a request of the task asks for (UseLabels; its labels changed)
-	SessionEnded        = "ended"         // EndSession ended it (never reported to Sessions.Retired)
+	SessionQuarantined  = "quarantined"   // its proxy was banned on one of its sites by someone else
+	SessionLeaseLost    = "lease_lost"    // one of its leases was lost
+	SessionLabels       = "labels"        // its proxy lacks the labels a request asks for (UseLabels)
+	SessionEnded        = "ended"         // EndSession ended it
 )
 
 const (
@@ -106,9 +103,8 @@ const (
 	maxSessionRounds = 8
 )
 
-// NewTaskContext returns a new colly.Context whose requests belong to task
-// (TaskKey). Pass it to Collector.Request; the requests made from their
-// responses with Request.Visit inherit it.
+// NewTaskContext returns a new colly.Context whose requests, and those made
+// from their responses, belong to task.
 func NewTaskContext(task string) *colly.Context {
 	ctx := colly.NewContext()
 	ctx.Put(TaskKey, task)
@@ -125,9 +121,7 @@ func taskOfCtx(ctx *colly.Context) string {
 }
 
 // SessionOf returns the session the latest request of ctx's task in this
-// process went out with, or nil (no task, or no request sent yet). Read it
-// in OnResponse or OnError: the same context may carry several requests of
-// the task at once, and each request leaves its session there as it goes.
+// process went out with, or nil. Read it in OnResponse or OnError.
 func SessionOf(ctx *colly.Context) *SessionInfo {
 	if ctx == nil {
 		return nil
@@ -136,8 +130,7 @@ func SessionOf(ctx *colly.Context) *SessionInfo {
 	return info
 }
 
-// SessionInfo describes a task's session at one request. It is a snapshot:
-// a value never changes once handed out.
+// SessionInfo describes a task's session at one request: a snapshot value.
 type SessionInfo struct {
 	Task       string
 	ID         string // random, new for each session of the task
@@ -148,9 +141,8 @@ type SessionInfo struct {
 	Requests   int    // requests sent through the session so far, this one included
 	Started    time.Time
 	Expires    time.Time // when it lapses unless used again (Redis clock)
-	// Previous tells why the task's previous session ended, when it was
-	// retired or ended (not when it lapsed) within a TTL before this one
-	// started; nil otherwise.
+	// Previous tells why the task's previous session was retired or
+	// ended, if it was within a TTL; nil otherwise.
 	Previous *SessionRetirement
 }
 
@@ -179,61 +171,35 @@ type sessionConfig struct {
 	maxErrors, errorDecay float64 // Sessions.MaxErrorScore, ErrorDecay (sessionscore.go)
 }
 
-// Sessions configures the sticky sessions of tasks. A zero field keeps the
-// default (or what an earlier WithSessions set); Off sets a numeric field to
-// zero.
+// Sessions configures the sticky sessions of tasks (TaskKey), which need
+// Attach and Redis: with Redis unreachable, or under WithSharding, a request
+// of a task fails with ErrNoProxy rather than leave from another IP. A zero
+// field keeps the default; Off sets a numeric field to zero.
 type Sessions struct {
-	// TTL is how long a task's session lives after its last use; every
-	// request of the task renews it. While it lives, its proxy serves no one
-	// else on the sites it visited. The session's own requests are not
-	// paced by Rotation.Cooldown (pace a flow with Colly's LimitRule Delay).
-	// A request of a session holds its proxy by the session, not by a
-	// renewed lease: keep the session TTL above the request timeout. It
-	// must not exceed the idle TTL. The default is 10 minutes
-	// (DefaultSessionTTL), or the idle TTL if shorter.
+	// TTL is how long a session lives after its last request, its proxy
+	// serving no one else on its sites; keep it above the request timeout
+	// and within the idle TTL. The default is 10 minutes.
 	TTL time.Duration
 
 	// MaxRequests retires a session once it has sent that many requests
-	// (every hop of a redirect chain counts); the task's next request
-	// starts a new one, with another proxy and no cookies. The default is
-	// 0: no limit.
+	// (redirect hops count). The default is 0: no limit.
 	MaxRequests int
 
-	// MaxAge retires a session once it is older than that, counted from its
-	// first request. The default is 0: no limit.
+	// MaxAge retires a session once it is older than that. The default is
+	// 0: no limit.
 	MaxAge time.Duration
 
-	// Pool makes sessions lease from another pool under the same prefix
-	// and Redis, for instance residential or mobile proxies for shopper
-	// flows while bulk catalog scans use the Switch's own datacenter pool:
-	//
-	//	sw, err := proxyswitch.NewSwitch(rdb, proxyswitch.WithPool("datacenter"),
-	//		proxyswitch.WithSessions(proxyswitch.Sessions{Pool: "residential"}))
-	//
-	// The session pool takes every other option of the Switch, as a pool of
-	// WithRoute does (its bans count in the Switch's BanCounts and reach its
-	// observer). Load it as any pool, through a Switch of its own:
-	// NewSwitch(rdb, WithPool("residential")).Replace. Sessions lease from
-	// this one pool: routes (WithRoute, UsePools) apply to requests of no
-	// task only (without a session pool, a task's request to a routed site
-	// logs a warning once). The default ("") is the Switch's own pool.
+	// Pool makes sessions lease from another pool (routes apply to
+	// requests of no task only). The default is the Switch's own pool.
 	Pool string
 
-	// Retired is told of every session retired (by a ban, a proxy failure,
-	// a limit, its proxy leaving the pool), once, by the worker that
-	// retired it, on a request goroutine: it must be fast, must not block
-	// and must not panic (a panic is recovered and logged). Sessions that
-	// lapse or that EndSession ends are not reported. The default is none.
+	// Retired is told once of every session retired (not lapsed or ended),
+	// on a request goroutine: it must be fast. The default is none.
 	Retired func(SessionRetirement)
 
-	// MaxErrorScore and ErrorDecay set how many soft refusals (429, 503) a
-	// sticky session tolerates: each adds 1 to its error score, each
-	// healthy request takes ErrorDecay off it, and the refusal that brings
-	// the score to MaxErrorScore retires the session. MaxErrorScore 1
-	// retires it on its first refusal (as a hard ban always does). The
-	// defaults are 3 and 0.5 (DefaultSessionMaxErrorScore,
-	// DefaultSessionErrorDecay); MaxErrorScore must be at least 1,
-	// ErrorDecay at least 0 (Off).
+	// MaxErrorScore and ErrorDecay: each soft refusal (429, 503) adds 1 to
+	// a session's error score, each healthy request takes ErrorDecay off,
+	// and reaching MaxErrorScore retires it. The defaults are 3 and 0.5.
 	MaxErrorScore, ErrorDecay float64
 }
 
@@ -256,10 +222,9 @@ func WithSessions(ss Sessions) Option {
 	}
 }
 
-// WithTaskFunc sets how a request names its task ("" for none); it runs in
-// the OnRequestHeaders hook Attach installs, once per request. It must be
-// fast and must not panic (a panic fails the request). The default reads
-// TaskKey from the request's colly.Context (its TaskKey value).
+// WithTaskFunc sets how a request names its task ("" for none), in Attach's
+// hook. It must be fast. The default reads TaskKey from the request's
+// context.
 func WithTaskFunc(f func(*colly.Request) string) Option {
 	return func(c *config) { c.session.taskFunc = f }
 }
@@ -322,8 +287,8 @@ func (s *Switch) sessionPool() (*redisPool, error) {
 	return be.redis(), nil
 }
 
-// Session returns the live session of task, or nil if it has none. It
-// changes nothing. It is safe for concurrent use.
+// Session returns the live session of task, or nil, changing nothing. It is
+// safe for concurrent use.
 func (s *Switch) Session(ctx context.Context, task string) (*SessionInfo, error) {
 	rep, err := s.peekSession(ctx, task)
 	if rep == nil {
@@ -349,9 +314,8 @@ func (s *Switch) peekSession(ctx context.Context, task string) (*useReply, error
 	return rep, nil
 }
 
-// SessionCookies returns the cookies the live session of task would send
-// to u (the session's Set-Cookie headers never reach Colly's callbacks or
-// jar: they are kept here), or none if the task has no live session. It is
+// SessionCookies returns the cookies the live session of task would send to
+// u (they never reach Colly's jar), or none without a live session. It is
 // safe for concurrent use.
 func (s *Switch) SessionCookies(ctx context.Context, task string, u *url.URL) ([]*http.Cookie, error) {
 	if err := checkTask(task); err != nil {
@@ -367,11 +331,8 @@ func (s *Switch) SessionCookies(ctx context.Context, task string, u *url.URL) ([
 	return cookiesFor(rep.jar, u, time.Now()), nil
 }
 
-// LiveSessions counts the live sessions of the Switch's session pool (the
-// one Sessions.Pool names, else its own), on every server: those started
-// and neither ended, retired nor lapsed (unused for their TTL), by Redis'
-// clock. It is one round trip, bounded by the Redis timeout, and safe for
-// concurrent use.
+// LiveSessions counts the live sessions of the Switch's session pool on every
+// server. It is one round trip and safe for concurrent use.
 func (s *Switch) LiveSessions(ctx context.Context) (int, error) {
 	ss, err := s.sessionPool()
 	if err != nil {
@@ -386,11 +347,9 @@ func (s *Switch) LiveSessions(ctx context.Context) (int, error) {
 	return int(n), nil
 }
 
-// EndSession ends the live session of task at once, when the flow is done:
-// its proxy serves others again after the cooldown (so call it once the
-// task's requests are over), and its cookies are deleted. It reports whether there was a session to end. It also deletes
-// a session record this package cannot read (ErrCorrupt), which otherwise
-// fails the task's requests until it expires. It is safe for concurrent use.
+// EndSession ends the live session of task (its proxy is freed, its cookies
+// deleted) and reports whether there was one. It also deletes a corrupt
+// session record. It is safe for concurrent use.
 func (s *Switch) EndSession(ctx context.Context, task string) (bool, error) {
 	if err := checkTask(task); err != nil {
 		return false, err

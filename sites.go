@@ -19,12 +19,8 @@ type SiteUse struct {
 }
 
 // Sites returns the sites leased from the pool within the idle TTL, most
-// recently used first (with ScopeGlobal, the single scope "*").
-//
-// It reads them in pages (one script call each, of pageSize sites), so that
-// none blocks Redis for long whatever the number of sites: a site leased
-// within the idle TTL from the first page to the last is in the list (once,
-// with its latest lease read), one forgotten meanwhile may be or not.
+// recently used first (with ScopeGlobal, the single scope "*"). It reads in
+// pages, so a site forgotten meanwhile may be listed or not.
 func (s *Switch) Sites(ctx context.Context) ([]SiteUse, error) {
 	last := map[string]float64{}
 	call := engine.Sites{Sites: s.keys.sites(), IdleTTL: s.cfg.idleTTL, Count: pageSize()}

@@ -19,19 +19,14 @@ type SiteState struct {
 	Quarantined int // banned on this site (or on every site) until the quarantine ends
 	Dead        int // out of every site's rotation until revived (drained ones too)
 
-	// Learned is the cooldown the fleet learned for the site
-	// (Rotation.LearnedPacing), 0 for none; releases use it when it is longer
-	// than Rotation.Cooldown.
+	// Learned is the site's learned cooldown (Rotation.LearnedPacing), 0
+	// for none.
 	Learned time.Duration
 }
 
-// SiteState reads the state of the pool for site: one round trip for a
-// small pool; a large one (more than 500 slots out on the site, or proxies
-// dead or banned everywhere) is read in calls of bounded work, one page at a
-// time, so that none blocks Redis for long. Such a read is not
-// one instant: a slot that changes state meanwhile may be counted in
-// either state, and the counts may not add up to the pool's slots then. It
-// is safe for concurrent use.
+// SiteState reads the state of the pool for site. A large pool is read in
+// several calls, so the counts may then not be one instant nor add up. It is
+// safe for concurrent use.
 func (s *Switch) SiteState(ctx context.Context, site string) (SiteState, error) {
 	scope := s.scopeOf(site)
 	call := engine.State{StateKeys: s.keys.states(scope), Slots: s.cfg.slots, Phase: "busy", Cursor: "0", Budget: pageSize()}

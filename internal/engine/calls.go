@@ -155,7 +155,7 @@ type Drain struct {
 	Prefix  string   // ARGV[1] the pool's key prefix "{prefix:pool}"
 	Slots   int      // ARGV[2] slots per proxy (K)
 	Reason  string   // ARGV[3] "drained", or a probe's reason (marks only unmarked proxies)
-	Budget  int      // ARGV[4] the most slot writes of one call (one proxy at least)
+	Budget  int      // ARGV[4] the most proxies one call marks (one at least)
 	Proxies []string // ARGV[5..] proxy ids; the reply says how many the call did
 }
 

@@ -84,13 +84,12 @@ end
 -- join has the exit indexes of IP ip (lib.lua's exit_mark, exit_ban) name
 -- proxy id, one of its entries now, where it is out: on each of the
 -- MAX_SITES last sites where a slot of it is out, and in the IP's ban
--- index while it is banned on every site (a dead proxy: none, revive.lua
--- names it). Bounded work: one read per site.
+-- index while it is banned on every site (not while it is dead: revive.lua
+-- names it then). Bounded work: one read per site.
 local recent -- the MAX_SITES last sites, read once per call
 local function join(id, ip)
-  if redis.call('HEXISTS', base .. ':dead', id) == 1 then return end
   local q = num(redis.call('ZSCORE', base .. ':quarantine', id))
-  if q and q > now then exit_ban(base, ip, {id}, q) end
+  if q and q > now and redis.call('HEXISTS', base .. ':dead', id) == 0 then exit_ban(base, ip, {id}, q) end
   recent = recent or redis.call('ZREVRANGE', KEYS[2], 0, MAX_SITES - 1)
   local ms = {}
   for s = 0, slots - 1 do ms[#ms + 1] = id .. ':' .. s end

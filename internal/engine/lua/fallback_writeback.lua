@@ -10,8 +10,9 @@
 -- KEYS[5] quarantine zset  id -> unix ms until which it is banned on every site
 -- ARGV[1] key prefix "{prefix:pool}": the busy set of scope S is ARGV[1]..":free:"..S,
 --         its lease hash ARGV[1]..":lease:"..S (same hash tag as KEYS; checked).
---         Why a prefix and not KEYS: a ban on every site ("" scope) reaches
---         the sites of KEYS[2], read here, atomically.
+--         Why a prefix and not KEYS: the scopes come in ARGV. A ban on every
+--         site ("" scope) is one entry of KEYS[5], which every lease reads
+--         (lease.lua): no site's keys are visited for it.
 -- ARGV[2] idle TTL ms     ARGV[3] slots (K) of the writer     ARGV[4] max quarantine ms
 -- ARGV[5..] entries of five:
 --   "ban",   scope ("" for every site), proxy id, "",    ms left
@@ -74,7 +75,6 @@ for i = 5, #ARGV - 4, 5 do
       redis.call('ZADD', KEYS[5], 'GT', untl, who)
       redis.call('PEXPIRE', KEYS[5], maxq + 60000)
       if exit_of(who) ~= '' then exit_ban(base, exit_of(who), {who}, untl) end
-      for _, sc in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do push(sc, who, untl) end
     else
       free(scope)
       push(scope, who, untl)

@@ -148,12 +148,62 @@ if fresh then
 end
 
 -- Prune: slots whose score passed are free; their entries go.
-local gone = redis.call('ZRANGE', KEYS[2], '-inf', nows, 'BYSCORE', 'LIMIT', '0', PRUNE)
-if #gone > 0 then redis.call('ZREM', KEYS[2], unpack(gone)) end
+local pruned = redis.call('ZRANGE', KEYS[2], '-inf', nows, 'BYSCORE', 'LIMIT', '0', PRUNE)
+if #pruned > 0 then redis.call('ZREM', KEYS[2], unpack(pruned)) end
 
--- A call of several leases reads once whether any proxy is dead or banned
--- on every site now: if none is, no candidate needs looking up.
-local nodead = want > 1 and redis.call('HLEN', KEYS[6]) == 0
+-- Proxies that left the pool. pool_update.lua takes a proxy out of the
+-- pool and records it in the pool's gone zset (id -> a unique, rising
+-- score: ms x 1000 + a count), never visiting the sites (bounded work
+-- whatever their number). Each site forgets their state here: the slots
+-- out on it (but those of a live lease: its holder releases it), their
+-- expired leases, strikes and failure rates, GONE_PAGE proxies per call,
+-- at its bookkeeping (once a second) and before it answers that every
+-- proxy is out (all_out). The swept hash keeps, per site, the score up to
+-- which it did; a site new to it starts from now (nothing gone before is
+-- on it). Returns whether it forgot any slot; runs once per call.
+local GONE_PAGE, DEAD_SAMPLE = 64, 64
+local swept = false
+local function forget_gone()
+  if swept then return false end
+  swept = true
+  local base = pool_prefix(string.sub(KEYS[2], 1, #KEYS[2] - #(':free:' .. ARGV[1])))
+  if not base or KEYS[2] ~= base .. ':free:' .. ARGV[1] then return false end
+  local wk = base .. ':swept'
+  local from = redis.call('HGET', wk, ARGV[1])
+  if not from then
+    redis.call('HSET', wk, ARGV[1], string.format('%.0f', now * 1000))
+    redis.call('PEXPIRE', wk, idle)
+    return false
+  end
+  local ids = redis.call('ZRANGE', base .. ':gone', '(' .. from, '+inf', 'BYSCORE', 'LIMIT', 0, GONE_PAGE, 'WITHSCORES')
+  if #ids == 0 then return false end
+  local sk, hk, moved = base .. ':strikes:' .. ARGV[1], base .. ':health:' .. ARGV[1], false
+  for i = 1, #ids, 2 do
+    local id = ids[i]
+    if redis.call('HEXISTS', KEYS[1], id) == 0 then -- (not back in the pool since)
+      for s = 0, slots - 1 do
+        local m = id .. ':' .. s
+        local v = redis.call('HGET', KEYS[3], m)
+        local exp = v and tonumber(string.match(v, '|(%d+)$'))
+        if not (exp and exp > now) then
+          if redis.call('ZREM', KEYS[2], m) == 1 then moved = true end
+          if v then redis.call('HDEL', KEYS[3], m) end
+        end
+      end
+      redis.call('HDEL', sk, id)
+      redis.call('HDEL', hk, id)
+    end
+  end
+  redis.call('HSET', wk, ARGV[1], ids[#ids])
+  redis.call('PEXPIRE', wk, idle)
+  return moved
+end
+if fresh then forget_gone() end
+
+-- Whether any proxy is dead is read once (most often none is: then no
+-- candidate is looked up); a call of several leases reads once whether any
+-- is banned on every site now too.
+local nodead = redis.call('HLEN', KEYS[6]) == 0
 local noban = want > 1 and redis.call('ZCOUNT', KEYS[7], '(' .. nows, '+inf') == 0
 
 -- out is the score of slot m on the site (0: free there). A slot at DEAD
@@ -169,14 +219,33 @@ local function out(m, id)
   return sc
 end
 
--- banned is how long proxy id is out on every site (dead: DEAD; banned on
--- every site: the ban's end), or nil. A site that first meets a ban this way
--- records it on its free slots (its busy set then counts them out until the
--- ban ends); a dead proxy is not recorded (it may stay dead for good: the
--- dead hash counts it).
-local function banned(id, free)
+-- dead_mark records dead proxy id on the site: its slots out here (a ban,
+-- a cooldown, a lease taken before its death) go to DEAD, so that all_out
+-- counts them once (the dead hash counts every dead proxy's slots), and a
+-- release keeps them out. A death writes the dead hash and the busy set of
+-- the scope it happened on only (penalize.lua, drain.lua: bounded work
+-- whatever the sites); each other site records it here, when a lease
+-- meets the proxy. Returns whether a slot moved. A slot with no entry gets
+-- none (free but for the dead hash, which all_out counts).
+local function dead_mark(id)
+  local moved = 0
+  for s = 0, slots - 1 do
+    moved = moved + redis.call('ZADD', KEYS[2], 'XX', 'GT', 'CH', DEAD, id .. ':' .. s)
+  end
+  return moved > 0
+end
 
-  if not nodead and redis.call('HEXISTS', KEYS[6], id) == 1 then return DEAD end
+-- is_dead returns DEAD when proxy id is dead (marking it on the site), else nil.
+local function is_dead(id)
+  if nodead or redis.call('HEXISTS', KEYS[6], id) == 0 then return nil end
+  dead_mark(id)
+  return DEAD
+end
+
+-- banned is how long proxy id is out on every site (banned on every site:
+-- the ban's end), or nil. A site that first meets a ban this way records it
+-- on its free slots (its busy set then counts them out until the ban ends).
+local function banned(id, free)
   if noban then return nil end
   local q = num(redis.call('ZSCORE', KEYS[7], id))
   if not q or q <= now then return nil end
@@ -193,7 +262,7 @@ local strict_hold = strict and EXITS and now + 1000 or nil
 -- With exits: whether any proxy is dead, or banned on every site, read once;
 -- the pool's key prefix (EXITS is "<base>:exit") and the site's index of
 -- the entries with slots out (lib.lua's exit_mark).
-local anydead = exits_on and redis.call('HLEN', KEYS[6]) > 0
+local anydead = exits_on and not nodead
 local anyban = exits_on and redis.call('ZCOUNT', KEYS[7], '(' .. nows, '+inf') > 0
 local XBASE = exits_on and string.sub(EXITS, 1, #EXITS - 5)
 local XOUT = exits_on and XBASE .. ':exitout:' .. ARGV[1]
@@ -272,12 +341,28 @@ local function migrate()
 end
 local built = not exits_on or migrate()
 
+-- dead_kept records dead entry e on the site (dead_mark: its slots out go
+-- to DEAD) and reports whether one of its slots is leased still (a lease
+-- taken before its death): then it stays in the site's exit index, which
+-- holds it again if revive.lua brings it back while that lease runs (out);
+-- else it leaves it (a revived entry's slots at DEAD are free).
+local function dead_kept(e)
+  dead_mark(e)
+  for s = 0, slots - 1 do
+    local v = redis.call('HGET', KEYS[3], e .. ':' .. s)
+    local exp = v and tonumber(string.match(v, '|(%d+)$'))
+    if exp and exp > now then return true end
+  end
+  return false
+end
+
 -- ip_count counts the slots out on the site of the entries of exit IP ip,
 -- from the two indexes (lib.lua): each entry banned on every site holds K
 -- (the IP's ban index, entries whose noted end is ahead), each other entry
--- the slots it has out there (the site's index); an entry dead, gone to
--- another IP or with nothing out any more leaves the index it was read
--- from. It stops once K are counted. Returns that count, the soonest time
+-- the slots it has out there (the site's index); dead entries hold none.
+-- An entry gone to another IP or with nothing out any more leaves the
+-- index it was read from, and so does a dead one (but from the site's
+-- index while a lease of it runs: dead_kept). It stops once K are counted. Returns that count, the soonest time
 -- one of the slots counted comes back (nil for none), and whether the
 -- count is sure: false when an index held more than READ entries to look
 -- at and fewer than K were found out among those read (those read that
@@ -301,7 +386,7 @@ local function ip_count(ip)
       for i, e in ipairs(es) do
         local q = num(qs[i])
         if at[i] ~= ip or dead[i] or not q or q <= now then
-          stale[#stale + 1] = e
+          stale[#stale + 1] = e -- (a dead entry's ban: revive.lua names it again)
         elseif n < slots then
           counted[e] = true
           add(slots, q)
@@ -337,10 +422,13 @@ local function ip_count(ip)
   end
   local stale = {}
   for i, e in ipairs(es) do
-    if at[i] ~= ip or dead[i] then
-      stale[#stale + 1] = mine[i]
-    elseif not counted[e] then
-      local q, any = num(qs[i]), false
+    local q, any = nil, false
+    if at[i] ~= ip then
+      any = nil
+    elseif dead[i] then
+      any = dead_kept(e)
+    else
+      q = num(qs[i])
       for s = 1, slots do
         local k = (i - 1) * slots + s
         local sc = num(scs[k]) or 0
@@ -348,11 +436,11 @@ local function ip_count(ip)
         if q and q > sc then sc = q end
         if sc > now then
           any = true
-          add(1, sc)
+          if not counted[e] then add(1, sc) end
         end
       end
-      if not any then stale[#stale + 1] = mine[i] end
     end
+    if not any then stale[#stale + 1] = mine[i] end
   end
   if #stale > 0 then redis.call('ZREM', XOUT, unpack(stale)) end
   if #ms == READ and n < slots then sure = false end
@@ -385,8 +473,10 @@ local function sweep(n)
   local scs = redis.call('ZMSCORE', KEYS[2], unpack(sl))
   local stale = {}
   for i, e in ipairs(es) do
-    local gone = at[i] ~= ips[i] or dead[i]
-    if not gone and not (num(qs[i]) and num(qs[i]) > now) then
+    local gone = at[i] ~= ips[i]
+    if not gone and dead[i] then
+      gone = not dead_kept(e)
+    elseif not gone and not (num(qs[i]) and num(qs[i]) > now) then
       gone = true
       for s = 1, slots do
         local k = (i - 1) * slots + s
@@ -427,6 +517,8 @@ end
 local function try(id, held)
   local x, unknown, ip = exit_out(id) -- first: the IP's count read once per call
   if x then return nil, x end
+  local d = is_dead(id)
+  if d then return nil, d end
   local soonest, free = nil, {}
   for s = 0, slots - 1 do
     local m = id .. ':' .. s
@@ -510,12 +602,25 @@ end
 -- has entries more than exits recorded, counted with the dead (the larger
 -- of the two, as they may be the same entries: never more out than are),
 -- and the wait is at most the hold's.
+--
+-- The busy set may still count, below DEAD, slots of proxies that died
+-- since on another site (dead_mark) or left the pool (forget_gone): before
+-- it answers a wait, a bounded sample of each is recorded, and the set
+-- counted again.
 local function all_out()
   local dead = redis.call('HLEN', KEYS[6])
   local gone = dead
   if strict_hold then gone = math.max(dead, redis.call('HLEN', KEYS[1]) - redis.call('HLEN', EXITS)) end
-  local outs = redis.call('ZCOUNT', KEYS[2], '(' .. nows, '(' .. DEAD) + gone * slots
-  if outs < redis.call('HLEN', KEYS[1]) * slots then return nil end
+  local total = redis.call('HLEN', KEYS[1]) * slots
+  local function outs() return redis.call('ZCOUNT', KEYS[2], '(' .. nows, '(' .. DEAD) + gone * slots end
+  if outs() < total then return nil end
+  local moved = forget_gone()
+  if dead > 0 then
+    for _, id in ipairs(redis.call('HRANDFIELD', KEYS[6], math.max(1, math.floor(DEAD_SAMPLE / slots)))) do
+      if dead_mark(id) then moved = true end
+    end
+  end
+  if moved and outs() < total then return nil end
   local head = redis.call('ZRANGE', KEYS[2], '(' .. nows, '+inf', 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
   local soon = head[2] and num(head[2])
   if gone > dead then soon = math.min(soon or strict_hold, strict_hold) end

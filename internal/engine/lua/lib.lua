@@ -3,8 +3,11 @@
 -- this file in front of each script before loading it, so every call stays
 -- one EVALSHA; it runs nothing by itself.
 
--- DEAD is the score of a dead or drained proxy's slots in every site's free
--- set (penalize.lua, drain.lua; revive.lua brings them back).
+-- DEAD is the score of a dead or drained proxy's slots in a site's busy set:
+-- that of the site it died on (penalize.lua), and of each other site once a
+-- lease there meets it (lease.lua's dead_mark). The dead hash is what says a
+-- proxy is dead: a slot at DEAD of a proxy no longer dead (revive.lua) is
+-- free but for a lease taken before its death.
 local DEAD = 1e15
 
 -- tonumber, for every script, returns nil for nil as Redis' Lua 5.1 does:
@@ -168,20 +171,22 @@ end
 --   "<base>:exitout:<site>" zset  "<IP>|<id>" -> 0 (read by lex range, one
 --       IP at a time): every entry with a slot out on the site (leased,
 --       cooling down, quarantined there), written where a slot goes out
---       without a live lease of the entry (lease.lua's grant, a late
---       release or renewal, penalize.lua, fallback_writeback.lua,
---       revive.lua, exit_note.lua when an entry comes to an IP or carries
---       a hold over to the one it left); it lives as long as the site's
---       busy set (the idle TTL, refreshed with it);
+--       without a live lease of the entry (lease.lua's grant and ban
+--       record, a late release or renewal, penalize.lua,
+--       fallback_writeback.lua, exit_note.lua when an entry comes to an
+--       IP or carries a hold over to the one it left); it lives as long as
+--       the site's busy set (the idle TTL, refreshed with it);
 --   "<base>:exitban:<IP>" zset  id -> the end (ms) of its ban on every
 --       site, or later: every entry of IP with such a ban (penalize.lua,
 --       fallback_writeback.lua, revive.lua, exit_note.lua); TTL: the
 --       quarantine zset's.
 -- They may name more than that: lease.lua checks each entry it reads
 -- against the busy set, the dead hash, the quarantine and the exit hash,
--- and drops those with nothing out there, dead (revive.lua names them
--- again) or gone to another IP. An IP never holds '|' (lex ranges); the
--- IP of a member is what comes before its last '|' (ids are hex).
+-- and drops those with nothing out there or gone to another IP, and dead
+-- ones (but from the site's index while a lease of theirs runs, which
+-- counts again if they are revived then; revive.lua names them again in
+-- the ban index). An IP never holds '|' (lex ranges); the IP of a member
+-- is what comes before its last '|' (ids are hex).
 
 -- exit_mark names the entries ids (a table) of exit IP ip in the index of
 -- the site whose busy set is "<base>:free:<site>", which then lives ttl ms

@@ -9,7 +9,7 @@
 -- KEYS[3] strikes hash    of the scope  id -> "<bans in a row>|<ms of the last>|<its end, ms>"
 -- KEYS[4] fails hash      (pool)        id -> "<failures in a row>|<all hard 0/1>|<several sites 0/1>|<site of the first>"
 -- KEYS[5] dead hash       (pool)        id -> "<ms>|<reason>"
--- KEYS[6] sites zset      (pool)        scope -> unix ms of its last lease
+-- KEYS[6] sites zset      (pool)        not read: a ban on every site and a death touch this scope only
 -- KEYS[7] quarantine zset (pool)        id -> unix ms until which it is banned on every site
 -- KEYS[8] health hash     of the scope  id -> recent failure rate (lib.lua's health_note)
 -- KEYS[9] pace hash       of the scope  the learned cooldown (lib.lua's pace_refused)
@@ -20,10 +20,8 @@
 -- ARGV[7]  minimum quarantine ms (the site's Retry-After), at most ARGV[6]
 -- ARGV[8]  jitter, permille (850..1150)
 -- ARGV[9]  "1": ban on every site, not only on this scope
--- ARGV[10] key prefix "{prefix:pool}": the free set of scope S is ARGV[10]..":free:"..S,
---          its lease hash ARGV[10]..":lease:"..S (same hash tag, hence same cluster slot;
---          checked). Why a prefix and not KEYS: a ban on every site and a
---          dead proxy reach the sites of KEYS[6], read here, atomically.
+-- ARGV[10] key prefix "{prefix:pool}" (same hash tag as KEYS, hence same cluster slot;
+--          checked): a death moves the pool's generation in ARGV[10]..":meta"
 -- ARGV[11] idle TTL ms of the bookkeeping hashes
 -- ARGV[12] fail: "1" when only the proxy can be at fault (could not connect, refused credentials)
 -- ARGV[13] fail: failures in a row that make a proxy dead; "0" = never
@@ -73,8 +71,8 @@
 -- works, so it ends its run of failures. A run of failures makes the proxy
 -- dead when it is long enough and either every failure was the proxy's alone
 -- or they happened on more than one site (so one site's outage never kills
--- the pool). A dead proxy's slots go to DEAD in every site's free set, and
--- new sites start it there too (lease.lua), until revive.lua.
+-- the pool). A dead proxy's slots go to DEAD in this scope's free set, and
+-- in another's when a lease there meets it (lease.lua), until revive.lua.
 --
 -- The strikes record of a proxy that got a healthy answer on the scope is
 -- "0|<ms of that answer>|0" (release.lua), "0|<ms>|1" after a lift
@@ -256,18 +254,17 @@ end
 
 local mine, mineexp = end_lease()
 push(KEYS[1], KEYS[2], untl, mine, mineexp)
-if dead or ARGV[9] == '1' then
-  for _, sc in ipairs(redis.call('ZRANGE', KEYS[6], 0, -1)) do
-    push(pool .. ':free:' .. sc, pool .. ':lease:' .. sc, untl, mine, mineexp)
-  end
-  if not dead then
-    redis.call('ZREMRANGEBYSCORE', KEYS[7], '-inf', now)
-    redis.call('ZADD', KEYS[7], 'GT', untl, id)
-    redis.call('PEXPIRE', KEYS[7], maxq + 60000)
-    -- Its exit IP's ban index names it (lib.lua's exit_ban).
-    if not exit_ip then exit_ip = redis.call('HGET', pool .. ':exit', id) or '' end
-    if exit_ip ~= '' then exit_ban(pool, exit_ip, {id}, untl) end
-  end
+-- A ban on every site is one entry of the quarantine zset, and a death one
+-- of the dead hash: every lease reads both for each proxy it offers
+-- (lease.lua), so neither visits the other sites' keys here (bounded work
+-- whatever the number of sites). Only this scope's slots move at once.
+if ARGV[9] == '1' and not dead then
+  redis.call('ZREMRANGEBYSCORE', KEYS[7], '-inf', now)
+  redis.call('ZADD', KEYS[7], 'GT', untl, id)
+  redis.call('PEXPIRE', KEYS[7], maxq + 60000)
+  -- Its exit IP's ban index names it (lib.lua's exit_ban).
+  if not exit_ip then exit_ip = redis.call('HGET', pool .. ':exit', id) or '' end
+  if exit_ip ~= '' then exit_ban(pool, exit_ip, {id}, untl) end
 end
 -- A first strike (short) is no evidence against the proxy yet: its page
 -- may refuse everyone (lift.lua takes it back). The failure rate counts

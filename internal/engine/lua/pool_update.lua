@@ -34,12 +34,12 @@
 --         only the generation and the "emptied" mark below) | "index" (no
 --         entries: a page of the index build below, or of relabelling; the
 --         "emptied" mark is left alone)
--- ARGV[2] key prefix of the per-site keys ("{prefix:pool}"); the busy set of
---         site S is ARGV[2]..":free:"..S, its lease hash ARGV[2]..":lease:"..S,
---         its strikes hash ARGV[2]..":strikes:"..S
---         (same hash tag, hence same cluster slot as KEYS; checked)
---         Why a prefix and not KEYS: the sites are those of KEYS[2], read
---         here, atomically, with the change.
+-- ARGV[2] key prefix "{prefix:pool}" (same hash tag, hence same cluster
+--         slot as KEYS; checked): the gone zset ARGV[2]..":gone" (id -> a
+--         unique rising score, ms x 1000 + a count: the proxies removed,
+--         which each site forgets at its next leases, lease.lua's
+--         forget_gone), the swept hash ARGV[2]..":swept" (site -> how far
+--         it did), and with "rotate" the busy set and lease hash of its scope
 -- ARGV[3] idle TTL ms: sites not leased for that long are forgotten
 -- ARGV[4] "1": earlier calls of the same change changed the pool; "0": none
 -- ARGV[5..] add/replace: id, URL, template, size, labels, ... (template "" and
@@ -52,16 +52,18 @@
 --           remove: id, id, ... (an id "gw:<template>" names every member of
 --           that gateway; a gateway larger than one call's bound is removed
 --           over several calls, the entry consumed with its last member)
---           rotate: old id, new id, new URL, member, token: the old member,
---           a virtual proxy banned on a site, gives way to a new session of
---           its gateway (only if it is still in the pool: a second worker
---           banning it finds it gone and changes nothing). The lease member
---           of token (the banned request's) ends; other live leases of the old
---           proxy are left to their holders (the old proxy left the order,
---           so no lease offers it again; release.lua ends them as usual)
+--           rotate: old id, new id, new URL, member, token, scope: the old
+--           member, a virtual proxy banned on a site, gives way to a new
+--           session of its gateway (only if it is still in the pool: a
+--           second worker banning it finds it gone and changes nothing). The
+--           lease member of token on scope (the banned request's) ends; other
+--           live leases of the old proxy are left to their holders (the old
+--           proxy left the order, so no lease offers it again; release.lua
+--           ends them as usual)
 --
--- Work bound: "add" takes at most BUDGET entries per call, "remove" at most
--- BUDGET slots of site keys (at least one proxy is always done). A
+-- Work bound: "add" and "remove" take at most BUDGET entries per call, and
+-- no call visits the sites' keys (a removed proxy is recorded in the gone
+-- zset for the sites to forget: remove_all). A
 -- gateway's members are counted (ZCARD) and listed (a bounded ZRANGE) from
 -- its index zset, and relabelled when its labels change RELABEL at a time
 -- (one page per call that names it, the rest by "index" calls): the cost
@@ -96,19 +98,19 @@ local E = 5 -- ARGV items per add/replace entry
 local RELABEL = 500 -- members relabelled per call
 local INDEX_PAGE = 200 -- gateways hash entries indexed per call (HSCAN COUNT)
 
--- Sites idle past the idle TTL are forgotten (a bounded step per call).
+-- Sites idle past the idle TTL are forgotten (a bounded step per call),
+-- and so are proxies that left the pool that long ago (the gone zset,
+-- lease.lua's forget_gone: every site leased since has forgotten them).
 local stale = redis.call('ZRANGE', KEYS[2], '-inf', now - idle, 'BYSCORE', 'LIMIT', 0, 100)
 if #stale > 0 then
   redis.call('ZREM', KEYS[2], unpack(stale))
   redis.call('HDEL', KEYS[8], unpack(stale))
+  redis.call('HDEL', base .. ':swept', unpack(stale))
 end
+local GONE = base .. ':gone'
+local old_gone = redis.call('ZRANGE', GONE, '-inf', string.format('%.0f', (now - idle) * 1000), 'BYSCORE', 'LIMIT', 0, 1000)
+if #old_gone > 0 then redis.call('ZREM', GONE, unpack(old_gone)) end
 local plain = 0 -- rotate: the old id is in the pool but no gateway's
-local sites = {}
-if mode == 'remove' or mode == 'replace' or mode == 'rotate' then
-  for _, s in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
-    sites[#sites + 1] = s
-  end
-end
 
 -- many runs cmd on key with the items of list, 1000 at a time; returns the
 -- sum of the replies.
@@ -258,12 +260,30 @@ local function index_page()
   redis.call('HSET', KEYS[3], 'gwindex', meta_gw)
 end
 
+-- gone_add records the ids of list (at most 1000) in the gone zset, each
+-- at a score of its own above every score there (ms x 1000 + a count from 1), so
+-- that a site's sweep (lease.lua's forget_gone) pages through them
+-- without skipping any.
+local function gone_add(list)
+  local top = redis.call('ZRANGE', GONE, '+inf', '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, 1, 'WITHSCORES')
+  local sc = math.max(now * 1000 + 1, (num(top[2]) or 0) + 1) -- (a site new to the sweep now starts at now x 1000)
+  local args = {}
+  for _, id in ipairs(list) do
+    args[#args + 1] = string.format('%.0f', sc)
+    args[#args + 1] = id
+    sc = sc + 1
+  end
+  redis.call('ZADD', GONE, unpack(args))
+end
+
 -- remove_all takes the ids of list out of the pool, the order, the
--- gateways and labels hashes and every site's keys: a few commands per key
--- for the whole list. With keep_live, slots leased until later than now
--- stay with their holders (but the lease of member mine, owned by token),
--- to be released as usual. Returns how many were in the pool.
-local function remove_all(list, keep_live, mine, token)
+-- gateways and labels hashes, the dead, fails and quarantine records: a
+-- few commands per key for the whole list. The sites' keys are left to
+-- the sites: each forgets the proxies recorded in the gone zset at its
+-- next leases (lease.lua's forget_gone), so the call's work does not grow
+-- with the sites. With a scope, the lease of member mine there, owned by
+-- token, ends now. Returns how many were in the pool.
+local function remove_all(list, scope, mine, token)
   if #list == 0 then return 0 end
   local removed = 0
   for i = 1, #list, 1000 do
@@ -276,23 +296,14 @@ local function remove_all(list, keep_live, mine, token)
     unindex(part)
     redis.call('HDEL', KEYS[9], unpack(part))
     redis.call('HDEL', KEYS[10], unpack(part))
-    local ms = {}
-    for _, id in ipairs(part) do
-      for k = 0, slots - 1 do ms[#ms + 1] = id .. ':' .. k end
-    end
-    for _, s in ipairs(sites) do
-      local lk = base .. ':lease:' .. s
-      redis.call('HDEL', base .. ':strikes:' .. s, unpack(part))
-      local gone = ms
-      if keep_live then
-        gone = {}
-        for _, m in ipairs(ms) do
-          local tok, exp = string.match(redis.call('HGET', lk, m) or '', '^(.*)|(%d+)$')
-          if not (tok and tonumber(exp) > now and not (m == mine and tok == token)) then gone[#gone + 1] = m end
-        end
-      end
-      many('ZREM', base .. ':free:' .. s, gone)
-      many('HDEL', lk, gone)
+    gone_add(part)
+  end
+  if scope and mine and mine ~= '' then
+    local lk = base .. ':lease:' .. scope
+    local tok = string.match(redis.call('HGET', lk, mine) or '', '^(.*)|%d+$')
+    if tok and tok == token then
+      redis.call('HDEL', lk, mine)
+      redis.call('ZREM', base .. ':free:' .. scope, mine)
     end
   end
   return removed
@@ -390,8 +401,7 @@ end
 -- An empty pool's order is complete: lease.lua need not index it.
 if redis.call('HLEN', KEYS[1]) == 0 then redis.call('HSET', KEYS[3], 'index', 'done') end
 
--- The work bound: at most BUDGET slots of site keys touched (removals), or
--- BUDGET entries added, per call.
+-- The work bound: at most BUDGET entries added or removed per call.
 local was_indexed = indexed()
 index_page()
 
@@ -405,7 +415,7 @@ if mode == 'add' then
   added = add_all(g.plain)
   if #g.templates > 0 then added = added + gateways(g) end
 elseif mode == 'remove' then
-  local cap = math.max(1, math.floor(BUDGET / math.max(1, #sites * slots)))
+  local cap = BUDGET
   local list = {}
   for i = 5, #ARGV do
     local t = string.match(ARGV[i], '^gw:(.*)$')
@@ -457,7 +467,7 @@ elseif mode == 'rotate' then
       -- Its gateway is being relabelled: the new session gets the new labels.
       labels = redis.call('HGET', KEYS[11], digest(t)) or ''
     end
-    removed = remove_all({old}, true, ARGV[8], ARGV[9])
+    removed = remove_all({old}, ARGV[10], ARGV[8], ARGV[9])
     added = add_all({{ARGV[6], ARGV[7], labels}})
     redis.call('HSET', KEYS[9], ARGV[6], t)
     index(t, {ARGV[6]}, labels)

@@ -2,33 +2,28 @@
 --
 -- KEYS[1] dead hash   id -> "<ms>|<reason>"
 -- KEYS[2] fails hash  id -> proxy failures in a row
--- KEYS[3] sites zset  scope -> unix ms of its last lease
--- ARGV[1] key prefix "{prefix:pool}": the free set of scope S is ARGV[1]..":free:"..S,
---         its lease hash ARGV[1]..":lease:"..S (same hash tag as KEYS)
--- ARGV[2] slots per proxy (K)
+-- KEYS[3] sites zset  not read
+-- ARGV[1] key prefix "{prefix:pool}" (lib.lua's pool_prefix): the meta hash
+--         is ARGV[1]..":meta"
+-- ARGV[2] slots per proxy (K): not read
 -- ARGV[3] reason: "" revives whatever the mark; else only a proxy marked
 --         with this reason (a health probe revives its own marks, never an
 --         operator's drain)
--- ARGV[4] budget: the most slot reads (proxies x sites x slots) of one call;
---         at least one proxy is always done
+-- ARGV[4] budget: the most proxies one call revives; at least one
 -- ARGV[5..] proxy ids
 --
--- Why a prefix and not KEYS: the free sets and lease hashes are those of
--- every site in KEYS[3], read here, atomically. The prefix must be KEYS[1]'s
--- hash tag (lib.lua's pool_prefix), so every key stays in the pool's slot.
--- A slot still held by a live lease (taken before the proxy died) comes back
--- when that lease expires, never earlier: no slot is ever leased twice.
+-- Reviving is deleting the dead hash's entry: a slot a site's busy set
+-- still records at DEAD is free for a lease once its proxy is not dead
+-- (lease.lua's out), or out until the end of a live lease taken before
+-- the death, never earlier: no slot is ever leased twice. So a call's work
+-- follows its proxies, not the sites of the pool.
 -- Returns {proxies that were dead and are not any more, ids consumed}: a
 -- call does the first ids that fit the budget, the caller sends the rest
--- again (ban.go), so a Revive of many proxies goes in calls of bounded
--- work, each proxy's revival atomic across the sites.
+-- again (ban.go).
 local base, badbase = pool_prefix(ARGV[1])
 if not base then return redis.error_reply(badbase) end
-local now = now_ms()
-local slots = tonumber(ARGV[2])
-local sites = redis.call('ZRANGE', KEYS[3], 0, -1)
 local want = ARGV[3]
-local cap = math.max(1, math.floor((tonumber(ARGV[4]) or 0) / math.max(1, #sites * slots)))
+local cap = math.max(1, math.floor(tonumber(ARGV[4]) or 0))
 local last = math.min(#ARGV, 4 + cap)
 local revived = 0
 for i = 5, last do
@@ -38,29 +33,11 @@ for i = 5, last do
     redis.call('HDEL', KEYS[1], id)
     revived = revived + 1
     redis.call('HDEL', KEYS[2], id)
-    -- Alive again: its exit IP's indexes name it where it is out (lib.lua's
-    -- exit_mark, exit_ban; lease.lua drops a dead entry from them).
+    -- Alive again: its exit IP's ban index names it while it is banned on
+    -- every site (lease.lua drops a dead entry from it; lib.lua's exit_ban).
     local ip = redis.call('HGET', base .. ':exit', id)
-    if ip then
-      local q = num(redis.call('ZSCORE', base .. ':quarantine', id))
-      if q and q > now then exit_ban(base, ip, {id}, q) end
-    end
-    for _, sc in ipairs(sites) do
-      local fk, lk = base .. ':free:' .. sc, base .. ':lease:' .. sc
-      for s = 0, slots - 1 do
-        local m = id .. ':' .. s
-        local score = num(redis.call('ZSCORE', fk, m))
-        if score and score >= DEAD then
-          local at = now
-          local v = redis.call('HGET', lk, m)
-          local exp = v and tonumber(string.match(v, '|(%d+)$'))
-          if exp and exp > now then at = exp end
-          redis.call('ZADD', fk, at, m)
-          score = at
-        end
-        if ip and score and score > now then exit_mark(base, sc, ip, {id}, redis.call('PTTL', fk)) end
-      end
-    end
+    local q = ip and num(redis.call('ZSCORE', base .. ':quarantine', id))
+    if q and q > now_ms() then exit_ban(base, ip, {id}, q) end
   end
 end
 if revived > 0 then bump_version(base .. ':meta') end -- the dead list is part of the pool's generation

@@ -74,15 +74,21 @@ local function hold(base, scope, proxy, member, token, exp, slots, idle)
 end
 
 -- intact reports whether the session still holds member on scope: its lease
--- entry and its score are what the session wrote (a ban, a drain or a lost
--- lease changes one of them).
+-- entry and its score are what the session wrote (a ban on the scope or a
+-- lost lease changes one of them), and its proxy is neither dead nor
+-- banned on every site (the dead hash and the quarantine zset: a death or
+-- a ban met on another scope writes there, not in this scope's keys).
 local function intact(base, scope, member, token, exp)
   if redis.call('HGET', base .. ':lease:' .. scope, member) ~= token .. '|' .. exp then return 'lease_lost' end
   local sc = redis.call('ZSCORE', base .. ':free:' .. scope, member)
   if not sc then return 'lease_lost' end
+  local id = string.match(member, '^(.*):%d+$') or member
+  if redis.call('HEXISTS', base .. ':dead', id) == 1 then return 'proxy_dead' end
   sc = tonumber(sc) -- nil for "1e+15" in some Lua builds: dead all the same
   if not sc or sc >= DEAD then return 'proxy_dead' end
   if sc ~= tonumber(exp) then return 'quarantined' end
+  local q = num(redis.call('ZSCORE', base .. ':quarantine', id))
+  if q and q > now_ms() then return 'quarantined' end
   return nil
 end
 
