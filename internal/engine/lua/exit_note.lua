@@ -8,9 +8,13 @@
 -- KEYS[4] pool hash   id -> proxy URL
 -- ARGV[1] key prefix "{prefix:pool}" (lib.lua's pool_prefix): the busy set
 --         and the lease hash of site S are ARGV[1]..":free:"..S and
---         ARGV[1]..":lease:"..S, the quarantine zset ARGV[1]..":quarantine"
+--         ARGV[1]..":lease:"..S, the quarantine zset ARGV[1]..":quarantine",
+--         the dead hash ARGV[1]..":dead"; the exit indexes (lib.lua's
+--         exit_mark, exit_ban) and the IP counts ARGV[1]..":exitips" (IP ->
+--         its entries, for lease.lua's exit_all_out) are kept here too
 -- ARGV[2], ARGV[3], ... pairs of a proxy ID and its exit IP now; an IP ""
---         forgets the proxy's exit (and so does a proxy no longer in the pool).
+--         forgets the proxy's exit (and so does a proxy no longer in the
+--         pool); an IP holds no "|" (the indexes' lex ranges)
 --
 -- lease.lua lets the entries of one exit IP have at most the slots of one
 -- proxy out on a site at once: each entry's own slots, leased, cooling
@@ -22,6 +26,10 @@
 -- on every site as long as the proxy is. Bounded work: sites x entries of
 -- the old IP x slots, and sites x slots only when the proxy has nothing
 -- to carry (no ban, no slot resting): the old IP's entries are not read.
+-- A proxy that comes to an IP (first recorded, or changed) is named in its
+-- exit indexes where it is out (join): one read per site of the 256. A
+-- first exit or a forgotten one deletes the meta's "exitall" (lease.lua's
+-- scan for entries without an exit starts over).
 --
 -- Returns {code 1, old IP 1, code 2, old IP 2, ...}, per pair: 0 unchanged,
 -- 1 first recorded, 2 changed (counted in the meta hash's "exit_changes"),
