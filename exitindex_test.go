@@ -53,7 +53,7 @@ func noteExitsOf(t testing.TB, rdb redis.Scripter, s *Switch, urls []string, ip 
 // average (max 47 ms) with one IP, 65 ms (max 163 ms) with ten, on 2
 // shared cores. Now it reads the IPs' indexes (the entries that may have a
 // slot out: 4 per IP here): under 10 ms a call on average (0.9 and 1.3 ms
-// measured, max 3.2 ms: a call of the scan below), none over Redis's 50
+// measured, max 3.7 ms: a call of the scan below), none over Redis's 50
 // ms, read from the server's SLOWLOG. The pool is saturated by its IPs:
 // once lease.lua's scan for entries without an exit has gone through the
 // pool (calls of 2048 entries), the reply is the time until the soonest

@@ -23,7 +23,9 @@
 --         0 not the owner (expired and leased again, or never ours): the lease is untouched.
 -- The proxy is next available at now + cooldown (the learned one if longer)
 -- + its failure rate times the flaky delay, unless something (a ban) has
--- already pushed it further out: that is kept.
+-- already pushed it further out: that is kept. A slot this puts out that
+-- was free (a late release) has the site's exit index name its proxy
+-- (lib.lua's exit_mark).
 -- (Numbers go to redis.call as strings where they come as strings: Redis
 -- formats a Lua number argument with "%.17g", a cost on every release.)
 local idle = ARGV[7]
