@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -59,7 +60,8 @@ func noteExitsOf(t testing.TB, rdb redis.Scripter, s *Switch, urls []string, ip 
 // pool (calls of 2048 entries), the reply is the time until the soonest
 // IP's slot comes back (the leases' 30 s TTL), not the 1 ms of a pool
 // looked at in part (before: 1 ms every call, the caller polling Redis
-// every millisecond).
+// every millisecond), and a worker waiting a second backs off as for a
+// busy pool (16 lease calls measured; under 40).
 func TestExitLeaseWorkBoundedPerIP(t *testing.T) {
 	if testing.Short() {
 		t.Skip("20,000 proxies with exits")
@@ -73,7 +75,7 @@ func TestExitLeaseWorkBoundedPerIP(t *testing.T) {
 			srv := redistest.Start(t)
 			rdb := srv.Client(t)
 			const k = 4
-			s := newSwitch(t, rdb, WithRotation(Rotation{Concurrency: k}))
+			s := newSwitch(t, rdb, WithRotation(Rotation{Concurrency: k}), WithTimeouts(Timeouts{MaxWait: time.Second}))
 			urls := proxyURLs(20000)
 			_, err := s.Add(ctx, urls...)
 			require.NoError(t, err)
@@ -129,6 +131,16 @@ func TestExitLeaseWorkBoundedPerIP(t *testing.T) {
 			for _, w := range waits[first:] {
 				assert.Greater(t, w, int64(20000), "the wait is the held leases' TTL left: %v", waits)
 			}
+
+			// A worker waiting a second backs off as for a busy pool,
+			// instead of a lease call every millisecond.
+			counted := srv.Client(t)
+			var tries atomic.Int64
+			counted.AddHook(countHook{&tries})
+			_, err = sibling(t, s, counted).Lease(ctx, site)
+			require.ErrorIs(t, err, ErrNoProxy)
+			t.Logf("lease calls in a second of waiting: %d", tries.Load())
+			assert.Less(t, tries.Load(), int64(40), "lease calls in a second of waiting")
 		})
 	}
 }
