@@ -215,6 +215,18 @@ func threeInOrder(t *testing.T, opts ...Option) (s *Switch, q, p, r *Proxy) {
 	return s, ps[0], ps[1], ps[2]
 }
 
+// leasesGet checks that n leases in a row on site (no wait allowed) each
+// get proxy r, released at once.
+func leasesGet(t *testing.T, s *Switch, site string, r *Proxy, n int) {
+	t.Helper()
+	for i := range n {
+		l, err := s.Lease(context.Background(), site)
+		require.NoError(t, err, "lease %d: %s is free", i, r)
+		assert.Equal(t, r.id, l.proxy.id)
+		require.NoError(t, l.Release(context.Background()))
+	}
+}
+
 // TestDeathOnOneSiteReachesTheOthers: a proxy that dies on one site is
 // out on every other one at once (their keys untouched by the death), a
 // site where it was quarantined does not take it for one more proxy out
@@ -233,12 +245,7 @@ func TestDeathOnOneSiteReachesTheOthers(t *testing.T) {
 	// On b.example, q held: every lease gets r, never a wait.
 	lq, err := s.LeaseProxy(ctx, "b.example", q.id)
 	require.NoError(t, err)
-	for i := range 12 {
-		l, err := s.Lease(ctx, "b.example")
-		require.NoError(t, err, "lease %d: r is free", i)
-		assert.Equal(t, r.id, l.proxy.id)
-		require.NoError(t, l.Release(ctx))
-	}
+	leasesGet(t, s, "b.example", r, 12)
 	require.NoError(t, lq.Release(ctx))
 	for range 4 {
 		assert.NotContains(t, leaseAll(t, s, "c.example"), p.id, "a site new to it skips it")
@@ -307,11 +314,6 @@ func TestRemovedProxyIsNoSlotOut(t *testing.T) {
 	require.NoError(t, err)
 	_, err = s.Remove(ctx, p.id)
 	require.NoError(t, err)
-	for i := range 6 {
-		l, err := s.Lease(ctx, "b.example")
-		require.NoError(t, err, "lease %d: r is free", i)
-		assert.Equal(t, r.id, l.proxy.id)
-		require.NoError(t, l.Release(ctx))
-	}
+	leasesGet(t, s, "b.example", r, 6)
 	require.NoError(t, lq.Release(ctx))
 }

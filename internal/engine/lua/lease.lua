@@ -156,7 +156,8 @@ if #pruned > 0 then redis.call('ZREM', KEYS[2], unpack(pruned)) end
 -- score: ms x 1000 + a count), never visiting the sites (bounded work
 -- whatever their number). Each site forgets their state here: the slots
 -- out on it (but those of a live lease: its holder releases it), their
--- expired leases, strikes and failure rates, GONE_PAGE proxies per call,
+-- expired leases, strikes and failure rates, GONE_PAGE proxies per call
+-- (fewer at more than 4 slots per proxy),
 -- at its bookkeeping (once a second) and before it answers that every
 -- proxy is out (all_out). The swept hash keeps, per site, the score up to
 -- which it did; a site new to it starts from now (nothing gone before is
@@ -175,7 +176,8 @@ local function forget_gone()
     redis.call('PEXPIRE', wk, idle)
     return false
   end
-  local ids = redis.call('ZRANGE', base .. ':gone', '(' .. from, '+inf', 'BYSCORE', 'LIMIT', 0, GONE_PAGE, 'WITHSCORES')
+  local page = math.max(1, math.min(GONE_PAGE, math.floor(4 * GONE_PAGE / slots))) -- (slots looked at: at most 256, or one proxy's)
+  local ids = redis.call('ZRANGE', base .. ':gone', '(' .. from, '+inf', 'BYSCORE', 'LIMIT', 0, page, 'WITHSCORES')
   if #ids == 0 then return false end
   local sk, hk, moved = base .. ':strikes:' .. ARGV[1], base .. ':health:' .. ARGV[1], false
   for i = 1, #ids, 2 do
