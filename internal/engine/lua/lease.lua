@@ -360,16 +360,18 @@ end
 
 -- ip_count counts the slots out on the site of the entries of exit IP ip,
 -- from the two indexes (lib.lua): each entry banned on every site holds K
--- (the IP's ban index, entries whose noted end is ahead), each other entry
--- the slots it has out there (the site's index); dead entries hold none.
--- An entry gone to another IP or with nothing out any more leaves the
--- index it was read from, and so does a dead one (but from the site's
--- index while a lease of it runs: dead_kept). It stops once K are counted. Returns that count, the soonest time
--- one of the slots counted comes back (nil for none), and whether the
--- count is sure: false when an index held more than READ entries to look
--- at and fewer than K were found out among those read (those read that
--- were stale are gone: the next call goes further). Bounded work: two
--- index reads of READ entries and K slots each, whatever the IP's size.
+-- (the IP's ban index, entries whose noted end is ahead; once K are
+-- counted there, the site's index is not read), each other entry the
+-- slots it has out there (the site's index); dead entries hold none. An
+-- entry gone to another IP or with nothing out any more leaves the index
+-- it was read from, and so does a dead one (but from the site's index
+-- while a lease of it runs: dead_kept). Returns that count, the soonest
+-- time one of the slots counted comes back (nil for none), and whether
+-- the count is sure: false when an index held more than READ entries to
+-- look at and fewer than K were found out among those read (those read
+-- that were stale are gone: the next call goes further), or while the
+-- indexes are being built (migrate). Bounded work: two index reads of
+-- READ entries and K slots each, whatever the IP's size.
 local function ip_count(ip)
   local n, soonest, sure, counted = 0, nil, true, {}
   if not built then return 0, nil, false end
@@ -450,11 +452,11 @@ local function ip_count(ip)
 end
 
 -- sweep checks n entries of the site's exit index at random, and drops
--- those with nothing out there (or dead, or gone to another IP), so that
--- the index of a site leased without pause holds about what is out, not
--- every entry ever leased there (an IP read again is swept by ip_count).
--- A grant that adds an entry runs it: an index grows by one entry at most
--- per grant.
+-- those with nothing out there, gone to another IP, or dead (but while a
+-- lease taken before the death runs: dead_kept), so that the index of a
+-- site leased without pause holds about what is out, not every entry ever
+-- leased there (an IP read again is swept by ip_count). A grant that adds
+-- an entry runs it: an index grows by one entry at most per grant.
 local function sweep(n)
   local ms = redis.call('ZRANDMEMBER', XOUT, n)
   local es, ips = {}, {}
