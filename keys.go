@@ -26,7 +26,9 @@ const globalSite = "*"
 //	                                   "hold", ms until which a re-seeded pool leases nothing; "index" and
 //	                                   "gwindex", how far the order and the gateway index are built (lease.lua,
 //	                                   pool_update.lua: an HSCAN cursor, then "done"); "strict", ms until
-//	                                   which entries with no recorded exit are held (exit_strict.lua)
+//	                                   which entries with no recorded exit are held (exit_strict.lua);
+//	                                   "exitidx", how far the exit indexes are built from what is out, and
+//	                                   "exitall", whether every proxy has a recorded exit (lease.lua)
 //	{prefix:pool}:order          zset  proxy ID -> its place in the rotation (pool_update.lua; no TTL)
 //	{prefix:pool}:cursor         hash  site -> "<place last offered>|<ms of its last bookkeeping>" (lease.lua); TTL: idle TTL
 //	{prefix:pool}:sites          zset  site -> last lease (ms, refreshed at most once a second); TTL: idle TTL
@@ -54,6 +56,13 @@ const globalSite = "*"
 //	{prefix:pool}:exit           hash  proxy ID -> its exit IP, as probe.Checker with Exits found it (exit_note.lua; no TTL)
 //	{prefix:pool}:exit:<IP>      set   the proxy IDs leaving from IP (exit_note.lua; no TTL): lease.lua lets
 //	                                   them have at most the slots of one proxy out on a site at once
+//	{prefix:pool}:exitips        zset  exit IP -> the proxy IDs in its set (exit_note.lua; no TTL): lease.lua's
+//	                                   exit_all_out lists the IPs of a pool saturated by them
+//	{prefix:pool}:exitout:<site> zset  "<IP>|<id>" -> 0, read by lex range per IP: every proxy with an exit IP that
+//	                                   may have a slot out on the site (lib.lua's exit_mark; lease.lua checks
+//	                                   each it reads and drops the stale); TTL: the busy set's, idle TTL
+//	{prefix:pool}:exitban:<IP>   zset  proxy ID -> end (ms) of its ban on every site, or later: each entry of IP
+//	                                   so banned (lib.lua's exit_ban); TTL: the quarantine zset's
 //	{prefix:pool}:members        zset  member ID -> end of its registration, ms (shard/membership.go); TTL: the last registration's end
 //	{prefix:pool}:member-owners  hash  member ID -> token of the process holding it; same TTL
 //	{prefix:pool}:breaker        hash  site -> "<until>|<pause>|<probes>|<passed>" while its circuit breaker is open or

@@ -6,9 +6,10 @@
 -- KEYS[2..] the other pool-wide keys to delete (pool hash, meta hash, ...)
 -- ARGV[1] key prefix "{prefix:pool}": the per-site keys of site S are
 --         ARGV[1]..":free:"..S, ":lease:"..S, ":strikes:"..S, ":health:"..S,
---         ":pace:"..S, ":siteprobe:"..S (site_hold.lua) and ":breaker:"..S (the window of its circuit breaker,
+--         ":pace:"..S, ":siteprobe:"..S (site_hold.lua), ":exitout:"..S (lib.lua's exit_mark) and ":breaker:"..S (the window of its circuit breaker,
 --         breaker.lua; so is that of every site the breaker hash ARGV[1]..":breaker" names),
---         and ARGV[1]..":exit" with the set ARGV[1]..":exit:"..IP of each IP it holds,
+--         and ARGV[1]..":exit" with the set ARGV[1]..":exit:"..IP and the ban index ARGV[1]..":exitban:"..IP
+--         (lib.lua's exit_ban) of each IP it holds, and the IP count ARGV[1]..":exitips" (exit_note.lua),
 --         and ARGV[1]..":gwindex" with the index zset ARGV[1]..":gw:"..D of each
 --         gateway template digest D it holds (pool_update.lua)
 -- ARGV[2] site budget (optional: none clears every site at once): with more sites than that in KEYS[1], the call only
@@ -46,7 +47,8 @@ if redis.call('ZCARD', KEYS[1]) > budget then
   local some = redis.call('ZRANGE', KEYS[1], 0, budget - 1)
   for _, sc in ipairs(some) do
     redis.call('UNLINK', base .. ':free:' .. sc, base .. ':lease:' .. sc, base .. ':strikes:' .. sc,
-      base .. ':health:' .. sc, base .. ':pace:' .. sc, base .. ':siteprobe:' .. sc, base .. ':breaker:' .. sc)
+      base .. ':health:' .. sc, base .. ':pace:' .. sc, base .. ':siteprobe:' .. sc, base .. ':breaker:' .. sc,
+      base .. ':exitout:' .. sc)
   end
   redis.call('ZREM', KEYS[1], unpack(some))
   return -1
@@ -70,7 +72,7 @@ if entries then
     local ids = {}
     for i = 1, #some, 2 do
       ids[#ids + 1] = some[i]
-      redis.call('UNLINK', base .. ':exit:' .. some[i + 1])
+      redis.call('UNLINK', base .. ':exit:' .. some[i + 1], base .. ':exitban:' .. some[i + 1])
     end
     redis.call('HDEL', base .. ':exit', unpack(ids))
     return -1
@@ -79,16 +81,17 @@ if entries then
 end
 for _, sc in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
   n = n + redis.call('UNLINK', base .. ':free:' .. sc, base .. ':lease:' .. sc, base .. ':strikes:' .. sc,
-    base .. ':health:' .. sc, base .. ':pace:' .. sc, base .. ':siteprobe:' .. sc, base .. ':breaker:' .. sc)
+    base .. ':health:' .. sc, base .. ':pace:' .. sc, base .. ':siteprobe:' .. sc, base .. ':breaker:' .. sc,
+      base .. ':exitout:' .. sc)
 end
 for _, site in ipairs(redis.call('HKEYS', base .. ':breaker')) do
   n = n + redis.call('UNLINK', base .. ':breaker:' .. site)
 end
 -- The exit IPs (exit_note.lua): each IP's set of entries, then the hash.
 for _, ip in ipairs(redis.call('HVALS', base .. ':exit')) do
-  n = n + redis.call('UNLINK', base .. ':exit:' .. ip)
+  n = n + redis.call('UNLINK', base .. ':exit:' .. ip, base .. ':exitban:' .. ip)
 end
-n = n + redis.call('UNLINK', base .. ':exit')
+n = n + redis.call('UNLINK', base .. ':exit', base .. ':exitips')
 -- The gateway index (pool_update.lua): each template's zset, then the registry.
 for _, d in ipairs(redis.call('HKEYS', base .. ':gwindex')) do
   n = n + redis.call('UNLINK', base .. ':gw:' .. d)

@@ -8,9 +8,13 @@
 -- KEYS[4] pool hash   id -> proxy URL
 -- ARGV[1] key prefix "{prefix:pool}" (lib.lua's pool_prefix): the busy set
 --         and the lease hash of site S are ARGV[1]..":free:"..S and
---         ARGV[1]..":lease:"..S, the quarantine zset ARGV[1]..":quarantine"
+--         ARGV[1]..":lease:"..S, the quarantine zset ARGV[1]..":quarantine",
+--         the dead hash ARGV[1]..":dead"; the exit indexes (lib.lua's
+--         exit_mark, exit_ban) and the IP counts ARGV[1]..":exitips" (IP ->
+--         its entries, for lease.lua's exit_all_out) are kept here too
 -- ARGV[2], ARGV[3], ... pairs of a proxy ID and its exit IP now; an IP ""
---         forgets the proxy's exit (and so does a proxy no longer in the pool).
+--         forgets the proxy's exit (and so does a proxy no longer in the
+--         pool); an IP holds no "|" (the indexes' lex ranges)
 --
 -- lease.lua lets the entries of one exit IP have at most the slots of one
 -- proxy out on a site at once: each entry's own slots, leased, cooling
@@ -22,6 +26,10 @@
 -- on every site as long as the proxy is. Bounded work: sites x entries of
 -- the old IP x slots, and sites x slots only when the proxy has nothing
 -- to carry (no ban, no slot resting): the old IP's entries are not read.
+-- A proxy that comes to an IP (first recorded, or changed) is named in its
+-- exit indexes where it is out (join: each site through a sweep event). A
+-- first exit or a forgotten one deletes the meta's "exitall" (lease.lua's
+-- scan for entries without an exit starts over).
 --
 -- Returns {code 1, old IP 1, code 2, old IP 2, ...}, per pair: 0 unchanged,
 -- 1 first recorded, 2 changed (counted in the meta hash's "exit_changes"),
@@ -29,6 +37,10 @@
 local base, badbase = pool_prefix(ARGV[1])
 if not base then return redis.error_reply(badbase) end
 if #ARGV % 2 ~= 1 then return redis.error_reply('PSARGS want pairs of a proxy ID and an exit IP') end
+for i = 3, #ARGV, 2 do
+  -- The exit indexes read an IP's members by lex range ("<IP>|<id>").
+  if string.find(ARGV[i], '|', 1, true) then return redis.error_reply('PSARGS an exit IP holds no "|"') end
+end
 local now = now_ms()
 local slots = meta_slots(KEYS[3], 1)
 local MAX_SITES = 256
@@ -54,7 +66,7 @@ local function carry(id, old)
       local sc = num(redis.call('ZSCORE', fk, m))
       if sc and sc > now and sc < DEAD and redis.call('HEXISTS', lk, m) == 0 and sc > untl then untl = sc end
     end
-    if untl > 0 then holds[#holds + 1] = {fk, lk, untl} end
+    if untl > 0 then holds[#holds + 1] = {fk, lk, untl, site} end
   end
   if not q and #holds == 0 then return end
   local left = {}
@@ -63,6 +75,7 @@ local function carry(id, old)
   end
   if q then
     for _, e in ipairs(left) do redis.call('ZADD', qk, 'GT', q, e) end
+    exit_ban(base, old, left, q)
   end
   for _, h in ipairs(holds) do
     local fk, lk, untl = h[1], h[2], h[3]
@@ -72,9 +85,23 @@ local function carry(id, old)
         if redis.call('HEXISTS', lk, m) == 0 then redis.call('ZADD', fk, 'GT', untl, m) end
       end
     end
+    exit_mark(base, h[4], old, left, redis.call('PTTL', fk))
   end
 end
 
+-- join has the exit indexes of IP ip (lib.lua's exit_mark, exit_ban) name
+-- proxy id, one of its entries now, where it is out: in the IP's ban index
+-- while it is banned on every site (not while it is dead: revive.lua names
+-- it then), and on each site where a slot of it is out through an "x"
+-- event of the sweep zset (lib.lua's sweep_add), which every site applies
+-- before it counts an IP (lease.lua). Bounded work: no site is visited.
+local function join(id, ip)
+  local q = num(redis.call('ZSCORE', base .. ':quarantine', id))
+  if q and q > now and redis.call('HEXISTS', base .. ':dead', id) == 0 then exit_ban(base, ip, {id}, q) end
+  sweep_add(base, 'x', {id})
+end
+
+local ips = base .. ':exitips' -- IP -> its entries (lease.lua's exit_all_out)
 local out = {}
 for i = 2, #ARGV, 2 do
   local id, ip = ARGV[i], ARGV[i + 1]
@@ -88,14 +115,17 @@ for i = 2, #ARGV, 2 do
   else
     if old then
       carry(id, old)
-      redis.call('SREM', KEYS[1] .. ':' .. old, id)
+      if redis.call('SREM', KEYS[1] .. ':' .. old, id) == 1 and redis.call('ZINCRBY', ips, -1, old) + 0 <= 0 then
+        redis.call('ZREM', ips, old)
+      end
     end
     if ip == '' then
       redis.call('HDEL', KEYS[1], id)
       code = 3
     else
       redis.call('HSET', KEYS[1], id, ip)
-      redis.call('SADD', KEYS[1] .. ':' .. ip, id)
+      if redis.call('SADD', KEYS[1] .. ':' .. ip, id) == 1 then redis.call('ZINCRBY', ips, 1, ip) end
+      join(id, ip)
       if old then
         code = 2
         redis.call('HINCRBY', KEYS[3], 'exit_changes', 1)
@@ -103,6 +133,9 @@ for i = 2, #ARGV, 2 do
         code = 1
       end
     end
+    -- A first exit, or one forgotten: lease.lua's scan for entries with
+    -- no exit (the meta's "exitall") starts over.
+    if code ~= 2 then redis.call('HDEL', KEYS[3], 'exitall') end
   end
   out[#out + 1] = code
   out[#out + 1] = old or ''

@@ -18,8 +18,15 @@ local function extend_member(free, leases, member, token, newexp, now, live_only
   if live_only and (not expiry or expiry <= now) then return 0 end
   -- No entry: the lease's score passed and lease.lua pruned it (score 0).
   local score = num(redis.call('ZSCORE', free, member)) or 0
-  if score < newexp then
-    redis.call('ZADD', free, newexp, member)
+  if score < newexp then redis.call('ZADD', free, newexp, member) end
+  if score <= now or score >= DEAD then
+    -- A lease renewed after its expiry (live_only false) puts back out a
+    -- slot that was free, or a dead proxy's lease that its exit index may
+    -- have let go (lease.lua's dead_kept): the site's exit index names its
+    -- entry again (lib.lua's exit_mark; one HGET when it has no exit).
+    local base, site = busy_site(free)
+    local id = string.match(member, '^(.*):%d+$')
+    if base and id then exit_mark_id(base, site, id, redis.call('PTTL', free)) end
   end
   redis.call('HSET', leases, member, token .. '|' .. newexp)
   return newexp

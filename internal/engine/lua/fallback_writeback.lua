@@ -44,11 +44,25 @@ local function free(scope)
   return fk
 end
 
--- push keeps every slot of proxy id out on the busy set fk until untl (a
--- slot with no entry is free there: it gets one).
-local function push(fk, id, untl)
+-- exit_of is proxy id's exit IP, '' for none (read once per proxy).
+local exits = {}
+local function exit_of(id)
+  local ip = exits[id]
+  if not ip then
+    ip = redis.call('HGET', base .. ':exit', id) or ''
+    exits[id] = ip
+  end
+  return ip
+end
+
+-- push keeps every slot of proxy id out on the busy set fk of scope until
+-- untl (a slot with no entry is free there: it gets one); the site's exit
+-- index names the proxy (lib.lua's exit_mark).
+local function push(scope, id, untl)
+  local fk = base .. ':free:' .. scope
   for s = 0, slots - 1 do redis.call('ZADD', fk, 'GT', untl, id .. ':' .. s) end
   redis.call('PEXPIRE', fk, idle)
+  if exit_of(id) ~= '' then exit_mark(base, scope, exit_of(id), {id}, idle) end
 end
 
 local bans, leases = 0, 0
@@ -60,8 +74,10 @@ for i = 5, #ARGV - 4, 5 do
     if scope == '' then
       redis.call('ZADD', KEYS[5], 'GT', untl, who)
       redis.call('PEXPIRE', KEYS[5], maxq + 60000)
+      if exit_of(who) ~= '' then exit_ban(base, exit_of(who), {who}, untl) end
     else
-      push(free(scope), who, untl)
+      free(scope)
+      push(scope, who, untl)
     end
   elseif kind == 'lease' then
     local id = string.match(who, '^(.*):%d+$')
@@ -70,6 +86,7 @@ for i = 5, #ARGV - 4, 5 do
       local fk = free(scope)
       redis.call('ZADD', fk, 'GT', untl, who)
       redis.call('PEXPIRE', fk, idle)
+      if exit_of(id) ~= '' then exit_mark(base, scope, exit_of(id), {id}, idle) end
       local lk = base .. ':lease:' .. scope
       redis.call('HSET', lk, who, token .. '|' .. untl)
       redis.call('PEXPIRE', lk, idle)

@@ -36,6 +36,12 @@
 -- KEYS[11] exit hash    id -> the proxy's exit IP (probe.Checker with Exits,
 --                        exit_note.lua); each IP's entries in the set
 --                        "<KEYS[11]>:<IP>". Absent, or empty: no exit known.
+--                        With exits, the keys named from its prefix (KEYS[11]
+--                        is "<base>:exit", the pool's hash tag): the site's
+--                        exit index "<base>:exitout:<site>", the ban index
+--                        "<base>:exitban:<IP>" of each IP (lib.lua), and the
+--                        IPs "<base>:exitips" (IP -> its entries, exit_note.lua);
+--                        the meta's "exitidx" (migrate) and "exitall" (exit_all_out).
 -- include: breaker_lib.lua
 --
 -- Exit IPs: entries whose exit IPs are known and equal share one set of
@@ -45,8 +51,15 @@
 -- Exclusivity, pacing and quarantine thus apply to the IP, and two
 -- requests never reach a site from one exit address because two entries
 -- share it. Each entry keeps its own members ("<id>:<slot>"): release,
--- extend and penalize are unchanged, and the state an entry earned stays
--- with it when its exit changes (it then holds its new IP's slots).
+-- extend and penalize stay owner-checked on them, and the state an entry
+-- earned stays with it when its exit changes (it then holds its new IP's
+-- slots). The count does not read the IP's entries (thousands may share
+-- one): it reads the site's index of the entries of the IP that may have
+-- slots out, and the IP's index of entries banned on every site (lib.lua's
+-- exit_mark, exit_ban; ip_count below), checking each entry read as the
+-- count always did: bounded work per IP met, one count per IP per call.
+-- A pool saturated by its IPs answers the time until one comes back
+-- (exit_all_out), not a 1 ms retry.
 -- Strict exits (the meta's "strict" in the future, probe.Checker.Strict):
 -- an entry whose exit is not known yet is out on every site, for a second
 -- at a time, until a probe records it; only a lease that names it with
@@ -96,7 +109,7 @@ local ttl, cooldown, idle = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[6]
 local SCAN, PRUNE = 128, tostring(2 * want)
 local nows = string.format('%.0f', now)
 
-local meta = redis.call('HMGET', KEYS[5], 'slots', 'version', 'hold', 'index', 'strict')
+local meta = redis.call('HMGET', KEYS[5], 'slots', 'version', 'hold', 'index', 'strict', 'exitall', 'exitidx')
 local slots = meta[1]
 if not slots then
   redis.call('HSET', KEYS[5], 'slots', ARGV[5])
@@ -139,14 +152,17 @@ local pruned = redis.call('ZRANGE', KEYS[2], '-inf', nows, 'BYSCORE', 'LIMIT', '
 if #pruned > 0 then redis.call('ZREM', KEYS[2], unpack(pruned)) end
 
 -- The sweep (lib.lua's site_sweep), at the site's bookkeeping (once a
--- second) and before it answers that every proxy is out (all_out): once
--- per call. Returns whether a slot out came back.
+-- second), before it answers that every proxy is out (all_out), and with
+-- exit IPs before any IP is counted: once per call. Returns whether a slot
+-- out came back; sweep_more is then whether events were left for later.
 local DEAD_SAMPLE = 64
-local swept = false
+local swept, sweep_more = false, false
 local function sweep()
   if swept then return false end
   swept = true
-  return site_sweep(ARGV[1], KEYS[2], KEYS[3], KEYS[1], KEYS[6], slots, now, idle)
+  local moved
+  moved, sweep_more = site_sweep(ARGV[1], KEYS[2], KEYS[3], KEYS[1], KEYS[6], slots, now, idle)
+  return moved
 end
 if fresh then sweep() end
 
@@ -209,16 +225,250 @@ end
 local EXITS = KEYS[11]
 local exits_on = EXITS and (strict or redis.call('HLEN', EXITS) > 0)
 local strict_hold = strict and EXITS and now + 1000 or nil
--- With exits: whether any proxy is dead, or banned on every site, read once.
-local anydead = exits_on and redis.call('HLEN', KEYS[6]) > 0
+-- With exits: whether any proxy is dead, or banned on every site, read once;
+-- the pool's key prefix (EXITS is "<base>:exit") and the site's index of
+-- the entries with slots out (lib.lua's exit_mark).
+local anydead = exits_on and not nodead
 local anyban = exits_on and redis.call('ZCOUNT', KEYS[7], '(' .. nows, '+inf') > 0
+local XBASE = exits_on and string.sub(EXITS, 1, #EXITS - 5)
+local XOUT = exits_on and XBASE .. ':exitout:' .. ARGV[1]
+-- READ bounds the entries of one IP an index read looks at.
+local READ = 64
+
+-- The indexes are built once per pool from what is out when a lease first
+-- meets exits (what a Switch older than them left out: leases, cooldowns,
+-- quarantines, bans), in steps of MIGRATE entries per call, before any
+-- count is sure: the meta's "exitidx" is "q|<ZSCAN cursor>" while the
+-- quarantine zset is read into the ban indexes, "s|<rank>|<ZSCAN cursor>"
+-- while the busy set of the site of that rank in the sites zset (by last
+-- lease: a site leased meanwhile moves past the rank, to be read again) is
+-- read into its index, then "done". Returns whether it is done.
+local MIGRATE = 2048
+local function migrate()
+  local st = meta[7]
+  if st == 'done' then return true end
+  local budget = MIGRATE
+  local qc = string.match(st or 'q|0', '^q|(%d+)$')
+  if qc then
+    repeat
+      local page = redis.call('ZSCAN', KEYS[7], qc, 'COUNT', 256)
+      qc = page[1]
+      local ids, qs = {}, {}
+      for i = 1, #page[2], 2 do
+        local q = num(page[2][i + 1])
+        if q and q > now then ids[#ids + 1], qs[#ids + 1] = page[2][i], q end
+      end
+      budget = budget - math.max(#page[2] / 2, 1)
+      if #ids > 0 then
+        for i, ip in ipairs(redis.call('HMGET', EXITS, unpack(ids))) do
+          if ip then exit_ban(XBASE, ip, {ids[i]}, qs[i]) end
+        end
+      end
+    until qc == '0' or budget <= 0
+    if qc ~= '0' then
+      redis.call('HSET', KEYS[5], 'exitidx', 'q|' .. qc)
+      return false
+    end
+    st = 's|0|0'
+  end
+  local rank, bc = string.match(st, '^s|(%d+)|(%d+)$')
+  rank = tonumber(rank) or 0
+  bc = bc or '0'
+  while budget > 0 do
+    local site = redis.call('ZRANGE', KEYS[4], rank, rank)[1]
+    if not site then
+      redis.call('HSET', KEYS[5], 'exitidx', 'done')
+      return true
+    end
+    local fk = XBASE .. ':free:' .. site
+    local page = redis.call('ZSCAN', fk, bc, 'COUNT', 256)
+    bc = page[1]
+    local ids = {}
+    for i = 1, #page[2], 2 do
+      local sc = num(page[2][i + 1])
+      local id = string.match(page[2][i], '^(.*):%d+$')
+      if id and sc and sc > now then ids[#ids + 1] = id end
+    end
+    budget = budget - math.max(#page[2] / 2, 1)
+    if #ids > 0 then
+      local by, ttl = {}, redis.call('PTTL', fk)
+      for i, ip in ipairs(redis.call('HMGET', EXITS, unpack(ids))) do
+        if ip then
+          by[ip] = by[ip] or {}
+          table.insert(by[ip], ids[i])
+        end
+      end
+      for ip, es in pairs(by) do exit_mark(XBASE, site, ip, es, ttl) end
+    end
+    if bc == '0' then rank = rank + 1 end
+  end
+  redis.call('HSET', KEYS[5], 'exitidx', 's|' .. rank .. '|' .. bc)
+  return false
+end
+local built = not exits_on or migrate()
+-- An entry whose exit was recorded or changed (exit_note.lua's "x" sweep
+-- event) is named in the site's index of its IP when the site applies the
+-- event: with exits, a call applies the pending events before it counts
+-- an IP, and while more are left than one call applies, no count is sure.
+if exits_on then sweep() end
+
+-- dead_kept records dead entry e on the site (dead_mark: its slots out go
+-- to DEAD) and reports whether one of its slots is leased still (a lease
+-- taken before its death): then it stays in the site's exit index, which
+-- holds it again if revive.lua brings it back while that lease runs (out);
+-- else it leaves it (a revived entry's slots at DEAD are free).
+local function dead_kept(e)
+  dead_mark(e)
+  for s = 0, slots - 1 do
+    local v = redis.call('HGET', KEYS[3], e .. ':' .. s)
+    local exp = v and tonumber(string.match(v, '|(%d+)$'))
+    if exp and exp > now then return true end
+  end
+  return false
+end
+
+-- ip_count counts the slots out on the site of the entries of exit IP ip,
+-- from the two indexes (lib.lua): each entry banned on every site holds K
+-- (the IP's ban index, entries whose noted end is ahead; once K are
+-- counted there, the site's index is not read), each other entry the
+-- slots it has out there (the site's index); dead entries hold none. An
+-- entry gone to another IP or with nothing out any more leaves the index
+-- it was read from, and so does a dead one (but from the site's index
+-- while a lease of it runs: dead_kept). Returns that count, the soonest
+-- time one of the slots counted comes back (nil for none), and whether
+-- the count is sure: false when an index held more than READ entries to
+-- look at and fewer than K were found out among those read (those read
+-- that were stale are gone: the next call goes further), or while the
+-- indexes are being built (migrate). Bounded work: two index reads of
+-- READ entries and K slots each, whatever the IP's size.
+local function ip_count(ip)
+  local n, soonest, sure, counted = 0, nil, true, {}
+  if not built or sweep_more then return 0, nil, false end
+  local function add(k, sc)
+    n = n + k
+    if not soonest or sc < soonest then soonest = sc end
+  end
+  if anyban then
+    local bk = XBASE .. ':exitban:' .. ip
+    local es = redis.call('ZRANGE', bk, '(' .. nows, '+inf', 'BYSCORE', 'LIMIT', 0, READ)
+    if #es > 0 then
+      local qs = redis.call('ZMSCORE', KEYS[7], unpack(es))
+      local at = redis.call('HMGET', EXITS, unpack(es))
+      local dead = anydead and redis.call('HMGET', KEYS[6], unpack(es)) or {}
+      local stale = {}
+      for i, e in ipairs(es) do
+        local q = num(qs[i])
+        if at[i] ~= ip or dead[i] or not q or q <= now then
+          stale[#stale + 1] = e -- (a dead entry's ban: revive.lua names it again)
+        elseif n < slots then
+          counted[e] = true
+          add(slots, q)
+        end
+      end
+      if #stale > 0 then redis.call('ZREM', bk, unpack(stale)) end
+      if #es == READ and n < slots then sure = false end
+    end
+  end
+  if n >= slots or not sure then return n, soonest, sure end
+  local ms = redis.call('ZRANGEBYLEX', XOUT, '[' .. ip .. '|', '(' .. ip .. '}', 'LIMIT', 0, READ)
+  if #ms == 0 then return n, soonest, sure end
+  local es, mine = {}, {}
+  for i, m in ipairs(ms) do
+    local mip, e = string.match(m, '^(.*)|([^|]*)$')
+    if mip == ip then
+      es[#es + 1] = e
+      mine[#es] = m
+    end
+  end
+  if #es == 0 then return n, soonest, sure end
+  local at = redis.call('HMGET', EXITS, unpack(es))
+  local dead = anydead and redis.call('HMGET', KEYS[6], unpack(es)) or {}
+  local qs = anyban and redis.call('ZMSCORE', KEYS[7], unpack(es)) or {}
+  local sl = {}
+  for _, e in ipairs(es) do
+    for s = 0, slots - 1 do sl[#sl + 1] = e .. ':' .. s end
+  end
+  local scs = {}
+  for j = 1, #sl, 4096 do
+    local part = redis.call('ZMSCORE', KEYS[2], unpack(sl, j, math.min(j + 4095, #sl)))
+    for x = 1, #part do scs[j + x - 1] = part[x] end
+  end
+  local stale = {}
+  for i, e in ipairs(es) do
+    local q, any = nil, false
+    if at[i] ~= ip then
+      any = nil
+    elseif dead[i] then
+      any = dead_kept(e)
+    else
+      q = num(qs[i])
+      for s = 1, slots do
+        local k = (i - 1) * slots + s
+        local sc = num(scs[k]) or 0
+        if sc >= DEAD then sc = out(sl[k], e) end
+        if q and q > sc then sc = q end
+        if sc > now then
+          any = true
+          if not counted[e] then add(1, sc) end
+        end
+      end
+    end
+    if not any then stale[#stale + 1] = mine[i] end
+  end
+  if #stale > 0 then redis.call('ZREM', XOUT, unpack(stale)) end
+  if #ms == READ and n < slots then sure = false end
+  return n, soonest, sure
+end
+
+-- index_trim checks n entries of the site's exit index at random, and drops
+-- those with nothing out there, gone to another IP, or dead (but while a
+-- lease taken before the death runs: dead_kept), so that the index of a
+-- site leased without pause holds about what is out, not every entry ever
+-- leased there (an IP read again is swept by ip_count). A grant that adds
+-- an entry runs it: an index grows by one entry at most per grant.
+local function index_trim(n)
+  local ms = redis.call('ZRANDMEMBER', XOUT, n)
+  local es, ips = {}, {}
+  for _, m in ipairs(ms) do
+    local ip, e = string.match(m, '^(.*)|([^|]*)$')
+    if e then
+      es[#es + 1], ips[#es + 1] = e, ip
+    end
+  end
+  if #es == 0 then return end
+  local at = redis.call('HMGET', EXITS, unpack(es))
+  local dead = anydead and redis.call('HMGET', KEYS[6], unpack(es)) or {}
+  local qs = anyban and redis.call('ZMSCORE', KEYS[7], unpack(es)) or {}
+  local sl = {}
+  for _, e in ipairs(es) do
+    for s = 0, slots - 1 do sl[#sl + 1] = e .. ':' .. s end
+  end
+  local scs = redis.call('ZMSCORE', KEYS[2], unpack(sl))
+  local stale = {}
+  for i, e in ipairs(es) do
+    local gone = at[i] ~= ips[i]
+    if not gone and dead[i] then
+      gone = not dead_kept(e)
+    elseif not gone and not (num(qs[i]) and num(qs[i]) > now) then
+      gone = true
+      for s = 1, slots do
+        local k = (i - 1) * slots + s
+        local sc = num(scs[k]) or 0
+        if sc >= DEAD then sc = out(sl[k], e) end
+        if sc > now then gone = false end
+      end
+    end
+    if gone then stale[#stale + 1] = ips[i] .. '|' .. e end
+  end
+  if #stale > 0 then redis.call('ZREM', XOUT, unpack(stale)) end
+end
 
 -- exit_out returns nil when proxy id has no known exit (and true: its
 -- exit is unknown), or fewer than K slots of the entries of its exit IP
--- are out on the site; else the time the soonest of them comes back. Each
--- IP is read once per call (ip_out), again after a grant to one of its
--- entries: a call costs the entries of the IPs it meets, not of each
--- candidate.
+-- are out on the site; else the time the soonest of them comes back (1 ms
+-- from now when the count was not sure: see ip_count). Its third result is
+-- the IP. Each IP is counted once per call (ip_out), again after a grant
+-- to one of its entries.
 local ip_out = {}
 local function exit_out(id)
   if not exits_on then return nil end
@@ -226,54 +476,19 @@ local function exit_out(id)
   if not ip then return nil, true end
   local memo = ip_out[ip]
   if not memo then
-    -- At most three reads per 256 entries of the IP (and per 4096
-    -- slots): their dead marks (if any proxy is dead), bans on every site
-    -- (if any) and slot scores (a slot at DEAD of an entry no longer dead
-    -- goes through out, as in try).
-    local n, soonest = 0, nil
-    local all = redis.call('SMEMBERS', EXITS .. ':' .. ip)
-    for from = 1, #all, 256 do
-      local es, ms = {}, {}
-      for i = from, math.min(from + 255, #all) do
-        es[#es + 1] = all[i]
-        for s = 0, slots - 1 do ms[#ms + 1] = all[i] .. ':' .. s end
-      end
-      local dead, qs = {}, {}
-      if anydead then dead = redis.call('HMGET', KEYS[6], unpack(es)) end
-      if anyban then qs = redis.call('ZMSCORE', KEYS[7], unpack(es)) end
-      local scs = {}
-      for j = 1, #ms, 4096 do
-        local part = redis.call('ZMSCORE', KEYS[2], unpack(ms, j, math.min(j + 4095, #ms)))
-        for x = 1, #part do scs[j + x - 1] = part[x] end
-      end
-      for i, e in ipairs(es) do
-        if not dead[i] then
-          local q = num(qs[i])
-          for s = 1, slots do
-            local k = (i - 1) * slots + s
-            local sc = num(scs[k]) or 0
-            if sc >= DEAD then sc = out(ms[k], e) end
-            if q and q > sc then sc = q end
-            if sc > now then
-              n = n + 1
-              if not soonest or sc < soonest then soonest = sc end
-            end
-          end
-        end
-      end
-    end
-    memo = {n, soonest}
+    memo = {ip_count(ip)}
     ip_out[ip] = memo
   end
-  if memo[1] < slots then return nil end
-  return memo[2]
+  if not memo[3] then return now + 1, false, ip end
+  if memo[1] < slots then return nil, false, ip end
+  return memo[2], false, ip
 end
 
 -- try returns the first free slot of proxy id on the site (member), or nil
 -- and the time until which the proxy is out; held: until when an entry
 -- free but for its unknown exit is out (strict exits), or nil.
 local function try(id, held)
-  local x, unknown = exit_out(id) -- first: the IP's entries read once per call
+  local x, unknown, ip = exit_out(id) -- first: the IP's count read once per call
   if x then return nil, x end
   local d = is_dead(id)
   if d then return nil, d end
@@ -289,7 +504,11 @@ local function try(id, held)
   end
   if #free == 0 then return nil, soonest end
   local b = banned(id, free)
-  if b then return nil, b end
+  if b then
+    -- A ban recorded on the site's busy set: the IP's index names it.
+    if ip and b < DEAD then exit_mark(XBASE, ARGV[1], ip, {id}, idle) end
+    return nil, b
+  end
   if unknown and held then return nil, held end
   return free[1]
 end
@@ -381,6 +600,77 @@ local function all_out()
   return soon or now + 1
 end
 
+-- IPS bounds the exit IPs exit_all_out counts; EXITSCAN the entries one
+-- call of it scans for an exit (in pages of 512).
+local IPS, EXITSCAN = 64, 2048
+
+-- exit_all_out is, for a pool whose entries all leave from recorded exit
+-- IPs (or are held for having none: strict exits), of at most IPS IPs,
+-- the soonest time one of them comes back when every IP has its K slots
+-- out on the site; else nil. It answers the wait of a pool saturated by
+-- its IPs, which all_out (counting slots) cannot see, with bounded work:
+-- ip_count for each IP (shared with the rotation's), the exit IPs zset
+-- ("<base>:exitips", IP -> its entries: exit_note.lua), whose counts must
+-- add up to the exit hash's (else nil: an IP may be missing), and, without
+-- strict exits, the meta's "exitall" mark: "<version>|done|<proxies>"
+-- once a scan of the pool (EXITSCAN entries per call, at this version of
+-- the pool) found an exit for every entry, "<version>|miss" when
+-- one had none (exit_note.lua deletes the mark when it records a first
+-- exit or forgets one), else "<version>|<HSCAN cursor>" while the scan runs.
+local function exit_all_out()
+  if not exits_on then return nil end
+  local vs = string.format('%.0f', version)
+  if not strict then
+    local mark = meta[6] or ''
+    local v, rest = string.match(mark, '^(%d+)|(.*)$')
+    if v ~= vs then rest = '0' end
+    if rest == 'miss' then return nil end
+    local size = string.match(rest, '^done|(%d+)$')
+    if size then
+      if tonumber(size) ~= redis.call('HLEN', KEYS[1]) then
+        rest = '0'
+      end
+    end
+    if not size or rest == '0' then
+      if not string.match(rest, '^%d+$') then rest = '0' end
+      local nxt, seen_ = rest, 0
+      repeat
+        local page = redis.call('HSCAN', KEYS[1], nxt, 'COUNT', 512)
+        local ids = {}
+        for i = 1, #page[2], 2 do ids[#ids + 1] = page[2][i] end
+        nxt, seen_ = page[1], seen_ + #ids
+        if #ids > 0 then
+          for _, ip in ipairs(redis.call('HMGET', EXITS, unpack(ids))) do
+            if not ip then nxt = 'miss' end
+          end
+        end
+      until nxt == '0' or nxt == 'miss' or seen_ >= EXITSCAN
+      if nxt == '0' then nxt = 'done|' .. redis.call('HLEN', KEYS[1]) end
+      redis.call('HSET', KEYS[5], 'exitall', vs .. '|' .. nxt)
+      meta[6] = vs .. '|' .. nxt
+      if nxt == 'miss' or string.sub(nxt, 1, 5) ~= 'done|' then return nil end
+    end
+  end
+  local xk = XBASE .. ':exitips'
+  if redis.call('ZCARD', xk) > IPS then return nil end
+  local ips = redis.call('ZRANGE', xk, 0, -1, 'WITHSCORES')
+  local sum, soon = 0, nil
+  for i = 1, #ips, 2 do sum = sum + (num(ips[i + 1]) or 0) end
+  if sum ~= redis.call('HLEN', EXITS) then return nil end
+  for i = 1, #ips, 2 do
+    local ip = ips[i]
+    local memo = ip_out[ip]
+    if not memo then
+      memo = {ip_count(ip)}
+      ip_out[ip] = memo
+    end
+    if not memo[3] or memo[1] < slots or not memo[2] then return nil end
+    if not soon or memo[2] < soon then soon = memo[2] end
+  end
+  if strict_hold and redis.call('HLEN', KEYS[1]) > sum then soon = math.min(soon or strict_hold, strict_hold) end
+  return soon
+end
+
 -- rotate walks the rotation from the cursor (place) to the first proxy with
 -- a slot free, up to SCAN proxies per call in all, wrapping once: it returns
 -- that slot and the proxy's URL, and moves place to the proxy; or nil, the
@@ -431,8 +721,11 @@ local function rotate()
   end
   if not whole then
     -- Only part of the pool looked at: out everywhere only if the busy
-    -- set covers every slot of the pool; else move on and come back soon.
-    -- (all_out found the pool not saturated at the first proxy.)
+    -- set covers every slot of the pool (all_out found it did not at the
+    -- first proxy) or every exit IP is out (exit_all_out); else move on
+    -- and come back soon.
+    local full = exit_all_out()
+    if full then return nil, {0, math.max(full - now, 1)}, num(last) end
     return nil, {0, 1}, num(last)
   end
   if not soonest then return nil, {0, 1} end
@@ -446,8 +739,17 @@ local exps = string.format('%.0f', expiry)
 local function grant(m, tok)
   redis.call('ZADD', KEYS[2], exps, m)
   if exits_on then
-    local ip = redis.call('HGET', EXITS, string.match(m, '^(.*):%d+$'))
-    if ip then ip_out[ip] = nil end
+    local id = string.match(m, '^(.*):%d+$')
+    local ip = redis.call('HGET', EXITS, id)
+    if ip then
+      -- The site's index names the entry; one it did not name yet (the
+      -- index may be new: its TTL) has two others checked.
+      ip_out[ip] = nil
+      if exit_mark(XBASE, ARGV[1], ip, {id}) > 0 then
+        redis.call('PEXPIRE', XOUT, idle)
+        index_trim(2)
+      end
+    end
   end
   redis.call('HSET', KEYS[3], m, tok .. '|' .. exps)
   -- Pacing with K > 1: no other slot of this proxy may start before the cooldown.
@@ -492,6 +794,7 @@ end
 if booked == now then -- the bookkeeping above: the keys may be new
   redis.call('PEXPIRE', KEYS[2], idle)
   redis.call('PEXPIRE', KEYS[3], idle)
+  if exits_on then redis.call('PEXPIRE', XOUT, idle) end -- the site's exit index lives as long
 end
 -- A call with further tokens answers in the form of many grants even when
 -- it granted one (a half-open breaker's probe): the one is ARGV[2]'s, the

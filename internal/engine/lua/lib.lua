@@ -164,6 +164,85 @@ local function order_add(key, meta, list)
   end
 end
 
+-- Exit IPs (exit_note.lua, lease.lua). The entries whose recorded exit
+-- IPs are equal share one proxy's slots on a site. So that a lease counts
+-- the slots out of one IP without reading its entries (thousands may share
+-- it), two indexes name the entries that may have some out:
+--   "<base>:exitout:<site>" zset  "<IP>|<id>" -> 0 (read by lex range, one
+--       IP at a time): every entry with a slot out on the site (leased,
+--       cooling down, quarantined there), written where a slot goes out
+--       without a live lease of the entry (lease.lua's grant and ban
+--       record, a late release or renewal, penalize.lua,
+--       fallback_writeback.lua, exit_note.lua when an entry comes to an
+--       IP or carries a hold over to the one it left); it lives as long as
+--       the site's busy set (the idle TTL, refreshed with it);
+--   "<base>:exitban:<IP>" zset  id -> the end (ms) of its ban on every
+--       site, or later: every entry of IP with such a ban (penalize.lua,
+--       fallback_writeback.lua, revive.lua, exit_note.lua); TTL: the
+--       quarantine zset's.
+-- They may name more than that: lease.lua checks each entry it reads
+-- against the busy set, the dead hash, the quarantine and the exit hash,
+-- and drops those with nothing out there or gone to another IP, and dead
+-- ones (but from the site's index while a lease of theirs runs, which
+-- counts again if they are revived then; revive.lua names them again in
+-- the ban index). An IP never holds '|' (lex ranges); the IP of a member
+-- is what comes before its last '|' (ids are hex).
+
+-- exit_mark names the entries ids (a table) of exit IP ip in the index of
+-- the site whose busy set is "<base>:free:<site>", which then lives ttl ms
+-- (a number or a string; nil or below 1: its TTL is left as it is).
+-- Returns how many it added (those not named yet).
+local function exit_mark(base, site, ip, ids, ttl)
+  local k = base .. ':exitout:' .. site
+  local added = 0
+  for i = 1, #ids, 512 do
+    local args = {}
+    for j = i, math.min(i + 511, #ids) do
+      args[#args + 1] = '0'
+      args[#args + 1] = ip .. '|' .. ids[j]
+    end
+    added = added + redis.call('ZADD', k, unpack(args))
+  end
+  local t = tonumber(ttl)
+  if t and t > 0 then redis.call('PEXPIRE', k, string.format('%.0f', t)) end
+  return added
+end
+
+-- exit_mark_id is exit_mark for one proxy id, whose exit IP it reads:
+-- nothing when none is recorded (then it is one HGET). Returns the IP, or nil.
+local function exit_mark_id(base, site, id, ttl)
+  local ip = redis.call('HGET', base .. ':exit', id)
+  if ip then exit_mark(base, site, ip, {id}, ttl) end
+  return ip
+end
+
+-- exit_ban names the entries ids (a table) of exit IP ip, banned on every
+-- site until q, in the IP's ban index (which then takes the quarantine
+-- zset's TTL); up to #ids + 1 entries whose noted end passed go (bounded
+-- work: what a write adds, it takes away at least).
+local function exit_ban(base, ip, ids, q)
+  local k = base .. ':exitban:' .. ip
+  local old = redis.call('ZRANGE', k, '-inf', string.format('%.0f', now_ms()), 'BYSCORE', 'LIMIT', 0, #ids + 1)
+  if #old > 0 then redis.call('ZREM', k, unpack(old)) end
+  local qs = string.format('%.0f', q)
+  for i = 1, #ids, 512 do
+    local args = {}
+    for j = i, math.min(i + 511, #ids) do
+      args[#args + 1] = qs
+      args[#args + 1] = ids[j]
+    end
+    redis.call('ZADD', k, 'GT', unpack(args))
+  end
+  local t = redis.call('PTTL', base .. ':quarantine')
+  if t > 0 then redis.call('PEXPIRE', k, t) end
+end
+
+-- busy_site splits the key of a site's busy set, "<base>:free:<site>",
+-- into base and site (nil for another key).
+local function busy_site(fk)
+  return string.match(fk, '^({[^}]*}):free:(.*)$')
+end
+
 -- Per-site sweeps. A change that concerns every site's keys (a proxy
 -- removed from the pool, or revived) is written once, as an event of the
 -- pool's sweep zset ("<prefix>:sweep", member "<kind>:<id>", score a unique
@@ -171,8 +250,9 @@ end
 -- each site applies the events newer than its mark (the swept hash) at its
 -- next leases (lease.lua's sweep). Kinds: "g" gone from the pool (the site
 -- forgets its state), "r" revived (its slots out on the site, but a live
--- lease's, come back, as its death had put them all at DEAD). An event
--- goes after the idle TTL (pool_update.lua).
+-- lease's, come back, as its death had put them all at DEAD), "x" exit IP
+-- recorded or changed (the site names it in its exit index where it is
+-- out). An event goes after the idle TTL (pool_update.lua).
 
 -- sweep_add records an event of kind for each id of list (at most 1000)
 -- in the sweep zset of pool prefix base, each at a score of its own above
@@ -208,7 +288,10 @@ local SWEEP_PAGE = 64
 -- (nothing before is on it); with idle nil (a read), a site with no mark
 -- is left alone. The keys are named from free's prefix, which must be
 -- KEYS[1]'s hash tag (pool_prefix; else nothing is done). Returns whether
--- a slot out came back.
+-- a slot out came back, and whether more events were left for later.
+-- "x", a proxy whose exit IP was recorded or changed (exit_note.lua): it
+-- is named in the site's exit index of its IP (exit_mark) if a slot of it
+-- is out there.
 local function site_sweep(scope, free, leases, pool, dead, slots, now, idle)
   local base = pool_prefix(string.sub(free, 1, #free - #(':free:' .. scope)))
   if not base or free ~= base .. ':free:' .. scope then return false end
@@ -222,12 +305,20 @@ local function site_sweep(scope, free, leases, pool, dead, slots, now, idle)
   end
   local page = math.max(1, math.min(SWEEP_PAGE, math.floor(4 * SWEEP_PAGE / slots)))
   local evs = redis.call('ZRANGE', base .. ':sweep', '(' .. from, '+inf', 'BYSCORE', 'LIMIT', 0, page, 'WITHSCORES')
-  if #evs == 0 then return false end
+  if #evs == 0 then return false, false end
   local sk, hk, moved = base .. ':strikes:' .. scope, base .. ':health:' .. scope, false
   for i = 1, #evs, 2 do
     local kind, id = string.match(evs[i], '^(%a):(.+)$')
     local here = id and redis.call('HEXISTS', pool, id) == 1
-    if (kind == 'g' and not here) or (kind == 'r' and here and redis.call('HEXISTS', dead, id) == 0) then
+    if kind == 'x' and here then
+      for s = 0, slots - 1 do
+        local sc = num(redis.call('ZSCORE', free, id .. ':' .. s))
+        if sc and sc > now then
+          exit_mark_id(base, scope, id, redis.call('PTTL', free))
+          break
+        end
+      end
+    elseif (kind == 'g' and not here) or (kind == 'r' and here and redis.call('HEXISTS', dead, id) == 0) then
       for s = 0, slots - 1 do
         local m = id .. ':' .. s
         local v = redis.call('HGET', leases, m)
@@ -247,7 +338,7 @@ local function site_sweep(scope, free, leases, pool, dead, slots, now, idle)
   end
   redis.call('HSET', wk, scope, evs[#evs])
   if idle then redis.call('PEXPIRE', wk, idle) end
-  return moved
+  return moved, #evs / 2 >= page
 end
 
 -- read_sweep is site_sweep for the scripts that read a site's state

@@ -120,13 +120,19 @@ end
 -- plus 1 ms so that its release (release.lua keeps a score that is not the
 -- lease's own) cannot bring it back before the quarantine ends. mine, mineexp:
 -- the lease end_lease ended, whose slot's score is that lease's expiry.
+-- A slot that was free and goes out (not dead) has the site's exit index
+-- name the proxy (lib.lua's exit_mark; one HGET when it has no exit, read
+-- once per call).
 local slots = tonumber(ARGV[16])
+local exit_ip -- the proxy's exit IP ('' for none), once read
 local function push(fk, lk, untl, mine, mineexp)
+  local rose = false
   for s = 0, slots - 1 do
     local m = id .. ':' .. s
     local sc = num(redis.call('ZSCORE', fk, m)) or 0 -- no entry: free on the scope
     if sc < untl or (fk == KEYS[1] and m == mine and sc == mineexp) then
       redis.call('ZADD', fk, untl, m)
+      if sc <= now then rose = true end
     else
       local v = redis.call('HGET', lk, m)
       local exp = v and tonumber(string.match(v, '|(%d+)$'))
@@ -134,6 +140,11 @@ local function push(fk, lk, untl, mine, mineexp)
     end
   end
   if redis.call('PTTL', fk) < 0 then redis.call('PEXPIRE', fk, idle) end
+  if rose and untl < DEAD then
+    if not exit_ip then exit_ip = redis.call('HGET', pool .. ':exit', id) or '' end
+    local b, site = busy_site(fk)
+    if exit_ip ~= '' and b == pool then exit_mark(pool, site, exit_ip, {id}, idle) end
+  end
 end
 
 local firstq, certain = tonumber(ARGV[17]) or 0, ARGV[18] == '1'
@@ -251,6 +262,9 @@ if ARGV[9] == '1' and not dead then
   redis.call('ZREMRANGEBYSCORE', KEYS[7], '-inf', now)
   redis.call('ZADD', KEYS[7], 'GT', untl, id)
   redis.call('PEXPIRE', KEYS[7], maxq + 60000)
+  -- Its exit IP's ban index names it (lib.lua's exit_ban).
+  if not exit_ip then exit_ip = redis.call('HGET', pool .. ':exit', id) or '' end
+  if exit_ip ~= '' then exit_ban(pool, exit_ip, {id}, untl) end
 end
 -- A first strike (short) is no evidence against the proxy yet: its page
 -- may refuse everyone (lift.lua takes it back). The failure rate counts

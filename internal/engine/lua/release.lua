@@ -23,7 +23,9 @@
 --         0 not the owner (expired and leased again, or never ours): the lease is untouched.
 -- The proxy is next available at now + cooldown (the learned one if longer)
 -- + its failure rate times the flaky delay, unless something (a ban) has
--- already pushed it further out: that is kept.
+-- already pushed it further out: that is kept. A slot this puts out that
+-- was free (a late release) has the site's exit index name its proxy
+-- (lib.lua's exit_mark).
 -- (Numbers go to redis.call as strings where they come as strings: Redis
 -- formats a Lua number argument with "%.17g", a cost on every release.)
 local idle = ARGV[7]
@@ -72,6 +74,15 @@ local score = num(redis.call('ZSCORE', KEYS[1], ARGV[1])) or 0
 local nextfree = now + cooldown
 if nextfree > now and (score == expiry or score < nextfree) then
   redis.call('ZADD', KEYS[1], string.format('%.0f', nextfree), ARGV[1])
+  if score <= now then
+    -- A release puts back out a slot that was free (a late one, or one
+    -- whose score something lowered): the site's exit index names the
+    -- entry again (lib.lua's exit_mark; one HGET when it has no exit). An
+    -- entry with a slot out is named already.
+    local base, site = busy_site(KEYS[1])
+    local id = string.match(ARGV[1], '^(.*):%d+$')
+    if base and id then exit_mark_id(base, site, id, idle) end
+  end
 elseif score == expiry then
   redis.call('ZREM', KEYS[1], ARGV[1])
 end

@@ -36,6 +36,11 @@ for i = 5, last do
     revived = revived + 1
     ids[revived] = id
     redis.call('HDEL', KEYS[2], id)
+    -- Alive again: its exit IP's ban index names it while it is banned on
+    -- every site (lease.lua drops a dead entry from it; lib.lua's exit_ban).
+    local ip = redis.call('HGET', base .. ':exit', id)
+    local q = ip and num(redis.call('ZSCORE', base .. ':quarantine', id))
+    if q and q > now_ms() then exit_ban(base, ip, {id}, q) end
   end
 end
 sweep_add(base, 'r', ids)

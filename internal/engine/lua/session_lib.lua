@@ -69,6 +69,8 @@ local function hold(base, scope, proxy, member, token, exp, slots, idle)
   end
   redis.call('PEXPIRE', fk, idle)
   redis.call('PEXPIRE', lk, idle)
+  -- The site's exit index (lib.lua's exit_mark) lives as long as its busy set.
+  redis.call('PEXPIRE', base .. ':exitout:' .. scope, idle)
 end
 
 -- intact reports whether the session still holds member on scope: its lease
