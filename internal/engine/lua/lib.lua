@@ -304,8 +304,8 @@ local function site_sweep(scope, free, leases, pool, dead, slots, now, idle)
     return false
   end
   local page = math.max(1, math.min(SWEEP_PAGE, math.floor(4 * SWEEP_PAGE / slots)))
+  if redis.call('ZCOUNT', base .. ':sweep', '(' .. from, '+inf') == 0 then return false, false end -- (most calls)
   local evs = redis.call('ZRANGE', base .. ':sweep', '(' .. from, '+inf', 'BYSCORE', 'LIMIT', 0, page, 'WITHSCORES')
-  if #evs == 0 then return false, false end
   local sk, hk, moved = base .. ':strikes:' .. scope, base .. ':health:' .. scope, false
   for i = 1, #evs, 2 do
     local kind, id = string.match(evs[i], '^(%a):(.+)$')
