@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/proxyswitch/proxyswitch/ban"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
@@ -209,9 +208,7 @@ func TestCorruptValues(t *testing.T) {
 // key of the wrong kind are ErrCorrupt naming the key.
 func TestCorruptValuesOnMiniredis(t *testing.T) {
 	ctx := context.Background()
-	mr := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-	t.Cleanup(func() { _ = rdb.Close() })
+	rdb := miniredisClient(t)
 	s := newSwitch(t, rdb, WithTimeouts(Timeouts{MaxWait: Off}))
 	_, err := s.Add(ctx, proxyURLs(2)...)
 	require.NoError(t, err)

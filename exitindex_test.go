@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/proxyswitch/proxyswitch/internal/redistest"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
@@ -157,9 +156,7 @@ func TestExitIndexFollowsTheEntries(t *testing.T) { exitIndexFollowsTheEntries(t
 
 // TestExitIndexFollowsTheEntriesOnMiniredis: the same on gopher-lua.
 func TestExitIndexFollowsTheEntriesOnMiniredis(t *testing.T) {
-	mr := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-	t.Cleanup(func() { _ = rdb.Close() })
+	rdb := miniredisClient(t)
 	exitIndexFollowsTheEntries(t, rdb)
 }
 
@@ -289,9 +286,7 @@ func TestExitIndexBuiltFromWhatIsOut(t *testing.T) {
 
 // TestExitIndexBuiltFromWhatIsOutOnMiniredis: the same on gopher-lua.
 func TestExitIndexBuiltFromWhatIsOutOnMiniredis(t *testing.T) {
-	mr := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-	t.Cleanup(func() { _ = rdb.Close() })
+	rdb := miniredisClient(t)
 	exitIndexBuiltFromWhatIsOut(t, rdb)
 }
 

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/proxyswitch/proxyswitch/internal/engine"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
@@ -26,9 +25,7 @@ func TestLeaseScriptExitsGroup(t *testing.T) { leaseScriptExitsGroup(t, shared.C
 
 // TestLeaseScriptExitsGroupOnMiniredis: the same on gopher-lua.
 func TestLeaseScriptExitsGroupOnMiniredis(t *testing.T) {
-	mr := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-	t.Cleanup(func() { _ = rdb.Close() })
+	rdb := miniredisClient(t)
 	leaseScriptExitsGroup(t, rdb)
 }
 

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/proxyswitch/proxyswitch/internal/redistest"
 	"github.com/proxyswitch/proxyswitch/internal/reexec"
 	"github.com/redis/go-redis/v9"
@@ -103,4 +104,14 @@ func (s *Switch) sessionSwitch(t testing.TB) *Switch {
 	n, err := s.poolSwitch(name)
 	require.NoError(t, err)
 	return n
+}
+
+// miniredisClient returns a client of an embedded Redis of the test's own
+// (miniredis: its Lua is gopher-lua, not Redis's), closed with the test.
+func miniredisClient(t *testing.T) *redis.Client {
+	t.Helper()
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	return rdb
 }

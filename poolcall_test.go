@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -34,9 +33,7 @@ func TestLeaseScriptGrantsMany(t *testing.T) { leaseScriptGrantsMany(t, shared.C
 // TestLeaseScriptGrantsManyOnMiniredis: the same on gopher-lua (the demo's
 // embedded Redis).
 func TestLeaseScriptGrantsManyOnMiniredis(t *testing.T) {
-	mr := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-	t.Cleanup(func() { _ = rdb.Close() })
+	rdb := miniredisClient(t)
 	leaseScriptGrantsMany(t, rdb)
 }
 
@@ -351,9 +348,7 @@ func TestPoolCallFoldsReleasesAndLeases(t *testing.T) {
 // embedded Redis): releases and leases of two sites in one call.
 func TestPoolCallOnMiniredis(t *testing.T) {
 	ctx := context.Background()
-	mr := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-	t.Cleanup(func() { _ = rdb.Close() })
+	rdb := miniredisClient(t)
 	s := newSwitch(t, rdb)
 	_, err := s.Add(ctx, proxyURLs(4)...)
 	require.NoError(t, err)

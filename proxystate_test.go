@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/proxyswitch/proxyswitch/ban"
 	"github.com/proxyswitch/proxyswitch/internal/redistest"
 	"github.com/redis/go-redis/v9"
@@ -397,9 +396,7 @@ func TestParseProxyStatesRejectsMalformedReplies(t *testing.T) {
 // reads "1e+15", which gopher-lua's tonumber cannot parse.
 func TestProxyStatesOnMiniredis(t *testing.T) {
 	ctx := context.Background()
-	mr := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-	t.Cleanup(func() { _ = rdb.Close() })
+	rdb := miniredisClient(t)
 	s := newSwitch(t, rdb, WithRotation(Rotation{Cooldown: time.Minute}), WithTimeouts(Timeouts{MaxWait: Off}))
 	urls := proxyURLs(3)
 	_, err := s.Add(ctx, urls...)

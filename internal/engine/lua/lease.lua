@@ -327,6 +327,26 @@ local function dead_kept(e)
   return false
 end
 
+-- entries_read reads, for the entries es (a table, at most READ), their
+-- exit IPs, dead marks (if any proxy is dead), bans on every site (if any)
+-- and their slots' members and scores on the site (sl, scs: K per entry,
+-- in order), in a few batched commands.
+local function entries_read(es)
+  local at = redis.call('HMGET', EXITS, unpack(es))
+  local dead = anydead and redis.call('HMGET', KEYS[6], unpack(es)) or {}
+  local qs = anyban and redis.call('ZMSCORE', KEYS[7], unpack(es)) or {}
+  local sl = {}
+  for _, e in ipairs(es) do
+    for s = 0, slots - 1 do sl[#sl + 1] = e .. ':' .. s end
+  end
+  local scs = {}
+  for j = 1, #sl, 4096 do
+    local part = redis.call('ZMSCORE', KEYS[2], unpack(sl, j, math.min(j + 4095, #sl)))
+    for x = 1, #part do scs[j + x - 1] = part[x] end
+  end
+  return at, dead, qs, sl, scs
+end
+
 -- ip_count counts the slots out on the site of the entries of exit IP ip,
 -- from the two indexes (lib.lua): each entry banned on every site holds K
 -- (the IP's ban index, entries whose noted end is ahead; once K are
@@ -381,18 +401,7 @@ local function ip_count(ip)
     end
   end
   if #es == 0 then return n, soonest, sure end
-  local at = redis.call('HMGET', EXITS, unpack(es))
-  local dead = anydead and redis.call('HMGET', KEYS[6], unpack(es)) or {}
-  local qs = anyban and redis.call('ZMSCORE', KEYS[7], unpack(es)) or {}
-  local sl = {}
-  for _, e in ipairs(es) do
-    for s = 0, slots - 1 do sl[#sl + 1] = e .. ':' .. s end
-  end
-  local scs = {}
-  for j = 1, #sl, 4096 do
-    local part = redis.call('ZMSCORE', KEYS[2], unpack(sl, j, math.min(j + 4095, #sl)))
-    for x = 1, #part do scs[j + x - 1] = part[x] end
-  end
+  local at, dead, qs, sl, scs = entries_read(es)
   local stale = {}
   for i, e in ipairs(es) do
     local q, any = nil, false
@@ -436,14 +445,7 @@ local function index_trim(n)
     end
   end
   if #es == 0 then return end
-  local at = redis.call('HMGET', EXITS, unpack(es))
-  local dead = anydead and redis.call('HMGET', KEYS[6], unpack(es)) or {}
-  local qs = anyban and redis.call('ZMSCORE', KEYS[7], unpack(es)) or {}
-  local sl = {}
-  for _, e in ipairs(es) do
-    for s = 0, slots - 1 do sl[#sl + 1] = e .. ':' .. s end
-  end
-  local scs = redis.call('ZMSCORE', KEYS[2], unpack(sl))
+  local at, dead, qs, sl, scs = entries_read(es)
   local stale = {}
   for i, e in ipairs(es) do
     local gone = at[i] ~= ips[i]
