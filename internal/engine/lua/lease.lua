@@ -235,234 +235,241 @@ local XOUT = exits_on and XBASE .. ':exitout:' .. ARGV[1]
 -- READ bounds the entries of one IP an index read looks at.
 local READ = 64
 
--- The indexes are built once per pool from what is out when a lease first
--- meets exits (what a Switch older than them left out: leases, cooldowns,
--- quarantines, bans), in steps of MIGRATE entries per call, before any
--- count is sure: the meta's "exitidx" is "q|<ZSCAN cursor>" while the
--- quarantine zset is read into the ban indexes, "s|<rank>|<ZSCAN cursor>"
--- while the busy set of the site of that rank in the sites zset (by last
--- lease: a site leased meanwhile moves past the rank, to be read again) is
--- read into its index, then "done". Returns whether it is done.
-local MIGRATE = 2048
-local function migrate()
-  local st = meta[7]
-  if st == 'done' then return true end
-  local budget = MIGRATE
-  local qc = string.match(st or 'q|0', '^q|(%d+)$')
-  if qc then
-    repeat
-      local page = redis.call('ZSCAN', KEYS[7], qc, 'COUNT', 256)
-      qc = page[1]
-      local ids, qs = {}, {}
+-- The exit machinery below is defined only when exits are on: a call
+-- of a pool without exits creates none of its functions (Lua work on
+-- every lease).
+local migrate, dead_kept, entries_read, ip_count, index_trim, exit_all_out
+local built = true
+if exits_on then
+  -- The indexes are built once per pool from what is out when a lease first
+  -- meets exits (what a Switch older than them left out: leases, cooldowns,
+  -- quarantines, bans), in steps of MIGRATE entries per call, before any
+  -- count is sure: the meta's "exitidx" is "q|<ZSCAN cursor>" while the
+  -- quarantine zset is read into the ban indexes, "s|<rank>|<ZSCAN cursor>"
+  -- while the busy set of the site of that rank in the sites zset (by last
+  -- lease: a site leased meanwhile moves past the rank, to be read again) is
+  -- read into its index, then "done". Returns whether it is done.
+  local MIGRATE = 2048
+  function migrate()
+    local st = meta[7]
+    if st == 'done' then return true end
+    local budget = MIGRATE
+    local qc = string.match(st or 'q|0', '^q|(%d+)$')
+    if qc then
+      repeat
+        local page = redis.call('ZSCAN', KEYS[7], qc, 'COUNT', 256)
+        qc = page[1]
+        local ids, qs = {}, {}
+        for i = 1, #page[2], 2 do
+          local q = num(page[2][i + 1])
+          if q and q > now then ids[#ids + 1], qs[#ids + 1] = page[2][i], q end
+        end
+        budget = budget - math.max(#page[2] / 2, 1)
+        if #ids > 0 then
+          for i, ip in ipairs(redis.call('HMGET', EXITS, unpack(ids))) do
+            if ip then exit_ban(XBASE, ip, {ids[i]}, qs[i]) end
+          end
+        end
+      until qc == '0' or budget <= 0
+      if qc ~= '0' then
+        redis.call('HSET', KEYS[5], 'exitidx', 'q|' .. qc)
+        return false
+      end
+      st = 's|0|0'
+    end
+    local rank, bc = string.match(st, '^s|(%d+)|(%d+)$')
+    rank = tonumber(rank) or 0
+    bc = bc or '0'
+    while budget > 0 do
+      local site = redis.call('ZRANGE', KEYS[4], rank, rank)[1]
+      if not site then
+        redis.call('HSET', KEYS[5], 'exitidx', 'done')
+        return true
+      end
+      local fk = XBASE .. ':free:' .. site
+      local page = redis.call('ZSCAN', fk, bc, 'COUNT', 256)
+      bc = page[1]
+      local ids = {}
       for i = 1, #page[2], 2 do
-        local q = num(page[2][i + 1])
-        if q and q > now then ids[#ids + 1], qs[#ids + 1] = page[2][i], q end
+        local sc = num(page[2][i + 1])
+        local id = string.match(page[2][i], '^(.*):%d+$')
+        if id and sc and sc > now then ids[#ids + 1] = id end
       end
       budget = budget - math.max(#page[2] / 2, 1)
       if #ids > 0 then
+        local by, ttl = {}, redis.call('PTTL', fk)
         for i, ip in ipairs(redis.call('HMGET', EXITS, unpack(ids))) do
-          if ip then exit_ban(XBASE, ip, {ids[i]}, qs[i]) end
+          if ip then
+            by[ip] = by[ip] or {}
+            table.insert(by[ip], ids[i])
+          end
+        end
+        for ip, es in pairs(by) do exit_mark(XBASE, site, ip, es, ttl) end
+      end
+      if bc == '0' then rank = rank + 1 end
+    end
+    redis.call('HSET', KEYS[5], 'exitidx', 's|' .. rank .. '|' .. bc)
+    return false
+  end
+  built = migrate()
+  -- An entry whose exit was recorded or changed (exit_note.lua's "x" sweep
+  -- event) is named in the site's index of its IP when the site applies the
+  -- event: with exits, a call applies the pending events before it counts
+  -- an IP, and while more are left than one call applies, no count is sure.
+  sweep()
+
+  -- dead_kept records dead entry e on the site (dead_mark: its slots out go
+  -- to DEAD) and reports whether one of its slots is leased still (a lease
+  -- taken before its death): then it stays in the site's exit index, which
+  -- holds it again if revive.lua brings it back while that lease runs (out);
+  -- else it leaves it (a revived entry's slots at DEAD are free).
+  function dead_kept(e)
+    dead_mark(e)
+    for s = 0, slots - 1 do
+      local v = redis.call('HGET', KEYS[3], e .. ':' .. s)
+      local exp = v and tonumber(string.match(v, '|(%d+)$'))
+      if exp and exp > now then return true end
+    end
+    return false
+  end
+
+  -- entries_read reads, for the entries es (a table, at most READ), their
+  -- exit IPs, dead marks (if any proxy is dead), bans on every site (if any)
+  -- and their slots' members and scores on the site (sl, scs: K per entry,
+  -- in order), in a few batched commands.
+  function entries_read(es)
+    local at = redis.call('HMGET', EXITS, unpack(es))
+    local dead = anydead and redis.call('HMGET', KEYS[6], unpack(es)) or {}
+    local qs = anyban and redis.call('ZMSCORE', KEYS[7], unpack(es)) or {}
+    local sl = {}
+    for _, e in ipairs(es) do
+      for s = 0, slots - 1 do sl[#sl + 1] = e .. ':' .. s end
+    end
+    local scs = {}
+    for j = 1, #sl, 4096 do
+      local part = redis.call('ZMSCORE', KEYS[2], unpack(sl, j, math.min(j + 4095, #sl)))
+      for x = 1, #part do scs[j + x - 1] = part[x] end
+    end
+    return at, dead, qs, sl, scs
+  end
+
+  -- ip_count counts the slots out on the site of the entries of exit IP ip,
+  -- from the two indexes (lib.lua): each entry banned on every site holds K
+  -- (the IP's ban index, entries whose noted end is ahead; once K are
+  -- counted there, the site's index is not read), each other entry the
+  -- slots it has out there (the site's index); dead entries hold none. An
+  -- entry gone to another IP or with nothing out any more leaves the index
+  -- it was read from, and so does a dead one (but from the site's index
+  -- while a lease of it runs: dead_kept). Returns that count, the soonest
+  -- time one of the slots counted comes back (nil for none), and whether
+  -- the count is sure: false when an index held more than READ entries to
+  -- look at and fewer than K were found out among those read (those read
+  -- that were stale are gone: the next call goes further), or while the
+  -- indexes are being built (migrate). Bounded work: two index reads of
+  -- READ entries and K slots each, whatever the IP's size.
+  function ip_count(ip)
+    local n, soonest, sure, counted = 0, nil, true, {}
+    if not built or sweep_more then return 0, nil, false end
+    local function add(k, sc)
+      n = n + k
+      if not soonest or sc < soonest then soonest = sc end
+    end
+    if anyban then
+      local bk = XBASE .. ':exitban:' .. ip
+      local es = redis.call('ZRANGE', bk, '(' .. nows, '+inf', 'BYSCORE', 'LIMIT', 0, READ)
+      if #es > 0 then
+        local qs = redis.call('ZMSCORE', KEYS[7], unpack(es))
+        local at = redis.call('HMGET', EXITS, unpack(es))
+        local dead = anydead and redis.call('HMGET', KEYS[6], unpack(es)) or {}
+        local stale = {}
+        for i, e in ipairs(es) do
+          local q = num(qs[i])
+          if at[i] ~= ip or dead[i] or not q or q <= now then
+            stale[#stale + 1] = e -- (a dead entry's ban: revive.lua names it again)
+          elseif n < slots then
+            counted[e] = true
+            add(slots, q)
+          end
+        end
+        if #stale > 0 then redis.call('ZREM', bk, unpack(stale)) end
+        if #es == READ and n < slots then sure = false end
+      end
+    end
+    if n >= slots or not sure then return n, soonest, sure end
+    local ms = redis.call('ZRANGEBYLEX', XOUT, '[' .. ip .. '|', '(' .. ip .. '}', 'LIMIT', 0, READ)
+    if #ms == 0 then return n, soonest, sure end
+    local es, mine = {}, {}
+    for i, m in ipairs(ms) do
+      local mip, e = string.match(m, '^(.*)|([^|]*)$')
+      if mip == ip then
+        es[#es + 1] = e
+        mine[#es] = m
+      end
+    end
+    if #es == 0 then return n, soonest, sure end
+    local at, dead, qs, sl, scs = entries_read(es)
+    local stale = {}
+    for i, e in ipairs(es) do
+      local q, any = nil, false
+      if at[i] ~= ip then
+        any = nil
+      elseif dead[i] then
+        any = dead_kept(e)
+      else
+        q = num(qs[i])
+        for s = 1, slots do
+          local k = (i - 1) * slots + s
+          local sc = num(scs[k]) or 0
+          if sc >= DEAD then sc = out(sl[k], e) end
+          if q and q > sc then sc = q end
+          if sc > now then
+            any = true
+            if not counted[e] then add(1, sc) end
+          end
         end
       end
-    until qc == '0' or budget <= 0
-    if qc ~= '0' then
-      redis.call('HSET', KEYS[5], 'exitidx', 'q|' .. qc)
-      return false
+      if not any then stale[#stale + 1] = mine[i] end
     end
-    st = 's|0|0'
+    if #stale > 0 then redis.call('ZREM', XOUT, unpack(stale)) end
+    if #ms == READ and n < slots then sure = false end
+    return n, soonest, sure
   end
-  local rank, bc = string.match(st, '^s|(%d+)|(%d+)$')
-  rank = tonumber(rank) or 0
-  bc = bc or '0'
-  while budget > 0 do
-    local site = redis.call('ZRANGE', KEYS[4], rank, rank)[1]
-    if not site then
-      redis.call('HSET', KEYS[5], 'exitidx', 'done')
-      return true
+
+  -- index_trim checks n entries of the site's exit index at random, and drops
+  -- those with nothing out there, gone to another IP, or dead (but while a
+  -- lease taken before the death runs: dead_kept), so that the index of a
+  -- site leased without pause holds about what is out, not every entry ever
+  -- leased there (an IP read again is swept by ip_count). A grant that adds
+  -- an entry runs it: an index grows by one entry at most per grant.
+  function index_trim(n)
+    local ms = redis.call('ZRANDMEMBER', XOUT, n)
+    local es, ips = {}, {}
+    for _, m in ipairs(ms) do
+      local ip, e = string.match(m, '^(.*)|([^|]*)$')
+      if e then
+        es[#es + 1], ips[#es + 1] = e, ip
+      end
     end
-    local fk = XBASE .. ':free:' .. site
-    local page = redis.call('ZSCAN', fk, bc, 'COUNT', 256)
-    bc = page[1]
-    local ids = {}
-    for i = 1, #page[2], 2 do
-      local sc = num(page[2][i + 1])
-      local id = string.match(page[2][i], '^(.*):%d+$')
-      if id and sc and sc > now then ids[#ids + 1] = id end
-    end
-    budget = budget - math.max(#page[2] / 2, 1)
-    if #ids > 0 then
-      local by, ttl = {}, redis.call('PTTL', fk)
-      for i, ip in ipairs(redis.call('HMGET', EXITS, unpack(ids))) do
-        if ip then
-          by[ip] = by[ip] or {}
-          table.insert(by[ip], ids[i])
+    if #es == 0 then return end
+    local at, dead, qs, sl, scs = entries_read(es)
+    local stale = {}
+    for i, e in ipairs(es) do
+      local gone = at[i] ~= ips[i]
+      if not gone and dead[i] then
+        gone = not dead_kept(e)
+      elseif not gone and not (num(qs[i]) and num(qs[i]) > now) then
+        gone = true
+        for s = 1, slots do
+          local k = (i - 1) * slots + s
+          local sc = num(scs[k]) or 0
+          if sc >= DEAD then sc = out(sl[k], e) end
+          if sc > now then gone = false end
         end
       end
-      for ip, es in pairs(by) do exit_mark(XBASE, site, ip, es, ttl) end
+      if gone then stale[#stale + 1] = ips[i] .. '|' .. e end
     end
-    if bc == '0' then rank = rank + 1 end
+    if #stale > 0 then redis.call('ZREM', XOUT, unpack(stale)) end
   end
-  redis.call('HSET', KEYS[5], 'exitidx', 's|' .. rank .. '|' .. bc)
-  return false
-end
-local built = not exits_on or migrate()
--- An entry whose exit was recorded or changed (exit_note.lua's "x" sweep
--- event) is named in the site's index of its IP when the site applies the
--- event: with exits, a call applies the pending events before it counts
--- an IP, and while more are left than one call applies, no count is sure.
-if exits_on then sweep() end
-
--- dead_kept records dead entry e on the site (dead_mark: its slots out go
--- to DEAD) and reports whether one of its slots is leased still (a lease
--- taken before its death): then it stays in the site's exit index, which
--- holds it again if revive.lua brings it back while that lease runs (out);
--- else it leaves it (a revived entry's slots at DEAD are free).
-local function dead_kept(e)
-  dead_mark(e)
-  for s = 0, slots - 1 do
-    local v = redis.call('HGET', KEYS[3], e .. ':' .. s)
-    local exp = v and tonumber(string.match(v, '|(%d+)$'))
-    if exp and exp > now then return true end
-  end
-  return false
-end
-
--- entries_read reads, for the entries es (a table, at most READ), their
--- exit IPs, dead marks (if any proxy is dead), bans on every site (if any)
--- and their slots' members and scores on the site (sl, scs: K per entry,
--- in order), in a few batched commands.
-local function entries_read(es)
-  local at = redis.call('HMGET', EXITS, unpack(es))
-  local dead = anydead and redis.call('HMGET', KEYS[6], unpack(es)) or {}
-  local qs = anyban and redis.call('ZMSCORE', KEYS[7], unpack(es)) or {}
-  local sl = {}
-  for _, e in ipairs(es) do
-    for s = 0, slots - 1 do sl[#sl + 1] = e .. ':' .. s end
-  end
-  local scs = {}
-  for j = 1, #sl, 4096 do
-    local part = redis.call('ZMSCORE', KEYS[2], unpack(sl, j, math.min(j + 4095, #sl)))
-    for x = 1, #part do scs[j + x - 1] = part[x] end
-  end
-  return at, dead, qs, sl, scs
-end
-
--- ip_count counts the slots out on the site of the entries of exit IP ip,
--- from the two indexes (lib.lua): each entry banned on every site holds K
--- (the IP's ban index, entries whose noted end is ahead; once K are
--- counted there, the site's index is not read), each other entry the
--- slots it has out there (the site's index); dead entries hold none. An
--- entry gone to another IP or with nothing out any more leaves the index
--- it was read from, and so does a dead one (but from the site's index
--- while a lease of it runs: dead_kept). Returns that count, the soonest
--- time one of the slots counted comes back (nil for none), and whether
--- the count is sure: false when an index held more than READ entries to
--- look at and fewer than K were found out among those read (those read
--- that were stale are gone: the next call goes further), or while the
--- indexes are being built (migrate). Bounded work: two index reads of
--- READ entries and K slots each, whatever the IP's size.
-local function ip_count(ip)
-  local n, soonest, sure, counted = 0, nil, true, {}
-  if not built or sweep_more then return 0, nil, false end
-  local function add(k, sc)
-    n = n + k
-    if not soonest or sc < soonest then soonest = sc end
-  end
-  if anyban then
-    local bk = XBASE .. ':exitban:' .. ip
-    local es = redis.call('ZRANGE', bk, '(' .. nows, '+inf', 'BYSCORE', 'LIMIT', 0, READ)
-    if #es > 0 then
-      local qs = redis.call('ZMSCORE', KEYS[7], unpack(es))
-      local at = redis.call('HMGET', EXITS, unpack(es))
-      local dead = anydead and redis.call('HMGET', KEYS[6], unpack(es)) or {}
-      local stale = {}
-      for i, e in ipairs(es) do
-        local q = num(qs[i])
-        if at[i] ~= ip or dead[i] or not q or q <= now then
-          stale[#stale + 1] = e -- (a dead entry's ban: revive.lua names it again)
-        elseif n < slots then
-          counted[e] = true
-          add(slots, q)
-        end
-      end
-      if #stale > 0 then redis.call('ZREM', bk, unpack(stale)) end
-      if #es == READ and n < slots then sure = false end
-    end
-  end
-  if n >= slots or not sure then return n, soonest, sure end
-  local ms = redis.call('ZRANGEBYLEX', XOUT, '[' .. ip .. '|', '(' .. ip .. '}', 'LIMIT', 0, READ)
-  if #ms == 0 then return n, soonest, sure end
-  local es, mine = {}, {}
-  for i, m in ipairs(ms) do
-    local mip, e = string.match(m, '^(.*)|([^|]*)$')
-    if mip == ip then
-      es[#es + 1] = e
-      mine[#es] = m
-    end
-  end
-  if #es == 0 then return n, soonest, sure end
-  local at, dead, qs, sl, scs = entries_read(es)
-  local stale = {}
-  for i, e in ipairs(es) do
-    local q, any = nil, false
-    if at[i] ~= ip then
-      any = nil
-    elseif dead[i] then
-      any = dead_kept(e)
-    else
-      q = num(qs[i])
-      for s = 1, slots do
-        local k = (i - 1) * slots + s
-        local sc = num(scs[k]) or 0
-        if sc >= DEAD then sc = out(sl[k], e) end
-        if q and q > sc then sc = q end
-        if sc > now then
-          any = true
-          if not counted[e] then add(1, sc) end
-        end
-      end
-    end
-    if not any then stale[#stale + 1] = mine[i] end
-  end
-  if #stale > 0 then redis.call('ZREM', XOUT, unpack(stale)) end
-  if #ms == READ and n < slots then sure = false end
-  return n, soonest, sure
-end
-
--- index_trim checks n entries of the site's exit index at random, and drops
--- those with nothing out there, gone to another IP, or dead (but while a
--- lease taken before the death runs: dead_kept), so that the index of a
--- site leased without pause holds about what is out, not every entry ever
--- leased there (an IP read again is swept by ip_count). A grant that adds
--- an entry runs it: an index grows by one entry at most per grant.
-local function index_trim(n)
-  local ms = redis.call('ZRANDMEMBER', XOUT, n)
-  local es, ips = {}, {}
-  for _, m in ipairs(ms) do
-    local ip, e = string.match(m, '^(.*)|([^|]*)$')
-    if e then
-      es[#es + 1], ips[#es + 1] = e, ip
-    end
-  end
-  if #es == 0 then return end
-  local at, dead, qs, sl, scs = entries_read(es)
-  local stale = {}
-  for i, e in ipairs(es) do
-    local gone = at[i] ~= ips[i]
-    if not gone and dead[i] then
-      gone = not dead_kept(e)
-    elseif not gone and not (num(qs[i]) and num(qs[i]) > now) then
-      gone = true
-      for s = 1, slots do
-        local k = (i - 1) * slots + s
-        local sc = num(scs[k]) or 0
-        if sc >= DEAD then sc = out(sl[k], e) end
-        if sc > now then gone = false end
-      end
-    end
-    if gone then stale[#stale + 1] = ips[i] .. '|' .. e end
-  end
-  if #stale > 0 then redis.call('ZREM', XOUT, unpack(stale)) end
 end
 
 -- exit_out returns nil when proxy id has no known exit (and true: its
@@ -602,75 +609,76 @@ local function all_out()
   return soon or now + 1
 end
 
--- IPS bounds the exit IPs exit_all_out counts; EXITSCAN the entries one
--- call of it scans for an exit (in pages of 512).
-local IPS, EXITSCAN = 64, 2048
+if exits_on then
+  -- IPS bounds the exit IPs exit_all_out counts; EXITSCAN the entries one
+  -- call of it scans for an exit (in pages of 512).
+  local IPS, EXITSCAN = 64, 2048
 
--- exit_all_out is, for a pool whose entries all leave from recorded exit
--- IPs (or are held for having none: strict exits), of at most IPS IPs,
--- the soonest time one of them comes back when every IP has its K slots
--- out on the site; else nil. It answers the wait of a pool saturated by
--- its IPs, which all_out (counting slots) cannot see, with bounded work:
--- ip_count for each IP (shared with the rotation's), the exit IPs zset
--- ("<base>:exitips", IP -> its entries: exit_note.lua), whose counts must
--- add up to the exit hash's (else nil: an IP may be missing), and, without
--- strict exits, the meta's "exitall" mark: "<version>|done|<proxies>"
--- once a scan of the pool (EXITSCAN entries per call, at this version of
--- the pool) found an exit for every entry, "<version>|miss" when
--- one had none (exit_note.lua deletes the mark when it records a first
--- exit or forgets one), else "<version>|<HSCAN cursor>" while the scan runs.
-local function exit_all_out()
-  if not exits_on then return nil end
-  local vs = string.format('%.0f', version)
-  if not strict then
-    local mark = meta[6] or ''
-    local v, rest = string.match(mark, '^(%d+)|(.*)$')
-    if v ~= vs then rest = '0' end
-    if rest == 'miss' then return nil end
-    local size = string.match(rest, '^done|(%d+)$')
-    if size then
-      if tonumber(size) ~= redis.call('HLEN', KEYS[1]) then
-        rest = '0'
+  -- exit_all_out is, for a pool whose entries all leave from recorded exit
+  -- IPs (or are held for having none: strict exits), of at most IPS IPs,
+  -- the soonest time one of them comes back when every IP has its K slots
+  -- out on the site; else nil. It answers the wait of a pool saturated by
+  -- its IPs, which all_out (counting slots) cannot see, with bounded work:
+  -- ip_count for each IP (shared with the rotation's), the exit IPs zset
+  -- ("<base>:exitips", IP -> its entries: exit_note.lua), whose counts must
+  -- add up to the exit hash's (else nil: an IP may be missing), and, without
+  -- strict exits, the meta's "exitall" mark: "<version>|done|<proxies>"
+  -- once a scan of the pool (EXITSCAN entries per call, at this version of
+  -- the pool) found an exit for every entry, "<version>|miss" when
+  -- one had none (exit_note.lua deletes the mark when it records a first
+  -- exit or forgets one), else "<version>|<HSCAN cursor>" while the scan runs.
+  function exit_all_out()
+    local vs = string.format('%.0f', version)
+    if not strict then
+      local mark = meta[6] or ''
+      local v, rest = string.match(mark, '^(%d+)|(.*)$')
+      if v ~= vs then rest = '0' end
+      if rest == 'miss' then return nil end
+      local size = string.match(rest, '^done|(%d+)$')
+      if size then
+        if tonumber(size) ~= redis.call('HLEN', KEYS[1]) then
+          rest = '0'
+        end
+      end
+      if not size or rest == '0' then
+        if not string.match(rest, '^%d+$') then rest = '0' end
+        local nxt, seen_ = rest, 0
+        repeat
+          local page = redis.call('HSCAN', KEYS[1], nxt, 'COUNT', 512)
+          local ids = {}
+          for i = 1, #page[2], 2 do ids[#ids + 1] = page[2][i] end
+          nxt, seen_ = page[1], seen_ + #ids
+          if #ids > 0 then
+            for _, ip in ipairs(redis.call('HMGET', EXITS, unpack(ids))) do
+              if not ip then nxt = 'miss' end
+            end
+          end
+        until nxt == '0' or nxt == 'miss' or seen_ >= EXITSCAN
+        if nxt == '0' then nxt = 'done|' .. redis.call('HLEN', KEYS[1]) end
+        redis.call('HSET', KEYS[5], 'exitall', vs .. '|' .. nxt)
+        meta[6] = vs .. '|' .. nxt
+        if nxt == 'miss' or string.sub(nxt, 1, 5) ~= 'done|' then return nil end
       end
     end
-    if not size or rest == '0' then
-      if not string.match(rest, '^%d+$') then rest = '0' end
-      local nxt, seen_ = rest, 0
-      repeat
-        local page = redis.call('HSCAN', KEYS[1], nxt, 'COUNT', 512)
-        local ids = {}
-        for i = 1, #page[2], 2 do ids[#ids + 1] = page[2][i] end
-        nxt, seen_ = page[1], seen_ + #ids
-        if #ids > 0 then
-          for _, ip in ipairs(redis.call('HMGET', EXITS, unpack(ids))) do
-            if not ip then nxt = 'miss' end
-          end
-        end
-      until nxt == '0' or nxt == 'miss' or seen_ >= EXITSCAN
-      if nxt == '0' then nxt = 'done|' .. redis.call('HLEN', KEYS[1]) end
-      redis.call('HSET', KEYS[5], 'exitall', vs .. '|' .. nxt)
-      meta[6] = vs .. '|' .. nxt
-      if nxt == 'miss' or string.sub(nxt, 1, 5) ~= 'done|' then return nil end
+    local xk = XBASE .. ':exitips'
+    if redis.call('ZCARD', xk) > IPS then return nil end
+    local ips = redis.call('ZRANGE', xk, 0, -1, 'WITHSCORES')
+    local sum, soon = 0, nil
+    for i = 1, #ips, 2 do sum = sum + (num(ips[i + 1]) or 0) end
+    if sum ~= redis.call('HLEN', EXITS) then return nil end
+    for i = 1, #ips, 2 do
+      local ip = ips[i]
+      local memo = ip_out[ip]
+      if not memo then
+        memo = {ip_count(ip)}
+        ip_out[ip] = memo
+      end
+      if not memo[3] or memo[1] < slots or not memo[2] then return nil end
+      if not soon or memo[2] < soon then soon = memo[2] end
     end
+    if strict_hold and redis.call('HLEN', KEYS[1]) > sum then soon = math.min(soon or strict_hold, strict_hold) end
+    return soon
   end
-  local xk = XBASE .. ':exitips'
-  if redis.call('ZCARD', xk) > IPS then return nil end
-  local ips = redis.call('ZRANGE', xk, 0, -1, 'WITHSCORES')
-  local sum, soon = 0, nil
-  for i = 1, #ips, 2 do sum = sum + (num(ips[i + 1]) or 0) end
-  if sum ~= redis.call('HLEN', EXITS) then return nil end
-  for i = 1, #ips, 2 do
-    local ip = ips[i]
-    local memo = ip_out[ip]
-    if not memo then
-      memo = {ip_count(ip)}
-      ip_out[ip] = memo
-    end
-    if not memo[3] or memo[1] < slots or not memo[2] then return nil end
-    if not soon or memo[2] < soon then soon = memo[2] end
-  end
-  if strict_hold and redis.call('HLEN', KEYS[1]) > sum then soon = math.min(soon or strict_hold, strict_hold) end
-  return soon
 end
 
 -- rotate walks the rotation from the cursor (place) to the first proxy with
@@ -726,7 +734,7 @@ local function rotate()
     -- set covers every slot of the pool (all_out found it did not at the
     -- first proxy) or every exit IP is out (exit_all_out); else move on
     -- and come back soon.
-    local full = exit_all_out()
+    local full = exits_on and exit_all_out()
     if full then return nil, {0, math.max(full - now, 1)}, num(last) end
     return nil, {0, 1}, num(last)
   end
