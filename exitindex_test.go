@@ -44,6 +44,17 @@ func noteExitsOf(t testing.TB, rdb redis.Scripter, s *Switch, urls []string, ip 
 	return ids
 }
 
+// exitPool returns a Switch (opts) on a pool of n proxies (proxyURLs)
+// whose exits are recorded as ip(i) (none with ip nil), their URLs and IDs.
+func exitPool(t *testing.T, rdb redis.UniversalClient, n int, ip func(i int) string, opts ...Option) (*Switch, []string, []string) {
+	t.Helper()
+	s := newSwitch(t, rdb, opts...)
+	urls := proxyURLs(n)
+	_, err := s.Add(context.Background(), urls...)
+	require.NoError(t, err)
+	return s, urls, noteExitsOf(t, rdb, s, urls, ip)
+}
+
 // TestExitLeaseWorkBoundedPerIP (the review's measurement): a lease.lua
 // call's work on a pool whose entries share exit IPs no longer grows with
 // the entries per IP. 20,000 entries on one IP, or 10 IPs of 2,000, every
@@ -74,11 +85,7 @@ func TestExitLeaseWorkBoundedPerIP(t *testing.T) {
 			srv := redistest.Start(t)
 			rdb := srv.Client(t)
 			const k = 4
-			s := newSwitch(t, rdb, WithRotation(Rotation{Concurrency: k}), WithTimeouts(Timeouts{MaxWait: time.Second}))
-			urls := proxyURLs(20000)
-			_, err := s.Add(ctx, urls...)
-			require.NoError(t, err)
-			noteExitsOf(t, rdb, s, urls, func(i int) string { return fmt.Sprintf("10.9.0.%d", i%c.ips) })
+			s, _, _ := exitPool(t, rdb, 20000, func(i int) string { return fmt.Sprintf("10.9.0.%d", i%c.ips) }, WithRotation(Rotation{Concurrency: k}), WithTimeouts(Timeouts{MaxWait: time.Second}))
 
 			const site = "big.example"
 			keys := s.keys.lease(site)
@@ -162,11 +169,7 @@ func TestExitIndexFollowsTheEntriesOnMiniredis(t *testing.T) {
 
 func exitIndexFollowsTheEntries(t *testing.T, rdb redis.UniversalClient) {
 	ctx := context.Background()
-	s := newSwitch(t, rdb, WithBans(Bans{AllSites: true}))
-	urls := proxyURLs(5)
-	_, err := s.Add(ctx, urls...)
-	require.NoError(t, err)
-	ids := noteExitsOf(t, rdb, s, urls, nil)
+	s, urls, ids := exitPool(t, rdb, 5, nil, WithBans(Bans{AllSites: true}))
 	// The indexes count as built (lease.lua's migrate), as in a pool whose
 	// leases met exits before: what is checked is what keeps them.
 	require.NoError(t, rdb.HSet(ctx, s.keys.meta(), "exitidx", "done").Err())
@@ -205,7 +208,7 @@ func exitIndexFollowsTheEntries(t *testing.T, rdb redis.UniversalClient) {
 	note(ids[0], "10.0.0.1", ids[1], "10.0.0.1")
 	assert.Empty(t, firm(ids[1], "t1"), "0's lease, taken before its exit was known, holds the IP it joined")
 
-	_, err = s.Drain(ctx, "", ids[0])
+	_, err := s.Drain(ctx, "", ids[0])
 	require.NoError(t, err)
 	m1 := firm(ids[1], "t1")
 	require.NotEmpty(t, m1, "a dead entry's lease does not hold its IP")
@@ -256,11 +259,7 @@ func exitIndexFollowsTheEntries(t *testing.T, rdb redis.UniversalClient) {
 func TestExitIndexStaysSmall(t *testing.T) {
 	ctx := context.Background()
 	rdb := shared.Client(t)
-	s := newSwitch(t, rdb)
-	urls := proxyURLs(300)
-	_, err := s.Add(ctx, urls...)
-	require.NoError(t, err)
-	noteExitsOf(t, rdb, s, urls, func(i int) string { return fmt.Sprintf("10.0.7.%d", i%100) })
+	s, _, _ := exitPool(t, rdb, 300, func(i int) string { return fmt.Sprintf("10.0.7.%d", i%100) })
 	const site = "small.example"
 	for range 300 {
 		l, err := s.Lease(ctx, site)
@@ -292,11 +291,7 @@ func TestExitIndexBuiltFromWhatIsOutOnMiniredis(t *testing.T) {
 
 func exitIndexBuiltFromWhatIsOut(t *testing.T, rdb redis.UniversalClient) {
 	ctx := context.Background()
-	s := newSwitch(t, rdb, WithBans(Bans{AllSites: true}))
-	urls := proxyURLs(4)
-	_, err := s.Add(ctx, urls...)
-	require.NoError(t, err)
-	ids := noteExitsOf(t, rdb, s, urls, func(i int) string { return fmt.Sprintf("10.0.8.%d", i/2) })
+	s, urls, ids := exitPool(t, rdb, 4, func(i int) string { return fmt.Sprintf("10.0.8.%d", i/2) }, WithBans(Bans{AllSites: true}))
 	const site = "old.example"
 	firm := func(id, tok string) string {
 		t.Helper()
@@ -330,11 +325,7 @@ func exitIndexBuiltFromWhatIsOut(t *testing.T, rdb redis.UniversalClient) {
 func TestExitIndexLateReleaseAndRenewal(t *testing.T) {
 	ctx := context.Background()
 	rdb := shared.Client(t)
-	s := newSwitch(t, rdb)
-	urls := proxyURLs(3)
-	_, err := s.Add(ctx, urls...)
-	require.NoError(t, err)
-	ids := noteExitsOf(t, rdb, s, urls, func(int) string { return "10.0.9.1" })
+	s, _, ids := exitPool(t, rdb, 3, func(int) string { return "10.0.9.1" })
 	const site = "late.example"
 	lease := func(id, tok string, ttl int64) string {
 		t.Helper()
@@ -387,11 +378,7 @@ func TestExitIndexLateReleaseAndRenewal(t *testing.T) {
 func TestExitIndexFallbackWriteback(t *testing.T) {
 	ctx := context.Background()
 	rdb := shared.Client(t)
-	s := newSwitch(t, rdb)
-	urls := proxyURLs(6)
-	_, err := s.Add(ctx, urls...)
-	require.NoError(t, err)
-	ids := noteExitsOf(t, rdb, s, urls, func(i int) string { return fmt.Sprintf("10.0.10.%d", i/2) })
+	s, _, ids := exitPool(t, rdb, 6, func(i int) string { return fmt.Sprintf("10.0.10.%d", i/2) })
 	const site = "back.example"
 	k := s.keys
 	require.NoError(t, rdb.HSet(ctx, k.meta(), "exitidx", "done").Err()) // built: the write-back must keep them
