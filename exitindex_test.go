@@ -2,6 +2,7 @@ package proxyswitch
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync/atomic"
@@ -431,4 +432,170 @@ func TestExitJoinReachesEverySite(t *testing.T) {
 	l2, err := s.Lease(ctx, "far.example")
 	require.NoError(t, err, "free once released")
 	require.NoError(t, l2.Release(ctx))
+}
+
+// TestExitCarryBoundedPerIP (issue 14): an exit change of an entry that
+// rests on 201 sites and is banned on every site, on an IP of 20,000
+// entries, costs Redis the commands it costs on an IP of 200, and its
+// exit_note.lua call does not block Redis 50 ms. Before, exit_note.lua
+// wrote each entry left on the old IP, every slot on every site where the
+// entry rested, and each into the quarantine zset: measured on 2 shared
+// cores at caa419c, 81,029 commands and 181 ms (213 ms another run) for
+// 200 entries, 8,068,307 commands and 17.1 s for 20,000 (Redis answering
+// BUSY to every other client meanwhile). Now it writes the old IP's holds (one per site where the entry
+// rests, one for every site while its ban lasts: {prefix:pool}:exithold),
+// which a lease reads for each IP it counts. The hold does what the writes
+// did: on a site where the entry rested, no entry left on the old IP is
+// leased until the rest ends; while the ban lasts, none is leased on any
+// site, a site first leased after the change too; past the ban, on a site
+// where the entry did not rest, they are. A plain lease, every IP out,
+// waits for the hold (exit_all_out). An entry that leaves the old IP
+// afterwards is not held.
+func TestExitCarryBoundedPerIP(t *testing.T) {
+	if testing.Short() {
+		t.Skip("20,000 proxies with exits")
+	}
+	costs := map[int]int64{}
+	for _, n := range []int{200, 20000} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			ctx := context.Background()
+			srv := redistest.Start(t)
+			rdb := srv.Client(t)
+			s, urls, ids := exitPool(t, rdb, n, func(int) string { return "10.8.0.1" }, WithTimeouts(Timeouts{MaxWait: Off}), WithRotation(Rotation{FlakyDelay: Off}))
+			mover, left, leaver := ids[0], ids[1], ids[2]
+
+			// waitFor is the wait lease.lua answers for id alone on site
+			// (0: it was free, leased and released at once).
+			waitFor := func(site, id string) int64 {
+				t.Helper()
+				argv := leaseArgv(s, site, "probe-"+site)
+				argv[6], argv[7] = id, "1"
+				res, err := leaseScript.Run(ctx, rdb, s.keys.lease(site), argv...).Slice()
+				require.NoError(t, err)
+				if res[0].(int64) == 1 {
+					keys := []string{s.keys.free(site), s.keys.leases(site), s.keys.strikes(site), s.keys.fails(), s.keys.health(site), s.keys.pace(site)}
+					n, err := releaseScript.Run(ctx, rdb, keys, res[1], "probe-"+site, 0, "", 0, "0", s.cfg.idleTTL.Milliseconds()).Int64()
+					require.NoError(t, err)
+					require.EqualValues(t, 1, n)
+					return 0
+				}
+				require.EqualValues(t, 0, res[0], "%s on %s: %v", id, site, res)
+				return res[1].(int64)
+			}
+			near := func(want, got int64, what string) {
+				t.Helper()
+				assert.InDelta(t, want-time.Now().UnixMilli(), got, 500, "%s: waits %d ms", what, got)
+			}
+			require.Zero(t, waitFor("warm.example", left), "a first lease builds the exit indexes")
+
+			addSites(t, rdb, s, 0, 200, []string{mover}) // resting an hour on s0..s199.example
+			now := time.Now().UnixMilli()
+			banEnd, restEnd := now+2000, now+4000
+			require.NoError(t, rdb.ZAdd(ctx, s.keys.sites(), redis.Z{Score: float64(now), Member: "rest.example"}).Err())
+			require.NoError(t, rdb.ZAdd(ctx, s.keys.free("rest.example"), redis.Z{Score: float64(restEnd), Member: mover + ":0"}).Err())
+			require.NoError(t, rdb.ZAdd(ctx, s.keys.quarantine(), redis.Z{Score: float64(banEnd), Member: mover}).Err())
+
+			// The change, through a client that waits for a slow script
+			// (a regression fails the bounds below, not with BUSY).
+			patient := srv.Client(t, func(o *redis.Options) { o.ReadTimeout = time.Minute })
+			require.NoError(t, rdb.ConfigSet(ctx, "slowlog-log-slower-than", "0").Err())
+			require.NoError(t, rdb.SlowLogReset(ctx).Err())
+			w := measure(t, rdb, func() { noteExitsOf(t, patient, s, urls[:1], func(int) string { return "10.8.0.2" }) })
+			slow, err := rdb.SlowLogGet(ctx, 100).Result()
+			require.NoError(t, err)
+			var took time.Duration
+			for _, e := range slow {
+				if len(e.Args) > 0 && strings.EqualFold(e.Args[0], "evalsha") {
+					took = max(took, e.Duration)
+				}
+			}
+			require.NoError(t, rdb.ConfigSet(ctx, "slowlog-log-slower-than", "10000").Err())
+			costs[n] = w.calls
+			t.Logf("exit change on an IP of %d entries: %d commands, exit_note %v (SLOWLOG)", n, w.calls, took)
+			assert.Less(t, took, 50*time.Millisecond, "exit_note blocks Redis")
+			assert.EqualValues(t, n-1, rdb.SCard(ctx, s.keys.exits()+":10.8.0.1").Val())
+			if time.Now().UnixMilli() > banEnd-500 {
+				t.Fatalf("the change took until %d ms before the ban's end: nothing left to check", banEnd-time.Now().UnixMilli())
+			}
+			// A plain lease: every IP is out (the old one held, the new one
+			// by the mover's ban), and once lease.lua's scan for entries
+			// without an exit has gone through the pool (2048 a call), the
+			// wait is the ban's end (exit_all_out), not 1 ms.
+			var wait int64
+			for i := 0; i < 15 && wait <= 1; i++ {
+				res, err := leaseScript.Run(ctx, rdb, s.keys.lease("plain.example"), leaseArgv(s, "plain.example", fmt.Sprint("plain", i))...).Slice()
+				require.NoError(t, err)
+				require.EqualValues(t, 0, res[0], "every IP is out: %v", res)
+				wait = res[1].(int64)
+			}
+			near(banEnd, wait, "a plain lease, every IP out")
+
+			noteExitsOf(t, rdb, s, urls[2:3], func(int) string { return "10.8.0.3" }) // leaver leaves the old IP
+
+			near(restEnd, waitFor("rest.example", left), "left entry where the mover rested")
+			near(banEnd, waitFor("fresh.example", left), "left entry on a site first leased after the change, under the ban")
+			near(now+3_600_000, waitFor("s7.example", left), "left entry where the mover rests an hour")
+			assert.Zero(t, waitFor("fresh.example", leaver), "an entry that left the old IP is not held")
+
+			time.Sleep(time.Until(time.UnixMilli(banEnd + 100)))
+			assert.Zero(t, waitFor("fresh.example", left), "past the ban, where the mover did not rest")
+			near(restEnd, waitFor("rest.example", left), "left entry where the mover rested, past the ban")
+			near(now+3_600_000, waitFor("s7.example", left), "left entry where the mover rests an hour, past the ban")
+			time.Sleep(time.Until(time.UnixMilli(restEnd + 100)))
+			assert.Zero(t, waitFor("rest.example", left), "past the rest")
+		})
+	}
+	if small, large := costs[200], costs[20000]; small > 0 && large > 0 {
+		assert.LessOrEqual(t, large, small+20, "exit_note's commands grow with the IP's entries: %d at 200, %d at 20,000", small, large)
+	}
+}
+
+// TestExitCarryUnbanAndClear: the holds an exit change leaves on the old
+// IP (exit_note.lua's IP holds) on the sites where the entry that left was
+// banned: Unban of an entry of the IP on one of those sites lifts the
+// IP's hold there (not on the others, not the entry's own ban, which went
+// with it to its new IP); a hold on every site (the entry was banned on
+// every site) stays. Clear deletes the holds with the pool.
+func TestExitCarryUnbanAndClear(t *testing.T) { exitCarryUnbanAndClear(t, shared.Client(t)) }
+
+// TestExitCarryUnbanAndClearOnMiniredis: the same on gopher-lua.
+func TestExitCarryUnbanAndClearOnMiniredis(t *testing.T) {
+	exitCarryUnbanAndClear(t, miniredisClient(t))
+}
+
+func exitCarryUnbanAndClear(t *testing.T, rdb redis.UniversalClient) {
+	ctx := context.Background()
+	ips := []string{"10.0.20.1", "10.0.20.1", "10.0.20.1", "10.0.20.5", "10.0.20.5"}
+	s, urls, ids := exitPool(t, rdb, len(ips), func(i int) string { return ips[i] }, WithTimeouts(Timeouts{MaxWait: Off}))
+	free := func(site, id string) bool {
+		t.Helper()
+		l, err := s.LeaseProxy(ctx, site, id)
+		if errors.Is(err, ErrNoProxy) {
+			return false
+		}
+		require.NoError(t, err)
+		require.NoError(t, l.Release(ctx))
+		return true
+	}
+	require.NoError(t, s.Ban(ctx, ids[0], "a.example", time.Hour))
+	require.NoError(t, s.Ban(ctx, ids[0], "b.example", time.Hour))
+	require.NoError(t, rdb.ZAdd(ctx, s.keys.quarantine(), redis.Z{Score: float64(time.Now().Add(time.Hour).UnixMilli()), Member: ids[3]}).Err())
+	noteExitsOf(t, rdb, s, []string{urls[0], urls[3]}, func(i int) string { return []string{"10.0.20.2", "10.0.20.6"}[i] })
+
+	assert.False(t, free("a.example", ids[1]), "the old IP is held where 0 was banned")
+	assert.False(t, free("b.example", ids[1]), "the old IP is held where 0 was banned")
+	assert.False(t, free("a.example", ids[4]), "3's old IP is held on every site")
+	assert.False(t, free("c.example", ids[4]), "3's old IP is held on every site")
+
+	require.NoError(t, s.Unban(ctx, ids[1], "a.example"))
+	assert.True(t, free("a.example", ids[2]), "Unban of one entry lifts its IP's hold on the site")
+	assert.False(t, free("b.example", ids[2]), "and not on another site")
+	assert.False(t, free("a.example", ids[0]), "the entry that left keeps its own ban")
+	require.NoError(t, s.Unban(ctx, ids[4], "a.example"))
+	assert.False(t, free("a.example", ids[4]), "a hold on every site stays")
+	assert.False(t, free("c.example", ids[3]), "3 keeps its own ban on every site")
+
+	require.EqualValues(t, 1, rdb.Exists(ctx, s.keys.base+":exithold").Val(), "the IP holds")
+	require.NoError(t, s.Clear(ctx))
+	assert.Equal(t, []string{s.keys.meta()}, keysMatching(t, rdb, s.keys.base+"*"), "Clear leaves nothing but the meta hash")
 }

@@ -64,6 +64,9 @@ func (s *Switch) Ban(ctx context.Context, proxy, site string, d time.Duration) e
 
 // Unban ends proxy's quarantine on site now and starts its backoff over; it
 // does not revive a dead or drained proxy nor lift a ban on every site.
+// With exit IPs recorded (package probe), it also lifts the hold on site of
+// proxy's exit IP that an entry which left that IP carried over to it
+// (not a hold on every site).
 func (s *Switch) Unban(ctx context.Context, proxy, site string) error {
 	p, err := s.find(ctx, proxy)
 	if err != nil {

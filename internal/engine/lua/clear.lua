@@ -9,7 +9,8 @@
 --         ":pace:"..S, ":siteprobe:"..S (site_hold.lua), ":exitout:"..S (lib.lua's exit_mark) and ":breaker:"..S (the window of its circuit breaker,
 --         breaker.lua; so is that of every site the breaker hash ARGV[1]..":breaker" names),
 --         and ARGV[1]..":exit" with the set ARGV[1]..":exit:"..IP and the ban index ARGV[1]..":exitban:"..IP
---         (lib.lua's exit_ban) of each IP it holds, and the IP count ARGV[1]..":exitips" (exit_note.lua),
+--         (lib.lua's exit_ban) of each IP it holds, the IP count ARGV[1]..":exitips" and the IP holds
+--         ARGV[1]..":exithold" (exit_note.lua),
 --         and ARGV[1]..":gwindex" with the index zset ARGV[1]..":gw:"..D of each
 --         gateway template digest D it holds (pool_update.lua)
 -- ARGV[2] site budget (optional: none clears every site at once): with more sites than that in KEYS[1], the call only
@@ -91,7 +92,7 @@ end
 for _, ip in ipairs(redis.call('HVALS', base .. ':exit')) do
   n = n + redis.call('UNLINK', base .. ':exit:' .. ip, base .. ':exitban:' .. ip)
 end
-n = n + redis.call('UNLINK', base .. ':exit', base .. ':exitips')
+n = n + redis.call('UNLINK', base .. ':exit', base .. ':exitips', base .. ':exithold')
 -- The gateway index (pool_update.lua): each template's zset, then the registry.
 for _, d in ipairs(redis.call('HKEYS', base .. ':gwindex')) do
   n = n + redis.call('UNLINK', base .. ':gw:' .. d)

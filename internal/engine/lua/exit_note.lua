@@ -10,22 +10,32 @@
 --         and the lease hash of site S are ARGV[1]..":free:"..S and
 --         ARGV[1]..":lease:"..S, the quarantine zset ARGV[1]..":quarantine",
 --         the dead hash ARGV[1]..":dead"; the exit indexes (lib.lua's
---         exit_mark, exit_ban) and the IP counts ARGV[1]..":exitips" (IP ->
---         its entries, for lease.lua's exit_all_out) are kept here too
+--         exit_mark, exit_ban), the IP counts ARGV[1]..":exitips" (IP ->
+--         its entries, for lease.lua's exit_all_out) and the IP holds
+--         ARGV[1]..":exithold" (below) are kept here too
 -- ARGV[2], ARGV[3], ... pairs of a proxy ID and its exit IP now; an IP ""
 --         forgets the proxy's exit (and so does a proxy no longer in the
---         pool); an IP holds no "|" (the indexes' lex ranges)
+--         pool); an IP holds no "|" (the indexes' lex ranges, the holds)
 --
 -- lease.lua lets the entries of one exit IP have at most the slots of one
 -- proxy out on a site at once: each entry's own slots, leased, cooling
 -- down or quarantined, hold the IP. When a proxy's exit changes, its own
 -- state goes with it to the new IP (it is the same entry), and the old IP
--- keeps what the proxy earned there: each entry left on the old IP is held
--- on each site (the 256 last leased) at least until the proxy's slots that
--- rest there (cooling down or quarantined, not leased) come back, and banned
--- on every site as long as the proxy is. Bounded work: sites x entries of
--- the old IP x slots, and sites x slots only when the proxy has nothing
--- to carry (no ban, no slot resting): the old IP's entries are not read.
+-- keeps what the proxy earned there (carry): the IP itself is held, in the
+-- IP holds zset "<prefix>:exithold", member "<site>|<IP>" on one site,
+-- "<IP>" on every site, score the hold's end (ms), on each site (the 256
+-- last leased) where the proxy's slots rest (cooling down or quarantined,
+-- not leased) until they come back, and on every site as long as the
+-- proxy's ban on every site lasts. lease.lua counts an IP held there as
+-- out (all its K slots) until then, whatever its entries (ip_count). The
+-- entries left on the old IP are not written: they are not cooling down
+-- nor banned themselves (state reads show them free, as they show an entry
+-- whose IP a sibling's lease holds), an entry that comes to the IP later
+-- is held with them, and one that leaves it is no longer held by it.
+-- Unban of an entry on a site lifts its IP's hold on that site (unban.lua);
+-- a hold on every site lasts until its end or Clear. Bounded work: sites x
+-- slots for the proxy's rest, one write of at most 257 holds, whatever the
+-- old IP's entries (they are not read: SCARD only).
 -- A proxy that comes to an IP (first recorded, or changed) is named in its
 -- exit indexes where it is out (join: each site through a sweep event). A
 -- first exit or a forgotten one deletes the meta's "exitall" (lease.lua's
@@ -45,48 +55,53 @@ local now = now_ms()
 local slots = meta_slots(KEYS[3], 1)
 local MAX_SITES = 256
 
--- carry holds the entries left on IP old on every site, as long as proxy
--- id's own slots rest there, and on every site as long as its ban lasts.
--- What is to be carried (the ban, each site's rest) is read first: when
--- there is none (a proxy that left the pool has no state left), the old
--- IP's entries are not read at all (a shared IP may hold thousands).
+-- hold writes the holds hs (a table: score, member, ...; scores as
+-- strings) into the IP holds zset, each kept at its latest end (ZADD GT);
+-- as many holds whose end passed as it writes, and one more, go (bounded
+-- work: what a write adds, it takes away at least), and the zset lives
+-- at least until latest (ms), the latest end written.
+local holds_key = base .. ':exithold'
+local function hold(hs, latest)
+  local gone = redis.call('ZRANGE', holds_key, '-inf', string.format('%.0f', now), 'BYSCORE', 'LIMIT', '0',
+    string.format('%d', #hs / 2 + 1))
+  if #gone > 0 then redis.call('ZREM', holds_key, unpack(gone)) end
+  redis.call('ZADD', holds_key, 'GT', unpack(hs))
+  local need = latest - now
+  if redis.call('PTTL', holds_key) < need then redis.call('PEXPIRE', holds_key, string.format('%.0f', need)) end
+end
+
+-- carry holds IP old, which proxy id leaves, on each site where id's own
+-- slots rest, until they come back, and on every site as long as id is
+-- banned on every site: one hold per such site, one for every site. The
+-- old IP's entries are not read (a shared IP may hold thousands); nothing
+-- is written when none is left there, or when id has nothing to carry (a
+-- proxy that left the pool has no state left). A site's rest that ends
+-- no later than the ban adds nothing to it (lease.lua takes the later).
 local function carry(id, old)
   local ipk = KEYS[1] .. ':' .. old
   local n = redis.call('SCARD', ipk)
   if n == 0 or (n == 1 and redis.call('SISMEMBER', ipk, id) == 1) then return end -- no entry left there
-  local qk = base .. ':quarantine'
-  local q = num(redis.call('ZSCORE', qk, id))
-  if not (q and q > now) then q = nil end
-  local holds = {} -- {free key, lease key, until} of each site where id's slots rest
+  local q = num(redis.call('ZSCORE', base .. ':quarantine', id))
+  local hs, floor = {}, now -- floor: a site's rest holds past it, or adds nothing
+  if q and q > now then
+    hs[1], hs[2], floor = string.format('%.0f', q), old, q
+  end
+  local latest = floor
   for _, site in ipairs(redis.call('ZREVRANGE', KEYS[2], 0, MAX_SITES - 1)) do
     local fk, lk = base .. ':free:' .. site, base .. ':lease:' .. site
-    local untl = 0
+    local untl = floor
     for s = 0, slots - 1 do
       local m = id .. ':' .. s
       local sc = num(redis.call('ZSCORE', fk, m))
-      if sc and sc > now and sc < DEAD and redis.call('HEXISTS', lk, m) == 0 and sc > untl then untl = sc end
+      if sc and sc > untl and sc < DEAD and redis.call('HEXISTS', lk, m) == 0 then untl = sc end
     end
-    if untl > 0 then holds[#holds + 1] = {fk, lk, untl, site} end
-  end
-  if not q and #holds == 0 then return end
-  local left = {}
-  for _, e in ipairs(redis.call('SMEMBERS', ipk)) do
-    if e ~= id then left[#left + 1] = e end
-  end
-  if q then
-    for _, e in ipairs(left) do redis.call('ZADD', qk, 'GT', q, e) end
-    exit_ban(base, old, left, q)
-  end
-  for _, h in ipairs(holds) do
-    local fk, lk, untl = h[1], h[2], h[3]
-    for _, e in ipairs(left) do
-      for s = 0, slots - 1 do
-        local m = e .. ':' .. s
-        if redis.call('HEXISTS', lk, m) == 0 then redis.call('ZADD', fk, 'GT', untl, m) end
-      end
+    if untl > floor then
+      hs[#hs + 1] = string.format('%.0f', untl)
+      hs[#hs + 1] = site .. '|' .. old
+      if untl > latest then latest = untl end
     end
-    exit_mark(base, h[4], old, left, redis.call('PTTL', fk))
   end
+  if #hs > 0 then hold(hs, latest) end
 end
 
 -- join has the exit indexes of IP ip (lib.lua's exit_mark, exit_ban) name

@@ -39,8 +39,9 @@
 --                        With exits, the keys named from its prefix (KEYS[11]
 --                        is "<base>:exit", the pool's hash tag): the site's
 --                        exit index "<base>:exitout:<site>", the ban index
---                        "<base>:exitban:<IP>" of each IP (lib.lua), and the
---                        IPs "<base>:exitips" (IP -> its entries, exit_note.lua);
+--                        "<base>:exitban:<IP>" of each IP (lib.lua), the
+--                        IPs "<base>:exitips" (IP -> its entries, exit_note.lua)
+--                        and the IP holds "<base>:exithold" (exit_note.lua);
 --                        the meta's "exitidx" (migrate) and "exitall" (exit_all_out).
 -- include: breaker_lib.lua
 --
@@ -58,6 +59,9 @@
 -- slots out, and the IP's index of entries banned on every site (lib.lua's
 -- exit_mark, exit_ban; ip_count below), checking each entry read as the
 -- count always did: bounded work per IP met, one count per IP per call.
+-- An IP that an entry left holds what the entry earned there (its rests
+-- on sites, its ban on every site: exit_note.lua's IP holds), read first:
+-- while held, it is out on the site, whatever its entries.
 -- A pool saturated by its IPs answers the time until one comes back
 -- (exit_all_out), not a 1 ms retry.
 -- Strict exits (the meta's "strict" in the future, probe.Checker.Strict):
@@ -241,6 +245,7 @@ local READ = 64
 local migrate, dead_kept, entries_read, ip_count, index_trim, exit_all_out
 local built = true
 if exits_on then
+  local XHOLD = XBASE .. ':exithold' -- the IP holds (exit_note.lua; ip_count)
   -- The indexes are built once per pool from what is out when a lease first
   -- meets exits (what a Switch older than them left out: leases, cooldowns,
   -- quarantines, bans), in steps of MIGRATE entries per call, before any
@@ -367,7 +372,14 @@ if exits_on then
   -- that were stale are gone: the next call goes further), or while the
   -- indexes are being built (migrate). Bounded work: two index reads of
   -- READ entries and K slots each, whatever the IP's size.
+  -- First, the IP's holds (exit_note.lua: what an entry that left the IP
+  -- earned there, in the IP holds zset XHOLD, "<IP>" on every site and
+  -- "<site>|<IP>" on this one): while the later of them is ahead, the IP
+  -- counts as out, all its K slots, until then (sure: no index is read).
   function ip_count(ip)
+    local h = redis.call('ZMSCORE', XHOLD, ip, ARGV[1] .. '|' .. ip)
+    local held = math.max(num(h[1]) or 0, num(h[2]) or 0)
+    if held > now then return slots, held, true end
     local n, soonest, sure, counted = 0, nil, true, {}
     if not built or sweep_more then return 0, nil, false end
     local function add(k, sc)

@@ -173,13 +173,16 @@ end
 --       cooling down, quarantined there), written where a slot goes out
 --       without a live lease of the entry (lease.lua's grant and ban
 --       record, a late release or renewal, penalize.lua,
---       fallback_writeback.lua, exit_note.lua when an entry comes to an
---       IP or carries a hold over to the one it left); it lives as long as
---       the site's busy set (the idle TTL, refreshed with it);
+--       fallback_writeback.lua, an entry that comes to an IP: exit_note.lua
+--       through the sweep, site_sweep below); it lives as long as the
+--       site's busy set (the idle TTL, refreshed with it);
 --   "<base>:exitban:<IP>" zset  id -> the end (ms) of its ban on every
 --       site, or later: every entry of IP with such a ban (penalize.lua,
 --       fallback_writeback.lua, revive.lua, exit_note.lua); TTL: the
 --       quarantine zset's.
+-- (A third key holds IPs, not entries: "<base>:exithold", the holds an
+-- entry that left an IP leaves on it, exit_note.lua; lease.lua's ip_count
+-- reads them first.)
 -- They may name more than that: lease.lua checks each entry it reads
 -- against the busy set, the dead hash, the quarantine and the exit hash,
 -- and drops those with nothing out there or gone to another IP, and dead
