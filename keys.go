@@ -63,6 +63,9 @@ const globalSite = "*"
 //	                                   each it reads and drops the stale); TTL: the busy set's, idle TTL
 //	{prefix:pool}:exitban:<IP>   zset  proxy ID -> end (ms) of its ban on every site, or later: each entry of IP
 //	                                   so banned (lib.lua's exit_ban); TTL: the quarantine zset's
+//	{prefix:pool}:exithold       zset  "<site>|<IP>" -> end (ms) of the IP's hold on the site, "<IP>" -> on every
+//	                                   site: what an entry that left the IP earned there (exit_note.lua; lease.lua
+//	                                   counts the IP out until then; unban.lua lifts a site's); TTL: the latest end
 //	{prefix:pool}:members        zset  member ID -> end of its registration, ms (shard/membership.go); TTL: the last registration's end
 //	{prefix:pool}:member-owners  hash  member ID -> token of the process holding it; same TTL
 //	{prefix:pool}:breaker        hash  site -> "<until>|<pause>|<probes>|<passed>" while its circuit breaker is open or

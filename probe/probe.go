@@ -215,8 +215,9 @@ type Checker struct {
 	// so a lease, a cooldown or a quarantine of one holds them all (dead
 	// entries hold nothing; a quarantine on every site, a proxy failure's
 	// too, holds the IP everywhere). When an entry's exit changes, it takes its own
-	// state (leases, cooldowns, quarantines) to its new IP, and the entries
-	// left on the old IP stay held as long as it would have held them; the
+	// state (leases, cooldowns, quarantines) to its new IP, and the old IP
+	// stays held as long as the entry would have held it (the IP's hold,
+	// not its entries': one left there that moves on is not held); the
 	// change is counted (Result.ExitChanged, the pool's meta field
 	// "exit_changes"). Exits of proxies no longer in the pool are forgotten
 	// at the end of each round. Run also probes, every NewEvery, the live
