@@ -376,10 +376,16 @@ if exits_on then
   -- earned there, in the IP holds zset XHOLD, "<IP>" on every site and
   -- "<site>|<IP>" on this one): while the later of them is ahead, the IP
   -- counts as out, all its K slots, until then (sure: no index is read).
+  -- The zset lives until its latest hold ends (exit_note.lua): one EXISTS
+  -- per call tells a pool without holds (most calls) to read none.
+  local any_hold -- whether the IP holds zset exists (read once per call, at the first count)
   function ip_count(ip)
-    local h = redis.call('ZMSCORE', XHOLD, ip, ARGV[1] .. '|' .. ip)
-    local held = math.max(num(h[1]) or 0, num(h[2]) or 0)
-    if held > now then return slots, held, true end
+    if any_hold == nil then any_hold = redis.call('EXISTS', XHOLD) == 1 end
+    if any_hold then
+      local h = redis.call('ZMSCORE', XHOLD, ip, ARGV[1] .. '|' .. ip)
+      local held = math.max(num(h[1]) or 0, num(h[2]) or 0)
+      if held > now then return slots, held, true end
+    end
     local n, soonest, sure, counted = 0, nil, true, {}
     if not built or sweep_more then return 0, nil, false end
     local function add(k, sc)
