@@ -6,7 +6,7 @@
 # minutes of load. The machine's load is logged before each round; read the
 # medians and the per-round ratios, not one round.
 #
-#   bash tools/bench/run.sh [outdir] [rounds]    # ~15 minutes on 2 cores
+#   bash tools/bench/run.sh [outdir] [rounds]    # ~10 minutes on 2 cores with 5 rounds
 #
 # SECTIONS picks some of them (default: all): hot lease storage session
 # expect exits shard scale, e.g. SECTIONS="storage expect" bash tools/bench/run.sh.
