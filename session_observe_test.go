@@ -22,6 +22,7 @@ type sessionTally struct {
 	started  int
 	ended    map[string]int
 	requests map[string][]int
+	ages     map[string][]time.Duration
 	pools    map[string]bool
 	proxies  map[string]bool // proxy IDs of the events
 }
@@ -30,7 +31,7 @@ func (o *recordingObserver) tally(t *testing.T) sessionTally {
 	t.Helper()
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	st := sessionTally{ended: map[string]int{}, requests: map[string][]int{}, pools: map[string]bool{}, proxies: map[string]bool{}}
+	st := sessionTally{ended: map[string]int{}, requests: map[string][]int{}, ages: map[string][]time.Duration{}, pools: map[string]bool{}, proxies: map[string]bool{}}
 	for _, e := range o.sessions {
 		st.pools[e.Pool] = true
 		st.proxies[e.ProxyID] = true
@@ -42,8 +43,11 @@ func (o *recordingObserver) tally(t *testing.T) sessionTally {
 		}
 		st.ended[e.Reason]++
 		st.requests[e.Reason] = append(st.requests[e.Reason], e.Requests)
-		assert.Greater(t, e.Age, time.Duration(0))
+		// By Redis' clock in ms: a session that starts and ends within a
+		// millisecond is 0 old (the test's "ended" session is made older).
+		assert.GreaterOrEqual(t, e.Age, time.Duration(0))
 		assert.Less(t, e.Age, time.Minute)
+		st.ages[e.Reason] = append(st.ages[e.Reason], e.Age)
 	}
 	return st
 }
@@ -82,6 +86,7 @@ func TestSessionEventsAndLiveSessions(t *testing.T) {
 	step("banned", 3) // retired on its 403, sent again in a new session
 	step("ended", 1)
 	assert.Equal(t, 3, live())
+	time.Sleep(5 * time.Millisecond) // the "ended" session's age is then at least 5ms
 	ended, err := s.EndSession(ctx, "ended")
 	require.NoError(t, err)
 	require.True(t, ended)
@@ -98,6 +103,9 @@ func TestSessionEventsAndLiveSessions(t *testing.T) {
 	assert.Equal(t, []int{3, 3}, got.requests[SessionMaxRequests])
 	assert.Equal(t, []int{3}, got.requests["http_403"], "two steps and the banned one")
 	assert.Equal(t, []int{1}, got.requests[SessionEnded])
+	if assert.Len(t, got.ages[SessionEnded], 1) {
+		assert.GreaterOrEqual(t, got.ages[SessionEnded][0], 5*time.Millisecond, "an ended session's age, from its start to its end")
+	}
 	assert.Equal(t, map[string]bool{s.Pool(): true}, got.pools)
 	assert.NotContains(t, got.proxies, "")
 	endedN := 0
