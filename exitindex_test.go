@@ -555,7 +555,9 @@ func TestExitCarryBoundedPerIP(t *testing.T) {
 // banned: Unban of an entry of the IP on one of those sites lifts the
 // IP's hold there (not on the others, not the entry's own ban, which went
 // with it to its new IP); a hold on every site (the entry was banned on
-// every site) stays. Clear deletes the holds with the pool.
+// every site) stays. A lease of one entry of a held IP, waiting for it
+// alone (a session's), is answered a firm wait. Clear deletes the holds
+// with the pool.
 func TestExitCarryUnbanAndClear(t *testing.T) { exitCarryUnbanAndClear(t, shared.Client(t)) }
 
 // TestExitCarryUnbanAndClearOnMiniredis: the same on gopher-lua.
@@ -586,6 +588,17 @@ func exitCarryUnbanAndClear(t *testing.T, rdb redis.UniversalClient) {
 	assert.False(t, free("b.example", ids[1]), "the old IP is held where 0 was banned")
 	assert.False(t, free("a.example", ids[4]), "3's old IP is held on every site")
 	assert.False(t, free("c.example", ids[4]), "3's old IP is held on every site")
+	// A session waiting for its own proxy on a held IP is told that the
+	// wait is firm (a hold ends at its score, as a quarantine does), so it
+	// moves on rather than polling up to MaxWait.
+	for _, c := range []struct{ site, id string }{{"a.example", ids[1]}, {"c.example", ids[4]}} {
+		argv := leaseArgv(s, c.site, "s:held")
+		argv[6], argv[7] = c.id, "1"
+		res, err := leaseScript.Run(ctx, rdb, s.keys.lease(c.site), argv...).Slice()
+		require.NoError(t, err)
+		require.EqualValues(t, 0, res[0], "%v", res)
+		assert.EqualValues(t, 1, res[2], "%s on %s: a firm wait", c.id, c.site)
+	}
 
 	require.NoError(t, s.Unban(ctx, ids[1], "a.example"))
 	assert.True(t, free("a.example", ids[2]), "Unban of one entry lifts its IP's hold on the site")

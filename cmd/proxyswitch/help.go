@@ -49,8 +49,9 @@ Quarantines a proxy on SITE, cluster-wide, for at least DURATION (default
 1h): no worker leases it for SITE until then.`,
 	"unban": `usage: proxyswitch [flags] unban ID|URL SITE
 
-Ends a proxy's quarantine on SITE now and starts its backoff over; says so
-when it was not quarantined there.`,
+Ends a proxy's quarantine on SITE now and starts its backoff over, and
+lifts the hold of its exit IP on SITE (what a proxy that left that IP
+earned there); says so when it was not quarantined there.`,
 	"pause": `usage: proxyswitch [flags] pause SITE [DURATION]
 
 Pauses SITE on every server at once: no worker leases a proxy for it for

@@ -783,7 +783,9 @@ func (a *app) unban(ctx context.Context, proxy, site string) error {
 		return err
 	}
 	if before != nil && before.QuarantinedSlots == 0 {
-		_, err = fmt.Fprintf(a.out, "proxy %s was not quarantined on %s (%s): nothing to unban\n", id, site, before.State)
+		// (A hold of its exit IP there, which a proxy that left the IP
+		// earned and no state of this proxy shows, is lifted all the same.)
+		_, err = fmt.Fprintf(a.out, "proxy %s was not quarantined on %s (%s): nothing to unban but its backoff and any hold of its exit IP there\n", id, site, before.State)
 		return err
 	}
 	_, err = fmt.Fprintf(a.out, "unbanned proxy %s on %s\n", id, site)

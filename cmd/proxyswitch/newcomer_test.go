@@ -77,7 +77,7 @@ func TestCLIMessagesNameTheirCause(t *testing.T) {
 	// unban: of a proxy that is not quarantined, and of one that is.
 	r = cli(t, env, "", "unban", idA, "ozon.example")
 	require.Equal(t, 0, r.code, r.all())
-	assert.Equal(t, "proxy "+idA+" was not quarantined on ozon.example (free): nothing to unban\n", r.stdout)
+	assert.Equal(t, "proxy "+idA+" was not quarantined on ozon.example (free): nothing to unban but its backoff and any hold of its exit IP there\n", r.stdout)
 	r = cli(t, env, "", "ban", idA, "ozon.example", "1h")
 	require.Equal(t, 0, r.code, r.all())
 	r = cli(t, env, "", "unban", idA, "ozon.example")

@@ -1,6 +1,6 @@
 -- exit_note.lua: record the exit IPs of a pool's proxies (probe.Checker
--- with Exits), and carry what a proxy earned on its old exit IP over to the
--- entries that stay there when its exit changes.
+-- with Exits), and, when a proxy's exit changes, hold its old IP for what
+-- the proxy earned there (the IP holds, below).
 --
 -- KEYS[1] exit hash   id -> exit IP; each IP's entries in the set "<KEYS[1]>:<IP>"
 -- KEYS[2] sites zset  site -> unix ms of its last lease

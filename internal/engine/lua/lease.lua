@@ -375,7 +375,8 @@ if exits_on then
   -- First, the IP's holds (exit_note.lua: what an entry that left the IP
   -- earned there, in the IP holds zset XHOLD, "<IP>" on every site and
   -- "<site>|<IP>" on this one): while the later of them is ahead, the IP
-  -- counts as out, all its K slots, until then (sure: no index is read).
+  -- counts as out, all its K slots, until then (sure: no index is read;
+  -- a fourth result, true, tells that the time is a hold's end).
   -- The zset lives until its latest hold ends (exit_note.lua): one EXISTS
   -- per call tells a pool without holds (most calls) to read none.
   local any_hold -- whether the IP holds zset exists (read once per call, at the first count)
@@ -384,7 +385,7 @@ if exits_on then
     if any_hold then
       local h = redis.call('ZMSCORE', XHOLD, ip, ARGV[1] .. '|' .. ip)
       local held = math.max(num(h[1]) or 0, num(h[2]) or 0)
-      if held > now then return slots, held, true end
+      if held > now then return slots, held, true, true end
     end
     local n, soonest, sure, counted = 0, nil, true, {}
     if not built or sweep_more then return 0, nil, false end
@@ -494,7 +495,8 @@ end
 -- exit is unknown), or fewer than K slots of the entries of its exit IP
 -- are out on the site; else the time the soonest of them comes back (1 ms
 -- from now when the count was not sure: see ip_count). Its third result is
--- the IP. Each IP is counted once per call (ip_out), again after a grant
+-- the IP, its fourth true when the IP is held (exit_note.lua's IP holds:
+-- the time is the hold's end, not a lease's). Each IP is counted once per call (ip_out), again after a grant
 -- to one of its entries.
 local ip_out = {}
 local function exit_out(id)
@@ -508,7 +510,7 @@ local function exit_out(id)
   end
   if not memo[3] then return now + 1, false, ip end
   if memo[1] < slots then return nil, false, ip end
-  return memo[2], false, ip
+  return memo[2], false, ip, memo[4]
 end
 
 -- try returns the first free slot of proxy id on the site (member), or nil
@@ -554,7 +556,8 @@ end
 
 -- Only the preferred proxy will do: wait for its soonest slot. firm is 1
 -- unless that slot is leased by a request, which may end early: a session
--- (token "s:..."), a quarantine or a cooldown end at the score, not before.
+-- (token "s:..."), a quarantine, a cooldown or an IP hold (exit_note.lua)
+-- end at the score, not before.
 if not member and ARGV[8] == '1' then
   if redis.call('HEXISTS', KEYS[1], ARGV[7]) == 0 then return {-2} end
   if redis.call('HEXISTS', KEYS[6], ARGV[7]) == 1 then return {-2} end
@@ -573,9 +576,11 @@ if not member and ARGV[8] == '1' then
   if q and q > soonest then soonest, firm = q, 1 end
   if soonest and soonest <= now then
     -- Its own slot is free: another entry of its exit IP holds the IP.
-    local x, unk = exit_out(ARGV[7])
+    -- Firm when that is an IP hold (exit_note.lua), which ends at its
+    -- score as a quarantine does; not when it is another entry's lease.
+    local x, unk, _, iph = exit_out(ARGV[7])
     if not x and unk then x = strict_hold end
-    if x then soonest, firm = x, 0 end
+    if x then soonest, firm = x, iph and 1 or 0 end
   end
   if not soonest or soonest >= DEAD then return {-2} end
   return {0, math.max(soonest - now, 1), firm}
