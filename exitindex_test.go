@@ -186,15 +186,7 @@ func exitIndexFollowsTheEntries(t *testing.T, rdb redis.UniversalClient) {
 	// firm leases id on site if free: the granted member, or "" (a wait).
 	firm := func(id, tok string) string {
 		t.Helper()
-		argv := leaseArgv(s, site, tok)
-		argv[6], argv[7] = id, "1"
-		res, err := leaseScript.Run(ctx, rdb, s.keys.lease(site), argv...).Slice()
-		require.NoError(t, err)
-		if res[0].(int64) == 1 {
-			return res[1].(string)
-		}
-		require.EqualValues(t, 0, res[0], "%v", res)
-		return ""
+		return granted(t, leaseAlone(t, rdb, s, site, id, tok, 0))
 	}
 	release := func(member, tok string) {
 		t.Helper()
@@ -296,15 +288,7 @@ func exitIndexBuiltFromWhatIsOut(t *testing.T, rdb redis.UniversalClient) {
 	const site = "old.example"
 	firm := func(id, tok string) string {
 		t.Helper()
-		argv := leaseArgv(s, site, tok)
-		argv[6], argv[7] = id, "1"
-		res, err := leaseScript.Run(ctx, rdb, s.keys.lease(site), argv...).Slice()
-		require.NoError(t, err)
-		if res[0].(int64) == 1 {
-			return res[1].(string)
-		}
-		require.EqualValues(t, 0, res[0], "%v", res)
-		return ""
+		return granted(t, leaseAlone(t, rdb, s, site, id, tok, 0))
 	}
 	require.NotEmpty(t, firm(ids[0], "t0"))
 	require.NoError(t, s.Ban(ctx, urls[2], "b.example", time.Hour))
@@ -330,15 +314,7 @@ func TestExitIndexLateReleaseAndRenewal(t *testing.T) {
 	const site = "late.example"
 	lease := func(id, tok string, ttl int64) string {
 		t.Helper()
-		argv := leaseArgv(s, site, tok)
-		argv[2], argv[6], argv[7] = ttl, id, "1"
-		res, err := leaseScript.Run(ctx, rdb, s.keys.lease(site), argv...).Slice()
-		require.NoError(t, err)
-		if res[0].(int64) == 1 {
-			return res[1].(string)
-		}
-		require.EqualValues(t, 0, res[0], "%v", res)
-		return ""
+		return granted(t, leaseAlone(t, rdb, s, site, id, tok, ttl))
 	}
 	index := func() []string {
 		v, err := rdb.ZRange(ctx, s.keys.base+":exitout:"+site, 0, -1).Result()
@@ -468,10 +444,7 @@ func TestExitCarryBoundedPerIP(t *testing.T) {
 			// (0: it was free, leased and released at once).
 			waitFor := func(site, id string) int64 {
 				t.Helper()
-				argv := leaseArgv(s, site, "probe-"+site)
-				argv[6], argv[7] = id, "1"
-				res, err := leaseScript.Run(ctx, rdb, s.keys.lease(site), argv...).Slice()
-				require.NoError(t, err)
+				res := leaseAlone(t, rdb, s, site, id, "probe-"+site, 0)
 				if res[0].(int64) == 1 {
 					keys := []string{s.keys.free(site), s.keys.leases(site), s.keys.strikes(site), s.keys.fails(), s.keys.health(site), s.keys.pace(site)}
 					n, err := releaseScript.Run(ctx, rdb, keys, res[1], "probe-"+site, 0, "", 0, "0", s.cfg.idleTTL.Milliseconds()).Int64()
@@ -592,10 +565,7 @@ func exitCarryUnbanAndClear(t *testing.T, rdb redis.UniversalClient) {
 	// wait is firm (a hold ends at its score, as a quarantine does), so it
 	// moves on rather than polling up to MaxWait.
 	for _, c := range []struct{ site, id string }{{"a.example", ids[1]}, {"c.example", ids[4]}} {
-		argv := leaseArgv(s, c.site, "s:held")
-		argv[6], argv[7] = c.id, "1"
-		res, err := leaseScript.Run(ctx, rdb, s.keys.lease(c.site), argv...).Slice()
-		require.NoError(t, err)
+		res := leaseAlone(t, rdb, s, c.site, c.id, "s:held", 0)
 		require.EqualValues(t, 0, res[0], "%v", res)
 		assert.EqualValues(t, 1, res[2], "%s on %s: a firm wait", c.id, c.site)
 	}

@@ -82,17 +82,11 @@ func leaseScriptExitsGroup(t *testing.T, rdb redis.UniversalClient) {
 	if other == heldA {
 		other = ids[1]
 	}
-	argv := leaseArgv(s, "a.example", "f1")
-	argv[6], argv[7] = other, "1"
-	res, err = leaseScript.Run(ctx, rdb, keys, argv...).Slice()
-	require.NoError(t, err)
+	res = leaseAlone(t, rdb, s, "a.example", other, "f1", 0)
 	assert.EqualValues(t, 0, res[0], "%v", res)
 
 	// Elsewhere A is free.
-	argv = leaseArgv(s, "b.example", "f2")
-	argv[6], argv[7] = other, "1"
-	res, err = leaseScript.Run(ctx, rdb, s.keys.lease("b.example"), argv...).Slice()
-	require.NoError(t, err)
+	res = leaseAlone(t, rdb, s, "b.example", other, "f2", 0)
 	assert.EqualValues(t, 1, res[0], "%v", res)
 }
 

@@ -25,6 +25,32 @@ func leaseArgv(s *Switch, site, tok string, more ...string) []any {
 	return argv
 }
 
+// leaseAlone runs lease.lua for proxy id alone on site (ARGV[8] "1": only
+// that proxy will do, as a session's lease), owner token tok, lease TTL
+// ttl ms (0: the Switch's), and returns the reply: {1, member, ...} when
+// granted, else {0, wait ms, firm} or {-2}.
+func leaseAlone(t testing.TB, rdb redis.Scripter, s *Switch, site, id, tok string, ttl int64) []any {
+	t.Helper()
+	argv := leaseArgv(s, site, tok)
+	argv[6], argv[7] = id, "1"
+	if ttl > 0 {
+		argv[2] = ttl
+	}
+	res, err := leaseScript.Run(context.Background(), rdb, s.keys.lease(site), argv...).Slice()
+	require.NoError(t, err)
+	return res
+}
+
+// granted is the member a leaseAlone reply granted, or "" for a wait.
+func granted(t testing.TB, res []any) string {
+	t.Helper()
+	if res[0].(int64) == 1 {
+		return res[1].(string)
+	}
+	require.EqualValues(t, 0, res[0], "%v", res)
+	return ""
+}
+
 // TestLeaseScriptGrantsMany: lease.lua with further owner tokens grants one
 // lease per token, distinct slots, each recorded with its own token, and
 // fewer when the pool runs out; a pool with nothing free answers the wait.
