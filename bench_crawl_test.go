@@ -156,7 +156,7 @@ type cmdStat struct {
 }
 
 // commandStats returns the calls and time of each command from INFO commandstats.
-func commandStats(b *testing.B, rdb *redis.Client) map[string]cmdStat {
+func commandStats(b testing.TB, rdb *redis.Client) map[string]cmdStat {
 	info, err := rdb.Info(context.Background(), "commandstats").Result()
 	if err != nil {
 		b.Fatal(err)

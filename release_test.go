@@ -250,3 +250,87 @@ func TestFailedReleaseIsRenewedNoMore(t *testing.T) {
 	s.renew.mu.Unlock()
 	assert.False(t, live, "a lease whose release failed is renewed no more")
 }
+
+// TestHealthyReleasesReadSharedHashesOnce: a call of many healthy releases
+// of one site (pool_call.lua, release.lua once per lease) reads the fails
+// hash, the site's health hash and its pace hash once, not once per release
+// (release_lib.lua), and still does each release's work: a proxy's failures
+// in a row end, its failure rate drops, its healthy record is written. With
+// both hashes empty no release reads or deletes in them.
+func TestHealthyReleasesReadSharedHashesOnce(t *testing.T) {
+	healthyReleasesReadSharedHashesOnce(t, shared.Client(t), true)
+}
+
+// TestHealthyReleasesReadSharedHashesOnceOnMiniredis: the same effects on
+// gopher-lua (the demo's embedded Redis), which counts no commands.
+func TestHealthyReleasesReadSharedHashesOnceOnMiniredis(t *testing.T) {
+	healthyReleasesReadSharedHashesOnce(t, miniredisClient(t), false)
+}
+
+func healthyReleasesReadSharedHashesOnce(t *testing.T, rdb redis.UniversalClient, counted bool) {
+	ctx := context.Background()
+	const n, site = 12, "a.example"
+	s := newSwitch(t, rdb)
+	// One more than the leases: the second round needs none of the
+	// proxy its failure rate holds back (r × FlakyDelay).
+	_, err := s.Add(ctx, proxyURLs(n+1)...)
+	require.NoError(t, err)
+	p := s.own.redis()
+	// releaseAll leases every proxy on site, then gives all back healthy in one call.
+	releaseAll := func(before func(ls []*Lease)) {
+		t.Helper()
+		var ls []*Lease
+		for range n {
+			l, err := s.Lease(ctx, site)
+			require.NoError(t, err)
+			l.healthy.Store(true)
+			ls = append(ls, l)
+		}
+		before(ls)
+		var ops []poolOp
+		for _, l := range ls {
+			reset, cooldown, flaky, pace := p.releaseArgs(l)
+			require.True(t, reset != "" && flaky > 0 && pace, "a healthy release with the defaults")
+			ops = append(ops, poolOp{rel: queuedRelease{l: l, reset: reset, cooldown: cooldown, flaky: flaky, pace: pace, at: time.Now()}})
+		}
+		res, err := p.callMany(ops)
+		require.NoError(t, err)
+		for i, r := range res {
+			require.NoError(t, r.err)
+			assert.EqualValues(t, 1, r.n, "release %d", i)
+		}
+	}
+
+	// One proxy with failures in a row, another with a failure rate.
+	var failing, flaky string
+	releaseAll(func(ls []*Lease) {
+		failing, flaky = ls[3].Proxy().ID(), ls[5].Proxy().ID()
+		require.NoError(t, rdb.HSet(ctx, s.keys.fails(), failing, "2|0|0|"+site).Err())
+		require.NoError(t, rdb.HSet(ctx, s.keys.health(site), flaky, "0.5").Err())
+	})
+	assert.False(t, rdb.HExists(ctx, s.keys.fails(), failing).Val(), "the healthy answer ended its failures")
+	r, err := rdb.HGet(ctx, s.keys.health(site), flaky).Float64()
+	require.NoError(t, err)
+	assert.InDelta(t, 0.4, r, 1e-9, "its failure rate dropped by one healthy answer")
+	strikes, err := rdb.HGetAll(ctx, s.keys.strikes(site)).Result()
+	require.NoError(t, err)
+	assert.Len(t, strikes, n, "every released proxy's healthy record")
+	for id, v := range strikes {
+		assert.Regexp(t, `^0\|\d+\|0$`, v, "proxy %s", id)
+	}
+	single, ok := rdb.(*redis.Client)
+	if !counted || !ok {
+		return // INFO commandstats: one Redis server's
+	}
+
+	// Empty fails and health hashes: one HLEN each for the call.
+	require.NoError(t, rdb.Del(ctx, s.keys.health(site)).Err())
+	releaseAll(func([]*Lease) { require.NoError(t, rdb.ConfigResetStat(ctx).Err()) })
+	stats := commandStats(t, single)
+	assert.EqualValues(t, 1, stats["evalsha"].calls, "one call")
+	assert.EqualValues(t, 2, stats["hlen"].calls, "the fails and health hashes, once each")
+	assert.EqualValues(t, n, stats["hdel"].calls, "the lease records only")
+	assert.EqualValues(t, 1, stats["hmget"].calls, "the pace hash, once")
+	assert.LessOrEqual(t, stats["pexpire"].calls, int64(1), "the pace hash's TTL, at most once")
+	assert.EqualValues(t, 2*n, stats["hget"].calls, "each release's lease record and healthy record")
+}

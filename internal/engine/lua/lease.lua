@@ -111,7 +111,7 @@ end
 -- number argument with "%.17g", a cost on every lease.)
 local ttl, cooldown, idle = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[6]
 local SCAN, PRUNE = 128, tostring(2 * want)
-local nows = string.format('%.0f', now)
+local nows = now_str()
 
 local meta = redis.call('HMGET', KEYS[5], 'slots', 'version', 'hold', 'index', 'strict', 'exitall', 'exitidx')
 local slots = meta[1]
@@ -137,10 +137,11 @@ end
 -- the site's keys are refreshed at most once a second.
 local cur = redis.call('HGET', KEYS[10], ARGV[1])
 local place, booked = 0, 0
+local place_s = '0' -- place as the order zset's score text (a ZRANGE bound)
 if cur then
   local p, b = string.match(cur, '^(%d+)|(%d+)$')
   if not p then corrupt(KEYS[10], 'field ' .. ARGV[1] .. ' is not a cursor', cur) end
-  place, booked = tonumber(p), tonumber(b)
+  place, booked, place_s = tonumber(p), tonumber(b), p
 end
 local fresh = now - booked >= 1000
 if fresh then
@@ -713,7 +714,7 @@ local seen = 0
 local function rotate()
   if seen >= SCAN then return nil, {0, 1} end
   local first, soonest, last, whole = seen, nil, nil, false
-  local from, to, wrapped = '(' .. string.format('%.0f', place), '+inf', false
+  local from, to, wrapped = '(' .. place_s, '+inf', false
   while seen < SCAN do
     -- The first page is short: the next proxy of the rotation is the one
     -- least recently used on the site, most often free.
@@ -726,7 +727,7 @@ local function rotate()
       if m then
         local u = redis.call('HGET', KEYS[1], ids[i])
         if u then
-          place = num(last)
+          place, place_s = num(last), last
           return m, u
         end
       else
@@ -743,7 +744,7 @@ local function rotate()
         break
       end
       -- Past the end of the order: once more from its start, up to the cursor.
-      wrapped, from, to = true, '-inf', string.format('%.0f', place)
+      wrapped, from, to = true, '-inf', place_s
     else
       from = '(' .. last
     end

@@ -24,13 +24,21 @@ end
 -- now_ms is the server's clock (TIME) in ms: time never comes from a client.
 -- It is read once per script call: a call is atomic, so one instant serves
 -- all of it (pool_call.lua's releases and leases share it) and TIME costs one call.
-local now_read
+local now_read, now_text
 local function now_ms()
   if not now_read then
     local t = redis.call('TIME')
     now_read = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   end
   return now_read
+end
+
+-- now_str is now_ms as a string of digits, formatted once per call (a
+-- number formatted for a command or a record costs more than the command's
+-- own work on the hot path).
+local function now_str()
+  if not now_text then now_text = string.format('%.0f', now_ms()) end
+  return now_text
 end
 
 -- num reads a number as Redis replies it (a score, false for none).
@@ -450,16 +458,20 @@ local function pace_rest(key)
 end
 
 -- pace_rest_note records one accepted rest t (ms: from a proxy's healthy
--- answer to its next one) in the pace hash key, kept for idle ms; r is the
--- rest the hash holds (pace_rest, pace_fields), nil for none. The rest is
--- kept to the ms: a note that leaves it as it is (most do, on a steady
--- site) only refreshes the hash's TTL.
-local function pace_rest_note(key, r, t, idle)
+-- answer to its next one) in the pace hash key; r is the rest the hash
+-- holds (pace_rest, pace_fields), nil for none. The rest is kept to the ms:
+-- a note that leaves it as it is (most do, on a steady site) writes
+-- nothing. Returns the rest now held and whether the note wrote it (the
+-- caller keeps the hash's TTL: release_lib.lua's rel_rest_note).
+local function pace_rest_note(key, r, t)
   local r2 = t
   if r ~= nil and t >= r then r2 = r + math.min(t - r, r) / PACE_REST_DRIFT end
+  -- r is whole (written to the ms) and r2 >= r when t >= r: the note
+  -- leaves it as it is while r2 rounds to r.
+  if r ~= nil and r2 >= r and r2 < r + 0.5 then return r, false end
   local s = string.format('%.0f', r2)
-  if r == nil or s ~= string.format('%.0f', r) then redis.call('HSET', key, 'rest', s) end
-  redis.call('PEXPIRE', key, idle)
+  redis.call('HSET', key, 'rest', s)
+  return tonumber(s), true
 end
 
 -- The pace hash also holds "burnt": the ms of the site's last verdict on a

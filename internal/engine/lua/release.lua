@@ -18,6 +18,7 @@
 --         least the learned one, and a healthy answer after another one
 --         notes the proxy's rest in between: lib.lua's pace_rest_note); else "0"
 -- ARGV[7] idle TTL ms of the health and pace hashes
+-- include: release_lib.lua
 --
 -- Returns 1 released, 2 released after its expiry (nobody had taken it yet),
 --         0 not the owner (expired and leased again, or never ours): the lease is untouched.
@@ -30,35 +31,36 @@
 -- formats a Lua number argument with "%.17g", a cost on every release.)
 local idle = ARGV[7]
 local cooldown = tonumber(ARGV[3])
+-- (The fails, health and pace hashes are read once per call of many
+-- releases: release_lib.lua.)
 local rest -- the site's accepted rest (learned pacing, a healthy answer)
 if ARGV[6] == '1' then
   local learned
-  if ARGV[4] ~= '' then
-    learned, rest = pace_fields(KEYS[6])
-  else
-    learned = pace_read(KEYS[6])
-  end
-  if ARGV[4] ~= '' then pace_ok(KEYS[6], learned, cooldown, idle) end
+  learned, rest = rel_pace_fields(KEYS[6])
+  if ARGV[4] ~= '' then rel_pace_ok(KEYS[6], learned, cooldown, idle) end
   cooldown = math.max(cooldown, math.ceil(learned))
 end
 if ARGV[4] ~= '' then
   local t = now_ms()
   if ARGV[6] == '1' then
     local h = tonumber(string.match(redis.call('HGET', KEYS[3], ARGV[4]) or '', '^0|(%d+)|0$'))
-    if h and h > 0 and t > h then pace_rest_note(KEYS[6], rest, t - h, idle) end
+    if h and h > 0 and t > h then rel_rest_note(KEYS[6], rest, t - h, idle) end
   end
   -- A new field may be a new hash: then it takes the free set's TTL.
-  if redis.call('HSET', KEYS[3], ARGV[4], string.format('0|%.0f|0', t)) == 1 and redis.call('PTTL', KEYS[3]) < 0 then
+  if redis.call('HSET', KEYS[3], ARGV[4], '0|' .. now_str() .. '|0') == 1 and redis.call('PTTL', KEYS[3]) < 0 then
     redis.call('PEXPIRE', KEYS[3], math.max(redis.call('PTTL', KEYS[1]), 60000))
   end
-  redis.call('HDEL', KEYS[4], ARGV[4])
+  if not rel_hash_empty(KEYS[4]) then redis.call('HDEL', KEYS[4], ARGV[4]) end
 end
 local flaky = tonumber(ARGV[5])
 if flaky > 0 then
-  local id = string.match(ARGV[1], '^(.*):%d+$')
   local r
-  if ARGV[4] ~= '' then r = health_note(KEYS[5], ARGV[4], false, idle)
-  elseif id then r = fraction(redis.call('HGET', KEYS[5], id), KEYS[5], 'field ' .. id, 1) or 0 end
+  if rel_hash_empty(KEYS[5]) then r = 0
+  elseif ARGV[4] ~= '' then r = health_note(KEYS[5], ARGV[4], false, idle)
+  else
+    local id = string.match(ARGV[1], '^(.*):%d+$')
+    if id then r = fraction(redis.call('HGET', KEYS[5], id), KEYS[5], 'field ' .. id, 1) or 0 end
+  end
   cooldown = cooldown + math.floor((r or 0) * flaky)
 end
 local v = redis.call('HGET', KEYS[2], ARGV[1])
