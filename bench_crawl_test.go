@@ -293,6 +293,7 @@ func benchPairs(b *testing.B, goroutines int, ours bool) {
 	var lease func() (func() error, error)
 	if ours {
 		s := newSwitch(b, rdb)
+		b.Cleanup(func() { _ = s.Close(ctx) }) // before the client closes: its background work is done
 		for i := 0; i < len(urls); i += 5_000 {
 			if _, err := s.Add(ctx, urls[i:min(i+5_000, len(urls))]...); err != nil {
 				b.Fatal(err)

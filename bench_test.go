@@ -38,6 +38,7 @@ func benchSwitch(b *testing.B, size int) {
 	ctx := context.Background()
 	rdb := shared.Server.Client(b, func(o *redis.Options) { o.PoolSize = benchWorkers })
 	s := newSwitch(b, rdb)
+	b.Cleanup(func() { _ = s.Close(ctx) }) // before the client closes: its background work is done
 	urls := proxyURLs(size)
 	for i := 0; i < size; i += 10_000 {
 		_, err := s.Add(ctx, urls[i:min(i+10_000, size)]...)
