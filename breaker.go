@@ -55,7 +55,7 @@ import (
 var ErrSitePaused = errors.New("proxyswitch: site paused")
 
 // SitePausedError is the error of a request that found its site paused by
-// the circuit breaker. It wraps ErrSitePaused and ErrNoProxy.
+// the circuit breaker or by PauseSite. It wraps ErrSitePaused and ErrNoProxy.
 type SitePausedError struct {
 	Site     string
 	Until    time.Time // when the pause ends (Redis clock); zero while half-open
@@ -63,10 +63,14 @@ type SitePausedError struct {
 }
 
 func (e *SitePausedError) Error() string {
-	if e.HalfOpen {
+	switch {
+	case e.HalfOpen:
 		return fmt.Sprintf("proxyswitch: site %s paused by its circuit breaker: half-open, waiting for its probe requests", e.Site)
+	case time.Until(e.Until) > indefinitely/2:
+		return fmt.Sprintf("proxyswitch: site %s paused until resumed (PauseSite)", e.Site)
 	}
-	return fmt.Sprintf("proxyswitch: site %s paused by its circuit breaker until %s", e.Site, e.Until.UTC().Format(time.RFC3339Nano))
+	// A breaker's pause or an operator's (PauseSite): the state is the same.
+	return fmt.Sprintf("proxyswitch: site %s paused (circuit breaker or PauseSite) until %s", e.Site, e.Until.UTC().Format(time.RFC3339Nano))
 }
 
 // Unwrap returns ErrSitePaused and ErrNoProxy.

@@ -150,7 +150,21 @@ func TestFailedRequestNamesItsCause(t *testing.T) {
 			return setup{s, site}
 		},
 		is:    []error{ErrNoProxy, ErrSitePaused},
-		text:  `paused by its circuit breaker until`,
+		text:  `paused \(circuit breaker or PauseSite\) until 2`,
+		check: func(t *testing.T, err error) { var pe *SitePausedError; require.ErrorAs(t, err, &pe) },
+	}, {
+		name: "a site paused until resumed",
+		prepare: func(t *testing.T) setup {
+			site := testbed.NewSite(t, "paused-by-hand", nil)
+			s := newSwitch(t, shared.Client(t), WithTimeouts(Timeouts{MaxWait: 200 * time.Millisecond}))
+			_, err := s.Add(context.Background(), testbed.NewProxies(t, 1)[0].URL())
+			require.NoError(t, err)
+			_, err = s.PauseSite(context.Background(), site.Host(), 0)
+			require.NoError(t, err)
+			return setup{s, site}
+		},
+		is:    []error{ErrNoProxy, ErrSitePaused},
+		text:  `site [^ ]+ paused until resumed \(PauseSite\)`,
 		check: func(t *testing.T, err error) { var pe *SitePausedError; require.ErrorAs(t, err, &pe) },
 	}, {
 		name:    "a paused site, the request's deadline first",
@@ -165,7 +179,7 @@ func TestFailedRequestNamesItsCause(t *testing.T) {
 			return setup{s, site}
 		},
 		is:    []error{ErrNoProxy, ErrSitePaused},
-		text:  `paused by its circuit breaker until`,
+		text:  `paused \(circuit breaker or PauseSite\) until 2`,
 		check: func(t *testing.T, err error) { var pe *SitePausedError; require.ErrorAs(t, err, &pe) },
 	}, {
 		name: "an empty pool",
@@ -211,6 +225,7 @@ func TestFailedRequestNamesItsCause(t *testing.T) {
 						assert.ErrorIs(t, got, want, "%v", got)
 					}
 					assert.Regexp(t, tc.text, got.Error())
+					assert.NotContains(t, got.Error(), "\n", "one line, for one log line")
 					if tc.check != nil {
 						tc.check(t, got)
 					}

@@ -178,3 +178,19 @@ func redactErr(err error, p *Proxy) error {
 	}
 	return &redactedError{msg: msg, err: err}
 }
+
+// bothErr is two errors on one line ("a: b"), wrapping both: errors.Join
+// would put a newline between them, which splits a log line.
+type bothErr struct{ a, b error }
+
+// withCause returns err and cause on one line, wrapping both (err alone
+// when cause is nil).
+func withCause(err, cause error) error {
+	if cause == nil {
+		return err
+	}
+	return &bothErr{err, cause}
+}
+
+func (e *bothErr) Error() string   { return e.a.Error() + ": " + e.b.Error() }
+func (e *bothErr) Unwrap() []error { return []error{e.a, e.b} }

@@ -176,9 +176,9 @@ func (s *Switch) acquireBy(ctx context.Context, site, prefer string, renew bool,
 		backoff = min(2*backoff, s.cfg.backoffMax)
 		if !s.waiters.pause(ctx, be.pool(), scope, d) {
 			if err := s.brk.pausedErr(site, start, time.Now()); err != nil {
-				return nil, errors.Join(err, ctx.Err()) // the request ended while its site was paused
+				return nil, withCause(err, ctx.Err()) // the request ended while its site was paused
 			}
-			return nil, errors.Join(fmt.Errorf("%w: gave up waiting for site %s%s", ErrNoProxy, scope, nextFree(next)), ctx.Err())
+			return nil, withCause(fmt.Errorf("%w: gave up waiting for site %s%s", ErrNoProxy, scope, nextFree(next)), ctx.Err())
 		}
 	}
 }

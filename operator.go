@@ -35,8 +35,13 @@ func banAll(c *config, v ban.Verdict) bool {
 }
 
 // Ban quarantines proxy (URL or ID) on site for at least d, for every
-// worker. It is safe for concurrent use.
+// worker. site is named as the site function names it (by default the
+// lower-case host[:port]); an empty one is an error. It is safe for
+// concurrent use.
 func (s *Switch) Ban(ctx context.Context, proxy, site string, d time.Duration) error {
+	if err := checkSite(site); err != nil {
+		return err
+	}
 	p, err := s.find(ctx, proxy)
 	if err != nil {
 		return err
@@ -68,6 +73,9 @@ func (s *Switch) Ban(ctx context.Context, proxy, site string, d time.Duration) e
 // proxy's exit IP that an entry which left that IP carried over to it
 // (not a hold on every site).
 func (s *Switch) Unban(ctx context.Context, proxy, site string) error {
+	if err := checkSite(site); err != nil {
+		return err
+	}
 	p, err := s.find(ctx, proxy)
 	if err != nil {
 		return err

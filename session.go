@@ -73,7 +73,9 @@ import (
 // SessionLabels, and the request starts a new one on a matching proxy.
 
 // TaskKey is the colly.Context key naming a request's task: 1 to 256 bytes
-// of printable UTF-8. Requests without a task lease a proxy each.
+// of printable UTF-8. Requests without a task lease a proxy each. A task's
+// requests share its session's proxy, also those in flight at once: send
+// them one after another where a site must not see two at once from one IP.
 const TaskKey = "proxyswitch.task"
 
 // SessionKey is the colly.Context key where each request of a task leaves

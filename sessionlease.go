@@ -373,9 +373,9 @@ func (p *redisPool) sessionLease(ctx context.Context, site, scope, token, only s
 		backoff = min(2*backoff, c.backoffMax)
 		if !pause(ctx, d) {
 			if err := p.sw.brk.pausedErr(site, start, time.Now()); err != nil {
-				return "", 0, errors.Join(err, ctx.Err()) // the request ended while its site was paused
+				return "", 0, withCause(err, ctx.Err()) // the request ended while its site was paused
 			}
-			return "", 0, errors.Join(fmt.Errorf("%w: gave up waiting for a session proxy on site %s%s", ErrNoProxy, site, nextFree(min(time.Duration(wait)*time.Millisecond, maxWaitHint))), ctx.Err())
+			return "", 0, withCause(fmt.Errorf("%w: gave up waiting for a session proxy on site %s%s", ErrNoProxy, site, nextFree(min(time.Duration(wait)*time.Millisecond, maxWaitHint))), ctx.Err())
 		}
 	}
 }
@@ -517,9 +517,9 @@ func (p *redisPool) sessionLeaseLabelled(ctx context.Context, site, scope, token
 		backoff = min(2*backoff, c.backoffMax)
 		if !pause(ctx, d) {
 			if err := p.sw.brk.pausedErr(site, start, time.Now()); err != nil {
-				return "", 0, errors.Join(err, ctx.Err())
+				return "", 0, withCause(err, ctx.Err())
 			}
-			return "", 0, errors.Join(fmt.Errorf("%w: gave up waiting for a session proxy carrying the labels %s on site %s%s",
+			return "", 0, withCause(fmt.Errorf("%w: gave up waiting for a session proxy carrying the labels %s on site %s%s",
 				ErrNoProxy, strings.Join(want, ","), site, nextFree(min(time.Duration(wait)*time.Millisecond, maxWaitHint))), ctx.Err())
 		}
 	}

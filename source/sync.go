@@ -27,10 +27,10 @@ type Result struct {
 	Source  string    // the source, as its String names it
 	At      time.Time // when the sync started
 	Fetched int       // proxies the source returned (valid, distinct)
-	Before  int       // proxies in the pool before
+	Before  int       // proxies in the pool before (0 if the sync failed before it read the pool)
 	Added   int       // proxies added
 	Removed int       // proxies removed
-	Size    int       // proxies in the pool after (Before when nothing was written)
+	Size    int       // proxies in the pool after (Before when nothing was written, 0 if unread)
 	Written bool      // the pool was changed (one replace: atomic up to 500 proxies, see Syncer)
 	// Err is why the sync did nothing: the source failed (its error,
 	// redacted), Redis failed, or the guard refused the list (ErrGuard).

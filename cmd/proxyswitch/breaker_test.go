@@ -33,11 +33,25 @@ func TestCLIPauseResume(t *testing.T) {
 	r = tr.run("pause", "avito.example")
 	require.Equal(t, 0, r.code, r.all())
 	assert.Equal(t, "paused avito.example until resumed\n", r.stdout)
+	assert.Contains(t, r.stderr, `warning: site "avito.example" was not leased`, "no worker leased there: perhaps misnamed")
+	assert.NotContains(t, r.stderr, "lower case")
+
+	// A site named in upper case is not the default site function's name:
+	// the ban holds under that name, and the CLI says so. An empty one is
+	// no site.
+	r = tr.run("ban", "http://127.0.0.2:3128", "AVITO.example", "1m")
+	require.Equal(t, 0, r.code, r.all())
+	assert.Contains(t, r.stderr, "the default site function names sites in lower case")
+	r = tr.run("ban", "http://127.0.0.2:3128", "", "1m")
+	assert.Equal(t, 2, r.code, r.all())
+	assert.Contains(t, r.stderr, "empty SITE")
+	require.ErrorIs(t, sw.Ban(ctx, "http://127.0.0.2:3128", "", time.Minute), proxyswitch.ErrConfig)
+	require.ErrorIs(t, sw.Unban(ctx, "http://127.0.0.2:3128", ""), proxyswitch.ErrConfig)
 
 	r = tr.run("stats")
 	require.Equal(t, 0, r.code, r.all())
 	assert.Contains(t, r.stdout, "paused sites (circuit breaker):\n")
-	assert.Regexp(t, `\n  avito\.example open until \S+ \(pause \S+\)\n  ozon\.example open until \S+ \(pause 10m0s\)\n`, r.stdout)
+	assert.Regexp(t, `\n  avito\.example open until resumed \(paused by hand\)\n  ozon\.example open until \S+ \(pause 10m0s\)\n`, r.stdout)
 
 	r = tr.run("resume", "ozon.example")
 	require.Equal(t, 0, r.code, r.all())

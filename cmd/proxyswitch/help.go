@@ -73,8 +73,9 @@ Brings dead or drained proxies back into rotation.`,
 	"clear": `usage: proxyswitch [flags] clear -yes
 
 Deletes every key of the pool (proxies, leases, bans, members) under the
-prefix; other pools are left alone. Without -yes it only says what it
-would delete.`,
+prefix; other pools are left alone. Sticky sessions and their cookie jars
+are not deleted: they lapse with their TTL (a task whose proxy is gone
+starts a new session). Without -yes it only says what it would delete.`,
 	"queue": `usage: proxyswitch [flags] queue NS [stats | dead [N] | requeue ID...]
 
 The request queue of storage namespace NS (package storage):

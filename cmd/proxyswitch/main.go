@@ -205,9 +205,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	if raw == "" {
 		raw = "redis://127.0.0.1:6379/0"
 	}
-	opt, err := redis.ParseURL(raw)
+	opt, err := parseRedisURL(raw)
 	if err != nil {
-		fmt.Fprintf(stderr, "proxyswitch: invalid Redis URL %s: want redis://[user:password@]host:port/db\n", redactURL(raw))
+		fmt.Fprintf(stderr, "proxyswitch: invalid Redis URL %s: %s\n", redactURL(raw), message(err))
+		return 2
+	}
+	if *timeout <= 0 {
+		fmt.Fprintf(stderr, "proxyswitch: -timeout %v: want a positive duration\n", *timeout)
+		fmt.Fprintln(stderr, usageLine)
 		return 2
 	}
 	level := slog.LevelWarn
@@ -239,6 +244,36 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		fmt.Fprintf(stderr, "proxyswitch: %s (Redis %s): %s\n", cmd, opt.Addr, message(err))
 		return 1
 	}
+}
+
+// parseRedisURL parses a Redis URL as go-redis does, but refuses the
+// forms go-redis would quietly complete with its defaults: a URL without
+// "//" ("redis:pw@host:6379/0" parses with no host at all) or with an empty
+// host would reach localhost:6379, some other Redis than the one meant. A
+// missing port is 6379, as for redis-cli.
+func parseRedisURL(raw string) (*redis.Options, error) {
+	const want = "want redis://[user:password@]host:port/db, rediss://... or unix:///path"
+	u, err := url.Parse(raw)
+	if err != nil {
+		return nil, errors.New(want)
+	}
+	switch u.Scheme {
+	case "redis", "rediss":
+		if u.Opaque != "" || u.Hostname() == "" {
+			return nil, fmt.Errorf("no host: %s", want)
+		}
+	case "unix":
+		if u.Opaque != "" || u.Path == "" {
+			return nil, fmt.Errorf("no socket path: %s", want)
+		}
+	default:
+		return nil, errors.New(want)
+	}
+	opt, err := redis.ParseURL(raw)
+	if err != nil {
+		return nil, errors.New(want)
+	}
+	return opt, nil
 }
 
 // message is err's text without the "proxyswitch: " prefixes of the
@@ -331,7 +366,9 @@ func (a *app) dispatch(ctx context.Context, cmd string, args []string) error {
 			return err
 		}
 		msg := fmt.Sprintf("removed %d of %d proxies", ch.Removed, len(args))
-		if ch.Removed < len(args) {
+		if slices.ContainsFunc(args, func(a string) bool { return strings.Contains(a, "{session") }) {
+			msg = fmt.Sprintf("removed %d proxies (a gateway template names all its proxies)", ch.Removed)
+		} else if ch.Removed < len(args) {
 			msg += " (the others were not in the pool)"
 		}
 		_, err = fmt.Fprintf(out, "%s, pool size %d\n", msg, ch.Size)
@@ -600,20 +637,36 @@ func (a *app) listSite(ctx context.Context, site string) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	// A site named unlike the workers' site function names it reads as
-	// never leased: every proxy free. Say so rather than let it pass.
-	used, err := a.sw.Sites(ctx)
-	if err != nil {
+	used, err := a.siteUsed(ctx, site)
+	if err != nil || used {
 		return err
 	}
-	for _, u := range used {
-		if u.Site == site {
-			return nil
-		}
+	return a.warnUnusedSite(site, "these are the states its first lease would find")
+}
+
+// siteUsed reports whether a worker leased on site within the idle TTL
+// (Sites).
+func (a *app) siteUsed(ctx context.Context, site string) (bool, error) {
+	used, err := a.sw.Sites(ctx)
+	if err != nil {
+		return false, err
 	}
-	_, err = fmt.Fprintf(a.errOut, "proxyswitch: warning: site %q was not leased from pool %q within the idle TTL: these are the states "+
-		"its first lease would find (is it named as the workers' site function names it, host[:port] by default? stats lists the sites in use)\n",
-		site, a.sw.Pool())
+	return slices.ContainsFunc(used, func(u proxyswitch.SiteUse) bool { return u.Site == site }), nil
+}
+
+// warnUnusedSite warns of a site no worker leased on lately (siteUsed): a
+// site named unlike the workers' site function names it ("OZON.RU" where
+// workers name "ozon.ru") reads as never leased, and a ban or pause of it
+// holds no worker back. Say so rather than let it pass; what says what the
+// command did under that name.
+func (a *app) warnUnusedSite(site, what string) error {
+	hint := ""
+	if site != strings.ToLower(site) {
+		hint = "; the default site function names sites in lower case"
+	}
+	_, err := fmt.Fprintf(a.errOut, "proxyswitch: warning: site %q was not leased from pool %q within the idle TTL: %s "+
+		"(is it named as the workers' site function names it, host[:port] by default%s? stats lists the sites in use)\n",
+		site, a.sw.Pool(), what, hint)
 	return err
 }
 
@@ -702,7 +755,9 @@ func (a *app) pausedSites(ctx context.Context) error {
 	}
 	for _, p := range paused {
 		var err error
-		if p.State == proxyswitch.BreakerOpen {
+		if p.State == proxyswitch.BreakerOpen && p.Until.After(time.Now().AddDate(50, 0, 0)) {
+			_, err = fmt.Fprintf(a.out, "  %s open until resumed (paused by hand)\n", p.Site) // pause SITE without a DURATION
+		} else if p.State == proxyswitch.BreakerOpen {
 			_, err = fmt.Fprintf(a.out, "  %s open until %s (pause %v)\n", p.Site, p.Until.UTC().Format(time.RFC3339), p.Pause)
 		} else {
 			_, err = fmt.Fprintf(a.out, "  %s half-open: %d probe(s) out, %d passed\n", p.Site, p.Probes, p.Passed)
@@ -729,6 +784,10 @@ func (a *app) pause(ctx context.Context, args []string) error {
 			return fmt.Errorf("%w: pause duration %q: want a positive duration such as 30s or 10m", errUsage, args[1])
 		}
 	}
+	used, err := a.siteUsed(ctx, args[0])
+	if err != nil {
+		return err
+	}
 	until, err := a.sw.PauseSite(ctx, args[0], d)
 	if err != nil {
 		return err
@@ -738,7 +797,13 @@ func (a *app) pause(ctx context.Context, args []string) error {
 	} else {
 		_, err = fmt.Fprintf(a.out, "paused %s until %s\n", args[0], until.UTC().Format(time.RFC3339))
 	}
-	return err
+	if err != nil {
+		return err
+	}
+	if !used {
+		return a.warnUnusedSite(args[0], "the pause holds under that name")
+	}
+	return nil
 }
 
 func (a *app) ban(ctx context.Context, args []string) error {
@@ -752,11 +817,23 @@ func (a *app) ban(ctx context.Context, args []string) error {
 			return fmt.Errorf("%w: ban duration %q: want a positive duration such as 30m or 2h", errUsage, args[2])
 		}
 	}
+	if err := checkSite(args[1]); err != nil {
+		return err
+	}
+	used, err := a.siteUsed(ctx, args[1]) // before the ban, which leases there
+	if err != nil {
+		return err
+	}
 	if err := a.sw.Ban(ctx, args[0], args[1], d); err != nil {
 		return err
 	}
-	_, err := fmt.Fprintf(a.out, "banned proxy %s on %s for at least %v\n", proxyName(args[0]), args[1], d)
-	return err
+	if _, err := fmt.Fprintf(a.out, "banned proxy %s on %s for at least %v\n", proxyName(args[0]), args[1], d); err != nil {
+		return err
+	}
+	if !used {
+		return a.warnUnusedSite(args[1], "the ban holds under that name")
+	}
+	return nil
 }
 
 // unban ends proxy's quarantine on site, and says whether it was
@@ -936,21 +1013,28 @@ func isProxyID(arg string) bool {
 }
 
 // checkProxyArgs refuses, before any Redis call, a proxy argument of cmd
-// (ban and unban take one first, drain, revive and remove only proxies)
+// (ban and unban take one first, drain and revive only proxies, remove
+// proxies or gateway templates)
 // that is neither a proxy ID nor a proxy URL, saying both: the library's
 // error alone says only why it is no URL ("missing port"). A failure, not
 // a usage mistake (exit code 1), as an invalid line of load is.
 func checkProxyArgs(cmd string, args []string) error {
 	var proxies []string
+	templates := false // a gateway template names all its proxies
 	switch cmd {
 	case "ban", "unban":
 		proxies = args[:min(len(args), 1)]
-	case "drain", "revive", "remove":
+	case "drain", "revive":
 		proxies = args
+	case "remove":
+		proxies, templates = args, true
 	}
 	for _, arg := range proxies {
 		if isProxyID(arg) {
 			continue
+		}
+		if templates && strings.Contains(arg, "{session") {
+			continue // the library checks it, and its error says what is wrong
 		}
 		if _, err := proxyswitch.ParseProxy(arg); err != nil {
 			return fmt.Errorf("a proxy argument is neither a proxy ID (16 hex digits, as list shows) nor a proxy URL: %s", message(err))

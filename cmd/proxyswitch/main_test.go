@@ -114,6 +114,11 @@ func TestCLIErrorsAndExitCodes(t *testing.T) {
 		"wrong password":  {map[string]string{EnvRedisURL: "redis://:wrong-" + redisSecret + "@" + srv.Addr() + "/0"}, "", []string{"list"}, 1, "list"},
 		"redis down":      {map[string]string{EnvRedisURL: "redis://:" + redisSecret + "@" + deadAddr + "/0"}, "", []string{"-timeout", "500ms", "list"}, 1, "redis error"},
 		"bad prefix":      {good, "", []string{"-prefix", "a{b", "list"}, 2, "braces"},
+		// go-redis completes both with localhost:6379: another Redis.
+		"redis url without //": {map[string]string{EnvRedisURL: "redis:" + redisSecret + "@" + srv.Addr() + "/0"}, "", []string{"list"}, 2, "no host"},
+		"redis url empty host": {map[string]string{EnvRedisURL: "redis://:" + redisSecret + "@/0"}, "", []string{"list"}, 2, "no host"},
+		"unix url no path":     {map[string]string{EnvRedisURL: "unix://"}, "", []string{"list"}, 2, "no socket path"},
+		"zero timeout":         {good, "", []string{"-timeout", "0s", "list"}, 2, "-timeout 0s"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			r := cli(t, tc.env, tc.stdin, tc.args...)

@@ -69,6 +69,16 @@ func TestCLIMessagesNameTheirCause(t *testing.T) {
 	r = cli(t, env, "", "remove", a)
 	require.Equal(t, 0, r.code, r.all())
 	assert.Equal(t, "removed 1 of 1 proxies, pool size 0\n", r.stdout)
+	// A gateway template, as the library's Remove takes it: all its proxies.
+	gw := "http://cust-session-{session:3}:pw@127.0.0.7:9999"
+	r = cli(t, env, "", "add", gw)
+	require.Equal(t, 0, r.code, r.all())
+	r = cli(t, env, "", "remove", gw)
+	require.Equal(t, 0, r.code, r.all())
+	assert.Equal(t, "removed 3 proxies (a gateway template names all its proxies), pool size 0\n", r.stdout)
+	r = cli(t, env, "", "remove", "http://cust-session-{sesion:3}:pw@127.0.0.7:9999")
+	assert.Equal(t, 1, r.code, r.all())
+	assert.NotContains(t, r.all(), ":pw@")
 
 	r = cli(t, env, "", "add", a, b)
 	require.Equal(t, 0, r.code, r.all())

@@ -164,7 +164,9 @@ func printSync(w io.Writer, r source.Result) {
 	at := r.At.UTC().Format(time.RFC3339)
 	switch {
 	case r.Err != nil:
-		fmt.Fprintf(w, "%s %s: failed, pool unchanged (size %d): %s\n", at, r.Source, r.Size, message(r.Err))
+		// No size: a sync that failed before it read the pool (the source
+		// failed) does not know it; the guard's error says it.
+		fmt.Fprintf(w, "%s %s: failed, pool unchanged: %s\n", at, r.Source, message(r.Err))
 	case r.Written:
 		fmt.Fprintf(w, "%s %s: added %d, removed %d, pool size %d\n", at, r.Source, r.Added, r.Removed, r.Size)
 	default:
