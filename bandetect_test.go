@@ -320,7 +320,7 @@ func TestBodiesAreReadWithinBounds(t *testing.T) {
 	tr := &transport{s: s}
 	resp := &http.Response{Body: ioNopCloser{endless{}}, Header: http.Header{}, ContentLength: -1}
 	x := &ban.Exchange{}
-	require.NoError(t, tr.buffer(resp, x, &attempt{}))
+	require.NoError(t, tr.buffer(resp, x, &attempt{}, nil))
 	assert.Len(t, x.Body, 256<<10)
 	assert.True(t, x.Truncated)
 

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/gocolly/colly/v2"
 )
 
 // Tying a lease to its request.
@@ -34,16 +36,17 @@ import (
 // binding is the lease state of one request (one redirect chain).
 type binding struct {
 	mu      sync.Mutex
-	hdrs    []http.Header // every hop's map: keeps the keys' maps alive
-	lease   *Lease        // current lease; nil before the first hop or after failure
-	hooked  bool          // made by the hooks (released by them), not by the ProxyFunc alone
-	touched atomic.Int64  // unix ns of creation or of the last lease taken
-	done    bool          // finished: released, must not take a new lease
-	proxy   *Proxy        // the proxy of the latest lease (kept after release)
-	calls   int           // ProxyFunc calls served: tells the transport a hop used a proxy
-	retries int           // retries through another proxy taken (transport.go)
-	task    *taskState    // the request's task, for its sticky session (session.go); nil for none
-	waitBy  time.Time     // the hop's wait for a proxy ends by then (leaseEarly); zero: MaxWait alone
+	hdrs    []http.Header    // every hop's map: keeps the keys' maps alive
+	lease   *Lease           // current lease; nil before the first hop or after failure
+	hooked  bool             // made by the hooks (released by them), not by the ProxyFunc alone
+	touched atomic.Int64     // unix ns of creation or of the last lease taken
+	done    bool             // finished: released, must not take a new lease
+	proxy   *Proxy           // the proxy of the latest lease (kept after release)
+	calls   int              // ProxyFunc calls served: tells the transport a hop used a proxy
+	retries int              // retries through another proxy taken (transport.go)
+	task    *taskState       // the request's task, for its sticky session (session.go); nil for none
+	coll    *colly.Collector // the collector the hooks saw it on (its MaxBodySize); nil without hooks
+	waitBy  time.Time        // the hop's wait for a proxy ends by then (leaseEarly); zero: MaxWait alone
 
 	refusals []refusal     // the bans met, for the page-or-IP judgment (ban.go)
 	blocked  *BlockedError // the latest ban or failure retried: named by a later ErrNoProxy
@@ -171,6 +174,15 @@ func (b *binding) takeRetry(limit int) bool {
 	}
 	b.retries++
 	return true
+}
+
+// collector returns the collector b's request came from (nil if unknown).
+// It is set before the request is sent and never changes.
+func (b *binding) collector() *colly.Collector {
+	if b == nil {
+		return nil
+	}
+	return b.coll
 }
 
 func newBinding(hooked bool) *binding {

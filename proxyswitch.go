@@ -48,6 +48,8 @@ type Switch struct {
 	tokenPrefix  string
 	tokenSeq     atomic.Uint64
 	warnUnhooked sync.Once
+	trOnce       sync.Once
+	tr           *transport                  // the transport Attach installs (transport.go)
 	warnedRoute  atomic.Bool                 // warnRouteIgnored said it
 	observer     atomic.Pointer[observerBox] // SetObserver; nil: none
 	renew        renewer                     // the live leases: renewed while their request runs, released by Close (renew.go)
@@ -110,11 +112,17 @@ func New(rdb redis.Scripter, opts ...Option) colly.ProxyFunc {
 // detection with retries (Bans), sticky sessions, and hooks that release
 // each lease as soon as its response is in, keep one proxy for a redirect
 // chain and set Request.ProxyURL (masked). Call it before registering your
-// own callbacks, on every collector and clone. Calling c.WithTransport or
-// c.SetProxyFunc afterwards turns ban detection off.
+// own callbacks, on every collector and clone; a clone may be attached by
+// another Switch (another pool) than its original, and each collector's
+// requests keep to the Switch that attached it and its own MaxBodySize,
+// though Colly's clones share one HTTP client. Calling c.WithTransport or
+// c.SetProxyFunc afterwards turns ban detection off. Attach collectors
+// before they crawl: Colly sets the transport of a client a clone shares
+// without a lock.
 func (s *Switch) Attach(c *colly.Collector) {
-	c.WithTransport(s.newTransport(c))
-	c.OnRequestHeaders(s.onRequestHeaders)
+	noteAttached(s)
+	c.WithTransport(s.transport())
+	c.OnRequestHeaders(func(r *colly.Request) { s.onRequestHeaders(r, c) })
 	c.OnRequestHeaders(s.sessionRequestHeaders) // the task in r.Ctx, for sticky sessions (session.go)
 	c.OnResponseHeaders(s.onResponseHeaders)
 	c.OnResponse(func(r *colly.Response) { s.finish(r.Request) })
@@ -187,10 +195,12 @@ func (s *Switch) hookedProxy(req *http.Request, b *binding, site string) (*url.U
 // that can never end (no deadline, no cancellation) leaves it unrenewed, to
 // expire with its TTL.
 func (s *Switch) unhookedProxy(req *http.Request, site string) (*url.URL, error) {
-	s.warnUnhooked.Do(func() {
-		s.cfg.logger.Warn("proxyswitch: requests arrive without the release hooks; call Switch.Attach(collector). " +
-			"Leases are released when a request's context ends, or else expire after the lease TTL.")
-	})
+	if req.URL.Path != "/robots.txt" { // Colly fetches robots.txt past its hooks, attached or not
+		s.warnUnhooked.Do(func() {
+			s.cfg.logger.Warn("proxyswitch: requests arrive without the release hooks; call Switch.Attach(collector). " +
+				"Leases are released when a request's context ends, or else expire after the lease TTL.")
+		})
+	}
 	prefer := ""
 	if req.Response != nil && req.Response.Request != nil {
 		if prev := s.reg.lookup(req.Response.Request.Header); prev != nil {
@@ -218,7 +228,7 @@ func (s *Switch) unhookedProxy(req *http.Request, site string) (*url.URL, error)
 // onRequestHeaders runs right before Colly hands the request to net/http. It
 // gives the request a header map of its own and registers the binding the
 // ProxyFunc will fill.
-func (s *Switch) onRequestHeaders(r *colly.Request) {
+func (s *Switch) onRequestHeaders(r *colly.Request, c *colly.Collector) {
 	if r.IsAbort() || r.Headers == nil {
 		return
 	}
@@ -227,7 +237,9 @@ func (s *Switch) onRequestHeaders(r *colly.Request) {
 		h = http.Header{}
 	}
 	*r.Headers = h
-	s.reg.add(h, newBinding(true))
+	b := newBinding(true)
+	b.coll = c
+	s.reg.add(h, b)
 }
 
 // onResponseHeaders fills Request.ProxyURL as early as Colly allows.

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"weak"
 
 	"github.com/gocolly/colly/v2"
 	"github.com/proxyswitch/proxyswitch/ban"
@@ -62,22 +63,87 @@ const (
 
 type transport struct {
 	s     *Switch
-	inner *http.Transport  // nil with per-proxy clients (WithClient, client.go)
-	c     *colly.Collector // MaxBodySize is read per request, as Colly does
+	inner *http.Transport // nil with per-proxy clients (WithClient, client.go)
 }
 
-// newTransport builds the transport Attach installs on c: without
-// per-proxy clients (WithClient), one inner *http.Transport whose Proxy is
-// the ProxyFunc, keep-alives off.
-func (s *Switch) newTransport(c *colly.Collector) *transport {
-	if s.cfg.client.perProxy() {
-		return &transport{s: s, c: c} // each hop through its proxy's client (client.go)
+// transport returns the Switch's transport, the one Attach installs on
+// every collector (built on first use): without per-proxy clients
+// (WithClient), one inner *http.Transport whose Proxy is the ProxyFunc,
+// keep-alives off. What differs per collector (MaxBodySize) is read from
+// the request's binding, which knows its collector.
+func (s *Switch) transport() *transport {
+	s.trOnce.Do(func() {
+		if s.cfg.client.perProxy() {
+			s.tr = &transport{s: s} // each hop through its proxy's client (client.go)
+			return
+		}
+		inner := s.baseTransport()
+		inner.Proxy = s.ProxyFunc
+		inner.DisableKeepAlives = true
+		tunnelFailures(inner)
+		s.tr = &transport{s: s, inner: inner}
+	})
+	return s.tr
+}
+
+// Collectors sharing one client. Colly's Clone shares the original's HTTP
+// client, so the transport the last Attach installed serves the original
+// and every clone, whichever Switch attached them. Each Switch that
+// attached a collector is listed here (weakly: a Switch nobody uses any
+// more may go), and a transport hands a request that another Switch's
+// hooks registered to that Switch's transport: the request keeps its
+// Switch's pool, bans and sessions.
+var attachedSwitches struct {
+	mu   sync.Mutex
+	list []weak.Pointer[Switch]
+}
+
+// noteAttached lists s among the Switches that attached a collector.
+func noteAttached(s *Switch) {
+	attachedSwitches.mu.Lock()
+	defer attachedSwitches.mu.Unlock()
+	live := attachedSwitches.list[:0]
+	found := false
+	for _, w := range attachedSwitches.list {
+		if o := w.Value(); o != nil {
+			live = append(live, w)
+			found = found || o == s
+		}
 	}
-	inner := s.baseTransport()
-	inner.Proxy = s.ProxyFunc
-	inner.DisableKeepAlives = true
-	tunnelFailures(inner)
-	return &transport{s: s, inner: inner, c: c}
+	clear(attachedSwitches.list[len(live):])
+	attachedSwitches.list = live
+	if !found {
+		attachedSwitches.list = append(attachedSwitches.list, weak.Make(s))
+	}
+}
+
+// owner returns the Switch whose hooks registered req (or the hop it was
+// redirected from), if that is not t's: nil when t's own or nobody's.
+func (t *transport) owner(req *http.Request) *Switch {
+	var prev http.Header
+	if req.Response != nil && req.Response.Request != nil {
+		prev = req.Response.Request.Header
+	}
+	mine := func(s *Switch) bool {
+		return s.reg.lookup(req.Header) != nil || (prev != nil && s.reg.lookup(prev) != nil)
+	}
+	if mine(t.s) {
+		return nil
+	}
+	attachedSwitches.mu.Lock()
+	others := make([]*Switch, 0, len(attachedSwitches.list))
+	for _, w := range attachedSwitches.list {
+		if o := w.Value(); o != nil && o != t.s {
+			others = append(others, o)
+		}
+	}
+	attachedSwitches.mu.Unlock()
+	for _, o := range others {
+		if mine(o) {
+			return o
+		}
+	}
+	return nil
 }
 
 // send sends one attempt: through the inner transport, or through the
@@ -92,6 +158,9 @@ func (t *transport) send(a *attempt) (*http.Response, error) {
 // RoundTrip sends one hop, through as many proxies as bans, failures and
 // the retry bound call for.
 func (t *transport) RoundTrip(req *http.Request) (resp *http.Response, err error) {
+	if o := t.owner(req); o != nil {
+		return o.transport().RoundTrip(req) // a collector sharing this client, attached by another Switch
+	}
 	var su *sessionUse // the task's session the last attempt went through (session.go)
 	defer func() { resp, err = su.finish(resp, err) }()
 	for n := 1; ; n++ {
@@ -190,7 +259,7 @@ func (t *transport) judge(req *http.Request, a *attempt, b *binding, l *Lease, r
 	if err == nil {
 		x.StatusCode, x.Header = resp.StatusCode, resp.Header
 		if x.Final() && x.HasBody() {
-			if rerr := t.buffer(resp, x, a); rerr != nil {
+			if rerr := t.buffer(resp, x, a, b.collector()); rerr != nil {
 				x.Err, resp = rerr, nil
 			}
 		}
@@ -326,10 +395,10 @@ func (t *transport) retry(req *http.Request, b *binding, l *Lease, x *ban.Exchan
 // whole decoded stream, decoded as it reads it, as it would have decoded it
 // itself. A body that does not decode goes to Colly as it came (Colly then
 // reports the error it meets), marked Undecoded for the classifiers.
-func (t *transport) buffer(resp *http.Response, x *ban.Exchange, a *attempt) error {
+func (t *transport) buffer(resp *http.Response, x *ban.Exchange, a *attempt, c *colly.Collector) error {
 	limit, stream := t.s.cfg.readLimit, true
-	if t.c != nil && t.c.MaxBodySize > 0 {
-		limit, stream = int64(t.c.MaxBodySize), false
+	if c != nil && c.MaxBodySize > 0 {
+		limit, stream = int64(c.MaxBodySize), false
 	}
 	orig := resp.Body
 	buf := bodyBuffers.Get().(*bytes.Buffer)

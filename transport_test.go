@@ -312,7 +312,7 @@ func BenchmarkBuffer(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		resp := &http.Response{Body: io.NopCloser(bytes.NewReader(page)), Header: http.Header{}, ContentLength: int64(len(page))}
-		if err := tr.buffer(resp, &ban.Exchange{}, &attempt{}); err != nil {
+		if err := tr.buffer(resp, &ban.Exchange{}, &attempt{}, nil); err != nil {
 			b.Fatal(err)
 		}
 	}
