@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"mime"
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
@@ -396,6 +397,17 @@ func (t *transport) retry(req *http.Request, b *binding, l *Lease, x *ban.Exchan
 // itself. A body that does not decode goes to Colly as it came (Colly then
 // reports the error it meets), marked Undecoded for the classifiers.
 func (t *transport) buffer(resp *http.Response, x *ban.Exchange, a *attempt, c *colly.Collector) error {
+	if fileMedia(resp.Header.Get("Content-Type")) && bodyCoding(resp) != codingGzip {
+		// A file no content check reads: Colly gets the body unread, as
+		// without the transport, so that an OnResponseHeaders abort still
+		// saves its download (per-GB proxies bill it). Not one Colly would
+		// gunzip (a .xml.gz sitemap served as octet-stream): that is
+		// decoded here, within MaxBodySize, against gzip bombs.
+		a.stopTimer()
+		x.Truncated = true // nothing read: the content checks judge nothing
+		resp.Body = &doneBody{Reader: resp.Body, close: resp.Body.Close, done: a.done}
+		return nil
+	}
 	limit, stream := t.s.cfg.readLimit, true
 	if c != nil && c.MaxBodySize > 0 {
 		limit, stream = int64(c.MaxBodySize), false
@@ -488,6 +500,36 @@ const (
 // Colly (v2.3.0, http_backend.go) would gunzip it: net/http did not decode
 // it and its Content-Encoding names gzip, or it has none and its
 // Content-Type names gzip, or the URL's path ends in ".xml.gz".
+// fileMedia reports whether a response of this Content-Type is a file (an
+// image, a sound, a video, a font, a PDF, an office document, an archive
+// other than gzip, or application/octet-stream) that the transport hands
+// to Colly unread, unless Colly would gunzip it (bodyCoding). Gzip stays
+// read: Colly decodes it (sitemaps), and so may the checks. An unknown or
+// unparsable type is read.
+func fileMedia(contentType string) bool {
+	if contentType == "" {
+		return false
+	}
+	mt, _, err := mime.ParseMediaType(contentType)
+	if err != nil {
+		return false
+	}
+	for _, prefix := range []string{"image/", "audio/", "video/", "font/",
+		"application/vnd.openxmlformats-officedocument.", "application/vnd.oasis.opendocument.", "application/vnd.ms-"} {
+		if strings.HasPrefix(mt, prefix) {
+			return true
+		}
+	}
+	switch mt {
+	case "application/pdf", "application/octet-stream", "application/zip", "application/x-tar",
+		"application/x-7z-compressed", "application/vnd.rar", "application/x-rar-compressed", "application/x-bzip2",
+		"application/x-xz", "application/zstd", "application/msword", "application/epub+zip",
+		"application/java-archive", "application/wasm":
+		return true
+	}
+	return false
+}
+
 func bodyCoding(resp *http.Response) int {
 	if resp.Uncompressed {
 		return codingPlain

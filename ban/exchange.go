@@ -35,8 +35,8 @@ type Exchange struct {
 	OriginURL  *url.URL      // the URL the request (redirect chain) started from
 	StatusCode int           // 0 when Err is set
 	Header     http.Header   // response header; nil when Err is set
-	Body       []byte        // response body, gunzipped, at most the collector's MaxBodySize
-	Truncated  bool          // the body went on past what was read (or decoded): the content checks ban on nothing they did not see
+	Body       []byte        // response body, gunzipped, at most the collector's MaxBodySize; empty for a file type (image, PDF, archive...), which is not read
+	Truncated  bool          // the body went on past what was read (or decoded), or was not read (a file type): the content checks ban on nothing they did not see
 	Undecoded  bool          // the body came encoded and could not be decoded (or in an encoding Colly does not decode: br, deflate...): Body is as it came, and the content checks skip it
 	Err        error         // the transport error; nil when a response came
 	TimedOut   bool          // Err is the doing of the attempt's own timeout (proxyswitch.Timeouts.Attempt): ReasonProxyTimeout
