@@ -95,3 +95,15 @@ func (c *countingConn) Read(p []byte) (int, error) {
 	c.read.Add(int64(n))
 	return n, err
 }
+
+func TestFileMedia(t *testing.T) {
+	for ct, want := range map[string]bool{
+		"application/pdf": true, "Application/PDF; name=x.pdf": true, " image/png ": true, "video/mp4": true,
+		"application/vnd.openxmlformats-officedocument.spreadsheetml.sheet": true, "application/octet-stream": true,
+		"text/html; charset=utf-8": false, "application/json": false, "application/gzip": false, "": false,
+		"image/": false, "application/pdfx": false, "text/plain": false, "application/xhtml+xml": false,
+	} {
+		assert.Equal(t, want, fileMedia(ct), "%q", ct)
+	}
+	assert.Zero(t, testing.AllocsPerRun(100, func() { fileMedia("Application/PDF; charset=binary") }))
+}

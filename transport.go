@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"mime"
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
@@ -507,28 +506,31 @@ const (
 // read: Colly decodes it (sitemaps), and so may the checks. An unknown or
 // unparsable type is read.
 func fileMedia(contentType string) bool {
-	if contentType == "" {
-		return false
-	}
-	mt, _, err := mime.ParseMediaType(contentType)
-	if err != nil {
-		return false
-	}
-	for _, prefix := range []string{"image/", "audio/", "video/", "font/",
-		"application/vnd.openxmlformats-officedocument.", "application/vnd.oasis.opendocument.", "application/vnd.ms-"} {
-		if strings.HasPrefix(mt, prefix) {
+	// On every response: no allocation (mime.ParseMediaType makes a map).
+	mt, _, _ := strings.Cut(contentType, ";")
+	mt = strings.TrimSpace(mt)
+	for _, prefix := range filePrefixes {
+		if len(mt) > len(prefix) && strings.EqualFold(mt[:len(prefix)], prefix) {
 			return true
 		}
 	}
-	switch mt {
-	case "application/pdf", "application/octet-stream", "application/zip", "application/x-tar",
-		"application/x-7z-compressed", "application/vnd.rar", "application/x-rar-compressed", "application/x-bzip2",
-		"application/x-xz", "application/zstd", "application/msword", "application/epub+zip",
-		"application/java-archive", "application/wasm":
-		return true
+	for _, t := range fileTypes {
+		if strings.EqualFold(mt, t) {
+			return true
+		}
 	}
 	return false
 }
+
+// The media types fileMedia names, by prefix and whole.
+var (
+	filePrefixes = []string{"image/", "audio/", "video/", "font/",
+		"application/vnd.openxmlformats-officedocument.", "application/vnd.oasis.opendocument.", "application/vnd.ms-"}
+	fileTypes = []string{"application/pdf", "application/octet-stream", "application/zip", "application/x-tar",
+		"application/x-7z-compressed", "application/vnd.rar", "application/x-rar-compressed", "application/x-bzip2",
+		"application/x-xz", "application/zstd", "application/msword", "application/epub+zip",
+		"application/java-archive", "application/wasm"}
+)
 
 func bodyCoding(resp *http.Response) int {
 	if resp.Uncompressed {
