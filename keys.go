@@ -154,5 +154,5 @@ func (k keyspace) sessionKeys(task string) []string {
 // states are the KEYS of state.lua and proxy_states.lua for scope.
 func (k keyspace) states(scope string) engine.StateKeys {
 	return engine.StateKeys{Pool: k.proxies(), Free: k.free(scope), Lease: k.leases(scope), Strikes: k.strikes(scope),
-		Quarantine: k.quarantine(), Dead: k.dead(), Meta: k.meta(), Pace: k.pace(scope)}
+		Quarantine: k.quarantine(), Dead: k.dead(), Meta: k.meta(), Pace: k.pace(scope), Fails: k.fails()}
 }

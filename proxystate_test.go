@@ -157,6 +157,37 @@ func TestProxyStatesEveryState(t *testing.T) {
 	assert.Equal(t, StateCooling, got[held].State)
 }
 
+// TestProxyStatesFailingProxyIsQuarantined: a proxy failure's quarantine
+// writes no strike (bans in a row), yet the proxy is quarantined there, not
+// cooling, in ProxyStates and in SiteState, until it answers healthily
+// again; a proxy resting after a healthy answer is cooling.
+func TestProxyStatesFailingProxyIsQuarantined(t *testing.T) {
+	ctx := context.Background()
+	const site = "ozon.example"
+	s := newSwitch(t, shared.Client(t), WithRotation(Rotation{Cooldown: time.Minute}), WithTimeouts(Timeouts{MaxWait: Off}),
+		WithBans(Bans{DeadAfter: 3}))
+	urls := proxyURLs(3)
+	_, err := s.Add(ctx, urls...)
+	require.NoError(t, err)
+	ids := proxyIDsOf(t, urls)
+	failing, resting := ids[0], ids[1]
+	l := leaseProxy(t, s, site, failing)
+	require.NoError(t, l.Report(ctx, ban.Verdict{Kind: ban.ProxyFailure, Reason: ban.ReasonProxyTimeout}))
+	failedAt := time.Now()
+	require.NoError(t, leaseProxy(t, s, site, resting).Report(ctx, ban.Verdict{Kind: ban.OK}))
+
+	got := statesAgree(t, s, site)
+	assert.Equal(t, StateQuarantined, got[failing].State)
+	assert.Equal(t, 1, got[failing].QuarantinedSlots)
+	assert.Zero(t, got[failing].Strikes, "a failure is no ban in a row")
+	assert.WithinDuration(t, failedAt.Add(time.Minute), got[failing].Until, 15*time.Second, "Bans.FailureQuarantine, with jitter")
+	assert.Equal(t, StateCooling, got[resting].State)
+	st, err := s.SiteState(ctx, site)
+	require.NoError(t, err)
+	assert.Equal(t, 1, st.Quarantined)
+	assert.Equal(t, 1, st.Cooling)
+}
+
 func TestProxyStatesBanAllSites(t *testing.T) {
 	ctx := context.Background()
 	rdb := shared.Client(t)

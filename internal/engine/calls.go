@@ -205,10 +205,11 @@ func (c Sites) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
 type StateKeys struct {
 	Pool, Free, Lease, Strikes, Quarantine, Dead, Meta string // KEYS[1..7]
 	Pace                                               string // KEYS[8]: the scope's learned pace (state.lua reads it)
+	Fails                                              string // KEYS[9]: the pool's failures in a row (a failing proxy's slots out are quarantined)
 }
 
 func (k StateKeys) keys() []string {
-	return []string{k.Pool, k.Free, k.Lease, k.Strikes, k.Quarantine, k.Dead, k.Meta, k.Pace}
+	return []string{k.Pool, k.Free, k.Lease, k.Strikes, k.Quarantine, k.Dead, k.Meta, k.Pace, k.Fails}
 }
 
 // State runs state.lua: one page of the counts of the pool's slots by

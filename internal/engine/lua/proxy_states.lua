@@ -8,6 +8,10 @@
 -- KEYS[5] quarantine zset  id -> end (ms) of a ban on every site
 -- KEYS[6] dead hash        id -> "<ms>|<reason>"
 -- KEYS[7] meta hash        "slots" -> concurrency
+-- KEYS[8] pace hash        (state.lua's; not read here)
+-- KEYS[9] fails hash       id -> failures in a row (penalize.lua): a proxy failure's
+--                          quarantine writes no strike, so a proxy failing since its
+--                          last healthy answer counts quarantined where its slots are out
 -- ARGV[1] slots per proxy the caller is configured with, used when the pool
 --         has not fixed it yet (nothing was ever leased from it)
 -- ARGV[2] HSCAN cursor of the pool hash, "0" for the first page
@@ -24,7 +28,8 @@
 --
 -- A slot is free when its score has passed; else leased while a lease on it
 -- is live, dead at DEAD, quarantined while a ban on the scope or on every
--- site runs, and cooling otherwise: the order of state.lua, whose counts the
+-- site runs or the proxy is failing (its failures in a row), and cooling
+-- otherwise: the order of state.lua, whose counts the
 -- sums over the proxies equal. A slot with no entry in the site's busy set
 -- is free there unless its proxy is dead or banned on every site. A leased slot
 -- that a ban pushed past its lease's end (a proxy banned while a request
@@ -54,7 +59,7 @@ for i = 1, #pool, 2 do
   local st = {n = 0, ends = 0}
   if sv then st = {n = tonumber(string.match(sv, '^(%d+)|')) or 0, ends = ends(sv) or 0} end
   local allEnd = after_now(redis.call('ZSCORE', KEYS[5], id)) or 0
-  local banned = st.ends > now or allEnd > now
+  local banned = st.ends > now or allEnd > now or redis.call('HEXISTS', KEYS[9], id) == 1
   local free, leased, cooling, quarantined, deadSlots = 0, 0, 0, 0, 0
   local leaseUntil, coolUntil, quarUntil = 0, 0, 0
   for s = 0, slots - 1 do

@@ -11,6 +11,9 @@
 -- KEYS[6] dead hash        id -> "<ms>|<reason>"
 -- KEYS[7] meta hash        "slots" -> concurrency
 -- KEYS[8] pace hash        the cooldown learned for the site (lib.lua's pace_refused)
+-- KEYS[9] fails hash       id -> failures in a row (penalize.lua): a proxy failure's
+--                          quarantine writes no strike, so a slot out of a proxy
+--                          failing since its last healthy answer counts quarantined
 -- ARGV[1] the caller's concurrency, for a pool that has not recorded one yet
 -- ARGV[2] phase: "busy" (the first call), "dead" or "quarantine"
 -- ARGV[3] the phase's SCAN cursor, "0" to start it
@@ -25,7 +28,8 @@
 -- proxy is (the dead hash: kind "D", name the id, n its slots not leased);
 -- else quarantined while its proxy is banned on every site (the quarantine
 -- zset: kind "X", name the id) or while its score on the site has not
--- passed and a ban on the site runs (kind "Q", the busy member); else
+-- passed and a ban on the site runs or its proxy is failing (kind "Q", the
+-- busy member); else
 -- cooling while its score has not passed (kind "C", the busy member); else
 -- free. Only the slots out on the site (its busy set) and the proxies dead
 -- or banned everywhere are looked at one by one: free = the rest. A SCAN
@@ -113,7 +117,7 @@ while true do
               not (s and s < slots and tostring(s) == sfx and banned(id)) and score < DEAD then
             local st = redis.call('HGET', KEYS[4], id)
             local ends = st and tonumber(string.match(st, '|(%d+)$'))
-            if ends and ends > now then
+            if (ends and ends > now) or redis.call('HEXISTS', KEYS[9], id) == 1 then
               out[#out + 1] = 'Q' .. m
             else
               out[#out + 1] = 'C' .. m
