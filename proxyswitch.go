@@ -111,7 +111,11 @@ func New(rdb redis.Scripter, opts ...Option) colly.ProxyFunc {
 // each lease as soon as its response is in, keep one proxy for a redirect
 // chain and set Request.ProxyURL (masked). Call it before registering your
 // own callbacks, on every collector and clone. Calling c.WithTransport or
-// c.SetProxyFunc afterwards turns ban detection off.
+// c.SetProxyFunc afterwards turns ban detection off. A request is sent again
+// through another proxy only when that cannot make the site act on it twice
+// (Bans.Retries): a POST goes again after a ban, or after a failure before
+// it could reach the site, never after a timeout or a broken connection
+// once it was written.
 func (s *Switch) Attach(c *colly.Collector) {
 	c.WithTransport(s.newTransport(c))
 	c.OnRequestHeaders(s.onRequestHeaders)
