@@ -439,6 +439,7 @@ func (t *transport) sendPerProxy(a *attempt) (*http.Response, error) {
 		return nil, err
 	}
 	a.startTimer(s.cfg.attemptTimeout) // the proxy is leased: Timeouts.Attempt's bound starts
+	_, a.traced = rt.(*http.Transport) // its GotConn tells a request that never left (transport.go: unsent)
 	resp, err := rt.RoundTrip(req)
 	if resp != nil && resp.Request != req {
 		// The RoundTripper sent a copy (one that sets headers of its own

@@ -74,7 +74,13 @@ type BlockedError struct {
 	Attempts int         // proxies tried for the request
 	Status   int         // the HTTP status of the site's last answer; 0 when there was none
 	Page     bool        // the site refused the page itself (ErrPageRefused), not the proxies
-	Err      error       // the last attempt's transport error, if any
+	// NotResent: the last attempt failed after its request may have
+	// reached the site, and the request is not one net/http would replay
+	// (a POST, say, without an Idempotency-Key header), so it was not sent
+	// again through another proxy, retries left or not: the site may have
+	// acted on it (Bans.Retries).
+	NotResent bool
+	Err       error // the last attempt's transport error, if any
 }
 
 func (e *BlockedError) Error() string {
@@ -90,6 +96,9 @@ func (e *BlockedError) Error() string {
 		answer = fmt.Sprintf("%d %s, %s", e.Status, http.StatusText(e.Status), e.Verdict.Reason)
 	}
 	msg := fmt.Sprintf("proxyswitch: %s %s (%s) via %q after %d attempt(s)", what, e.Site, answer, e.Proxy, e.Attempts)
+	if e.NotResent {
+		msg += ", not sent again: the request may have reached the site"
+	}
 	if e.Err != nil {
 		msg += ": " + e.Err.Error()
 	}

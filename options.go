@@ -338,8 +338,13 @@ type Timeouts struct {
 	MaxWait time.Duration
 
 	// Attempt bounds each attempt through one proxy, so that a hanging
-	// proxy is dropped and the request retried; set it well below the
-	// request timeout. The default is Off: no bound.
+	// proxy is dropped (a proxy failure) and the request retried; set it
+	// well below the request timeout. The default is Off: no bound. A
+	// request net/http would not replay (a POST without an Idempotency-Key
+	// header, say) is retried only if the bound ran out before it was sent
+	// (while connecting to the proxy or through it); once written it may be
+	// at the site, slow to answer, and it fails with ErrProxyFailed instead
+	// (Bans.Retries).
 	Attempt time.Duration
 
 	// Redis bounds every Redis round trip. The default is 2s.
@@ -398,6 +403,21 @@ type Bans struct {
 	// Retries is how many times a request is sent again through another
 	// proxy after a ban or a proxy failure. Off never retries. The default
 	// is 2.
+	//
+	// A request goes again only when that cannot make the site act on it
+	// twice: always when net/http would replay it (GET, HEAD, OPTIONS,
+	// TRACE, or an Idempotency-Key or X-Idempotency-Key header; a body that
+	// rewinds); after a ban the site answered (a ban status, a challenge, a
+	// soft ban: the site refused it, so a POST banned goes again too); and
+	// after a proxy failure before the request could reach the site (the
+	// proxy refused the connection, its credentials (407) or the CONNECT
+	// tunnel, a SOCKS handshake failed, Timeouts.Attempt ran out before a
+	// connection was up). Otherwise (a POST that timed out or whose
+	// connection broke once written, a plain-HTTP proxy's 502) the proxy is
+	// judged as ever and the request fails with its *BlockedError
+	// (ErrProxyFailed, NotResent set). Through a Client.New RoundTripper
+	// that is not an *http.Transport only the error tells a failure before
+	// the send (a *ban.TunnelError, a *net.OpError "proxyconnect").
 	Retries int
 
 	// AllSites makes a ban take the proxy out of every site's rotation.

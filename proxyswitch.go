@@ -118,7 +118,10 @@ func New(rdb redis.Scripter, opts ...Option) colly.ProxyFunc {
 // though Colly's clones share one HTTP client. Calling c.WithTransport or
 // c.SetProxyFunc afterwards turns ban detection off. Attach collectors
 // before they crawl: Colly sets the transport of a client a clone shares
-// without a lock.
+// without a lock. A request is sent again through another proxy only when
+// that cannot make the site act on it twice (Bans.Retries): a POST goes
+// again after a ban, or after a failure before it could reach the site,
+// never after a timeout or a broken connection once it was written.
 func (s *Switch) Attach(c *colly.Collector) {
 	noteAttached(s)
 	c.WithTransport(s.transport())

@@ -7,11 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"weak"
 
@@ -31,7 +33,8 @@ import (
 // and classified (package ban: the Switch's ban.Detector). On a ban or a proxy failure the proxy is
 // quarantined and its lease ended (ban.go), so the next ProxyFunc call for
 // the same request leases another proxy, and the hop is sent again (its body
-// rewound with GetBody) until a retry is left no more. A hop redirected
+// rewound with GetBody) until a retry is left no more, when that is safe
+// (below). A hop redirected
 // (3xx) to a challenge page is such a ban of that hop, judged before
 // net/http follows the redirect: the hop goes again through another proxy,
 // so the challenge page is never requested and Colly never sees its URL (its
@@ -43,6 +46,39 @@ import (
 // the hop fails with a *BlockedError: Colly reports it through OnError and
 // Visit, never through OnResponse, so a banned page never reaches the user's
 // parsing.
+//
+// What is sent again. A hop goes out again through another proxy only when
+// that cannot make the site act twice on it:
+//   - a hop net/http itself would replay (Request.isReplayable): GET, HEAD,
+//     OPTIONS or TRACE, or one carrying an Idempotency-Key or
+//     X-Idempotency-Key header, whose body, if any, rewinds (GetBody);
+//   - a hop the site refused (a ban verdict on an answer of the site: a ban
+//     status such as 403 or 429, a challenge redirect, a page missing its
+//     selectors or far too small, a classifier's ban): the site answered,
+//     and a verdict of ban says it refused the request, so another IP's
+//     send is as safe as the first one. A POST banned is therefore sent
+//     again like a GET (a classifier that knows a site's refusal of a POST
+//     may still have acted on it returns ban.Neutral for it);
+//   - a hop that failed before it could reach the site: no connection was
+//     got for it (net/http's httptrace GotConn, which comes before the first
+//     byte of the request is written: the dial to the proxy, its TLS, a SOCKS
+//     handshake or the CONNECT tunnel failed, or Timeouts.Attempt ran out
+//     during them), the error is one of the proxy's set-up (a
+//     *ban.TunnelError: the CONNECT refused, 407 included; a *net.OpError
+//     "proxyconnect"), or a plain-HTTP proxy answered 407 itself. The trace
+//     is believed of an *http.Transport only (the inner transport, or a
+//     per-proxy client that is one): through another RoundTripper
+//     (Client.New) only the error tells.
+//
+// Any other failure of a request net/http would not replay (a POST that
+// timed out, or whose connection broke, after it was written; a plain-HTTP
+// proxy's 502, which may come after the site got the request) is not sent
+// again: the proxy is
+// judged as for any failure (quarantine, dead marks, the breaker's count)
+// and its lease ends, and the request fails with its *BlockedError
+// (ErrProxyFailed, wrapping the error it met; NotResent set), never
+// ErrNoProxy, since the request went out. WroteRequest is no such marker:
+// it comes after the write, and a write cut short may have reached the site.
 //
 // Requests that did not come through the hooks (a collector cloned without
 // Attach, or the ProxyFunc given to another client) pass through untouched,
@@ -152,6 +188,7 @@ func (t *transport) send(a *attempt) (*http.Response, error) {
 	if t.inner == nil {
 		return t.sendPerProxy(a)
 	}
+	a.traced = true
 	return t.inner.RoundTrip(a.req)
 }
 
@@ -315,7 +352,7 @@ func (t *transport) judge(req *http.Request, a *attempt, b *binding, l *Lease, r
 	}
 	closeBody(resp)
 	a.done()
-	return t.retry(req, b, l, x, v)
+	return t.retry(req, a, b, l, x, v)
 }
 
 // retry acts on a ban or a proxy failure: quarantine, then a new attempt,
@@ -328,7 +365,11 @@ func (t *transport) judge(req *http.Request, a *attempt, b *binding, l *Lease, r
 // already marked visited, which it would refuse to follow a second time.
 // Only a challenge page the chain landed on (final) restarts the chain, and
 // is blamed on the site of the hop that led to it.
-func (t *transport) retry(req *http.Request, b *binding, l *Lease, x *ban.Exchange, v ban.Verdict) (again bool, _ *http.Response, _ error) {
+//
+// A hop that may not be sent again (resendable: a failure after a request
+// net/http would not replay may have reached the site) is judged all the
+// same and fails with its *BlockedError, NotResent set.
+func (t *transport) retry(req *http.Request, a *attempt, b *binding, l *Lease, x *ban.Exchange, v ban.Verdict) (again bool, _ *http.Response, _ error) {
 	s := t.s
 	site := x.Site
 	landed := v.Reason == ban.ReasonChallenge && x.Final()
@@ -346,8 +387,9 @@ func (t *transport) retry(req *http.Request, b *binding, l *Lease, x *ban.Exchan
 	if l.scope != s.scopeOf(site) {
 		s.releaseQuietly(l)
 	}
+	resend := resendable(a, l, x, v)
 	blocked := &BlockedError{Site: site, Proxy: l.proxy.String(), Verdict: v, Attempts: x.Attempt,
-		Status: x.StatusCode, Err: redactErr(x.Err, l.proxy)}
+		Status: x.StatusCode, NotResent: !resend, Err: redactErr(x.Err, l.proxy)}
 	if pen.kept {
 		// A soft refusal the task's session survived (sessionscore.go):
 		// no quarantine, no retry, no evidence against the page.
@@ -369,17 +411,56 @@ func (t *transport) retry(req *http.Request, b *binding, l *Lease, x *ban.Exchan
 	}
 	if landed && x.Redirected() {
 		origin := chainOrigin(req)
-		if !replayable(origin) || chainLen(req) >= maxChainHops || !b.takeRetry(s.cfg.retries) {
+		if !rewindable(origin) || chainLen(req) >= maxChainHops || !b.takeRetry(s.cfg.retries) {
 			s.unresolvedRefusals(ctx, b, r.url, site)
 			return false, nil, blocked
 		}
 		return false, restartResponse(req, origin.URL), nil
 	}
-	if !replayable(req) || !b.takeRetry(s.cfg.retries) {
+	if !resend || !rewindable(req) || !b.takeRetry(s.cfg.retries) {
 		s.unresolvedRefusals(ctx, b, r.url, site) // no retry left: evidence for the site's circuit breaker
 		return false, nil, blocked
 	}
 	return true, nil, nil
+}
+
+// resendable reports whether the hop of attempt a, judged v, may be sent
+// again through another proxy (the rule in the transport's doc comment):
+// it is replayable in net/http's sense, or the site refused it, or it
+// failed before it could reach the site.
+func resendable(a *attempt, l *Lease, x *ban.Exchange, v ban.Verdict) bool {
+	if !a.watch || (v.Kind == ban.Ban && x.Err == nil && x.StatusCode != 0) {
+		return true
+	}
+	return unsent(a, l, x)
+}
+
+// unsent reports whether attempt a ended before its request could reach
+// the site: no connection was got for it (by an *http.Transport, whose
+// trace is believed), its error is one of the proxy's set-up, or a
+// plain-HTTP proxy answered it 407 itself.
+func unsent(a *attempt, l *Lease, x *ban.Exchange) bool {
+	if x.Err == nil {
+		// An answer: only a forwarding proxy's refusal of its credentials
+		// keeps the request from the site (inside a tunnel, or through
+		// SOCKS, every answer is the site's).
+		if x.StatusCode != http.StatusProxyAuthRequired || x.URL == nil || x.URL.Scheme != "http" {
+			return false
+		}
+		pu := l.proxy.URL()
+		return pu != nil && (pu.Scheme == "http" || pu.Scheme == "https")
+	}
+	var te *ban.TunnelError
+	var op *net.OpError
+	switch {
+	case a.traced && !a.gotConn.Load():
+		return true
+	case errors.As(x.Err, &te):
+		return true
+	case errors.As(x.Err, &op) && op.Op == "proxyconnect":
+		return true
+	}
+	return false
 }
 
 // buffer reads the body for classification, at most the collector's
@@ -587,18 +668,35 @@ type attempt struct {
 	cancel context.CancelCauseFunc // nil without an attempt timeout
 	timer  *time.Timer             // set by startTimer, on the RoundTrip goroutine
 	start  time.Time               // when the attempt was prepared, for the observer's latency
+	// watch: the hop is not replayable in net/http's sense, so whether it
+	// may have reached the site decides a retry (resendable); gotConn is
+	// set by the trace's GotConn, before any byte of the request is
+	// written; traced: the hop went through an *http.Transport, which
+	// reports to the trace (send, sendPerProxy).
+	watch   bool
+	gotConn atomic.Bool
+	traced  bool
 }
 
 // newAttempt prepares try n of req: its own context when attempts are
-// bounded (the bound starts once a proxy is leased, at GetConn), and a fresh
-// body after the first try.
+// bounded (the bound starts once a proxy is leased, at GetConn) or when the
+// hop is not replayable (a trace of the connection it gets, see unsent),
+// and a fresh body after the first try.
 func (t *transport) newAttempt(req *http.Request, n int) (*attempt, error) {
-	a := &attempt{req: req, ctx: req.Context(), start: time.Now()}
-	if d := t.s.cfg.attemptTimeout; d > 0 {
-		a.ctx, a.cancel = context.WithCancelCause(a.ctx)
-		a.ctx = httptrace.WithClientTrace(a.ctx, &httptrace.ClientTrace{GetConn: func(string) { a.startTimer(d) }})
+	a := &attempt{req: req, ctx: req.Context(), start: time.Now(), watch: !replayable(req)}
+	d := t.s.cfg.attemptTimeout
+	if d > 0 || a.watch {
+		trace := &httptrace.ClientTrace{}
+		if d > 0 {
+			a.ctx, a.cancel = context.WithCancelCause(a.ctx)
+			trace.GetConn = func(string) { a.startTimer(d) }
+		}
+		if a.watch {
+			trace.GotConn = func(httptrace.GotConnInfo) { a.gotConn.Store(true) }
+		}
+		a.ctx = httptrace.WithClientTrace(a.ctx, trace)
 	}
-	if n == 1 && a.cancel == nil {
+	if n == 1 && a.cancel == nil && !a.watch {
 		return a, nil
 	}
 	a.req = req.WithContext(a.ctx) // a shallow copy: the header map, the lease's key, stays the same
@@ -726,9 +824,29 @@ func chainLen(req *http.Request) int {
 	return n
 }
 
-// replayable reports whether req can be sent again.
-func replayable(req *http.Request) bool {
+// rewindable reports whether req's body can be sent again.
+func rewindable(req *http.Request) bool {
 	return req.Body == nil || req.Body == http.NoBody || req.GetBody != nil
+}
+
+// replayable reports whether net/http would send req again after it may
+// have been written (net/http's Request.isReplayable): its body rewinds,
+// and its method is GET, HEAD, OPTIONS or TRACE, or it carries an
+// Idempotency-Key or X-Idempotency-Key header (present, even nil: net/http
+// asks only whether the key is there).
+func replayable(req *http.Request) bool {
+	if !rewindable(req) {
+		return false
+	}
+	switch req.Method {
+	case "", http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		return true
+	}
+	_, ok := req.Header["Idempotency-Key"]
+	if !ok {
+		_, ok = req.Header["X-Idempotency-Key"]
+	}
+	return ok
 }
 
 // restartResponse is a redirect back to the first URL of the chain: net/http
