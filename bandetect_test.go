@@ -27,12 +27,19 @@ func marketBed(t *testing.T, m *testbed.Marketplace, useTLS bool, n int, opts ..
 	if m == nil {
 		m = testbed.NewMarketplace(nil)
 	}
+	return handlerBed(t, "market", m, useTLS, n, opts...)
+}
+
+// handlerBed starts h as site name (HTTPS with useTLS) and n proxies, in a
+// Switch's pool.
+func handlerBed(t *testing.T, name string, h http.Handler, useTLS bool, n int, opts ...Option) (*testbed.Site, []*testbed.Proxy, *Switch) {
+	t.Helper()
 	var site *testbed.Site
 	if useTLS {
-		site = testbed.NewTLSSite(t, "market", m)
+		site = testbed.NewTLSSite(t, name, h)
 		opts = append([]Option{WithBaseTransport(&http.Transport{TLSClientConfig: site.TLSConfig()})}, opts...)
 	} else {
-		site = testbed.NewSite(t, "market", m)
+		site = testbed.NewSite(t, name, h)
 	}
 	proxies := testbed.NewProxies(t, n)
 	s := newSwitch(t, shared.Client(t), opts...)

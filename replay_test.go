@@ -72,21 +72,7 @@ func (h *checkout) ips() map[string]bool {
 // defaults (a 10s request timeout).
 func replayBed(t *testing.T, h http.Handler, useTLS bool, n int, opts ...Option) (*testbed.Site, []*testbed.Proxy, *Switch, *colly.Collector) {
 	t.Helper()
-	var site *testbed.Site
-	if useTLS {
-		site = testbed.NewTLSSite(t, "shop", h)
-		opts = append([]Option{WithBaseTransport(&http.Transport{TLSClientConfig: site.TLSConfig()})}, opts...)
-	} else {
-		site = testbed.NewSite(t, "shop", h)
-	}
-	proxies := testbed.NewProxies(t, n)
-	s := newSwitch(t, shared.Client(t), opts...)
-	urls := make([]string, n)
-	for i, p := range proxies {
-		urls[i] = p.URL()
-	}
-	_, err := s.Add(context.Background(), urls...)
-	require.NoError(t, err)
+	site, proxies, s := handlerBed(t, "shop", h, useTLS, n, opts...)
 	c := colly.NewCollector(colly.AllowURLRevisit())
 	s.Attach(c)
 	return site, proxies, s, c
