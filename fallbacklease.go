@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/proxyswitch/proxyswitch/ban"
@@ -110,6 +111,49 @@ func (fp *fbPool) release(ctx context.Context, l *Lease) error {
 		}
 	}
 	return err
+}
+
+// releaseMany releases ls, leases of this backend, each as release does
+// (Close): the local shard's in memory (those handed over to Redis on
+// resume end there too, all at once rather than one after another), the
+// Redis leases in the pool's batched calls (redisPool.releaseMany), and a
+// Redis lease whose release finds Redis gone is released locally once the
+// fallback trips, as release does.
+func (fp *fbPool) releaseMany(ctx context.Context, ls []*Lease) []error {
+	errs := make([]error, len(ls))
+	var wg sync.WaitGroup
+	var inRedis []int
+	for i, l := range ls {
+		if l.local != nil {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs[i], _ = fp.releaseLocal(ctx, l)
+			}()
+			continue
+		}
+		if err, handled := fp.releaseLocal(ctx, l); handled {
+			errs[i] = err
+			continue
+		}
+		inRedis = append(inRedis, i)
+	}
+	if len(inRedis) > 0 {
+		rls := make([]*Lease, len(inRedis))
+		for j, i := range inRedis {
+			rls[j] = ls[i]
+		}
+		for j, err := range fp.rp.releaseMany(ctx, rls) {
+			if errors.Is(err, ErrRedis) && fp.f.trip(ctx, err) {
+				if _, handled := fp.releaseLocal(ctx, rls[j]); handled {
+					err = nil
+				}
+			}
+			errs[inRedis[j]] = err
+		}
+	}
+	wg.Wait()
+	return errs
 }
 
 // penalize quarantines in the local shard off the broker or for a local

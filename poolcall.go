@@ -15,9 +15,9 @@ import (
 
 // One round trip for what a pool's requests ask of Redis at once.
 //
-// Every release of a lease from Redis (a request's end, Lease.Release,
-// Close) and every plain lease attempt (no preferred proxy: Switch.Lease, a
-// request's first try) goes through its pool's call group
+// Every release of a lease from Redis (a request's end, Lease.Release) and
+// every plain lease attempt (no preferred proxy: Switch.Lease, a request's
+// first try) goes through its pool's call group
 // (internal/group): while one pool_call.lua call is in Redis, the releases
 // and attempts that arrive gather, and when it returns one of their
 // callers sends them all in the next call. The script gives the leases
@@ -54,7 +54,9 @@ import (
 // attempt whose context ends while its call is in Redis gets its lease (if
 // granted) released at once and fails as a single call would have
 // (TestLeaseBatchCanceledIsReleased). Preferred, proxy-only and session
-// leases keep a lease.lua call of their own.
+// leases keep a lease.lua call of their own. Close's releases, all known at
+// once, go in pool_call.lua calls of their own, several at a time and
+// bounded by Close's context (releaseMany).
 
 // A call carries at most callBatch units: a release is one, a lease attempt
 // leaseUnits (lease.lua's work per token is larger), so a call grants at
@@ -113,6 +115,13 @@ type callSite struct {
 // callMany runs pool_call.lua once for ops (the call group's flush) and
 // returns each op's outcome.
 func (p *redisPool) callMany(ops []poolOp) ([]poolResult, error) {
+	return p.callManyCtx(context.Background(), ops)
+}
+
+// callManyCtx is callMany bounded by ctx as well as by the pool's timeout
+// (Close's releases, releaseMany: the group's calls are bounded by the
+// timeout alone).
+func (p *redisPool) callManyCtx(ctx context.Context, ops []poolOp) ([]poolResult, error) {
 	var sites []*callSite
 	var nrel int
 	for i, op := range ops {
@@ -150,7 +159,7 @@ func (p *redisPool) callMany(ops []poolOp) ([]poolResult, error) {
 	keys, argv, scopes = p.appendReleases(keys, argv, ops)
 	argv[2] = scopes
 
-	res, err := bounded.Call(context.Background(), p.timeout, p.inline, func(ctx context.Context) ([]any, error) {
+	res, err := bounded.Call(ctx, p.timeout, p.inline, func(ctx context.Context) ([]any, error) {
 		return poolCallScript.Run(ctx, p.rdb, keys, argv...).Slice()
 	}, func(res []any, err error) {
 		if err == nil { // the callers gave up: the leases granted go back
@@ -161,6 +170,72 @@ func (p *redisPool) callMany(ops []poolOp) ([]poolResult, error) {
 		return nil, err
 	}
 	return p.splitCall(res, ops, sites, false)
+}
+
+// closeCalls bounds the pool_call.lua calls releaseMany has in Redis at
+// once.
+const closeCalls = 8
+
+// releaseMany releases ls, leases of this pool, each owner-checked exactly
+// as release does it, for Close: in pool_call.lua calls of up to callBatch
+// releases, at most closeCalls of them in Redis at once. The calls go
+// outside the call group (which has one call in Redis at a time, each
+// bounded by the timeout alone: with Redis stalled, one timeout per batch
+// in turn) and are bounded by ctx as well as by the pool's timeout. Once a
+// call fails as a whole (Redis unreachable or stalled) or ctx ends, the
+// batches not yet sent fail with that error unsent: a stalled Redis costs
+// Close one timeout, or ctx's deadline, whatever the number of leases. It
+// returns each lease's error, as release would return it.
+func (p *redisPool) releaseMany(ctx context.Context, ls []*Lease) []error {
+	errs := make([]error, len(ls))
+	now := time.Now()
+	ops := make([]poolOp, len(ls))
+	for i, l := range ls {
+		ops[i] = poolOp{rel: p.releaseOp(l, now)}
+	}
+	var (
+		mu     sync.Mutex
+		failed error // the first call's failure: the batches not sent share it
+		wg     sync.WaitGroup
+		slots  = make(chan struct{}, closeCalls)
+	)
+	for lo := 0; lo < len(ops); lo += callBatch {
+		hi := min(lo+callBatch, len(ops))
+		slots <- struct{}{}
+		mu.Lock()
+		down := failed
+		mu.Unlock()
+		if down == nil && ctx.Err() != nil {
+			down = redisErr("release", ctx.Err())
+		}
+		if down != nil {
+			<-slots
+			for i := lo; i < hi; i++ {
+				errs[i] = down
+			}
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-slots }()
+			res, err := p.callManyCtx(ctx, ops[lo:hi])
+			if err != nil {
+				mu.Lock()
+				failed = cmp.Or(failed, redisErr("release", err))
+				mu.Unlock()
+			}
+			for i := lo; i < hi; i++ {
+				var r poolResult
+				if err == nil {
+					r = res[i-lo]
+				}
+				errs[i] = p.releaseDone(ops[i].rel, r, err)
+			}
+		}()
+	}
+	wg.Wait()
+	return errs
 }
 
 // leaseArgs is lease.lua's ARGV for plain leases of site to tokens.

@@ -188,19 +188,31 @@ func (p *redisPool) release(ctx context.Context, l *Lease) error {
 	if err := ctx.Err(); err != nil {
 		return redisErr("release", err)
 	}
+	q := p.releaseOp(l, time.Now())
+	r, err := p.calls.Do(poolOp{rel: q})
+	return p.releaseDone(q, r, err)
+}
+
+// releaseOp is l's release as a pool call carries it, asked for at at.
+func (p *redisPool) releaseOp(l *Lease, at time.Time) queuedRelease {
 	reset, cooldown, flaky, pace := p.releaseArgs(l)
-	r, err := p.calls.Do(poolOp{rel: queuedRelease{l: l, reset: reset, cooldown: cooldown, flaky: flaky, pace: pace, at: time.Now()}})
+	return queuedRelease{l: l, reset: reset, cooldown: cooldown, flaky: flaky, pace: pace, at: at}
+}
+
+// releaseDone is what a release returns once its pool call replied r (or
+// failed with err).
+func (p *redisPool) releaseDone(q queuedRelease, r poolResult, err error) error {
 	if err = cmp.Or(err, r.err); err != nil {
 		return redisErr("release", err)
 	}
 	if r.n == 0 {
-		return l.lost("expired and leased again")
+		return q.l.lost("expired and leased again")
 	}
-	if cooldown == 0 {
+	if q.cooldown == 0 {
 		// Free now (unless a learned pace or a flaky delay holds it: the
 		// waiter then gets the script's wait hint): a lease waiting for
 		// this scope in this Switch tries at once.
-		p.sw.waiters.wake(p.name, l.scope)
+		p.sw.waiters.wake(p.name, q.l.scope)
 	}
 	return nil
 }

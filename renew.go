@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -123,6 +124,17 @@ func (r *renewer) run(done chan struct{}) {
 	defer close(done)
 	t := time.NewTicker(r.every())
 	defer t.Stop()
+	// Close ends a renewal in flight: it does not wait out a stalled Redis
+	// before it releases.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-r.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	for {
 		select {
 		case <-r.stop:
@@ -133,7 +145,7 @@ func (r *renewer) run(done chan struct{}) {
 		if !ok {
 			return
 		}
-		r.renew(due)
+		r.renew(ctx, due)
 	}
 }
 
@@ -173,12 +185,12 @@ func (r *renewer) due() (due []*Lease, ok bool) {
 
 // renew extends due: the leases from Redis with one script call per pool
 // (and batch), those from a local shard one by one in memory.
-func (r *renewer) renew(due []*Lease) {
+func (r *renewer) renew(ctx context.Context, due []*Lease) {
 	ttl := r.s.cfg.leaseTTL
 	byPool := map[*redisPool][]*Lease{}
 	for _, l := range due {
 		if l.local != nil {
-			if err := l.be.extend(context.Background(), l, ttl); errors.Is(err, ErrLeaseLost) {
+			if err := l.be.extend(ctx, l, ttl); errors.Is(err, ErrLeaseLost) {
 				r.lost(l)
 			}
 			continue
@@ -187,9 +199,9 @@ func (r *renewer) renew(due []*Lease) {
 		byPool[rp] = append(byPool[rp], l)
 	}
 	for rp, ls := range byPool {
-		for len(ls) > 0 {
+		for len(ls) > 0 && ctx.Err() == nil { // Close ended it: no more calls
 			n := min(len(ls), renewBatch)
-			exp, err := rp.extendMany(context.Background(), ls[:n], ttl)
+			exp, err := rp.extendMany(ctx, ls[:n], ttl)
 			if err != nil {
 				// Redis unreachable or slow: the next tick tries again,
 				// within the TTL's three quarters of slack.
@@ -250,8 +262,12 @@ func (p *redisPool) extendMany(ctx context.Context, ls []*Lease, ttl time.Durati
 // Close releases every lease the Switch holds (requests still running fail
 // with ErrLeaseLost) and calls Stop; then ProxyFunc and Lease fail with
 // ErrNoProxy. Call it after Collector.Wait, before exiting, or leases stay
-// in Redis until their TTL. It waits at most until ctx ends and reports
-// leases it could not release. It is safe for concurrent use.
+// in Redis until their TTL. The releases go all at once, in batched script
+// calls: with Redis unreachable or hung they end within about one Redis
+// timeout (Timeouts.Redis), whatever the number of leases. It waits at most
+// until ctx ends, and its error, if leases could not be released, is one
+// line counting them and naming why, wrapping the cause (ErrRedis, ctx's
+// error). It is safe for concurrent use.
 func (s *Switch) Close(ctx context.Context) error {
 	r := &s.renew
 	r.mu.Lock()
@@ -313,9 +329,14 @@ func (r *renewer) waitBackground(ctx context.Context) {
 const closePoll = 5 * time.Millisecond
 
 // releaseAll releases every lease in the set and waits until the set is
-// empty (releases in flight on other goroutines end it) or ctx ends.
+// empty (releases in flight on other goroutines end it) or ctx ends. The
+// leases go back all at once, in batched pool calls (releaseMany), not one
+// after another: with Redis stalled it returns within one Redis timeout
+// (or when ctx ends), whatever their number. Its error, if any lease could
+// not be released, counts them (closeError).
 func (r *renewer) releaseAll(ctx context.Context) error {
-	var errs []error
+	ce := &closeError{ttl: r.s.cfg.leaseTTL}
+	seen := map[*Lease]struct{}{}
 	for {
 		r.mu.Lock()
 		left := make([]*Lease, 0, len(r.live))
@@ -324,20 +345,32 @@ func (r *renewer) releaseAll(ctx context.Context) error {
 		}
 		r.mu.Unlock()
 		if len(left) == 0 {
-			return errors.Join(errs...)
+			return ce.err()
 		}
+		var mine []*Lease
 		for _, l := range left {
+			if _, ok := seen[l]; !ok {
+				seen[l] = struct{}{}
+				ce.total++
+			}
 			if l.released.Load() {
 				continue // ending on another goroutine: it drops it
 			}
 			if l.renew {
 				l.taken.Store(true) // its request, if still running, is no longer exclusive
 			}
-			if err := l.Release(ctx); err != nil {
-				r.drop(l)
-				if !errors.Is(err, ErrLeaseLost) {
-					errs = append(errs, err)
-				}
+			if l.released.CompareAndSwap(false, true) {
+				mine = append(mine, l)
+			}
+		}
+		for i, err := range r.s.releaseMany(ctx, mine) {
+			l := mine[i]
+			if errors.Is(err, ErrRedis) {
+				l.released.Store(false) // as Release: it may be released again
+			}
+			r.drop(l)
+			if err != nil && !errors.Is(err, ErrLeaseLost) {
+				ce.add(1, err)
 			}
 		}
 		r.mu.Lock()
@@ -347,7 +380,102 @@ func (r *renewer) releaseAll(ctx context.Context) error {
 			continue
 		}
 		if !pause(ctx, 2*closePoll) {
-			return errors.Join(append(errs, fmt.Errorf("proxyswitch: close: %d leases still being released: %w", len(left), ctx.Err()))...)
+			ce.add(n, fmt.Errorf("still being released: %w", ctx.Err()))
+			return ce.err()
 		}
 	}
 }
+
+// releaseMany releases ls as Lease.Release would each (and returns each
+// one's error), but all at once: per backend in its batched calls when it
+// has them (redisPool.releaseMany, fbPool.releaseMany), else each on a
+// goroutine of its own. The caller has marked them released.
+func (s *Switch) releaseMany(ctx context.Context, ls []*Lease) []error {
+	errs := make([]error, len(ls))
+	byBackend := map[backend][]int{}
+	for i, l := range ls {
+		byBackend[l.be] = append(byBackend[l.be], i)
+	}
+	var wg sync.WaitGroup
+	for be, idx := range byBackend {
+		if br, ok := be.(batchReleaser); ok {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				group := make([]*Lease, len(idx))
+				for j, i := range idx {
+					group[j] = ls[i]
+				}
+				for j, err := range br.releaseMany(ctx, group) {
+					errs[idx[j]] = err
+				}
+			}()
+			continue
+		}
+		for _, i := range idx {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs[i] = ls[i].be.release(ctx, ls[i])
+			}()
+		}
+	}
+	wg.Wait()
+	return errs
+}
+
+// batchReleaser is a backend that releases many leases in batched calls.
+type batchReleaser interface {
+	releaseMany(ctx context.Context, ls []*Lease) []error
+}
+
+// closeError is Close's error when leases could not be released: one line
+// counting them, with the distinct causes (each with its count when there
+// are several), which it wraps (errors.Is finds ErrRedis, a context's
+// error). Causes never quote a proxy's URL: they are Redis' errors.
+type closeError struct {
+	failed, total int
+	ttl           time.Duration // they stay leased in Redis until it runs out
+	causes        []error       // distinct by message, in order of first seen
+	counts        []int
+}
+
+// add counts n leases not released because of err.
+func (e *closeError) add(n int, err error) {
+	e.failed += n
+	msg := err.Error()
+	for i, c := range e.causes {
+		if c.Error() == msg {
+			e.counts[i] += n
+			return
+		}
+	}
+	e.causes = append(e.causes, err)
+	e.counts = append(e.counts, n)
+}
+
+// err is e, or nil when every lease was released.
+func (e *closeError) err() error {
+	if e.failed == 0 {
+		return nil
+	}
+	return e
+}
+
+func (e *closeError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "proxyswitch: close: %d of %d leases not released (they stay in Redis until they expire, lease TTL %v): ",
+		e.failed, max(e.total, e.failed), e.ttl)
+	for i, c := range e.causes {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		b.WriteString(c.Error())
+		if len(e.causes) > 1 {
+			fmt.Fprintf(&b, " (%d)", e.counts[i])
+		}
+	}
+	return strings.NewReplacer("\r\n", " ", "\n", " ").Replace(b.String())
+}
+
+func (e *closeError) Unwrap() []error { return e.causes }
