@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"time"
 
@@ -268,7 +269,11 @@ func (s *Storage) DeadLetters(ctx context.Context, offset, count int) ([]DeadLet
 	if offset < 0 || count <= 0 {
 		return nil, fmt.Errorf("%w: dead letters offset %d, count %d", ErrConfig, offset, count)
 	}
-	res, err := s.run(ctx, "dead letters", qDeadScript, s.qkeys, offset, offset+count-1)
+	last := -1 // ZRANGE's "to the end", when offset+count-1 would overflow
+	if count-1 <= math.MaxInt-offset {
+		last = offset + count - 1
+	}
+	res, err := s.run(ctx, "dead letters", qDeadScript, s.qkeys, offset, last)
 	if err != nil {
 		return nil, err
 	}
