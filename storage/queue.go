@@ -102,6 +102,9 @@ func (s *Storage) GetRequest() ([]byte, error) {
 	held := false
 	for range 8 {
 		p, err := s.pops.Do(struct{}{})
+		if err == nil {
+			err = p.err
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -130,6 +133,7 @@ type popped struct {
 	n       int
 	payload string
 	wait    int64
+	err     error // the reply's entry for this call is malformed
 }
 
 // flushPops delivers up to one request to each of a batch of GetRequest
@@ -158,7 +162,10 @@ func (s *Storage) flushPops(calls []struct{}) ([]popped, error) {
 		n, _ := arr[3+3*i].(int64)
 		payload, _ := arr[4+3*i].(string)
 		if id == "" || n < 1 {
-			return nil, fmt.Errorf("%w: unexpected reply from the queue script: %v", ErrCorrupt, clip(fmt.Sprint(res)))
+			// That call's alone: the others' deliveries are good.
+			out[i].err = fmt.Errorf("%w: unexpected delivery from the queue script: id %q, delivery %d (key %s)",
+				ErrCorrupt, clip(id), n, s.q.tries)
+			continue
 		}
 		out[i] = popped{id: id, n: int(n), payload: payload}
 	}
