@@ -88,9 +88,11 @@ func (s *Storage) Cookies(u *url.URL) string {
 
 // SetCookies implements Colly's storage.Storage: it stores the cookies
 // (Set-Cookie lines, as Colly's jar wrapper writes them) for u.Host. Each
-// cookie is written on its own; cookies the list does not name are kept,
-// cookies this process just read are not written back (see above), and a
-// cookie that is expired or has Max-Age=0 is deleted. Failures are logged.
+// cookie is written on its own; cookies the list does not name are kept, a
+// cookie just as this process's last read found it is not written back
+// (see above), a cookie that is expired or has Max-Age=0 is deleted, and of
+// two cookies of one name, path and domain the later wins. Failures are
+// logged.
 func (s *Storage) SetCookies(u *url.URL, cookies string) {
 	host, ok := cookieHost(u)
 	if !ok {
@@ -98,14 +100,20 @@ func (s *Storage) SetCookies(u *url.URL, cookies string) {
 	}
 	now := time.Now()
 	hostname := strings.ToLower(u.Hostname())
-	var set, del []any
-	var fields []string
+	lines := make(map[string]string) // field -> line to set, "" to delete
+	var fields []string              // in order of first appearance
+	put := func(field, line string) {
+		if _, ok := lines[field]; !ok {
+			fields = append(fields, field)
+		}
+		lines[field] = line // the last cookie of a field wins, as in a jar
+	}
 	for _, c := range collystorage.UnstringifyCookies(cookies) {
 		if c.Name == "" {
 			continue
 		}
-		noPath := !strings.HasPrefix(c.Path, "/")
-		if noPath {
+		attr := c.Path
+		if !strings.HasPrefix(c.Path, "/") {
 			c.Path = defaultCookiePath(u.Path)
 		}
 		field := c.Name + ";" + c.Path + ";" + cookieDomain(c.Domain, hostname)
@@ -113,24 +121,29 @@ func (s *Storage) SetCookies(u *url.URL, cookies string) {
 		if s.cookies.justRead(host, field, line, now) {
 			continue
 		}
-		fields = append(fields, field)
-		if noPath {
-			// Written by an earlier version under its literal (empty) Path:
-			// that copy goes, or both would be sent.
-			legacy := c.Name + ";;" + c.Domain
-			del = append(del, legacy, "")
-			fields = append(fields, legacy)
+		if attr != c.Path {
+			// An earlier version stored the cookie under its literal
+			// Path attribute: that copy goes, or both would be sent.
+			put(c.Name+";"+attr+";"+c.Domain, "")
 		}
 		if expired(c, now) {
-			del = append(del, field, "")
-			continue
+			line = ""
 		}
-		set = append(set, field, line)
+		put(field, line)
 	}
-	if len(fields) > 0 {
-		s.cookies.forget(host, fields)
-		s.writeCookies(host, set, del)
+	if len(fields) == 0 {
+		return
 	}
+	var set, del []any
+	for _, f := range fields {
+		if l := lines[f]; l != "" {
+			set = append(set, f, l)
+		} else {
+			del = append(del, f, "")
+		}
+	}
+	s.cookies.forget(host, fields)
+	s.writeCookies(host, set, del)
 }
 
 // writeCookies sets field/line pairs and deletes field/expected pairs

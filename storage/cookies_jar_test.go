@@ -97,11 +97,24 @@ func TestCookieDefaultPath(t *testing.T) {
 	require.Equal(t, want, visitAll(t, nil, site, paths...), "Colly's own storage")
 	require.Equal(t, want, visitAll(t, newStorage(t, shared.Client(t)), site, paths...))
 
-	s := newStorage(t, shared.Client(t))
+	rdb := shared.Client(t)
+	s := newStorage(t, rdb)
 	u, _ := url.Parse("http://Shop.Example:8080/x")
 	s.SetCookies(u, "d=1")
 	s.SetCookies(u, "d=2; Domain=.shop.example")
 	require.Equal(t, "d=2; Path=/; Domain=shop.example", s.Cookies(u))
 	s.SetCookies(u, "d=; Domain=shop.example; Max-Age=0")
 	require.Empty(t, s.Cookies(u))
+
+	// The last cookie of a field in one list wins, as in a jar.
+	s.SetCookies(u, "e=1; Path=/\ne=; Path=/; Max-Age=0\nf=1\nf=2")
+	require.Equal(t, "f=2; Path=/", s.Cookies(u))
+
+	// A cookie an earlier version stored under its literal, empty Path is
+	// replaced by the same cookie set again without Path.
+	key := s.keys.cookies("shop.example:8080")
+	require.NoError(t, rdb.HSet(bg, key, "sid;;", "sid=old").Err())
+	require.Equal(t, "f=2; Path=/\nsid=old", s.Cookies(u))
+	s.SetCookies(u, "sid=new")
+	require.Equal(t, "f=2; Path=/\nsid=new; Path=/", s.Cookies(u))
 }
