@@ -1,6 +1,7 @@
 package storage
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"testing"
@@ -48,4 +49,21 @@ func TestDeadLettersHugeCount(t *testing.T) {
 			require.Equal(t, fmt.Sprint("fail ", c.offset), d[0].Reason, "%+v", c)
 		}
 	}
+}
+
+// A nil context is ErrConfig, not a panic.
+func TestNilContext(t *testing.T) {
+	s := newStorage(t, shared.Client(t))
+	var nilCtx context.Context
+	_, err := s.AddURLs(nilCtx, "http://example.com/x")
+	require.ErrorIs(t, err, ErrConfig)
+	_, err = s.Stats(nilCtx)
+	require.ErrorIs(t, err, ErrConfig)
+	_, err = s.DeadLetters(nilCtx, 0, 1)
+	require.ErrorIs(t, err, ErrConfig)
+	require.ErrorIs(t, s.Requeue(nilCtx, "1"), ErrConfig)
+	require.ErrorIs(t, s.Clear(nilCtx), ErrConfig)
+	st, err := s.Stats(bg)
+	require.NoError(t, err)
+	require.Zero(t, st.Ready, "AddURLs queued with a nil context")
 }
