@@ -58,14 +58,14 @@ func marshalGet(raw string) ([]byte, error) {
 	return (&colly.Request{URL: u2, Method: "GET"}).Marshal()
 }
 
-// redacted names raw in an error, password masked: " (URL)", or "" when
-// it does not parse.
+// redacted names raw in an error, password masked and clipped to 64 bytes
+// (clip): " (URL)", or "" when it does not parse.
 func redacted(raw string) string {
 	u, err := url.Parse(raw)
 	if err != nil {
 		return ""
 	}
-	return " (" + u.Redacted() + ")"
+	return " (" + clip(u.Redacted()) + ")"
 }
 
 // redactUserinfo masks the password of every URL in s that has one, as

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"strings"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -66,4 +67,12 @@ func TestNilContext(t *testing.T) {
 	st, err := s.Stats(bg)
 	require.NoError(t, err)
 	require.Zero(t, st.Ready, "AddURLs queued with a nil context")
+}
+
+// An error about a URL quotes at most its first 64 bytes.
+func TestAddURLsErrorClipsURL(t *testing.T) {
+	s := newStorage(t, shared.Client(t))
+	_, err := s.AddURLs(bg, "http://example.com/"+strings.Repeat("a", 2<<20))
+	require.ErrorIs(t, err, ErrInvalidRequest)
+	require.Less(t, len(err.Error()), 300, "%.300s", err)
 }
