@@ -299,6 +299,7 @@ func (s *Storage) nack(ctx context.Context, tok, reason string, now bool) (int64
 	if err != nil {
 		return 0, err
 	}
+	reason = redactUserinfo(reason)
 	if len(reason) > maxReasonLen {
 		reason = strings.ToValidUTF8(reason[:maxReasonLen], "") + "..."
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/url"
+	"strings"
 
 	"github.com/gocolly/colly/v2"
 )
@@ -57,12 +58,51 @@ func marshalGet(raw string) ([]byte, error) {
 	return (&colly.Request{URL: u2, Method: "GET"}).Marshal()
 }
 
-// redacted names raw in an error, password masked: " (URL)", or "" when
-// it does not parse.
+// redacted names raw in an error, password masked and clipped to 64 bytes
+// (clip): " (URL)", or "" when it does not parse.
 func redacted(raw string) string {
 	u, err := url.Parse(raw)
 	if err != nil {
 		return ""
 	}
-	return " (" + u.Redacted() + ")"
+	return " (" + clip(u.Redacted()) + ")"
+}
+
+// redactUserinfo masks the password of every URL in s that has one, as
+// url.URL.Redacted does ("scheme://user:xxxxx@host"), for text that may
+// quote URLs: a failure's message stored as a dead-letter reason (Colly's
+// AlreadyVisitedError, for one, quotes the URL whole). A URL's authority
+// is taken to end at the first '/', '?', '#', whitespace or angle bracket
+// after "://", and its user info at the last '@' before that.
+func redactUserinfo(s string) string {
+	if !strings.Contains(s, "@") {
+		return s
+	}
+	var b strings.Builder
+	rest := s
+	for {
+		i := strings.Index(rest, "://")
+		if i < 0 {
+			break
+		}
+		b.WriteString(rest[:i+3])
+		rest = rest[i+3:]
+		end := strings.IndexAny(rest, "/?#<>` \t\r\n")
+		if end < 0 {
+			end = len(rest)
+		}
+		at := strings.LastIndexByte(rest[:end], '@')
+		if at < 0 {
+			continue
+		}
+		if user, _, ok := strings.Cut(rest[:at], ":"); ok {
+			b.WriteString(user)
+			b.WriteString(":xxxxx")
+		} else {
+			b.WriteString(rest[:at])
+		}
+		rest = rest[at:]
+	}
+	b.WriteString(rest)
+	return b.String()
 }

@@ -2,6 +2,7 @@ package storage
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/proxyswitch/proxyswitch/internal/bounded"
@@ -18,7 +19,14 @@ import (
 // its caller gave up is either harmless or comes back through the
 // visibility timeout, and a late extension touches only a delivery still in
 // flight under its own number.
+//
+// A nil ctx (passed to AddURLs, Stats, DeadLetters, Requeue or Clear) is
+// ErrConfig, not a panic.
 func call[T any](ctx context.Context, timeout time.Duration, inline bool, op string, fn func(context.Context) (T, error)) (T, error) {
+	if ctx == nil {
+		var zero T
+		return zero, fmt.Errorf("%w: %s: nil context", ErrConfig, op)
+	}
 	v, err := bounded.Call(ctx, timeout, inline, fn, nil)
 	if err != nil && err != redis.Nil {
 		return v, redisErr(op, err)

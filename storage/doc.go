@@ -74,7 +74,7 @@
 //
 //	{ns}:meta           hash    shared settings ("buckets")
 //	{ns}:cookiehosts    set     hosts that have cookies (the registry Clear reads)
-//	{ns}:c:<host>       hash    "<name>;<path>;<domain>" -> Set-Cookie line
+//	{ns}:c:<host>       hash    "<name>;<path>;<domain>" -> Set-Cookie line (path and domain as the cookie jar keys them)
 //	{ns}:q:ready        list    request IDs ready for delivery
 //	{ns}:q:data         hash    request ID -> serialized request
 //	{ns}:q:tries        hash    request ID -> deliveries so far

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"time"
 
@@ -101,6 +102,9 @@ func (s *Storage) GetRequest() ([]byte, error) {
 	held := false
 	for range 8 {
 		p, err := s.pops.Do(struct{}{})
+		if err == nil {
+			err = p.err
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -129,6 +133,7 @@ type popped struct {
 	n       int
 	payload string
 	wait    int64
+	err     error // the reply's entry for this call is malformed
 }
 
 // flushPops delivers up to one request to each of a batch of GetRequest
@@ -157,7 +162,10 @@ func (s *Storage) flushPops(calls []struct{}) ([]popped, error) {
 		n, _ := arr[3+3*i].(int64)
 		payload, _ := arr[4+3*i].(string)
 		if id == "" || n < 1 {
-			return nil, fmt.Errorf("%w: unexpected reply from the queue script: %v", ErrCorrupt, clip(fmt.Sprint(res)))
+			// That call's alone: the others' deliveries are good.
+			out[i].err = fmt.Errorf("%w: unexpected delivery from the queue script: id %q, delivery %d (key %s)",
+				ErrCorrupt, clip(id), n, s.q.tries)
+			continue
 		}
 		out[i] = popped{id: id, n: int(n), payload: payload}
 	}
@@ -268,7 +276,11 @@ func (s *Storage) DeadLetters(ctx context.Context, offset, count int) ([]DeadLet
 	if offset < 0 || count <= 0 {
 		return nil, fmt.Errorf("%w: dead letters offset %d, count %d", ErrConfig, offset, count)
 	}
-	res, err := s.run(ctx, "dead letters", qDeadScript, s.qkeys, offset, offset+count-1)
+	last := -1 // ZRANGE's "to the end", when offset+count-1 would overflow
+	if count-1 <= math.MaxInt-offset {
+		last = offset + count - 1
+	}
+	res, err := s.run(ctx, "dead letters", qDeadScript, s.qkeys, offset, last)
 	if err != nil {
 		return nil, err
 	}

@@ -35,7 +35,10 @@ func checkRequest(b []byte, max int) (wireRequest, error) {
 	}
 	u, err := url.Parse(w.URL)
 	if err != nil {
-		return w, invalid("bad URL: %v", err)
+		// url.Parse's error quotes the URL, and its inner error may quote
+		// part of a password ("http://u:pw/x@h" has the port ":pw"): no
+		// part of it is passed on.
+		return w, invalid("URL does not parse")
 	}
 	if u.Scheme != "http" && u.Scheme != "https" {
 		return w, invalid("URL scheme %q is not http or https", u.Scheme)

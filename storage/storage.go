@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"strconv"
 	"sync/atomic"
 
@@ -65,14 +66,19 @@ var (
 )
 
 // New returns a Storage on rdb: a single-node, Sentinel (failover), Cluster
-// or Ring client. It does no I/O; Init (called by Collector.SetStorage and
-// queue.New) checks the namespace's shared settings.
+// or Ring client. A nil client (or a nil pointer of a client type), a nil
+// Option or an invalid option value is ErrConfig. It does no I/O; Init
+// (called by Collector.SetStorage and queue.New) checks the namespace's
+// shared settings.
 func New(rdb redis.UniversalClient, opts ...Option) (*Storage, error) {
-	if rdb == nil {
+	if rdb == nil || isNilPointer(rdb) {
 		return nil, fmt.Errorf("%w: nil redis client", ErrConfig)
 	}
 	cfg := defaultConfig()
-	for _, o := range opts {
+	for i, o := range opts {
+		if o == nil {
+			return nil, fmt.Errorf("%w: option %d is nil", ErrConfig, i+1)
+		}
 		o(&cfg)
 	}
 	if err := cfg.validate(); err != nil {
@@ -86,6 +92,17 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Storage, error) {
 	s.pending.init(cfg.visibility, cfg.maxFetch)
 	s.cookies.init()
 	return s, nil
+}
+
+// isNilPointer reports whether v, an interface value that is not nil, holds a
+// nil pointer (a (*redis.Client)(nil), say), as the root package checks.
+func isNilPointer(v any) bool {
+	rv := reflect.ValueOf(v)
+	switch rv.Kind() {
+	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
+		return rv.IsNil()
+	}
+	return false
 }
 
 // Namespace returns the namespace the Storage works in.

@@ -23,6 +23,16 @@ local now = now_ms()
 local vis, maxd, maxb = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local want = tonumber(ARGV[4]) or 1
 
+-- tries returns the deliveries of id so far: 0 if none is recorded, nil if
+-- the recorded count is not what this package writes (a positive integer
+-- in decimal digits): that request alone is then dead-lettered.
+local function tries(id)
+  local v = redis.call('HGET', KEYS[3], id)
+  if not v then return 0 end
+  if #v > 15 or not string.find(v, '^[1-9][0-9]*$') then return nil end
+  return tonumber(v)
+end
+
 local function bury(id, reason)
   redis.call('ZREM', KEYS[4], id)
   redis.call('ZADD', KEYS[5], now, id)
@@ -31,7 +41,7 @@ end
 
 local due = redis.call('ZRANGE', KEYS[4], '-inf', now, 'BYSCORE', 'LIMIT', 0, 100)
 for _, id in ipairs(due) do
-  local n = tonumber(redis.call('HGET', KEYS[3], id) or '0')
+  local n = tries(id)
   if redis.call('HEXISTS', KEYS[2], id) == 0 then
     redis.call('ZREM', KEYS[4], id)  -- acknowledged meanwhile: forget it
     redis.call('HDEL', KEYS[3], id)
@@ -65,7 +75,7 @@ for _ = 1, 50 + want do
   elseif size > maxb then
     bury(id, 'request of ' .. size .. ' bytes exceeds the limit of ' .. maxb)
   else
-    local n = tonumber(redis.call('HGET', KEYS[3], id) or '0')
+    local n = tries(id)
     if not n then
       bury(id, 'corrupt delivery count')
     else
