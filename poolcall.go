@@ -155,6 +155,12 @@ func (p *redisPool) callMany(ops []poolOp) ([]poolResult, error) {
 	}, func(res []any, err error) {
 		if err == nil { // the callers gave up: the leases granted go back
 			_, _ = p.splitCall(res, ops, sites, true)
+			return
+		}
+		for _, s := range sites { // the callers left their doubts to this (reclaim.go)
+			for _, t := range s.tokens {
+				p.doubt(s.scope, t, err)
+			}
 		}
 	})
 	if err != nil {
@@ -284,7 +290,7 @@ func (p *redisPool) splitCall(res []any, ops []poolOp, sites []*callSite, late b
 			continue
 		}
 		replies, err := splitLeaseReply(part, s.tokens, func(member, token string) {
-			_, _ = p.releaseMember(context.Background(), s.scope, member, token, "")
+			p.giveBack(context.Background(), s.scope, member, token)
 		})
 		if err != nil {
 			bad = cmp.Or(bad, err)
@@ -301,7 +307,7 @@ func (p *redisPool) splitCall(res []any, ops []poolOp, sites []*callSite, late b
 				if r := out[i].res; len(r) >= 4 {
 					if status, _ := intAt(r, 0); status == 1 {
 						if member, ok := r[1].(string); ok {
-							_, _ = p.releaseMember(context.Background(), s.scope, member, s.tokens[j], "")
+							p.giveBack(context.Background(), s.scope, member, s.tokens[j])
 						}
 					}
 				}
