@@ -28,9 +28,10 @@ import (
 // background, any lease recorded under that token (reclaim.lua, one page of
 // the scope's lease hash per call, owner-checked by the token, released as
 // an unused lease: no cooldown). A token is a fresh one per call, held by no
-// Lease, so this never releases a lease someone holds. A late release that
-// failed (releaseLate, a pool call's grants nobody took) is remembered the
-// same way.
+// Lease, so this never releases a lease someone holds. A failed release of
+// a grant nobody took (giveBack: leaseLate, a pool call's late grants) is
+// remembered the same way. A call abandoned on its bound
+// (bounded.ErrAbandoned) is judged by its late callback on its real outcome.
 //
 // The background goroutine (one per Switch, while calls are in doubt)
 // sweeps every second (retry) until Redis answers and for two seconds more
@@ -38,9 +39,10 @@ import (
 // call it looks for), then every renewal period (a quarter of the lease
 // TTL); a token stays for one lease TTL after the first sweep Redis
 // answered (so that a call still in flight somewhere, run later, is found
-// too; after that its lease has run out by itself). Close sweeps once more, bounded by its context, and reports the
-// calls it could not check. The healthy lease path does nothing of this:
-// only a failed call records its token.
+// too; after that its lease has run out by itself). Close sweeps once
+// more, bounded by its context, and reports the calls it could not check.
+// The healthy lease path does nothing of this: only a failed call records
+// its token.
 //
 // Calls that failed before reaching Redis (no connection: dial errors, the
 // client's pool timeout, a closed client) and calls Redis answered with an
