@@ -164,6 +164,12 @@ func (p *redisPool) callManyCtx(ctx context.Context, ops []poolOp) ([]poolResult
 	}, func(res []any, err error) {
 		if err == nil { // the callers gave up: the leases granted go back
 			_, _ = p.splitCall(res, ops, sites, true)
+			return
+		}
+		for _, s := range sites { // the callers left their doubts to this (reclaim.go)
+			for _, t := range s.tokens {
+				p.doubt(s.scope, t, err)
+			}
 		}
 	})
 	if err != nil {
@@ -359,7 +365,7 @@ func (p *redisPool) splitCall(res []any, ops []poolOp, sites []*callSite, late b
 			continue
 		}
 		replies, err := splitLeaseReply(part, s.tokens, func(member, token string) {
-			_, _ = p.releaseMember(context.Background(), s.scope, member, token, "")
+			p.giveBack(context.Background(), s.scope, member, token)
 		})
 		if err != nil {
 			bad = cmp.Or(bad, err)
@@ -376,7 +382,7 @@ func (p *redisPool) splitCall(res []any, ops []poolOp, sites []*callSite, late b
 				if r := out[i].res; len(r) >= 4 {
 					if status, _ := intAt(r, 0); status == 1 {
 						if member, ok := r[1].(string); ok {
-							_, _ = p.releaseMember(context.Background(), s.scope, member, s.tokens[j], "")
+							p.giveBack(context.Background(), s.scope, member, s.tokens[j])
 						}
 					}
 				}

@@ -56,6 +56,7 @@ type Switch struct {
 	brk          breaker                     // the site circuit breaker's counts and states (breaker.go)
 	clients      clientCache                 // the per-proxy clients of WithClient (client.go)
 	waiters      waiters                     // the leases waiting for a busy site, woken by this Switch's releases (waiters.go)
+	doubts       doubts                      // lease calls of unknown outcome, whose leases go back once Redis answers (reclaim.go)
 }
 
 // NewSwitch returns a Switch for the pool opts name ("default" under the
@@ -73,7 +74,7 @@ func NewSwitch(rdb redis.Scripter, opts ...Option) (*Switch, error) {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	s := &Switch{rdb: rdb, cfg: cfg, tokenPrefix: hex.EncodeToString(b[:]) + "-"}
-	s.renew.s, s.brk.s, s.clients.s = s, s, s
+	s.renew.s, s.brk.s, s.clients.s, s.doubts.s = s, s, s, s
 	if err := s.build(); err != nil {
 		return nil, err
 	}

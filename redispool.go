@@ -88,10 +88,12 @@ func (p *redisPool) tryLeaseOnce(ctx context.Context, site, scope, prefer string
 			var r poolResult
 			r, err = p.calls.Do(poolOp{site: site, scope: scope, token: token})
 			res, err = r.res, cmp.Or(err, r.err)
-			if err == nil && ctx.Err() != nil {
+			if err != nil {
+				p.doubt(scope, token, err) // sent, no reply: it may have leased all the same (reclaim.go)
+			} else if ctx.Err() != nil {
 				// The caller gave up while its batch was in Redis: a lease
 				// granted to it goes back at once.
-				p.releaseLate(scope, token)(res, nil)
+				p.leaseLate(scope, token)(res, nil)
 				err = ctx.Err()
 			}
 		}
@@ -107,7 +109,10 @@ func (p *redisPool) tryLeaseOnce(ctx context.Context, site, scope, prefer string
 			argv := append(make([]any, 0, 10), scope, token, ttl.Milliseconds(), p.cfg.cooldown.Milliseconds(),
 				p.cfg.slots, p.cfg.idleTTL.Milliseconds(), prefer, firm)
 			return leaseScript.Run(ctx, p.rdb, p.scopeKeys.get(p, scope).lease, append(argv, p.sw.brk.leaseArgs(site)...)...).Slice()
-		}, p.releaseLate(scope, token))
+		}, p.leaseLate(scope, token))
+		if err != nil {
+			p.doubt(scope, token, err) // sent, no reply: it may have leased all the same (reclaim.go)
+		}
 	}
 	if err != nil {
 		if err, ok := leaseConfigErr(err); ok {
@@ -138,7 +143,7 @@ func (p *redisPool) tryLeaseOnce(ctx context.Context, site, scope, prefer string
 			// Hand the slot back rather than hold a proxy we cannot use
 			// (owner-checked: by member and token, as no Lease is made).
 			if member != "" {
-				_, _ = p.releaseMember(context.WithoutCancel(ctx), scope, member, token, "")
+				p.giveBack(context.WithoutCancel(ctx), scope, member, token)
 			}
 			if err == nil {
 				err = fmt.Errorf("%w: malformed lease reply", ErrCorrupt)
@@ -169,6 +174,8 @@ func (p *redisPool) emptyReply(res []any) (lost bool) {
 
 // releaseLate hands back a lease of lease.lua granted (to token, on
 // scope) after its caller gave up waiting for the reply: roundTrip's late.
+// (A session's: its token is the session's, never in doubt; a plain
+// lease's is leaseLate, reclaim.go.)
 func (p *redisPool) releaseLate(scope, token string) func([]any, error) {
 	return func(res []any, err error) {
 		if status, _ := intAt(res, 0); err == nil && status == 1 && len(res) >= 4 {

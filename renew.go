@@ -294,6 +294,7 @@ func (s *Switch) Close(ctx context.Context) error {
 	s.reg.forget(func(b *binding) bool { return !b.hooked })
 	s.clients.close() // the idle connections of every proxy (client.go)
 	err := r.releaseAll(ctx)
+	err = errors.Join(err, s.doubts.close(ctx)) // the leases lease calls of unknown outcome may have made (reclaim.go)
 	err = errors.Join(err, s.Stop(ctx))
 	r.waitBackground(ctx)
 	s.brk.close(ctx) // its background report (breaker.go)

@@ -16,6 +16,7 @@ var (
 	poolCallScript   = engine.Root.Script("pool_call") // a pool's releases and plain leases in one call (poolcall.go)
 	extendScript     = engine.Root.Script("extend")
 	extendManyScript = engine.Root.Script("extend_many") // the renewer (renew.go)
+	reclaimScript    = engine.Root.Script("reclaim")     // the leases of lease calls of unknown outcome (reclaim.go)
 	penalizeScript   = engine.Root.Script("penalize")
 	liftScript       = engine.Root.Script("lift") // the page-or-IP rule (ban.go)
 	reviveScript     = engine.Root.Script("revive")

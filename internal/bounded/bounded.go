@@ -5,6 +5,7 @@ package bounded
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -21,7 +22,8 @@ import (
 // gave up is handed back, not leaked).
 //
 // On the bound it returns the caller's own context error if that context
-// ended, else "no reply within <timeout>" wrapping context.DeadlineExceeded.
+// ended, else "no reply within <timeout>" wrapping context.DeadlineExceeded;
+// either is marked ErrAbandoned.
 func Call[T any](ctx context.Context, timeout time.Duration, inline bool, fn func(context.Context) (T, error), late func(T, error)) (T, error) {
 	cctx, cancel := context.WithTimeout(ctx, timeout)
 	if inline {
@@ -51,11 +53,24 @@ func Call[T any](ctx context.Context, timeout time.Duration, inline bool, fn fun
 		}()
 		var zero T
 		if ctx.Err() != nil {
-			return zero, ctx.Err()
+			return zero, abandoned{ctx.Err()}
 		}
-		return zero, fmt.Errorf("no reply within %v: %w", timeout, cctx.Err())
+		return zero, abandoned{fmt.Errorf("no reply within %v: %w", timeout, cctx.Err())}
 	}
 }
+
+// ErrAbandoned marks the error of a Call that returned on its bound while
+// fn still ran (never an inline one): late, if set, gets fn's result, the
+// call's real outcome. The error is still the one Call always returned
+// (the caller's context error, or "no reply within"): errors.Is finds
+// both.
+var ErrAbandoned = errors.New("call abandoned on its bound")
+
+// abandoned is Call's error on its bound: err, marked ErrAbandoned.
+type abandoned struct{ err error }
+
+func (a abandoned) Error() string   { return a.err.Error() }
+func (a abandoned) Unwrap() []error { return []error{a.err, ErrAbandoned} }
 
 // HonoursDeadlines reports whether rdb bounds its own round trips by the
 // context's deadline (Options.ContextTimeoutEnabled), so that Call needs no
