@@ -100,6 +100,16 @@ func (s *Switch) Lease(ctx context.Context, site string) (*Lease, error) {
 	return s.acquire(ctx, site, "", false)
 }
 
+// failSite is the site whose proxy failures quarantine on scope (the
+// state scripts' argument): scope's own, "" for the global scope, where a
+// failure on any site does.
+func failSite(scope string) string {
+	if scope == globalSite {
+		return ""
+	}
+	return scope
+}
+
 // scopeOf maps a site to the scope a lease is exclusive for.
 func (s *Switch) scopeOf(site string) string {
 	if s.cfg.scope == ScopeGlobal {

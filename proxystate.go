@@ -66,7 +66,7 @@ func (s *Switch) ProxyStates(ctx context.Context, site string) ([]ProxyState, er
 	cursor := "0"
 	for first := true; first || cursor != "0"; first = false {
 		call := engine.ProxyStates{StateKeys: s.keys.states(scope), Slots: s.cfg.slots, Cursor: cursor,
-			Count: max(1, pageSize()/(2*s.cfg.slots))} // a few lookups per slot: ~250 slots a page
+			Count: max(1, pageSize()/(2*s.cfg.slots)), Site: failSite(scope)} // a few lookups per slot: ~250 slots a page
 		res, err := roundTrip(ctx, s.cfg.redisTimeout, func(ctx context.Context) ([]any, error) {
 			return call.Run(ctx, s.rdb).Slice()
 		}, nil)

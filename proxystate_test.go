@@ -171,6 +171,9 @@ func TestProxyStatesFailingProxyIsQuarantined(t *testing.T) {
 	require.NoError(t, err)
 	ids := proxyIDsOf(t, urls)
 	failing, resting := ids[0], ids[1]
+	// Healthy on another site first: it cools there, and a failure on
+	// site quarantines it on site only.
+	require.NoError(t, leaseProxy(t, s, "avito.example", failing).Report(ctx, ban.Verdict{Kind: ban.OK}))
 	l := leaseProxy(t, s, site, failing)
 	require.NoError(t, l.Report(ctx, ban.Verdict{Kind: ban.ProxyFailure, Reason: ban.ReasonProxyTimeout}))
 	failedAt := time.Now()
@@ -186,6 +189,8 @@ func TestProxyStatesFailingProxyIsQuarantined(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 1, st.Quarantined)
 	assert.Equal(t, 1, st.Cooling)
+	other := statesAgree(t, s, "avito.example")
+	assert.Equal(t, StateCooling, other[failing].State, "a failure quarantines on its site only")
 }
 
 func TestProxyStatesBanAllSites(t *testing.T) {

@@ -29,7 +29,7 @@ type SiteState struct {
 // safe for concurrent use.
 func (s *Switch) SiteState(ctx context.Context, site string) (SiteState, error) {
 	scope := s.scopeOf(site)
-	call := engine.State{StateKeys: s.keys.states(scope), Slots: s.cfg.slots, Phase: "busy", Cursor: "0", Budget: pageSize()}
+	call := engine.State{StateKeys: s.keys.states(scope), Slots: s.cfg.slots, Phase: "busy", Cursor: "0", Budget: pageSize(), Site: failSite(scope)}
 	var st SiteState
 	seen := map[string]bool{}
 	for first := true; call.Phase != "done"; first = false {

@@ -221,11 +221,12 @@ type State struct {
 	Phase  string // ARGV[2] "busy" (the first call), "dead" or "quarantine"
 	Cursor string // ARGV[3] the phase's SCAN cursor, "0" to start it
 	Budget int    // ARGV[4] entries one call may scan
+	Site   string // ARGV[5] the site whose proxy failures quarantine on this scope, "" for every site (a global scope)
 }
 
 // Run sends the call.
 func (c State) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
-	return stateScript.Run(ctx, rdb, c.keys(), c.Slots, c.Phase, c.Cursor, c.Budget)
+	return stateScript.Run(ctx, rdb, c.keys(), c.Slots, c.Phase, c.Cursor, c.Budget, c.Site)
 }
 
 // ProxyStates runs proxy_states.lua: the state on one scope of one page of
@@ -235,11 +236,12 @@ type ProxyStates struct {
 	Slots  int    // ARGV[1] the caller's concurrency (a pool that recorded none)
 	Cursor string // ARGV[2] HSCAN cursor of the pool hash, "0" for the first page
 	Count  int    // ARGV[3] HSCAN count
+	Site   string // ARGV[4] the site whose proxy failures quarantine on this scope, "" for every site (a global scope)
 }
 
 // Run sends the call.
 func (c ProxyStates) Run(ctx context.Context, rdb redis.Scripter) *redis.Cmd {
-	return proxyStatesScript.Run(ctx, rdb, c.keys(), c.Slots, c.Cursor, c.Count)
+	return proxyStatesScript.Run(ctx, rdb, c.keys(), c.Slots, c.Cursor, c.Count, c.Site)
 }
 
 // IntAt returns element i of a script's reply if it is an integer.

@@ -11,12 +11,14 @@
 -- KEYS[8] pace hash        (state.lua's; not read here)
 -- KEYS[9] fails hash       id -> failures in a row (penalize.lua): a proxy failure's
 --                          quarantine writes no strike, so a proxy failing since its
---                          last healthy answer counts quarantined where its slots are out
+--                          last healthy answer counts quarantined on the site it failed on
 -- ARGV[1] slots per proxy the caller is configured with, used when the pool
 --         has not fixed it yet (nothing was ever leased from it)
 -- ARGV[2] HSCAN cursor of the pool hash, "0" for the first page
 -- ARGV[3] HSCAN count: one page, a few lookups per proxy and slot, bounds
 --         the work of a call whatever the pool's size (issue 14)
+-- ARGV[4] the site whose proxy failures quarantine here, "" for every site
+--         (a global scope): see failing_here (lib.lua)
 --
 -- Returns {next cursor ("0" after the last page), now ms, slots, proxies of
 -- the page, then 13 items per proxy:
@@ -39,6 +41,7 @@
 -- Values of the hashes are read digits only, so a damaged one counts as
 -- absent.
 -- Scores are read with num (lib.lua), not tonumber.
+-- include: states_lib.lua
 local now = now_ms()
 local slots = meta_slots(KEYS[7], tonumber(ARGV[1]) or 1)
 
@@ -59,7 +62,7 @@ for i = 1, #pool, 2 do
   local st = {n = 0, ends = 0}
   if sv then st = {n = tonumber(string.match(sv, '^(%d+)|')) or 0, ends = ends(sv) or 0} end
   local allEnd = after_now(redis.call('ZSCORE', KEYS[5], id)) or 0
-  local banned = st.ends > now or allEnd > now or redis.call('HEXISTS', KEYS[9], id) == 1
+  local banned = st.ends > now or allEnd > now or failing_here(KEYS[9], id, ARGV[4] or '')
   local free, leased, cooling, quarantined, deadSlots = 0, 0, 0, 0, 0
   local leaseUntil, coolUntil, quarUntil = 0, 0, 0
   for s = 0, slots - 1 do

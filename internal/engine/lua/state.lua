@@ -13,13 +13,15 @@
 -- KEYS[8] pace hash        the cooldown learned for the site (lib.lua's pace_refused)
 -- KEYS[9] fails hash       id -> failures in a row (penalize.lua): a proxy failure's
 --                          quarantine writes no strike, so a slot out of a proxy
---                          failing since its last healthy answer counts quarantined
+--                          failing since its last healthy answer on this site counts quarantined
 -- ARGV[1] the caller's concurrency, for a pool that has not recorded one yet
 -- ARGV[2] phase: "busy" (the first call), "dead" or "quarantine"
 -- ARGV[3] the phase's SCAN cursor, "0" to start it
 -- ARGV[4] work budget of the call: entries scanned (x slots for the dead
 --         hash and the quarantine zset); a phase whose scan ends with
 --         budget left goes on with the next phase in the same call
+-- ARGV[5] the site whose proxy failures quarantine here, "" for every site
+--         (a global scope): see failing_here (lib.lua)
 --
 -- Returns {proxies in the pool, slots, learned cooldown ms, next phase
 -- ("done" after the last page), its cursor, item, n, item, n, ...}: item is
@@ -35,6 +37,7 @@
 -- or banned everywhere are looked at one by one: free = the rest. A SCAN
 -- may return an entry twice over the pages: the caller counts a name of a
 -- phase once.
+-- include: states_lib.lua
 local now = now_ms()
 local learned = math.ceil(pace_read(KEYS[8]))
 local slots = meta_slots(KEYS[7], tonumber(ARGV[1]) or 1)
@@ -117,7 +120,7 @@ while true do
               not (s and s < slots and tostring(s) == sfx and banned(id)) and score < DEAD then
             local st = redis.call('HGET', KEYS[4], id)
             local ends = st and tonumber(string.match(st, '|(%d+)$'))
-            if (ends and ends > now) or redis.call('HEXISTS', KEYS[9], id) == 1 then
+            if (ends and ends > now) or failing_here(KEYS[9], id, ARGV[5] or '') then
               out[#out + 1] = 'Q' .. m
             else
               out[#out + 1] = 'C' .. m
