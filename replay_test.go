@@ -366,3 +366,58 @@ func TestReplayableIsNetHTTPs(t *testing.T) {
 		assert.Equal(t, tc.want, replayable(req), "%s body=%v %s GetBody=%v", tc.method, tc.body != nil, tc.header, tc.getter)
 	}
 }
+
+// orderFlow places an order on POST /order and redirects (303) to its
+// confirmation page, which is a captcha for the burnt IP.
+type orderFlow struct {
+	mu     sync.Mutex
+	orders []string // "<method> <client IP>" of each request to /order
+	burnt  string
+}
+
+func (h *orderFlow) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	ip, _, _ := net.SplitHostPort(r.RemoteAddr)
+	switch r.URL.Path {
+	case "/order":
+		h.mu.Lock()
+		h.orders = append(h.orders, r.Method+" "+ip)
+		h.mu.Unlock()
+		http.Redirect(w, r, "/order/confirm", http.StatusSeeOther)
+	case "/order/confirm":
+		if ip == h.burnt {
+			_, _ = io.WriteString(w, "<html><body>captcha</body></html>")
+			return
+		}
+		_, _ = io.WriteString(w, `<html><body><div class="product">ok</div></body></html>`)
+	}
+}
+
+// TestReplayPOSTChainEndingOnChallengeIsNotRestarted: a chain that ends on
+// a challenge page starts again from its first URL, unless that first
+// request is one net/http would not replay: the site acted on it (it
+// answered with a redirect), so the request fails, NotResent, and the
+// order is placed once. (A GET chain's restart: challengehop_test.go.)
+func TestReplayPOSTChainEndingOnChallengeIsNotRestarted(t *testing.T) {
+	h := &orderFlow{}
+	captcha := func(x *ban.Exchange) ban.Verdict {
+		if x.Final() && strings.Contains(string(x.Body), "captcha") {
+			return ban.Verdict{Kind: ban.Ban, Reason: ban.ReasonChallenge}
+		}
+		return ban.Verdict{Kind: ban.Pass}
+	}
+	site, proxies, _, c := replayBed(t, h, false, 2, WithClassifier(captcha))
+	h.burnt = proxies[0].SourceIP().String()
+	var notResent int
+	for range 2 { // the second goes through the other proxy (least recently used first)
+		if err := c.Post(site.URL()+"/order", map[string]string{"item": "x"}); err != nil {
+			var be *BlockedError
+			require.ErrorAs(t, err, &be)
+			assert.True(t, be.NotResent)
+			notResent++
+		}
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	assert.Len(t, h.orders, 2, "each order placed once: %q", h.orders)
+	assert.Equal(t, 1, notResent, "the order confirmed on a captcha fails")
+}

@@ -411,7 +411,14 @@ func (t *transport) retry(req *http.Request, a *attempt, b *binding, l *Lease, x
 	}
 	if landed && x.Redirected() {
 		origin := chainOrigin(req)
-		if !rewindable(origin) || chainLen(req) >= maxChainHops || !b.takeRetry(s.cfg.retries) {
+		if !replayable(origin) {
+			// The chain's first request reached the site (it answered with
+			// a redirect): asking it again could make the site act twice.
+			blocked.NotResent = true
+			s.unresolvedRefusals(ctx, b, r.url, site)
+			return false, nil, blocked
+		}
+		if chainLen(req) >= maxChainHops || !b.takeRetry(s.cfg.retries) {
 			s.unresolvedRefusals(ctx, b, r.url, site)
 			return false, nil, blocked
 		}
