@@ -113,6 +113,10 @@ func (fp *fbPool) release(ctx context.Context, l *Lease) error {
 	return err
 }
 
+// localReleases bounds the local leases releaseMany releases at once: one
+// handed over to Redis on resume makes a Redis call of its own.
+const localReleases = 64
+
 // releaseMany releases ls, leases of this backend, each as release does
 // (Close): the local shard's in memory (those handed over to Redis on
 // resume end there too, all at once rather than one after another), the
@@ -123,11 +127,13 @@ func (fp *fbPool) releaseMany(ctx context.Context, ls []*Lease) []error {
 	errs := make([]error, len(ls))
 	var wg sync.WaitGroup
 	var inRedis []int
+	sem := make(chan struct{}, localReleases) // a lease handed over to Redis makes a call of its own
 	for i, l := range ls {
 		if l.local != nil {
 			wg.Add(1)
+			sem <- struct{}{}
 			go func() {
-				defer wg.Done()
+				defer func() { <-sem; wg.Done() }()
 				errs[i], _ = fp.releaseLocal(ctx, l)
 			}()
 			continue

@@ -260,7 +260,9 @@ func WithSizeDrop(ratio float64) Option { return func(c *config) { c.banRules.Si
 
 // WithClassifier adds a classifier run before the built-in checks, in the
 // order added: it may return a ban, a proxy failure, ban.OK or ban.Neutral,
-// or ban.Pass to let the checks decide (see package ban).
+// or ban.Pass to let the checks decide (see package ban). It sees no body of
+// a file type (an image, a PDF, an archive...: ban.Exchange.Body empty,
+// Truncated set): judge those by status and headers.
 func WithClassifier(f ban.Classifier) Option {
 	return func(c *config) { c.banRules.Classifiers = append(c.banRules.Classifiers, f) }
 }

@@ -119,7 +119,9 @@ func New(rdb redis.Scripter, opts ...Option) colly.ProxyFunc {
 // though Colly's clones share one HTTP client. Calling c.WithTransport or
 // c.SetProxyFunc afterwards turns ban detection off. Attach collectors
 // before they crawl: Colly sets the transport of a client a clone shares
-// without a lock. A request is sent again through another proxy only when
+// without a lock. Colly fetches robots.txt past its hooks: through the
+// transport of the last Attach on the client, with that Switch's pool. A
+// request is sent again through another proxy only when
 // that cannot make the site act on it twice (Bans.Retries): a POST goes
 // again after a ban, or after a failure before it could reach the site,
 // never after a timeout or a broken connection once it was written.

@@ -332,9 +332,11 @@ const closePoll = 5 * time.Millisecond
 // releaseAll releases every lease in the set and waits until the set is
 // empty (releases in flight on other goroutines end it) or ctx ends. The
 // leases go back all at once, in batched pool calls (releaseMany), not one
-// after another: with Redis stalled it returns within one Redis timeout
-// (or when ctx ends), whatever their number. Its error, if any lease could
-// not be released, counts them (closeError).
+// after another: with Redis stalled the leases it holds are given up
+// within one Redis timeout (or when ctx ends), whatever their number;
+// releases already queued by requests ending meanwhile are waited for
+// until ctx ends. Its error, if any lease could not be released, counts
+// them (closeError).
 func (r *renewer) releaseAll(ctx context.Context) error {
 	ce := &closeError{ttl: r.s.cfg.leaseTTL}
 	seen := map[*Lease]struct{}{}

@@ -367,7 +367,7 @@ func (a *app) dispatch(ctx context.Context, cmd string, args []string) error {
 		}
 		msg := fmt.Sprintf("removed %d of %d proxies", ch.Removed, len(args))
 		if slices.ContainsFunc(args, func(a string) bool { return strings.Contains(a, "{session") }) {
-			msg = fmt.Sprintf("removed %d proxies (a gateway template names all its proxies)", ch.Removed)
+			msg = fmt.Sprintf("removed %d proxies (a gateway template names all its proxies; any other not found was not in the pool)", ch.Removed)
 		} else if ch.Removed < len(args) {
 			msg += " (the others were not in the pool)"
 		}
@@ -786,7 +786,7 @@ func (a *app) pause(ctx context.Context, args []string) error {
 	}
 	used, err := a.siteUsed(ctx, args[0])
 	if err != nil {
-		return err
+		used = true // the warning is a courtesy: an emergency pause goes ahead
 	}
 	until, err := a.sw.PauseSite(ctx, args[0], d)
 	if err != nil {
@@ -822,7 +822,7 @@ func (a *app) ban(ctx context.Context, args []string) error {
 	}
 	used, err := a.siteUsed(ctx, args[1]) // before the ban, which leases there
 	if err != nil {
-		return err
+		used = true // the warning is a courtesy: no reason not to ban
 	}
 	if err := a.sw.Ban(ctx, args[0], args[1], d); err != nil {
 		return err
@@ -858,6 +858,11 @@ func (a *app) unban(ctx context.Context, proxy, site string) error {
 	// quarantined or not.
 	if err := a.sw.Unban(ctx, proxy, site); err != nil {
 		return err
+	}
+	if used, err := a.siteUsed(ctx, site); err == nil && !used {
+		if err := a.warnUnusedSite(site, "nothing was unbanned under that name but what a ban under it set"); err != nil {
+			return err
+		}
 	}
 	if before != nil && before.QuarantinedSlots == 0 {
 		// (A hold of its exit IP there, which a proxy that left the IP
