@@ -111,6 +111,9 @@ func (s *Storage) Attach(c *colly.Collector) {
 				}
 			})
 		})
+		if !c.AllowURLRevisit {
+			s.settleMiscredited(r)
+		}
 		tok, ok := deliveryToken(r)
 		if !ok {
 			return
@@ -311,6 +314,29 @@ func (s *Storage) nack(ctx context.Context, tok, reason string, now bool) (int64
 		s.cfg.retryDelay.Milliseconds(), s.cfg.maxDeliveries, force)
 	v, _ := res.(int64)
 	return v, err
+}
+
+// settleMiscredited is called as request r starts. If r is a GET without
+// a body (a Visit), Colly granted it its URL through Visited before
+// starting it; if that grant was credited to a delivery of the same URL
+// waiting in this process (Visited cannot tell the two apart: a queued
+// request and a direct Visit of its URL claim the same ID), the grant was
+// r's, and Colly will refuse that delivery as already visited, with no
+// callback: it is acknowledged now, rather than coming back after the
+// visibility timeout to be fetched again. The delivery's own request
+// carries its token and is left alone.
+func (s *Storage) settleMiscredited(r *colly.Request) {
+	if r.Method != "GET" || r.Body != nil || r.URL == nil || s.pending.n.Load() == 0 {
+		return
+	}
+	h, ok := requestHash(wireRequest{URL: r.URL.String()})
+	if !ok {
+		return
+	}
+	tok, _ := deliveryToken(r)
+	if d := s.pending.miscredited(h, tok); d != nil {
+		s.dropDuplicate(d)
+	}
 }
 
 // dropDuplicate acknowledges a delivery that Colly refuses as already

@@ -56,7 +56,9 @@
 // returns only when the whole namespace's work is done.
 //
 // Requests Colly drops before sending fire no callback. Those dropped as
-// already visited are acknowledged by the visited check; those dropped by
+// already visited are acknowledged by the visited check (or, when a
+// callback's Visit of the same URL took it while the queued one waited
+// for a thread, when that Visit's request starts); those dropped by
 // URL filters, robots.txt, MaxDepth or Abort end in the dead-letter list
 // (filter before AddRequest, or call Ack). One aborted by an OnRequest
 // callback registered after Attach is already running: it comes back only

@@ -22,9 +22,22 @@ import (
 // (GetRequest hands a second one back until the first has passed Visited or
 // is done), so a visited check that finds an unclaimed delivery is about
 // that one, or is a HasVisited call (which acknowledges it only if the URL
-// is visited, when Colly would refuse it anyway). One case stays
-// imprecise: a redirect that lands on the URL of a delivery waiting in this
-// process claims it on that delivery's behalf; the delivery is then refused,
+// is visited, when Colly would refuse it anyway), or is another request of
+// the same URL: a direct Visit from a callback while the delivery waits in
+// Colly's queue for a free thread (Colly's queue takes a request from the
+// queue storage before a thread is free to run it). Visited cannot tell
+// that Visit from the delivery's own request (it gets only the ID), so a
+// fresh claim is credited to the delivery provisionally (credit); the
+// first request of that ID to start settles it (Attach's OnRequest hook):
+// the delivery's own (it carries its token) confirms it, any other GET
+// without a body proves the grant was that request's, and the delivery,
+// which Colly refuses as already visited, is acknowledged at once
+// (miscredited). While a delivery of an ID is pending, the visited checks
+// of that ID in this process run one at a time (lockVisited), so none sees
+// a mark whose bookkeeping is not done. Cases stay imprecise: a redirect,
+// or a POST or a GET with a body, whose claim lands on the URL of a
+// delivery waiting in this process, claims it on that delivery's behalf
+// without a request of that ID starting; the delivery is then refused,
 // comes back after the visibility timeout and is fetched again (a
 // duplicate, never a loss).
 //
@@ -45,10 +58,17 @@ type pending struct {
 	renewers atomic.Int32 // renewer goroutines alive (0 or 1; for tests)
 	mu       sync.Mutex
 	byHash   map[uint64]*delivery // the unclaimed delivery of each visited ID
+	credited map[uint64]*delivery // deliveries granted by a fresh claim whose fetch has not started, by visited ID
 	byToken  map[string]*delivery // every pending delivery
 	running  map[string]*delivery // the deliveries whose fetch runs, renewed
 	renewing bool                 // a renewer goroutine is alive or starting
 	adds     int
+	// stripes serialize, per visited ID, the visited checks made while a
+	// delivery of that ID is pending: each holds its stripe across its
+	// Redis call and the bookkeeping that follows, so that no check sees
+	// the mark another one has just set before that one has credited (or
+	// dropped) the delivery (see lockVisited).
+	stripes [64]sync.Mutex
 
 	visibility, maxFetch time.Duration // the Storage's settings
 }
@@ -67,6 +87,7 @@ func (d *delivery) token() string { return d.id + ":" + strconv.Itoa(d.number) }
 
 func (p *pending) init(visibility, maxFetch time.Duration) {
 	p.byHash = make(map[uint64]*delivery)
+	p.credited = make(map[uint64]*delivery)
 	p.byToken = make(map[string]*delivery)
 	p.running = make(map[string]*delivery)
 	p.visibility, p.maxFetch = visibility, maxFetch
@@ -125,6 +146,27 @@ func (p *pending) unclaimed(hash uint64) *delivery {
 	return p.byHash[hash]
 }
 
+// lockVisited takes the stripe of hash if a delivery with that visited ID
+// is pending (unclaimed or credited), and returns its unlock (nil if none
+// was taken). Without it a visited check could find the mark that a
+// concurrent Visited of the delivery's own request has just set before
+// that Visited credited the delivery, take the delivery for a duplicate
+// and acknowledge it: the page would be lost.
+func (p *pending) lockVisited(hash uint64) func() {
+	if p.n.Load() == 0 {
+		return nil
+	}
+	p.mu.Lock()
+	held := p.byHash[hash] != nil || p.credited[hash] != nil
+	p.mu.Unlock()
+	if !held {
+		return nil
+	}
+	mu := &p.stripes[hash%uint64(len(p.stripes))]
+	mu.Lock()
+	return mu.Unlock
+}
+
 // claim marks d as granted by Visited: later visited checks of the same ID
 // (a page linking to itself, HasVisited, another delivery of the URL) leave
 // it alone.
@@ -134,6 +176,40 @@ func (p *pending) claim(d *delivery) {
 		delete(p.byHash, d.hash)
 	}
 	p.mu.Unlock()
+}
+
+// credit is claim for a delivery whose visited ID Visited has just
+// claimed afresh (the mark was absent). That grant may belong to another
+// request of the same URL (a direct Visit from a callback, while the
+// delivery waits in Colly's queue for a free thread): miscredited tells.
+func (p *pending) credit(d *delivery) {
+	p.mu.Lock()
+	if p.byHash[d.hash] == d {
+		delete(p.byHash, d.hash)
+		p.credited[d.hash] = d
+	}
+	p.mu.Unlock()
+}
+
+// miscredited is called when a request whose visited ID is hash, and which
+// was granted by Visited (a fresh claim), starts with delivery token tok
+// ("" for none). If a delivery of another token was credited with a fresh
+// claim of that ID and has not started, the grant was this request's, not
+// that delivery's (Visited grants an ID once): the delivery will be refused
+// as already visited. It is removed and returned, for the caller to
+// acknowledge.
+func (p *pending) miscredited(hash uint64, tok string) *delivery {
+	if p.n.Load() == 0 {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	d := p.credited[hash]
+	if d == nil || d.token() == tok || !d.started.IsZero() {
+		return nil
+	}
+	p.removeLocked(d)
+	return d
 }
 
 // reopen is called when the delivery of request id numbered n will not be
@@ -180,6 +256,9 @@ func (p *pending) removeLocked(d *delivery) {
 	if p.byHash[d.hash] == d {
 		delete(p.byHash, d.hash)
 	}
+	if p.credited[d.hash] == d {
+		delete(p.credited, d.hash)
+	}
 	if p.running[tok] == d {
 		delete(p.running, tok)
 	}
@@ -203,6 +282,9 @@ func (p *pending) start(tok string, now time.Time) (d *delivery, spawn bool, err
 		p.putLocked(tok, d)
 	}
 	d.started = now
+	if p.credited[d.hash] == d {
+		delete(p.credited, d.hash) // its own fetch: the grant was its
+	}
 	p.running[tok] = d
 	spawn = !p.renewing
 	p.renewing = true

@@ -28,7 +28,8 @@ import (
 // delivered again after its worker died must be fetched again although the
 // dead worker's claim is still there, and a first delivery that Colly
 // refuses as already visited must be acknowledged, since Colly fires no
-// callback for it.
+// callback for it, including when the claim that refuses it was a direct
+// Visit of its URL made in this process while it waited for a thread.
 
 // IsVisited implements Colly's storage.Storage. It reports whether the
 // request ID holds a live visited mark in the namespace, and writes nothing.
@@ -36,6 +37,9 @@ import (
 // other goroutines made meanwhile; a mark with an expiry takes a second,
 // a script that compares it with Redis's clock).
 func (s *Storage) IsVisited(requestID uint64) (bool, error) {
+	if unlock := s.pending.lockVisited(requestID); unlock != nil {
+		defer unlock()
+	}
 	d := s.pending.unclaimed(requestID)
 	if d != nil && d.number > 1 {
 		// Redelivered: the mark is the failed delivery's own. Fetch again.
@@ -82,6 +86,9 @@ func (s *Storage) isVisited(id uint64) (bool, error) {
 // writer's expiry); with a TTL it is one script. Concurrent calls share
 // that first round trip (see visited_group.go).
 func (s *Storage) Visited(requestID uint64) error {
+	if unlock := s.pending.lockVisited(requestID); unlock != nil {
+		defer unlock()
+	}
 	claimed, err := s.claim(requestID)
 	if err != nil {
 		return err
@@ -89,7 +96,7 @@ func (s *Storage) Visited(requestID uint64) error {
 	d := s.pending.unclaimed(requestID)
 	if claimed {
 		if d != nil {
-			s.pending.claim(d)
+			s.pending.credit(d)
 		} else {
 			s.revisits.visited(requestID, true, time.Now())
 		}
