@@ -422,7 +422,9 @@ func TestReseedHoldsProxiesOfLostLeases(t *testing.T) {
 	took := time.Since(lost)
 	assert.Equal(t, held.Proxy().ID(), other.Proxy().ID())
 	assert.GreaterOrEqual(t, took, bound-50*time.Millisecond, "the proxy of the lost lease is held for the attempt bound")
-	assert.Less(t, took, bound+time.Second)
+	// Back soon after the bound (805 ms here, unloaded); the margin is for
+	// a loaded CI machine, where one run took 1.85 s.
+	assert.Less(t, took, bound+3*time.Second)
 	t.Logf("the proxy of a lease lost with Redis leased again %v after the flush (attempt bound %v)", took.Round(time.Millisecond), bound)
 }
 
