@@ -132,6 +132,9 @@ func watchStorm(t *testing.T, s *Switch, site string, storm *testbed.Storm) (wai
 // 50 proxies, 20 workers. The breaker pauses the site instead of burning
 // the pool; after the storm the crawl goes on.
 func TestBreakerStorm(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a 21 s storm, timed: the full suite runs it")
+	}
 	storm := testbed.NewStorm(nil, time.Now().Add(stormWarmup), 10*time.Second)
 	site := testbed.NewSite(t, "storm", storm)
 	_, _, s := stormBed(t, site, 50)
@@ -146,6 +149,9 @@ func TestBreakerStorm(t *testing.T) {
 // TestBreakerStormProcesses is the storm with three collectors in separate
 // processes: the pause one of them takes holds the others too.
 func TestBreakerStormProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a 21 s storm in worker processes, timed: the full suite runs it")
+	}
 	storm := testbed.NewStorm(nil, time.Now().Add(stormWarmup), 10*time.Second)
 	site := testbed.NewSite(t, "storm", storm)
 	_, _, s := stormBed(t, site, 50)
