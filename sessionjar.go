@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"net/url"
 	"slices"
@@ -13,7 +12,7 @@ import (
 	"strings"
 	"time"
 
-	"golang.org/x/net/publicsuffix"
+	"github.com/proxyswitch/proxyswitch/internal/cookierule"
 )
 
 // A session's cookie jar (session.go): the storage and matching rules of
@@ -50,13 +49,6 @@ type jarCookie struct {
 
 func (c *jarCookie) field() string { return c.Domain + ";" + c.Path + ";" + c.Name }
 
-// isPublicSuffix reports whether d is a public suffix ("com", "co.uk",
-// "github.io"), under which no site may set cookies for its neighbours.
-func isPublicSuffix(d string) bool {
-	ps, _ := publicsuffix.PublicSuffix(d)
-	return ps == d
-}
-
 // newJarCookie applies the storage rules to a cookie set by a response to
 // u: ok is false when the cookie is refused, del when it deletes the stored
 // one (expired, Max-Age <= 0).
@@ -66,44 +58,22 @@ func newJarCookie(c *http.Cookie, u *url.URL, now time.Time) (e jarCookie, del, 
 		return e, false, false
 	}
 	e = jarCookie{Name: c.Name, Value: c.Value, Quoted: c.Quoted, Secure: c.Secure, Created: now.UnixMicro()}
-	switch d := strings.ToLower(strings.TrimPrefix(c.Domain, ".")); {
-	case d == "" || isPublicSuffix(d) && d == host:
-		e.Domain, e.HostOnly = host, true
-	case d == host:
-		e.Domain = host
-	case net.ParseIP(host) == nil && strings.Contains(d, ".") && strings.HasSuffix(host, "."+d) && !isPublicSuffix(d):
-		e.Domain = d
-	default:
+	var ok2 bool
+	if e.Domain, e.HostOnly, ok2 = cookierule.Domain(host, c.Domain); !ok2 {
 		return e, false, false // a domain the host cannot set cookies for
 	}
-	e.Path = c.Path
-	if !strings.HasPrefix(e.Path, "/") {
-		e.Path = defaultCookiePath(u.Path)
-	}
+	e.Path = cookierule.Path(c.Path, u.Path)
 	if len(e.Name)+len(e.Value)+len(e.Domain)+len(e.Path) > maxSessionCookieBytes {
 		return e, false, false
 	}
-	switch {
-	case c.MaxAge < 0:
+	at, del := cookierule.Expiry(c, now)
+	if del {
 		return e, true, true
-	case c.MaxAge > 0:
-		e.Expires = now.Add(time.Duration(c.MaxAge) * time.Second).UnixMilli()
-	case !c.Expires.IsZero():
-		if !c.Expires.After(now) {
-			return e, true, true
-		}
-		e.Expires = c.Expires.UnixMilli()
+	}
+	if !at.IsZero() {
+		e.Expires = at.UnixMilli()
 	}
 	return e, false, true
-}
-
-// defaultCookiePath is RFC 6265's default-path of a request path.
-func defaultCookiePath(p string) string {
-	i := strings.LastIndex(p, "/")
-	if !strings.HasPrefix(p, "/") || i <= 0 {
-		return "/"
-	}
-	return p[:i]
 }
 
 // matches reports whether c goes with a request to u (host: u's, lower-cased).
@@ -111,17 +81,10 @@ func (c *jarCookie) matches(u *url.URL, host string, now int64) bool {
 	if c.Expires != 0 && c.Expires <= now {
 		return false
 	}
-	if c.Secure && u.Scheme != "https" && u.Scheme != "wss" {
+	if !cookierule.SecureOK(c.Secure, u.Scheme) || !cookierule.DomainMatch(host, c.Domain, c.HostOnly) {
 		return false
 	}
-	if host != c.Domain && (c.HostOnly || net.ParseIP(host) != nil || !strings.HasSuffix(host, "."+c.Domain)) {
-		return false
-	}
-	p := u.Path // decoded, as the default path is (and as net/http/cookiejar matches)
-	if p == "" {
-		p = "/"
-	}
-	return p == c.Path || (strings.HasPrefix(p, c.Path) && (strings.HasSuffix(c.Path, "/") || p[len(c.Path)] == '/'))
+	return cookierule.PathMatch(u.Path, c.Path) // decoded, as the default path is (and as net/http/cookiejar matches)
 }
 
 // cookiesFor returns the cookies of a jar (its stored values) to send to u,

@@ -135,8 +135,9 @@ func (m *keyMeter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 	}
 }
 
-// Clear of a namespace whose cookie-host registry holds 5,000 hosts reads
-// the registry in pages (SSCAN) and deletes the cookie hashes in batches:
+// Clear of a namespace whose cookie registries hold 5,000 domains and
+// hosts (cookie jars, and hashes per host of an earlier version) reads
+// the registries in pages (SSCAN) and deletes the cookie hashes in batches:
 // no command names or returns more than a page's worth of hosts (before,
 // one SMEMBERS and one UNLINK of every host: 300,000 hosts blocked Redis
 // for 314 ms and 217 ms). Every cookie hash goes, another namespace's stay.
@@ -148,13 +149,17 @@ func TestClearCookieHostsInPages(t *testing.T) {
 	fill(t, other)
 	for i := 0; i < n; i += 1000 {
 		_, err := rdb.Pipelined(bg, func(p redis.Pipeliner) error {
-			hosts := make([]any, 0, 1000)
 			for j := i; j < i+1000; j++ {
 				h := fmt.Sprintf("host-%d.example", j)
-				hosts = append(hosts, h)
-				p.HSet(bg, s.keys.cookies(h), "sid", "sid=abc; Path=/")
+				// Half in jars, half in hashes of an earlier version.
+				if j%2 == 0 {
+					p.HSet(bg, s.keys.cookieJar(h), h+";/;sid", "1|h|sid=abc; Path=/")
+					p.SAdd(bg, s.keys.cookieDomains(), h)
+				} else {
+					p.HSet(bg, s.keys.legacyCookies(h), "sid", "sid=abc; Path=/")
+					p.SAdd(bg, s.keys.cookieHosts(), h)
+				}
 			}
-			p.SAdd(bg, s.keys.cookieHosts(), hosts...)
 			return nil
 		})
 		require.NoError(t, err)

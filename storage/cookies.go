@@ -1,195 +1,432 @@
 package storage
 
 import (
+	"cmp"
 	"context"
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	collystorage "github.com/gocolly/colly/v2/storage"
+	"github.com/proxyswitch/proxyswitch/internal/cookierule"
 )
 
-// Cookies are kept per host (u.Host, lower-cased, as Colly's own storages
-// do) in one Redis hash, one field per cookie "<name>;<path>;<domain>". A
+// Cookies are kept as net/http/cookiejar (the jar of Colly's own storage)
+// keeps them, with the rules of RFC 6265 sections 5.3 and 5.4 that the root
+// package's session jar applies too (internal/cookierule):
+//
+//   - A response from a host may set a cookie for the host itself
+//     (host-only: no Domain attribute, or one naming a host that is a public
+//     suffix) or for a domain: the host or a parent of it that is not a
+//     public suffix (golang.org/x/net/publicsuffix). A Domain attribute
+//     naming anything else ("other.com", "com", "co.uk", a part of an IP) is
+//     refused: the cookie is not stored.
+//   - A cookie without a Path attribute (or with one not starting with "/")
+//     takes the request's default path, the directory of its path.
+//   - Max-Age and Expires set the expiry; Max-Age <= 0 or an Expires in the
+//     past deletes the stored cookie of that domain, path and name.
+//   - Cookies(u) returns the cookies that go with a request to u: those of
+//     u's host or of a domain u's host is in (not host-only ones of another
+//     host), whose path is u's path or a parent of it ("/a" goes to "/a/b",
+//     not to "/ab"), not expired, Secure ones only over https; longest path
+//     first, then the earliest created. Ports do not matter.
+//
+// Storage: one Redis hash per registrable domain (the host's public suffix
+// plus one label, "shop.co.uk" for "www.shop.co.uk"; the host itself for an
+// IP, "localhost" or a public suffix), as net/http/cookiejar keys its
+// entries: every cookie that may go to a host is in its domain's hash, so
+// Cookies is one read and the matching is done here. A field names a cookie
+// as the jar identifies it, "<domain>;<path>;<name>" (a host-only cookie
+// and a domain cookie of the same domain, path and name are one cookie:
+// the later replaces the earlier); its value is "<created µs>|<h or
+// d>|<Set-Cookie line>": the creation time (Redis's clock; an overwrite
+// keeps the first), host-only (h) or not, and the cookie as Cookies returns
+// it (Path always, Domain for a domain cookie, Expires for one that
+// expires, Max-Age turned into Expires, Secure, HttpOnly, SameSite). A
 // write replaces single fields in one script, so writers in several
 // processes never lose each other's cookies.
 //
-// The field names a cookie as net/http/cookiejar (the jar of Colly's own
-// storage) identifies it: a cookie set without a Path attribute (or with
-// one not starting with "/") takes the request's default path (RFC 6265:
-// the directory of the request path, "/" for "/x"), and its line is stored
-// with that Path; the domain is the Domain attribute lower-cased without
-// its leading dot, and "" for a host-only cookie or one whose Domain names
-// the request's host itself. So "sid=new" set by /renew replaces
-// "sid=old; Path=/", and "sid=; Max-Age=0" set by /logout deletes it.
+// Colly's cookie jar wrapper merges before it writes: it reads the cookies
+// for the URL (Cookies), adds the response's new ones and hands the whole
+// list back (SetCookies). Written back blindly, a cookie in that list would
+// undo a newer value another process stored in between. So the Storage
+// remembers, per domain hash, the lines its last read of the hash found
+// (cookieMemo), and SetCookies skips a cookie whose line is exactly one of
+// them when this process wrote nothing to its field since: the
+// wrapper's write-back of what it just read. (A line read names its path
+// and domain, so a write-back that is not skipped lands on the same field
+// with the same value, never on another host's.) Every write of this
+// process forgets the field's line, and every read replaces the hash's
+// lines, so a cookie the site sets again (after deleting or changing it) is
+// always written.
 //
-// Colly's cookie jar wrapper merges before it writes: it reads the host's
-// cookies (Cookies), adds the response's new ones and hands the whole list
-// back (SetCookies). Written back blindly, a cookie in that list would undo
-// a newer value another process stored in between. So the Storage
-// remembers, per host and field, the line its last read of the host found
-// (cookieMemo), and SetCookies skips a cookie whose line is exactly that one
-// when this process wrote nothing to the field since: the wrapper's write-back
-// of what it just read. Every write of this process forgets the field's
-// line, and every read replaces the host's lines, so a cookie the site sets
-// again (after deleting or changing it) is always written.
+// Data of earlier versions: they kept one hash per host and port ({ns}:c:<host>,
+// fields "<name>;<path>;<domain>" -> Set-Cookie line, registry
+// {ns}:cookiehosts). A read for a URL of such a host moves its cookies into
+// the domain's hash (cookies_migrate.lua; fields the new hash already has
+// are newer and stay), applying the rules above as if the host had set them
+// (those it may not set are dropped; a Max-Age counts from the migration),
+// and deletes the old hash; a write for it migrates first. Old hashes of
+// hosts never read again stay until Clear, which deletes both kinds.
 
 // cookieMemoTTL bounds how long a cookie read from Redis counts as "ours to
 // skip" when it comes back through SetCookies; Colly's wrapper writes back
 // at once.
 const cookieMemoTTL = 10 * time.Second
 
-// Cookies implements Colly's storage.Storage: the cookies stored for
-// u.Host, one Set-Cookie line each. Colly's method has no error result, so
-// a failure (Redis down, an oversized or foreign hash) is logged and no
-// cookies are returned. Expired cookies are removed from Redis on the way,
-// unless another process has replaced them meanwhile.
+// cookieTarget is where the cookies of a URL live.
+type cookieTarget struct {
+	host   string // lower-cased, without port or trailing dot
+	domain string // the registrable domain: its jar's key
+	legacy string // u.Host lower-cased: the key of an earlier version's hash
+}
+
+// targetOf returns the cookie target of u, false for a URL that has no
+// cookies: no http(s) URL, no host, or a host that is too long or holds
+// blanks or control characters.
+func targetOf(u *url.URL) (cookieTarget, bool) {
+	if u == nil || (u.Scheme != "http" && u.Scheme != "https") {
+		return cookieTarget{}, false
+	}
+	legacy := strings.ToLower(u.Host)
+	if legacy == "" || len(legacy) > maxHostLen || strings.ContainsAny(legacy, " \t") || strings.ContainsFunc(legacy, isControl) {
+		return cookieTarget{}, false
+	}
+	host := strings.TrimSuffix(strings.ToLower(u.Hostname()), ".")
+	if host == "" {
+		return cookieTarget{}, false
+	}
+	return cookieTarget{host: host, domain: cookierule.JarKey(host), legacy: legacy}, true
+}
+
+// Cookies implements Colly's storage.Storage: the cookies that go with a
+// request to u (see above), one Set-Cookie line each. Colly's method has no
+// error result, so a failure (Redis down, an oversized or foreign hash) is
+// logged and no cookies are returned. Expired cookies of the domain are
+// removed from Redis on the way, unless another process has replaced them
+// meanwhile.
 func (s *Storage) Cookies(u *url.URL) string {
-	host, ok := cookieHost(u)
+	t, ok := targetOf(u)
 	if !ok {
 		return ""
 	}
-	res, err := s.run(context.Background(), "cookies", cookiesGetScript,
-		[]string{s.keys.cookies(host)}, maxCookies, maxCookieBytes)
-	if err != nil {
-		s.cfg.logger.Warn("proxyswitch: reading cookies", "namespace", s.cfg.namespace, "host", host, "err", err)
+	stored, ok := s.readCookies(t)
+	if !ok {
 		return ""
 	}
-	raw, _ := res.([]any)
 	now := time.Now()
-	var lines []string
+	var hits []storedCookie
 	var stale []any
-	read := make(map[string]string, len(raw)/2)
-	for i := 0; i+1 < len(raw); i += 2 {
-		field, _ := raw[i].(string)
-		line, _ := raw[i+1].(string)
-		c := parseCookie(line)
-		switch {
-		case c == nil:
+	read := make(map[string]string, len(stored))
+	for _, c := range stored {
+		if c.expired(now) {
+			stale = append(stale, c.field, c.value)
 			continue
-		case expired(c, now):
-			stale = append(stale, field, line)
-		default:
-			l := c.String()
-			lines = append(lines, l)
-			read[field] = l
+		}
+		read[c.line] = c.field
+		if c.matches(u, t.host) {
+			hits = append(hits, c)
 		}
 	}
-	slices.Sort(lines)
-	s.cookies.remember(host, read, now)
+	slices.SortFunc(hits, func(a, b storedCookie) int {
+		if n := cmp.Compare(len(b.path), len(a.path)); n != 0 {
+			return n
+		}
+		if n := cmp.Compare(a.created, b.created); n != 0 {
+			return n
+		}
+		return strings.Compare(a.field, b.field)
+	})
+	s.cookies.remember(t.domain, read, now)
 	if len(stale) > 0 {
-		s.writeCookies(host, nil, stale)
+		s.writeCookies(t, nil, stale)
+	}
+	lines := make([]string, len(hits))
+	for i, c := range hits {
+		lines[i] = c.line
 	}
 	return strings.Join(lines, "\n")
 }
 
+// readCookies reads the domain's jar, migrating the host's cookies of an
+// earlier version first if there are any; false after a failure (logged).
+func (s *Storage) readCookies(t cookieTarget) ([]storedCookie, bool) {
+	for try := 0; ; try++ {
+		res, err := s.run(context.Background(), "cookies", cookiesGetScript,
+			[]string{s.keys.cookieJar(t.domain), s.keys.legacyCookies(t.legacy)}, maxCookies, maxCookieBytes)
+		if err != nil {
+			s.cfg.logger.Warn("proxyswitch: reading cookies", "namespace", s.cfg.namespace, "domain", t.domain, "err", err)
+			return nil, false
+		}
+		both, _ := res.([]any)
+		var jar, legacy []any
+		if len(both) == 2 {
+			jar, _ = both[0].([]any)
+			legacy, _ = both[1].([]any)
+		}
+		// After a migration the jar is read again (an earlier version
+		// still running may write the old hash again: twice at most).
+		if len(legacy) == 0 || try == 2 || !s.migrateCookies(t, legacy) {
+			return parseStored(jar), true
+		}
+	}
+}
+
 // SetCookies implements Colly's storage.Storage: it stores the cookies
-// (Set-Cookie lines, as Colly's jar wrapper writes them) for u.Host. Each
-// cookie is written on its own; cookies the list does not name are kept, a
+// (Set-Cookie lines, as Colly's jar wrapper writes them) set by a response
+// to u, by the rules above. Each cookie is written on its own; cookies the
+// list does not name are kept, a cookie the host may not set is ignored, a
 // cookie just as this process's last read found it is not written back
-// (see above), a cookie that is expired or has Max-Age=0 is deleted, and of
-// two cookies of one name, path and domain the later wins. Failures are
-// logged.
+// (see above), a cookie that is expired or has Max-Age <= 0 is deleted,
+// and of two cookies of one domain, path and name the later wins. Failures
+// are logged.
 func (s *Storage) SetCookies(u *url.URL, cookies string) {
-	host, ok := cookieHost(u)
+	t, ok := targetOf(u)
 	if !ok {
 		return
 	}
 	now := time.Now()
-	hostname := strings.ToLower(u.Hostname())
-	lines := make(map[string]string) // field -> line to set, "" to delete
+	lines := make(map[string]string) // field -> value to set, "" to delete
 	var fields []string              // in order of first appearance
-	put := func(field, line string) {
+	for _, c := range collystorage.UnstringifyCookies(cookies) {
+		field, value, del, ok := newStoredCookie(c, t.host, u.Path, now)
+		if !ok {
+			continue
+		}
+		if !del && s.cookies.justRead(t.domain, lineOf(value), now) {
+			continue
+		}
 		if _, ok := lines[field]; !ok {
 			fields = append(fields, field)
 		}
-		lines[field] = line // the last cookie of a field wins, as in a jar
-	}
-	for _, c := range collystorage.UnstringifyCookies(cookies) {
-		if c.Name == "" {
-			continue
+		lines[field] = value // the last cookie of a field wins, as in a jar
+		if del {
+			lines[field] = ""
 		}
-		attr := c.Path
-		if !strings.HasPrefix(c.Path, "/") {
-			c.Path = defaultCookiePath(u.Path)
-		}
-		field := c.Name + ";" + c.Path + ";" + cookieDomain(c.Domain, hostname)
-		line := c.String()
-		if s.cookies.justRead(host, field, line, now) {
-			continue
-		}
-		if attr != c.Path {
-			// An earlier version stored the cookie under its literal
-			// Path attribute: that copy goes, or both would be sent.
-			put(c.Name+";"+attr+";"+c.Domain, "")
-		}
-		if expired(c, now) {
-			line = ""
-		}
-		put(field, line)
 	}
 	if len(fields) == 0 {
 		return
 	}
 	var set, del []any
 	for _, f := range fields {
-		if l := lines[f]; l != "" {
-			set = append(set, f, l)
+		if v := lines[f]; v != "" {
+			set = append(set, f, v)
 		} else {
 			del = append(del, f, "")
 		}
 	}
-	s.cookies.forget(host, fields)
-	s.writeCookies(host, set, del)
+	s.cookies.forget(t.domain, fields)
+	s.writeCookies(t, set, del)
 }
 
-// writeCookies sets field/line pairs and deletes field/expected pairs
-// (expected "" deletes whatever is there) of one host, in one script.
-func (s *Storage) writeCookies(host string, set, del []any) {
+// writeCookies sets field/value pairs (values "<h or d>|<line>") and
+// deletes field/expected pairs (expected "" deletes whatever is there) of
+// one domain's jar, in one script; the host's cookies of an earlier
+// version, if any, are migrated first.
+func (s *Storage) writeCookies(t cookieTarget, set, del []any) {
 	args := make([]any, 0, 3+len(set)+len(del))
-	args = append(args, host, maxCookies, len(set)/2)
+	args = append(args, t.domain, maxCookies, len(set)/2)
 	args = append(append(args, set...), del...)
-	_, err := s.run(context.Background(), "set cookies", cookiesSetScript,
-		[]string{s.keys.cookies(host), s.keys.cookieHosts()}, args...)
+	keys := []string{s.keys.cookieJar(t.domain), s.keys.cookieDomains(), s.keys.legacyCookies(t.legacy)}
+	for range 2 {
+		res, err := s.run(context.Background(), "set cookies", cookiesSetScript, keys, args...)
+		if err != nil {
+			s.cfg.logger.Warn("proxyswitch: storing cookies", "namespace", s.cfg.namespace, "domain", t.domain, "err", err)
+			return
+		}
+		if n, _ := res.(int64); n >= 0 {
+			return
+		}
+		// The host has cookies of an earlier version: they go first.
+		if _, ok := s.readCookies(t); !ok {
+			return
+		}
+	}
+}
+
+// migrateCookies moves the host's cookies of an earlier version (legacy:
+// field, line, ... of its hash) into its domain's jar; false after a
+// failure (logged).
+func (s *Storage) migrateCookies(t cookieTarget, legacy []any) bool {
+	now := time.Now()
+	type entry struct{ field, value string }
+	var moved []entry
+	var seen []any // legacy field, line: deleted if unchanged
+	got := map[string]int{}
+	for i := 0; i+1 < len(legacy); i += 2 {
+		lf, _ := legacy[i].(string)
+		line, _ := legacy[i+1].(string)
+		seen = append(seen, lf, line)
+		c := parseCookie(line)
+		if c == nil {
+			continue
+		}
+		// The field "<name>;<path>;<domain>" has the path the cookie was
+		// stored under (its default path resolved); an older version kept
+		// the literal attribute, maybe empty: "/" then.
+		if _, rest, ok := strings.Cut(lf, ";"); ok {
+			if p, _, _ := strings.Cut(rest, ";"); strings.HasPrefix(p, "/") {
+				c.Path = p
+			}
+		}
+		field, value, del, ok := newStoredCookie(c, t.host, "/", now)
+		if !ok || del {
+			continue
+		}
+		if j, ok := got[field]; ok {
+			moved[j].value = value
+			continue
+		}
+		got[field] = len(moved)
+		moved = append(moved, entry{field, value})
+	}
+	slices.SortFunc(moved, func(a, b entry) int { return strings.Compare(a.field, b.field) })
+	args := make([]any, 0, 4+2*len(moved)+len(seen))
+	args = append(args, t.domain, t.legacy, maxCookies, len(moved))
+	for _, e := range moved {
+		args = append(args, e.field, e.value)
+	}
+	args = append(args, seen...)
+	_, err := s.run(context.Background(), "migrate cookies", cookiesMigrateScript,
+		[]string{s.keys.cookieJar(t.domain), s.keys.cookieDomains(), s.keys.legacyCookies(t.legacy), s.keys.cookieHosts()}, args...)
 	if err != nil {
-		s.cfg.logger.Warn("proxyswitch: storing cookies", "namespace", s.cfg.namespace, "host", host, "err", err)
+		s.cfg.logger.Warn("proxyswitch: moving cookies of an earlier version", "namespace", s.cfg.namespace, "host", t.legacy, "err", err)
+		return false
 	}
+	return true
 }
 
-func cookieHost(u *url.URL) (string, bool) {
-	if u == nil {
-		return "", false
+// newStoredCookie applies the storage rules to a cookie set by a response
+// from host (lower-cased, without port) for a request path reqPath: the
+// field and value ("<h or d>|<line>") to store, del when it deletes the
+// stored one, ok false when the cookie is refused.
+func newStoredCookie(c *http.Cookie, host, reqPath string, now time.Time) (field, value string, del, ok bool) {
+	if c.Name == "" || malformedDomain(c.Domain, host) {
+		return "", "", false, false
 	}
-	h := strings.ToLower(u.Host)
-	if h == "" || len(h) > maxHostLen || strings.ContainsAny(h, " \t") || strings.ContainsFunc(h, isControl) {
-		return "", false
+	domain, hostOnly, ok := cookierule.Domain(host, c.Domain)
+	if !ok {
+		return "", "", false, false
 	}
-	return h, true
+	path := cookierule.Path(c.Path, reqPath)
+	field = domain + ";" + path + ";" + c.Name
+	expires, del := cookierule.Expiry(c, now)
+	if del {
+		return field, "", true, true
+	}
+	n := &http.Cookie{
+		Name: c.Name, Value: c.Value, Quoted: c.Quoted, Path: linePath(path), Expires: expires,
+		Secure: c.Secure, HttpOnly: c.HttpOnly, SameSite: c.SameSite,
+	}
+	flag := "h|"
+	if !hostOnly {
+		n.Domain, flag = domain, "d|"
+	}
+	return field, flag + n.String(), false, true
 }
 
-// cookieDomain is the domain part of a cookie's field: the Domain attribute
-// lower-cased without its leading dot, "" if that is the request's host
-// (hostname, lower-cased) or the cookie has none (net/http/cookiejar keys
-// both by the host).
-func cookieDomain(domain, hostname string) string {
-	d := strings.ToLower(strings.TrimPrefix(domain, "."))
-	if d == hostname {
-		return ""
+// linePath is a cookie path as a Set-Cookie line can carry it: bytes a
+// line may not hold (a request's decoded default path may have them:
+// "/café") percent-encoded, where net/http would drop them (and log). The
+// field keeps the path itself; a line read and written back is recognised
+// by the line (cookieMemo), whatever path it names.
+func linePath(p string) string {
+	ok := true
+	for i := 0; i < len(p) && ok; i++ {
+		ok = 0x20 <= p[i] && p[i] < 0x7f && p[i] != ';'
 	}
-	return d
+	if ok {
+		return p
+	}
+	var b strings.Builder
+	for i := 0; i < len(p); i++ {
+		if c := p[i]; 0x20 <= c && c < 0x7f && c != ';' {
+			b.WriteByte(c)
+		} else {
+			b.WriteString("%" + strings.ToUpper(strconv.FormatUint(uint64(c)|0x100, 16)[1:]))
+		}
+	}
+	return b.String()
 }
 
-// defaultCookiePath is RFC 6265's default-path of a request path, as
-// net/http/cookiejar computes it.
-func defaultCookiePath(p string) string {
-	i := strings.LastIndex(p, "/")
-	if !strings.HasPrefix(p, "/") || i <= 0 {
-		return "/"
+// malformedDomain reports a Domain attribute net/http/cookiejar refuses
+// before its domain rules (which cookierule.Domain applies): "." alone or
+// with a second leading dot, a trailing dot, a non-ASCII name, or a leading
+// dot before an IP host.
+func malformedDomain(attr, host string) bool {
+	if attr == "" {
+		return false
 	}
-	return p[:i]
+	if strings.HasPrefix(attr, ".") && cookierule.IsIP(host) {
+		return true
+	}
+	d := strings.TrimPrefix(attr, ".")
+	if d == "" || d[0] == '.' || d[len(d)-1] == '.' {
+		return true
+	}
+	for i := 0; i < len(d); i++ {
+		if d[i] >= 0x80 {
+			return true
+		}
+	}
+	return false
+}
+
+// lineOf is the Set-Cookie line of a value newStoredCookie returns
+// ("<h or d>|<line>").
+func lineOf(v string) string { return v[2:] }
+
+// storedCookie is one cookie of a domain's jar as read.
+type storedCookie struct {
+	field, value string // as in Redis
+	line         string // the Set-Cookie line
+	domain, path string
+	hostOnly     bool
+	secure       bool
+	expires      time.Time // zero: a session cookie
+	created      int64     // µs
+}
+
+// parseStored parses a jar's field, value, ... pairs; entries this package
+// did not write are skipped.
+func parseStored(kv []any) []storedCookie {
+	out := make([]storedCookie, 0, len(kv)/2)
+	for i := 0; i+1 < len(kv); i += 2 {
+		field, _ := kv[i].(string)
+		value, _ := kv[i+1].(string)
+		domain, rest, ok1 := strings.Cut(field, ";")
+		path, name, ok2 := strings.Cut(rest, ";")
+		ts, rest, ok3 := strings.Cut(value, "|")
+		kind, line, ok4 := strings.Cut(rest, "|")
+		created, err := strconv.ParseInt(ts, 10, 64)
+		if !ok1 || !ok2 || !ok3 || !ok4 || err != nil || (kind != "h" && kind != "d") || domain == "" || !strings.HasPrefix(path, "/") {
+			continue
+		}
+		c := parseCookie(line)
+		if c == nil || c.Name != name {
+			continue
+		}
+		out = append(out, storedCookie{
+			field: field, value: value, line: line, domain: domain, path: path,
+			hostOnly: kind == "h", secure: c.Secure, expires: c.Expires, created: created,
+		})
+	}
+	return out
+}
+
+func (c *storedCookie) expired(now time.Time) bool {
+	return !c.expires.IsZero() && !c.expires.After(now)
+}
+
+// matches reports whether c goes with a request to u (host: u's, as
+// targetOf has it).
+func (c *storedCookie) matches(u *url.URL, host string) bool {
+	return cookierule.SecureOK(c.secure, u.Scheme) && cookierule.DomainMatch(host, c.domain, c.hostOnly) &&
+		cookierule.PathMatch(u.Path, c.path)
 }
 
 func parseCookie(line string) *http.Cookie {
@@ -200,62 +437,68 @@ func parseCookie(line string) *http.Cookie {
 	return c
 }
 
-func expired(c *http.Cookie, now time.Time) bool {
-	return c.MaxAge < 0 || (!c.Expires.IsZero() && c.Expires.Before(now))
-}
-
-// cookieMemo remembers, per host and field, the cookie line this process's
-// last read of the host found there (see above).
+// cookieMemo remembers, per domain jar, the cookie lines this process's
+// last read of the jar found there, and their fields (see above).
 type cookieMemo struct {
-	mu    sync.Mutex
-	hosts map[string]*hostMemo
+	mu      sync.Mutex
+	domains map[string]*domainMemo
 }
 
-type hostMemo struct {
-	at    time.Time         // when the host was read
-	lines map[string]string // field -> line read, until this process writes the field
+type domainMemo struct {
+	at    time.Time         // when the jar was read
+	lines map[string]string // line read -> its field, until this process writes the field
 }
 
-func (m *cookieMemo) init() { m.hosts = make(map[string]*hostMemo) }
+func (m *cookieMemo) init() { m.domains = make(map[string]*domainMemo) }
 
-// remember records a read of host: lines are its fields and lines, and
-// replace whatever an earlier read found.
-func (m *cookieMemo) remember(host string, lines map[string]string, now time.Time) {
+// remember records a read of a domain's jar: lines are its lines and
+// fields (every cookie of the jar, matching the URL or not), and replace
+// whatever an earlier read found.
+func (m *cookieMemo) remember(domain string, lines map[string]string, now time.Time) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if len(m.hosts) > 4096 {
-		for h, e := range m.hosts {
+	if len(m.domains) > 4096 {
+		for d, e := range m.domains {
 			if now.Sub(e.at) > cookieMemoTTL {
-				delete(m.hosts, h)
+				delete(m.domains, d)
 			}
 		}
-		if len(m.hosts) > 4096 {
-			clear(m.hosts)
+		if len(m.domains) > 4096 {
+			clear(m.domains)
 		}
 	}
-	m.hosts[host] = &hostMemo{at: now, lines: lines}
+	m.domains[domain] = &domainMemo{at: now, lines: lines}
 }
 
-// justRead reports whether line is what the last read of host (within the
-// TTL) found in field, and this process wrote the field no line since.
-func (m *cookieMemo) justRead(host, field, line string, now time.Time) bool {
+// justRead reports whether the last read of the domain's jar (within the
+// TTL) found line, in a field this process wrote no line to since.
+func (m *cookieMemo) justRead(domain, line string, now time.Time) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	e := m.hosts[host]
+	e := m.domains[domain]
 	if e == nil || now.Sub(e.at) > cookieMemoTTL {
 		return false
 	}
-	l, ok := e.lines[field]
-	return ok && l == line
+	_, ok := e.lines[line]
+	return ok
 }
 
-// forget drops the lines read of host's fields: this process writes them.
-func (m *cookieMemo) forget(host string, fields []string) {
+// forget drops the lines read of a domain's fields: this process writes
+// them.
+func (m *cookieMemo) forget(domain string, fields []string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if e := m.hosts[host]; e != nil {
-		for _, f := range fields {
-			delete(e.lines, f)
+	e := m.domains[domain]
+	if e == nil {
+		return
+	}
+	set := make(map[string]bool, len(fields))
+	for _, f := range fields {
+		set[f] = true
+	}
+	for line, f := range e.lines {
+		if set[f] {
+			delete(e.lines, line)
 		}
 	}
 }

@@ -110,11 +110,16 @@ func TestCookieDefaultPath(t *testing.T) {
 	s.SetCookies(u, "e=1; Path=/\ne=; Path=/; Max-Age=0\nf=1\nf=2")
 	require.Equal(t, "f=2; Path=/", s.Cookies(u))
 
-	// A cookie an earlier version stored under its literal, empty Path is
-	// replaced by the same cookie set again without Path.
-	key := s.keys.cookies("shop.example:8080")
+	// A cookie an earlier version stored (in its hash per host and port)
+	// under its literal, empty Path is moved into the domain's jar with
+	// Path=/ when the host is read, and replaced by the same cookie set
+	// again without Path.
+	key := s.keys.legacyCookies("shop.example:8080")
 	require.NoError(t, rdb.HSet(bg, key, "sid;;", "sid=old").Err())
-	require.Equal(t, "f=2; Path=/\nsid=old", s.Cookies(u))
+	require.Equal(t, "f=2; Path=/\nsid=old; Path=/", s.Cookies(u))
+	n, err := rdb.Exists(bg, key).Result()
+	require.NoError(t, err)
+	require.Zero(t, n, "the hash of the earlier version stays")
 	s.SetCookies(u, "sid=new")
 	require.Equal(t, "f=2; Path=/\nsid=new; Path=/", s.Cookies(u))
 }

@@ -83,27 +83,29 @@ func TestCookiesWriteBackDoesNotRevert(t *testing.T) {
 
 // Max-Age=0 (or an Expires in the past) deletes a cookie; expired cookies
 // are pruned on read; path and domain keep same-named cookies apart.
+// (Before the cookies followed RFC 6265, a read at /x returned a=2 of
+// /sub too: the URL is now one under /sub.)
 func TestCookiesDeleteAndExpire(t *testing.T) {
 	rdb := shared.Client(t)
 	s := newStorage(t, rdb)
-	u, _ := url.Parse("http://Shop.Example:8080/x")
+	u, _ := url.Parse("http://Shop.Example:8080/sub/x")
 	s.SetCookies(u, "a=1; Path=/\na=2; Path=/sub\nb=1; Path=/")
-	require.Equal(t, "a=1; Path=/\na=2; Path=/sub\nb=1; Path=/", s.Cookies(u))
+	require.Equal(t, "a=2; Path=/sub\na=1; Path=/\nb=1; Path=/", s.Cookies(u))
 	s.SetCookies(u, "a=; Path=/; Max-Age=0")
 	require.Equal(t, "a=2; Path=/sub\nb=1; Path=/", s.Cookies(u))
 
 	past := time.Now().Add(-time.Hour).UTC().Format(http.TimeFormat)
-	require.NoError(t, rdb.HSet(bg, s.keys.cookies("shop.example:8080"), "c;/;", "c=1; Path=/; Expires="+past).Err())
+	require.NoError(t, rdb.HSet(bg, s.keys.cookieJar("shop.example"), "shop.example;/;c", "1|h|c=1; Path=/; Expires="+past).Err())
 	require.Equal(t, "a=2; Path=/sub\nb=1; Path=/", s.Cookies(u))
-	n, err := rdb.HLen(bg, s.keys.cookies("shop.example:8080")).Result()
+	n, err := rdb.HLen(bg, s.keys.cookieJar("shop.example")).Result()
 	require.NoError(t, err)
 	require.EqualValues(t, 2, n, "expired cookie not pruned")
 
 	s.SetCookies(u, "a=; Path=/sub; Max-Age=0\nb=; Path=/; Max-Age=0")
 	require.Empty(t, s.Cookies(u))
-	hosts, err := rdb.SMembers(bg, s.keys.cookieHosts()).Result()
+	domains, err := rdb.SMembers(bg, s.keys.cookieDomains()).Result()
 	require.NoError(t, err)
-	require.Empty(t, hosts, "registry keeps a host without cookies")
+	require.Empty(t, domains, "registry keeps a domain without cookies")
 }
 
 // Oversized or foreign cookie hashes are reported (logged, since Colly's
@@ -114,8 +116,8 @@ func TestCookiesBadValues(t *testing.T) {
 	var log bytes.Buffer
 	s := newStorage(t, rdb, WithLogger(slog.New(slog.NewTextHandler(&log, nil))))
 	u, _ := url.Parse("http://big.example/")
-	key := s.keys.cookies("big.example")
-	require.NoError(t, rdb.HSet(bg, key, "a;/;", strings.Repeat("x", maxCookieBytes+1)).Err())
+	key := s.keys.cookieJar("big.example")
+	require.NoError(t, rdb.HSet(bg, key, "big.example;/;a", strings.Repeat("x", maxCookieBytes+1)).Err())
 	require.Empty(t, s.Cookies(u))
 	require.Contains(t, log.String(), "corrupt value in redis")
 

@@ -35,7 +35,9 @@ func TestCorruptValues(t *testing.T) {
 	}
 	meta := func(s *Storage) string { return s.keys.meta() }
 	hosts := func(s *Storage) string { return s.keys.cookieHosts() }
-	jar := func(s *Storage) string { return s.keys.cookies(site.Host) }
+	domains := func(s *Storage) string { return s.keys.cookieDomains() }
+	jar := func(s *Storage) string { return s.keys.cookieJar(site.Host) }
+	legacyJar := func(s *Storage) string { return s.keys.legacyCookies(site.Host) }
 	bucket := func(s *Storage) string { return s.keys.bucket(0) }
 	q := func(f func(queueKeys) string) func(s *Storage) string {
 		return func(s *Storage) string { return f(s.q) }
@@ -49,7 +51,12 @@ func TestCorruptValues(t *testing.T) {
 		"meta a string":       {meta, str},
 		"cookie hosts a hash": {hosts, hash},
 		"cookie jar a string": {jar, str},
-		"cookie jar huge":     {jar, hset("n;/;a.example", huge)},
+		"cookie jar huge":     {jar, hset("a.example;/;n", huge)},
+		"cookie jar garbage":  {jar, hset("a.example;/;n", "x|y|z")},
+		"cookie domains hash": {domains, hash},
+		"legacy jar a string": {legacyJar, str},
+		"legacy jar huge":     {legacyJar, hset("n;/;", huge)},
+		"legacy jar garbage":  {legacyJar, hset("n;/;", "=;;\x00")},
 		"seq x":               {seq, func(key string) error { return rdb.Set(bg, key, "x", 0).Err() }},
 		"seq huge":            {seq, func(key string) error { return rdb.Set(bg, key, huge, 0).Err() }},
 		"seq a hash":          {seq, hash},

@@ -18,8 +18,11 @@ import (
 // "{prefix:pool}" always holds a ':', "{ns}" never does.
 //
 //	{ns}:meta           hash  shared settings ("buckets")
-//	{ns}:cookiehosts    set   hosts that have a cookie hash (the registry Clear reads)
-//	{ns}:c:<host>       hash  "<name>;<path>;<domain>" -> Set-Cookie line
+//	{ns}:cookiedomains  set   registrable domains that have a cookie jar (the registry Clear reads)
+//	{ns}:cj:<domain>    hash  "<domain>;<path>;<name>" -> "<created µs>|<h or d>|<Set-Cookie line>"
+//	{ns}:cookiehosts    set   earlier versions: hosts that have a cookie hash (read by Clear)
+//	{ns}:c:<host>       hash  earlier versions: "<name>;<path>;<domain>" -> Set-Cookie line
+//	                          (moved into {ns}:cj:<domain> when read, storage/cookies.go)
 //	{ns}:q:seq          string  last request ID handed out
 //	{ns}:q:data         hash  request ID -> serialized Colly request
 //	{ns}:q:ready        list  request IDs ready for delivery (FIFO; retries first)
@@ -42,9 +45,17 @@ func newKeyspace(ns string) keyspace {
 	return keyspace{tag: "{" + ns + "}", visited: ns + ":v:{"}
 }
 
-func (k keyspace) meta() string        { return k.tag + ":meta" }
+func (k keyspace) meta() string          { return k.tag + ":meta" }
+func (k keyspace) cookieDomains() string { return k.tag + ":cookiedomains" }
+
+// cookieJar is the cookie jar of a registrable domain (storage/cookies.go).
+func (k keyspace) cookieJar(domain string) string { return k.tag + ":cj:" + domain }
+
+// cookieHosts and legacyCookies are the keys of the cookies of earlier
+// versions, one hash per host (and port), read to move them into the jars
+// and deleted by Clear.
 func (k keyspace) cookieHosts() string { return k.tag + ":cookiehosts" }
-func (k keyspace) cookies(host string) string {
+func (k keyspace) legacyCookies(host string) string {
 	return k.tag + ":c:" + host
 }
 

@@ -11,7 +11,7 @@ import (
 // nsKeys are every key of one namespace, with the pattern it falls under:
 // a tag key's tag ("{ns}"), or a visited bucket's "ns:v:{".
 func nsKeys(k keyspace) []string {
-	out := append([]string{k.meta(), k.cookieHosts(), k.cookies("a:b"), k.cookies("x}")}, k.queue().all()...)
+	out := append([]string{k.meta(), k.cookieHosts(), k.cookieDomains(), k.cookieJar("a:b"), k.cookieJar("x}"), k.legacyCookies("a:b"), k.legacyCookies("x}")}, k.queue().all()...)
 	return append(out, k.bucket(0), k.bucket(0xffff))
 }
 

@@ -50,8 +50,8 @@ const (
 	maxNamespaceLen = 200
 	maxBuckets      = 1 << 24
 	maxHostLen      = 255
-	maxCookies      = 1000    // per host
-	maxCookieBytes  = 1 << 20 // per host, all cookies together
+	maxCookies      = 1000    // per registrable domain (cookie jar)
+	maxCookieBytes  = 1 << 20 // per registrable domain, all cookies together
 	maxReasonLen    = 1024    // dead-letter reason
 
 	defaultMaxFetch = 10 * time.Minute

@@ -162,24 +162,28 @@ func (s *Storage) Clear(ctx context.Context) error {
 			return err
 		}
 	}
-	if err := s.clearCookies(ctx); err != nil {
+	if err := s.clearCookies(ctx, s.keys.cookieDomains(), s.keys.cookieJar); err != nil {
 		return err
 	}
-	keys := append([]string{s.keys.meta(), s.keys.cookieHosts()}, s.qkeys...)
+	if err := s.clearCookies(ctx, s.keys.cookieHosts(), s.keys.legacyCookies); err != nil {
+		return err
+	}
+	keys := append([]string{s.keys.meta(), s.keys.cookieDomains(), s.keys.cookieHosts()}, s.qkeys...)
 	return s.unlinkEach(ctx, keys)
 }
 
-// clearBatch is the SSCAN count of one page of the cookie-host registry,
+// clearBatch is the SSCAN count of one page of a cookie registry,
 // and so about the number of cookie hashes one UNLINK pipeline deletes.
 const clearBatch = 1000
 
-// clearCookies deletes the cookie hash of every host in the registry: it
-// reads the registry page by page (SSCAN) and deletes each page's hashes
+// clearCookies deletes the cookie hash (key(member)) of every member of a
+// registry (the domains of the cookie jars, or the hosts of an earlier
+// version's cookie hashes): it reads the registry page by page (SSCAN) and deletes each page's hashes
 // before it reads the next, so that no command's work follows the number
 // of hosts (one SMEMBERS and one UNLINK of 300,000 hosts blocked Redis for
 // 0.3 s and 0.2 s). The registry itself stays until Clear's last UNLINK:
 // SSCAN returns every host in it from the first page to the last.
-func (s *Storage) clearCookies(ctx context.Context) error {
+func (s *Storage) clearCookies(ctx context.Context, registry string, key func(string) string) error {
 	type page struct {
 		hosts  []string
 		cursor uint64
@@ -187,7 +191,7 @@ func (s *Storage) clearCookies(ctx context.Context) error {
 	var cursor uint64
 	for {
 		pg, err := call(ctx, s.cfg.redisTimeout, s.inline, "clear", func(ctx context.Context) (page, error) {
-			hosts, next, err := s.rdb.SScan(ctx, s.keys.cookieHosts(), cursor, "", clearBatch).Result()
+			hosts, next, err := s.rdb.SScan(ctx, registry, cursor, "", clearBatch).Result()
 			return page{hosts, next}, err
 		})
 		if errors.Is(err, ErrCorrupt) { // no cookie hash to find: Clear deletes the registry anyway
@@ -199,7 +203,7 @@ func (s *Storage) clearCookies(ctx context.Context) error {
 		if len(pg.hosts) > 0 {
 			keys := make([]string, len(pg.hosts))
 			for i, h := range pg.hosts {
-				keys[i] = s.keys.cookies(h)
+				keys[i] = key(h)
 			}
 			if err := s.unlinkEach(ctx, keys); err != nil {
 				return err
