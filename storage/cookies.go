@@ -54,15 +54,15 @@ import (
 // for the URL (Cookies), adds the response's new ones and hands the whole
 // list back (SetCookies). Written back blindly, a cookie in that list would
 // undo a newer value another process stored in between. So the Storage
-// remembers, per domain hash, the lines its last read of the hash found
-// (cookieMemo), and SetCookies skips a cookie whose line is exactly one of
-// them when this process wrote nothing to its field since: the
-// wrapper's write-back of what it just read. (A line read names its path
-// and domain, so a write-back that is not skipped lands on the same field
-// with the same value, never on another host's.) Every write of this
-// process forgets the field's line, and every read replaces the hash's
-// lines, so a cookie the site sets again (after deleting or changing it) is
-// always written.
+// remembers, per host, the lines its last read for the host returned
+// (cookieMemo), and SetCookies for that host skips a cookie whose line is
+// exactly one of them when this process wrote nothing to its field since:
+// the wrapper's write-back of what it just read. (A line read names its
+// path, and its domain unless it is the host's own, so a write-back that is
+// not skipped lands on the same field with the same value, never on another
+// host's.) Every write of this process forgets the field's lines, and every
+// read replaces the host's lines, so a cookie the site sets again (after
+// deleting or changing it) is always written.
 //
 // Data of earlier versions: they kept one hash per host and port ({ns}:c:<host>,
 // fields "<name>;<path>;<domain>" -> Set-Cookie line, registry
@@ -121,13 +121,11 @@ func (s *Storage) Cookies(u *url.URL) string {
 	now := time.Now()
 	var hits []storedCookie
 	var stale []any
-	read := make(map[string]string, len(stored))
 	for _, c := range stored {
 		if c.expired(now) {
 			stale = append(stale, c.field, c.value)
 			continue
 		}
-		read[c.line] = c.field
 		if c.matches(u, t.host) {
 			hits = append(hits, c)
 		}
@@ -141,13 +139,15 @@ func (s *Storage) Cookies(u *url.URL) string {
 		}
 		return strings.Compare(a.field, b.field)
 	})
-	s.cookies.remember(t.domain, read, now)
-	if len(stale) > 0 {
-		s.writeCookies(t, nil, stale)
-	}
+	read := make(map[string]string, len(hits))
 	lines := make([]string, len(hits))
 	for i, c := range hits {
 		lines[i] = c.line
+		read[c.line] = c.field
+	}
+	s.cookies.remember(t.domain, t.host, read, now)
+	if len(stale) > 0 {
+		s.writeCookies(t, nil, stale)
 	}
 	return strings.Join(lines, "\n")
 }
@@ -197,7 +197,7 @@ func (s *Storage) SetCookies(u *url.URL, cookies string) {
 		if !ok {
 			continue
 		}
-		if !del && s.cookies.justRead(t.domain, lineOf(value), now) {
+		if !del && s.cookies.justRead(t.domain, t.host, lineOf(value), now) {
 			continue
 		}
 		if _, ok := lines[field]; !ok {
@@ -437,45 +437,63 @@ func parseCookie(line string) *http.Cookie {
 	return c
 }
 
-// cookieMemo remembers, per domain jar, the cookie lines this process's
-// last read of the jar found there, and their fields (see above).
+// cookieMemo remembers, per domain jar and host, the cookie lines this
+// process's last read for the host returned, and their fields (see above).
+// Per host: a host-only line ("a=1; Path=/") names no host, so a line read
+// for one host must not pass for the same line set by another.
 type cookieMemo struct {
 	mu      sync.Mutex
-	domains map[string]*domainMemo
+	domains map[string]map[string]*hostMemo // domain -> host -> its last read
+	n       int                             // hosts remembered
 }
 
-type domainMemo struct {
-	at    time.Time         // when the jar was read
+type hostMemo struct {
+	at    time.Time         // when the host was read
 	lines map[string]string // line read -> its field, until this process writes the field
 }
 
-func (m *cookieMemo) init() { m.domains = make(map[string]*domainMemo) }
+func (m *cookieMemo) init() { m.domains = make(map[string]map[string]*hostMemo) }
 
-// remember records a read of a domain's jar: lines are its lines and
-// fields (every cookie of the jar, matching the URL or not), and replace
-// whatever an earlier read found.
-func (m *cookieMemo) remember(domain string, lines map[string]string, now time.Time) {
+// remember records a read for host of its domain's jar: lines are the
+// lines returned and their fields, and replace whatever an earlier read
+// for the host found.
+func (m *cookieMemo) remember(domain, host string, lines map[string]string, now time.Time) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if len(m.domains) > 4096 {
-		for d, e := range m.domains {
-			if now.Sub(e.at) > cookieMemoTTL {
+	if m.n > 4096 {
+		for d, hosts := range m.domains {
+			for h, e := range hosts {
+				if now.Sub(e.at) > cookieMemoTTL {
+					delete(hosts, h)
+					m.n--
+				}
+			}
+			if len(hosts) == 0 {
 				delete(m.domains, d)
 			}
 		}
-		if len(m.domains) > 4096 {
+		if m.n > 4096 {
 			clear(m.domains)
+			m.n = 0
 		}
 	}
-	m.domains[domain] = &domainMemo{at: now, lines: lines}
+	hosts := m.domains[domain]
+	if hosts == nil {
+		hosts = make(map[string]*hostMemo)
+		m.domains[domain] = hosts
+	}
+	if hosts[host] == nil {
+		m.n++
+	}
+	hosts[host] = &hostMemo{at: now, lines: lines}
 }
 
-// justRead reports whether the last read of the domain's jar (within the
-// TTL) found line, in a field this process wrote no line to since.
-func (m *cookieMemo) justRead(domain, line string, now time.Time) bool {
+// justRead reports whether the last read for host (within the TTL) returned
+// line, of a field this process wrote no line to since.
+func (m *cookieMemo) justRead(domain, host, line string, now time.Time) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	e := m.domains[domain]
+	e := m.domains[domain][host]
 	if e == nil || now.Sub(e.at) > cookieMemoTTL {
 		return false
 	}
@@ -483,22 +501,24 @@ func (m *cookieMemo) justRead(domain, line string, now time.Time) bool {
 	return ok
 }
 
-// forget drops the lines read of a domain's fields: this process writes
-// them.
+// forget drops the lines read of a domain's fields, for every host: this
+// process writes them.
 func (m *cookieMemo) forget(domain string, fields []string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	e := m.domains[domain]
-	if e == nil {
+	hosts := m.domains[domain]
+	if len(hosts) == 0 {
 		return
 	}
 	set := make(map[string]bool, len(fields))
 	for _, f := range fields {
 		set[f] = true
 	}
-	for line, f := range e.lines {
-		if set[f] {
-			delete(e.lines, line)
+	for _, e := range hosts {
+		for line, f := range e.lines {
+			if set[f] {
+				delete(e.lines, line)
+			}
 		}
 	}
 }

@@ -375,3 +375,17 @@ func TestCookiesEarlierVersionMoved(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, n, "old hash left")
 }
+
+// A host-only line just read for one host of a domain ("a=1; Path=/" of
+// api) does not pass for the same line set for another host (www): the
+// memo of lines read is per host.
+func TestCookiesMemoPerHost(t *testing.T) {
+	s := newStorage(t, shared.Client(t))
+	api, _ := url.Parse("http://api.shop.test/")
+	www, _ := url.Parse("http://www.shop.test/")
+	s.SetCookies(api, "a=1; Path=/")
+	require.Equal(t, "a=1; Path=/", s.Cookies(api))
+	s.SetCookies(www, "a=1; Path=/")
+	require.Equal(t, "a=1; Path=/", s.Cookies(www))
+	require.Equal(t, "a=1; Path=/", s.Cookies(api))
+}

@@ -1,7 +1,7 @@
 // Package storage keeps a Colly crawl's shared state in Redis, so that
 // several collectors on several servers crawl as one: a visited set in
-// which each URL is fetched once, cookies per host, and one request queue
-// that survives a crashed worker.
+// which each URL is fetched once, cookies shared as Colly's own storage
+// keeps them, and one request queue that survives a crashed worker.
 //
 // One *Storage implements both of Colly's backends, storage.Storage
 // (Init, Visited, IsVisited, Cookies, SetCookies) and queue.Storage
@@ -28,6 +28,24 @@
 // WithVisitedTTL lets marks expire for re-crawls. Colly's one deliberate
 // revisit, a Request.Retry() after a redirect to a URL already visited,
 // is let through as with Colly's in-memory storage.
+//
+// # Cookies
+//
+// Cookies follow RFC 6265 as net/http/cookiejar (the jar of Colly's own
+// storage) applies it, with the public suffix list: a cookie set by
+// www.shop.com with Domain=shop.com goes to api.shop.com and m.shop.com, a
+// host-only cookie (no Domain) only to its host, a cookie of Path=/admin
+// only to /admin and below, a Secure one only over https; a Domain the
+// host may not set (another site, a public suffix such as "com" or
+// "co.uk", a part of an IP) is refused; Max-Age=0 or a past Expires
+// deletes. Cookies returns the matching ones, longest path first, then the
+// earliest set. Ports do not matter. They are kept in one hash per
+// registrable domain (shop.com for www.shop.com), one field per cookie, so
+// concurrent writers in any number of processes never undo each other's
+// cookies, and Colly's jar wrapper, which writes back what it has just
+// read, does not undo a newer value another process stored meanwhile.
+// Cookies an earlier version stored per host and port move into the
+// domain's hash when that host (with that port) is next read or written.
 //
 // # Queue, at least once
 //
@@ -75,8 +93,10 @@
 // share a key:
 //
 //	{ns}:meta           hash    shared settings ("buckets")
-//	{ns}:cookiehosts    set     hosts that have cookies (the registry Clear reads)
-//	{ns}:c:<host>       hash    "<name>;<path>;<domain>" -> Set-Cookie line (path and domain as the cookie jar keys them)
+//	{ns}:cookiedomains  set     registrable domains that have cookies (the registry Clear reads)
+//	{ns}:cj:<domain>    hash    "<domain>;<path>;<name>" -> "<created µs>|<h or d>|<Set-Cookie line>" (h: host-only)
+//	{ns}:cookiehosts    set     earlier versions: hosts that have cookies (Clear reads it too)
+//	{ns}:c:<host>       hash    earlier versions: "<name>;<path>;<domain>" -> Set-Cookie line (moved into {ns}:cj:<domain> when read)
 //	{ns}:q:ready        list    request IDs ready for delivery
 //	{ns}:q:data         hash    request ID -> serialized request
 //	{ns}:q:tries        hash    request ID -> deliveries so far

@@ -21,7 +21,7 @@ import (
 // A Storage is safe for concurrent use by multiple goroutines, and any
 // number of Storages in any number of processes may share a namespace:
 // across all of them, Visited grants each request ID to exactly one caller,
-// cookie writes replace single cookies (never a host's whole set), and
+// cookie writes replace single cookies (never a domain's whole set), and
 // every queued request is delivered to one worker at a time, again after
 // its visibility timeout if that worker dies, until it is acknowledged or
 // dead-lettered (at-least-once). It holds no connection of its own. While
