@@ -16,7 +16,8 @@ import (
 )
 
 // A session's cookie jar (session.go): the storage and matching rules of
-// RFC 6265 section 5.3 and 5.4, applied in Go, on cookies kept in Redis in
+// RFC 6265 section 5.3 and 5.4 (internal/cookierule, shared with package
+// storage's cookies), applied in Go, on cookies kept in Redis in
 // the hash {prefix:pool}:sjar:<session ID>, one field per cookie
 // "<domain>;<path>;<name>" -> "<created µs>|<cookie as JSON>", with the
 // session record's TTL. A Domain attribute must name the host or a parent
@@ -58,8 +59,8 @@ func newJarCookie(c *http.Cookie, u *url.URL, now time.Time) (e jarCookie, del, 
 		return e, false, false
 	}
 	e = jarCookie{Name: c.Name, Value: c.Value, Quoted: c.Quoted, Secure: c.Secure, Created: now.UnixMicro()}
-	var ok2 bool
-	if e.Domain, e.HostOnly, ok2 = cookierule.Domain(host, c.Domain); !ok2 {
+	var allowed bool
+	if e.Domain, e.HostOnly, allowed = cookierule.Domain(host, c.Domain); !allowed {
 		return e, false, false // a domain the host cannot set cookies for
 	}
 	e.Path = cookierule.Path(c.Path, u.Path)
