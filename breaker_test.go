@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	"github.com/gocolly/colly/v2"
 	"github.com/proxyswitch/proxyswitch/ban"
 	"github.com/proxyswitch/proxyswitch/internal/testbed"
+	"github.com/proxyswitch/proxyswitch/internal/testlog"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -276,6 +278,39 @@ func stormBed(t *testing.T, site *testbed.Site, n int, opts ...Option) (*testbed
 	_, err := s.Add(context.Background(), (&testbed.Bed{Proxies: proxies}).ProxyURLs()...)
 	require.NoError(t, err)
 	return site, proxies, s
+}
+
+// TestBreakerPauseLearntFromALeaseIsLogged: a Switch that learns a pause
+// from a refused lease, not from a report of its own, logs it all the
+// same, once per pause: here another server's pause, then its extension.
+// (In a storm the refusal of a lease often comes before the reply of the
+// report that opened the breaker, and a reopening after a failed probe was
+// logged by neither: TestBreakerStorm's failures showed no pause.)
+func TestBreakerPauseLearntFromALeaseIsLogged(t *testing.T) {
+	ctx := context.Background()
+	var logs testlog.Buffer
+	s := newSwitch(t, shared.Client(t), WithLogger(logs.Logger()), WithTimeouts(Timeouts{MaxWait: 50 * time.Millisecond}))
+	_, err := s.Add(ctx, proxyURLs(3)...)
+	require.NoError(t, err)
+	other := sibling(t, s, shared.Client(t))
+	other.cfg.logger = slog.New(slog.DiscardHandler)
+	const site = "shop.example"
+	paused := func() int { return strings.Count(logs.String(), "site paused") }
+
+	_, err = other.PauseSite(ctx, site, time.Minute)
+	require.NoError(t, err)
+	for range 3 {
+		_, err = s.Lease(ctx, site)
+		require.ErrorIs(t, err, ErrSitePaused)
+	}
+	assert.Equal(t, 1, paused(), "the pause is logged once: %s", logs.String())
+	assert.Contains(t, logs.String(), "site="+site)
+
+	_, err = other.PauseSite(ctx, site, 2*time.Minute)
+	require.NoError(t, err)
+	_, err = s.Lease(ctx, site)
+	require.ErrorIs(t, err, ErrSitePaused)
+	assert.Equal(t, 2, paused(), "a longer pause is news: %s", logs.String())
 }
 
 // TestBreakerPauseResume: an operator's pause on one server holds the
