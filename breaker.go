@@ -485,7 +485,7 @@ func (b *breaker) reportOnce(ctx context.Context, rp *redisPool, sites map[strin
 		}
 		b.states[site] = brState{state: int(st), until: time.UnixMilli(until), seen: now}
 		switch {
-		case st == 1 && prev.state != 1:
+		case st == 1 && newPause(prev, until):
 			b.s.cfg.logger.Warn("proxyswitch: site paused by its circuit breaker", "pool", rp.name, "site", site,
 				"until", time.UnixMilli(until), "quarantines_lifted", lifted)
 		case st == 0 && prev.state != 0:
@@ -499,14 +499,45 @@ func (b *breaker) reportOnce(ctx context.Context, rp *redisPool, sites map[strin
 func (b *breaker) paused(site string, until int64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.setPaused(site, until)
+}
+
+// gateRefused is paused for a lease of pool refused by the site's breaker
+// (lease.lua's {-3, wait ms, until ms}). A pause this Switch learns so, if
+// it is news and not over, is logged as reportOnce logs one: the refusal of
+// a lease often comes before the reply of the report that opened the
+// breaker, which then finds the pause known (or the pause is another
+// server's, an operator's, or a failed probe's reopening, which no report
+// of this Switch opened).
+func (b *breaker) gateRefused(pool, site string, until int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	end := time.UnixMilli(until)
+	if prev := b.setPaused(site, until); until != 0 && newPause(prev, until) && end.After(time.Now()) {
+		b.s.cfg.logger.Warn("proxyswitch: site paused (circuit breaker or PauseSite)", "pool", pool, "site", site, "until", end)
+	}
+}
+
+// setPaused records site as paused until (0: half-open) and returns the
+// state it replaces; b.mu is held.
+func (b *breaker) setPaused(site string, until int64) brState {
 	if b.states == nil {
 		b.states = map[string]brState{}
 	}
+	prev := b.states[site]
 	st := brState{state: 1, until: time.UnixMilli(until), seen: time.Now()}
 	if until == 0 {
 		st.state = 2
 	}
 	b.states[site] = st
+	return prev
+}
+
+// newPause reports whether a pause until (ms) is news to a Switch whose
+// last word on the site was prev: the site was not known paused, or paused
+// until an earlier end (a reopening).
+func newPause(prev brState, until int64) bool {
+	return prev.state != 1 || until > prev.until.UnixMilli()
 }
 
 // stillPaused reports whether site's breaker is open as this Switch last

@@ -127,7 +127,7 @@ func (p *redisPool) tryLeaseOnce(ctx context.Context, site, scope, prefer string
 	case status == -3 && len(res) == 3: // the site's circuit breaker holds it (breaker.go)
 		wait, _ := intAt(res, 1)
 		until, _ := intAt(res, 2)
-		p.sw.brk.paused(site, until)
+		p.sw.brk.gateRefused(p.name, site, until)
 		return nil, waitHint(wait), false, nil
 	case status == 0 && (len(res) == 2 || only && len(res) == 3):
 		wait, _ := intAt(res, 1)

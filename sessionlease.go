@@ -351,7 +351,7 @@ func (p *redisPool) sessionLease(ctx context.Context, site, scope, token, only s
 		case st == -3 && len(res) == 3: // the site's circuit breaker holds it (breaker.go)
 			wait, _ = intAt(res, 1)
 			until, _ := intAt(res, 2)
-			p.sw.brk.paused(site, until)
+			p.sw.brk.gateRefused(p.name, site, until)
 			if err := p.sw.brk.pausedErr(site, start, deadline); err != nil {
 				return "", 0, err
 			}
@@ -465,7 +465,7 @@ func (p *redisPool) sessionLeaseLabelled(ctx context.Context, site, scope, token
 			case st == -3 && len(res) == 3: // the site's circuit breaker holds it (breaker.go)
 				w, _ = intAt(res, 1)
 				until, _ := intAt(res, 2)
-				p.sw.brk.paused(site, until)
+				p.sw.brk.gateRefused(p.name, site, until)
 				if err := p.sw.brk.pausedErr(site, start, deadline); err != nil {
 					return "", 0, err
 				}
