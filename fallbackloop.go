@@ -2,6 +2,7 @@ package proxyswitch
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -219,14 +220,14 @@ func (fp *fbPool) read(ctx context.Context) error {
 // their former owner can have stopped using them. The caller holds f.mu
 // (read or write) or is Start.
 func (fp *fbPool) applyShare(f *fallback, handover bool) {
-	members, _ := f.member.LastKnown()
+	members, settled := f.shardList()
 	fp.mu.Lock()
 	defer fp.mu.Unlock()
-	if fp.share != nil && slices.Equal(fp.members, members) && (fp.local != nil || !handover) {
+	if fp.share != nil && slices.Equal(fp.members, members) && fp.settled == settled && (fp.local != nil || !handover) {
 		return
 	}
 	old := fp.share
-	share, err := fp.cutShareLocked(f, members)
+	share, err := fp.cutShareLocked(f, members, settled)
 	if err != nil {
 		f.s.cfg.logger.Warn("proxyswitch: no share of the pool for this server", "pool", fp.rp.name, "member", f.cfg.self, "err", err)
 	}
@@ -271,10 +272,10 @@ func (f *fallback) trip(ctx context.Context, err error) bool {
 	if leaseMode(f.mode.Load()) != modeBroker {
 		return true
 	}
-	members, _ := f.member.LastKnown()
+	members, settled := f.shardList()
 	size := 0
 	for _, fp := range f.pools {
-		fp.applyShareLocked(f, members)
+		fp.applyShareLocked(f, members, settled)
 		lp := newLocalPool(*fp.rp.cfg)
 		fp.mu.Lock()
 		_, _ = lp.SetProxies(fp.share)
@@ -299,24 +300,44 @@ func (f *fallback) trip(ctx context.Context, err error) bool {
 
 // applyShareLocked makes sure the share is computed for members (a trip
 // with a list newer than the last tick's).
-func (fp *fbPool) applyShareLocked(f *fallback, members []string) {
+func (fp *fbPool) applyShareLocked(f *fallback, members []string, settled bool) {
 	fp.mu.Lock()
 	defer fp.mu.Unlock()
-	if fp.share != nil && slices.Equal(fp.members, members) {
+	if fp.share != nil && slices.Equal(fp.members, members) && fp.settled == settled {
 		return
 	}
-	_, _ = fp.cutShareLocked(f, members)
+	_, _ = fp.cutShareLocked(f, members, settled)
+}
+
+// errUnseen is the share error of a server that not every other member has
+// seen yet (shard.Membership.FallbackView): it takes no share.
+var errUnseen = errors.New("this server joined the member list lately, and not every other server has read a list naming it yet")
+
+// shardList returns the member list the share is cut from and whether it
+// may count: for the fallback, the last heartbeat's live members with the
+// lately lapsed ones, and whether every other member has seen this server
+// (shard.Membership.FallbackView, see fallback.go); for sharding, the
+// last known list (its hand-over hold covers a change: applyShare).
+func (f *fallback) shardList() ([]string, bool) {
+	if f.cfg.sharded {
+		members, _ := f.member.LastKnown()
+		return members, true
+	}
+	return f.member.FallbackView()
 }
 
 // cutShareLocked computes this server's share of the pool last read for
-// members (empty, with the error, when there is none). The caller holds
-// fp.mu.
-func (fp *fbPool) cutShareLocked(f *fallback, members []string) ([]*Proxy, error) {
+// members (empty, with the error, when there is none, or when it may not
+// count yet: !settled). The caller holds fp.mu.
+func (fp *fbPool) cutShareLocked(f *fallback, members []string, settled bool) ([]*Proxy, error) {
 	share, err := shareProxies(f.cfg.sharder, fp.last, members, f.cfg.self)
+	if err == nil && !settled {
+		err = errUnseen
+	}
 	if err != nil {
 		share = []*Proxy{}
 	}
-	fp.share, fp.shareErr, fp.members = share, err, members
+	fp.share, fp.shareErr, fp.members, fp.settled = share, err, members, settled
 	return share, err
 }
 
