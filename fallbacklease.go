@@ -165,6 +165,9 @@ func (fp *fbPool) releaseMany(ctx context.Context, ls []*Lease) []error {
 // penalize quarantines in the local shard off the broker or for a local
 // lease, else in Redis.
 func (fp *fbPool) penalize(ctx context.Context, site string, p *Proxy, l *Lease, v ban.Verdict) (penalty, error) {
+	if pen, done := fp.penalizeHandedOver(ctx, site, p, l, v); done {
+		return pen, nil
+	}
 	if pen, done := fp.penalizeLocal(site, p, l, v); done {
 		return pen, nil
 	}
@@ -178,6 +181,62 @@ func (fp *fbPool) penalize(ctx context.Context, site string, p *Proxy, l *Lease,
 		}
 	}
 	return pen, err
+}
+
+// penalizeHandedOver quarantines in Redis the proxy of a local lease whose
+// request ends while the Switch resumes: the write-back handed the lease
+// over to Redis (or is doing so: it waits for it, at most the member TTL),
+// and the local shard is dropped once the Switch is back on the broker, so
+// the ban must reach Redis and end the lease's record there
+// (owner-checked). The local shard keeps the quarantine too, in case Redis
+// fails again. done is false when the caller should go on as before: not
+// resuming, a lease not handed over, or Redis failed.
+func (fp *fbPool) penalizeHandedOver(ctx context.Context, site string, p *Proxy, l *Lease, v ban.Verdict) (pen penalty, done bool) {
+	if l == nil || l.local == nil {
+		return penalty{}, false
+	}
+	f := fp.f
+	deadline := time.Now().Add(f.memberCfg.ttl)
+	for {
+		f.mu.RLock()
+		mode, written := leaseMode(f.mode.Load()), f.written
+		f.mu.RUnlock()
+		if mode != modeResuming {
+			return penalty{}, false // local: the local shard; broker: penalizeLocal hands it to Redis
+		}
+		if written {
+			break
+		}
+		if time.Now().After(deadline) {
+			return penalty{}, false
+		}
+		select {
+		case <-ctx.Done():
+			return penalty{}, false
+		case <-time.After(resumeWait):
+		}
+	}
+	fp.mu.Lock()
+	adopted := fp.locals[l]
+	fp.mu.Unlock()
+	if !adopted {
+		return penalty{}, false
+	}
+	pen, err := fp.rp.penalize(ctx, site, p, l, v)
+	if err != nil {
+		f.s.cfg.logger.Debug("proxyswitch: quarantining a handed-over lease in Redis failed; in the local shard instead", "proxy", p.String(), "err", err)
+		return penalty{}, false
+	}
+	fp.mu.Lock()
+	delete(fp.locals, l)
+	lp := fp.local
+	fp.mu.Unlock()
+	l.released.Store(true)
+	_ = l.local.Release()
+	if lp != nil && pen.quarantine > 0 {
+		_ = lp.Ban(p.id, site, pen.quarantine)
+	}
+	return pen, true
 }
 
 // tryLocal serves a lease attempt from the local shard when the fallback

@@ -1,0 +1,89 @@
+package proxyswitch
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/proxyswitch/proxyswitch/ban"
+	"github.com/proxyswitch/proxyswitch/internal/redistest"
+	"github.com/proxyswitch/proxyswitch/shard"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// resumingWithLeases brings a Switch to "resuming", its write-back done,
+// with n local leases handed over to Redis: a second member, B (a bare
+// Membership, never on the broker), keeps it waiting for up to three member
+// TTLs (1s each) after Redis comes back.
+func resumingWithLeases(t *testing.T, n int) (*redistest.Server, *Switch, []*Lease) {
+	t.Helper()
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	s := newSwitch(t, srv.Client(t), fastFallback("A")...)
+	_, err := s.Add(ctx, proxyURLs(4)...)
+	require.NoError(t, err)
+	startSwitch(t, s)
+	m, err := shard.NewMembership(srv.Client(t), shard.MemberConfig{Prefix: s.cfg.prefix, Pool: s.cfg.pool, Self: "B",
+		Heartbeat: 100 * time.Millisecond, TTL: time.Second})
+	require.NoError(t, err)
+	require.NoError(t, m.Start(ctx))
+	t.Cleanup(func() { _ = m.Stop(context.Background()) })
+	require.Eventually(t, func() bool { return s.FallbackStatus().Share == 2 }, 5*time.Second, 10*time.Millisecond, "A sees B")
+
+	require.NoError(t, srv.Pause())
+	var ls []*Lease
+	for range n {
+		l, err := s.Lease(ctx, "shop.example")
+		require.NoError(t, err)
+		require.NotNil(t, l.local)
+		ls = append(ls, l)
+	}
+	require.NoError(t, srv.Resume())
+	waitMode(t, s, modeResuming, 5*time.Second)
+	require.Eventually(t, func() bool { return s.FallbackStatus().Adopted == n }, 5*time.Second, 5*time.Millisecond, "handed over")
+	require.Equal(t, modeResuming.String(), s.FallbackStatus().Mode, "B keeps A waiting")
+	return srv, s, ls
+}
+
+// The reviewer's TestFallbackBanDuringResumeLost: a ban met through a local
+// lease while the Switch resumes reaches Redis (the proxy is quarantined
+// there, the handed-over record ends), and a lease released then ends its
+// record too: nothing stays leased.
+func TestFallbackResumeBanReachesRedis(t *testing.T) {
+	ctx := context.Background()
+	srv, s, ls := resumingWithLeases(t, 2)
+	rdb := srv.Client(t)
+	banned, freed := ls[0], ls[1]
+	require.NoError(t, banned.Report(ctx, ban.Verdict{Kind: ban.Ban, Reason: ban.ReasonChallenge}))
+	require.NoError(t, freed.Release(ctx))
+	assert.Equal(t, modeResuming.String(), s.FallbackStatus().Mode, "still resuming when the requests ended")
+
+	scope := s.scopeOf("shop.example")
+	for _, l := range ls {
+		has, err := rdb.HExists(ctx, s.keys.leases(scope), l.member).Result()
+		require.NoError(t, err)
+		assert.False(t, has, "the handed-over record of %s ended in Redis", l.member)
+	}
+	stats, err := s.Stats(ctx, "shop.example")
+	require.NoError(t, err)
+	assert.Zero(t, stats.Leased, "nothing left leased")
+
+	waitMode(t, s, modeBroker, 10*time.Second)
+	states, err := s.ProxyStates(ctx, "shop.example")
+	require.NoError(t, err)
+	found := false
+	for _, st := range states {
+		if st.Proxy.ID() == banned.Proxy().ID() {
+			found = true
+			assert.Equal(t, StateQuarantined, st.State, "the ban met while resuming is in Redis")
+			assert.Greater(t, time.Until(st.Until), time.Minute)
+		}
+	}
+	assert.True(t, found)
+	for range 3 {
+		l, err := s.Lease(ctx, "shop.example")
+		require.NoError(t, err)
+		assert.NotEqual(t, banned.Proxy().ID(), l.Proxy().ID(), "the banned proxy stays out")
+	}
+}
