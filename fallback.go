@@ -82,8 +82,10 @@ import (
 // learnt, writes its local leases still running into Redis (so that no
 // other server leases their proxies), marks itself as ready and waits until
 // every server of the member list it sharded by is ready too, or has left
-// the list (at most the member TTL after Redis came back). New requests wait
-// meanwhile. Only then does it lease from Redis again: no server leases a
+// the list (at most the member TTL after Redis came back). New requests, a
+// task's (sticky session's) too, wait meanwhile, at most Timeouts.MaxWait;
+// a task's requests fail with ErrNoProxy while the Switch leases locally
+// (a session lives in Redis). Only then does it lease from Redis again: no server leases a
 // proxy from Redis while another still uses it locally.
 
 // leaseMode is where a Switch leases from at a given moment.

@@ -7,6 +7,7 @@ import (
 
 	"github.com/proxyswitch/proxyswitch/ban"
 	"github.com/proxyswitch/proxyswitch/internal/redistest"
+	"github.com/proxyswitch/proxyswitch/internal/testbed"
 	"github.com/proxyswitch/proxyswitch/shard"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -86,4 +87,54 @@ func TestFallbackResumeBanReachesRedis(t *testing.T) {
 		require.NoError(t, err)
 		assert.NotEqual(t, banned.Proxy().ID(), l.Proxy().ID(), "the banned proxy stays out")
 	}
+}
+
+// The reviewer's TestTaskRequestWhileResuming: a task's request (a sticky
+// session, which only Redis serves) made while the Switch resumes waits
+// until it is back on the broker, as plain requests do, instead of failing
+// at once; past MaxWait it fails with ErrNoProxy saying why.
+func TestFallbackTaskRequestWaitsWhileResuming(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	flow := newShopFlow()
+	site := testbed.NewSite(t, "shop", flow)
+	bed := &testbed.Bed{Sites: []*testbed.Site{site}, Proxies: testbed.NewProxies(t, 4)}
+	s := newSwitch(t, srv.Client(t), fastFallback("A")...)
+	_, err := s.Add(ctx, bed.ProxyURLs()...)
+	require.NoError(t, err)
+	startSwitch(t, s)
+	m, err := shard.NewMembership(srv.Client(t), shard.MemberConfig{Prefix: s.cfg.prefix, Pool: s.cfg.pool, Self: "B",
+		Heartbeat: 100 * time.Millisecond, TTL: time.Second})
+	require.NoError(t, err)
+	require.NoError(t, m.Start(ctx))
+	t.Cleanup(func() { _ = m.Stop(context.Background()) })
+	require.Eventually(t, func() bool { return len(s.FallbackStatus().Members) == 2 }, 5*time.Second, 10*time.Millisecond)
+
+	c := attached(s)
+	task := NewTaskContext("cart")
+	require.NoError(t, c.Request("GET", stepURL(site, "cart", 1), nil, task, nil))
+
+	require.NoError(t, srv.Pause())
+	l, err := s.Lease(ctx, site.Host()) // trips to the local shard
+	require.NoError(t, err)
+	require.NoError(t, l.Release(ctx))
+	_, err = s.sessionBackend()
+	require.NoError(t, err)
+	rp, err := s.sess.be.broker()
+	require.ErrorIs(t, err, ErrNoProxy)
+	assert.Nil(t, rp)
+	assert.Contains(t, err.Error(), "leases from its local shard while Redis is unreachable")
+	require.NoError(t, srv.Resume())
+	waitMode(t, s, modeResuming, 5*time.Second)
+
+	_, err = waitBroker(ctx, s.sess.be, 50*time.Millisecond)
+	require.ErrorIs(t, err, ErrNoProxy)
+	assert.Contains(t, err.Error(), "resuming after a Redis outage")
+	assert.Contains(t, err.Error(), "MaxWait")
+
+	require.Equal(t, modeResuming.String(), s.FallbackStatus().Mode)
+	require.NoError(t, c.Request("GET", stepURL(site, "cart", 2), nil, task, nil), "the task's request waits for the broker")
+	assert.Equal(t, modeBroker.String(), s.FallbackStatus().Mode)
+	assert.Len(t, flow.visitor("cart").ips, 1, "one IP throughout")
+	assert.Empty(t, flow.errors())
 }

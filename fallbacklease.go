@@ -70,13 +70,45 @@ func localErr(err error) error {
 func (fp *fbPool) pool() string      { return fp.rp.name }
 func (fp *fbPool) redis() *redisPool { return fp.rp }
 
+// errResuming is broker's error while the Switch resumes: a session
+// request waits for the broker (waitBroker).
+var errResuming = errors.New("sticky sessions need the central broker, and the Switch is resuming after a Redis outage (writing its state back and waiting for the other servers)")
+
 // broker returns the Redis pool while the fallback is on the broker.
 func (fp *fbPool) broker() (*redisPool, error) {
-	if m := leaseMode(fp.f.mode.Load()); m != modeBroker {
-		// The session's state lives in Redis: no other place knows its IP.
-		return nil, fmt.Errorf("%w: sticky sessions need the central broker, and the Switch leases from its local shard (%v)", ErrNoProxy, m)
+	switch leaseMode(fp.f.mode.Load()) {
+	case modeBroker:
+		return fp.rp, nil
+	case modeResuming:
+		return nil, fmt.Errorf("%w: %w", ErrNoProxy, errResuming)
 	}
-	return fp.rp, nil
+	// The session's state lives in Redis: no other place knows its IP.
+	return nil, fmt.Errorf("%w: sticky sessions need the central broker, and the Switch leases from its local shard while Redis is unreachable", ErrNoProxy)
+}
+
+// waitBroker is be.broker for a session request: while the Switch resumes
+// it waits, as plain requests do, until it is back on the broker, at most
+// maxWait (and ctx); at the end of that wait it fails with ErrNoProxy
+// saying so.
+func waitBroker(ctx context.Context, be backend, maxWait time.Duration) (*redisPool, error) {
+	start := time.Now()
+	for {
+		rp, err := be.broker()
+		if !errors.Is(err, errResuming) {
+			return rp, err
+		}
+		waited := time.Since(start)
+		if waited >= maxWait {
+			return nil, fmt.Errorf("%w (waited %v, MaxWait)", err, waited.Round(time.Millisecond))
+		}
+		t := time.NewTimer(min(resumeWait, maxWait-waited))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("%w (waited %v: %w)", err, time.Since(start).Round(time.Millisecond), ctx.Err())
+		case <-t.C:
+		}
+	}
 }
 
 // tryLease leases from the local shard off the broker, else from Redis.
