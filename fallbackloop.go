@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/proxyswitch/proxyswitch/shard"
@@ -453,7 +454,7 @@ func (fp *fbPool) writeBack(ctx context.Context, f *fallback) (bans, adopted int
 	var argv []any
 	for _, b := range lp.Bans() {
 		if left := time.Until(b.Until).Milliseconds(); left > 0 {
-			argv = append(argv, "ban", b.Site, b.ProxyID, "", left)
+			argv = append(argv, "ban", b.Site, b.ProxyID, strconv.Itoa(b.Strikes), left)
 		}
 	}
 	var sent []*Lease
