@@ -18,6 +18,13 @@ import (
 // Membership, never on the broker), keeps it waiting for up to three member
 // TTLs (1s each) after Redis comes back.
 func resumingWithLeases(t *testing.T, n int) (*redistest.Server, *Switch, []*Lease) {
+	srv, s, _, ls := resumingWith(t, 0, n)
+	return srv, s, ls
+}
+
+// resumingWith is resumingWithLeases with, besides, r leases taken from
+// Redis before the outage and still running.
+func resumingWith(t *testing.T, r, n int) (*redistest.Server, *Switch, []*Lease, []*Lease) {
 	t.Helper()
 	ctx := context.Background()
 	srv := redistest.Start(t)
@@ -32,7 +39,19 @@ func resumingWithLeases(t *testing.T, n int) (*redistest.Server, *Switch, []*Lea
 	t.Cleanup(func() { _ = m.Stop(context.Background()) })
 	require.Eventually(t, func() bool { return s.FallbackStatus().Share == 2 }, 5*time.Second, 10*time.Millisecond, "A sees B")
 
+	var rls []*Lease
+	for range r {
+		l, err := s.Lease(ctx, "shop.example")
+		require.NoError(t, err)
+		require.Nil(t, l.local)
+		rls = append(rls, l)
+	}
 	require.NoError(t, srv.Pause())
+	if n == 0 { // trip
+		l, err := s.Lease(ctx, "other.example")
+		require.NoError(t, err)
+		require.NoError(t, l.Release(ctx))
+	}
 	var ls []*Lease
 	for range n {
 		l, err := s.Lease(ctx, "shop.example")
@@ -42,9 +61,38 @@ func resumingWithLeases(t *testing.T, n int) (*redistest.Server, *Switch, []*Lea
 	}
 	require.NoError(t, srv.Resume())
 	waitMode(t, s, modeResuming, 5*time.Second)
-	require.Eventually(t, func() bool { return s.FallbackStatus().Adopted == n }, 5*time.Second, 5*time.Millisecond, "handed over")
+	require.Eventually(t, func() bool {
+		s.fb.mu.RLock()
+		defer s.fb.mu.RUnlock()
+		return s.fb.written
+	}, 5*time.Second, 5*time.Millisecond, "written back")
+	require.Equal(t, n, s.FallbackStatus().Adopted, "handed over")
 	require.Equal(t, modeResuming.String(), s.FallbackStatus().Mode, "B keeps A waiting")
-	return srv, s, ls
+	return srv, s, rls, ls
+}
+
+// Leases taken from Redis before the outage and ending while the Switch
+// resumes: a ban reaches Redis, a release ends the record once back on the
+// broker (not at its TTL).
+func TestFallbackResumeEndsRedisLeases(t *testing.T) {
+	ctx := context.Background()
+	_, s, rls, _ := resumingWith(t, 2, 0)
+	banned, freed := rls[0], rls[1]
+	require.NoError(t, banned.Report(ctx, ban.Verdict{Kind: ban.Ban, Reason: ban.ReasonChallenge}))
+	require.NoError(t, freed.Release(ctx))
+	assert.Equal(t, modeResuming.String(), s.FallbackStatus().Mode, "still resuming when the requests ended")
+	waitMode(t, s, modeBroker, 10*time.Second)
+	require.Eventually(t, func() bool {
+		st, err := s.Stats(ctx, "shop.example")
+		return err == nil && st.Leased == 0
+	}, 3*time.Second, 10*time.Millisecond, "nothing left leased")
+	states, err := s.ProxyStates(ctx, "shop.example")
+	require.NoError(t, err)
+	for _, st := range states {
+		if st.Proxy.ID() == banned.Proxy().ID() {
+			assert.Equal(t, StateQuarantined, st.State, "the ban met while resuming is in Redis")
+		}
+	}
 }
 
 // The reviewer's TestFallbackBanDuringResumeLost: a ban met through a local

@@ -215,16 +215,17 @@ func (fp *fbPool) penalize(ctx context.Context, site string, p *Proxy, l *Lease,
 	return pen, err
 }
 
-// penalizeHandedOver quarantines in Redis the proxy of a local lease whose
-// request ends while the Switch resumes: the write-back handed the lease
-// over to Redis (or is doing so: it waits for it, at most the member TTL),
-// and the local shard is dropped once the Switch is back on the broker, so
-// the ban must reach Redis and end the lease's record there
-// (owner-checked). The local shard keeps the quarantine too, in case Redis
-// fails again. done is false when the caller should go on as before: not
-// resuming, a lease not handed over, or Redis failed.
+// penalizeHandedOver quarantines in Redis the proxy of a lease whose
+// request ends while the Switch resumes, a local one the write-back handed
+// over to Redis (it waits for the write-back, at most the member TTL) or a
+// Redis one from before the outage: the local shard is dropped once the
+// Switch is back on the broker, so the ban must reach Redis and end the
+// lease's record there (owner-checked). The local shard keeps the
+// quarantine too, in case Redis fails again. done is false when the caller
+// should go on as before: not resuming, a local lease not handed over, or
+// Redis failed.
 func (fp *fbPool) penalizeHandedOver(ctx context.Context, site string, p *Proxy, l *Lease, v ban.Verdict) (pen penalty, done bool) {
-	if l == nil || l.local == nil {
+	if l == nil {
 		return penalty{}, false
 	}
 	f := fp.f
@@ -251,20 +252,31 @@ func (fp *fbPool) penalizeHandedOver(ctx context.Context, site string, p *Proxy,
 	fp.mu.Lock()
 	adopted := fp.locals[l]
 	fp.mu.Unlock()
-	if !adopted {
+	if l.local != nil && !adopted {
 		return penalty{}, false
 	}
+	// A handed-over local lease, or a Redis lease from before the outage:
+	// its record is in Redis.
 	pen, err := fp.rp.penalize(ctx, site, p, l, v)
 	if err != nil {
-		f.s.cfg.logger.Debug("proxyswitch: quarantining a handed-over lease in Redis failed; in the local shard instead", "proxy", p.String(), "err", err)
+		f.s.cfg.logger.Debug("proxyswitch: quarantining a lease in Redis while resuming failed; in the local shard instead", "proxy", p.String(), "err", err)
 		return penalty{}, false
 	}
 	fp.mu.Lock()
-	delete(fp.locals, l)
 	lp := fp.local
+	if l.local != nil {
+		delete(fp.locals, l)
+	} else {
+		delete(fp.fromRedis, l)
+		if lp != nil {
+			lp.Unreserve(l.proxy.id, l.scope)
+		}
+	}
 	fp.mu.Unlock()
-	l.released.Store(true)
-	_ = l.local.Release()
+	if l.local != nil {
+		l.released.Store(true)
+		_ = l.local.Release()
+	}
 	if lp != nil && pen.quarantine > 0 {
 		_ = lp.Ban(p.id, site, pen.quarantine)
 	}

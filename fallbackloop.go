@@ -435,7 +435,15 @@ func (f *fallback) tryFinishResume(ctx context.Context, res probeResult) {
 		f.since = time.Now()
 		f.s.cfg.logger.Info("proxyswitch: leasing from Redis again", "pool", f.s.cfg.pool, "member", f.cfg.self)
 	}
+	pools := f.poolListLocked()
 	f.mu.Unlock()
+	for _, fp := range pools {
+		// Redis leases released while resuming (after the write-back's own
+		// pass): their records end now, not at their TTL.
+		if err := fp.releaseDeferred(ctx); err != nil {
+			f.s.cfg.logger.Debug("proxyswitch: releasing leases deferred while resuming failed", "pool", fp.rp.name, "err", err)
+		}
+	}
 	f.refresh(ctx, res)
 }
 
