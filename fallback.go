@@ -55,9 +55,9 @@ import (
 // member TTL after its last heartbeat, but keep it, lapsed, in the list
 // they would shard by if they lost Redis too.) Mitigate it by running the
 // servers and Redis where a partition cuts them off together (one network,
-// one zone), by alerting on FallbackStatus().Mode "local" while other
-// servers are on the broker, or with WithSharding, which leases locally
-// always.
+// one zone), and by alerting on FallbackStatus().Mode "local" while other
+// servers are on the broker. (WithSharding has the same gap: the others
+// take a cut-off server's share over once it drops out of the live list.)
 //
 // Detection. With a fallback every lease, release and quarantine call is
 // bounded by the fallback timeout (1s by default) instead of the Redis
@@ -85,8 +85,11 @@ import (
 // the list (at most the member TTL after Redis came back). New requests, a
 // task's (sticky session's) too, wait meanwhile, at most Timeouts.MaxWait;
 // a task's requests fail with ErrNoProxy while the Switch leases locally
-// (a session lives in Redis). Only then does it lease from Redis again: no server leases a
-// proxy from Redis while another still uses it locally.
+// (a session lives in Redis). Only then does it lease from Redis again: no
+// server leases a proxy from Redis while another still uses it locally. A
+// request that ends while the Switch resumes ends its lease in Redis: a
+// ban is quarantined there (penalizeHandedOver), a release of a Redis
+// lease from before the outage is sent once back on the broker.
 
 // leaseMode is where a Switch leases from at a given moment.
 type leaseMode int32
