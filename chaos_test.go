@@ -95,7 +95,12 @@ func chaos(t *testing.T, fault string) {
 		ccs = append(ccs, cc)
 	}
 	for _, cc := range ccs {
-		require.Eventually(t, func() bool { return len(cc.sw.FallbackStatus().Members) == chaosCollectors }, 3*time.Second, 10*time.Millisecond)
+		// Every server sees the others, and is seen by them (a newcomer
+		// takes no share before: fallback.go).
+		require.Eventually(t, func() bool {
+			st := cc.sw.FallbackStatus()
+			return len(st.Members) == chaosCollectors && st.Share > 0
+		}, 3*time.Second, 10*time.Millisecond)
 	}
 	for _, cc := range ccs {
 		st := cc.sw.FallbackStatus()

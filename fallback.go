@@ -22,6 +22,43 @@ import (
 // its share (shard.Sharder), so that a switch costs no computation. Shares of
 // servers that agree on the two lists never overlap.
 //
+// Members that come and go. Two servers holding different member lists
+// may both own a proxy; shard.Rendezvous gives a proxy to the highest-ranked
+// member of a list, so two servers that each name the other in their lists
+// never both own one, and the fallback makes sure that every pair of
+// servers leasing locally do. It shards by shard.Membership.FallbackView,
+// not by the live list alone:
+//
+//   - A newcomer takes no share (an empty one: its requests fail with
+//     ErrNoProxy while Redis is out) until every member that joined before
+//     it holds a list naming it: each heartbeat acknowledges, in Redis, the
+//     Redis time of the list its server last received, and
+//     member_heartbeat.lua replies "settled" once every such member's
+//     acknowledgement is later than the newcomer's join (two or three
+//     heartbeats). A member that joins later answers for itself the same
+//     way, so a settled server stays settled.
+//   - A member whose registration ran out without a leave (crashed, or cut
+//     off from Redis: it may be leasing from its own shard, by a list that
+//     names this server) stays in the list shares are cut from for
+//     Membership.LapseKeep (20 member TTLs), and newcomers stay unsettled
+//     while one does. A member that left (Stop) leases no more and drops
+//     out at once.
+//
+// With shard.Modulo or a sharder of your own, only servers that hold the
+// same list are sure not to meet; lists differ for a heartbeat or two
+// after each change.
+//
+// A partial partition breaks the promise: a server cut off from Redis while
+// the others still reach it leases its share locally, and the others go on
+// leasing the whole pool from Redis, its share included, so the two can
+// use one IP on one site at once. (The others drop it from the live list a
+// member TTL after its last heartbeat, but keep it, lapsed, in the list
+// they would shard by if they lost Redis too.) Mitigate it by running the
+// servers and Redis where a partition cuts them off together (one network,
+// one zone), and by alerting on FallbackStatus().Mode "local" while other
+// servers are on the broker. (WithSharding has the same gap: the others
+// take a cut-off server's share over once it drops out of the live list.)
+//
 // Detection. With a fallback every lease, release and quarantine call is
 // bounded by the fallback timeout (1s by default) instead of the Redis
 // timeout, and a goroutine started by Start probes Redis every quarter of
@@ -45,9 +82,14 @@ import (
 // learnt, writes its local leases still running into Redis (so that no
 // other server leases their proxies), marks itself as ready and waits until
 // every server of the member list it sharded by is ready too, or has left
-// the list (at most the member TTL after Redis came back). New requests wait
-// meanwhile. Only then does it lease from Redis again: no server leases a
-// proxy from Redis while another still uses it locally.
+// the list (at most the member TTL after Redis came back). New requests, a
+// task's (sticky session's) too, wait meanwhile, at most Timeouts.MaxWait;
+// a task's requests fail with ErrNoProxy while the Switch leases locally
+// (a session lives in Redis). Only then does it lease from Redis again: no
+// server leases a proxy from Redis while another still uses it locally. A
+// request that ends while the Switch resumes ends its lease in Redis: a
+// ban is quarantined there (penalizeHandedOver), a release of a Redis
+// lease from before the outage is sent once back on the broker.
 
 // leaseMode is where a Switch leases from at a given moment.
 type leaseMode int32
@@ -89,7 +131,11 @@ type fallbackConfig struct {
 
 // WithFallback leases from Redis and, while Redis is unreachable, from this
 // server's own share of the pool (computed by sh, nil: shard.Rendezvous{}),
-// so that servers still never share an IP. self names this process, unique
+// so that servers still never share an IP: a server that joined lately
+// takes no share until every other server has seen it. The promise does
+// not hold across a partial partition: a server cut off from Redis while
+// others still reach it can share IPs with them (see the package's
+// README, "the fallback when Redis is down"). self names this process, unique
 // among live ones. Bans are written back when Redis returns; set
 // Timeouts.Attempt to switch within seconds. Call Start and Stop; all
 // workers must use the same sharder. The default is no fallback.
@@ -214,6 +260,7 @@ type fbPool struct {
 	sig       poolSig  // what the probe said about that pool
 	readAt    time.Time
 	members   []string // the list share was computed from
+	settled   bool     // and whether it could count (fallback.shardList)
 	share     []*Proxy
 	shareErr  error
 	local     *localPool

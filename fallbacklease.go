@@ -70,13 +70,45 @@ func localErr(err error) error {
 func (fp *fbPool) pool() string      { return fp.rp.name }
 func (fp *fbPool) redis() *redisPool { return fp.rp }
 
+// errResuming is broker's error while the Switch resumes: a session
+// request waits for the broker (waitBroker).
+var errResuming = errors.New("sticky sessions need the central broker, and the Switch is resuming after a Redis outage (writing its state back and waiting for the other servers)")
+
 // broker returns the Redis pool while the fallback is on the broker.
 func (fp *fbPool) broker() (*redisPool, error) {
-	if m := leaseMode(fp.f.mode.Load()); m != modeBroker {
-		// The session's state lives in Redis: no other place knows its IP.
-		return nil, fmt.Errorf("%w: sticky sessions need the central broker, and the Switch leases from its local shard (%v)", ErrNoProxy, m)
+	switch leaseMode(fp.f.mode.Load()) {
+	case modeBroker:
+		return fp.rp, nil
+	case modeResuming:
+		return nil, fmt.Errorf("%w: %w", ErrNoProxy, errResuming)
 	}
-	return fp.rp, nil
+	// The session's state lives in Redis: no other place knows its IP.
+	return nil, fmt.Errorf("%w: sticky sessions need the central broker, and the Switch leases from its local shard while Redis is unreachable", ErrNoProxy)
+}
+
+// waitBroker is be.broker for a session request: while the Switch resumes
+// it waits, as plain requests do, until it is back on the broker, at most
+// maxWait (and ctx); at the end of that wait it fails with ErrNoProxy
+// saying so.
+func waitBroker(ctx context.Context, be backend, maxWait time.Duration) (*redisPool, error) {
+	start := time.Now()
+	for {
+		rp, err := be.broker()
+		if !errors.Is(err, errResuming) {
+			return rp, err
+		}
+		waited := time.Since(start)
+		if waited >= maxWait {
+			return nil, fmt.Errorf("%w (waited %v, MaxWait)", err, waited.Round(time.Millisecond))
+		}
+		t := time.NewTimer(min(resumeWait, maxWait-waited))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("%w (waited %v: %w)", err, time.Since(start).Round(time.Millisecond), ctx.Err())
+		case <-t.C:
+		}
+	}
 }
 
 // tryLease leases from the local shard off the broker, else from Redis.
@@ -165,6 +197,9 @@ func (fp *fbPool) releaseMany(ctx context.Context, ls []*Lease) []error {
 // penalize quarantines in the local shard off the broker or for a local
 // lease, else in Redis.
 func (fp *fbPool) penalize(ctx context.Context, site string, p *Proxy, l *Lease, v ban.Verdict) (penalty, error) {
+	if pen, done := fp.penalizeHandedOver(ctx, site, p, l, v); done {
+		return pen, nil
+	}
 	if pen, done := fp.penalizeLocal(site, p, l, v); done {
 		return pen, nil
 	}
@@ -178,6 +213,74 @@ func (fp *fbPool) penalize(ctx context.Context, site string, p *Proxy, l *Lease,
 		}
 	}
 	return pen, err
+}
+
+// penalizeHandedOver quarantines in Redis the proxy of a lease whose
+// request ends while the Switch resumes, a local one the write-back handed
+// over to Redis (it waits for the write-back, at most the member TTL) or a
+// Redis one from before the outage: the local shard is dropped once the
+// Switch is back on the broker, so the ban must reach Redis and end the
+// lease's record there (owner-checked). The local shard keeps the
+// quarantine too, in case Redis fails again. done is false when the caller
+// should go on as before: not resuming, a local lease not handed over, or
+// Redis failed.
+func (fp *fbPool) penalizeHandedOver(ctx context.Context, site string, p *Proxy, l *Lease, v ban.Verdict) (pen penalty, done bool) {
+	if l == nil {
+		return penalty{}, false
+	}
+	f := fp.f
+	deadline := time.Now().Add(f.memberCfg.ttl)
+	for {
+		f.mu.RLock()
+		mode, written := leaseMode(f.mode.Load()), f.written
+		f.mu.RUnlock()
+		if mode != modeResuming {
+			return penalty{}, false // local: the local shard; broker: penalizeLocal hands it to Redis
+		}
+		if written {
+			break
+		}
+		if time.Now().After(deadline) {
+			return penalty{}, false
+		}
+		select {
+		case <-ctx.Done():
+			return penalty{}, false
+		case <-time.After(resumeWait):
+		}
+	}
+	fp.mu.Lock()
+	adopted := fp.locals[l]
+	fp.mu.Unlock()
+	if l.local != nil && !adopted {
+		return penalty{}, false
+	}
+	// A handed-over local lease, or a Redis lease from before the outage:
+	// its record is in Redis.
+	pen, err := fp.rp.penalize(ctx, site, p, l, v)
+	if err != nil {
+		f.s.cfg.logger.Debug("proxyswitch: quarantining a lease in Redis while resuming failed; in the local shard instead", "proxy", p.String(), "err", err)
+		return penalty{}, false
+	}
+	fp.mu.Lock()
+	lp := fp.local
+	if l.local != nil {
+		delete(fp.locals, l)
+	} else {
+		delete(fp.fromRedis, l)
+		if lp != nil {
+			lp.Unreserve(l.proxy.id, l.scope)
+		}
+	}
+	fp.mu.Unlock()
+	if l.local != nil {
+		l.released.Store(true)
+		_ = l.local.Release()
+	}
+	if lp != nil && pen.quarantine > 0 {
+		_ = lp.Ban(p.id, site, pen.quarantine)
+	}
+	return pen, true
 }
 
 // tryLocal serves a lease attempt from the local shard when the fallback

@@ -2,8 +2,10 @@ package proxyswitch
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/proxyswitch/proxyswitch/shard"
@@ -219,14 +221,14 @@ func (fp *fbPool) read(ctx context.Context) error {
 // their former owner can have stopped using them. The caller holds f.mu
 // (read or write) or is Start.
 func (fp *fbPool) applyShare(f *fallback, handover bool) {
-	members, _ := f.member.LastKnown()
+	members, settled := f.shardList()
 	fp.mu.Lock()
 	defer fp.mu.Unlock()
-	if fp.share != nil && slices.Equal(fp.members, members) && (fp.local != nil || !handover) {
+	if fp.share != nil && slices.Equal(fp.members, members) && fp.settled == settled && (fp.local != nil || !handover) {
 		return
 	}
 	old := fp.share
-	share, err := fp.cutShareLocked(f, members)
+	share, err := fp.cutShareLocked(f, members, settled)
 	if err != nil {
 		f.s.cfg.logger.Warn("proxyswitch: no share of the pool for this server", "pool", fp.rp.name, "member", f.cfg.self, "err", err)
 	}
@@ -271,10 +273,10 @@ func (f *fallback) trip(ctx context.Context, err error) bool {
 	if leaseMode(f.mode.Load()) != modeBroker {
 		return true
 	}
-	members, _ := f.member.LastKnown()
+	members, settled := f.shardList()
 	size := 0
 	for _, fp := range f.pools {
-		fp.applyShareLocked(f, members)
+		fp.applyShareLocked(f, members, settled)
 		lp := newLocalPool(*fp.rp.cfg)
 		fp.mu.Lock()
 		_, _ = lp.SetProxies(fp.share)
@@ -299,24 +301,44 @@ func (f *fallback) trip(ctx context.Context, err error) bool {
 
 // applyShareLocked makes sure the share is computed for members (a trip
 // with a list newer than the last tick's).
-func (fp *fbPool) applyShareLocked(f *fallback, members []string) {
+func (fp *fbPool) applyShareLocked(f *fallback, members []string, settled bool) {
 	fp.mu.Lock()
 	defer fp.mu.Unlock()
-	if fp.share != nil && slices.Equal(fp.members, members) {
+	if fp.share != nil && slices.Equal(fp.members, members) && fp.settled == settled {
 		return
 	}
-	_, _ = fp.cutShareLocked(f, members)
+	_, _ = fp.cutShareLocked(f, members, settled)
+}
+
+// errUnseen is the share error of a server that not every other member has
+// seen yet (shard.Membership.FallbackView): it takes no share.
+var errUnseen = errors.New("this server joined the member list lately, and not every other server has read a list naming it yet")
+
+// shardList returns the member list the share is cut from and whether it
+// may count: for the fallback, the last heartbeat's live members with the
+// lately lapsed ones, and whether every other member has seen this server
+// (shard.Membership.FallbackView, see fallback.go); for sharding, the
+// last known list (its hand-over hold covers a change: applyShare).
+func (f *fallback) shardList() ([]string, bool) {
+	if f.cfg.sharded {
+		members, _ := f.member.LastKnown()
+		return members, true
+	}
+	return f.member.FallbackView()
 }
 
 // cutShareLocked computes this server's share of the pool last read for
-// members (empty, with the error, when there is none). The caller holds
-// fp.mu.
-func (fp *fbPool) cutShareLocked(f *fallback, members []string) ([]*Proxy, error) {
+// members (empty, with the error, when there is none, or when it may not
+// count yet: !settled). The caller holds fp.mu.
+func (fp *fbPool) cutShareLocked(f *fallback, members []string, settled bool) ([]*Proxy, error) {
 	share, err := shareProxies(f.cfg.sharder, fp.last, members, f.cfg.self)
+	if err == nil && !settled {
+		err = errUnseen
+	}
 	if err != nil {
 		share = []*Proxy{}
 	}
-	fp.share, fp.shareErr, fp.members = share, err, members
+	fp.share, fp.shareErr, fp.members, fp.settled = share, err, members, settled
 	return share, err
 }
 
@@ -413,7 +435,15 @@ func (f *fallback) tryFinishResume(ctx context.Context, res probeResult) {
 		f.since = time.Now()
 		f.s.cfg.logger.Info("proxyswitch: leasing from Redis again", "pool", f.s.cfg.pool, "member", f.cfg.self)
 	}
+	pools := f.poolListLocked()
 	f.mu.Unlock()
+	for _, fp := range pools {
+		// Redis leases released while resuming (after the write-back's own
+		// pass): their records end now, not at their TTL.
+		if err := fp.releaseDeferred(ctx); err != nil {
+			f.s.cfg.logger.Debug("proxyswitch: releasing leases deferred while resuming failed", "pool", fp.rp.name, "err", err)
+		}
+	}
 	f.refresh(ctx, res)
 }
 
@@ -432,7 +462,7 @@ func (fp *fbPool) writeBack(ctx context.Context, f *fallback) (bans, adopted int
 	var argv []any
 	for _, b := range lp.Bans() {
 		if left := time.Until(b.Until).Milliseconds(); left > 0 {
-			argv = append(argv, "ban", b.Site, b.ProxyID, "", left)
+			argv = append(argv, "ban", b.Site, b.ProxyID, strconv.Itoa(b.Strikes), left)
 		}
 	}
 	var sent []*Lease

@@ -489,15 +489,15 @@ func (s *Switch) sessionAttempt(req *http.Request, a *attempt) (*sessionUse, err
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrNoProxy, err)
 	}
-	ss, err := sb.broker()
-	if err != nil {
-		return nil, err
-	}
-	s.warnRouteIgnored(req.Context(), site)
 	// The wait for the session's proxy ends before the request's deadline,
 	// as leaseEarly's does: its ErrNoProxy survives net/http's Client.Timeout.
 	ctx, cancel := leaseContext(req.Context())
 	defer cancel()
+	ss, err := waitBroker(ctx, sb, s.cfg.maxWait) // a Switch resuming after an outage: wait, as plain requests do
+	if err != nil {
+		return nil, err
+	}
+	s.warnRouteIgnored(req.Context(), site)
 	var want []string // the labels the request asks for (UseLabels): its session's proxy carries them
 	if sel := selectorOf(req.Context()); sel != nil {
 		if sel.err != nil {

@@ -25,6 +25,13 @@ import (
 //
 //	{prefix:pool}:members        zset  member ID -> end of its registration, ms; TTL: the last registration's end
 //	{prefix:pool}:member-owners  hash  member ID -> token of the process holding it; same TTL
+//	{prefix:pool}:member-joins   hash  member ID -> Redis ms at which its registration began; same TTL
+//	{prefix:pool}:member-acks    hash  member ID -> Redis ms of the member list it holds; that TTL plus the lapse keep
+//	{prefix:pool}:member-lapsed  zset  member ID -> ms at which its registration ran out with no leave (lapse keep)
+//
+// The last three tell who has seen whom (FallbackView): a server that
+// shards by a list while Redis is unreachable must not count a share that
+// another server, holding an older list, may still claim.
 
 // Errors of a Membership, besides ErrConfig. Package proxyswitch exports the
 // same values as proxyswitch.ErrRedis, proxyswitch.ErrCorrupt and
@@ -166,7 +173,7 @@ func ValidMemberID(id string) error {
 // for concurrent use by multiple goroutines.
 type Membership struct {
 	rdb   redis.Scripter
-	keys  []string // members zset, owners hash
+	keys  []string // members zset, owners hash, joins hash, acks hash, lapsed zset
 	token string
 	cfg   MemberConfig
 
@@ -177,6 +184,14 @@ type Membership struct {
 	cancel  context.CancelFunc
 	done    chan struct{} // non-nil while started
 	failing bool          // the last heartbeat failed
+
+	// of the last heartbeat reply: its Redis time (the ack of the next),
+	// the live and lately lapsed members, and whether every other member
+	// has seen this one (FallbackView)
+	beatMS   int64
+	beatSent time.Time // when the last heartbeat that got a reply was sent
+	view     []string
+	settled  bool
 
 	notifyMu sync.Mutex
 	notified []string // nil until the first call of cfg.Changed
@@ -199,7 +214,7 @@ func NewMembership(rdb redis.Scripter, cfg MemberConfig) (*Membership, error) {
 	_, _ = rand.Read(b[:])
 	return &Membership{
 		rdb:   rdb,
-		keys:  []string{base + ":members", base + ":member-owners"},
+		keys:  []string{base + ":members", base + ":member-owners", base + ":member-joins", base + ":member-acks", base + ":member-lapsed"},
 		token: hex.EncodeToString(b[:]),
 		cfg:   cfg,
 	}, nil
@@ -331,12 +346,49 @@ func (m *Membership) LastKnown() ([]string, time.Time) {
 	return slices.Clone(m.members), m.readAt
 }
 
+// FallbackView returns what a server may shard by while Redis is
+// unreachable, as the last heartbeat read it: the live members with those
+// whose registration ran out lately (LapseKeep) without leaving (they may
+// be leasing from a fallback shard of their own, by a list naming this
+// server), sorted; and settled, whether every other member, live or lapsed,
+// holds a list read since this server's registration began (so names it);
+// false too once heartbeats failed for a TTL (the registration may have run
+// out). A server that is not settled must take
+// no share: a member that has not seen it yet shards as if it were absent.
+// With shard.Rendezvous two servers that each name the other never both own
+// a proxy; nil and false before the first heartbeat. It does no I/O.
+func (m *Membership) FallbackView() (members []string, settled bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Clone(m.view), m.settled
+}
+
+// LapseKeep is how long a member whose registration ran out without a
+// leave stays in FallbackView's list: 20 member TTLs (60s by default).
+func (m *Membership) LapseKeep() time.Duration { return lapseKeep(m.cfg.TTL) }
+
+func lapseKeep(ttl time.Duration) time.Duration { return 20 * ttl }
+
 // beat runs one heartbeat: renew, prune, read the live list.
 func (m *Membership) beat(ctx context.Context) error {
+	m.mu.Lock()
+	ack := m.beatMS
+	m.mu.Unlock()
+	sent := time.Now()
 	res, err := bounded.Call(ctx, m.cfg.Timeout, false, func(ctx context.Context) ([]any, error) {
-		return memberHeartbeatScript.Run(ctx, m.rdb, m.keys, m.cfg.Self, m.token, m.cfg.TTL.Milliseconds()).Slice()
+		return memberHeartbeatScript.Run(ctx, m.rdb, m.keys, m.cfg.Self, m.token, m.cfg.TTL.Milliseconds(),
+			ack, lapseKeep(m.cfg.TTL).Milliseconds()).Slice()
 	}, nil)
 	if err != nil {
+		m.mu.Lock()
+		if time.Since(m.beatSent) >= m.cfg.TTL {
+			// The registration may have run out, and a heartbeat whose reply
+			// was lost may have registered this server anew: its list may
+			// then miss members that joined since, which count on its first
+			// list naming them.
+			m.settled = false
+		}
+		m.mu.Unlock()
 		return redisErr("heartbeat", err)
 	}
 	status, ok1 := engine.IntAt(res, 0)
@@ -345,10 +397,23 @@ func (m *Membership) beat(ctx context.Context) error {
 	case ok1 && ok2 && status == 0 && len(res) == 2:
 		return fmt.Errorf("%w: %q is registered until %s", ErrMemberTaken, m.cfg.Self, time.UnixMilli(at).UTC().Format(time.RFC3339Nano))
 	case ok1 && ok2 && status == 1:
-		list, err := memberIDs(m.keys[0], res[2:])
+		settled, ok3 := engine.IntAt(res, 2)
+		n, ok4 := engine.IntAt(res, 3)
+		if !ok3 || !ok4 || n < 0 || int(n) > len(res)-4 {
+			break
+		}
+		list, err := memberIDs(m.keys[0], res[4:4+n])
 		if err != nil {
 			return err
 		}
+		view, err := memberIDs(m.keys[4], res[4:])
+		if err != nil {
+			return err
+		}
+		view = slices.Compact(view)
+		m.mu.Lock() // heartbeats run one at a time: the last reply is the one held
+		m.beatMS, m.beatSent, m.view, m.settled = at, sent, view, settled == 1
+		m.mu.Unlock()
 		m.update(list, at)
 		return nil
 	}

@@ -188,12 +188,17 @@ func TestMembershipKeys(t *testing.T) {
 	p := testPrefix()
 	m := newMember(t, sharedClient(t), MemberConfig{Prefix: p, Pool: "datacenter", Self: "a",
 		Heartbeat: time.Second, TTL: 3 * time.Second})
-	assert.Equal(t, []string{"{" + p + ":datacenter}:members", "{" + p + ":datacenter}:member-owners"}, m.keys)
-	for _, k := range m.keys {
+	base := "{" + p + ":datacenter}"
+	assert.Equal(t, []string{base + ":members", base + ":member-owners", base + ":member-joins", base + ":member-acks", base + ":member-lapsed"}, m.keys)
+	for i, k := range m.keys[:4] {
 		ttl, err := rdb.PTTL(ctx, k).Result()
 		require.NoError(t, err)
 		assert.Greater(t, ttl, 2*time.Second, k)
-		assert.LessOrEqual(t, ttl, 4*time.Second, k)
+		if i == 3 { // the acks outlive a lapse by the lapse keep
+			assert.LessOrEqual(t, ttl, 4*time.Second+m.LapseKeep(), k)
+		} else {
+			assert.LessOrEqual(t, ttl, 4*time.Second, k)
+		}
 	}
 	require.NoError(t, m.Stop(ctx))
 	n, err := rdb.Exists(ctx, m.keys...).Result()
@@ -279,4 +284,71 @@ func TestMembershipDefaults(t *testing.T) {
 	cfg.TTL = 150 * time.Millisecond
 	_, err = NewMembership(sharedClient(t), cfg)
 	assert.ErrorIs(t, err, ErrConfig, "a TTL is checked against the heartbeat")
+}
+
+// FallbackView: a newcomer is settled (its share may count) only once every
+// member that joined before it holds a list naming it; a member whose
+// registration ran out with no leave stays in the view (it may still lease
+// locally) and keeps newcomers unsettled; one that left cleanly does not.
+func TestMembershipFallbackView(t *testing.T) {
+	ctx := context.Background()
+	p := testPrefix()
+	slow := func(id string) MemberConfig { // beats by hand only
+		return MemberConfig{Prefix: p, Pool: "default", Self: id, Heartbeat: time.Hour, TTL: 2 * time.Hour}
+	}
+	beat := func(m *Membership) ([]string, bool) {
+		t.Helper()
+		require.NoError(t, m.beat(ctx))
+		return m.FallbackView()
+	}
+	a := newMember(t, sharedClient(t), slow("a"))
+	view, settled := a.FallbackView()
+	assert.Equal(t, []string{"a"}, view)
+	assert.True(t, settled, "alone")
+	view, settled = beat(a)
+	assert.Equal(t, []string{"a"}, view)
+	assert.True(t, settled, "alone, once it holds a list of its registration")
+
+	b := newMember(t, sharedClient(t), slow("b"))
+	view, settled = beat(b)
+	assert.Equal(t, []string{"a", "b"}, view)
+	assert.False(t, settled, "a has not read a list naming b")
+	view, settled = beat(a) // a reads [a b], but acks the list before it
+	assert.Equal(t, []string{"a", "b"}, view)
+	assert.True(t, settled, "a joined first: it stays settled")
+	_, settled = beat(b)
+	assert.False(t, settled, "a's ack is of a list read before b joined")
+	beat(a) // acks [a b]
+	_, settled = beat(b)
+	assert.True(t, settled, "a holds a list naming b")
+
+	// c crashes: its registration runs out with no leave.
+	crashCtx, crash := context.WithCancel(ctx)
+	c, err := NewMembership(sharedClient(t), MemberConfig{Prefix: p, Pool: "default", Self: "c", Heartbeat: 20 * time.Millisecond, TTL: 60 * time.Millisecond})
+	require.NoError(t, err)
+	require.NoError(t, c.Start(crashCtx))
+	time.Sleep(50 * time.Millisecond)
+	crash()
+	time.Sleep(150 * time.Millisecond)
+	view, _ = beat(a)
+	live, _ := a.LastKnown()
+	assert.Equal(t, []string{"a", "b"}, live, "c lapsed")
+	assert.Equal(t, []string{"a", "b", "c"}, view, "a lapsed member stays in the fallback view")
+
+	d := newMember(t, sharedClient(t), slow("d"))
+	for range 3 {
+		beat(a)
+		beat(b)
+		view, settled = beat(d)
+	}
+	assert.Equal(t, []string{"a", "b", "c", "d"}, view)
+	assert.False(t, settled, "c, lapsed, never saw d")
+
+	// e leaves cleanly: not in the view.
+	e := newMember(t, sharedClient(t), slow("e"))
+	view, _ = beat(a)
+	assert.Contains(t, view, "e")
+	require.NoError(t, e.Stop(ctx))
+	view, _ = beat(a)
+	assert.NotContains(t, view, "e")
 }

@@ -128,3 +128,18 @@ func TestFlakyDelay(t *testing.T) {
 	assert.Zero(t, off.FailureRate(ps2[0].id, "shop"), "no flaky delay: no rate")
 	_ = clock2
 }
+
+// Bans tells a strike's quarantine (its run in a row, for the write-back's
+// strikes record) from a ban with no strike.
+func TestBansCarryTheirStrikes(t *testing.T) {
+	p, _, ps := fakeShard(t, 2, evidenceRules)
+	a, b := ps[0].ID(), ps[1].ID()
+	_, err := p.Strike(a, "shop", true, 0, 1000)
+	require.NoError(t, err)
+	require.NoError(t, p.Ban(b, "shop", time.Minute))
+	got := map[string]int{}
+	for _, ban := range p.Bans() {
+		got[ban.ProxyID] = ban.Strikes
+	}
+	assert.Equal(t, map[string]int{a: 1, b: 0}, got)
+}

@@ -351,6 +351,10 @@ type Ban struct {
 	ProxyID string
 	Site    string    // the scope banned on ("*" with Config.Global); "" for every site
 	Until   time.Time // the end, by this process's clock: write back time.Until(Until)
+	// Strikes is the run of strikes in a row on Site that the quarantine
+	// is part of (Strike, Lease.Strike), 0 for a ban with no strike
+	// running (Ban, BanAllSites, a proxy failure's).
+	Strikes int
 }
 
 // Bans returns the quarantines recorded by Ban, BanAllSites and
@@ -362,7 +366,11 @@ func (p *Pool[P]) Bans() []Ban {
 	out := make([]Ban, 0, len(p.bans))
 	for k, until := range p.bans {
 		if until > now {
-			out = append(out, Ban{ProxyID: k.id, Site: k.scope, Until: wall.Add(time.Duration(until-now) * time.Millisecond)})
+			b := Ban{ProxyID: k.id, Site: k.scope, Until: wall.Add(time.Duration(until-now) * time.Millisecond)}
+			if s, ok := p.strikes[k]; ok && s.n > 0 && s.till > now {
+				b.Strikes = s.n
+			}
+			out = append(out, b)
 		}
 	}
 	slices.SortFunc(out, func(a, b Ban) int {

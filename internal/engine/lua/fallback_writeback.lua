@@ -15,8 +15,18 @@
 --         (lease.lua): no site's keys are visited for it.
 -- ARGV[2] idle TTL ms     ARGV[3] slots (K) of the writer     ARGV[4] max quarantine ms
 -- ARGV[5..] entries of five:
---   "ban",   scope ("" for every site), proxy id, "",    ms left
---   "lease", scope,                     member,   token, ms left
+--   "ban",   scope ("" for every site), proxy id, strikes, ms left
+--   "lease", scope,                     member,   token,   ms left
+--   strikes: the run of strikes in a row the local quarantine is part of
+--   ("0" or "": none, a proxy failure's). A ban with strikes on a scope
+--   writes the scope's strikes record as penalize.lua does
+--   ("<bans in a row>|<now>|<end>", base .. ':strikes:' .. scope): the
+--   proxy shows quarantined, not cooling (state.lua, proxy_states.lua),
+--   and the next strike doubles on from there. The run written is the
+--   longer of the local one and the record's (still in a row: its last
+--   strike within twice the max quarantine), its end the later: a
+--   write-back that runs twice (Redis failed again while resuming) writes
+--   the same record.
 --
 -- A quarantine only ever lengthens (GT); proxies no longer in the pool are
 -- skipped. A slot with no entry in a scope's busy set is free there: it
@@ -78,6 +88,20 @@ for i = 5, #ARGV - 4, 5 do
     else
       free(scope)
       push(scope, who, untl)
+      local n = tonumber(token) or 0
+      if n > 0 then
+        local sk = base .. ':strikes:' .. scope
+        local v = redis.call('HGET', sk, who)
+        local c, last, till
+        if v then c, last, till = string.match(v, '^(%d+)|(%d+)|(%d+)$') end
+        local e = untl
+        if c and now - tonumber(last) <= 2 * maxq then
+          n = math.max(n, tonumber(c))
+          e = math.max(e, tonumber(till))
+        end
+        redis.call('HSET', sk, who, n .. '|' .. now .. '|' .. e)
+        redis.call('PEXPIRE', sk, idle)
+      end
     end
   elseif kind == 'lease' then
     local id = string.match(who, '^(.*):%d+$')
