@@ -44,6 +44,16 @@ import (
 // to another site leases the same proxy there (lease.lua's preferred proxy,
 // nothing else) and waits for it like any lease.
 //
+// Requests of a task at once. Several requests of one task may find no
+// session (or none on their site) at the same moment. In one process they
+// coalesce (sessionFlights): one starts (or extends) the session, the others
+// wait for it, then use it. Across processes, a request waiting for a proxy
+// to start the session (or for the session's proxy on a new site) looks at
+// the task's record at each round of its wait (session_use.lua's "join") and
+// joins the session a sibling request started, rather than wait out MaxWait
+// for a proxy of its own; a slot held by the session's own lease, which a
+// sibling is binding, is waited for, never taken for another session's.
+//
 // Cookies. http.CookieJar sees only URLs, so the collector's jar cannot
 // tell tasks apart. For a request of a task the transport sets the Cookie
 // header itself (the cookies the request carried before the collector's jar

@@ -1072,3 +1072,134 @@ func TestSessionHonoursLabels(t *testing.T) {
 	assert.Empty(t, flow.visitor("c").ips)
 	assert.Empty(t, flow.errors())
 }
+
+// asyncTaskCollector returns an async collector attached to s that sends up
+// to 8 requests at once and counts its answers and errors.
+func asyncTaskCollector(t *testing.T, s *Switch, ok *atomic.Int64, mu *sync.Mutex, errs *[]error) *colly.Collector {
+	t.Helper()
+	c := colly.NewCollector(colly.Async(true), colly.AllowURLRevisit())
+	require.NoError(t, c.Limit(&colly.LimitRule{DomainGlob: "*", Parallelism: 8}))
+	s.Attach(c)
+	c.SetRequestTimeout(30 * time.Second)
+	c.OnResponse(func(*colly.Response) { ok.Add(1) })
+	c.OnError(func(r *colly.Response, err error) {
+		mu.Lock()
+		*errs = append(*errs, fmt.Errorf("%s: %w", r.Request.URL, err))
+		mu.Unlock()
+	})
+	return c
+}
+
+// A task's first requests sent at once, with one proxy left: one request
+// starts the session, the others join it and leave from its IP. In one
+// process they wait for the one starting it; in another process they see
+// the session appear while they wait for a proxy. Before, those that lost
+// the race to start it waited out MaxWait for a proxy of their own, and
+// failed.
+func TestSessionConcurrentStartOneProxyLeft(t *testing.T) {
+	ctx := context.Background()
+	flow, site, _, s := sessionShop(t, 3, WithTimeouts(Timeouts{MaxWait: 3 * time.Second}))
+	other := sibling(t, s, shared.Client(t))
+	require.NoError(t, attached(s).Request("GET", site.URL()+"/hello?task=holder", nil, NewTaskContext("holder"), nil))
+
+	for _, tc := range []struct {
+		task string
+		sws  []*Switch
+		per  int // requests at once per Switch
+	}{
+		{"solo", []*Switch{s}, 6},       // one process
+		{"duo", []*Switch{s, other}, 4}, // two processes
+	} {
+		var ok atomic.Int64
+		var mu sync.Mutex
+		var errs []error
+		var cs []*colly.Collector
+		for _, sw := range tc.sws {
+			c := asyncTaskCollector(t, sw, &ok, &mu, &errs)
+			tctx := NewTaskContext(tc.task) // a context per process
+			for i := range tc.per {
+				require.NoError(t, c.Request("GET", fmt.Sprintf("%s/hello?task=%s&i=%d", site.URL(), tc.task, i), nil, tctx, nil))
+			}
+			cs = append(cs, c)
+		}
+		for _, c := range cs {
+			c.Wait()
+		}
+		assert.Empty(t, errs, tc.task)
+		assert.Equal(t, int64(tc.per*len(tc.sws)), ok.Load(), tc.task)
+		assert.Len(t, flow.visitor(tc.task).ips, 1, "%s: every request from its session's IP", tc.task)
+	}
+	flow.mu.Lock()
+	for ip, byIP := range flow.ips {
+		assert.Len(t, byIP.tasks, 1, "IP %s served several tasks", ip)
+	}
+	flow.mu.Unlock()
+	assert.Empty(t, flow.errors())
+	st, err := s.Stats(ctx, site.Host())
+	require.NoError(t, err)
+	assert.Equal(t, 3, st.Leased, "one lease per session, none left by the requests that joined")
+	n, err := s.LiveSessions(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, 3, n)
+	for _, task := range []string{"holder", "solo", "duo"} {
+		ended, err := s.EndSession(ctx, task)
+		require.NoError(t, err)
+		assert.True(t, ended, task)
+	}
+	assertNoLeases(t, s, site)
+	assertNoLeases(t, other, site)
+}
+
+// A live session's requests reaching a new site at once, from one process
+// and from two: they share the session's lease there (exclusivity holds
+// between tasks, not within one) rather than take the session's own lease
+// for another session's and give up at once.
+func TestSessionConcurrentNewSite(t *testing.T) {
+	ctx := context.Background()
+	flowB := newShopFlow()
+	flowB.sid, flowB.cart = "b_sid", "b_cart"
+	siteB := testbed.NewSite(t, "shop-b", flowB)
+	flow, site, _, s := sessionShop(t, 4, WithTimeouts(Timeouts{MaxWait: 3 * time.Second}))
+	other := sibling(t, s, shared.Client(t))
+	for _, tc := range []struct {
+		task string
+		sws  []*Switch
+		per  int
+	}{
+		{"solo", []*Switch{s}, 8},
+		{"duo", []*Switch{s, other}, 4},
+	} {
+		require.NoError(t, attached(s).Request("GET", stepURL(site, tc.task, 1), nil, NewTaskContext(tc.task), nil))
+		var ok atomic.Int64
+		var mu sync.Mutex
+		var errs []error
+		var cs []*colly.Collector
+		for _, sw := range tc.sws {
+			c := asyncTaskCollector(t, sw, &ok, &mu, &errs)
+			tctx := NewTaskContext(tc.task)
+			for i := range tc.per {
+				require.NoError(t, c.Request("GET", fmt.Sprintf("%s/hello?task=%s&i=%d", siteB.URL(), tc.task, i), nil, tctx, nil))
+			}
+			cs = append(cs, c)
+		}
+		for _, c := range cs {
+			c.Wait()
+		}
+		assert.Empty(t, errs, tc.task)
+		assert.Equal(t, int64(tc.per*len(tc.sws)), ok.Load(), tc.task)
+		assert.Equal(t, flow.visitor(tc.task).ips, flowB.visitor(tc.task).ips, "%s: one IP on both sites", tc.task)
+		assert.Len(t, flowB.visitor(tc.task).ips, 1, tc.task)
+	}
+	assert.NotEqual(t, flow.visitor("solo").ips, flow.visitor("duo").ips)
+	assert.Empty(t, flow.errors())
+	assert.Empty(t, flowB.errors())
+	st, err := s.Stats(ctx, siteB.Host())
+	require.NoError(t, err)
+	assert.Equal(t, 2, st.Leased, "one lease per session on the new site")
+	for _, task := range []string{"solo", "duo"} {
+		ended, err := s.EndSession(ctx, task)
+		require.NoError(t, err)
+		assert.True(t, ended, task)
+	}
+	assertNoLeases(t, s, site, siteB)
+}

@@ -12,8 +12,11 @@
 -- ARGV[2] scope            ARGV[3] session TTL ms
 -- ARGV[4] max requests, 0 for no limit     ARGV[5] max age ms, 0 for none
 -- ARGV[6] cooldown ms      ARGV[7] slots per proxy (K)   ARGV[8] idle TTL ms
--- ARGV[9] "use" (renew, count, retire if due) or "peek" (read only)
+-- ARGV[9] "use" (renew, count, retire if due), "peek" (read only) or "join"
+--         (read only: has a sibling request started the session, or
+--         reached the scope, meanwhile?)
 -- ARGV[10] ms a retired session's proxy stays out for its requests under way
+-- ARGV[11] "join": the session ID ("" for a request that starts a session)
 --
 -- Returns
 --   {1, proxy URL, id, gen, n, created ms, exp ms, member on the scope ("" with
@@ -24,7 +27,12 @@
 --   {0, retired now 0/1, gen, <previous: 8 items>}  no live session: none yet,
 --      or the one there was just retired (limits, lost lease, proxy banned,
 --      dead or removed); gen counts the task's sessions so far;
---   {-3, what}  the record or the jar is not what this package writes.
+--   {-3, what}  the record or the jar is not what this package writes;
+--   "join": {6, 1} the task has a live session (ARGV[11] ""), or session
+--      ARGV[11] holds the scope now or was replaced; {6, 2} a lease of
+--      session ARGV[11] holds the proxy on the scope but is not bound yet
+--      (a sibling request between lease.lua and session_bind.lua);
+--      {6, 0} or {0, ...}: none of these.
 local base, badbase = pool_prefix(ARGV[1])
 if not base then return redis.error_reply(badbase) end
 local scope, ttl = ARGV[2], tonumber(ARGV[3])
@@ -40,6 +48,23 @@ local function none(retired)
   return out
 end
 if not r.id then return none(0) end
+if ARGV[9] == 'join' then
+  local want = ARGV[11]
+  if want == '' then
+    local e = tonumber(r.exp or '')
+    if e and e <= now then return {6, 0} end -- lapsed: the next use ends it
+    return {6, 1}
+  end
+  if r.id ~= want or r['s:' .. scope] then return {6, 1} end
+  if r.proxy and string.match(r.proxy, '^%x+$') then
+    local lk, token = base .. ':lease:' .. scope, 's:' .. want
+    for s = 0, slots - 1 do
+      local tok, e = string.match(redis.call('HGET', lk, r.proxy .. ':' .. s) or '', '^(.*)|(%d+)$')
+      if tok == token and tonumber(e) > now then return {6, 2} end
+    end
+  end
+  return {6, 0}
+end
 bad = check_live(r)
 if bad then return {-3, 'session record: ' .. bad} end
 local jar = base .. ':sjar:' .. r.id
