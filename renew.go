@@ -32,9 +32,10 @@ import (
 //     it, so its TTL bounds it;
 //   - sticky sessions' leases: they are not leases of one request but of
 //     the session, which holds its proxy until Sessions.TTL (10 minutes)
-//     after its last request, renewed by each request's use. A single
-//     request longer than the session TTL is the one case they do not
-//     cover: keep the session TTL above the request timeout.
+//     after its last request, renewed by each request's use, and, while
+//     one of its requests runs, every quarter of the session TTL by a
+//     timer of its own (sessionrenew.go): a request longer than the
+//     session TTL keeps its proxy too.
 //
 // Leases from the fallback's local shard are renewed too, in memory (and
 // their record in Redis once the fallback handed them over).

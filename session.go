@@ -189,8 +189,10 @@ type sessionConfig struct {
 // field keeps the default; Off sets a numeric field to zero.
 type Sessions struct {
 	// TTL is how long a session lives after its last request, its proxy
-	// serving no one else on its sites; keep it above the request timeout
-	// and within the idle TTL. The default is 10 minutes.
+	// serving no one else on its sites; within the idle TTL. While one of
+	// its requests runs the session is renewed (every quarter of the TTL),
+	// so a request longer than the TTL keeps the proxy to its session. The
+	// default is 10 minutes.
 	TTL time.Duration
 
 	// MaxRequests retires a session once it has sent that many requests
@@ -524,9 +526,20 @@ func (s *Switch) sessionAttempt(req *http.Request, a *attempt) (*sessionUse, err
 		return nil, err
 	}
 	cur.lease.be = sb // its quarantine goes where its pool's do
+	k := sessionHoldKey{p: ss, task: ts.task, id: cur.info.ID}
+	var ended func()
 	b.mu.Lock()
 	b.lease, b.proxy = cur.lease, cur.lease.proxy
+	if !b.done && (b.sessEnd == nil || b.sessKey != k) {
+		// The session is renewed while the request runs (sessionrenew.go);
+		// a retry through a new session moves the renewal to it.
+		ended = b.takeSessionHold()
+		b.sessKey, b.sessEnd = k, s.holdSession(k)
+	}
 	b.mu.Unlock()
+	if ended != nil {
+		ended()
+	}
 
 	h := req.Header.Clone()
 	applyIdentity(h, identity) // the session's client identity (WithClient, client.go)

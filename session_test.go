@@ -1203,3 +1203,57 @@ func TestSessionConcurrentNewSite(t *testing.T) {
 	}
 	assertNoLeases(t, s, site, siteB)
 }
+
+// A request of a session that runs longer than Sessions.TTL keeps its
+// proxy to its session: the session is renewed while the request runs
+// (sessionrenew.go), so neither another task nor a request of no task gets
+// its IP meanwhile. Once the request is over the session lapses by its TTL
+// as before: nothing renews it any longer.
+func TestSessionRenewedWhileItsRequestRuns(t *testing.T) {
+	ctx := context.Background()
+	site := testbed.NewSite(t, "slow", nil) // the default shop: /slow?d=
+	proxies := testbed.NewProxies(t, 1)
+	const ttl = time.Second
+	s := newSwitch(t, shared.Client(t), WithSessions(Sessions{TTL: ttl}), WithTimeouts(Timeouts{MaxWait: 300 * time.Millisecond}))
+	_, err := s.Add(ctx, proxies[0].URL())
+	require.NoError(t, err)
+
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() { done <- attached(s).Request("GET", site.URL()+"/slow?d=3s", nil, NewTaskContext("long"), nil) }()
+	require.Eventually(t, func() bool { return site.Recorder().InFlight() == 1 }, 5*time.Second, 5*time.Millisecond)
+	c := attached(s)
+	tries := 0
+	var longErr error
+wait:
+	for {
+		select {
+		case longErr = <-done:
+			break wait
+		default:
+		}
+		err := c.Request("GET", site.URL()+"/echo", nil, NewTaskContext("other"), nil)
+		require.ErrorIs(t, err, ErrNoProxy, "another task, %v after the start", time.Since(start))
+		err = c.Visit(site.URL() + "/echo?no-task")
+		require.ErrorIs(t, err, ErrNoProxy, "a request of no task, %v after the start", time.Since(start))
+		tries++
+	}
+	require.NoError(t, longErr)
+	assert.Greater(t, time.Since(start), 2*ttl, "the request outlived the TTL")
+	assert.Positive(t, tries)
+	assert.Zero(t, site.Recorder().Collisions(), "two requests from the one IP at once")
+	assert.Equal(t, 1, site.Recorder().Count(), "only the long request reached the site")
+
+	// Over: the session lapses within its TTL and the IP serves others.
+	require.Eventually(t, func() bool {
+		return c.Request("GET", site.URL()+"/echo", nil, NewTaskContext("other"), nil) == nil
+	}, 5*ttl, 50*time.Millisecond)
+	s.sessHolds.mu.Lock()
+	assert.Empty(t, s.sessHolds.m, "no session renewed once its requests are over")
+	s.sessHolds.mu.Unlock()
+	ended, err := s.EndSession(ctx, "other")
+	require.NoError(t, err)
+	assert.True(t, ended)
+	assert.Zero(t, site.Recorder().Collisions())
+	assertNoLeases(t, s, site)
+}

@@ -12,11 +12,13 @@
 -- ARGV[2] scope            ARGV[3] session TTL ms
 -- ARGV[4] max requests, 0 for no limit     ARGV[5] max age ms, 0 for none
 -- ARGV[6] cooldown ms      ARGV[7] slots per proxy (K)   ARGV[8] idle TTL ms
--- ARGV[9] "use" (renew, count, retire if due), "peek" (read only) or "join"
+-- ARGV[9] "use" (renew, count, retire if due), "peek" (read only), "renew"
+--         (renew only: a request of the session is under way) or "join"
 --         (read only: has a sibling request started the session, or
 --         reached the scope, meanwhile?)
 -- ARGV[10] ms a retired session's proxy stays out for its requests under way
--- ARGV[11] "join": the session ID ("" for a request that starts a session)
+-- ARGV[11] "renew" and "join": the session ID ("" for "join" by a request
+--         that starts a session)
 --
 -- Returns
 --   {1, proxy URL, id, gen, n, created ms, exp ms, member on the scope ("" with
@@ -28,6 +30,9 @@
 --      or the one there was just retired (limits, lost lease, proxy banned,
 --      dead or removed); gen counts the task's sessions so far;
 --   {-3, what}  the record or the jar is not what this package writes;
+--   "renew": {4, exp ms} every lease of session ARGV[11] and its record
+--      renewed to now + TTL (nothing counted), or anything else: not renewed
+--      (the session ended, lapsed or is not intact: its next use tells);
 --   "join": {6, 1} the task has a live session (ARGV[11] ""), or session
 --      ARGV[11] holds the scope now or was replaced; {6, 2} a lease of
 --      session ARGV[11] holds the proxy on the scope but is not bound yet
@@ -88,6 +93,23 @@ if tonumber(r.exp) <= now then
 end
 
 local url = redis.call('HGET', KEYS[2], r.proxy)
+if ARGV[9] == 'renew' then
+  -- A request of the session runs longer than part of the TTL: its proxy
+  -- stays the session's until it is over (sessionrenew.go). Nothing is
+  -- retired here: a session that is not intact is left to its next use.
+  if r.id ~= ARGV[11] or not url then return {5} end
+  local hs = held(r)
+  for _, h in ipairs(hs) do
+    if intact(base, h[1], h[2], token, r.exp) then return {5} end
+  end
+  local exp = math.max(now + ttl, tonumber(r.exp))
+  for _, h in ipairs(hs) do hold(base, h[1], r.proxy, h[2], token, exp, slots, idle) end
+  redis.call('HSET', KEYS[1], 'exp', exp)
+  track(KEYS[3], r.id, exp, idle, now, false)
+  redis.call('PEXPIRE', KEYS[1], exp - now)
+  redis.call('PEXPIRE', jar, exp - now)
+  return {4, exp}
+end
 if peek then return live(url or '', r.n, r.exp, '') end
 
 local function retire(reason, site)
