@@ -1257,3 +1257,73 @@ wait:
 	assert.Zero(t, site.Recorder().Collisions())
 	assertNoLeases(t, s, site)
 }
+
+// A fallback's write-back over a session's slot: the Switch that leased from
+// its local shard while Redis was unreachable writes its running lease of
+// the session's proxy back (fallback_writeback.lua sets the lease entry and
+// keeps the higher score, the session's). Once that lease is released the
+// slot is still the session's, whose next use goes on with its IP and
+// cookies. While it still runs, the session's next use retires it
+// (lease_lost) and the proxy comes back after that lease and the
+// retirement's hold (the lease TTL), not when the session would have
+// lapsed (10 minutes later, held by nobody).
+func TestSessionAfterFallbackWriteback(t *testing.T) {
+	ctx := context.Background()
+	var mu sync.Mutex
+	var retired []string
+	flow, site, _, s := sessionShop(t, 2, WithTimeouts(Timeouts{MaxWait: 300 * time.Millisecond, LeaseTTL: time.Second}), WithSessions(Sessions{
+		Retired: func(r SessionRetirement) { mu.Lock(); retired = append(retired, r.Task+":"+r.Reason); mu.Unlock() }}))
+	c := attached(s)
+	rdb := shared.Client(t)
+	p, err := s.sessionPool()
+	require.NoError(t, err)
+	scope := s.scopeOf(site.Host())
+	visit := func(task string, n int) error {
+		return c.Request("GET", stepURL(site, task, n), nil, NewTaskContext(task), nil)
+	}
+	require.NoError(t, visit("kept", 1))
+	member, err := rdb.HGet(ctx, p.keys.session("kept"), "s:"+scope).Result()
+	require.NoError(t, err)
+	k := p.keys
+	writeBack := func(token string, ms int64) {
+		t.Helper()
+		res, err := fallbackWritebackScript.Run(ctx, rdb, []string{k.proxies(), k.sites(), k.meta(), k.dead(), k.quarantine()},
+			k.base, s.cfg.idleTTL.Milliseconds(), s.cfg.slots, s.cfg.maxQuarantine.Milliseconds(), "lease", scope, member, token, ms).Int64Slice()
+		require.NoError(t, err)
+		require.Equal(t, []int64{0, 1}, res)
+	}
+
+	// Written back, then released: the session goes on.
+	writeBack("local-1", 2000)
+	_, err = p.releaseMember(ctx, scope, member, "local-1", "")
+	require.NoError(t, err)
+	require.NoError(t, visit("kept", 2))
+	info, err := s.Session(ctx, "kept")
+	require.NoError(t, err)
+	require.NotNil(t, info)
+	assert.Equal(t, 1, info.Generation, "the same session")
+	assert.Len(t, flow.visitor("kept").ips, 1, "the same IP")
+	assert.Equal(t, 2, flow.visitor("kept").steps)
+
+	// Written back and still running: the session retires, and its proxy
+	// is back once that lease ends.
+	ip := flow.visitor("kept").ips[0]
+	writeBack("local-2", 1000)
+	require.NoError(t, visit("kept", 3), "a new session on the other proxy")
+	assert.Len(t, flow.visitor("kept").ips, 2)
+	mu.Lock()
+	assert.Equal(t, []string{"kept:" + SessionLeaseLost}, retired)
+	mu.Unlock()
+	require.Eventually(t, func() bool { return visit("after", 1) == nil }, 10*time.Second, 50*time.Millisecond,
+		"the retired session's proxy comes back when the written-back lease ends")
+	assert.Equal(t, []string{ip}, flow.visitor("after").ips)
+	_, err = p.releaseMember(ctx, scope, member, "local-2", "") // late: it expired, and is owner-checked
+	require.NoError(t, err)
+	assert.Empty(t, flow.errors())
+	for _, task := range []string{"kept", "after"} {
+		ended, err := s.EndSession(ctx, task)
+		require.NoError(t, err)
+		assert.True(t, ended, task)
+	}
+	assertNoLeases(t, s, site)
+}
