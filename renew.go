@@ -269,6 +269,13 @@ func (p *redisPool) extendMany(ctx context.Context, ls []*Lease, ttl time.Durati
 // until ctx ends, and its error, if leases could not be released, is one
 // line counting them and naming why, wrapping the cause (ErrRedis, ctx's
 // error). It is safe for concurrent use.
+//
+// Sticky sessions are not the Switch's leases: Close does not end them. A
+// session stays live, its proxy held on every site it visited, until it
+// lapses (Sessions.TTL after its last request, 10 minutes by default;
+// Close stops renewing those with requests still under way), for this
+// process and every other. End each with EndSession before Close to free
+// their proxies at once.
 func (s *Switch) Close(ctx context.Context) error {
 	r := &s.renew
 	r.mu.Lock()

@@ -82,10 +82,15 @@ import (
 // the 2 seconds the Switch trusts its copy of the labels) is retired with
 // SessionLabels, and the request starts a new one on a matching proxy.
 
-// TaskKey is the colly.Context key naming a request's task: 1 to 256 bytes
-// of printable UTF-8. Requests without a task lease a proxy each. A task's
-// requests share its session's proxy, also those in flight at once: send
-// them one after another where a site must not see two at once from one IP.
+// TaskKey is the colly.Context key naming a request's task: a string of 1
+// to 256 bytes of printable UTF-8 (unicode.IsPrint: no control, format or
+// invisible characters, no space but ASCII's). Requests whose context has
+// no TaskKey lease a proxy each. Any other value (an empty string, an int,
+// a []byte) fails the request with ErrInvalidTask (wrapped in ErrNoProxy)
+// rather than send it through any proxy with the collector's cookies. A
+// task's requests share its session's proxy, also those in flight at once:
+// send them one after another where a site must not see two at once from
+// one IP.
 const TaskKey = "proxyswitch.task"
 
 // SessionKey is the colly.Context key where each request of a task leaves
@@ -123,13 +128,25 @@ func NewTaskContext(task string) *colly.Context {
 	return ctx
 }
 
-// taskOfCtx returns the task ctx names, or "" for none (ctx may be nil).
-func taskOfCtx(ctx *colly.Context) string {
+// taskOfCtx returns the task ctx names, or "" for none (ctx nil, or no
+// TaskKey in it). A TaskKey value that is not a non-empty string is an
+// error wrapping ErrInvalidTask: a request meant to be sticky must not go
+// out as one of no task.
+func taskOfCtx(ctx *colly.Context) (string, error) {
 	if ctx == nil {
-		return ""
+		return "", nil
 	}
-	task, _ := ctx.GetAny(TaskKey).(string)
-	return task
+	switch v := ctx.GetAny(TaskKey).(type) {
+	case nil:
+		return "", nil
+	case string:
+		if v == "" {
+			return "", fmt.Errorf("%w: TaskKey holds an empty task ID (leave TaskKey out of the context for no task)", ErrInvalidTask)
+		}
+		return v, nil
+	default:
+		return "", fmt.Errorf("%w: TaskKey holds a %T, not a string", ErrInvalidTask, v)
+	}
 }
 
 // SessionOf returns the session the latest request of ctx's task in this
@@ -178,7 +195,7 @@ type sessionConfig struct {
 	maxAge      time.Duration
 	pool        string // Sessions.Pool; "" for the Switch's own pool
 	retired     func(SessionRetirement)
-	taskFunc    func(*colly.Request) string
+	taskFunc    func(*colly.Request) string // nil: TaskKey in the request's context (taskOfCtx)
 
 	maxErrors, errorDecay float64 // Sessions.MaxErrorScore, ErrorDecay (sessionscore.go)
 }
@@ -249,9 +266,6 @@ func (sc *sessionConfig) validate(c *config) error {
 	}
 	if sc.ttl == 0 {
 		sc.ttl = min(DefaultSessionTTL, c.idleTTL)
-	}
-	if sc.taskFunc == nil {
-		sc.taskFunc = func(r *colly.Request) string { return taskOfCtx(r.Ctx) }
 	}
 	if err := sc.validateErrorScore(); err != nil {
 		return err
@@ -361,6 +375,31 @@ func (s *Switch) LiveSessions(ctx context.Context) (int, error) {
 	return int(n), nil
 }
 
+// sessionsHint is what a wait for a proxy of pool that ran out adds to its
+// error when live sticky sessions of pool hold proxies (until they lapse, or
+// EndSession ends them): "" when none do, or when they could not be counted
+// within a short bound (the error goes out anyway).
+func (s *Switch) sessionsHint(ctx context.Context, pool string) string {
+	sb, err := s.sessionBackend()
+	if err != nil {
+		return ""
+	}
+	ss, err := sb.broker() // not while a fallback leases from its local shard
+	if err != nil || ss == nil || ss.name != pool {
+		return ""
+	}
+	ctx, cancel := context.WithTimeout(ctx, min(s.cfg.redisTimeout, 250*time.Millisecond))
+	defer cancel()
+	n, err := sessionCountScript.Run(ctx, ss.rdb, []string{ss.keys.liveSessions()}).Int64()
+	switch {
+	case err != nil || n <= 0:
+		return ""
+	case n == 1:
+		return "; 1 live sticky session holds its proxy until it lapses (Sessions.TTL after its last request) or EndSession ends it"
+	}
+	return fmt.Sprintf("; %d live sticky sessions hold their proxies until they lapse (Sessions.TTL after their last request) or EndSession ends them", n)
+}
+
 // EndSession ends the live session of task (its proxy is freed, its cookies
 // deleted) and reports whether there was one. It also deletes a corrupt
 // session record. It is safe for concurrent use.
@@ -376,7 +415,8 @@ func (s *Switch) EndSession(ctx context.Context, task string) (bool, error) {
 	return ended, err
 }
 
-// checkTask validates a task ID: 1 to 256 bytes of printable UTF-8.
+// checkTask validates a task ID: 1 to 256 bytes of printable UTF-8
+// (unicode.IsPrint).
 func checkTask(task string) error {
 	switch {
 	case task == "":
@@ -385,8 +425,8 @@ func checkTask(task string) error {
 		return fmt.Errorf("%w: task ID of %d bytes (at most %d)", ErrInvalidTask, len(task), maxTaskLen)
 	case !utf8.ValidString(task):
 		return fmt.Errorf("%w: task ID is not valid UTF-8", ErrInvalidTask)
-	case strings.ContainsFunc(task, unicode.IsControl):
-		return fmt.Errorf("%w: task ID %q contains control characters", ErrInvalidTask, task)
+	case strings.ContainsFunc(task, func(r rune) bool { return !unicode.IsPrint(r) }):
+		return fmt.Errorf("%w: task ID %q contains characters that are not printable (control, format or invisible ones, or a space other than ASCII's)", ErrInvalidTask, task)
 	}
 	return nil
 }
@@ -441,6 +481,9 @@ func (s *Switch) taskOf(r *colly.Request) (task string, err error) {
 			task, err = "", fmt.Errorf("%w: the task function panicked: %v", ErrInvalidTask, p)
 		}
 	}()
+	if s.cfg.session.taskFunc == nil {
+		return taskOfCtx(r.Ctx)
+	}
 	return s.cfg.session.taskFunc(r), nil
 }
 

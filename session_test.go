@@ -433,9 +433,12 @@ func TestSessionBadInput(t *testing.T) {
 		return c.Request("GET", stepURL(site, "probe", 1), nil, cctx, nil)
 	}
 	for name, task := range map[string]string{
-		"huge":      strings.Repeat("x", 300),
-		"control":   "cart\n42",
-		"not utf-8": "cart\xff",
+		"huge":        strings.Repeat("x", 300),
+		"control":     "cart\n42",
+		"not utf-8":   "cart\xff",
+		"empty":       "",
+		"zero width":  "cart\u200b42",
+		"no-break sp": "cart\u00a042",
 	} {
 		err := visit(task)
 		assert.ErrorIs(t, err, ErrInvalidTask, name)
@@ -444,17 +447,28 @@ func TestSessionBadInput(t *testing.T) {
 	assert.Empty(t, flow.visitor("probe").ips, "no request with a bad task left")
 	assert.NotContains(t, visit(strings.Repeat("y", 300)).Error(), "yyyy", "a huge task ID is not echoed")
 
-	// An empty task is no task: a lease per request, no session.
-	require.NoError(t, visit(""))
-	assert.Len(t, flow.visitor("probe").ips, 1)
-	info, err := s.Session(ctx, "probe")
+	// A TaskKey of another type fails too, rather than go out as a request
+	// of no task (through any proxy, with the collector's cookies); a
+	// context without TaskKey is no task.
+	for _, v := range []any{42, []byte("cart"), 'c'} {
+		cctx := colly.NewContext()
+		cctx.Put(TaskKey, v)
+		err := c.Request("GET", stepURL(site, "probe", 1), nil, cctx, nil)
+		assert.ErrorIs(t, err, ErrInvalidTask, "%T", v)
+		assert.ErrorIs(t, err, ErrNoProxy, "%T", v)
+		assert.Contains(t, err.Error(), fmt.Sprintf("%T", v))
+	}
+	assert.Empty(t, flow.visitor("probe").ips, "no request with a bad task left")
+	require.NoError(t, c.Request("GET", site.URL()+"/hello?task=none", nil, colly.NewContext(), nil))
+	require.NoError(t, visit("корзина 42 ✓"), "printable UTF-8 and ASCII spaces")
+	info, err := s.Session(ctx, "корзина 42 ✓")
 	require.NoError(t, err)
-	assert.Nil(t, info)
+	assert.NotNil(t, info)
+	ended, err := s.EndSession(ctx, "корзина 42 ✓")
+	require.NoError(t, err)
+	require.True(t, ended)
 
-	// A task value of another type, or a task function that panics.
-	cctx := colly.NewContext()
-	cctx.Put(TaskKey, 42)
-	require.NoError(t, c.Request("GET", site.URL()+"/hello?task=int", nil, cctx, nil), "not a string: no task")
+	// A task function that panics fails the request.
 	ps := newSwitch(t, shared.Client(t), WithTaskFunc(func(*colly.Request) string { panic("boom") }))
 	pc := attached(ps)
 	err = pc.Visit(site.URL() + "/hello?task=panic")
@@ -513,7 +527,7 @@ func TestSessionBadInput(t *testing.T) {
 		_, err = s.EndSession(ctx, task)
 		require.NoError(t, err)
 	}
-	ended, err := s.EndSession(ctx, "never-seen")
+	ended, err = s.EndSession(ctx, "never-seen")
 	require.NoError(t, err)
 	assert.False(t, ended)
 }
@@ -630,8 +644,10 @@ func TestSessionHoldsEverySlot(t *testing.T) {
 	assert.NotEqual(t, flow.visitor("first").ips, flow.visitor("second").ips)
 	err := c.Request("GET", stepURL(site, "third", 1), nil, NewTaskContext("third"), nil)
 	assert.ErrorIs(t, err, ErrNoProxy, "two proxies, two sessions: none left, whatever the concurrency")
+	assert.ErrorContains(t, err, "2 live sticky sessions hold their proxies", "the error says who holds them")
 	err = c.Visit(site.URL() + "/bulk")
 	assert.ErrorIs(t, err, ErrNoProxy, "nor for a request of no task")
+	assert.ErrorContains(t, err, "EndSession ends them")
 	st, err := s.Stats(ctx, site.Host())
 	require.NoError(t, err)
 	assert.Equal(t, 2, st.Leased)

@@ -452,7 +452,7 @@ func (p *redisPool) sessionLease(ctx context.Context, site, scope, token, only s
 					continue
 				}
 			}
-			return "", 0, fmt.Errorf("%w: %w: pool %q has no proxies", ErrNoProxy, ErrEmptyPool, c.pool)
+			return "", 0, fmt.Errorf("%w: %w: pool %q has no proxies", ErrNoProxy, ErrEmptyPool, p.name)
 		case st == -2:
 			return "", 0, errProxyGone
 		case st == -3 && len(res) == 3: // the site's circuit breaker holds it (breaker.go)
@@ -481,11 +481,13 @@ func (p *redisPool) sessionLease(ctx context.Context, site, scope, token, only s
 		left := time.Until(deadline)
 		d := min(waitHint(wait), backoff, left)
 		if left <= 0 || (firm == 1 && waitHint(wait) > left) {
-			what := "every proxy of pool " + strconv.Quote(c.pool) + " stayed busy or quarantined"
+			what, hint := "every proxy of pool "+strconv.Quote(p.name)+" stayed busy or quarantined", ""
 			if only != "" {
 				what = "the session's proxy is held by another session or quarantined"
+			} else {
+				hint = p.sw.sessionsHint(ctx, p.name)
 			}
-			return "", 0, fmt.Errorf("%w: %s on site %s past the %v wait%s", ErrNoProxy, what, site, c.maxWait, nextFree(min(time.Duration(wait)*time.Millisecond, maxWaitHint)))
+			return "", 0, fmt.Errorf("%w: %s on site %s past the %v wait%s%s", ErrNoProxy, what, site, c.maxWait, nextFree(min(time.Duration(wait)*time.Millisecond, maxWaitHint)), hint)
 		}
 		backoff = min(2*backoff, c.backoffMax)
 		if !pause(ctx, d) {
@@ -575,7 +577,7 @@ func (p *redisPool) sessionLeaseLabelled(ctx context.Context, site, scope, token
 			case st == -1 && len(res) == 3:
 				lost = p.emptyReply(res)
 				if !lost {
-					return "", 0, fmt.Errorf("%w: %w: pool %q has no proxies", ErrNoProxy, ErrEmptyPool, c.pool)
+					return "", 0, fmt.Errorf("%w: %w: pool %q has no proxies", ErrNoProxy, ErrEmptyPool, p.name)
 				}
 			case st == -2: // dead, or gone since the copy of the labels was read
 				continue
@@ -607,7 +609,7 @@ func (p *redisPool) sessionLeaseLabelled(ctx context.Context, site, scope, token
 		}
 		if lost {
 			if reseeded {
-				return "", 0, fmt.Errorf("%w: %w: pool %q has no proxies", ErrNoProxy, ErrEmptyPool, c.pool)
+				return "", 0, fmt.Errorf("%w: %w: pool %q has no proxies", ErrNoProxy, ErrEmptyPool, p.name)
 			}
 			reseeded = true
 			again, rerr := p.recoverLost(ctx)
@@ -615,7 +617,7 @@ func (p *redisPool) sessionLeaseLabelled(ctx context.Context, site, scope, token
 				return "", 0, fmt.Errorf("%w: %w", ErrNoProxy, rerr)
 			}
 			if !again {
-				return "", 0, fmt.Errorf("%w: %w: pool %q has no proxies", ErrNoProxy, ErrEmptyPool, c.pool)
+				return "", 0, fmt.Errorf("%w: %w: pool %q has no proxies", ErrNoProxy, ErrEmptyPool, p.name)
 			}
 			if _, err := p.labelsOf(ctx, true); err != nil {
 				return "", 0, fmt.Errorf("%w: %w", ErrNoProxy, err)
@@ -635,8 +637,8 @@ func (p *redisPool) sessionLeaseLabelled(ctx context.Context, site, scope, token
 		left := time.Until(deadline)
 		d := min(waitHint(wait), backoff, left)
 		if left <= 0 {
-			return "", 0, fmt.Errorf("%w: every proxy of pool %q carrying the labels %s stayed busy or quarantined on site %s past the %v wait%s",
-				ErrNoProxy, c.pool, strings.Join(want, ","), site, c.maxWait, nextFree(min(time.Duration(wait)*time.Millisecond, maxWaitHint)))
+			return "", 0, fmt.Errorf("%w: every proxy of pool %q carrying the labels %s stayed busy or quarantined on site %s past the %v wait%s%s",
+				ErrNoProxy, p.name, strings.Join(want, ","), site, c.maxWait, nextFree(min(time.Duration(wait)*time.Millisecond, maxWaitHint)), p.sw.sessionsHint(ctx, p.name))
 		}
 		backoff = min(2*backoff, c.backoffMax)
 		if !pause(ctx, d) {
