@@ -145,7 +145,7 @@ func taskOfCtx(ctx *colly.Context) (string, error) {
 		}
 		return v, nil
 	default:
-		return "", fmt.Errorf("%w: TaskKey holds a %T, not a string", ErrInvalidTask, v)
+		return "", fmt.Errorf("%w: TaskKey holds a value of type %T, not a string", ErrInvalidTask, v)
 	}
 }
 
