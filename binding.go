@@ -47,6 +47,8 @@ type binding struct {
 	task    *taskState       // the request's task, for its sticky session (session.go); nil for none
 	coll    *colly.Collector // the collector the hooks saw it on (its MaxBodySize); nil without hooks
 	waitBy  time.Time        // the hop's wait for a proxy ends by then (leaseEarly); zero: MaxWait alone
+	sessKey sessionHoldKey   // the session the request goes through, renewed while it runs (sessionrenew.go)
+	sessEnd func()           // ends that renewal for this request; nil for none
 
 	refusals []refusal     // the bans met, for the page-or-IP judgment (ban.go)
 	blocked  *BlockedError // the latest ban or failure retried: named by a later ErrNoProxy
@@ -249,6 +251,14 @@ func (r *registry) take(h http.Header) *binding {
 	return b
 }
 
+// takeSessionHold returns, and forgets, the end of the renewal of the
+// session b's request goes through (nil for none). b.mu is held.
+func (b *binding) takeSessionHold() func() {
+	f := b.sessEnd
+	b.sessEnd, b.sessKey = nil, sessionHoldKey{}
+	return f
+}
+
 // drop removes b and its aliases if they are still registered.
 func (r *registry) drop(b *binding) {
 	r.mu.Lock()
@@ -307,7 +317,11 @@ func (r *registry) forget(stale func(*binding) bool) []*Lease {
 			b.lease = nil
 		}
 		b.done = true
+		held := b.takeSessionHold()
 		b.mu.Unlock()
+		if held != nil {
+			held()
+		}
 	}
 	return leases
 }

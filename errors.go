@@ -43,7 +43,8 @@ var (
 	ErrNotInPool = errors.New("proxyswitch: proxy not in the pool")
 
 	// ErrInvalidTask: a task ID is empty, over 256 bytes, not UTF-8 or has
-	// control characters; its request fails before any lease.
+	// characters that are not printable (unicode.IsPrint), or TaskKey holds
+	// something other than a string; its request fails before any lease.
 	ErrInvalidTask = errors.New("proxyswitch: invalid task ID")
 
 	// ErrBanned: the site banned every proxy tried (a *BlockedError).

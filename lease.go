@@ -177,7 +177,7 @@ func (s *Switch) acquireBy(ctx context.Context, site, prefer string, renew bool,
 		}
 		left := time.Until(deadline)
 		if left <= 0 {
-			return nil, fmt.Errorf("%w: every proxy of pool %q stayed busy or quarantined for site %s for %v%s", ErrNoProxy, be.pool(), scope, s.cfg.maxWait, nextFree(next))
+			return nil, fmt.Errorf("%w: every proxy of pool %q stayed busy or quarantined for site %s for %v%s%s", ErrNoProxy, be.pool(), scope, s.cfg.maxWait, nextFree(next), s.sessionsHint(ctx, be.pool()))
 		}
 		d := min(wait, backoff, left)
 		if !by.IsZero() {

@@ -42,6 +42,8 @@ type Switch struct {
 	fb    *fallback // WithFallback or WithSharding (fallback.go); nil without
 	sess  sessions  // the backend sessions lease from (session.go)
 
+	sessHolds sessionHolds // the sessions with requests under way, renewed while they run (sessionrenew.go)
+
 	reg          registry
 	bans         banCounters
 	parsed       sync.Map // proxy URL as stored -> *Proxy
@@ -309,7 +311,11 @@ func (s *Switch) endBinding(b *binding) *Proxy {
 	b.mu.Lock()
 	l, p := b.lease, b.proxy
 	b.lease, b.done = nil, true
+	held := b.takeSessionHold()
 	b.mu.Unlock()
+	if held != nil {
+		held() // its session is renewed no more for it (sessionrenew.go)
+	}
 	if l != nil {
 		s.releaseQuietly(l)
 	}

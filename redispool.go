@@ -34,6 +34,7 @@ type redisPool struct {
 	scopeKeys scopeKeyCache                   // the lease and release keys of each scope, built once
 	snap      snapState                       // the copy of the pool, to re-seed a Redis that lost it (snapshot.go)
 	labelIdx  labelCache                      // the labels of its proxies, for labelled leases (labels.go)
+	flights   sessionFlights                  // the session starts and extensions under way (sessionlease.go)
 	flakyMs   int64                           // the flaky delay in ms,
 	flakyArg  any                             // and boxed once, for pool_call.lua (poolcall.go)
 }

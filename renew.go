@@ -32,9 +32,10 @@ import (
 //     it, so its TTL bounds it;
 //   - sticky sessions' leases: they are not leases of one request but of
 //     the session, which holds its proxy until Sessions.TTL (10 minutes)
-//     after its last request, renewed by each request's use. A single
-//     request longer than the session TTL is the one case they do not
-//     cover: keep the session TTL above the request timeout.
+//     after its last request, renewed by each request's use, and, while
+//     one of its requests runs, every quarter of the session TTL by a
+//     timer of its own (sessionrenew.go): a request longer than the
+//     session TTL keeps its proxy too.
 //
 // Leases from the fallback's local shard are renewed too, in memory (and
 // their record in Redis once the fallback handed them over).
@@ -268,6 +269,13 @@ func (p *redisPool) extendMany(ctx context.Context, ls []*Lease, ttl time.Durati
 // until ctx ends, and its error, if leases could not be released, is one
 // line counting them and naming why, wrapping the cause (ErrRedis, ctx's
 // error). It is safe for concurrent use.
+//
+// Sticky sessions are not the Switch's leases: Close does not end them. A
+// session stays live, its proxy held on every site it visited, until it
+// lapses (Sessions.TTL after its last request, 10 minutes by default;
+// Close stops renewing those with requests still under way), for this
+// process and every other. End each with EndSession before Close to free
+// their proxies at once.
 func (s *Switch) Close(ctx context.Context) error {
 	r := &s.renew
 	r.mu.Lock()

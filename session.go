@@ -44,6 +44,16 @@ import (
 // to another site leases the same proxy there (lease.lua's preferred proxy,
 // nothing else) and waits for it like any lease.
 //
+// Requests of a task at once. Several requests of one task may find no
+// session (or none on their site) at the same moment. In one process they
+// coalesce (sessionFlights): one starts (or extends) the session, the others
+// wait for it, then use it. Across processes, a request waiting for a proxy
+// to start the session (or for the session's proxy on a new site) looks at
+// the task's record at each round of its wait (session_use.lua's "join") and
+// joins the session a sibling request started, rather than wait out MaxWait
+// for a proxy of its own; a slot held by the session's own lease, which a
+// sibling is binding, is waited for, never taken for another session's.
+//
 // Cookies. http.CookieJar sees only URLs, so the collector's jar cannot
 // tell tasks apart. For a request of a task the transport sets the Cookie
 // header itself (the cookies the request carried before the collector's jar
@@ -72,10 +82,15 @@ import (
 // the 2 seconds the Switch trusts its copy of the labels) is retired with
 // SessionLabels, and the request starts a new one on a matching proxy.
 
-// TaskKey is the colly.Context key naming a request's task: 1 to 256 bytes
-// of printable UTF-8. Requests without a task lease a proxy each. A task's
-// requests share its session's proxy, also those in flight at once: send
-// them one after another where a site must not see two at once from one IP.
+// TaskKey is the colly.Context key naming a request's task: a string of 1
+// to 256 bytes of printable UTF-8 (unicode.IsPrint: no control, format or
+// invisible characters, no space but ASCII's). Requests whose context has
+// no TaskKey lease a proxy each. Any other value (an empty string, an int,
+// a []byte) fails the request with ErrInvalidTask (wrapped in ErrNoProxy)
+// rather than send it through any proxy with the collector's cookies. A
+// task's requests share its session's proxy, also those in flight at once:
+// send them one after another where a site must not see two at once from
+// one IP.
 const TaskKey = "proxyswitch.task"
 
 // SessionKey is the colly.Context key where each request of a task leaves
@@ -113,13 +128,25 @@ func NewTaskContext(task string) *colly.Context {
 	return ctx
 }
 
-// taskOfCtx returns the task ctx names, or "" for none (ctx may be nil).
-func taskOfCtx(ctx *colly.Context) string {
+// taskOfCtx returns the task ctx names, or "" for none (ctx nil, or no
+// TaskKey in it). A TaskKey value that is not a non-empty string is an
+// error wrapping ErrInvalidTask: a request meant to be sticky must not go
+// out as one of no task.
+func taskOfCtx(ctx *colly.Context) (string, error) {
 	if ctx == nil {
-		return ""
+		return "", nil
 	}
-	task, _ := ctx.GetAny(TaskKey).(string)
-	return task
+	switch v := ctx.GetAny(TaskKey).(type) {
+	case nil:
+		return "", nil
+	case string:
+		if v == "" {
+			return "", fmt.Errorf("%w: TaskKey holds an empty task ID (leave TaskKey out of the context for no task)", ErrInvalidTask)
+		}
+		return v, nil
+	default:
+		return "", fmt.Errorf("%w: TaskKey holds a value of type %T, not a string", ErrInvalidTask, v)
+	}
 }
 
 // SessionOf returns the session the latest request of ctx's task in this
@@ -168,7 +195,7 @@ type sessionConfig struct {
 	maxAge      time.Duration
 	pool        string // Sessions.Pool; "" for the Switch's own pool
 	retired     func(SessionRetirement)
-	taskFunc    func(*colly.Request) string
+	taskFunc    func(*colly.Request) string // nil: TaskKey in the request's context (taskOfCtx)
 
 	maxErrors, errorDecay float64 // Sessions.MaxErrorScore, ErrorDecay (sessionscore.go)
 }
@@ -179,8 +206,10 @@ type sessionConfig struct {
 // field keeps the default; Off sets a numeric field to zero.
 type Sessions struct {
 	// TTL is how long a session lives after its last request, its proxy
-	// serving no one else on its sites; keep it above the request timeout
-	// and within the idle TTL. The default is 10 minutes.
+	// serving no one else on its sites; within the idle TTL. While one of
+	// its requests runs the session is renewed (every quarter of the TTL),
+	// so a request longer than the TTL keeps the proxy to its session. The
+	// default is 10 minutes.
 	TTL time.Duration
 
 	// MaxRequests retires a session once it has sent that many requests
@@ -237,9 +266,6 @@ func (sc *sessionConfig) validate(c *config) error {
 	}
 	if sc.ttl == 0 {
 		sc.ttl = min(DefaultSessionTTL, c.idleTTL)
-	}
-	if sc.taskFunc == nil {
-		sc.taskFunc = func(r *colly.Request) string { return taskOfCtx(r.Ctx) }
 	}
 	if err := sc.validateErrorScore(); err != nil {
 		return err
@@ -349,6 +375,31 @@ func (s *Switch) LiveSessions(ctx context.Context) (int, error) {
 	return int(n), nil
 }
 
+// sessionsHint is what a wait for a proxy of pool that ran out adds to its
+// error when live sticky sessions of pool hold proxies (until they lapse, or
+// EndSession ends them): "" when none do, or when they could not be counted
+// within a short bound (the error goes out anyway).
+func (s *Switch) sessionsHint(ctx context.Context, pool string) string {
+	sb, err := s.sessionBackend()
+	if err != nil {
+		return ""
+	}
+	ss, err := sb.broker() // not while a fallback leases from its local shard
+	if err != nil || ss == nil || ss.name != pool {
+		return ""
+	}
+	ctx, cancel := context.WithTimeout(ctx, min(s.cfg.redisTimeout, 250*time.Millisecond))
+	defer cancel()
+	n, err := sessionCountScript.Run(ctx, ss.rdb, []string{ss.keys.liveSessions()}).Int64()
+	switch {
+	case err != nil || n <= 0:
+		return ""
+	case n == 1:
+		return "; 1 live sticky session holds its proxy until it lapses (Sessions.TTL after its last request) or EndSession ends it"
+	}
+	return fmt.Sprintf("; %d live sticky sessions hold their proxies until they lapse (Sessions.TTL after their last request) or EndSession ends them", n)
+}
+
 // EndSession ends the live session of task (its proxy is freed, its cookies
 // deleted) and reports whether there was one. It also deletes a corrupt
 // session record. It is safe for concurrent use.
@@ -364,7 +415,8 @@ func (s *Switch) EndSession(ctx context.Context, task string) (bool, error) {
 	return ended, err
 }
 
-// checkTask validates a task ID: 1 to 256 bytes of printable UTF-8.
+// checkTask validates a task ID: 1 to 256 bytes of printable UTF-8
+// (unicode.IsPrint).
 func checkTask(task string) error {
 	switch {
 	case task == "":
@@ -373,8 +425,8 @@ func checkTask(task string) error {
 		return fmt.Errorf("%w: task ID of %d bytes (at most %d)", ErrInvalidTask, len(task), maxTaskLen)
 	case !utf8.ValidString(task):
 		return fmt.Errorf("%w: task ID is not valid UTF-8", ErrInvalidTask)
-	case strings.ContainsFunc(task, unicode.IsControl):
-		return fmt.Errorf("%w: task ID %q contains control characters", ErrInvalidTask, task)
+	case strings.ContainsFunc(task, func(r rune) bool { return !unicode.IsPrint(r) }):
+		return fmt.Errorf("%w: task ID %q contains characters that are not printable (control, format or invisible ones, or a space other than ASCII's)", ErrInvalidTask, task)
 	}
 	return nil
 }
@@ -429,6 +481,9 @@ func (s *Switch) taskOf(r *colly.Request) (task string, err error) {
 			task, err = "", fmt.Errorf("%w: the task function panicked: %v", ErrInvalidTask, p)
 		}
 	}()
+	if s.cfg.session.taskFunc == nil {
+		return taskOfCtx(r.Ctx)
+	}
 	return s.cfg.session.taskFunc(r), nil
 }
 
@@ -514,9 +569,20 @@ func (s *Switch) sessionAttempt(req *http.Request, a *attempt) (*sessionUse, err
 		return nil, err
 	}
 	cur.lease.be = sb // its quarantine goes where its pool's do
+	k := sessionHoldKey{p: ss, task: ts.task, id: cur.info.ID}
+	var ended func()
 	b.mu.Lock()
 	b.lease, b.proxy = cur.lease, cur.lease.proxy
+	if !b.done && (b.sessEnd == nil || b.sessKey != k) {
+		// The session is renewed while the request runs (sessionrenew.go);
+		// a retry through a new session moves the renewal to it.
+		ended = b.takeSessionHold()
+		b.sessKey, b.sessEnd = k, s.holdSession(k)
+	}
 	b.mu.Unlock()
+	if ended != nil {
+		ended()
+	}
 
 	h := req.Header.Clone()
 	applyIdentity(h, identity) // the session's client identity (WithClient, client.go)

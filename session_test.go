@@ -433,9 +433,12 @@ func TestSessionBadInput(t *testing.T) {
 		return c.Request("GET", stepURL(site, "probe", 1), nil, cctx, nil)
 	}
 	for name, task := range map[string]string{
-		"huge":      strings.Repeat("x", 300),
-		"control":   "cart\n42",
-		"not utf-8": "cart\xff",
+		"huge":        strings.Repeat("x", 300),
+		"control":     "cart\n42",
+		"not utf-8":   "cart\xff",
+		"empty":       "",
+		"zero width":  "cart\u200b42",
+		"no-break sp": "cart\u00a042",
 	} {
 		err := visit(task)
 		assert.ErrorIs(t, err, ErrInvalidTask, name)
@@ -444,17 +447,28 @@ func TestSessionBadInput(t *testing.T) {
 	assert.Empty(t, flow.visitor("probe").ips, "no request with a bad task left")
 	assert.NotContains(t, visit(strings.Repeat("y", 300)).Error(), "yyyy", "a huge task ID is not echoed")
 
-	// An empty task is no task: a lease per request, no session.
-	require.NoError(t, visit(""))
-	assert.Len(t, flow.visitor("probe").ips, 1)
-	info, err := s.Session(ctx, "probe")
+	// A TaskKey of another type fails too, rather than go out as a request
+	// of no task (through any proxy, with the collector's cookies); a
+	// context without TaskKey is no task.
+	for _, v := range []any{42, []byte("cart"), 'c'} {
+		cctx := colly.NewContext()
+		cctx.Put(TaskKey, v)
+		err := c.Request("GET", stepURL(site, "probe", 1), nil, cctx, nil)
+		assert.ErrorIs(t, err, ErrInvalidTask, "%T", v)
+		assert.ErrorIs(t, err, ErrNoProxy, "%T", v)
+		assert.Contains(t, err.Error(), fmt.Sprintf("%T", v))
+	}
+	assert.Empty(t, flow.visitor("probe").ips, "no request with a bad task left")
+	require.NoError(t, c.Request("GET", site.URL()+"/hello?task=none", nil, colly.NewContext(), nil))
+	require.NoError(t, visit("корзина 42 ✓"), "printable UTF-8 and ASCII spaces")
+	info, err := s.Session(ctx, "корзина 42 ✓")
 	require.NoError(t, err)
-	assert.Nil(t, info)
+	assert.NotNil(t, info)
+	ended, err := s.EndSession(ctx, "корзина 42 ✓")
+	require.NoError(t, err)
+	require.True(t, ended)
 
-	// A task value of another type, or a task function that panics.
-	cctx := colly.NewContext()
-	cctx.Put(TaskKey, 42)
-	require.NoError(t, c.Request("GET", site.URL()+"/hello?task=int", nil, cctx, nil), "not a string: no task")
+	// A task function that panics fails the request.
 	ps := newSwitch(t, shared.Client(t), WithTaskFunc(func(*colly.Request) string { panic("boom") }))
 	pc := attached(ps)
 	err = pc.Visit(site.URL() + "/hello?task=panic")
@@ -513,7 +527,7 @@ func TestSessionBadInput(t *testing.T) {
 		_, err = s.EndSession(ctx, task)
 		require.NoError(t, err)
 	}
-	ended, err := s.EndSession(ctx, "never-seen")
+	ended, err = s.EndSession(ctx, "never-seen")
 	require.NoError(t, err)
 	assert.False(t, ended)
 }
@@ -630,8 +644,10 @@ func TestSessionHoldsEverySlot(t *testing.T) {
 	assert.NotEqual(t, flow.visitor("first").ips, flow.visitor("second").ips)
 	err := c.Request("GET", stepURL(site, "third", 1), nil, NewTaskContext("third"), nil)
 	assert.ErrorIs(t, err, ErrNoProxy, "two proxies, two sessions: none left, whatever the concurrency")
+	assert.ErrorContains(t, err, "2 live sticky sessions hold their proxies", "the error says who holds them")
 	err = c.Visit(site.URL() + "/bulk")
 	assert.ErrorIs(t, err, ErrNoProxy, "nor for a request of no task")
+	assert.ErrorContains(t, err, "EndSession ends them")
 	st, err := s.Stats(ctx, site.Host())
 	require.NoError(t, err)
 	assert.Equal(t, 2, st.Leased)
@@ -1071,4 +1087,259 @@ func TestSessionHonoursLabels(t *testing.T) {
 	assert.Less(t, time.Since(start), time.Second)
 	assert.Empty(t, flow.visitor("c").ips)
 	assert.Empty(t, flow.errors())
+}
+
+// asyncTaskCollector returns an async collector attached to s that sends up
+// to 8 requests at once and counts its answers and errors.
+func asyncTaskCollector(t *testing.T, s *Switch, ok *atomic.Int64, mu *sync.Mutex, errs *[]error) *colly.Collector {
+	t.Helper()
+	c := colly.NewCollector(colly.Async(true), colly.AllowURLRevisit())
+	require.NoError(t, c.Limit(&colly.LimitRule{DomainGlob: "*", Parallelism: 8}))
+	s.Attach(c)
+	c.SetRequestTimeout(30 * time.Second)
+	c.OnResponse(func(*colly.Response) { ok.Add(1) })
+	c.OnError(func(r *colly.Response, err error) {
+		mu.Lock()
+		*errs = append(*errs, fmt.Errorf("%s: %w", r.Request.URL, err))
+		mu.Unlock()
+	})
+	return c
+}
+
+// A task's first requests sent at once, with one proxy left: one request
+// starts the session, the others join it and leave from its IP. In one
+// process they wait for the one starting it; in another process they see
+// the session appear while they wait for a proxy. Before, those that lost
+// the race to start it waited out MaxWait for a proxy of their own, and
+// failed.
+func TestSessionConcurrentStartOneProxyLeft(t *testing.T) {
+	ctx := context.Background()
+	flow, site, _, s := sessionShop(t, 3, WithTimeouts(Timeouts{MaxWait: 3 * time.Second}))
+	other := sibling(t, s, shared.Client(t))
+	require.NoError(t, attached(s).Request("GET", site.URL()+"/hello?task=holder", nil, NewTaskContext("holder"), nil))
+
+	for _, tc := range []struct {
+		task string
+		sws  []*Switch
+		per  int // requests at once per Switch
+	}{
+		{"solo", []*Switch{s}, 6},       // one process
+		{"duo", []*Switch{s, other}, 4}, // two processes
+	} {
+		var ok atomic.Int64
+		var mu sync.Mutex
+		var errs []error
+		var cs []*colly.Collector
+		for _, sw := range tc.sws {
+			c := asyncTaskCollector(t, sw, &ok, &mu, &errs)
+			tctx := NewTaskContext(tc.task) // a context per process
+			for i := range tc.per {
+				require.NoError(t, c.Request("GET", fmt.Sprintf("%s/hello?task=%s&i=%d", site.URL(), tc.task, i), nil, tctx, nil))
+			}
+			cs = append(cs, c)
+		}
+		for _, c := range cs {
+			c.Wait()
+		}
+		assert.Empty(t, errs, tc.task)
+		assert.Equal(t, int64(tc.per*len(tc.sws)), ok.Load(), tc.task)
+		assert.Len(t, flow.visitor(tc.task).ips, 1, "%s: every request from its session's IP", tc.task)
+	}
+	flow.mu.Lock()
+	for ip, byIP := range flow.ips {
+		assert.Len(t, byIP.tasks, 1, "IP %s served several tasks", ip)
+	}
+	flow.mu.Unlock()
+	assert.Empty(t, flow.errors())
+	st, err := s.Stats(ctx, site.Host())
+	require.NoError(t, err)
+	assert.Equal(t, 3, st.Leased, "one lease per session, none left by the requests that joined")
+	n, err := s.LiveSessions(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, 3, n)
+	for _, task := range []string{"holder", "solo", "duo"} {
+		ended, err := s.EndSession(ctx, task)
+		require.NoError(t, err)
+		assert.True(t, ended, task)
+	}
+	assertNoLeases(t, s, site)
+	assertNoLeases(t, other, site)
+}
+
+// A live session's requests reaching a new site at once, from one process
+// and from two: they share the session's lease there (exclusivity holds
+// between tasks, not within one) rather than take the session's own lease
+// for another session's and give up at once.
+func TestSessionConcurrentNewSite(t *testing.T) {
+	ctx := context.Background()
+	flowB := newShopFlow()
+	flowB.sid, flowB.cart = "b_sid", "b_cart"
+	siteB := testbed.NewSite(t, "shop-b", flowB)
+	flow, site, _, s := sessionShop(t, 4, WithTimeouts(Timeouts{MaxWait: 3 * time.Second}))
+	other := sibling(t, s, shared.Client(t))
+	for _, tc := range []struct {
+		task string
+		sws  []*Switch
+		per  int
+	}{
+		{"solo", []*Switch{s}, 8},
+		{"duo", []*Switch{s, other}, 4},
+	} {
+		require.NoError(t, attached(s).Request("GET", stepURL(site, tc.task, 1), nil, NewTaskContext(tc.task), nil))
+		var ok atomic.Int64
+		var mu sync.Mutex
+		var errs []error
+		var cs []*colly.Collector
+		for _, sw := range tc.sws {
+			c := asyncTaskCollector(t, sw, &ok, &mu, &errs)
+			tctx := NewTaskContext(tc.task)
+			for i := range tc.per {
+				require.NoError(t, c.Request("GET", fmt.Sprintf("%s/hello?task=%s&i=%d", siteB.URL(), tc.task, i), nil, tctx, nil))
+			}
+			cs = append(cs, c)
+		}
+		for _, c := range cs {
+			c.Wait()
+		}
+		assert.Empty(t, errs, tc.task)
+		assert.Equal(t, int64(tc.per*len(tc.sws)), ok.Load(), tc.task)
+		assert.Equal(t, flow.visitor(tc.task).ips, flowB.visitor(tc.task).ips, "%s: one IP on both sites", tc.task)
+		assert.Len(t, flowB.visitor(tc.task).ips, 1, tc.task)
+	}
+	assert.NotEqual(t, flow.visitor("solo").ips, flow.visitor("duo").ips)
+	assert.Empty(t, flow.errors())
+	assert.Empty(t, flowB.errors())
+	st, err := s.Stats(ctx, siteB.Host())
+	require.NoError(t, err)
+	assert.Equal(t, 2, st.Leased, "one lease per session on the new site")
+	for _, task := range []string{"solo", "duo"} {
+		ended, err := s.EndSession(ctx, task)
+		require.NoError(t, err)
+		assert.True(t, ended, task)
+	}
+	assertNoLeases(t, s, site, siteB)
+}
+
+// A request of a session that runs longer than Sessions.TTL keeps its
+// proxy to its session: the session is renewed while the request runs
+// (sessionrenew.go), so neither another task nor a request of no task gets
+// its IP meanwhile. Once the request is over the session lapses by its TTL
+// as before: nothing renews it any longer.
+func TestSessionRenewedWhileItsRequestRuns(t *testing.T) {
+	ctx := context.Background()
+	site := testbed.NewSite(t, "slow", nil) // the default shop: /slow?d=
+	proxies := testbed.NewProxies(t, 1)
+	const ttl = time.Second
+	s := newSwitch(t, shared.Client(t), WithSessions(Sessions{TTL: ttl}), WithTimeouts(Timeouts{MaxWait: 300 * time.Millisecond}))
+	_, err := s.Add(ctx, proxies[0].URL())
+	require.NoError(t, err)
+
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() { done <- attached(s).Request("GET", site.URL()+"/slow?d=3s", nil, NewTaskContext("long"), nil) }()
+	require.Eventually(t, func() bool { return site.Recorder().InFlight() == 1 }, 5*time.Second, 5*time.Millisecond)
+	c := attached(s)
+	tries := 0
+	var longErr error
+wait:
+	for {
+		select {
+		case longErr = <-done:
+			break wait
+		default:
+		}
+		err := c.Request("GET", site.URL()+"/echo", nil, NewTaskContext("other"), nil)
+		require.ErrorIs(t, err, ErrNoProxy, "another task, %v after the start", time.Since(start))
+		err = c.Visit(site.URL() + "/echo?no-task")
+		require.ErrorIs(t, err, ErrNoProxy, "a request of no task, %v after the start", time.Since(start))
+		tries++
+	}
+	require.NoError(t, longErr)
+	assert.Greater(t, time.Since(start), 2*ttl, "the request outlived the TTL")
+	assert.Positive(t, tries)
+	assert.Zero(t, site.Recorder().Collisions(), "two requests from the one IP at once")
+	assert.Equal(t, 1, site.Recorder().Count(), "only the long request reached the site")
+
+	// Over: the session lapses within its TTL and the IP serves others.
+	require.Eventually(t, func() bool {
+		return c.Request("GET", site.URL()+"/echo", nil, NewTaskContext("other"), nil) == nil
+	}, 5*ttl, 50*time.Millisecond)
+	s.sessHolds.mu.Lock()
+	assert.Empty(t, s.sessHolds.m, "no session renewed once its requests are over")
+	s.sessHolds.mu.Unlock()
+	ended, err := s.EndSession(ctx, "other")
+	require.NoError(t, err)
+	assert.True(t, ended)
+	assert.Zero(t, site.Recorder().Collisions())
+	assertNoLeases(t, s, site)
+}
+
+// A fallback's write-back over a session's slot: the Switch that leased from
+// its local shard while Redis was unreachable writes its running lease of
+// the session's proxy back (fallback_writeback.lua sets the lease entry and
+// keeps the higher score, the session's). Once that lease is released the
+// slot is still the session's, whose next use goes on with its IP and
+// cookies. While it still runs, the session's next use retires it
+// (lease_lost) and the proxy comes back after that lease and the
+// retirement's hold (the lease TTL), not when the session would have
+// lapsed (10 minutes later, held by nobody).
+func TestSessionAfterFallbackWriteback(t *testing.T) {
+	ctx := context.Background()
+	var mu sync.Mutex
+	var retired []string
+	flow, site, _, s := sessionShop(t, 2, WithTimeouts(Timeouts{MaxWait: 300 * time.Millisecond, LeaseTTL: time.Second}), WithSessions(Sessions{
+		Retired: func(r SessionRetirement) { mu.Lock(); retired = append(retired, r.Task+":"+r.Reason); mu.Unlock() }}))
+	c := attached(s)
+	rdb := shared.Client(t)
+	p, err := s.sessionPool()
+	require.NoError(t, err)
+	scope := s.scopeOf(site.Host())
+	visit := func(task string, n int) error {
+		return c.Request("GET", stepURL(site, task, n), nil, NewTaskContext(task), nil)
+	}
+	require.NoError(t, visit("kept", 1))
+	member, err := rdb.HGet(ctx, p.keys.session("kept"), "s:"+scope).Result()
+	require.NoError(t, err)
+	k := p.keys
+	writeBack := func(token string, ms int64) {
+		t.Helper()
+		res, err := fallbackWritebackScript.Run(ctx, rdb, []string{k.proxies(), k.sites(), k.meta(), k.dead(), k.quarantine()},
+			k.base, s.cfg.idleTTL.Milliseconds(), s.cfg.slots, s.cfg.maxQuarantine.Milliseconds(), "lease", scope, member, token, ms).Int64Slice()
+		require.NoError(t, err)
+		require.Equal(t, []int64{0, 1}, res)
+	}
+
+	// Written back, then released: the session goes on.
+	writeBack("local-1", 2000)
+	_, err = p.releaseMember(ctx, scope, member, "local-1", "")
+	require.NoError(t, err)
+	require.NoError(t, visit("kept", 2))
+	info, err := s.Session(ctx, "kept")
+	require.NoError(t, err)
+	require.NotNil(t, info)
+	assert.Equal(t, 1, info.Generation, "the same session")
+	assert.Len(t, flow.visitor("kept").ips, 1, "the same IP")
+	assert.Equal(t, 2, flow.visitor("kept").steps)
+
+	// Written back and still running: the session retires, and its proxy
+	// is back once that lease ends.
+	ip := flow.visitor("kept").ips[0]
+	writeBack("local-2", 1000)
+	require.NoError(t, visit("kept", 3), "a new session on the other proxy")
+	assert.Len(t, flow.visitor("kept").ips, 2)
+	mu.Lock()
+	assert.Equal(t, []string{"kept:" + SessionLeaseLost}, retired)
+	mu.Unlock()
+	require.Eventually(t, func() bool { return visit("after", 1) == nil }, 10*time.Second, 50*time.Millisecond,
+		"the retired session's proxy comes back when the written-back lease ends")
+	assert.Equal(t, []string{ip}, flow.visitor("after").ips)
+	_, err = p.releaseMember(ctx, scope, member, "local-2", "") // late: it expired, and is owner-checked
+	require.NoError(t, err)
+	assert.Empty(t, flow.errors())
+	for _, task := range []string{"kept", "after"} {
+		ended, err := s.EndSession(ctx, task)
+		require.NoError(t, err)
+		assert.True(t, ended, task)
+	}
+	assertNoLeases(t, s, site)
 }

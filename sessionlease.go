@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -43,14 +44,9 @@ type useReply struct {
 
 // runUse runs session_use.lua for task on scope ("use" or "peek").
 func (p *redisPool) runUse(ctx context.Context, task, scope, mode string) (*useReply, error) {
-	c := p.cfg
-	res, err := roundTrip(ctx, c.redisTimeout, func(ctx context.Context) ([]any, error) {
-		return sessionUseScript.Run(ctx, p.rdb, p.keys.sessionKeys(task),
-			p.keys.base, scope, c.session.ttl.Milliseconds(), c.session.maxRequests, c.session.maxAge.Milliseconds(),
-			c.cooldown.Milliseconds(), c.slots, c.idleTTL.Milliseconds(), mode, c.leaseTTL.Milliseconds()).Slice()
-	}, nil)
+	res, err := p.runUseMode(ctx, task, scope, mode, "")
 	if err != nil {
-		return nil, redisErr("session", err)
+		return nil, err
 	}
 	st, _ := intAt(res, 0)
 	rep := &useReply{status: int(st)}
@@ -100,6 +96,21 @@ func (p *redisPool) runUse(ctx context.Context, task, scope, mode string) (*useR
 		return rep, nil
 	}
 	return nil, bad(fmt.Sprintf("unexpected reply of %d items", len(res)))
+}
+
+// runUseMode runs session_use.lua for task on scope in any mode, id being
+// its ARGV[11] ("renew" and "join"), and returns the raw reply.
+func (p *redisPool) runUseMode(ctx context.Context, task, scope, mode, id string) ([]any, error) {
+	c := p.cfg
+	res, err := roundTrip(ctx, c.redisTimeout, func(ctx context.Context) ([]any, error) {
+		return sessionUseScript.Run(ctx, p.rdb, p.keys.sessionKeys(task),
+			p.keys.base, scope, c.session.ttl.Milliseconds(), c.session.maxRequests, c.session.maxAge.Milliseconds(),
+			c.cooldown.Milliseconds(), c.slots, c.idleTTL.Milliseconds(), mode, c.leaseTTL.Milliseconds(), id).Slice()
+	}, nil)
+	if err != nil {
+		return nil, redisErr("session", err)
+	}
+	return res, nil
 }
 
 // retirement reads the 8 items session_lib.lua's previous() returns.
@@ -159,7 +170,11 @@ func (p *redisPool) useSessionLabelled(ctx context.Context, task, site string, w
 			if rep.retired != nil {
 				p.sw.sessionEnded(p.name, *rep.retired)
 			}
-			err = p.startSession(ctx, task, site, scope, want)
+			// The task's requests in flight at once in this process: one
+			// starts the session, the others wait for it, then join it.
+			err = p.flights.do(ctx, "start\x00"+task+"\x00"+strings.Join(want, ","), func() error {
+				return p.startSession(ctx, task, site, scope, want)
+			})
 		case useNewSite:
 			if ok, cerr := p.carries(ctx, rep.proxyID, want); cerr != nil {
 				return nil, cerr
@@ -167,13 +182,95 @@ func (p *redisPool) useSessionLabelled(ctx context.Context, task, site string, w
 				_, _, err = p.endSession(ctx, task, rep.id, SessionLabels, site, true)
 				break
 			}
-			err = p.extendSession(ctx, task, site, scope, rep)
+			err = p.flights.do(ctx, "add\x00"+task+"\x00"+scope, func() error {
+				return p.extendSession(ctx, task, site, scope, rep)
+			})
 		}
 		if err != nil {
 			return nil, err
 		}
 	}
 	return nil, fmt.Errorf("%w: the session of task %q kept changing under %d tries", ErrNoProxy, task, maxSessionRounds)
+}
+
+// errJoined: while a request waited for a proxy for its task's session, a
+// request of the same task (another process's, or one coalescing missed)
+// started the session, or gave it the scope: the request looks again and
+// joins it (sessionJoin).
+var errJoined = errors.New("proxyswitch: the task's session changed while the request waited")
+
+// sessionFlights coalesces, within one process, the concurrent requests of
+// a task that find no session (or a session that does not hold their scope
+// yet): one starts (or extends) it, the others wait for that, then look
+// again and use the session it bound, its IP included. Without it the
+// others would lease proxies of their own, and with none left wait the
+// whole MaxWait for a proxy they do not need.
+type sessionFlights struct {
+	mu sync.Mutex
+	m  map[string]*sessionFlight
+}
+
+// sessionFlight is one start or extension under way.
+type sessionFlight struct {
+	done  chan struct{}
+	err   error
+	ended bool // the leader's own request ended: its error is not its followers'
+}
+
+// do runs fn unless a call of the same key is under way, in which case it
+// waits for that one: nil then means "look again". A follower shares the
+// leader's error, unless the leader's own context ended (it was cancelled
+// or timed out, not the session).
+func (f *sessionFlights) do(ctx context.Context, key string, fn func() error) error {
+	f.mu.Lock()
+	if fl := f.m[key]; fl != nil {
+		f.mu.Unlock()
+		select {
+		case <-fl.done:
+		case <-ctx.Done():
+			return withCause(fmt.Errorf("%w: gave up waiting for the task's session", ErrNoProxy), ctx.Err())
+		}
+		if fl.err != nil && !fl.ended {
+			return fl.err
+		}
+		return nil
+	}
+	if f.m == nil {
+		f.m = make(map[string]*sessionFlight)
+	}
+	fl := &sessionFlight{done: make(chan struct{}), err: fmt.Errorf("%w: the request starting the task's session failed", ErrNoProxy)}
+	f.m[key] = fl
+	f.mu.Unlock()
+	defer func() {
+		fl.ended = ctx.Err() != nil
+		f.mu.Lock()
+		delete(f.m, key)
+		f.mu.Unlock()
+		close(fl.done)
+	}()
+	fl.err = fn()
+	return fl.err
+}
+
+// sessionJoin returns the check a session's wait for a proxy makes at each
+// round (sessionLease): session_use.lua's "join" for task on scope, id being
+// the session reaching a new scope ("" for a request starting one). It
+// answers 1 when the request should look again (the task has a session now,
+// or session id holds the scope), 2 when a lease of session id holds the
+// proxy there but is not bound yet (a sibling request is binding it), 0
+// otherwise.
+func (p *redisPool) sessionJoin(task, scope, id string) func(context.Context) (int64, error) {
+	return func(ctx context.Context) (int64, error) {
+		res, err := p.runUseMode(ctx, task, scope, "join", id)
+		if err != nil {
+			return 0, err
+		}
+		if st, _ := intAt(res, 0); st != 6 {
+			return 0, nil
+		}
+		v, _ := intAt(res, 1)
+		return v, nil
+	}
 }
 
 // startSession leases a proxy for a new session of task and binds it. A
@@ -186,10 +283,14 @@ func (p *redisPool) startSession(ctx context.Context, task, site, scope string, 
 	var member string
 	var expiry int64
 	var err error
+	join := p.sessionJoin(task, scope, "")
 	if len(want) > 0 {
-		member, expiry, err = p.sessionLeaseLabelled(ctx, site, scope, sessionTokenPrefix+id, want)
+		member, expiry, err = p.sessionLeaseLabelled(ctx, site, scope, sessionTokenPrefix+id, want, join)
 	} else {
-		member, expiry, err = p.sessionLease(ctx, site, scope, sessionTokenPrefix+id, "")
+		member, expiry, err = p.sessionLease(ctx, site, scope, sessionTokenPrefix+id, "", join)
+	}
+	if errors.Is(err, errJoined) {
+		return nil // a sibling request started the session: join it
 	}
 	if err != nil {
 		return err
@@ -209,7 +310,10 @@ func (p *redisPool) extendSession(ctx context.Context, task, site, scope string,
 		return fmt.Errorf("%w: the session of task %q already holds its proxy on %d sites (at most %d)",
 			ErrNoProxy, task, rep.scopes, maxSessionSites)
 	}
-	member, expiry, err := p.sessionLease(ctx, site, scope, sessionTokenPrefix+rep.id, rep.proxyID)
+	member, expiry, err := p.sessionLease(ctx, site, scope, sessionTokenPrefix+rep.id, rep.proxyID, p.sessionJoin(task, scope, rep.id))
+	if errors.Is(err, errJoined) {
+		return nil // a sibling request gave the session the scope: use it
+	}
 	if errors.Is(err, errProxyGone) {
 		_, _, err = p.endSession(ctx, task, rep.id, SessionProxyRemoved, site, true)
 		return err
@@ -301,8 +405,11 @@ func (p *redisPool) endSession(ctx context.Context, task, id, reason, site strin
 // session TTL with lease.lua: any free proxy, or only proxy ID only. It
 // waits as acquire does, but gives up at once when only's soonest slot
 // cannot free before the wait would end (another session holds it, or it is
-// quarantined there).
-func (p *redisPool) sessionLease(ctx context.Context, site, scope, token, only string) (member string, expiry int64, err error) {
+// quarantined there). At each round of its wait it asks join (sessionJoin)
+// whether a sibling request of the task has meanwhile done what it waits
+// for: it then returns errJoined; a proxy held by the session's own lease,
+// not yet bound, is waited for rather than given up on.
+func (p *redisPool) sessionLease(ctx context.Context, site, scope, token, only string, join func(context.Context) (int64, error)) (member string, expiry int64, err error) {
 	c := p.cfg
 	flag := ""
 	if only != "" {
@@ -345,7 +452,7 @@ func (p *redisPool) sessionLease(ctx context.Context, site, scope, token, only s
 					continue
 				}
 			}
-			return "", 0, fmt.Errorf("%w: %w: pool %q has no proxies", ErrNoProxy, ErrEmptyPool, c.pool)
+			return "", 0, fmt.Errorf("%w: %w: pool %q has no proxies", ErrNoProxy, ErrEmptyPool, p.name)
 		case st == -2:
 			return "", 0, errProxyGone
 		case st == -3 && len(res) == 3: // the site's circuit breaker holds it (breaker.go)
@@ -361,14 +468,26 @@ func (p *redisPool) sessionLease(ctx context.Context, site, scope, token, only s
 		default:
 			return "", 0, fmt.Errorf("%w: %w: unexpected lease reply of %d items", ErrNoProxy, ErrCorrupt, len(res))
 		}
+		if join != nil {
+			switch j, jerr := join(ctx); {
+			case jerr != nil:
+				return "", 0, fmt.Errorf("%w: %w", ErrNoProxy, jerr)
+			case j == 1:
+				return "", 0, errJoined
+			case j == 2:
+				firm = 0 // the session's own lease, being bound by a sibling request
+			}
+		}
 		left := time.Until(deadline)
 		d := min(waitHint(wait), backoff, left)
 		if left <= 0 || (firm == 1 && waitHint(wait) > left) {
-			what := "every proxy of pool " + strconv.Quote(c.pool) + " stayed busy or quarantined"
+			what, hint := "every proxy of pool "+strconv.Quote(p.name)+" stayed busy or quarantined", ""
 			if only != "" {
 				what = "the session's proxy is held by another session or quarantined"
+			} else {
+				hint = p.sw.sessionsHint(ctx, p.name)
 			}
-			return "", 0, fmt.Errorf("%w: %s on site %s past the %v wait%s", ErrNoProxy, what, site, c.maxWait, nextFree(min(time.Duration(wait)*time.Millisecond, maxWaitHint)))
+			return "", 0, fmt.Errorf("%w: %s on site %s past the %v wait%s%s", ErrNoProxy, what, site, c.maxWait, nextFree(min(time.Duration(wait)*time.Millisecond, maxWaitHint)), hint)
 		}
 		backoff = min(2*backoff, c.backoffMax)
 		if !pause(ctx, d) {
@@ -401,7 +520,7 @@ func (p *redisPool) carries(ctx context.Context, id string, want []string) (bool
 // sessionLease does when they are busy. Labels no proxy of the pool
 // carries fail at once with ErrNoProxy; a pool Redis lost is re-seeded from
 // the copy, labels included, once.
-func (p *redisPool) sessionLeaseLabelled(ctx context.Context, site, scope, token string, want []string) (member string, expiry int64, err error) {
+func (p *redisPool) sessionLeaseLabelled(ctx context.Context, site, scope, token string, want []string, join func(context.Context) (int64, error)) (member string, expiry int64, err error) {
 	c := p.cfg
 	keys := p.keys.lease(scope)
 	start := time.Now()
@@ -458,7 +577,7 @@ func (p *redisPool) sessionLeaseLabelled(ctx context.Context, site, scope, token
 			case st == -1 && len(res) == 3:
 				lost = p.emptyReply(res)
 				if !lost {
-					return "", 0, fmt.Errorf("%w: %w: pool %q has no proxies", ErrNoProxy, ErrEmptyPool, c.pool)
+					return "", 0, fmt.Errorf("%w: %w: pool %q has no proxies", ErrNoProxy, ErrEmptyPool, p.name)
 				}
 			case st == -2: // dead, or gone since the copy of the labels was read
 				continue
@@ -490,7 +609,7 @@ func (p *redisPool) sessionLeaseLabelled(ctx context.Context, site, scope, token
 		}
 		if lost {
 			if reseeded {
-				return "", 0, fmt.Errorf("%w: %w: pool %q has no proxies", ErrNoProxy, ErrEmptyPool, c.pool)
+				return "", 0, fmt.Errorf("%w: %w: pool %q has no proxies", ErrNoProxy, ErrEmptyPool, p.name)
 			}
 			reseeded = true
 			again, rerr := p.recoverLost(ctx)
@@ -498,7 +617,7 @@ func (p *redisPool) sessionLeaseLabelled(ctx context.Context, site, scope, token
 				return "", 0, fmt.Errorf("%w: %w", ErrNoProxy, rerr)
 			}
 			if !again {
-				return "", 0, fmt.Errorf("%w: %w: pool %q has no proxies", ErrNoProxy, ErrEmptyPool, c.pool)
+				return "", 0, fmt.Errorf("%w: %w: pool %q has no proxies", ErrNoProxy, ErrEmptyPool, p.name)
 			}
 			if _, err := p.labelsOf(ctx, true); err != nil {
 				return "", 0, fmt.Errorf("%w: %w", ErrNoProxy, err)
@@ -508,11 +627,18 @@ func (p *redisPool) sessionLeaseLabelled(ctx context.Context, site, scope, token
 		if wait < 0 {
 			wait = 50 // every candidate tried was dead or gone: try others a little later
 		}
+		if join != nil {
+			if j, jerr := join(ctx); jerr != nil {
+				return "", 0, fmt.Errorf("%w: %w", ErrNoProxy, jerr)
+			} else if j == 1 {
+				return "", 0, errJoined
+			}
+		}
 		left := time.Until(deadline)
 		d := min(waitHint(wait), backoff, left)
 		if left <= 0 {
-			return "", 0, fmt.Errorf("%w: every proxy of pool %q carrying the labels %s stayed busy or quarantined on site %s past the %v wait%s",
-				ErrNoProxy, c.pool, strings.Join(want, ","), site, c.maxWait, nextFree(min(time.Duration(wait)*time.Millisecond, maxWaitHint)))
+			return "", 0, fmt.Errorf("%w: every proxy of pool %q carrying the labels %s stayed busy or quarantined on site %s past the %v wait%s%s",
+				ErrNoProxy, p.name, strings.Join(want, ","), site, c.maxWait, nextFree(min(time.Duration(wait)*time.Millisecond, maxWaitHint)), p.sw.sessionsHint(ctx, p.name))
 		}
 		backoff = min(2*backoff, c.backoffMax)
 		if !pause(ctx, d) {

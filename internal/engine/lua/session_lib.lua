@@ -78,10 +78,17 @@ end
 -- lost lease changes one of them), and its proxy is neither dead nor
 -- banned on every site (the dead hash and the quarantine zset: a death or
 -- a ban met on another scope writes there, not in this scope's keys).
+--
+-- A slot with no lease entry whose score is still exactly the session's
+-- expiry is intact too: nobody else holds it. That is what a fallback's
+-- write-back leaves once the local lease it wrote over the session's entry
+-- is released (fallback_writeback.lua sets the entry and keeps the higher
+-- score); the session's next hold writes its entry again.
 local function intact(base, scope, member, token, exp)
-  if redis.call('HGET', base .. ':lease:' .. scope, member) ~= token .. '|' .. exp then return 'lease_lost' end
+  local v = redis.call('HGET', base .. ':lease:' .. scope, member)
   local sc = redis.call('ZSCORE', base .. ':free:' .. scope, member)
   if not sc then return 'lease_lost' end
+  if v ~= token .. '|' .. exp and (v or tonumber(sc) ~= tonumber(exp)) then return 'lease_lost' end
   local id = string.match(member, '^(.*):%d+$') or member
   if redis.call('HEXISTS', base .. ':dead', id) == 1 then return 'proxy_dead' end
   sc = tonumber(sc) -- nil for "1e+15" in some Lua builds: dead all the same
@@ -125,12 +132,18 @@ local function end_session(key, r, base, sessions, reason, site, now, cooldown, 
     local fk, lk = base .. ':free:' .. h[1], base .. ':lease:' .. h[1]
     local at = back
     local own = tonumber(redis.call('ZSCORE', fk, h[2]) or '')
-    if redis.call('HGET', lk, h[2]) == token .. '|' .. r.exp then
-      redis.call('HDEL', lk, h[2])
-      if own == exp then
-        redis.call('ZADD', fk, at, h[2])
-        own = at
-      end
+    local v = redis.call('HGET', lk, h[2])
+    local mine = v == token .. '|' .. r.exp
+    if mine then redis.call('HDEL', lk, h[2]) end
+    if own == exp then
+      -- The score is still the one the session wrote, though the lease entry
+      -- may no longer be its own: a fallback's write-back (its local lease
+      -- of the slot during an outage) overwrites the entry and keeps the
+      -- higher score. The slot comes back as the session's would, but not
+      -- before the expiry of the lease that now holds it, if any.
+      local e = not mine and v and tonumber(string.match(v, '|(%d+)$'))
+      redis.call('ZADD', fk, math.max(at, e or 0), h[2])
+      own = at
     end
     -- The other slots follow the session's own: a ban that pushed it out
     -- holds the whole proxy back.

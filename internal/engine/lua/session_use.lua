@@ -12,8 +12,13 @@
 -- ARGV[2] scope            ARGV[3] session TTL ms
 -- ARGV[4] max requests, 0 for no limit     ARGV[5] max age ms, 0 for none
 -- ARGV[6] cooldown ms      ARGV[7] slots per proxy (K)   ARGV[8] idle TTL ms
--- ARGV[9] "use" (renew, count, retire if due) or "peek" (read only)
+-- ARGV[9] "use" (renew, count, retire if due), "peek" (read only), "renew"
+--         (renew only: a request of the session is under way) or "join"
+--         (read only: has a sibling request started the session, or
+--         reached the scope, meanwhile?)
 -- ARGV[10] ms a retired session's proxy stays out for its requests under way
+-- ARGV[11] "renew" and "join": the session ID ("" for "join" by a request
+--         that starts a session)
 --
 -- Returns
 --   {1, proxy URL, id, gen, n, created ms, exp ms, member on the scope ("" with
@@ -24,7 +29,15 @@
 --   {0, retired now 0/1, gen, <previous: 8 items>}  no live session: none yet,
 --      or the one there was just retired (limits, lost lease, proxy banned,
 --      dead or removed); gen counts the task's sessions so far;
---   {-3, what}  the record or the jar is not what this package writes.
+--   {-3, what}  the record or the jar is not what this package writes;
+--   "renew": {4, exp ms} every lease of session ARGV[11] and its record
+--      renewed to now + TTL (nothing counted), or anything else: not renewed
+--      (the session ended, lapsed or is not intact: its next use tells);
+--   "join": {6, 1} the task has a live session (ARGV[11] ""), or session
+--      ARGV[11] holds the scope now or was replaced; {6, 2} a lease of
+--      session ARGV[11] holds the proxy on the scope but is not bound yet
+--      (a sibling request between lease.lua and session_bind.lua);
+--      {6, 0} or {0, ...}: none of these.
 local base, badbase = pool_prefix(ARGV[1])
 if not base then return redis.error_reply(badbase) end
 local scope, ttl = ARGV[2], tonumber(ARGV[3])
@@ -40,6 +53,23 @@ local function none(retired)
   return out
 end
 if not r.id then return none(0) end
+if ARGV[9] == 'join' then
+  local want = ARGV[11]
+  if want == '' then
+    local e = tonumber(r.exp or '')
+    if e and e <= now then return {6, 0} end -- lapsed: the next use ends it
+    return {6, 1}
+  end
+  if r.id ~= want or r['s:' .. scope] then return {6, 1} end
+  if r.proxy and string.match(r.proxy, '^%x+$') then
+    local lk, token = base .. ':lease:' .. scope, 's:' .. want
+    for s = 0, slots - 1 do
+      local tok, e = string.match(redis.call('HGET', lk, r.proxy .. ':' .. s) or '', '^(.*)|(%d+)$')
+      if tok == token and tonumber(e) > now then return {6, 2} end
+    end
+  end
+  return {6, 0}
+end
 bad = check_live(r)
 if bad then return {-3, 'session record: ' .. bad} end
 local jar = base .. ':sjar:' .. r.id
@@ -63,6 +93,23 @@ if tonumber(r.exp) <= now then
 end
 
 local url = redis.call('HGET', KEYS[2], r.proxy)
+if ARGV[9] == 'renew' then
+  -- A request of the session runs longer than part of the TTL: its proxy
+  -- stays the session's until it is over (sessionrenew.go). Nothing is
+  -- retired here: a session that is not intact is left to its next use.
+  if r.id ~= ARGV[11] or not url then return {5} end
+  local hs = held(r)
+  for _, h in ipairs(hs) do
+    if intact(base, h[1], h[2], token, r.exp) then return {5} end
+  end
+  local exp = math.max(now + ttl, tonumber(r.exp))
+  for _, h in ipairs(hs) do hold(base, h[1], r.proxy, h[2], token, exp, slots, idle) end
+  redis.call('HSET', KEYS[1], 'exp', exp)
+  track(KEYS[3], r.id, exp, idle, now, false)
+  redis.call('PEXPIRE', KEYS[1], exp - now)
+  redis.call('PEXPIRE', jar, exp - now)
+  return {4, exp}
+end
 if peek then return live(url or '', r.n, r.exp, '') end
 
 local function retire(reason, site)
