@@ -33,7 +33,10 @@ import (
 //     u's host or of a domain u's host is in (not host-only ones of another
 //     host), whose path is u's path or a parent of it ("/a" goes to "/a/b",
 //     not to "/ab"), not expired, Secure ones only over https; longest path
-//     first, then the earliest created. Ports do not matter.
+//     first, then the earliest created. Ports do not matter; a host is
+//     taken in its canonical form (cookierule.CanonicalHost: lower case,
+//     no trailing dot, IDN labels in punycode), so "www.bücher.de" and
+//     "www.xn--bcher-kva.de" are one host.
 //
 // Storage: one Redis hash per registrable domain (the host's public suffix
 // plus one label, "shop.co.uk" for "www.shop.co.uk"; the host itself for an
@@ -103,7 +106,7 @@ const cookieMemoTTL = 10 * time.Second
 
 // cookieTarget is where the cookies of a URL live.
 type cookieTarget struct {
-	host   string // lower-cased, without port or trailing dot
+	host   string // canonical (cookierule.CanonicalHost): lower-cased, punycode, without port or trailing dot
 	domain string // the registrable domain: its jar's key
 	legacy string // u.Host lower-cased: the key of an earlier version's hash
 }
@@ -119,8 +122,8 @@ func targetOf(u *url.URL) (cookieTarget, bool) {
 	if legacy == "" || len(legacy) > maxHostLen || strings.ContainsAny(legacy, " \t") || strings.ContainsFunc(legacy, isControl) {
 		return cookieTarget{}, false
 	}
-	host := strings.TrimSuffix(strings.ToLower(u.Hostname()), ".")
-	if host == "" {
+	host, ok := cookierule.CanonicalHost(u.Hostname())
+	if !ok || host == "" {
 		return cookieTarget{}, false
 	}
 	return cookieTarget{host: host, domain: cookierule.JarKey(host), legacy: legacy}, true
