@@ -83,6 +83,29 @@ import (
 // the host's lines, so a cookie the site sets again (after deleting or
 // changing it) is always written.
 //
+// Known limitation: the memo is a heuristic, not a guarantee. A write-back
+// is skipped only when the host's last read returned its line, so it still
+// undoes a change made between the wrapper's read and its write (Colly's
+// wrapper does them back to back, so the window is that short) in two
+// cases: (1) two collectors on one Storage: A's wrapper reads sid=old, B's
+// wrapper reads and deletes (or changes) sid, which forgets the field's
+// lines, and A's write-back stores sid=old again; (2) another process
+// changes sid and another goroutine of this process (an outgoing
+// request's jar read, not under the wrapper's lock) reads the host in
+// between, replacing the memo with sid=new: A's write-back of sid=old is
+// then no longer recognised and overwrites sid=new. No bookkeeping of
+// reads and writes at this API can close both without breaking what
+// Colly's own storage does: a cookie the site deletes and then sets again
+// to the same line is stored again (TestCookieSetAgainWithinMemo). The
+// calls the Storage sees are the same in both stories (a read returning
+// line L, a deletion of L's field, a SetCookies naming L, with or without a
+// read finding the field absent in between); only which goroutine made
+// each read tells them apart (the wrapper's write follows its own read),
+// and Colly's Storage interface carries no such link. Keeping every line
+// read (not replaced by each read) and writing a recognised line only if
+// its field was not deleted since (a tombstone) would fix both cases and
+// lose such a re-set within the memo's TTL instead.
+//
 // Data of earlier versions: they kept one hash per host and port ({ns}:c:<host>,
 // fields "<name>;<path>;<domain>" -> Set-Cookie line, registry
 // {ns}:cookiehosts). A read for a URL of such a host moves its cookies into

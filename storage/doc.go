@@ -123,7 +123,10 @@
 // have a tag of their own and spread over all nodes.
 //
 // Time (expiry, visibility) always comes from Redis's TIME, never from a
-// client's clock. Every Redis round trip is bounded by WithRedisTimeout.
+// client's clock, but for cookies: a cookie's Max-Age and Expires are
+// applied, and its expiry checked, on the client's clock, as
+// net/http/cookiejar does (their creation times, which order them, are
+// Redis's). Every Redis round trip is bounded by WithRedisTimeout.
 //
 // # Round trips
 //
