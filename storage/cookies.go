@@ -351,6 +351,7 @@ func (s *Storage) migrateCookies(t cookieTarget, legacy []any) bool {
 	now := time.Now()
 	args := make([]any, 0, 4+2*len(legacy))
 	args = append(args, t.domain, t.legacy, maxCookies, maxCookieBytes)
+	left := 0 // cookies not moved
 	for i := 0; i+1 < len(legacy); i += 2 {
 		lf, _ := legacy[i].(string)
 		line, _ := legacy[i+1].(string)
@@ -368,6 +369,9 @@ func (s *Storage) migrateCookies(t cookieTarget, legacy []any) bool {
 				field, value = f, v
 			}
 		}
+		if field == "" {
+			left++
+		}
 		args = append(args, lf, line, field, value)
 	}
 	_, err := s.run(context.Background(), "migrate cookies", cookiesMigrateScript,
@@ -375,6 +379,10 @@ func (s *Storage) migrateCookies(t cookieTarget, legacy []any) bool {
 	if err != nil {
 		s.cfg.logger.Warn("proxyswitch: moving cookies of an earlier version", "namespace", s.cfg.namespace, "host", t.legacy, "err", err)
 		return false
+	}
+	if left > 0 {
+		s.cfg.logger.Info("proxyswitch: cookies of an earlier version not moved: unreadable, expired, too large, or for a domain the host may not set",
+			"namespace", s.cfg.namespace, "host", t.legacy, "dropped", left)
 	}
 	return true
 }
