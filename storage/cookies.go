@@ -95,11 +95,12 @@ import (
 // between, replacing the memo with sid=new: A's write-back of sid=old is
 // then no longer recognised and overwrites sid=new. No bookkeeping of
 // reads and writes at this API can close both without breaking what
-// Colly's own storage does: a cookie the site deletes and then sets again
-// to the same line is stored again (TestCookieSetAgainWithinMemo). The
+// Colly's own storage does: a cookie the site deletes (or changes) and
+// then sets again to the same line is stored again
+// (TestCookieSetAgainWithinMemo, TestCookieMemoForgetsOnWrite). The
 // calls the Storage sees are the same in both stories (a read returning
 // line L, a deletion of L's field, a SetCookies naming L, with or without a
-// read finding the field absent in between); only which goroutine made
+// read finding the field absent, or changed, in between); only which goroutine made
 // each read tells them apart (the wrapper's write follows its own read),
 // and Colly's Storage interface carries no such link. Keeping every line
 // read (not replaced by each read) and writing a recognised line only if
