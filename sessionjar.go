@@ -54,8 +54,8 @@ func (c *jarCookie) field() string { return c.Domain + ";" + c.Path + ";" + c.Na
 // u: ok is false when the cookie is refused, del when it deletes the stored
 // one (expired, Max-Age <= 0).
 func newJarCookie(c *http.Cookie, u *url.URL, now time.Time) (e jarCookie, del, ok bool) {
-	host := strings.ToLower(u.Hostname())
-	if c.Name == "" || host == "" {
+	host, canon := cookierule.CanonicalHost(u.Hostname())
+	if c.Name == "" || host == "" || !canon {
 		return e, false, false
 	}
 	e = jarCookie{Name: c.Name, Value: c.Value, Quoted: c.Quoted, Secure: c.Secure, Created: now.UnixMicro()}
@@ -77,7 +77,8 @@ func newJarCookie(c *http.Cookie, u *url.URL, now time.Time) (e jarCookie, del, 
 	return e, false, true
 }
 
-// matches reports whether c goes with a request to u (host: u's, lower-cased).
+// matches reports whether c goes with a request to u (host: u's, as
+// cookierule.CanonicalHost has it).
 func (c *jarCookie) matches(u *url.URL, host string, now int64) bool {
 	if c.Expires != 0 && c.Expires <= now {
 		return false
@@ -92,7 +93,10 @@ func (c *jarCookie) matches(u *url.URL, host string, now int64) bool {
 // longest path first, then oldest first. Values that do not parse are
 // skipped.
 func cookiesFor(values []string, u *url.URL, now time.Time) []*http.Cookie {
-	host := strings.ToLower(u.Hostname())
+	host, canon := cookierule.CanonicalHost(u.Hostname())
+	if !canon {
+		return nil
+	}
 	ms := now.UnixMilli()
 	var hits []jarCookie
 	for _, v := range values {

@@ -106,6 +106,13 @@ func TestSessionJarRules(t *testing.T) {
 	jar = jarOf(t, now, "https://shop.example/caf%C3%A9/menu", "a=1")
 	assert.Equal(t, "a=1", cookieNames(cookiesFor(jar, mustURL(t, "https://shop.example/caf%C3%A9/dessert"), now)))
 
+	// An IDN host is its punycode form (as net/http/cookiejar has it):
+	// a Domain attribute may name the domain in punycode, and the cookies
+	// go to either spelling of a host; a trailing dot does not matter.
+	jar = jarOf(t, now, "https://www.bücher.de/", "a=1; Domain=xn--bcher-kva.de", "b=2")
+	assert.Equal(t, "a=1; b=2", cookieNames(cookiesFor(jar, mustURL(t, "https://www.xn--bcher-kva.de./"), now)))
+	assert.Equal(t, "a=1", cookieNames(cookiesFor(jar, mustURL(t, "https://shop.bücher.de/"), now)))
+
 	// IP hosts: a Domain attribute must be the IP itself.
 	jar = jarOf(t, now, "http://127.0.0.1:8080/", "a=1", "b=2; Domain=0.0.1", "c=3; Domain=127.0.0.1")
 	assert.Equal(t, "a=1; c=3", cookieNames(cookiesFor(jar, mustURL(t, "http://127.0.0.1:9090/x"), now)), "ports do not matter")

@@ -153,7 +153,7 @@ func TestClearCookieHostsInPages(t *testing.T) {
 				h := fmt.Sprintf("host-%d.example", j)
 				// Half in jars, half in hashes of an earlier version.
 				if j%2 == 0 {
-					p.HSet(bg, s.keys.cookieJar(h), h+";/;sid", "1|h|sid=abc; Path=/")
+					p.HSet(bg, s.keys.cookieJar(h), h+";/;sid", "1|h|0|sid=abc; Path=/")
 					p.SAdd(bg, s.keys.cookieDomains(), h)
 				} else {
 					p.HSet(bg, s.keys.legacyCookies(h), "sid", "sid=abc; Path=/")

@@ -123,3 +123,34 @@ func TestCookieDefaultPath(t *testing.T) {
 	s.SetCookies(u, "sid=new")
 	require.Equal(t, "f=2; Path=/\nsid=new; Path=/", s.Cookies(u))
 }
+
+// Known limitation (storage/cookies.go's header, reviewer's bugs 1 and 2):
+// a write-back of what a wrapper read undoes a deletion or change made
+// between its read and its write when the memo no longer recognises the
+// line. Kept as reproducers, skipped.
+func TestCookieWriteBackAfterSameProcessDelete(t *testing.T) {
+	t.Skip("known limitation: storage/cookies.go, Colly's cookie jar wrapper")
+	s := newStorage(t, shared.Client(t))
+	u, _ := url.Parse("http://www.shop.test/")
+	s.SetCookies(u, "sid=old; Path=/")
+	readA := s.Cookies(u) // collector A's wrapper: read before merge
+	_ = s.Cookies(u)      // collector B's wrapper: read before merge
+	s.SetCookies(u, "sid=; Max-Age=0")
+	require.Equal(t, "", s.Cookies(u), "B logged out")
+	s.SetCookies(u, "y=1\n"+readA) // A's wrapper: response's y, then what it read
+	require.Equal(t, "y=1; Path=/", s.Cookies(u), "deleted sid resurrected by A's write-back")
+}
+
+func TestCookieWriteBackAfterReadInBetween(t *testing.T) {
+	t.Skip("known limitation: storage/cookies.go, Colly's cookie jar wrapper")
+	a := newStorage(t, shared.Client(t))
+	b := twin(t, a, shared.Client(t))
+	u, _ := url.Parse("http://www.shop.test/login")
+	other, _ := url.Parse("http://www.shop.test/page")
+	a.SetCookies(u, "sid=old; Path=/")
+	readA := a.Cookies(u)
+	b.SetCookies(u, "sid=new; Path=/")
+	_ = a.Cookies(other) // another goroutine of A: a request's jar read
+	a.SetCookies(u, "y=1; Path=/\n"+readA)
+	require.Contains(t, a.Cookies(u), "sid=new", "stale write-back overwrote a newer value")
+}

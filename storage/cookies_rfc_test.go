@@ -389,3 +389,27 @@ func TestCookiesMemoPerHost(t *testing.T) {
 	require.Equal(t, "a=1; Path=/", s.Cookies(www))
 	require.Equal(t, "a=1; Path=/", s.Cookies(api))
 }
+
+// An IDN host is its punycode form, as net/http/cookiejar has it
+// (canonicalHost): a Domain attribute in punycode is the host's domain, and
+// either spelling of a host gets the same cookies (reviewer's bug 9).
+func TestCookiesIDNHostMatchesCookiejar(t *testing.T) {
+	s := newStorage(t, shared.Client(t))
+	j, err := cookiejar.New(&cookiejar.Options{PublicSuffixList: publicsuffix.List})
+	require.NoError(t, err)
+	set, _ := url.Parse("http://www.bücher.de/")
+	lines := "a=1; Domain=xn--bcher-kva.de; Path=/\nb=1; Path=/\nc=1; Domain=bücher.de; Path=/"
+	j.SetCookies(set, collystorage.UnstringifyCookies(lines))
+	s.SetCookies(set, lines)
+	for _, raw := range []string{"http://www.bücher.de/", "http://www.xn--bcher-kva.de/", "http://shop.xn--bcher-kva.de/", "http://shop.bücher.de/"} {
+		u, _ := url.Parse(raw)
+		var want, got []string
+		for _, c := range j.Cookies(u) {
+			want = append(want, c.Name+"="+c.Value)
+		}
+		for _, c := range collystorage.UnstringifyCookies(s.Cookies(u)) {
+			got = append(got, c.Name+"="+c.Value)
+		}
+		require.Equal(t, want, got, raw)
+	}
+}

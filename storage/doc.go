@@ -42,10 +42,22 @@
 // earliest set. Ports do not matter. They are kept in one hash per
 // registrable domain (shop.com for www.shop.com), one field per cookie, so
 // concurrent writers in any number of processes never undo each other's
-// cookies, and Colly's jar wrapper, which writes back what it has just
-// read, does not undo a newer value another process stored meanwhile.
+// unrelated cookies. Colly's jar wrapper writes back what it has just
+// read; a write-back of a line this process's last read of the host
+// returned is skipped, but one that this check misses (storage/cookies.go
+// names the cases: another read of the host in between, two collectors on
+// one Storage) can still undo a change or a deletion another collector
+// made to the same cookie meanwhile.
 // Cookies an earlier version stored per host and port move into the
 // domain's hash when that host (with that port) is next read or written.
+//
+// Limits: a domain's hash holds at most 3000 cookies (of all its hosts
+// together) and 4 MiB of stored values; a cookie whose stored value
+// (Set-Cookie line plus about 20 bytes) passes 8 KiB is not stored. A full
+// hash makes room as a browser does: expired cookies go first, then the
+// oldest by creation time. Cookies a response sets are never refused for a
+// full hash (only the earliest of a single response that alone passes the
+// limits are); whatever is not stored is logged.
 //
 // # Queue, at least once
 //
@@ -94,9 +106,9 @@
 //
 //	{ns}:meta           hash    shared settings ("buckets")
 //	{ns}:cookiedomains  set     registrable domains that have cookies (the registry Clear reads)
-//	{ns}:cj:<domain>    hash    "<domain>;<path>;<name>" -> "<created µs>|<h or d>|<Set-Cookie line>" (h: host-only)
+//	{ns}:cj:<domain>    hash    "<domain>;<path>;<name>" -> "<created µs>|<flags>|<expires ms>|<Set-Cookie line>" (flags h: host-only, d: domain; m: moved)
 //	{ns}:cookiehosts    set     earlier versions: hosts that have cookies (Clear reads it too)
-//	{ns}:c:<host>       hash    earlier versions: "<name>;<path>;<domain>" -> Set-Cookie line (moved into {ns}:cj:<domain> when read)
+//	{ns}:c:<host>       hash    earlier versions: "<name>;<path>;<domain>" -> Set-Cookie line (moved into {ns}:cj:<domain> when the host is next read or written)
 //	{ns}:q:ready        list    request IDs ready for delivery
 //	{ns}:q:data         hash    request ID -> serialized request
 //	{ns}:q:tries        hash    request ID -> deliveries so far
@@ -111,7 +123,10 @@
 // have a tag of their own and spread over all nodes.
 //
 // Time (expiry, visibility) always comes from Redis's TIME, never from a
-// client's clock. Every Redis round trip is bounded by WithRedisTimeout.
+// client's clock, but for cookies: a cookie's Max-Age and Expires are
+// applied, and its expiry checked, on the client's clock, as
+// net/http/cookiejar does (their creation times, which order them, are
+// Redis's). Every Redis round trip is bounded by WithRedisTimeout.
 //
 // # Round trips
 //

@@ -19,10 +19,11 @@ import (
 //
 //	{ns}:meta           hash  shared settings ("buckets")
 //	{ns}:cookiedomains  set   registrable domains that have a cookie jar (the registry Clear reads)
-//	{ns}:cj:<domain>    hash  "<domain>;<path>;<name>" -> "<created µs>|<h or d>|<Set-Cookie line>"
+//	{ns}:cj:<domain>    hash  "<domain>;<path>;<name>" -> "<created µs>|<flags>|<expires ms>|<Set-Cookie line>"
 //	{ns}:cookiehosts    set   earlier versions: hosts that have a cookie hash (read by Clear)
 //	{ns}:c:<host>       hash  earlier versions: "<name>;<path>;<domain>" -> Set-Cookie line
-//	                          (moved into {ns}:cj:<domain> when read, storage/cookies.go)
+//	                          (moved into {ns}:cj:<domain> when the host is next read or
+//	                          written, storage/cookies.go)
 //	{ns}:q:seq          string  last request ID handed out
 //	{ns}:q:data         hash  request ID -> serialized Colly request
 //	{ns}:q:ready        list  request IDs ready for delivery (FIFO; retries first)

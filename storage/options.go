@@ -50,9 +50,14 @@ const (
 	maxNamespaceLen = 200
 	maxBuckets      = 1 << 24
 	maxHostLen      = 255
-	maxCookies      = 1000    // per registrable domain (cookie jar)
-	maxCookieBytes  = 1 << 20 // per registrable domain, all cookies together
-	maxReasonLen    = 1024    // dead-letter reason
+	maxCookies      = 3000    // per registrable domain (cookie jar): every subdomain's cookies
+	maxCookieBytes  = 4 << 20 // per registrable domain, all stored values together
+	maxCookieValue  = 8192    // one stored value ("<flags>|<expires ms>|<line>"): a larger cookie is not stored
+	// An earlier version's limits per host (and port) hash: one over them
+	// was written by no version (cookies_get.lua deletes it).
+	legacyMaxCookies     = 1000
+	legacyMaxCookieBytes = 1 << 20
+	maxReasonLen         = 1024 // dead-letter reason
 
 	defaultMaxFetch = 10 * time.Minute
 )

@@ -185,14 +185,14 @@ const clearBatch = 1000
 // SSCAN returns every host in it from the first page to the last.
 func (s *Storage) clearCookies(ctx context.Context, registry string, key func(string) string) error {
 	type page struct {
-		hosts  []string
-		cursor uint64
+		members []string
+		cursor  uint64
 	}
 	var cursor uint64
 	for {
 		pg, err := call(ctx, s.cfg.redisTimeout, s.inline, "clear", func(ctx context.Context) (page, error) {
-			hosts, next, err := s.rdb.SScan(ctx, registry, cursor, "", clearBatch).Result()
-			return page{hosts, next}, err
+			members, next, err := s.rdb.SScan(ctx, registry, cursor, "", clearBatch).Result()
+			return page{members, next}, err
 		})
 		if errors.Is(err, ErrCorrupt) { // no cookie hash to find: Clear deletes the registry anyway
 			return nil
@@ -200,10 +200,10 @@ func (s *Storage) clearCookies(ctx context.Context, registry string, key func(st
 		if err != nil {
 			return err
 		}
-		if len(pg.hosts) > 0 {
-			keys := make([]string, len(pg.hosts))
-			for i, h := range pg.hosts {
-				keys[i] = key(h)
+		if len(pg.members) > 0 {
+			keys := make([]string, len(pg.members))
+			for i, m := range pg.members {
+				keys[i] = key(m)
 			}
 			if err := s.unlinkEach(ctx, keys); err != nil {
 				return err

@@ -15,8 +15,34 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/net/idna"
 	"golang.org/x/net/publicsuffix"
 )
+
+// CanonicalHost is the form of a URL's host name (u.Hostname(): without
+// port or IPv6 brackets) that the rules work on, as net/http/cookiejar's
+// canonicalHost: lower-cased, without a trailing dot, each non-ASCII
+// label in punycode ("www.bücher.de" -> "www.xn--bcher-kva.de"), so that
+// a host and its punycode form are one host, and a Domain attribute (which
+// must be ASCII) can name an IDN domain. ok is false for a host punycode
+// cannot encode. Unlike cookiejar, which encodes the labels before it
+// lower-cases ASCII, a label is lower-cased whole first ("BÜCHER" is
+// "bücher", as IDNA maps it).
+func CanonicalHost(host string) (string, bool) {
+	host = strings.TrimSuffix(strings.ToLower(host), ".")
+	ascii := true
+	for i := 0; i < len(host) && ascii; i++ {
+		ascii = host[i] < 0x80
+	}
+	if ascii {
+		return host, true
+	}
+	a, err := idna.Punycode.ToASCII(host)
+	if err != nil {
+		return "", false
+	}
+	return strings.ToLower(a), true
+}
 
 // IsPublicSuffix reports whether d is a public suffix ("com", "co.uk",
 // "github.io"), under which no site may set cookies for its neighbours.

@@ -99,3 +99,19 @@ func TestExpiry(t *testing.T) {
 		t.Error("a session cookie")
 	}
 }
+
+func TestCanonicalHost(t *testing.T) {
+	for in, want := range map[string]string{
+		"www.Shop.Example.":    "www.shop.example",
+		"www.bücher.de":        "www.xn--bcher-kva.de",
+		"WWW.BÜCHER.DE":        "www.xn--bcher-kva.de",
+		"www.xn--bcher-kva.de": "www.xn--bcher-kva.de",
+		"127.0.0.1":            "127.0.0.1",
+		"::1":                  "::1",
+	} {
+		got, ok := CanonicalHost(in)
+		if !ok || got != want {
+			t.Errorf("CanonicalHost(%q) = %q, %v; want %q", in, got, ok, want)
+		}
+	}
+}
