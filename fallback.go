@@ -36,7 +36,12 @@ import (
 //     member_heartbeat.lua replies "settled" once every such member's
 //     acknowledgement is later than the newcomer's join (two or three
 //     heartbeats). A member that joins later answers for itself the same
-//     way, so a settled server stays settled.
+//     way, so a settled server stays settled. A server leasing from its
+//     shard acknowledges no list later than the one the shard was cut from
+//     (shard.Membership.PinView) until it leases from Redis again: its
+//     heartbeats may still get through (Redis slow for it alone), and a
+//     newcomer seen only by such acknowledgements would take a share this
+//     server's shard overlaps.
 //   - A member whose registration ran out without a leave (crashed, or cut
 //     off from Redis: it may be leasing from its own shard, by a list that
 //     names this server) stays in the list shares are cut from for

@@ -273,7 +273,10 @@ func (f *fallback) trip(ctx context.Context, err error) bool {
 	if leaseMode(f.mode.Load()) != modeBroker {
 		return true
 	}
-	members, settled := f.shardList()
+	// The share is cut from this list until the Switch leases from Redis
+	// again: meanwhile this server's heartbeats, which may still get
+	// through, acknowledge no later list (shard.Membership.PinView).
+	members, settled := f.member.PinView()
 	size := 0
 	for _, fp := range f.pools {
 		fp.applyShareLocked(f, members, settled)
@@ -432,6 +435,7 @@ func (f *fallback) tryFinishResume(ctx context.Context, res probeResult) {
 			fp.mu.Unlock()
 		}
 		f.mode.Store(int32(modeBroker))
+		f.member.Unpin()
 		f.since = time.Now()
 		f.s.cfg.logger.Info("proxyswitch: leasing from Redis again", "pool", f.s.cfg.pool, "member", f.cfg.self)
 	}

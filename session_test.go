@@ -1343,3 +1343,28 @@ func TestSessionAfterFallbackWriteback(t *testing.T) {
 	}
 	assertNoLeases(t, s, site)
 }
+
+// TestSessionStartFlightPerSite: two requests of one task with no session
+// yet, at once, to two sites: the one to site A (every proxy quarantined
+// there) fails after MaxWait; the one to site B, which has free proxies,
+// does not wait on A's start and does not share its failure (a review found
+// B failing with A's error).
+func TestSessionStartFlightPerSite(t *testing.T) {
+	ctx := context.Background()
+	siteA := testbed.NewSite(t, "a", nil)
+	siteB := testbed.NewSite(t, "b", nil)
+	proxies := testbed.NewProxies(t, 2)
+	s := newSwitch(t, shared.Client(t), WithTimeouts(Timeouts{MaxWait: time.Second}))
+	for _, p := range proxies {
+		_, err := s.Add(ctx, p.URL())
+		require.NoError(t, err)
+		require.NoError(t, s.Ban(ctx, p.URL(), siteA.Host(), time.Minute))
+	}
+	errA := make(chan error, 1)
+	go func() { errA <- attached(s).Request("GET", siteA.URL()+"/echo", nil, NewTaskContext("T"), nil) }()
+	time.Sleep(150 * time.Millisecond)
+	require.NoError(t, attached(s).Request("GET", siteB.URL()+"/echo", nil, NewTaskContext("T"), nil), "site B has free proxies")
+	require.ErrorIs(t, <-errA, ErrNoProxy, "site A: every proxy quarantined")
+	_, err := s.EndSession(ctx, "T")
+	require.NoError(t, err)
+}

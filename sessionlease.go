@@ -170,9 +170,11 @@ func (p *redisPool) useSessionLabelled(ctx context.Context, task, site string, w
 			if rep.retired != nil {
 				p.sw.sessionEnded(p.name, *rep.retired)
 			}
-			// The task's requests in flight at once in this process: one
-			// starts the session, the others wait for it, then join it.
-			err = p.flights.do(ctx, "start\x00"+task+"\x00"+strings.Join(want, ","), func() error {
+			// The task's requests in flight at once in this process to one
+			// site: one starts the session, the others wait for it, then
+			// join it. (Per site: a failure that is the site's, every proxy
+			// quarantined there or its breaker open, is not another site's.)
+			err = p.flights.do(ctx, "start\x00"+task+"\x00"+scope+"\x00"+strings.Join(want, ","), func() error {
 				return p.startSession(ctx, task, site, scope, want)
 			})
 		case useNewSite:

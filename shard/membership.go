@@ -192,6 +192,8 @@ type Membership struct {
 	beatSent time.Time // when the last heartbeat that got a reply was sent
 	view     []string
 	settled  bool
+	pinned   bool  // PinView: heartbeats acknowledge pinMS, not beatMS
+	pinMS    int64 // the Redis time of the list pinned
 
 	notifyMu sync.Mutex
 	notified []string // nil until the first call of cfg.Changed
@@ -363,6 +365,30 @@ func (m *Membership) FallbackView() (members []string, settled bool) {
 	return slices.Clone(m.view), m.settled
 }
 
+// PinView is FallbackView for a server that starts leasing from a shard
+// cut from that view: until Unpin, its heartbeats (which may still reach
+// Redis while its lease calls do not: a slow or partial outage)
+// acknowledge only the list of that view, never a later one. A member that
+// joined since is then not settled by this server's word, and takes no
+// share by a list this server's shard does not know of. Safe for
+// concurrent use.
+func (m *Membership) PinView() (members []string, settled bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.pinned {
+		m.pinned, m.pinMS = true, m.beatMS
+	}
+	return slices.Clone(m.view), m.settled
+}
+
+// Unpin ends PinView: heartbeats acknowledge the list they last read
+// again. Safe for concurrent use.
+func (m *Membership) Unpin() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.pinned = false
+}
+
 // LapseKeep is how long a member whose registration ran out without a
 // leave stays in FallbackView's list: 20 member TTLs (60s by default).
 func (m *Membership) LapseKeep() time.Duration { return lapseKeep(m.cfg.TTL) }
@@ -373,6 +399,9 @@ func lapseKeep(ttl time.Duration) time.Duration { return 20 * ttl }
 func (m *Membership) beat(ctx context.Context) error {
 	m.mu.Lock()
 	ack := m.beatMS
+	if m.pinned {
+		ack = m.pinMS
+	}
 	m.mu.Unlock()
 	sent := time.Now()
 	res, err := bounded.Call(ctx, m.cfg.Timeout, false, func(ctx context.Context) ([]any, error) {
