@@ -1090,6 +1090,32 @@ func TestSessionHonoursLabels(t *testing.T) {
 }
 
 // asyncTaskCollector returns an async collector attached to s that sends up
+// burstTask sends per requests of task at once from an async collector on
+// each of sws (a task context per process), waits for them all, and checks
+// that every one succeeded.
+func burstTask(t *testing.T, base, task string, per int, sws []*Switch) {
+	t.Helper()
+	var ok atomic.Int64
+	var mu sync.Mutex
+	var errs []error
+	var cs []*colly.Collector
+	for _, sw := range sws {
+		c := asyncTaskCollector(t, sw, &ok, &mu, &errs)
+		tctx := NewTaskContext(task)
+		for i := range per {
+			require.NoError(t, c.Request("GET", fmt.Sprintf("%s/hello?task=%s&i=%d", base, task, i), nil, tctx, nil))
+		}
+		cs = append(cs, c)
+	}
+	for _, c := range cs {
+		c.Wait()
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Empty(t, errs, task)
+	assert.Equal(t, int64(per*len(sws)), ok.Load(), task)
+}
+
 // to 8 requests at once and counts its answers and errors.
 func asyncTaskCollector(t *testing.T, s *Switch, ok *atomic.Int64, mu *sync.Mutex, errs *[]error) *colly.Collector {
 	t.Helper()
@@ -1126,23 +1152,7 @@ func TestSessionConcurrentStartOneProxyLeft(t *testing.T) {
 		{"solo", []*Switch{s}, 6},       // one process
 		{"duo", []*Switch{s, other}, 4}, // two processes
 	} {
-		var ok atomic.Int64
-		var mu sync.Mutex
-		var errs []error
-		var cs []*colly.Collector
-		for _, sw := range tc.sws {
-			c := asyncTaskCollector(t, sw, &ok, &mu, &errs)
-			tctx := NewTaskContext(tc.task) // a context per process
-			for i := range tc.per {
-				require.NoError(t, c.Request("GET", fmt.Sprintf("%s/hello?task=%s&i=%d", site.URL(), tc.task, i), nil, tctx, nil))
-			}
-			cs = append(cs, c)
-		}
-		for _, c := range cs {
-			c.Wait()
-		}
-		assert.Empty(t, errs, tc.task)
-		assert.Equal(t, int64(tc.per*len(tc.sws)), ok.Load(), tc.task)
+		burstTask(t, site.URL(), tc.task, tc.per, tc.sws)
 		assert.Len(t, flow.visitor(tc.task).ips, 1, "%s: every request from its session's IP", tc.task)
 	}
 	flow.mu.Lock()
@@ -1186,23 +1196,7 @@ func TestSessionConcurrentNewSite(t *testing.T) {
 		{"duo", []*Switch{s, other}, 4},
 	} {
 		require.NoError(t, attached(s).Request("GET", stepURL(site, tc.task, 1), nil, NewTaskContext(tc.task), nil))
-		var ok atomic.Int64
-		var mu sync.Mutex
-		var errs []error
-		var cs []*colly.Collector
-		for _, sw := range tc.sws {
-			c := asyncTaskCollector(t, sw, &ok, &mu, &errs)
-			tctx := NewTaskContext(tc.task)
-			for i := range tc.per {
-				require.NoError(t, c.Request("GET", fmt.Sprintf("%s/hello?task=%s&i=%d", siteB.URL(), tc.task, i), nil, tctx, nil))
-			}
-			cs = append(cs, c)
-		}
-		for _, c := range cs {
-			c.Wait()
-		}
-		assert.Empty(t, errs, tc.task)
-		assert.Equal(t, int64(tc.per*len(tc.sws)), ok.Load(), tc.task)
+		burstTask(t, siteB.URL(), tc.task, tc.per, tc.sws)
 		assert.Equal(t, flow.visitor(tc.task).ips, flowB.visitor(tc.task).ips, "%s: one IP on both sites", tc.task)
 		assert.Len(t, flowB.visitor(tc.task).ips, 1, tc.task)
 	}
