@@ -67,6 +67,9 @@ if redis.call('ZCARD', KEYS[5]) > 0 then redis.call('PEXPIRE', KEYS[5], keep + 1
 -- list read since this one joined (a member that joined later read this one
 -- in the reply to its registration, and answers for itself the same way).
 -- A member with no ack (none yet, or of an older version) has not seen it.
+-- A list read in the millisecond this one joined may be from before the
+-- join (scripts of one millisecond are not ordered by their time): it does
+-- not count, and the member is seen one heartbeat later.
 -- That this member holds the reply is the caller's to know: a reply lost
 -- after a re-registration leaves it an older list (shard/membership.go).
 local settled = 1
@@ -76,13 +79,13 @@ if settled == 1 then
   for _, id in ipairs(live) do
     if id ~= ARGV[1] then
       local j = num(redis.call('HGET', KEYS[3], id)) or 0
-      if j <= joined and (num(redis.call('HGET', KEYS[4], id)) or 0) < joined then settled = 0 break end
+      if j <= joined and (num(redis.call('HGET', KEYS[4], id)) or 0) <= joined then settled = 0 break end
     end
   end
 end
 if settled == 1 then
   for _, id in ipairs(lapsed) do
-    if (num(redis.call('HGET', KEYS[4], id)) or 0) < joined then settled = 0 break end
+    if (num(redis.call('HGET', KEYS[4], id)) or 0) <= joined then settled = 0 break end
   end
 end
 
