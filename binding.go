@@ -35,20 +35,21 @@ import (
 
 // binding is the lease state of one request (one redirect chain).
 type binding struct {
-	mu      sync.Mutex
-	hdrs    []http.Header    // every hop's map: keeps the keys' maps alive
-	lease   *Lease           // current lease; nil before the first hop or after failure
-	hooked  bool             // made by the hooks (released by them), not by the ProxyFunc alone
-	touched atomic.Int64     // unix ns of creation or of the last lease taken
-	done    bool             // finished: released, must not take a new lease
-	proxy   *Proxy           // the proxy of the latest lease (kept after release)
-	calls   int              // ProxyFunc calls served: tells the transport a hop used a proxy
-	retries int              // retries through another proxy taken (transport.go)
-	task    *taskState       // the request's task, for its sticky session (session.go); nil for none
-	coll    *colly.Collector // the collector the hooks saw it on (its MaxBodySize); nil without hooks
-	waitBy  time.Time        // the hop's wait for a proxy ends by then (leaseEarly); zero: MaxWait alone
-	sessKey sessionHoldKey   // the session the request goes through, renewed while it runs (sessionrenew.go)
-	sessEnd func()           // ends that renewal for this request; nil for none
+	mu       sync.Mutex
+	hdrs     []http.Header    // every hop's map: keeps the keys' maps alive
+	lease    *Lease           // current lease; nil before the first hop or after failure
+	hooked   bool             // made by the hooks (released by them), not by the ProxyFunc alone
+	touched  atomic.Int64     // unix ns of creation or of the last lease taken
+	done     bool             // finished: released, must not take a new lease
+	proxy    *Proxy           // the proxy of the latest lease (kept after release)
+	calls    int              // ProxyFunc calls served: tells the transport a hop used a proxy
+	retries  int              // retries through another proxy taken (transport.go)
+	task     *taskState       // the request's task, for its sticky session (session.go); nil for none
+	coll     *colly.Collector // the collector the hooks saw it on (its MaxBodySize); nil without hooks
+	waitBy   time.Time        // the hop's wait for a proxy ends by then (leaseEarly); zero: MaxWait alone
+	sessKey  sessionHoldKey   // the session the request goes through, renewed while it runs (sessionrenew.go)
+	sessSlot heldSlot         // the slot of that session it goes through
+	sessEnd  func()           // ends that renewal for this request; nil for none
 
 	refusals []refusal     // the bans met, for the page-or-IP judgment (ban.go)
 	blocked  *BlockedError // the latest ban or failure retried: named by a later ErrNoProxy
@@ -255,7 +256,7 @@ func (r *registry) take(h http.Header) *binding {
 // session b's request goes through (nil for none). b.mu is held.
 func (b *binding) takeSessionHold() func() {
 	f := b.sessEnd
-	b.sessEnd, b.sessKey = nil, sessionHoldKey{}
+	b.sessEnd, b.sessKey, b.sessSlot = nil, sessionHoldKey{}, heldSlot{}
 	return f
 }
 

@@ -65,8 +65,10 @@ import (
 //
 // Retirement. A ban or a proxy failure met through a session's proxy
 // quarantines the proxy as for any request (ban.go), then ends the session:
-// its other leases come back once the requests of the task still under way
-// through it can be over (the lease TTL), its jar is deleted and its record
+// its other leases come back a lease TTL later, or once the requests of the
+// task still under way through it are over, whichever is later (the server
+// running such a request keeps the proxy out: sessionrenew.go), its jar is
+// deleted and its record
 // becomes a tombstone saying why. The request's retry, or the task's next request on
 // any worker, starts a new session with another proxy and an empty jar.
 // Limits (Sessions.MaxRequests, Sessions.MaxAge), a proxy removed from
@@ -570,14 +572,16 @@ func (s *Switch) sessionAttempt(req *http.Request, a *attempt) (*sessionUse, err
 	}
 	cur.lease.be = sb // its quarantine goes where its pool's do
 	k := sessionHoldKey{p: ss, task: ts.task, id: cur.info.ID}
+	slot := heldSlot{scope: cur.lease.scope, member: cur.lease.member}
 	var ended func()
 	b.mu.Lock()
 	b.lease, b.proxy = cur.lease, cur.lease.proxy
-	if !b.done && (b.sessEnd == nil || b.sessKey != k) {
+	if !b.done && (b.sessEnd == nil || b.sessKey != k || b.sessSlot != slot) {
 		// The session is renewed while the request runs (sessionrenew.go);
-		// a retry through a new session moves the renewal to it.
+		// a retry through a new session, or a hop to another site, moves
+		// the renewal to it.
 		ended = b.takeSessionHold()
-		b.sessKey, b.sessEnd = k, s.holdSession(k)
+		b.sessKey, b.sessSlot, b.sessEnd = k, slot, s.holdSession(k, slot)
 	}
 	b.mu.Unlock()
 	if ended != nil {

@@ -1362,3 +1362,87 @@ func TestSessionStartFlightPerSite(t *testing.T) {
 	_, err := s.EndSession(ctx, "T")
 	require.NoError(t, err)
 }
+
+// A request of a session still running when a sibling request retires the
+// session (here MaxRequests) keeps its IP to itself until it ends, however
+// long past the lease TTL: the retirement put the proxy back after a lease
+// TTL, and the renewal tick keeps it out for the request still under way
+// (sessionrenew.go, session_use.lua's afterlife), whether the sibling runs
+// in the same process or another. Without that, another task leased the IP
+// 500 ms into a 3-second request.
+func TestSessionRetiredWhileItsRequestRuns(t *testing.T) {
+	for _, by := range []string{"same", "other"} {
+		t.Run("sibling in the "+by+" process", func(t *testing.T) { testRetiredWhileItsRequestRuns(t, by == "other") })
+	}
+}
+
+func testRetiredWhileItsRequestRuns(t *testing.T, otherProcess bool) {
+	ctx := context.Background()
+	site := testbed.NewSite(t, "slow", nil)
+	proxies := testbed.NewProxies(t, 2)
+	const leaseTTL = 500 * time.Millisecond
+	var mu sync.Mutex
+	var retired []string
+	prefix := testPrefix()
+	newSw := func() *Switch {
+		return newSwitch(t, shared.Client(t), WithPrefix(prefix), WithTimeouts(Timeouts{LeaseTTL: leaseTTL, MaxWait: 200 * time.Millisecond}),
+			WithSessions(Sessions{MaxRequests: 1, Retired: func(r SessionRetirement) { mu.Lock(); retired = append(retired, r.Reason); mu.Unlock() }}))
+	}
+	s, sibling := newSw(), (*Switch)(nil)
+	if sibling = s; otherProcess {
+		sibling = newSw()
+	}
+	for _, p := range proxies {
+		_, err := s.Add(ctx, p.URL())
+		require.NoError(t, err)
+	}
+
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() { done <- attached(s).Request("GET", site.URL()+"/slow?d=3s", nil, NewTaskContext("long"), nil) }()
+	require.Eventually(t, func() bool { return site.Recorder().InFlight() == 1 }, 5*time.Second, 5*time.Millisecond)
+	c := attached(s)
+	// The task's next request retires the session (one request each) and
+	// starts another on the other proxy: now both are the task's.
+	require.NoError(t, attached(sibling).Request("GET", site.URL()+"/echo", nil, NewTaskContext("long"), nil))
+	mu.Lock()
+	assert.Equal(t, []string{"max_requests"}, retired)
+	mu.Unlock()
+	tries := 0
+	var longErr error
+wait:
+	for {
+		select {
+		case longErr = <-done:
+			break wait
+		default:
+		}
+		err := c.Request("GET", site.URL()+"/echo", nil, NewTaskContext("other"), nil)
+		require.ErrorIs(t, err, ErrNoProxy, "another task, %v after the start", time.Since(start))
+		err = c.Visit(site.URL() + "/echo?no-task")
+		require.ErrorIs(t, err, ErrNoProxy, "a request of no task, %v after the start", time.Since(start))
+		tries++
+	}
+	require.NoError(t, longErr)
+	assert.Greater(t, time.Since(start), 4*leaseTTL, "the request outlived the hold of the retirement")
+	assert.Positive(t, tries)
+	assert.Zero(t, site.Recorder().Collisions(), "two requests from the one IP at once")
+
+	// Over: the retired session's proxy comes back within a lease TTL.
+	ended := time.Now()
+	require.Eventually(t, func() bool {
+		return c.Request("GET", site.URL()+"/echo", nil, NewTaskContext("other"), nil) == nil
+	}, 4*leaseTTL, 20*time.Millisecond)
+	assert.Less(t, time.Since(ended), 2*leaseTTL)
+	require.Eventually(t, func() bool {
+		s.sessHolds.mu.Lock()
+		defer s.sessHolds.mu.Unlock()
+		return len(s.sessHolds.m) == 0
+	}, time.Second, 10*time.Millisecond, "no session renewed once its requests are over")
+	for _, task := range []string{"long", "other"} {
+		_, err := s.EndSession(ctx, task)
+		require.NoError(t, err)
+	}
+	assert.Zero(t, site.Recorder().Collisions())
+	assertNoLeases(t, s, site)
+}

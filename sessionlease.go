@@ -100,12 +100,12 @@ func (p *redisPool) runUse(ctx context.Context, task, scope, mode string) (*useR
 
 // runUseMode runs session_use.lua for task on scope in any mode, id being
 // its ARGV[11] ("renew" and "join"), and returns the raw reply.
-func (p *redisPool) runUseMode(ctx context.Context, task, scope, mode, id string) ([]any, error) {
+func (p *redisPool) runUseMode(ctx context.Context, task, scope, mode, id string, extra ...any) ([]any, error) {
 	c := p.cfg
+	args := append([]any{p.keys.base, scope, c.session.ttl.Milliseconds(), c.session.maxRequests, c.session.maxAge.Milliseconds(),
+		c.cooldown.Milliseconds(), c.slots, c.idleTTL.Milliseconds(), mode, c.leaseTTL.Milliseconds(), id}, extra...)
 	res, err := roundTrip(ctx, c.redisTimeout, func(ctx context.Context) ([]any, error) {
-		return sessionUseScript.Run(ctx, p.rdb, p.keys.sessionKeys(task),
-			p.keys.base, scope, c.session.ttl.Milliseconds(), c.session.maxRequests, c.session.maxAge.Milliseconds(),
-			c.cooldown.Milliseconds(), c.slots, c.idleTTL.Milliseconds(), mode, c.leaseTTL.Milliseconds(), id).Slice()
+		return sessionUseScript.Run(ctx, p.rdb, p.keys.sessionKeys(task), args...).Slice()
 	}, nil)
 	if err != nil {
 		return nil, redisErr("session", err)

@@ -18,9 +18,20 @@ import (
 // (session_use.lua's "renew": every lease it holds and its record pushed to
 // now + TTL, owner-checked, nothing counted), from the request's first
 // attempt through its session until the request ends (its binding does:
-// the hooks, the sweep, Close). A session that is no longer live or intact
-// is not renewed (its next use retires it or starts anew); renewals stop
-// at Close. One timer per session, however many of its requests run.
+// the hooks, the sweep, Close). Renewals stop at Close. One timer per
+// session, however many of its requests run.
+//
+// A session that is no longer live or intact (a sibling request retired it
+// for MaxRequests, MaxAge or a ban, here or in another process; it was
+// ended or replaced) is not renewed: its end put its proxy back after the
+// lease TTL, for the requests still under way (session_lib.lua's
+// end_session), and a request may run longer. So the same tick keeps the
+// slots this process's requests of it go through out of rotation for
+// another lease TTL (session_use.lua's afterlife), until the last of them
+// ends. The tick comes every quarter of the session TTL or of the lease
+// TTL, whichever is shorter, counted from the last use of the session in
+// this process (which found it live): a retirement after that use puts the
+// proxy back no sooner than a lease TTL later, and the tick comes first.
 
 // sessionHoldKey names a session of a pool.
 type sessionHoldKey struct {
@@ -28,10 +39,14 @@ type sessionHoldKey struct {
 	task, id string
 }
 
+// heldSlot is a slot a session's request goes through.
+type heldSlot struct{ scope, member string }
+
 // sessionHold is a session with requests under way in this process.
 type sessionHold struct {
-	n     int         // its requests under way; guarded by sessionHolds.mu
-	timer *time.Timer // the next renewal
+	n     int              // its requests under way; guarded by sessionHolds.mu
+	slots map[heldSlot]int // the slots they go through, with their count; guarded too
+	timer *time.Timer      // the next renewal
 }
 
 // sessionHolds is the Switch's set of sessions with requests under way.
@@ -40,28 +55,35 @@ type sessionHolds struct {
 	m  map[sessionHoldKey]*sessionHold
 }
 
-// holdSession notes one request of session k under way and returns the
-// function that notes its end (once; later calls do nothing).
-func (s *Switch) holdSession(k sessionHoldKey) func() {
+// holdSession notes one request of session k under way through slot, its
+// use having just found the session live, and returns the function that
+// notes its end (once; later calls do nothing).
+func (s *Switch) holdSession(k sessionHoldKey, slot heldSlot) func() {
 	h := &s.sessHolds
+	every := min(k.p.cfg.session.ttl, k.p.cfg.leaseTTL) / 4
 	h.mu.Lock()
 	e := h.m[k]
 	if e == nil {
 		if h.m == nil {
 			h.m = make(map[sessionHoldKey]*sessionHold)
 		}
-		e = &sessionHold{}
-		every := k.p.cfg.session.ttl / 4
+		e = &sessionHold{slots: make(map[heldSlot]int)}
 		e.timer = time.AfterFunc(every, func() { s.renewSession(k, e, every) })
 		h.m[k] = e
+	} else {
+		e.timer.Reset(every) // the use renewed the session: the next tick can wait
 	}
 	e.n++
+	e.slots[slot]++
 	h.mu.Unlock()
 	var once sync.Once
 	return func() {
 		once.Do(func() {
 			h.mu.Lock()
 			defer h.mu.Unlock()
+			if e.slots[slot]--; e.slots[slot] == 0 {
+				delete(e.slots, slot)
+			}
 			if e.n--; e.n == 0 {
 				e.timer.Stop()
 				if h.m[k] == e {
@@ -72,16 +94,19 @@ func (s *Switch) holdSession(k sessionHoldKey) func() {
 	}
 }
 
-// renewSession renews session k while e is its entry, then arms the next
-// renewal; a session found ended, lapsed or not intact is renewed no more.
+// renewSession renews session k while e is its entry, or keeps its
+// requests' slots out once it is over, then arms the next tick.
 func (s *Switch) renewSession(k sessionHoldKey, e *sessionHold, every time.Duration) {
 	h := &s.sessHolds
-	current := func() bool {
-		h.mu.Lock()
-		defer h.mu.Unlock()
-		return h.m[k] == e && e.n > 0
+	var slots []any // scope, member, ...: the slots of its requests under way
+	h.mu.Lock()
+	if h.m[k] == e && e.n > 0 {
+		for sl := range e.slots {
+			slots = append(slots, sl.scope, sl.member)
+		}
 	}
-	if !current() {
+	h.mu.Unlock()
+	if slots == nil {
 		return
 	}
 	drop := func() {
@@ -95,12 +120,21 @@ func (s *Switch) renewSession(k sessionHoldKey, e *sessionHold, every time.Durat
 		drop()
 		return
 	}
-	res, err := k.p.runUseMode(context.Background(), k.task, globalSite, "renew", k.id)
-	if err != nil {
+	res, err := k.p.runUseMode(context.Background(), k.task, globalSite, "renew", k.id, slots...)
+	st, _ := intAt(res, 0)
+	switch {
+	case err != nil:
 		// Redis unreachable or slow: the next tick tries again, within the TTL.
 		s.cfg.logger.Warn("proxyswitch: renewing a session with a request under way failed", "task", k.task, "session", k.id, "err", err)
-	} else if st, _ := intAt(res, 0); st != 4 {
-		s.cfg.logger.Debug("proxyswitch: a session with a request under way is no longer live; renewed no more", "task", k.task, "session", k.id)
+	case st == 7:
+		if taken, _ := intAt(res, 2); taken > 0 {
+			s.cfg.logger.Warn("proxyswitch: a request of a session that is over still runs, and another holder leased its proxy meanwhile",
+				"task", k.task, "session", k.id, "slots", taken)
+		} else {
+			s.cfg.logger.Debug("proxyswitch: a session with a request under way is over; its proxy is kept out until the request ends", "task", k.task, "session", k.id)
+		}
+	case st != 4:
+		s.cfg.logger.Warn("proxyswitch: renewing a session with a request under way: unexpected reply; renewed no more", "task", k.task, "session", k.id, "status", st)
 		drop()
 		return
 	}

@@ -19,6 +19,9 @@
 -- ARGV[10] ms a retired session's proxy stays out for its requests under way
 -- ARGV[11] "renew" and "join": the session ID ("" for "join" by a request
 --         that starts a session)
+-- ARGV[12...] "renew": scope and member (ARGV[12], ARGV[13], ...) of each
+--         slot a request of the session under way in the caller's process
+--         goes through
 --
 -- Returns
 --   {1, proxy URL, id, gen, n, created ms, exp ms, member on the scope ("" with
@@ -31,8 +34,11 @@
 --      dead or removed); gen counts the task's sessions so far;
 --   {-3, what}  the record or the jar is not what this package writes;
 --   "renew": {4, exp ms} every lease of session ARGV[11] and its record
---      renewed to now + TTL (nothing counted), or anything else: not renewed
---      (the session ended, lapsed or is not intact: its next use tells);
+--      renewed to now + TTL (nothing counted); or, the session no longer
+--      live or intact (retired, ended, lapsed, replaced: its next use
+--      tells), {7, slots kept, slots taken}: each slot of ARGV[12...] is
+--      kept out of rotation until now + ARGV[10] (afterlife), unless
+--      another holder's live lease has it (taken);
 --   "join": {6, 1} the task has a live session (ARGV[11] ""), or session
 --      ARGV[11] holds the scope now or was replaced; {6, 2} a lease of
 --      session ARGV[11] holds the proxy on the scope but is not bound yet
@@ -51,6 +57,37 @@ local function none(retired)
   local out = {0, retired, r.gen or '0'}
   for _, v in ipairs(previous(r, KEYS[2])) do out[#out + 1] = v end
   return out
+end
+-- afterlife keeps the slots of ARGV[12...] out of rotation until now +
+-- ARGV[10] for the requests of session ARGV[11] still under way in the
+-- caller's process, the session being over: its end put them back after
+-- that hold (end_session), which a long request outlives. Every slot of
+-- the proxy is kept out, as the session kept them, but a slot another
+-- holder's live lease has is left to it (counted as taken when it is the
+-- request's own); a score that is already later (a ban) stays, and a slot
+-- no longer in the free set (its proxy removed) is not put back.
+local function afterlife()
+  local untl, token, kept, taken = now + tonumber(ARGV[10]), 's:' .. ARGV[11], 0, 0
+  for i = 12, #ARGV - 1, 2 do
+    local scope, member = ARGV[i], ARGV[i + 1]
+    local id = string.match(member, '^(%x+):%d+$')
+    if not id then return {-3, 'bad member ' .. member} end
+    local fk, lk = base .. ':free:' .. scope, base .. ':lease:' .. scope
+    for s = 0, slots - 1 do
+      local m = id .. ':' .. s
+      local tok, e = string.match(redis.call('HGET', lk, m) or '', '^(.*)|(%d+)$')
+      if tok and tok ~= token and tonumber(e) > now then
+        if m == member then taken = taken + 1 end
+      else
+        redis.call('ZADD', fk, 'XX', 'GT', untl, m)
+        if m == member then kept = kept + 1 end
+      end
+    end
+  end
+  return {7, kept, taken}
+end
+if ARGV[9] == 'renew' and (r.id ~= ARGV[11] or tonumber(r.exp or '') == nil or tonumber(r.exp) <= now) then
+  return afterlife() -- over: its next use ends a lapsed one
 end
 if not r.id then return none(0) end
 if ARGV[9] == 'join' then
@@ -96,11 +133,12 @@ local url = redis.call('HGET', KEYS[2], r.proxy)
 if ARGV[9] == 'renew' then
   -- A request of the session runs longer than part of the TTL: its proxy
   -- stays the session's until it is over (sessionrenew.go). Nothing is
-  -- retired here: a session that is not intact is left to its next use.
-  if r.id ~= ARGV[11] or not url then return {5} end
+  -- retired here: a session that is not intact is left to its next use,
+  -- and its requests' slots to the afterlife.
+  if not url then return afterlife() end
   local hs = held(r)
   for _, h in ipairs(hs) do
-    if intact(base, h[1], h[2], token, r.exp) then return {5} end
+    if intact(base, h[1], h[2], token, r.exp) then return afterlife() end
   end
   local exp = math.max(now + ttl, tonumber(r.exp))
   for _, h in ipairs(hs) do hold(base, h[1], r.proxy, h[2], token, exp, slots, idle) end
