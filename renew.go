@@ -33,9 +33,10 @@ import (
 //   - sticky sessions' leases: they are not leases of one request but of
 //     the session, which holds its proxy until Sessions.TTL (10 minutes)
 //     after its last request, renewed by each request's use, and, while
-//     one of its requests runs, every quarter of the session TTL by a
-//     timer of its own (sessionrenew.go): a request longer than the
-//     session TTL keeps its proxy too.
+//     one of its requests runs, every quarter of the session or lease
+//     TTL, whichever is shorter, by a timer of its own (sessionrenew.go): a
+//     request longer than the session TTL keeps its proxy too, and so does
+//     one whose session a sibling request retired meanwhile.
 //
 // Leases from the fallback's local shard are renewed too, in memory (and
 // their record in Redis once the fallback handed them over).
