@@ -65,10 +65,10 @@ import (
 //
 // Retirement. A ban or a proxy failure met through a session's proxy
 // quarantines the proxy as for any request (ban.go), then ends the session:
-// its other leases come back a lease TTL later, or once the requests of the
-// task still under way through it are over, whichever is later (the server
-// running such a request keeps the proxy out: sessionrenew.go), its jar is
-// deleted and its record
+// its proxy comes back a lease TTL later, or up to a lease TTL after the
+// requests of the task still under way through it are over, whichever is
+// later (the server running such a request keeps the proxy out:
+// sessionrenew.go), its jar is deleted and its record
 // becomes a tombstone saying why. The request's retry, or the task's next request on
 // any worker, starts a new session with another proxy and an empty jar.
 // Limits (Sessions.MaxRequests, Sessions.MaxAge), a proxy removed from
@@ -209,9 +209,9 @@ type sessionConfig struct {
 type Sessions struct {
 	// TTL is how long a session lives after its last request, its proxy
 	// serving no one else on its sites; within the idle TTL. While one of
-	// its requests runs the session is renewed (every quarter of the TTL),
-	// so a request longer than the TTL keeps the proxy to its session. The
-	// default is 10 minutes.
+	// its requests runs the session is renewed (every quarter of the TTL
+	// or of the lease TTL, whichever is shorter), so a request longer than
+	// the TTL keeps the proxy to its session. The default is 10 minutes.
 	TTL time.Duration
 
 	// MaxRequests retires a session once it has sent that many requests
@@ -403,8 +403,12 @@ func (s *Switch) sessionsHint(ctx context.Context, pool string) string {
 }
 
 // EndSession ends the live session of task (its proxy is freed, its cookies
-// deleted) and reports whether there was one. It also deletes a corrupt
-// session record. It is safe for concurrent use.
+// deleted) and reports whether there was one. A request of the session
+// still under way keeps the proxy until it ends; one another Switch sent
+// in the last two renewal ticks (a quarter of the shorter of Sessions.TTL
+// and the lease TTL each: 15s by default) may still be, so the proxy frees
+// once that passed. It also deletes a corrupt session record. It is safe
+// for concurrent use.
 func (s *Switch) EndSession(ctx context.Context, task string) (bool, error) {
 	if err := checkTask(task); err != nil {
 		return false, err
@@ -575,13 +579,15 @@ func (s *Switch) sessionAttempt(req *http.Request, a *attempt) (*sessionUse, err
 	slot := heldSlot{scope: cur.lease.scope, member: cur.lease.member}
 	var ended func()
 	b.mu.Lock()
+	prev := b.lease
 	b.lease, b.proxy = cur.lease, cur.lease.proxy
-	if !b.done && (b.sessEnd == nil || b.sessKey != k || b.sessSlot != slot) {
+	if !b.done && (b.sessEnd == nil || b.sessKey != k || b.sessSlot != slot || prev != cur.lease) {
 		// The session is renewed while the request runs (sessionrenew.go);
 		// a retry through a new session, or a hop to another site, moves
-		// the renewal to it.
+		// the renewal to it, and each attempt's lease is the one failed if
+		// the session's end loses the slot (afterlifeLost).
 		ended = b.takeSessionHold()
-		b.sessKey, b.sessSlot, b.sessEnd = k, slot, s.holdSession(k, slot)
+		b.sessKey, b.sessSlot, b.sessEnd = k, slot, s.holdSession(k, slot, cur.lease)
 	}
 	b.mu.Unlock()
 	if ended != nil {

@@ -203,7 +203,9 @@ func stepURL(site *testbed.Site, task string, n int) string {
 // and cookies never cross sessions or reach the collectors' jars.
 func TestSessions100x20AcrossThreeCollectors(t *testing.T) {
 	const tasks, steps, extra = 100, 20, 12
-	flow, site, _, s0 := sessionShop(t, tasks+extra, WithTimeouts(Timeouts{MaxWait: 20 * time.Second}))
+	// A 2-second lease TTL: a session ended by another server than the last
+	// to use it frees its proxy two renewal ticks (1s) after that use.
+	flow, site, _, s0 := sessionShop(t, tasks+extra, WithTimeouts(Timeouts{MaxWait: 20 * time.Second, LeaseTTL: 2 * time.Second}))
 	sws := []*Switch{s0, sibling(t, s0, shared.Client(t)), sibling(t, s0, shared.Client(t))}
 	cs := make([]*colly.Collector, len(sws))
 	var failed atomic.Int64
@@ -303,7 +305,10 @@ func TestSessions100x20AcrossThreeCollectors(t *testing.T) {
 	st, err = s0.Stats(context.Background(), site.Host())
 	require.NoError(t, err)
 	assert.Zero(t, st.Leased)
-	assert.Equal(t, tasks+extra, st.FreeSlots)
+	require.Eventually(t, func() bool {
+		st, err = s0.Stats(context.Background(), site.Host())
+		return err == nil && st.FreeSlots == tasks+extra
+	}, 3*time.Second, 20*time.Millisecond, "every proxy free within the requests' hold")
 	assertNoLeases(t, s0, site)
 }
 
@@ -1445,4 +1450,190 @@ wait:
 	}
 	assert.Zero(t, site.Recorder().Collisions())
 	assertNoLeases(t, s, site)
+}
+
+// EndSession while a request of the session runs, from this Switch or
+// another: the request keeps its IP until it ends (the record's h:<tag>
+// fields hold the proxy until the running Switch's next tick, which then
+// keeps it out: session_use.lua's afterlife), also once a lease on the
+// site pruned the slot's passed score. An idle session ended by the
+// Switch that ran it frees its proxy at once, as EndSession promises.
+func TestSessionEndedWhileItsRequestRuns(t *testing.T) {
+	for _, by := range []string{"same", "other"} {
+		t.Run("EndSession in the "+by+" process", func(t *testing.T) {
+			ctx := context.Background()
+			site := testbed.NewSite(t, "slow", nil)
+			proxies := testbed.NewProxies(t, 2)
+			const leaseTTL = 500 * time.Millisecond
+			prefix := testPrefix()
+			newSw := func() *Switch {
+				return newSwitch(t, shared.Client(t), WithPrefix(prefix), WithTimeouts(Timeouts{LeaseTTL: leaseTTL, MaxWait: 200 * time.Millisecond}))
+			}
+			s, ender := newSw(), (*Switch)(nil)
+			if ender = s; by == "other" {
+				ender = newSw()
+			}
+			for _, p := range proxies {
+				_, err := s.Add(ctx, p.URL())
+				require.NoError(t, err)
+			}
+			c := attached(s)
+			done := make(chan error, 2)
+			go func() { done <- c.Request("GET", site.URL()+"/slow?d=3s", nil, NewTaskContext("long"), nil) }()
+			require.Eventually(t, func() bool { return site.Recorder().InFlight() == 1 }, 5*time.Second, 5*time.Millisecond)
+			ended, err := ender.EndSession(ctx, "long")
+			require.NoError(t, err)
+			require.True(t, ended)
+			// A request of no task right after takes the other proxy (and its
+			// lease call prunes passed scores on the site).
+			go func() { done <- c.Request("GET", site.URL()+"/slow?d=2s", nil, nil, nil) }()
+			require.Eventually(t, func() bool { return site.Recorder().InFlight() == 2 }, 5*time.Second, 5*time.Millisecond)
+			for range 3 {
+				err := c.Request("GET", site.URL()+"/echo", nil, NewTaskContext("other"), nil)
+				require.ErrorIs(t, err, ErrNoProxy, "another task got the IP of a request still running")
+				time.Sleep(leaseTTL)
+			}
+			require.NoError(t, <-done)
+			require.NoError(t, <-done)
+			assert.Zero(t, site.Recorder().Collisions(), "two requests from the one IP at once")
+
+			// An idle session, ended by the Switch that ran it: its proxy is
+			// free at once (the other is a request of no task's, still cooling
+			// or free: both are asked for).
+			require.Eventually(t, func() bool {
+				return c.Request("GET", site.URL()+"/echo", nil, NewTaskContext("idle"), nil) == nil
+			}, 4*leaseTTL, 20*time.Millisecond)
+			require.Eventually(t, func() bool {
+				s.sessHolds.mu.Lock()
+				defer s.sessHolds.mu.Unlock()
+				return len(s.sessHolds.m) == 0
+			}, 2*time.Second, 10*time.Millisecond)
+			_, err = s.EndSession(ctx, "other")
+			require.NoError(t, err)
+			time.Sleep(leaseTTL) // the long request's slot, kept out up to a lease TTL after its last tick
+			blocker := make(chan error, 1)
+			go func() { blocker <- c.Request("GET", site.URL()+"/slow?d=1s", nil, NewTaskContext("blocker"), nil) }()
+			require.Eventually(t, func() bool { return site.Recorder().InFlight() == 1 || len(blocker) == 1 }, 5*time.Second, 5*time.Millisecond)
+			if len(blocker) == 1 {
+				t.Fatalf("the blocker's request: %v", <-blocker)
+			}
+			ended, err = s.EndSession(ctx, "idle")
+			require.NoError(t, err)
+			require.True(t, ended)
+			assert.NoError(t, c.Request("GET", site.URL()+"/echo", nil, NewTaskContext("next"), nil), "the idle session's proxy, at once")
+			require.NoError(t, <-blocker)
+			for _, task := range []string{"blocker", "next"} {
+				_, err := s.EndSession(ctx, task)
+				require.NoError(t, err)
+			}
+			assert.Zero(t, site.Recorder().Collisions())
+			assertNoLeases(t, s, site)
+		})
+	}
+}
+
+// A request of a session that is over, whose slot another holder leased
+// before the Switch's tick came (a tick late past the hold: here its timer
+// is held back), fails with ErrLeaseLost rather than pass for exclusive,
+// as a plain lease's request does.
+func TestSessionOverAndItsSlotTakenFailsTheRequest(t *testing.T) {
+	ctx := context.Background()
+	site := testbed.NewSite(t, "slow", nil)
+	proxies := testbed.NewProxies(t, 1)
+	const leaseTTL = 400 * time.Millisecond
+	s := newSwitch(t, shared.Client(t), WithTimeouts(Timeouts{LeaseTTL: leaseTTL, MaxWait: 200 * time.Millisecond}))
+	_, err := s.Add(ctx, proxies[0].URL())
+	require.NoError(t, err)
+	c := attached(s)
+	done := make(chan error, 1)
+	go func() { done <- c.Request("GET", site.URL()+"/slow?d=3s", nil, NewTaskContext("long"), nil) }()
+	require.Eventually(t, func() bool { return site.Recorder().InFlight() == 1 }, 5*time.Second, 5*time.Millisecond)
+	var e *sessionHold
+	s.sessHolds.mu.Lock()
+	for _, ee := range s.sessHolds.m {
+		e = ee
+		e.timer.Stop() // the tick is late
+	}
+	s.sessHolds.mu.Unlock()
+	require.NotNil(t, e)
+	ended, err := s.EndSession(ctx, "long")
+	require.NoError(t, err)
+	require.True(t, ended)
+	// Past the request's hold (the record's h:<tag>), another holder leases the IP.
+	var l *Lease
+	require.Eventually(t, func() bool {
+		l, err = s.Lease(ctx, site.Host())
+		return err == nil
+	}, 5*leaseTTL, 20*time.Millisecond)
+	s.sessHolds.mu.Lock()
+	e.timer.Reset(time.Millisecond) // the tick comes
+	s.sessHolds.mu.Unlock()
+	err = <-done
+	assert.ErrorIs(t, err, ErrLeaseLost, "the request ran on while another held its IP")
+	require.NoError(t, l.Release(ctx))
+}
+
+// The afterlife of a session that is over puts its request's slot back out
+// of rotation also after a lease on the site pruned the slot's passed score
+// (lease.lua drops passed scores: a tick late past the hold), and reports
+// the slot lost when its proxy left the pool (nothing put back).
+func TestSessionAfterlifeAfterPrune(t *testing.T) {
+	ctx := context.Background()
+	site := testbed.NewSite(t, "slow", nil)
+	proxies := testbed.NewProxies(t, 2)
+	const leaseTTL = 500 * time.Millisecond
+	s := newSwitch(t, shared.Client(t), WithTimeouts(Timeouts{LeaseTTL: leaseTTL, MaxWait: 200 * time.Millisecond}))
+	for _, p := range proxies {
+		_, err := s.Add(ctx, p.URL())
+		require.NoError(t, err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- attached(s).Request("GET", site.URL()+"/slow?d=2s", nil, NewTaskContext("long"), nil) }()
+	require.Eventually(t, func() bool { return site.Recorder().InFlight() == 1 }, 5*time.Second, 5*time.Millisecond)
+	var k sessionHoldKey
+	var slot heldSlot
+	s.sessHolds.mu.Lock()
+	for kk, e := range s.sessHolds.m {
+		k = kk
+		e.timer.Stop() // ticks by hand below
+		for sl := range e.slots {
+			slot = sl
+		}
+	}
+	s.sessHolds.mu.Unlock()
+	require.NotEmpty(t, slot.member)
+	ended, err := s.EndSession(ctx, "long")
+	require.NoError(t, err)
+	require.True(t, ended)
+	rdb := shared.Client(t)
+	free := k.p.keys.free(slot.scope)
+	require.NoError(t, rdb.ZRem(ctx, free, slot.member).Err()) // what lease.lua's prune does to a passed score
+
+	res, err := k.p.runUseMode(ctx, k.task, globalSite, "renew", k.id, slot.scope, slot.member)
+	require.NoError(t, err)
+	assert.Equal(t, []any{int64(7), int64(1), int64(0), int64(0)}, res, "kept, none lost")
+	sc, err := rdb.ZScore(ctx, free, slot.member).Result()
+	require.NoError(t, err, "the slot is out of rotation again")
+	assert.Greater(t, int64(sc), time.Now().UnixMilli()+int64(leaseTTL/2/time.Millisecond))
+	err = attached(s).Request("GET", site.URL()+"/echo", nil, NewTaskContext("other"), nil)
+	require.NoError(t, err, "another task gets the other proxy")
+
+	// The proxy leaves the pool: lost, and not put back.
+	p, err := s.proxyFor(proxies[0].URL())
+	require.NoError(t, err)
+	if !strings.HasPrefix(slot.member, p.id+":") {
+		p, err = s.proxyFor(proxies[1].URL())
+		require.NoError(t, err)
+	}
+	_, err = s.Remove(ctx, p.String())
+	require.NoError(t, err)
+	require.NoError(t, rdb.ZRem(ctx, free, slot.member).Err())
+	res, err = k.p.runUseMode(ctx, k.task, globalSite, "renew", k.id, slot.scope, slot.member)
+	require.NoError(t, err)
+	assert.Equal(t, []any{int64(7), int64(0), int64(1), int64(1)}, res, "lost")
+	_, err = rdb.ZScore(ctx, free, slot.member).Result()
+	assert.ErrorIs(t, err, redis.Nil, "a removed proxy's slot is not put back")
+	require.NoError(t, <-done)
+	_, err = s.EndSession(ctx, "other")
+	require.NoError(t, err)
 }

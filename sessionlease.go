@@ -103,7 +103,8 @@ func (p *redisPool) runUse(ctx context.Context, task, scope, mode string) (*useR
 func (p *redisPool) runUseMode(ctx context.Context, task, scope, mode, id string, extra ...any) ([]any, error) {
 	c := p.cfg
 	args := append([]any{p.keys.base, scope, c.session.ttl.Milliseconds(), c.session.maxRequests, c.session.maxAge.Milliseconds(),
-		c.cooldown.Milliseconds(), c.slots, c.idleTTL.Milliseconds(), mode, c.leaseTTL.Milliseconds(), id}, extra...)
+		c.cooldown.Milliseconds(), c.slots, c.idleTTL.Milliseconds(), mode, c.leaseTTL.Milliseconds(), id,
+		p.sw.tag(), requestHold(c).Milliseconds()}, extra...)
 	res, err := roundTrip(ctx, c.redisTimeout, func(ctx context.Context) ([]any, error) {
 		return sessionUseScript.Run(ctx, p.rdb, p.keys.sessionKeys(task), args...).Slice()
 	}, nil)
@@ -335,7 +336,7 @@ func (p *redisPool) bind(ctx context.Context, task, scope, member, id string, ex
 	res, err := roundTrip(ctx, c.redisTimeout, func(ctx context.Context) ([]any, error) {
 		return sessionBindScript.Run(ctx, p.rdb, append(p.keys.sessionKeys(task), p.keys.sessionJar(id)),
 			p.keys.base, scope, member, id, expiry, c.session.ttl.Milliseconds(), c.slots, c.idleTTL.Milliseconds(),
-			mode, maxSessionSites).Slice()
+			mode, maxSessionSites, p.sw.tag(), requestHold(c).Milliseconds()).Slice()
 	}, func(res []any, err error) { p.unbind(task, scope, member, id, res, err) })
 	if err != nil {
 		go p.unbind(task, scope, member, id, nil, err) // both are owner-checked: running twice is harmless
@@ -378,13 +379,20 @@ func (p *redisPool) unbind(task, scope, member, id string, res []any, err error)
 // the observer if observe, and says whether it ended one.
 func (p *redisPool) endSession(ctx context.Context, task, id, reason, site string, observe bool) (SessionRetirement, bool, error) {
 	c := p.cfg
-	hold := c.leaseTTL // a retirement: the session's other requests may still be under way
+	// A retirement holds the proxy a lease TTL: the session's other requests
+	// may still be under way. Either way, the requests other Switches, or
+	// this one, noted under way keep it out (the record's h:<tag> fields,
+	// sessionrenew.go), but this Switch's when it has none.
+	hold, skip := c.leaseTTL, ""
 	if reason == SessionEnded {
 		hold = 0
 	}
+	if !p.sw.sessionBusy(p, task) {
+		skip = p.sw.tag()
+	}
 	res, err := roundTrip(ctx, c.redisTimeout, func(ctx context.Context) ([]any, error) {
 		return sessionEndScript.Run(ctx, p.rdb, p.keys.sessionKeys(task),
-			p.keys.base, id, reason, site, c.cooldown.Milliseconds(), c.slots, c.session.ttl.Milliseconds(), hold.Milliseconds()).Slice()
+			p.keys.base, id, reason, site, c.cooldown.Milliseconds(), c.slots, c.session.ttl.Milliseconds(), hold.Milliseconds(), skip).Slice()
 	}, nil)
 	if err != nil {
 		return SessionRetirement{}, false, redisErr("session end", err)

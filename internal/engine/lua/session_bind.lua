@@ -14,6 +14,8 @@
 -- ARGV[4] session ID       ARGV[5] the lease's expiry ms (lease.lua's reply)
 -- ARGV[6] session TTL ms   ARGV[7] slots per proxy (K)  ARGV[8] idle TTL ms
 -- ARGV[9] "new" or "add"   ARGV[10] most scopes one session may hold
+-- ARGV[11] the caller's Switch tag   ARGV[12] ms its request keeps the
+--          proxy unless renewed (the record's h:<tag>, session_lib.lua)
 --
 -- Returns {1} bound: every lease of the session and its record now last
 --   until now + TTL;
@@ -63,7 +65,7 @@ hold(base, scope, proxy, member, token, exp, slots, idle)
 if ARGV[9] == 'new' then
   redis.call('HSET', KEYS[1], 'id', id, 'gen', (tonumber(r.gen) or 0) + 1, 'proxy', proxy, 'created', now, 'n', 0)
 end
-redis.call('HSET', KEYS[1], 'exp', exp, 's:' .. scope, member)
+redis.call('HSET', KEYS[1], 'exp', exp, 's:' .. scope, member, 'h:' .. ARGV[11], now + tonumber(ARGV[12]))
 track(KEYS[3], id, exp, idle, now, ARGV[9] == 'new')
 redis.call('PEXPIRE', KEYS[1], ttl)
 redis.call('PEXPIRE', KEYS[4], ttl)

@@ -13,9 +13,12 @@
 -- ARGV[3] reason    ARGV[4] site where it showed, or ""
 -- ARGV[5] cooldown ms   ARGV[6] slots per proxy (K)   ARGV[7] session TTL ms
 -- ARGV[8] ms the proxy stays out for the session's requests under way (0: none)
+-- ARGV[9] the caller's Switch tag when it has none of the session's
+--         requests under way (its h:<tag> field then holds nothing), or ""
 --
--- Every slot the session held comes back after the cooldown or ARGV[8]
--- (unless a ban pushed it further out), its cookie jar is deleted and the record becomes
+-- Every slot the session held comes back after the cooldown, ARGV[8], or
+-- the requests other Switches noted under way (unless a ban pushed it
+-- further out), its cookie jar is deleted and the record becomes
 -- a tombstone naming it, which the task's next session reports.
 -- Returns {1, id, gen, proxy id, proxy URL or "", n, created ms, now ms} ended;
 --         {0} no such live session; {2} a corrupt record was deleted.
@@ -30,5 +33,5 @@ end
 if not r.id or (ARGV[2] ~= '' and r.id ~= ARGV[2]) then return {0} end
 local now = now_ms()
 local out = {1, r.id, r.gen, r.proxy, redis.call('HGET', KEYS[2], r.proxy) or '', r.n, r.created, now}
-end_session(KEYS[1], r, base, KEYS[3], ARGV[3], ARGV[4], now, tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]))
+end_session(KEYS[1], r, base, KEYS[3], ARGV[3], ARGV[4], now, tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9])
 return out

@@ -12,6 +12,11 @@
 --            to the token "s:<session ID>" until exp, at score exp
 --   rid, rproxy, rreason, rsite, rat, rn, rcreated: the task's previous
 --            session, when it was retired (a tombstone keeps only these and gen)
+--   h:<tag> ms until which requests of the session that the Switch tagged
+--            <tag> started or renewed may still be under way unless renewed
+--            (a start, use or renewal writes now + twice that Switch's
+--            renewal tick: sessionrenew.go); the session's end keeps its
+--            proxy out until then
 -- A session's cookie jar is the hash <prefix>:sjar:<session ID>, with the
 -- record's TTL. The zset <prefix>:sessions holds the live sessions' IDs
 -- scored by expiry (track); the scripts take it as KEYS[3]. DEAD and now_ms
@@ -118,16 +123,28 @@ local function track(k, id, exp, idle, now, trim)
   redis.call('PEXPIRE', k, idle)
 end
 
+-- REQ_HOLD_MAX bounds an h:<tag> field's hold: a day.
+local REQ_HOLD_MAX = 86400000
+
 -- end_session ends the live session r of record key (base: the pool's key
 -- prefix, sessions: its set of live sessions): every slot it holds
--- comes back after the cooldown, or after hold ms (the session's requests
--- still under way finish first; never later than the session's expiry); a
+-- comes back after the cooldown, or after hold ms (never later than the
+-- session's expiry), or once the requests of the session that Switches
+-- noted under way (its h:<tag> fields; the one tagged skip aside: that
+-- Switch has none) can be over, whichever is latest; their Switches keep
+-- it out from then on while they run (session_use.lua's afterlife). A
 -- slot pushed further out, by a ban, stays out. Its cookie jar goes, and
 -- with a reason the record becomes a tombstone naming the session (TTL
 -- ttl), else it is deleted.
-local function end_session(key, r, base, sessions, reason, site, now, cooldown, slots, ttl, hold)
+local function end_session(key, r, base, sessions, reason, site, now, cooldown, slots, ttl, hold, skip)
   local token, exp = 's:' .. r.id, tonumber(r.exp)
   local back = math.max(math.min(now + hold, exp), now + cooldown)
+  for f, v in pairs(r) do
+    if string.sub(f, 1, 2) == 'h:' and string.sub(f, 3) ~= skip then
+      local u = tonumber(v)
+      if u and u > back and u <= now + REQ_HOLD_MAX then back = u end
+    end
+  end
   for _, h in ipairs(held(r)) do
     local fk, lk = base .. ':free:' .. h[1], base .. ':lease:' .. h[1]
     local at = back

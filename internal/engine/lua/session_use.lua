@@ -19,7 +19,10 @@
 -- ARGV[10] ms a retired session's proxy stays out for its requests under way
 -- ARGV[11] "renew" and "join": the session ID ("" for "join" by a request
 --         that starts a session)
--- ARGV[12...] "renew": scope and member (ARGV[12], ARGV[13], ...) of each
+-- ARGV[12] the caller's Switch tag   ARGV[13] ms its requests under way of
+--         the session keep the proxy after this call, unless renewed: a use
+--         or renewal writes the record's h:<tag> field (session_lib.lua)
+-- ARGV[14...] "renew": scope and member (ARGV[14], ARGV[15], ...) of each
 --         slot a request of the session under way in the caller's process
 --         goes through
 --
@@ -36,9 +39,10 @@
 --   "renew": {4, exp ms} every lease of session ARGV[11] and its record
 --      renewed to now + TTL (nothing counted); or, the session no longer
 --      live or intact (retired, ended, lapsed, replaced: its next use
---      tells), {7, slots kept, slots taken}: each slot of ARGV[12...] is
---      kept out of rotation until now + ARGV[10] (afterlife), unless
---      another holder's live lease has it (taken);
+--      tells), {7, slots kept, slots lost, lost 0/1 for each pair of
+--      ARGV[14...]}: each slot is kept out of rotation until now +
+--      ARGV[10] (afterlife), unless another holder's live lease has it or
+--      its proxy left the pool (lost);
 --   "join": {6, 1} the task has a live session (ARGV[11] ""), or session
 --      ARGV[11] holds the scope now or was replaced; {6, 2} a lease of
 --      session ARGV[11] holds the proxy on the scope but is not bound yet
@@ -58,33 +62,41 @@ local function none(retired)
   for _, v in ipairs(previous(r, KEYS[2])) do out[#out + 1] = v end
   return out
 end
--- afterlife keeps the slots of ARGV[12...] out of rotation until now +
+-- afterlife keeps the slots of ARGV[14...] out of rotation until now +
 -- ARGV[10] for the requests of session ARGV[11] still under way in the
--- caller's process, the session being over: its end put them back after
--- that hold (end_session), which a long request outlives. Every slot of
--- the proxy is kept out, as the session kept them, but a slot another
--- holder's live lease has is left to it (counted as taken when it is the
--- request's own); a score that is already later (a ban) stays, and a slot
--- no longer in the free set (its proxy removed) is not put back.
+-- caller's process, the session being over: its end put them back once
+-- they could be over (end_session), which a long request outlives. Every
+-- slot of the proxy is kept out, as the session kept them, also one whose
+-- score passed and was pruned (lease.lua: the site's exit index names it
+-- again, as extend_lib.lua does); a score that is already later (a ban)
+-- stays. A request's slot is lost when another holder's live lease has it
+-- (that slot is left to it) or its proxy left the pool (nothing is put
+-- back): the caller fails that request rather than pass it for exclusive.
 local function afterlife()
-  local untl, token, kept, taken = now + tonumber(ARGV[10]), 's:' .. ARGV[11], 0, 0
-  for i = 12, #ARGV - 1, 2 do
+  local untl, token = now + tonumber(ARGV[10]), 's:' .. ARGV[11]
+  local out = {7, 0, 0}
+  for i = 14, #ARGV - 1, 2 do
     local scope, member = ARGV[i], ARGV[i + 1]
     local id = string.match(member, '^(%x+):%d+$')
     if not id then return {-3, 'bad member ' .. member} end
     local fk, lk = base .. ':free:' .. scope, base .. ':lease:' .. scope
+    local lost = redis.call('HEXISTS', KEYS[2], id) == 0
     for s = 0, slots - 1 do
+      if lost then break end
       local m = id .. ':' .. s
       local tok, e = string.match(redis.call('HGET', lk, m) or '', '^(.*)|(%d+)$')
       if tok and tok ~= token and tonumber(e) > now then
-        if m == member then taken = taken + 1 end
+        if m == member then lost = true end
       else
-        redis.call('ZADD', fk, 'XX', 'GT', untl, m)
-        if m == member then kept = kept + 1 end
+        local sc = num(redis.call('ZSCORE', fk, m)) or 0
+        if sc < untl then redis.call('ZADD', fk, untl, m) end
+        if sc <= now then exit_mark_id(base, scope, id, redis.call('PTTL', fk)) end
       end
     end
+    if lost then out[3] = out[3] + 1 else out[2] = out[2] + 1 end
+    out[#out + 1] = lost and 1 or 0
   end
-  return {7, kept, taken}
+  return out
 end
 if ARGV[9] == 'renew' and (r.id ~= ARGV[11] or tonumber(r.exp or '') == nil or tonumber(r.exp) <= now) then
   return afterlife() -- over: its next use ends a lapsed one
@@ -124,7 +136,7 @@ end
 if tonumber(r.exp) <= now then
   -- Lapsed (the record's own TTL is a hair behind): gone, like an expired key.
   if peek then return {0, 0, '0', '', '', '', '', '', '0', '0', '0'} end
-  end_session(KEYS[1], r, base, KEYS[3], '', '', now, cooldown, slots, ttl, 0)
+  end_session(KEYS[1], r, base, KEYS[3], '', '', now, cooldown, slots, ttl, 0, '')
   r = {}
   return none(0)
 end
@@ -142,7 +154,7 @@ if ARGV[9] == 'renew' then
   end
   local exp = math.max(now + ttl, tonumber(r.exp))
   for _, h in ipairs(hs) do hold(base, h[1], r.proxy, h[2], token, exp, slots, idle) end
-  redis.call('HSET', KEYS[1], 'exp', exp)
+  redis.call('HSET', KEYS[1], 'exp', exp, 'h:' .. ARGV[12], now + tonumber(ARGV[13]))
   track(KEYS[3], r.id, exp, idle, now, false)
   redis.call('PEXPIRE', KEYS[1], exp - now)
   redis.call('PEXPIRE', jar, exp - now)
@@ -151,7 +163,7 @@ end
 if peek then return live(url or '', r.n, r.exp, '') end
 
 local function retire(reason, site)
-  end_session(KEYS[1], r, base, KEYS[3], reason, site, now, cooldown, slots, ttl, tonumber(ARGV[10]))
+  end_session(KEYS[1], r, base, KEYS[3], reason, site, now, cooldown, slots, ttl, tonumber(ARGV[10]), '')
   r = read_record(KEYS[1])
   return none(1)
 end
@@ -168,7 +180,7 @@ if not mine then return {2, r.proxy, r.id, #hs} end
 
 local exp = now + ttl
 for _, h in ipairs(hs) do hold(base, h[1], r.proxy, h[2], token, exp, slots, idle) end
-redis.call('HSET', KEYS[1], 'exp', exp)
+redis.call('HSET', KEYS[1], 'exp', exp, 'h:' .. ARGV[12], now + tonumber(ARGV[13]))
 track(KEYS[3], r.id, exp, idle, now, false)
 local n = redis.call('HINCRBY', KEYS[1], 'n', 1)
 redis.call('PEXPIRE', KEYS[1], ttl)
