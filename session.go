@@ -522,6 +522,21 @@ type sessionUse struct {
 	url  *url.URL // the hop's URL: the default domain and path of its cookies
 }
 
+// waitEnded is the error of a wait for a session proxy (begun at start)
+// that failed with err: when its context ended while one of its Redis
+// calls ran (a slow Redis, a loaded machine), what the wait met (a paused
+// site) or that it gave up, as when the context ends between calls,
+// rather than the call's context error as a Redis error; else err.
+func waitEnded(s *Switch, ctx context.Context, site string, start time.Time, err error) error {
+	if ctx.Err() == nil || !errors.Is(err, ErrRedis) {
+		return err
+	}
+	if perr := s.brk.pausedErr(site, start, time.Now()); perr != nil {
+		return withCause(perr, ctx.Err())
+	}
+	return withCause(fmt.Errorf("%w: gave up waiting for a session proxy on site %s", ErrNoProxy, site), ctx.Err())
+}
+
 // sessionAttempt prepares one attempt of a request of a task (a no-op for
 // other requests): it takes or continues the task's session for the hop's
 // site, installs the session's lease in the binding (the ProxyFunc returns
@@ -566,9 +581,10 @@ func (s *Switch) sessionAttempt(req *http.Request, a *attempt) (*sessionUse, err
 		}
 		want = sel.want
 	}
+	start := time.Now()
 	cur, err := ss.useSessionLabelled(ctx, ts.task, site, want)
 	if err != nil {
-		return nil, err
+		return nil, waitEnded(s, ctx, site, start, err)
 	}
 	identity, err := s.cfg.client.identity(cur.info.ID)
 	if err != nil {

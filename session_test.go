@@ -1637,3 +1637,59 @@ func TestSessionAfterlifeAfterPrune(t *testing.T) {
 	_, err = s.EndSession(ctx, "other")
 	require.NoError(t, err)
 }
+
+// A task's wait for a proxy on a paused site whose request deadline comes
+// while one of the wait's Redis calls runs (a slow Redis, a loaded
+// machine) fails naming the pause, as when it comes between calls, not
+// with the call's "context deadline exceeded" as a Redis error.
+func TestSessionWaitEndingInARedisCallNamesThePause(t *testing.T) {
+	ctx := context.Background()
+	site := testbed.NewSite(t, "paused-slow-redis", nil)
+	rdb := shared.Client(t)
+	hook := &slowOnce{delay: time.Second}
+	rdb.AddHook(hook)
+	s := newSwitch(t, rdb, WithTimeouts(Timeouts{MaxWait: time.Minute}))
+	_, err := s.Add(ctx, testbed.NewProxies(t, 1)[0].URL())
+	require.NoError(t, err)
+	_, err = s.PauseSite(ctx, site.Host(), 30*time.Second)
+	require.NoError(t, err)
+	// Once the wait has met the pause (the Switch's breaker saw it since
+	// the request began), every script call is slow: the request's
+	// deadline comes in one.
+	began := time.Now()
+	hook.when.Store(func() bool { st := s.brk.state(site.Host()); return st.state != 0 && st.seen.After(began) })
+	c := colly.NewCollector(colly.AllowURLRevisit())
+	c.SetRequestTimeout(600 * time.Millisecond)
+	s.Attach(c)
+	err = c.Request("GET", site.URL()+"/p/1", nil, NewTaskContext("shopper"), nil)
+	require.Error(t, err)
+	assert.ErrorIs(t, err, ErrSitePaused, "%v", err)
+	assert.NotErrorIs(t, err, ErrRedis, "%v", err)
+	assert.Positive(t, hook.n.Load(), "the wait ended in a slow call")
+}
+
+// slowOnce is a redis.Hook that delays every script call once when says so
+// (until the call's context ends), counting the calls it delayed.
+type slowOnce struct {
+	n     atomic.Int64
+	when  atomic.Value // func() bool
+	delay time.Duration
+}
+
+func (h *slowOnce) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *slowOnce) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *slowOnce) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		when, _ := h.when.Load().(func() bool)
+		if name := strings.ToLower(cmd.Name()); (name == "evalsha" || name == "eval") && when != nil && when() {
+			h.n.Add(1)
+			select {
+			case <-time.After(h.delay):
+			case <-ctx.Done():
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
