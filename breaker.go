@@ -185,9 +185,8 @@ type breaker struct {
 	s        *Switch
 	mu       sync.Mutex
 	pending  map[brKey]*brCount
-	states   map[string]brState     // by site
-	events   map[string]*siteEvents // by site: the latest answers judged, for storm (storm.go)
-	last     time.Time              // the last report
+	states   map[string]brState // by site
+	last     time.Time          // the last report
 	flushing atomic.Bool
 	closed   bool           // Switch.Close: no background report starts (under mu)
 	flushes  sync.WaitGroup // the background report running (kick)
@@ -214,12 +213,7 @@ func (b *breaker) on() bool { return !b.s.cfg.breaker.Disabled }
 // attempt counts one classified attempt through l on site (transport.go).
 // Bans, and proxy failures the site may have caused (siteFailure), are
 // counted by their own report (absorb, reportBan), not here.
-func (b *breaker) attempt(l *Lease, site string, v ban.Verdict) { b.attemptSent(l, site, v, time.Now()) }
-
-// attemptSent is attempt of a request sent at sent: a healthy answer to a
-// request sent after a page's first refusal tells that page from a storm
-// (storm.go).
-func (b *breaker) attemptSent(l *Lease, site string, v ban.Verdict, sent time.Time) {
+func (b *breaker) attempt(l *Lease, site string, v ban.Verdict) {
 	if !b.on() || l == nil || v.Kind == ban.Ban || v.Kind == ban.Pass || siteFailure(v) {
 		return
 	}
@@ -232,7 +226,6 @@ func (b *breaker) attemptSent(l *Lease, site string, v ban.Verdict, sent time.Ti
 	c.att++
 	if v.Kind == ban.OK || v.Kind == ban.Neutral {
 		c.ok++
-		b.note(site, stormEvent{at: sent, ok: true})
 	}
 	b.mu.Unlock()
 	b.kick()

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/proxyswitch/proxyswitch/ban"
 )
@@ -31,17 +30,17 @@ import (
 // back the quarantines it cost (unfail.lua); one served through another
 // proxy leaves them (the proxies failed where another did not).
 //
-// A request that ends refused or failed during a storm fails with a
-// *BlockedError whose Storm is set (ErrSiteStorm), never ErrPageRefused:
-// its page may be good. A storm is the site's breaker open or half-open,
-// or, before it opens, other pages of the site refused or failed from
-// about the time this one was (stormSlack) more than pages served since:
-// a page that refuses everyone is one among pages the site serves.
+// A request that ends refused or failed while the site's breaker is open
+// or half-open fails with a *BlockedError whose Storm is set
+// (ErrSiteStorm), never ErrPageRefused: its page may be good. (The first
+// requests of a refusal storm, judged before the breaker opens, may still
+// end as a page's refusal: see the README's known gaps.)
 
-// ErrSiteStorm means the request met a storm of its site (refusals or
-// failures of many pages through every proxy at once): not the page's
-// answer (ErrPageRefused never comes with it), nor the proxies'. It comes
-// in a *BlockedError, with ErrBanned or ErrProxyFailed.
+// ErrSiteStorm means the request ended refused or failed while its site's
+// circuit breaker held the site (a storm: refusals or failures of many
+// pages through every proxy at once): not the page's answer
+// (ErrPageRefused never comes with it), nor the proxies'. It comes in a
+// *BlockedError, with ErrBanned or ErrProxyFailed.
 var ErrSiteStorm = errors.New("proxyswitch: site storm")
 
 // siteFailure reports whether v is a proxy failure the site may have
@@ -103,106 +102,14 @@ func (rp *redisPool) unfail(ctx context.Context, site string, px *Proxy, pen pen
 	return nil
 }
 
-// stormSlack is how long before a request's first refusal or failure
-// those of other pages count as the same storm.
-const stormSlack = time.Second
-
-// stormSpan is how long the events of a site are kept.
-const stormSpan = 30 * time.Second
-
-// stormEvent is one answer of a site this Switch judged: healthy (ok), or
-// a refusal or failure of the site's kind on url.
-type stormEvent struct {
-	at  time.Time
-	url string
-	ok  bool
-}
-
-// siteEvents is a ring of a site's latest events.
-type siteEvents struct {
-	ev   [64]stormEvent
-	next int
-	last time.Time
-}
-
-func (e *siteEvents) add(ev stormEvent) {
-	e.ev[e.next%len(e.ev)] = ev
-	e.next++
-	e.last = ev.at
-}
-
-// note records an event of site; b.mu is held.
-func (b *breaker) note(site string, ev stormEvent) {
-	if b.events == nil {
-		b.events = map[string]*siteEvents{}
-	}
-	e := b.events[site]
-	if e == nil {
-		if len(b.events) >= 1024 {
-			for k, o := range b.events {
-				if ev.at.Sub(o.last) > stormSpan {
-					delete(b.events, k)
-				}
-			}
-		}
-		e = &siteEvents{}
-		b.events[site] = e
-	}
-	e.add(ev)
-}
-
-// trouble records a refusal, or a failure of the site's kind, of url.
-func (b *breaker) trouble(site, url string) {
-	if !b.on() {
-		return
-	}
-	b.mu.Lock()
-	b.note(site, stormEvent{at: time.Now(), url: url})
-	b.mu.Unlock()
-}
-
-// storm reports whether a request refused or failed on url of site met a
-// storm of the site: its breaker is open or half-open, or other pages of
-// the site were refused or failed from stormSlack before this URL's first
-// trouble on (as this Switch saw them) more than pages were served since.
-func (b *breaker) storm(site, url string) bool {
-	if !b.on() {
-		return false
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.states[site].state != 0 {
-		return true
-	}
-	e := b.events[site]
-	if e == nil {
-		return false
-	}
-	var first time.Time
-	for _, ev := range e.ev {
-		if !ev.ok && ev.url == url && !ev.at.IsZero() && (first.IsZero() || ev.at.Before(first)) {
-			first = ev.at
-		}
-	}
-	if first.IsZero() {
-		return false
-	}
-	others, served := map[string]bool{}, 0
-	for _, ev := range e.ev {
-		switch {
-		case ev.at.IsZero():
-		case ev.ok && !ev.at.Before(first):
-			served++
-		case !ev.ok && ev.url != url && !ev.at.Before(first.Add(-stormSlack)):
-			others[ev.url] = true
-		}
-	}
-	return len(others) > 0 && len(others) > served
-}
+// storm reports whether site's circuit breaker holds it (open or
+// half-open), as this Switch last learnt it: a request that ends refused
+// or failed then met the site's storm.
+func (s *Switch) storm(site string) bool { return s.brk.on() && s.brk.holds(site) }
 
 // stormLabel sets blocked's Storm when the request met a storm of its site.
-func (s *Switch) stormLabel(blocked *BlockedError, site, url string) {
-	if s.brk.storm(site, url) {
+func (s *Switch) stormLabel(blocked *BlockedError, site string) {
+	if s.storm(site) {
 		blocked.Storm = true
 	}
 }

@@ -2,7 +2,6 @@ package proxyswitch
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -278,33 +277,4 @@ func TestLoginChainForOneIPBansOnlyIt(t *testing.T) {
 	assert.Equal(t, map[string]int{h.ip: h.burnt}, h.refresh, "the session refresh asked by the login IP only")
 	assert.Equal(t, map[BanKey]int64{{site.Host(), ban.ReasonChallenge}: 1}, s.BanCounts(), "one ban: the login IP's")
 	assert.Equal(t, 1, outOfRotation(t, s, site.Host()), "one proxy out of the site's rotation")
-}
-
-// TestRefusalStormIsNoPageRefusal: the site answers 503 to everyone for 2s.
-// Requests that fail in the storm fail with the storm's error (ErrSiteStorm
-// or the breaker's ErrSitePaused), never ErrPageRefused, which tells a
-// crawler to drop the URL. (Before, most failed with ErrPageRefused: each
-// page refused through two proxies healthy a moment before.)
-func TestRefusalStormIsNoPageRefusal(t *testing.T) {
-	storm := testbed.NewStorm(nil, time.Now().Add(time.Second), 2*time.Second)
-	storm.Status = http.StatusServiceUnavailable
-	site := testbed.NewSite(t, "storm", storm)
-	_, _, s := stormBed(t, site, 20, WithTimeouts(Timeouts{MaxWait: 8 * time.Second}), WithBreaker(Breaker{Pause: 3 * time.Second}))
-	c := colly.NewCollector(colly.AllowURLRevisit())
-	s.Attach(c)
-	var mu sync.Mutex
-	var failed []error
-	c.OnError(func(_ *colly.Response, err error) { mu.Lock(); failed = append(failed, err); mu.Unlock() })
-	shots := stormLoop(c, site.URL(), 10, storm.To.Add(time.Second), "")
-	mu.Lock()
-	defer mu.Unlock()
-	t.Logf("%d requests, %d failed", len(shots), len(failed))
-	for _, err := range failed {
-		assert.NotErrorIs(t, err, ErrPageRefused)
-		var be *BlockedError
-		if errors.As(err, &be) {
-			assert.False(t, be.Page, "Page set: %v", err)
-		}
-		assert.True(t, errors.Is(err, ErrSiteStorm) || errors.Is(err, ErrSitePaused), "a storm's error: %v", err)
-	}
 }

@@ -324,7 +324,7 @@ func (t *transport) judge(req *http.Request, a *attempt, b *binding, l *Lease, r
 	}
 	if cerr == nil {
 		s.observeAttempt(l.be.pool(), x.Site, l.proxy, v, time.Since(a.start))
-		s.brk.attemptSent(l, x.Site, v, a.start) // the site's circuit breaker counts it (breaker.go)
+		s.brk.attempt(l, x.Site, v) // the site's circuit breaker counts it (breaker.go)
 	}
 	switch {
 	case cerr != nil:
@@ -413,26 +413,15 @@ func (t *transport) retry(req *http.Request, a *attempt, b *binding, l *Lease, x
 		r.proxy, r.rp, r.pen = l.proxy, l.be.redis(), pen
 	}
 	b.addRefusal(r, blocked)
-	if v.Kind == ban.Ban || siteFailure(v) {
-		s.brk.trouble(site, r.url) // for the storm label (storm.go)
-	}
 	if err == nil && siteFailure(v) && pen.quarantine > 0 && !pen.dead && pen.local == nil && l.be.redis() != nil {
 		// Taken back if the page fails so through every proxy (storm.go).
 		b.addFailure(failure{url: r.url, site: site, proxy: l.proxy, rp: l.be.redis(), pen: pen})
 	}
-	var refs []refusal // the refusals the page verdict settles, for a storm's breaker
-	if r.proxy != nil {
-		refs = b.refusalsOf(r.url, site)
-	}
 	if r.proxy != nil && s.pageRefused(ctx, b, r.url, site) {
-		if s.brk.storm(site, r.url) {
-			// Other pages refused at the same time, and none served: a
-			// storm of the site, not the page's answer (storm.go). The
-			// refusals are evidence for the site's circuit breaker.
+		if s.storm(site) {
+			// The site's breaker holds it: a storm of the site, not the
+			// page's answer (storm.go).
 			blocked.Storm = true
-			for _, rr := range refs {
-				s.brk.reportBan(ctx, rr.site, rr.rp, rr.proxy, 0)
-			}
 			return false, nil, blocked
 		}
 		// The page refuses every proxy: its answer, not theirs.
@@ -441,7 +430,7 @@ func (t *transport) retry(req *http.Request, a *attempt, b *binding, l *Lease, x
 		return false, nil, blocked
 	}
 	if callerDone(req) {
-		s.stormLabel(blocked, site, r.url)
+		s.stormLabel(blocked, site)
 		return false, nil, blocked
 	}
 	if (landed && x.Redirected()) || (v.Reason == ban.ReasonChallenge && !landed && restartPoint(req) != req) {
@@ -451,12 +440,12 @@ func (t *transport) retry(req *http.Request, a *attempt, b *binding, l *Lease, x
 			// a redirect): asking it again could make the site act twice.
 			blocked.NotResent = true
 			s.unresolvedRefusals(ctx, b, r.url, site)
-			s.stormLabel(blocked, site, r.url)
+			s.stormLabel(blocked, site)
 			return false, nil, blocked
 		}
 		if chainLen(req) >= maxChainHops || !b.takeRetry(s.cfg.retries) {
 			s.unresolvedRefusals(ctx, b, r.url, site)
-			s.stormLabel(blocked, site, r.url)
+			s.stormLabel(blocked, site)
 			return false, nil, blocked
 		}
 		return false, restartResponse(req, origin.URL), nil
@@ -464,7 +453,7 @@ func (t *transport) retry(req *http.Request, a *attempt, b *binding, l *Lease, x
 	if !resend || !rewindable(req) || !b.takeRetry(s.cfg.retries) {
 		s.unresolvedRefusals(ctx, b, r.url, site) // no retry left: evidence for the site's circuit breaker
 		s.unresolvedFailures(ctx, b, r.url, site) // failed through every proxy: the page's or the site's (storm.go)
-		s.stormLabel(blocked, site, r.url)
+		s.stormLabel(blocked, site)
 		return false, nil, blocked
 	}
 	return true, nil, nil
