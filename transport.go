@@ -36,8 +36,9 @@ import (
 // rewound with GetBody) until a retry is left no more, when that is safe
 // (below). A hop redirected
 // (3xx) to a challenge page is such a ban of that hop, judged before
-// net/http follows the redirect: the hop goes again through another proxy,
-// so the challenge page is never requested and Colly never sees its URL (its
+// net/http follows the redirect: the hop goes again through another proxy
+// (or, when only temporary redirects led to it, the chain starts again
+// from its first URL: see retry), so the challenge page is never requested and Colly never sees its URL (its
 // revisit check would refuse the same captcha URL met through a second
 // proxy as "already visited", spending no retry). A chain that ended on a
 // challenge page reached otherwise starts again from its first URL instead:
