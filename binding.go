@@ -52,6 +52,7 @@ type binding struct {
 	sessEnd  func()           // ends that renewal for this request; nil for none
 
 	refusals []refusal     // the bans met, for the page-or-IP judgment (ban.go)
+	failures []failure     // the proxy failures of the site's kind met (storm.go)
 	blocked  *BlockedError // the latest ban or failure retried: named by a later ErrNoProxy
 }
 
@@ -64,6 +65,37 @@ func (b *binding) addRefusal(r refusal, blocked *BlockedError) {
 		b.refusals = append(b.refusals, r)
 	}
 	b.blocked = blocked
+}
+
+// addFailure records a proxy failure of the site's kind the request met.
+func (b *binding) addFailure(f failure) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.failures = append(b.failures, f)
+}
+
+// takeFailures returns the failures met on url of site and forgets them.
+func (b *binding) takeFailures(url, site string) []failure {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []failure
+	kept := b.failures[:0]
+	for _, f := range b.failures {
+		if f.url == url && f.site == site {
+			out = append(out, f)
+		} else {
+			kept = append(kept, f)
+		}
+	}
+	b.failures = kept
+	return out
+}
+
+// failed reports whether the request met a failure it still remembers.
+func (b *binding) failed() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.failures) > 0
 }
 
 // setWaitBy sets when the hop's wait for a proxy ends (zero: MaxWait alone).
