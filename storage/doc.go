@@ -116,6 +116,8 @@
 //	{ns}:q:dead         zset    request ID -> unix ms it was dead-lettered
 //	{ns}:q:why          hash    request ID -> last failure
 //	{ns}:q:seq          string  last request ID
+//	{ns}:q:lease        hash    request ID -> pop ID (random nonce) of its latest delivery
+//	{ns}:q:pops         hash    pop ID -> request ID, while that pop's delivery is the latest
 //	ns:v:{<bucket>}     hash    request hash -> "0" or expiry (unix ms)
 //
 // The "{ns}" keys share one Redis Cluster hash tag, so each script runs in

@@ -1,6 +1,8 @@
 -- q_pop.lua: deliver the next requests, keeping each in flight until acknowledged.
 --
--- KEYS (every queue script takes the same seven, in this order):
+-- include: q_lib.lua
+--
+-- KEYS (every queue script takes the same nine, in this order):
 --   KEYS[1] ready list      request IDs ready for delivery
 --   KEYS[2] data hash       ID -> serialized request
 --   KEYS[3] tries hash      ID -> deliveries so far
@@ -8,20 +10,32 @@
 --   KEYS[5] dead zset       ID -> unix ms it was dead-lettered
 --   KEYS[6] why hash        ID -> last failure
 --   KEYS[7] seq string      last ID handed out
+--   KEYS[8] lease hash      ID -> pop ID (nonce) of its latest delivery
+--   KEYS[9] pops hash       pop ID -> ID: the delivery each pop made, kept
+--                           while it is the request's latest (a lost reply's
+--                           pop, sent again, gets the same delivery)
 -- ARGV[1] visibility timeout ms   ARGV[2] max deliveries   ARGV[3] max request bytes
--- ARGV[4] most requests to deliver (GetRequest calls batched into one round trip)
+-- ARGV[4..] one pop ID per GetRequest call (calls batched into one round
+-- trip): a nonce the client made for the call, or, when the client got no
+-- reply to an earlier pop, that pop's ID again.
 --
--- Returns {k, wait, id1, delivery number 1, request 1, ..., id k, ...}: the k
--- requests delivered (0 <= k <= ARGV[4]) and, when k < ARGV[4] (nothing more
--- is ready), wait: ms until the next in-flight request comes back (-1 when
--- nothing is in flight; 0 when k = ARGV[4]).
--- First, requests whose visibility timeout (or retry delay) has passed come
+-- Returns {k, wait, pop ID 1, id 1, delivery number 1, request 1, ..., pop
+-- ID k, ...}: the k requests delivered (0 <= k <= number of pop IDs), each
+-- with the pop ID it went to, and, when some pop got none (nothing more is
+-- ready), wait: ms until the next in-flight request comes back (-1 when
+-- nothing is in flight; 0 when every pop got one).
+-- A pop ID whose delivery is still the request's latest (the client never
+-- got that reply: a timeout, a lost connection) gets the same delivery
+-- again, with its deadline renewed and without counting it again: a
+-- delivery the client never received does not bring the request closer to
+-- the dead-letter list. Any other pop ID gets a new delivery.
+-- Then requests whose visibility timeout (or retry delay) has passed come
 -- back to the head of the ready list, or go to the dead-letter list after
 -- their last delivery. IDs whose request was acknowledged meanwhile are
 -- dropped on the way. Time comes from the server's clock (TIME).
 local now = now_ms()
 local vis, maxd, maxb = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local want = tonumber(ARGV[4]) or 1
+local want = #ARGV - 3
 
 -- tries returns the deliveries of id so far: 0 if none is recorded, nil if
 -- the recorded count is not what this package writes (a positive integer
@@ -39,6 +53,32 @@ local function bury(id, reason)
   redis.call('HSET', KEYS[6], id, reason)
 end
 
+local out = {0, 0}
+local k = 0
+local served = {}
+
+-- Pops sent again: the same delivery, if it is still the request's latest.
+for i = 1, want do
+  local p = ARGV[3 + i]
+  local id = redis.call('HGET', KEYS[9], p)
+  if id and redis.call('HGET', KEYS[8], id) == p and not redis.call('ZSCORE', KEYS[5], id) then
+    local payload = redis.call('HGET', KEYS[2], id)
+    local n = tries(id)
+    if payload and n and n > 0 then
+      if not redis.call('ZSCORE', KEYS[4], id) then
+        redis.call('LREM', KEYS[1], 1, id) -- it came back meanwhile
+      end
+      redis.call('ZADD', KEYS[4], now + vis, id)
+      served[i] = true
+      k = k + 1
+      out[#out + 1] = p
+      out[#out + 1] = id
+      out[#out + 1] = n
+      out[#out + 1] = payload
+    end
+  end
+end
+
 local due = redis.call('ZRANGE', KEYS[4], '-inf', now, 'BYSCORE', 'LIMIT', 0, 100)
 for _, id in ipairs(due) do
   local n = tries(id)
@@ -46,6 +86,7 @@ for _, id in ipairs(due) do
     redis.call('ZREM', KEYS[4], id)  -- acknowledged meanwhile: forget it
     redis.call('HDEL', KEYS[3], id)
     redis.call('HDEL', KEYS[6], id)
+    unlease(id)
   elseif not n or n >= maxd then
     local why = redis.call('HGET', KEYS[6], id)
     if not n then
@@ -60,16 +101,17 @@ for _, id in ipairs(due) do
   end
 end
 
-local out = {0, 0}
-local k = 0
+local next_pop = 1
 for _ = 1, 50 + want do
-  if k == want then break end
+  while next_pop <= want and served[next_pop] do next_pop = next_pop + 1 end
+  if next_pop > want then break end
   local id = redis.call('LPOP', KEYS[1])
   if not id then break end
   local payload = redis.call('HGET', KEYS[2], id)
   local size = payload and #payload or 0
   if size == 0 then
     redis.call('HDEL', KEYS[3], id)  -- acknowledged or cleared meanwhile
+    unlease(id)
   elseif redis.call('ZSCORE', KEYS[4], id) or redis.call('ZSCORE', KEYS[5], id) then
     -- already in flight or dead: a stale duplicate of the ID, skip it
   elseif size > maxb then
@@ -79,10 +121,14 @@ for _ = 1, 50 + want do
     if not n then
       bury(id, 'corrupt delivery count')
     else
+      local p = ARGV[3 + next_pop]
+      served[next_pop] = true
       n = n + 1
       redis.call('HSET', KEYS[3], id, n)
       redis.call('ZADD', KEYS[4], now + vis, id)
+      lease(id, p)
       k = k + 1
+      out[#out + 1] = p
       out[#out + 1] = id
       out[#out + 1] = n
       out[#out + 1] = payload
