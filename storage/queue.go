@@ -372,7 +372,7 @@ func (s *Storage) DeadLetters(ctx context.Context, offset, count int) ([]DeadLet
 			ID: str(arr[i]), Request: []byte(str(arr[i+4])), Deliveries: n,
 			Reason: str(arr[i+3]), Since: time.UnixMilli(ms),
 		}
-		var w wireRequest
+		var w struct{ URL string } // only the URL: the rest may be what made it a dead letter
 		if json.Unmarshal(dl.Request, &w) == nil {
 			dl.URL = w.URL
 		}

@@ -380,3 +380,56 @@ func TestSameURLHeldBackInProcess(t *testing.T) {
 	tok4, _ := pop(t, other)
 	require.Equal(t, "4:1", delivered(tok4))
 }
+
+// AddRequest refuses what Colly's UnmarshalRequest cannot decode (a member
+// of another type than Colly's), and accepts what it can: before, Headers
+// of a string, a Depth of a string or a Ctx that was no object were queued
+// and then delivered to a queue that could not run them.
+func TestAddRequestRefusesWhatCollyCannotDecode(t *testing.T) {
+	s := newStorage(t, shared.Client(t))
+	c := colly.NewCollector()
+	r, err := c.UnmarshalRequest(marshal(t, "http://a.example/colly"))
+	require.NoError(t, err)
+	*r.Headers = http.Header{"X-A": {"b"}}
+	r.Ctx.Put("k", map[string]any{"n": 1})
+	r.Depth, r.ID = 3, 77
+	own, err := r.Marshal()
+	require.NoError(t, err)
+	accepted := 0
+	for _, b := range []string{
+		string(own),
+		`{"URL":"http://a.example/1","Headers":"notamap"}`,
+		`{"URL":"http://a.example/2","Headers":{"A":"b"}}`,
+		`{"URL":"http://a.example/3","Headers":{"A":[1]}}`,
+		`{"URL":"http://a.example/4","Headers":{"A":["b",null]},"Ctx":null}`,
+		`{"URL":"http://a.example/5","Headers":null}`,
+		`{"URL":"http://a.example/6","Depth":"x"}`,
+		`{"URL":"http://a.example/7","Depth":1.5}`,
+		`{"URL":"http://a.example/8","ID":-1}`,
+		`{"URL":"http://a.example/9","ID":4294967296}`,
+		`{"URL":"http://a.example/10","Ctx":"x"}`,
+		`{"URL":"http://a.example/11","Ctx":[1]}`,
+		`{"URL":"http://a.example/12","Ctx":{"a":[1,{"b":null}]}}`,
+		`{"URL":"http://a.example/13","Host":5}`,
+		`{"URL":"http://a.example/14","host":"h.example","depth":2,"ctx":{}}`,
+	} {
+		_, cerr := c.UnmarshalRequest([]byte(b))
+		err := s.AddRequest([]byte(b))
+		if cerr != nil {
+			require.ErrorIs(t, err, ErrInvalidRequest, "%s: Colly: %v", b, cerr)
+		} else {
+			require.NoError(t, err, b)
+			accepted++
+		}
+	}
+	require.Equal(t, 5, accepted)
+	st, err := s.Stats(bg)
+	require.NoError(t, err)
+	require.Equal(t, Stats{Ready: accepted}, st)
+	for range accepted { // what is queued, Colly runs
+		b, err := s.GetRequest()
+		require.NoError(t, err)
+		_, err = c.UnmarshalRequest(b)
+		require.NoError(t, err)
+	}
+}
