@@ -111,12 +111,11 @@
 //	{ns}:c:<host>       hash    earlier versions: "<name>;<path>;<domain>" -> Set-Cookie line (moved into {ns}:cj:<domain> when the host is next read or written)
 //	{ns}:q:ready        list    request IDs ready for delivery
 //	{ns}:q:data         hash    request ID -> serialized request
-//	{ns}:q:tries        hash    request ID -> deliveries so far
+//	{ns}:q:tries        hash    request ID -> "<deliveries so far>|<pop ID of the latest>" (a random nonce)
 //	{ns}:q:inflight     zset    request ID -> unix ms it comes back
 //	{ns}:q:dead         zset    request ID -> unix ms it was dead-lettered
 //	{ns}:q:why          hash    request ID -> last failure
 //	{ns}:q:seq          string  last request ID
-//	{ns}:q:lease        hash    request ID -> pop ID (random nonce) of its latest delivery
 //	{ns}:q:pops         hash    pop ID -> request ID, while that pop's delivery is the latest
 //	ns:v:{<bucket>}     hash    request hash -> "0" or expiry (unix ms)
 //

@@ -28,10 +28,9 @@ import (
 //	{ns}:q:data         hash  request ID -> serialized Colly request
 //	{ns}:q:ready        list  request IDs ready for delivery (FIFO; retries first)
 //	{ns}:q:inflight     zset  request ID -> unix ms at which it is delivered again
-//	{ns}:q:tries        hash  request ID -> deliveries so far
+//	{ns}:q:tries        hash  request ID -> "<deliveries so far>|<pop ID of the latest>" (pop ID: a random nonce)
 //	{ns}:q:dead         zset  request ID -> unix ms it was dead-lettered
 //	{ns}:q:why          hash  request ID -> last failure (dead letters, failed tries)
-//	{ns}:q:lease        hash  request ID -> pop ID (random nonce) of its latest delivery
 //	{ns}:q:pops         hash  pop ID -> request ID, while that pop's delivery is the latest
 //	ns:v:{<bucket>}     hash  8-byte request hash -> "0" (forever) or expiry (unix ms)
 //
@@ -75,7 +74,7 @@ func (k keyspace) bucket(b uint64) string {
 // queueKeys are the keys of the queue, in the order the Lua scripts take
 // them as KEYS (see internal/engine/lua/storage/q_*.lua).
 type queueKeys struct {
-	ready, data, tries, inflight, dead, why, seq, lease, pops string
+	ready, data, tries, inflight, dead, why, seq, pops string
 }
 
 func (k keyspace) queue() queueKeys {
@@ -83,12 +82,12 @@ func (k keyspace) queue() queueKeys {
 	return queueKeys{
 		ready: p + "ready", data: p + "data", tries: p + "tries",
 		inflight: p + "inflight", dead: p + "dead", why: p + "why", seq: p + "seq",
-		lease: p + "lease", pops: p + "pops",
+		pops: p + "pops",
 	}
 }
 
 // all returns the queue's keys in the order every queue script takes them:
-// ready, data, tries, inflight, dead, why, seq, lease, pops.
+// ready, data, tries, inflight, dead, why, seq, pops.
 func (q queueKeys) all() []string {
-	return []string{q.ready, q.data, q.tries, q.inflight, q.dead, q.why, q.seq, q.lease, q.pops}
+	return []string{q.ready, q.data, q.tries, q.inflight, q.dead, q.why, q.seq, q.pops}
 }

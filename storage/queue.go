@@ -223,7 +223,11 @@ func (s *Storage) flushPops(calls []string) ([]popped, error) {
 		return nil, fmt.Errorf("%w: unexpected reply from the queue script: %v", ErrCorrupt, clip(fmt.Sprint(res)))
 	}
 	out := make([]popped, len(calls))
-	got := make([]bool, len(calls))
+	var gotArr [popGroupMax]bool // the group sends at most popGroupMax calls
+	got := gotArr[:]
+	if len(calls) > len(got) {
+		got = make([]bool, len(calls))
+	}
 	for j := range int(k) {
 		pop, _ := arr[2+4*j].(string)
 		id, _ := arr[3+4*j].(string)

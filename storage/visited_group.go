@@ -126,14 +126,10 @@ func readMark(key string, vals []any, err error) mark {
 // one HSETNX each, with one the visit script; a lone caller sends its
 // command alone, a batch one pipeline of them.
 func (s *Storage) flushClaims(items []claimItem) ([]mark, error) {
-	ids := make([]uint64, len(items))
-	for i, it := range items {
-		ids[i] = it.id
-	}
-	ctx, out := context.Background(), make([]mark, len(ids))
+	ctx, out := context.Background(), make([]mark, len(items))
 	ttl := s.cfg.visitedTTL.Milliseconds()
-	if len(ids) == 1 {
-		key, field := s.bucketOf(ids[0]), visitedField(ids[0])
+	if len(items) == 1 {
+		key, field := s.bucketOf(items[0].id), visitedField(items[0].id)
 		if ttl == 0 {
 			set, err := call(ctx, s.cfg.redisTimeout, s.inline, "visited", func(ctx context.Context) (bool, error) {
 				return s.rdb.HSetNX(ctx, key, field, markValue(items[0].owner)).Result()
@@ -145,13 +141,16 @@ func (s *Storage) flushClaims(items []claimItem) ([]mark, error) {
 		}
 		return out, nil
 	}
-	keys := s.bucketsOf(ids)
+	keys := make([]string, len(items))
+	for i, it := range items {
+		keys[i] = s.bucketOf(it.id)
+	}
 	cmds, err := call(ctx, s.cfg.redisTimeout, s.inline, "visited", func(ctx context.Context) ([]redis.Cmder, error) {
-		return s.pipelined(ctx, len(ids), func(p redis.Pipeliner, i int) redis.Cmder {
+		return s.pipelined(ctx, len(items), func(p redis.Pipeliner, i int) redis.Cmder {
 			if ttl == 0 {
-				return p.HSetNX(ctx, keys[i], visitedField(ids[i]), markValue(items[i].owner))
+				return p.HSetNX(ctx, keys[i], visitedField(items[i].id), markValue(items[i].owner))
 			}
-			return visitScript.EvalSha(ctx, p, keys[i:i+1], visitedField(ids[i]), ttl, items[i].owner)
+			return visitScript.EvalSha(ctx, p, keys[i:i+1], visitedField(items[i].id), ttl, items[i].owner)
 		})
 	})
 	for i := range out {

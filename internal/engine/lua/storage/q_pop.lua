@@ -2,16 +2,15 @@
 --
 -- include: q_lib.lua
 --
--- KEYS (every queue script takes the same nine, in this order):
+-- KEYS (every queue script takes the same eight, in this order):
 --   KEYS[1] ready list      request IDs ready for delivery
 --   KEYS[2] data hash       ID -> serialized request
---   KEYS[3] tries hash      ID -> deliveries so far
+--   KEYS[3] tries hash      ID -> "<deliveries so far>|<pop ID of the latest>"
 --   KEYS[4] inflight zset   ID -> unix ms at which it is delivered again
 --   KEYS[5] dead zset       ID -> unix ms it was dead-lettered
 --   KEYS[6] why hash        ID -> last failure
 --   KEYS[7] seq string      last ID handed out
---   KEYS[8] lease hash      ID -> pop ID (nonce) of its latest delivery
---   KEYS[9] pops hash       pop ID -> ID: the delivery each pop made, kept
+--   KEYS[8] pops hash       pop ID -> ID: the delivery each pop made, kept
 --                           while it is the request's latest (a lost reply's
 --                           pop, sent again, gets the same delivery)
 -- ARGV[1] visibility timeout ms   ARGV[2] max deliveries   ARGV[3] max request bytes
@@ -37,14 +36,12 @@ local now = now_ms()
 local vis, maxd, maxb = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local want = #ARGV - 3
 
--- tries returns the deliveries of id so far: 0 if none is recorded, nil if
--- the recorded count is not what this package writes (a positive integer
--- in decimal digits): that request alone is then dead-lettered.
+-- tries returns the deliveries of id so far (0 if none is recorded) and
+-- the pop ID of the latest ('' for none), or nil if the recorded value is
+-- not what this package writes (see q_lib.lua): that request alone is then
+-- dead-lettered.
 local function tries(id)
-  local v = redis.call('HGET', KEYS[3], id)
-  if not v then return 0 end
-  if #v > 15 or not string.find(v, '^[1-9][0-9]*$') then return nil end
-  return tonumber(v)
+  return split_tries(redis.call('HGET', KEYS[3], id))
 end
 
 local function bury(id, reason)
@@ -60,11 +57,12 @@ local served = {}
 -- Pops sent again: the same delivery, if it is still the request's latest.
 for i = 1, want do
   local p = ARGV[3 + i]
-  local id = redis.call('HGET', KEYS[9], p)
-  if id and redis.call('HGET', KEYS[8], id) == p and not redis.call('ZSCORE', KEYS[5], id) then
+  local id = redis.call('HGET', KEYS[8], p)
+  local n, latest
+  if id then n, latest = tries(id) end
+  if n and n > 0 and latest == p and not redis.call('ZSCORE', KEYS[5], id) then
     local payload = redis.call('HGET', KEYS[2], id)
-    local n = tries(id)
-    if payload and n and n > 0 then
+    if payload then
       if not redis.call('ZSCORE', KEYS[4], id) then
         redis.call('LREM', KEYS[1], 1, id) -- it came back meanwhile
       end
@@ -81,12 +79,12 @@ end
 
 local due = redis.call('ZRANGE', KEYS[4], '-inf', now, 'BYSCORE', 'LIMIT', 0, 100)
 for _, id in ipairs(due) do
-  local n = tries(id)
+  local n, p = tries(id)
   if redis.call('HEXISTS', KEYS[2], id) == 0 then
     redis.call('ZREM', KEYS[4], id)  -- acknowledged meanwhile: forget it
     redis.call('HDEL', KEYS[3], id)
     redis.call('HDEL', KEYS[6], id)
-    unlease(id)
+    forget_pop(p)
   elseif not n or n >= maxd then
     local why = redis.call('HGET', KEYS[6], id)
     if not n then
@@ -110,23 +108,25 @@ for _ = 1, 50 + want do
   local payload = redis.call('HGET', KEYS[2], id)
   local size = payload and #payload or 0
   if size == 0 then
+    local _, p = tries(id)
+    forget_pop(p)
     redis.call('HDEL', KEYS[3], id)  -- acknowledged or cleared meanwhile
-    unlease(id)
   elseif redis.call('ZSCORE', KEYS[4], id) or redis.call('ZSCORE', KEYS[5], id) then
     -- already in flight or dead: a stale duplicate of the ID, skip it
   elseif size > maxb then
     bury(id, 'request of ' .. size .. ' bytes exceeds the limit of ' .. maxb)
   else
-    local n = tries(id)
+    local n, old = tries(id)
     if not n then
       bury(id, 'corrupt delivery count')
     else
       local p = ARGV[3 + next_pop]
       served[next_pop] = true
       n = n + 1
-      redis.call('HSET', KEYS[3], id, n)
+      forget_pop(old)
+      redis.call('HSET', KEYS[3], id, tries_value(n, p))
+      redis.call('HSET', KEYS[8], p, id)
       redis.call('ZADD', KEYS[4], now + vis, id)
-      lease(id, p)
       k = k + 1
       out[#out + 1] = p
       out[#out + 1] = id

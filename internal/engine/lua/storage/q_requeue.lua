@@ -2,16 +2,15 @@
 --
 -- include: q_lib.lua
 --
--- KEYS (every queue script takes the same nine, in this order):
+-- KEYS (every queue script takes the same eight, in this order):
 --   KEYS[1] ready list      request IDs ready for delivery
 --   KEYS[2] data hash       ID -> serialized request
---   KEYS[3] tries hash      ID -> deliveries so far
+--   KEYS[3] tries hash      ID -> "<deliveries so far>|<pop ID of the latest>"
 --   KEYS[4] inflight zset   ID -> unix ms at which it is delivered again
 --   KEYS[5] dead zset       ID -> unix ms it was dead-lettered
 --   KEYS[6] why hash        ID -> last failure
 --   KEYS[7] seq string      last ID handed out
---   KEYS[8] lease hash      ID -> pop ID (nonce) of its latest delivery
---   KEYS[9] pops hash       pop ID -> ID: the delivery each pop made, kept
+--   KEYS[8] pops hash       pop ID -> ID: the delivery each pop made, kept
 --                           while it is the request's latest (a lost reply's
 --                           pop, sent again, gets the same delivery)
 -- ARGV[1] request ID
@@ -21,7 +20,8 @@
 -- Returns 1 requeued, 0 not in the dead-letter list.
 if redis.call('ZREM', KEYS[5], ARGV[1]) == 0 then return 0 end
 redis.call('HDEL', KEYS[6], ARGV[1])
+local _, p = split_tries(redis.call('HGET', KEYS[3], ARGV[1]))
+forget_pop(p)
 redis.call('HDEL', KEYS[3], ARGV[1])
-unlease(ARGV[1])
 redis.call('RPUSH', KEYS[1], ARGV[1])
 return 1
