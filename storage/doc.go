@@ -83,7 +83,61 @@
 // (DeadLetters, Requeue). A request is fetched twice only if its worker
 // dies after fetching and before acknowledging, or its fetch outlasts
 // WithMaxFetchTime. QueueSize counts in-flight requests too, so queue.Run
-// returns only when the whole namespace's work is done.
+// returns nil only when the whole namespace's work is done.
+//
+// A delivery the worker never received does not count toward
+// WithMaxDeliveries: a GetRequest whose reply is lost (no reply within
+// WithRedisTimeout on a slow network: the pop ran in Redis) keeps its pop
+// ID, and this Storage's next GetRequest sends it again and gets the same
+// delivery, not counted again. Only if the process makes no GetRequest
+// within the visibility timeout (it exits, or its queue.Run ended and is
+// not run again) does that delivery count, as a worker's that died.
+// Delivery tokens carry that pop ID, a random nonce, so a late Ack of an
+// earlier delivery never settles a later one, even after Requeue or after
+// an empty Redis handed out the same request IDs again.
+//
+// Redis outages. Every call is bounded by WithRedisTimeout, QueueSize
+// included, and Colly's queue.Run returns the first error QueueSize
+// returns: an outage (or a network slower than the timeout) that lasts
+// longer ends Run with an ErrRedis error, though work is left. Run it again
+// until it returns nil, soon (within the visibility timeout, so that a
+// GetRequest whose reply was lost is sent again before its delivery comes
+// back and counts):
+//
+//	for {
+//		err := q.Run(c)
+//		if err == nil {
+//			break // the namespace's work is done
+//		}
+//		if !errors.Is(err, storage.ErrRedis) {
+//			return err
+//		}
+//		time.Sleep(time.Second) // Redis is unreachable or slow: try again
+//	}
+//
+// The queue and the visited set live only in Redis: run it with
+// persistence (AOF with appendfsync everysec or always, or RDB snapshots)
+// and, for failover, replicas. A Redis that restarts empty forgets every
+// queued, in-flight and dead request and every visited mark: the crawl
+// starts again from what is queued next (re-seed it), and URLs already
+// fetched are fetched again. One restored from an older snapshot loses
+// what came after it: requests queued since are gone, and ones acknowledged
+// since come back (fetched twice, never lost once queued before the
+// snapshot). Workers still holding deliveries from before such a restart
+// cannot settle anything their tokens did not name (see above).
+//
+// Which delivery claimed a URL. A claim Visited makes for a queued delivery
+// writes the queued request's ID into the visited mark ("0|<id>"), and a
+// delivery is let through a mark only if the mark names its own request:
+// one delivered again after its worker died after the claim, or after a
+// failure, or requeued, is fetched again; one that finds the mark of
+// another request of the URL (the URL was queued twice, or visited
+// directly) is acknowledged as a duplicate, whatever its delivery number.
+// Versions before this one read such a mark as corrupt: upgrade all the
+// collectors of a namespace together, and with nothing in flight
+// (Stats().InFlight 0: a request delivered before the upgrade and again
+// after it would find its own earlier mark without its ID and be dropped
+// as visited).
 //
 // Requests Colly drops before sending fire no callback. Those dropped as
 // already visited are acknowledged by the visited check (or, when a
@@ -117,7 +171,7 @@
 //	{ns}:q:why          hash    request ID -> last failure
 //	{ns}:q:seq          string  last request ID
 //	{ns}:q:pops         hash    pop ID -> request ID, while that pop's delivery is the latest
-//	ns:v:{<bucket>}     hash    request hash -> "0" or expiry (unix ms)
+//	ns:v:{<bucket>}     hash    request hash -> "0" or expiry (unix ms), then "|<queue request ID>" for a claim a queued delivery made
 //
 // The "{ns}" keys share one Redis Cluster hash tag, so each script runs in
 // one slot; the visited buckets (65536 by default, WithVisitedBuckets) each

@@ -32,7 +32,9 @@ import (
 //	{ns}:q:dead         zset  request ID -> unix ms it was dead-lettered
 //	{ns}:q:why          hash  request ID -> last failure (dead letters, failed tries)
 //	{ns}:q:pops         hash  pop ID -> request ID, while that pop's delivery is the latest
-//	ns:v:{<bucket>}     hash  8-byte request hash -> "0" (forever) or expiry (unix ms)
+//	ns:v:{<bucket>}     hash  8-byte request hash -> "0" (forever) or expiry (unix ms),
+//	                          then "|<queue request ID>" for a claim made for a queued
+//	                          delivery (storage/visited.go)
 //
 // Every "{ns}" key shares one Redis Cluster hash tag, so each Lua script
 // touches one slot. The visited buckets carry their own tags instead
