@@ -322,3 +322,61 @@ func tryPop(t testing.TB, s *Storage) (token, url string, ok bool) {
 	tok, _ := deliveryToken(r)
 	return tok, r.URL.String(), true
 }
+
+// A delivery whose visited check fails on a Redis error (no reply within
+// the timeout) is dropped by Colly with no callback; it is handed back at
+// once, not counted, instead of coming back after the visibility timeout
+// as one more delivery (on a slow network, a request could reach the
+// dead-letter list without a fetch that way too).
+func TestFailedVisitedCheckHandsDeliveryBack(t *testing.T) {
+	for _, op := range []string{"IsVisited", "Visited"} {
+		t.Run(op, func(t *testing.T) {
+			rdb := single.Client(t)
+			opts := []Option{WithVisibilityTimeout(time.Minute), WithPollInterval(10 * time.Millisecond)}
+			s := newStorage(t, rdb, opts...)
+			x := "http://a.example/" + op
+			require.NoError(t, s.AddRequest(marshal(t, x)))
+			require.NoError(t, qReleaseScript.Load(bg, rdb).Err()) // the slow client's EVALSHA finds it
+			px := newLagProxy(t, single.Addr())
+			slowRdb := single.Client(t, func(o *redis.Options) {
+				o.Addr, o.MaxRetries, o.PoolSize, o.MinIdleConns = px.addr(), -1, 8, 6
+			})
+			slow, err := New(slowRdb, append([]Option{WithNamespace(s.cfg.namespace), WithRedisTimeout(100 * time.Millisecond)}, opts...)...)
+			require.NoError(t, err)
+			require.NoError(t, slow.Init())
+			// Connections made before the lag (a handshake under it would
+			// outlast the timeout).
+			require.Eventually(t, func() bool { return slowRdb.PoolStats().IdleConns >= 6 }, 10*time.Second, 10*time.Millisecond)
+			_, err = slow.GetRequest()
+			require.NoError(t, err)
+			h, ok := requestHash(wireRequest{URL: x})
+			require.True(t, ok)
+
+			px.lag.Store(int64(700 * time.Millisecond))
+			if op == "IsVisited" {
+				_, err = slow.IsVisited(h)
+			} else {
+				err = slow.Visited(h)
+			}
+			require.ErrorIs(t, err, ErrRedis)
+			// Back in the ready list, its delivery not counted, long before
+			// the visibility timeout.
+			require.Eventually(t, func() bool {
+				st, err := s.Stats(bg)
+				require.NoError(t, err)
+				return st == Stats{Ready: 1}
+			}, 10*time.Second, 10*time.Millisecond)
+			_, err = rdb.HGet(bg, s.q.tries, "1").Result()
+			require.ErrorIs(t, err, redis.Nil, "the dropped delivery was counted")
+
+			// Its next delivery passes the visited check, whether or not
+			// the failed claim reached Redis (the mark names the request).
+			tok, _ := pop(t, s)
+			require.Equal(t, "1:1", delivered(tok))
+			visited, err := s.IsVisited(h)
+			require.NoError(t, err)
+			require.False(t, visited)
+			require.NoError(t, s.Visited(h))
+		})
+	}
+}

@@ -92,6 +92,9 @@
 // delivery, not counted again. Only if the process makes no GetRequest
 // within the visibility timeout (it exits, or its queue.Run ended and is
 // not run again) does that delivery count, as a worker's that died.
+// Likewise a delivery whose visited check fails on a Redis error (Colly
+// then drops it, firing no callback) is handed back at once, not counted,
+// rather than coming back after the visibility timeout as one more.
 // Delivery tokens carry that pop ID, a random nonce, so a late Ack of an
 // earlier delivery never settles a later one, even after Requeue or after
 // an empty Redis handed out the same request IDs again.

@@ -3,6 +3,7 @@ package storage
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"sync"
 	"time"
 )
@@ -50,6 +51,7 @@ func (s *Storage) IsVisited(requestID uint64) (bool, error) {
 	d := s.pending.unclaimed(requestID)
 	visited, owner, err := s.isVisited(requestID)
 	if err != nil {
+		s.handBack(d, err)
 		return false, err
 	}
 	if visited && d != nil && owner == d.id {
@@ -112,6 +114,7 @@ func (s *Storage) Visited(requestID uint64) error {
 	}
 	claimed, markOwner, err := s.claim(requestID, owner)
 	if err != nil {
+		s.handBack(d, err)
 		return err
 	}
 	if claimed {
@@ -135,6 +138,28 @@ func (s *Storage) Visited(requestID uint64) error {
 		return nil // Colly revisits on purpose: a Retry following a redirect
 	}
 	return ErrAlreadyVisited
+}
+
+// handBack is called when the visited check of a pending delivery d (nil:
+// none) failed with err. Colly drops the request on that error, firing no
+// callback, so the delivery would come back only after the visibility
+// timeout, counted: on a network slower than the Redis timeout, deliveries
+// the worker never could check would send a request to the dead-letter list
+// unfetched. For a Redis failure (not corrupt data, which would fail every
+// time) it is handed back at once instead (q_release: to the end of the
+// ready list, not counted), if it is still the request's latest delivery;
+// if that fails too, it comes back after the visibility timeout as before.
+// A claim that reached Redis though its reply was lost names the request,
+// so its next delivery is let through.
+func (s *Storage) handBack(d *delivery, err error) {
+	if d == nil || !errors.Is(err, ErrRedis) || errors.Is(err, ErrCorrupt) {
+		return
+	}
+	s.pending.forget(d.token())
+	if _, rerr := s.run(context.Background(), "release", qReleaseScript, s.qkeys, d.id, d.number, d.pop); rerr != nil {
+		s.cfg.logger.Warn("proxyswitch: handing back a queued request whose visited check failed",
+			"namespace", s.cfg.namespace, "delivery", d.token(), "err", rerr)
+	}
 }
 
 // Colly calls Visited for an ID that IsVisited just reported visited in one
