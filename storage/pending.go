@@ -15,8 +15,11 @@ import (
 //   - a first delivery that Colly finds already visited is a duplicate:
 //     Colly drops it before sending, with no callback, so IsVisited/Visited
 //     acknowledge it on Colly's behalf;
-//   - a later delivery (its worker died, or it failed and is retried) finds
-//     the mark of its own earlier delivery, so it is let through once.
+//   - a delivery that finds the mark of its own request's earlier delivery
+//     (its worker died after the claim, or it failed and is retried, or it
+//     was requeued) is let through once: a claim made for a delivery
+//     writes the request's ID into the mark (see visited.go). A mark
+//     another request set refuses it, whatever its delivery number.
 //
 // At most one delivery per visited ID is unclaimed in a process at a time
 // (GetRequest hands a second one back until the first has passed Visited or
