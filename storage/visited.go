@@ -33,11 +33,29 @@ import (
 // claim that refuses it was a direct Visit of its URL made in this process
 // while it waited for a thread. To tell the two apart, a claim made for a
 // queued delivery writes the queue request's ID into the mark
-// ("0|<request ID>", or "<expiry>|<request ID>" with a TTL): a delivery is
-// let through a mark only if that mark names its own request. A mark set
-// by another request of the same URL (a second queue entry of it, a direct
-// Visit) refuses it, whatever its delivery number: a URL queued twice whose
-// first entry's worker died before fetching is not fetched twice.
+// ("0|<request ID>", or "<expiry>|<request ID>" with a TTL), any other
+// claim an empty owner ("0|", "<expiry>|"): a delivery is let through a
+// mark only if that mark names its own request. A mark set by another
+// request of the same URL (a second queue entry of it, a direct Visit)
+// refuses it, whatever its delivery number: a URL queued twice whose first
+// entry's worker died before fetching is not fetched twice.
+//
+// A mark without "|" ("0", "<expiry>") was written by a version before
+// owners were recorded: it names no claimer, so the earlier rule applies to
+// it: a redelivery (delivery number > 1) is let through, a first delivery
+// refused. A request whose earlier delivery claimed the URL under that
+// version and then went back to the ready list (its worker died) is so
+// still fetched after an upgrade.
+
+// ownsMark reports whether a mark of owner owner (see isVisited) lets
+// delivery d through: the mark names d's own request, or it is an earlier
+// version's mark and d is a redelivery.
+func (d *delivery) ownsMark(owner string) bool {
+	if owner == legacyOwner {
+		return d.number > 1
+	}
+	return owner != "" && owner == d.id
+}
 
 // IsVisited implements Colly's storage.Storage. It reports whether the
 // request ID holds a live visited mark in the namespace, and writes nothing.
@@ -54,7 +72,7 @@ func (s *Storage) IsVisited(requestID uint64) (bool, error) {
 		s.handBack(d, err)
 		return false, err
 	}
-	if visited && d != nil && owner == d.id {
+	if visited && d != nil && d.ownsMark(owner) {
 		// The mark is an earlier delivery of this request's own (its worker
 		// died, or it failed, or it was requeued): fetch again.
 		return false, nil
@@ -76,7 +94,7 @@ func (s *Storage) IsVisited(requestID uint64) (bool, error) {
 // a mark with an expiry needs Redis's clock, and so the script. The HMGETs
 // of concurrent callers share one pipeline (s.reads, see flushReads).
 // It also returns the mark's owner, the queue request ID of the delivery
-// that claimed it ("" for none).
+// that claimed it ("" for none, legacyOwner for an earlier version's mark).
 func (s *Storage) isVisited(id uint64) (bool, string, error) {
 	r, err := s.reads.Do(id)
 	if err != nil {
@@ -91,6 +109,9 @@ func (s *Storage) isVisited(id uint64) (bool, string, error) {
 	}
 	if owner, ok := n.(string); ok && validOwner(owner) {
 		return true, owner, nil
+	}
+	if n == int64(2) {
+		return true, legacyOwner, nil
 	}
 	return n == int64(1), "", nil
 }
@@ -125,7 +146,7 @@ func (s *Storage) Visited(requestID uint64) error {
 		}
 		return nil
 	}
-	if d != nil && markOwner == d.id {
+	if d != nil && d.ownsMark(markOwner) {
 		// The mark is an earlier delivery of this request's own.
 		s.pending.claim(d)
 		return nil
@@ -262,7 +283,7 @@ func (v *revisits) visited(id uint64, claimed bool, now time.Time) bool {
 //
 // owner is the queue request ID of the delivery the claim is made for (""
 // for none), written into the mark. If the mark was present, claim returns
-// its owner.
+// its owner (legacyOwner for an earlier version's mark).
 func (s *Storage) claim(id uint64, owner string) (claimed bool, markOwner string, err error) {
 	r, err := s.claims.Do(claimItem{id, owner})
 	if err != nil {

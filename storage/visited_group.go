@@ -39,7 +39,8 @@ type mark struct {
 	// visit script a pipelined claim called by its digest.
 	again bool
 	// owner: the mark is live and was claimed by a delivery of the queued
-	// request with this ID (see visited.go); "" for any other claimer.
+	// request with this ID (see visited.go); legacyOwner for a mark an
+	// earlier version wrote, which names no claimer; "" for any other.
 	owner string
 	err   error // this caller's failure
 }
@@ -51,12 +52,15 @@ type claimItem struct {
 	owner string
 }
 
-// markValue is the value a claim without a TTL writes: "0", or
-// "0|<queue request ID>" for a claim made for a queued delivery.
+// legacyOwner is the owner reported for a mark an earlier version wrote
+// ("0" or "<expiry>" alone, naming no claimer; see visited.go). It is not
+// a request ID (validOwner).
+const legacyOwner = "legacy"
+
+// markValue is the value a claim without a TTL writes: "0|<queue request
+// ID>" for a claim made for a queued delivery, "0|" for any other. Either
+// way the "|" tells it from an earlier version's mark.
 func markValue(owner string) string {
-	if owner == "" {
-		return "0"
-	}
 	return "0|" + owner
 }
 
@@ -113,9 +117,9 @@ func readMark(key string, vals []any, err error) mark {
 		return mark{}
 	case string:
 		if v == "0" {
-			return mark{yes: true}
+			return mark{yes: true, owner: legacyOwner}
 		}
-		if owner, ok := strings.CutPrefix(v, "0|"); ok && validOwner(owner) {
+		if owner, ok := strings.CutPrefix(v, "0|"); ok && (owner == "" || validOwner(owner)) {
 			return mark{yes: true, owner: owner}
 		}
 	}
@@ -180,13 +184,17 @@ func (s *Storage) flushClaims(items []claimItem) ([]mark, error) {
 }
 
 // claimReply is what visit.lua's reply n tells a claim: 1 claimed, 0
-// visited, a request ID visited by that queued request.
+// visited, 2 visited by an earlier version's mark, a request ID visited by
+// that queued request.
 func claimReply(n any, err error) mark {
 	if err != nil {
 		return mark{err: err}
 	}
 	if owner, ok := n.(string); ok && validOwner(owner) {
 		return mark{owner: owner}
+	}
+	if n == int64(2) {
+		return mark{owner: legacyOwner}
 	}
 	return mark{yes: n == int64(1)}
 }
