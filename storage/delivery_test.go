@@ -380,3 +380,49 @@ func TestFailedVisitedCheckHandsDeliveryBack(t *testing.T) {
 		})
 	}
 }
+
+// A dead-lettered delivery is not handed out again, so its pop record goes
+// with it: failed for good (q_nack), timed out on its last delivery (q_pop),
+// and a record planted for a delivery no longer the latest is dropped when
+// its pop ID comes back.
+func TestDeadLettersLeaveNoPops(t *testing.T) {
+	rdb := shared.Client(t)
+	s := newStorage(t, rdb, WithMaxDeliveries(1), WithVisibilityTimeout(100*time.Millisecond), WithPollInterval(10*time.Millisecond))
+	pops := func() int64 {
+		n, err := rdb.HLen(bg, s.q.pops).Result()
+		require.NoError(t, err)
+		return n
+	}
+
+	for _, u := range []string{"http://a.example/1", "http://a.example/2"} {
+		require.NoError(t, s.AddRequest(marshal(t, u)))
+		tok, _ := pop(t, s)
+		require.NoError(t, s.settle(tok, errors.New("503")))
+	}
+	require.Zero(t, pops(), "failed for good")
+
+	require.NoError(t, s.AddRequest(marshal(t, "http://a.example/3")))
+	pop(t, s)
+	require.Equal(t, int64(1), pops())
+	time.Sleep(250 * time.Millisecond)
+	_, err := s.flushPops([]string{newPopID()})
+	require.NoError(t, err)
+	st, err := s.Stats(bg)
+	require.NoError(t, err)
+	require.Equal(t, Stats{Dead: 3}, st)
+	require.Zero(t, pops(), "timed out on its last delivery")
+
+	require.NoError(t, s.AddRequest(marshal(t, "http://a.example/4")))
+	tok, _ := pop(t, s)
+	id, _, err := splitToken(tok)
+	require.NoError(t, err)
+	require.NoError(t, rdb.HSet(bg, s.q.pops, "stale", id).Err())
+	got, err := s.flushPops([]string{"stale"})
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	require.Empty(t, got[0].id)
+	ok, err := rdb.HExists(bg, s.q.pops, "stale").Result()
+	require.NoError(t, err)
+	require.False(t, ok, "record of a pop whose delivery is not the latest")
+	require.Equal(t, int64(1), pops(), "the latest delivery's record stays")
+}

@@ -31,10 +31,11 @@ import (
 //	{ns}:q:tries        hash  request ID -> "<deliveries so far>|<pop ID of the latest>" (pop ID: a random nonce)
 //	{ns}:q:dead         zset  request ID -> unix ms it was dead-lettered
 //	{ns}:q:why          hash  request ID -> last failure (dead letters, failed tries)
-//	{ns}:q:pops         hash  pop ID -> request ID, while that pop's delivery is the latest
+//	{ns}:q:pops         hash  pop ID -> request ID, while that pop's delivery is the latest and not dead
 //	ns:v:{<bucket>}     hash  8-byte request hash -> "0" (forever) or expiry (unix ms),
 //	                          then "|<queue request ID>" for a claim made for a queued
-//	                          delivery (storage/visited.go)
+//	                          delivery, "|" for any other (a mark without "|" is an
+//	                          earlier version's; storage/visited.go)
 //
 // Every "{ns}" key shares one Redis Cluster hash tag, so each Lua script
 // touches one slot. The visited buckets carry their own tags instead

@@ -9,8 +9,9 @@
 --   KEYS[6] why hash        ID -> last failure
 --   KEYS[7] seq string      last ID handed out
 --   KEYS[8] pops hash       pop ID -> ID: the delivery each pop made, kept
---                           while it is the request's latest (a lost reply's
---                           pop, sent again, gets the same delivery)
+--                           while it is the request's latest and not dead (a
+--                           lost reply's pop, sent again, gets the same
+--                           delivery)
 -- ARGV[1] most requests queued at once (ready or in flight), 0 for no limit
 -- ARGV[2..n+1] serialized requests (AddRequest: one; AddURLs: a batch)
 --

@@ -11,8 +11,9 @@
 --   KEYS[6] why hash        ID -> last failure
 --   KEYS[7] seq string      last ID handed out
 --   KEYS[8] pops hash       pop ID -> ID: the delivery each pop made, kept
---                           while it is the request's latest (a lost reply's
---                           pop, sent again, gets the same delivery)
+--                           while it is the request's latest and not dead (a
+--                           lost reply's pop, sent again, gets the same
+--                           delivery)
 -- ARGV[1] request ID   ARGV[2] delivery number   ARGV[3] pop ID (see q_lib.lua)
 -- ARGV[4] reason   ARGV[5] retry delay ms   ARGV[6] max deliveries
 -- ARGV[7] "1": dead-letter now
@@ -26,6 +27,7 @@ redis.call('HSET', KEYS[6], ARGV[1], ARGV[4])
 if ARGV[7] == '1' or tonumber(ARGV[2]) >= tonumber(ARGV[6]) then
   redis.call('ZREM', KEYS[4], ARGV[1])
   redis.call('ZADD', KEYS[5], now, ARGV[1])
+  forget_pop(ARGV[3]) -- a dead delivery is not handed out again
   return 2
 end
 redis.call('ZADD', KEYS[4], now + tonumber(ARGV[5]), ARGV[1])

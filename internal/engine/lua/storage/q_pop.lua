@@ -11,8 +11,9 @@
 --   KEYS[6] why hash        ID -> last failure
 --   KEYS[7] seq string      last ID handed out
 --   KEYS[8] pops hash       pop ID -> ID: the delivery each pop made, kept
---                           while it is the request's latest (a lost reply's
---                           pop, sent again, gets the same delivery)
+--                           while it is the request's latest and not dead (a
+--                           lost reply's pop, sent again, gets the same
+--                           delivery)
 -- ARGV[1] visibility timeout ms   ARGV[2] max deliveries   ARGV[3] max request bytes
 -- ARGV[4..] one pop ID per GetRequest call (calls batched into one round
 -- trip): a nonce the client made for the call, or, when the client got no
@@ -44,7 +45,11 @@ local function tries(id)
   return split_tries(redis.call('HGET', KEYS[3], id))
 end
 
+-- bury dead-letters id. Its latest pop is forgotten: a dead delivery is
+-- not handed out again, so the record would only wait for Requeue or Ack.
 local function bury(id, reason)
+  local _, p = tries(id)
+  forget_pop(p)
   redis.call('ZREM', KEYS[4], id)
   redis.call('ZADD', KEYS[5], now, id)
   redis.call('HSET', KEYS[6], id, reason)
@@ -54,7 +59,8 @@ local out = {0, 0}
 local k = 0
 local served = {}
 
--- Pops sent again: the same delivery, if it is still the request's latest.
+-- Pops sent again: the same delivery, if it is still the request's latest
+-- (and not dead or acknowledged); a record that no longer is is deleted.
 for i = 1, want do
   local p = ARGV[3 + i]
   local id = redis.call('HGET', KEYS[8], p)
@@ -75,6 +81,7 @@ for i = 1, want do
       out[#out + 1] = payload
     end
   end
+  if id and not served[i] then redis.call('HDEL', KEYS[8], p) end
 end
 
 local due = redis.call('ZRANGE', KEYS[4], '-inf', now, 'BYSCORE', 'LIMIT', 0, 100)

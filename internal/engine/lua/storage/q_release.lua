@@ -11,8 +11,9 @@
 --   KEYS[6] why hash        ID -> last failure
 --   KEYS[7] seq string      last ID handed out
 --   KEYS[8] pops hash       pop ID -> ID: the delivery each pop made, kept
---                           while it is the request's latest (a lost reply's
---                           pop, sent again, gets the same delivery)
+--                           while it is the request's latest and not dead (a
+--                           lost reply's pop, sent again, gets the same
+--                           delivery)
 -- ARGV[1] request ID   ARGV[2] delivery number   ARGV[3] pop ID
 --
 -- The request goes to the end of the ready list and the delivery does not

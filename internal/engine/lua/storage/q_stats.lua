@@ -9,8 +9,9 @@
 --   KEYS[6] why hash        ID -> last failure
 --   KEYS[7] seq string      last ID handed out
 --   KEYS[8] pops hash       pop ID -> ID: the delivery each pop made, kept
---                           while it is the request's latest (a lost reply's
---                           pop, sent again, gets the same delivery)
+--                           while it is the request's latest and not dead (a
+--                           lost reply's pop, sent again, gets the same
+--                           delivery)
 --
 -- Returns {ready, in flight (running or waiting for a retry), dead}.
 -- Ready may count IDs acknowledged after a visibility timeout; q_pop drops them.
