@@ -130,17 +130,30 @@
 // cannot settle anything their tokens did not name (see above).
 //
 // Which delivery claimed a URL. A claim Visited makes for a queued delivery
-// writes the queued request's ID into the visited mark ("0|<id>"), and a
-// delivery is let through a mark only if the mark names its own request:
-// one delivered again after its worker died after the claim, or after a
-// failure, or requeued, is fetched again; one that finds the mark of
-// another request of the URL (the URL was queued twice, or visited
-// directly) is acknowledged as a duplicate, whatever its delivery number.
-// Versions before this one read such a mark as corrupt: upgrade all the
-// collectors of a namespace together, and with nothing in flight
-// (Stats().InFlight 0: a request delivered before the upgrade and again
-// after it would find its own earlier mark without its ID and be dropped
-// as visited).
+// writes the queued request's ID into the visited mark ("0|<id>"; any other
+// claim writes "0|"), and a delivery is let through a mark only if the mark
+// names its own request: one delivered again after its worker died after
+// the claim, or after a failure, or requeued, is fetched again; one that
+// finds the mark of another request of the URL (the URL was queued twice,
+// or visited directly) is acknowledged as a duplicate, whatever its
+// delivery number. A mark an earlier version wrote ("0" or "<expiry>",
+// without "|") names no claimer and keeps the earlier rule: a redelivery
+// passes it, a first delivery is refused. So a request an earlier version
+// delivered (in flight at the upgrade, or back in the ready list after its
+// worker died) is still fetched after it.
+//
+// Upgrading and going back. Earlier versions cannot run beside this one:
+// they read its tries values ("<n>|<pop ID>") as corrupt and dead-letter
+// the request (Requeue brings it back), and its visited marks ("0|...") as
+// corrupt. Stop every collector of the earlier version before starting one
+// of this version on the namespace (not a rolling upgrade); this version
+// reads everything the earlier one left (requests in flight or ready,
+// dead letters, marks). Going back is not supported as is: stop every collector
+// of this version, then either Clear the namespace, or rewrite its data to
+// the earlier form first: each {ns}:q:tries value "<n>|<pop ID>" to "<n>",
+// DEL {ns}:q:pops, and in each visited bucket each mark "<expiry>|..." to
+// "<expiry>" (a bucket's marks then no longer say which request claimed
+// them, as before).
 //
 // Requests Colly drops before sending fire no callback. Those dropped as
 // already visited are acknowledged by the visited check (or, when a

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 )
 
@@ -77,4 +78,26 @@ func TestMarkWithoutOwnerIsMarkedNew(t *testing.T) {
 			require.ErrorIs(t, twin(t, s, shared.Client(t)).Visited(7), ErrAlreadyVisited)
 		})
 	}
+}
+
+// A request an earlier version's worker held at the upgrade (in flight,
+// tries "1", its bare mark set; the worker is stopped) comes back after its
+// visibility timeout and is fetched by this version.
+func TestLegacyInFlightAtUpgrade(t *testing.T) {
+	site := newCountingSite(t, nil)
+	rdb := shared.Client(t)
+	s := newStorage(t, rdb, WithVisibilityTimeout(300*time.Millisecond), WithPollInterval(10*time.Millisecond))
+	x := site.URL + "/held"
+	require.NoError(t, s.AddRequest(marshal(t, x)))
+	h, ok := requestHash(wireRequest{URL: x})
+	require.True(t, ok)
+	require.NoError(t, rdb.LPop(bg, s.q.ready).Err())
+	require.NoError(t, rdb.HSet(bg, s.q.tries, "1", "1").Err())
+	require.NoError(t, rdb.ZAdd(bg, s.q.inflight, redis.Z{Score: 1, Member: "1"}).Err())
+	require.NoError(t, rdb.HSet(bg, s.bucketOf(h), visitedField(h), "0").Err())
+	runQueue(t, s, 2, nil)
+	require.Equal(t, 1, site.count("/held"))
+	st, err := s.Stats(bg)
+	require.NoError(t, err)
+	require.Equal(t, Stats{}, st)
 }
