@@ -19,7 +19,9 @@ import (
 //     (its worker died after the claim, or it failed and is retried, or it
 //     was requeued) is let through once: a claim made for a delivery
 //     writes the request's ID into the mark (see visited.go). A mark
-//     another request set refuses it, whatever its delivery number.
+//     another request set refuses it, whatever its delivery number; one
+//     an earlier version wrote, which names no request, lets any
+//     redelivery through, as that version did.
 //
 // At most one delivery per visited ID is unclaimed in a process at a time
 // (GetRequest hands a second one back until the first has passed Visited or
