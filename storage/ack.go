@@ -265,25 +265,26 @@ func (s *Storage) settle(tok string, cause error) error {
 // shared with the acknowledgements other goroutines make meanwhile (see
 // internal/group): it returns when the acknowledgement is in Redis.
 func (s *Storage) ack(tok string) error {
-	id, n, err := splitToken(tok)
+	id, n, pop, err := parseToken(tok)
 	if err != nil {
 		return err
 	}
-	_, err = s.acks.Do(ackItem{id, n})
+	_, err = s.acks.Do(ackItem{id, n, pop})
 	return err
 }
 
 // ackItem is one delivery to acknowledge.
 type ackItem struct {
-	id string
-	n  int
+	id  string
+	n   int
+	pop string
 }
 
 // flushAcks acknowledges a batch of deliveries in one q_ack.
 func (s *Storage) flushAcks(items []ackItem) ([]struct{}, error) {
-	args := make([]any, 0, 2*len(items))
+	args := make([]any, 0, 3*len(items))
 	for _, it := range items {
-		args = append(args, it.id, it.n)
+		args = append(args, it.id, it.n, it.pop)
 	}
 	res, err := s.run(context.Background(), "ack", qAckScript, s.qkeys, args...)
 	if err != nil {
@@ -298,7 +299,7 @@ func (s *Storage) flushAcks(items []ackItem) ([]struct{}, error) {
 // nack fails a delivery; now dead-letters it whatever its count. It returns
 // the script's answer: 1 retry scheduled, 2 dead-lettered, 0 stale.
 func (s *Storage) nack(ctx context.Context, tok, reason string, now bool) (int64, error) {
-	id, n, err := splitToken(tok)
+	id, n, pop, err := parseToken(tok)
 	if err != nil {
 		return 0, err
 	}
@@ -310,7 +311,7 @@ func (s *Storage) nack(ctx context.Context, tok, reason string, now bool) (int64
 	if now {
 		force = "1"
 	}
-	res, err := s.run(ctx, "nack", qNackScript, s.qkeys, id, n, reason,
+	res, err := s.run(ctx, "nack", qNackScript, s.qkeys, id, n, pop, reason,
 		s.cfg.retryDelay.Milliseconds(), s.cfg.maxDeliveries, force)
 	v, _ := res.(int64)
 	return v, err
@@ -350,14 +351,25 @@ func (s *Storage) dropDuplicate(d *delivery) {
 	}
 }
 
+// splitToken returns the request ID and delivery number of a delivery
+// token (see parseToken).
 func splitToken(tok string) (string, int, error) {
-	id, num, ok := strings.Cut(tok, ":")
-	n, err := strconv.Atoi(num)
-	if !ok || id == "" || err != nil || n < 1 || strconv.Itoa(n) != num { // only the form token() writes
+	id, n, _, err := parseToken(tok)
+	return id, n, err
+}
 
-		return "", 0, fmt.Errorf("%w: bad delivery token %q", ErrNotQueued, tok)
+// parseToken splits a delivery token, "<request ID>:<delivery number>:<pop
+// ID>", or "<request ID>:<delivery number>" for a delivery an earlier
+// version made (pop ""). Only the form token() writes is accepted.
+func parseToken(tok string) (id string, n int, pop string, err error) {
+	id, rest, ok := strings.Cut(tok, ":")
+	num, pop, hasPop := strings.Cut(rest, ":")
+	n, aerr := strconv.Atoi(num)
+	if !ok || id == "" || aerr != nil || n < 1 || strconv.Itoa(n) != num || // only the form token() writes
+		hasPop && !validPopID(pop) {
+		return "", 0, "", fmt.Errorf("%w: bad delivery token %q", ErrNotQueued, tok)
 	}
-	return id, n, nil
+	return id, n, pop, nil
 }
 
 func (s *Storage) logErr(what string, r *colly.Request, err error) {

@@ -20,14 +20,14 @@ func unsettled(t testing.TB, s *Storage, r *colly.Request) bool {
 		t.Errorf("%s carries no delivery token", r.URL)
 		return false
 	}
-	id, n, err := splitToken(tok)
+	id, n, pop, err := parseToken(tok)
 	require.NoError(t, err)
 	got, err := s.rdb.HGet(bg, s.q.tries, id).Result()
 	if err == redis.Nil {
 		return false
 	}
 	require.NoError(t, err)
-	return got == fmt.Sprint(n)
+	return got == fmt.Sprint(n)+"|"+pop
 }
 
 // Issue 13, item 5: two collectors on two Redis clients crawl one queue

@@ -18,7 +18,12 @@ const addBatch = 500
 // absolute http or https URL with a host, within WithMaxRequestSize once
 // serialized); if one fails, nothing is queued and the error names it. If
 // Redis fails midway, or a batch would exceed WithMaxQueued (ErrQueueFull),
-// the batches before stay queued: n says how many URLs were. It is safe for
+// the batches before stay queued: n says how many URLs were. n is a lower
+// bound when err is ErrRedis: a batch whose reply did not come within
+// WithRedisTimeout (a slow network, a Redis busy for a moment) may still
+// have been queued, whole, after AddURLs gave up on it; it is then in the
+// queue but not in n (Stats tells), and adding it again queues it twice
+// (the visited check then fetches each URL once). It is safe for
 // concurrent use.
 func (s *Storage) AddURLs(ctx context.Context, urls ...string) (n int, err error) {
 	reqs := make([]any, 0, len(urls))

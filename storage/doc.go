@@ -83,7 +83,77 @@
 // (DeadLetters, Requeue). A request is fetched twice only if its worker
 // dies after fetching and before acknowledging, or its fetch outlasts
 // WithMaxFetchTime. QueueSize counts in-flight requests too, so queue.Run
-// returns only when the whole namespace's work is done.
+// returns nil only when the whole namespace's work is done.
+//
+// A delivery the worker never received does not count toward
+// WithMaxDeliveries: a GetRequest whose reply is lost (no reply within
+// WithRedisTimeout on a slow network: the pop ran in Redis) keeps its pop
+// ID, and this Storage's next GetRequest sends it again and gets the same
+// delivery, not counted again. Only if the process makes no GetRequest
+// within the visibility timeout (it exits, or its queue.Run ended and is
+// not run again) does that delivery count, as a worker's that died.
+// Likewise a delivery whose visited check fails on a Redis error (Colly
+// then drops it, firing no callback) is handed back at once, not counted,
+// rather than coming back after the visibility timeout as one more.
+// Delivery tokens carry that pop ID, a random nonce, so a late Ack of an
+// earlier delivery never settles a later one, even after Requeue or after
+// an empty Redis handed out the same request IDs again.
+//
+// Redis outages. Every call is bounded by WithRedisTimeout, QueueSize
+// included, and Colly's queue.Run returns the first error QueueSize
+// returns: an outage (or a network slower than the timeout) that lasts
+// longer ends Run with an ErrRedis error, though work is left. Run it again
+// until it returns nil, soon (within the visibility timeout, so that a
+// GetRequest whose reply was lost is sent again before its delivery comes
+// back and counts):
+//
+//	for {
+//		err := q.Run(c)
+//		if err == nil {
+//			break // the namespace's work is done
+//		}
+//		if !errors.Is(err, storage.ErrRedis) {
+//			return err
+//		}
+//		time.Sleep(time.Second) // Redis is unreachable or slow: try again
+//	}
+//
+// The queue and the visited set live only in Redis: run it with
+// persistence (AOF with appendfsync everysec or always, or RDB snapshots)
+// and, for failover, replicas. A Redis that restarts empty forgets every
+// queued, in-flight and dead request and every visited mark: the crawl
+// starts again from what is queued next (re-seed it), and URLs already
+// fetched are fetched again. One restored from an older snapshot loses
+// what came after it: requests queued since are gone, and ones acknowledged
+// since come back (fetched twice, never lost once queued before the
+// snapshot). Workers still holding deliveries from before such a restart
+// cannot settle anything their tokens did not name (see above).
+//
+// Which delivery claimed a URL. A claim Visited makes for a queued delivery
+// writes the queued request's ID into the visited mark ("0|<id>"; any other
+// claim writes "0|"), and a delivery is let through a mark only if the mark
+// names its own request: one delivered again after its worker died after
+// the claim, or after a failure, or requeued, is fetched again; one that
+// finds the mark of another request of the URL (the URL was queued twice,
+// or visited directly) is acknowledged as a duplicate, whatever its
+// delivery number. A mark an earlier version wrote ("0" or "<expiry>",
+// without "|") names no claimer and keeps the earlier rule: a redelivery
+// passes it, a first delivery is refused. So a request an earlier version
+// delivered (in flight at the upgrade, or back in the ready list after its
+// worker died) is still fetched after it.
+//
+// Upgrading and going back. Earlier versions cannot run beside this one:
+// they read its tries values ("<n>|<pop ID>") as corrupt and dead-letter
+// the request (Requeue brings it back), and its visited marks ("0|...") as
+// corrupt. Stop every collector of the earlier version before starting one
+// of this version on the namespace (not a rolling upgrade); this version
+// reads everything the earlier one left (requests in flight or ready,
+// dead letters, marks). Going back is not supported as is: stop every collector
+// of this version, then either Clear the namespace, or rewrite its data to
+// the earlier form first: each {ns}:q:tries value "<n>|<pop ID>" to "<n>",
+// DEL {ns}:q:pops, and in each visited bucket each mark "<expiry>|..." to
+// "<expiry>" (a bucket's marks then no longer say which request claimed
+// them, as before).
 //
 // Requests Colly drops before sending fire no callback. Those dropped as
 // already visited are acknowledged by the visited check (or, when a
@@ -111,12 +181,13 @@
 //	{ns}:c:<host>       hash    earlier versions: "<name>;<path>;<domain>" -> Set-Cookie line (moved into {ns}:cj:<domain> when the host is next read or written)
 //	{ns}:q:ready        list    request IDs ready for delivery
 //	{ns}:q:data         hash    request ID -> serialized request
-//	{ns}:q:tries        hash    request ID -> deliveries so far
+//	{ns}:q:tries        hash    request ID -> "<deliveries so far>|<pop ID of the latest>" (a random nonce)
 //	{ns}:q:inflight     zset    request ID -> unix ms it comes back
 //	{ns}:q:dead         zset    request ID -> unix ms it was dead-lettered
 //	{ns}:q:why          hash    request ID -> last failure
 //	{ns}:q:seq          string  last request ID
-//	ns:v:{<bucket>}     hash    request hash -> "0" or expiry (unix ms)
+//	{ns}:q:pops         hash    pop ID -> request ID, while that pop's delivery is the latest
+//	ns:v:{<bucket>}     hash    request hash -> "0" or expiry (unix ms), then "|<queue request ID>" for a claim a queued delivery made
 //
 // The "{ns}" keys share one Redis Cluster hash tag, so each script runs in
 // one slot; the visited buckets (65536 by default, WithVisitedBuckets) each

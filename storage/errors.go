@@ -26,8 +26,10 @@ var (
 	ErrQueueEmpty = errors.New("proxyswitch: no queued request is ready")
 
 	// ErrInvalidRequest means a serialized request was rejected: not
-	// Colly's JSON, a URL that is not absolute http or https, or larger than
-	// the size limit. AddRequest refuses it; GetRequest moves it to the
+	// Colly's JSON (one that colly.Collector.UnmarshalRequest cannot decode:
+	// Headers that are no object of arrays of strings, a Depth or ID that is
+	// no integer of Colly's type, a Ctx that is no object), a URL that is
+	// not absolute http or https, or larger than the size limit. AddRequest refuses it; GetRequest moves it to the
 	// dead-letter list.
 	ErrInvalidRequest = errors.New("proxyswitch: invalid queued request")
 

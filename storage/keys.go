@@ -28,10 +28,14 @@ import (
 //	{ns}:q:data         hash  request ID -> serialized Colly request
 //	{ns}:q:ready        list  request IDs ready for delivery (FIFO; retries first)
 //	{ns}:q:inflight     zset  request ID -> unix ms at which it is delivered again
-//	{ns}:q:tries        hash  request ID -> deliveries so far
+//	{ns}:q:tries        hash  request ID -> "<deliveries so far>|<pop ID of the latest>" (pop ID: a random nonce)
 //	{ns}:q:dead         zset  request ID -> unix ms it was dead-lettered
 //	{ns}:q:why          hash  request ID -> last failure (dead letters, failed tries)
-//	ns:v:{<bucket>}     hash  8-byte request hash -> "0" (forever) or expiry (unix ms)
+//	{ns}:q:pops         hash  pop ID -> request ID, while that pop's delivery is the latest and not dead
+//	ns:v:{<bucket>}     hash  8-byte request hash -> "0" (forever) or expiry (unix ms),
+//	                          then "|<queue request ID>" for a claim made for a queued
+//	                          delivery, "|" for any other (a mark without "|" is an
+//	                          earlier version's; storage/visited.go)
 //
 // Every "{ns}" key shares one Redis Cluster hash tag, so each Lua script
 // touches one slot. The visited buckets carry their own tags instead
@@ -73,7 +77,7 @@ func (k keyspace) bucket(b uint64) string {
 // queueKeys are the keys of the queue, in the order the Lua scripts take
 // them as KEYS (see internal/engine/lua/storage/q_*.lua).
 type queueKeys struct {
-	ready, data, tries, inflight, dead, why, seq string
+	ready, data, tries, inflight, dead, why, seq, pops string
 }
 
 func (k keyspace) queue() queueKeys {
@@ -81,11 +85,12 @@ func (k keyspace) queue() queueKeys {
 	return queueKeys{
 		ready: p + "ready", data: p + "data", tries: p + "tries",
 		inflight: p + "inflight", dead: p + "dead", why: p + "why", seq: p + "seq",
+		pops: p + "pops",
 	}
 }
 
 // all returns the queue's keys in the order every queue script takes them:
-// ready, data, tries, inflight, dead, why, seq.
+// ready, data, tries, inflight, dead, why, seq, pops.
 func (q queueKeys) all() []string {
-	return []string{q.ready, q.data, q.tries, q.inflight, q.dead, q.why, q.seq}
+	return []string{q.ready, q.data, q.tries, q.inflight, q.dead, q.why, q.seq, q.pops}
 }

@@ -138,7 +138,12 @@ func WithVisitedTTL(d time.Duration) Option { return func(c *config) { c.visited
 // WithVisitedBuckets sets how many Redis hashes hold the visited marks. Each
 // bucket has its own Redis Cluster hash tag, so the set spreads over all
 // nodes of a cluster; a bucket of up to 128 marks stays in Redis's compact
-// listpack encoding (hash-max-listpack-entries), about 20 bytes a mark. All
+// listpack encoding (hash-max-listpack-entries). A mark there takes about
+// 25 bytes when a queued delivery claimed it (it names the queue request,
+// here a 7-digit ID; each further digit adds one), about 16 when another
+// claim did, and with WithVisitedTTL about 40 and 28 (MEMORY USAGE of full
+// 128-mark buckets on Redis 7.0, divided by 128; a plain hash, past 128,
+// takes several times more). All
 // collectors of a namespace must use the same value: the first Init records
 // it and a different one gets ErrConfig (Clear forgets it). The default is
 // 65536 (compact up to about 8 million URLs), the maximum 16777216.

@@ -15,8 +15,13 @@ import (
 //   - a first delivery that Colly finds already visited is a duplicate:
 //     Colly drops it before sending, with no callback, so IsVisited/Visited
 //     acknowledge it on Colly's behalf;
-//   - a later delivery (its worker died, or it failed and is retried) finds
-//     the mark of its own earlier delivery, so it is let through once.
+//   - a delivery that finds the mark of its own request's earlier delivery
+//     (its worker died after the claim, or it failed and is retried, or it
+//     was requeued) is let through once: a claim made for a delivery
+//     writes the request's ID into the mark (see visited.go). A mark
+//     another request set refuses it, whatever its delivery number; one
+//     an earlier version wrote, which names no request, lets any
+//     redelivery through, as that version did.
 //
 // At most one delivery per visited ID is unclaimed in a process at a time
 // (GetRequest hands a second one back until the first has passed Visited or
@@ -77,13 +82,22 @@ type pending struct {
 type delivery struct {
 	id     string    // request ID in the queue
 	number int       // 1 for the first delivery
+	pop    string    // the pop ID of the GetRequest call that made it ("": an earlier version's)
 	hash   uint64    // Colly's request ID for the visited check
 	at     time.Time // when it was delivered; zero if unknown (see start)
 	// started is when the fetch that owns the delivery started, zero before.
 	started time.Time
 }
 
-func (d *delivery) token() string { return d.id + ":" + strconv.Itoa(d.number) }
+// token is the delivery token "<request ID>:<delivery number>:<pop ID>"
+// (see q_lib.lua): unique across Requeue and a Redis that lost its data,
+// unlike the request ID and number alone.
+func (d *delivery) token() string {
+	if d.pop == "" {
+		return d.id + ":" + strconv.Itoa(d.number)
+	}
+	return d.id + ":" + strconv.Itoa(d.number) + ":" + d.pop
+}
 
 func (p *pending) init(visibility, maxFetch time.Duration) {
 	p.byHash = make(map[uint64]*delivery)
@@ -274,11 +288,11 @@ func (p *pending) start(tok string, now time.Time) (d *delivery, spawn bool, err
 	defer p.mu.Unlock()
 	d = p.byToken[tok]
 	if d == nil {
-		id, n, err := splitToken(tok)
+		id, n, pop, err := parseToken(tok)
 		if err != nil {
 			return nil, false, err
 		}
-		d = &delivery{id: id, number: n}
+		d = &delivery{id: id, number: n, pop: pop}
 		p.putLocked(tok, d)
 	}
 	d.started = now

@@ -6,7 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
+	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/proxyswitch/proxyswitch/internal/group"
@@ -52,7 +55,7 @@ const (
 func (s *Storage) initGroups() {
 	s.adds = group.Group[[]byte, error]{Corrupt: ErrCorrupt, Max: addGroupMax, MaxBytes: addGroupMaxBytes,
 		Size: func(r []byte) int { return len(r) }, Flush: s.flushAdds}
-	s.pops = group.Group[struct{}, popped]{Corrupt: ErrCorrupt, Max: popGroupMax, Flush: s.flushPops}
+	s.pops = group.Group[string, popped]{Corrupt: ErrCorrupt, Max: popGroupMax, Flush: s.flushPops}
 	s.acks = group.Group[ackItem, struct{}]{Corrupt: ErrCorrupt, Max: ackGroupMax, Flush: s.flushAcks}
 }
 
@@ -97,16 +100,28 @@ func (s *Storage) add(ctx context.Context, op string, reqs []any) error {
 // at once, does not spin). A stored request that fails validation is moved
 // to the dead-letter list and reported as ErrInvalidRequest; Colly's queue
 // skips it.
+//
+// Each call sends a pop ID, a nonce it makes, which names the delivery (it
+// is part of the delivery token). A call that gets no reply (a Redis
+// timeout, a lost connection) may still have taken a request in Redis: its
+// pop ID is kept, and the next GetRequest of this Storage sends it again
+// and gets that same delivery, not counted again (q_pop.lua). So a reply
+// lost on a slow network does not bring a request closer to the
+// dead-letter list; only if this Storage makes no GetRequest within the
+// visibility timeout (its process exits, its queue.Run ended) does the
+// delivery it never received count, as that of a worker that died.
 func (s *Storage) GetRequest() ([]byte, error) {
 	ctx := context.Background()
 	held := false
 	for range 8 {
-		p, err := s.pops.Do(struct{}{})
-		if err == nil {
-			err = p.err
-		}
+		pop := s.lost.take()
+		p, err := s.pops.Do(pop)
 		if err != nil {
+			s.lost.put(pop)
 			return nil, err
+		}
+		if p.err != nil {
+			return nil, p.err
 		}
 		if p.id == "" {
 			if p.wait > 0 || held {
@@ -114,7 +129,7 @@ func (s *Storage) GetRequest() ([]byte, error) {
 			}
 			return nil, ErrQueueEmpty
 		}
-		b, err := s.deliver(ctx, p.id, p.n, []byte(p.payload))
+		b, err := s.deliver(ctx, p.id, p.n, pop, []byte(p.payload))
 		if err == errHeld {
 			held = true
 			continue
@@ -123,6 +138,57 @@ func (s *Storage) GetRequest() ([]byte, error) {
 	}
 	time.Sleep(s.cfg.pollInterval)
 	return nil, ErrQueueEmpty
+}
+
+// maxLostPops bounds the pop IDs a Storage keeps to send again: as many as
+// a few batches of GetRequest calls whose round trips all failed. Beyond
+// it the oldest are dropped (their deliveries, if any, count as those of a
+// worker that died).
+const maxLostPops = 4 * popGroupMax
+
+// lostPops holds the pop IDs of GetRequest calls that got no reply; each
+// is sent again by one later call (take), never by two at once.
+type lostPops struct {
+	mu  sync.Mutex
+	ids []string
+}
+
+// take returns a pop ID to send: one whose reply was lost, else a new one.
+func (l *lostPops) take() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if n := len(l.ids); n > 0 {
+		id := l.ids[n-1]
+		l.ids = l.ids[:n-1]
+		return id
+	}
+	return newPopID()
+}
+
+// put keeps a pop ID whose reply was lost, for a later call to send again.
+func (l *lostPops) put(id string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.ids) >= maxLostPops {
+		l.ids = append(l.ids[:0], l.ids[1:]...)
+	}
+	l.ids = append(l.ids, id)
+}
+
+// newPopID returns a random pop ID: 64 bits in base 36.
+func newPopID() string { return strconv.FormatUint(rand.Uint64(), 36) }
+
+// validPopID reports whether p has the form newPopID writes.
+func validPopID(p string) bool {
+	if p == "" || len(p) > 13 {
+		return false
+	}
+	for i := 0; i < len(p); i++ {
+		if c := p[i]; (c < '0' || c > '9') && (c < 'a' || c > 'z') {
+			return false
+		}
+	}
+	return true
 }
 
 // popped is one GetRequest's share of a q_pop reply: a delivery, or (id
@@ -138,9 +204,13 @@ type popped struct {
 
 // flushPops delivers up to one request to each of a batch of GetRequest
 // calls in one q_pop. Those left without one share the reply's wait.
-func (s *Storage) flushPops(calls []struct{}) ([]popped, error) {
-	res, err := s.run(context.Background(), "get request", qPopScript, s.qkeys,
-		s.cfg.visibility.Milliseconds(), s.cfg.maxDeliveries, s.cfg.maxRequestSize, len(calls))
+func (s *Storage) flushPops(calls []string) ([]popped, error) {
+	args := make([]any, 0, 3+len(calls))
+	args = append(args, s.cfg.visibility.Milliseconds(), s.cfg.maxDeliveries, s.cfg.maxRequestSize)
+	for _, p := range calls {
+		args = append(args, p)
+	}
+	res, err := s.run(context.Background(), "get request", qPopScript, s.qkeys, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -149,18 +219,25 @@ func (s *Storage) flushPops(calls []struct{}) ([]popped, error) {
 	if ok {
 		k, _ = arr[0].(int64)
 	}
-	if !ok || k < 0 || k > int64(len(calls)) || int64(len(arr)) != 2+3*k {
+	if !ok || k < 0 || k > int64(len(calls)) || int64(len(arr)) != 2+4*k {
 		return nil, fmt.Errorf("%w: unexpected reply from the queue script: %v", ErrCorrupt, clip(fmt.Sprint(res)))
 	}
 	out := make([]popped, len(calls))
-	for i := range out {
-		if int64(i) >= k {
-			out[i].wait, _ = arr[1].(int64)
-			continue
+	var gotArr [popGroupMax]bool // the group sends at most popGroupMax calls
+	got := gotArr[:]
+	if len(calls) > len(got) {
+		got = make([]bool, len(calls))
+	}
+	for j := range int(k) {
+		pop, _ := arr[2+4*j].(string)
+		id, _ := arr[3+4*j].(string)
+		n, _ := arr[4+4*j].(int64)
+		payload, _ := arr[5+4*j].(string)
+		i := slices.Index(calls, pop)
+		if i < 0 || got[i] {
+			return nil, fmt.Errorf("%w: unexpected reply from the queue script: delivery for pop %q", ErrCorrupt, clip(pop))
 		}
-		id, _ := arr[2+3*i].(string)
-		n, _ := arr[3+3*i].(int64)
-		payload, _ := arr[4+3*i].(string)
+		got[i] = true
 		if id == "" || n < 1 {
 			// That call's alone: the others' deliveries are good.
 			out[i].err = fmt.Errorf("%w: unexpected delivery from the queue script: id %q, delivery %d (key %s)",
@@ -168,6 +245,11 @@ func (s *Storage) flushPops(calls []struct{}) ([]popped, error) {
 			continue
 		}
 		out[i] = popped{id: id, n: int(n), payload: payload}
+	}
+	for i := range out {
+		if !got[i] {
+			out[i].wait, _ = arr[1].(int64)
+		}
 	}
 	return out, nil
 }
@@ -181,8 +263,8 @@ var errHeld = errors.New("held back")
 // new one is handed back (q_release) rather than run beside it: with two
 // such deliveries in one process, the visited check could not tell which
 // of them Colly is asking about (see pending.go).
-func (s *Storage) deliver(ctx context.Context, id string, n int, payload []byte) ([]byte, error) {
-	d := &delivery{id: id, number: n, at: time.Now()}
+func (s *Storage) deliver(ctx context.Context, id string, n int, pop string, payload []byte) ([]byte, error) {
+	d := &delivery{id: id, number: n, pop: pop, at: time.Now()}
 	w, err := checkRequest(payload, s.cfg.maxRequestSize)
 	var out []byte
 	if err == nil {
@@ -200,7 +282,7 @@ func (s *Storage) deliver(ctx context.Context, id string, n int, payload []byte)
 	}
 	d.hash = h
 	if !s.pending.add(d) {
-		if _, err := s.run(ctx, "release", qReleaseScript, s.qkeys, id, n); err != nil {
+		if _, err := s.run(ctx, "release", qReleaseScript, s.qkeys, id, n, pop); err != nil {
 			return nil, err
 		}
 		return nil, errHeld
@@ -294,7 +376,7 @@ func (s *Storage) DeadLetters(ctx context.Context, offset, count int) ([]DeadLet
 			ID: str(arr[i]), Request: []byte(str(arr[i+4])), Deliveries: n,
 			Reason: str(arr[i+3]), Since: time.UnixMilli(ms),
 		}
-		var w wireRequest
+		var w struct{ URL string } // only the URL: the rest may be what made it a dead letter
 		if json.Unmarshal(dl.Request, &w) == nil {
 			dl.URL = w.URL
 		}

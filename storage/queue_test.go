@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -34,6 +35,16 @@ func pop(t testing.TB, s *Storage) (token string, url string) {
 	}
 	require.NoError(t, json.Unmarshal(b, &m))
 	return m.Ctx[ctxDelivery].(string), m.URL
+}
+
+// delivered is a delivery token without its pop ID: "<request ID>:<delivery
+// number>".
+func delivered(tok string) string {
+	id, n, err := splitToken(tok)
+	if err != nil {
+		return tok
+	}
+	return id + ":" + strconv.Itoa(n)
 }
 
 func TestAddRequestValidation(t *testing.T) {
@@ -76,7 +87,7 @@ func TestRedeliveryAfterVisibilityTimeout(t *testing.T) {
 	tok2, u := pop(t, other)
 	require.Equal(t, "http://a.example/1", u)
 	require.NotEqual(t, tok1, tok2)
-	require.True(t, strings.HasSuffix(tok2, ":2"), tok2)
+	require.True(t, strings.HasSuffix(delivered(tok2), ":2"), tok2)
 
 	require.NoError(t, s.settle(tok1, nil)) // stale: ignored
 	st, _ = s.Stats(bg)
@@ -93,7 +104,7 @@ func TestDeadLetterAndRequeue(t *testing.T) {
 	require.NoError(t, s.AddRequest(marshal(t, "http://a.example/poison")))
 	for i := 1; i <= 3; i++ {
 		tok, _ := pop(t, s)
-		require.Equal(t, fmt.Sprintf("1:%d", i), tok)
+		require.Equal(t, fmt.Sprintf("1:%d", i), delivered(tok))
 		require.NoError(t, s.settle(tok, fmt.Errorf("boom %d", i)))
 	}
 	_, err := s.GetRequest()
@@ -118,7 +129,7 @@ func TestDeadLetterAndRequeue(t *testing.T) {
 	require.NoError(t, s.Requeue(bg, "1"))
 	require.ErrorIs(t, s.Requeue(bg, "1"), ErrNotFound)
 	tok, _ := pop(t, s)
-	require.Equal(t, "1:1", tok)
+	require.Equal(t, "1:1", delivered(tok))
 	require.NoError(t, s.settle(tok, nil))
 	st, _ = s.Stats(bg)
 	require.Equal(t, Stats{}, st)
@@ -354,18 +365,71 @@ func TestSameURLHeldBackInProcess(t *testing.T) {
 		require.NoError(t, s.AddRequest(marshal(t, u)))
 	}
 	tok1, u1 := pop(t, s)
-	require.Equal(t, "1:1", tok1)
+	require.Equal(t, "1:1", delivered(tok1))
 	tok3, u3 := pop(t, s) // entry 2 is held back
-	require.Equal(t, "3:1", tok3)
+	require.Equal(t, "3:1", delivered(tok3))
 	require.NotEqual(t, u1, u3)
 	_, err := s.GetRequest()
 	require.ErrorIs(t, err, ErrQueueEmpty)
 	require.NoError(t, s.settle(tok1, nil))
 	tok2, u2 := pop(t, s)
-	require.Equal(t, "2:1", tok2, "the hand-backs counted as deliveries")
+	require.Equal(t, "2:1", delivered(tok2), "the hand-backs counted as deliveries")
 	require.Equal(t, u1, u2)
 	other := twin(t, s, shared.Client(t)) // another process is not held back by this one
 	require.NoError(t, other.AddRequest(marshal(t, "http://a.example/same")))
 	tok4, _ := pop(t, other)
-	require.Equal(t, "4:1", tok4)
+	require.Equal(t, "4:1", delivered(tok4))
+}
+
+// AddRequest refuses what Colly's UnmarshalRequest cannot decode (a member
+// of another type than Colly's), and accepts what it can: before, Headers
+// of a string, a Depth of a string or a Ctx that was no object were queued
+// and then delivered to a queue that could not run them.
+func TestAddRequestRefusesWhatCollyCannotDecode(t *testing.T) {
+	s := newStorage(t, shared.Client(t))
+	c := colly.NewCollector()
+	r, err := c.UnmarshalRequest(marshal(t, "http://a.example/colly"))
+	require.NoError(t, err)
+	*r.Headers = http.Header{"X-A": {"b"}}
+	r.Ctx.Put("k", map[string]any{"n": 1})
+	r.Depth, r.ID = 3, 77
+	own, err := r.Marshal()
+	require.NoError(t, err)
+	accepted := 0
+	for _, b := range []string{
+		string(own),
+		`{"URL":"http://a.example/1","Headers":"notamap"}`,
+		`{"URL":"http://a.example/2","Headers":{"A":"b"}}`,
+		`{"URL":"http://a.example/3","Headers":{"A":[1]}}`,
+		`{"URL":"http://a.example/4","Headers":{"A":["b",null]},"Ctx":null}`,
+		`{"URL":"http://a.example/5","Headers":null}`,
+		`{"URL":"http://a.example/6","Depth":"x"}`,
+		`{"URL":"http://a.example/7","Depth":1.5}`,
+		`{"URL":"http://a.example/8","ID":-1}`,
+		`{"URL":"http://a.example/9","ID":4294967296}`,
+		`{"URL":"http://a.example/10","Ctx":"x"}`,
+		`{"URL":"http://a.example/11","Ctx":[1]}`,
+		`{"URL":"http://a.example/12","Ctx":{"a":[1,{"b":null}]}}`,
+		`{"URL":"http://a.example/13","Host":5}`,
+		`{"URL":"http://a.example/14","host":"h.example","depth":2,"ctx":{}}`,
+	} {
+		_, cerr := c.UnmarshalRequest([]byte(b))
+		err := s.AddRequest([]byte(b))
+		if cerr != nil {
+			require.ErrorIs(t, err, ErrInvalidRequest, "%s: Colly: %v", b, cerr)
+		} else {
+			require.NoError(t, err, b)
+			accepted++
+		}
+	}
+	require.Equal(t, 5, accepted)
+	st, err := s.Stats(bg)
+	require.NoError(t, err)
+	require.Equal(t, Stats{Ready: accepted}, st)
+	for range accepted { // what is queued, Colly runs
+		b, err := s.GetRequest()
+		require.NoError(t, err)
+		_, err = c.UnmarshalRequest(b)
+		require.NoError(t, err)
+	}
 }

@@ -112,10 +112,10 @@ func (s *Storage) renew() {
 // extend runs q_extend for ds in one round trip and returns its code for
 // each.
 func (s *Storage) extend(ctx context.Context, ds []*delivery) ([]int64, error) {
-	args := make([]any, 0, 1+2*len(ds))
+	args := make([]any, 0, 1+3*len(ds))
 	args = append(args, s.cfg.visibility.Milliseconds())
 	for _, d := range ds {
-		args = append(args, d.id, d.number)
+		args = append(args, d.id, d.number, d.pop)
 	}
 	res, err := s.run(ctx, "extend", qExtendScript, s.qkeys, args...)
 	if err != nil {

@@ -241,9 +241,9 @@ func TestAbortedFetchComesBackAfterMaxFetchTime(t *testing.T) {
 		c.OnRequest(func(r *colly.Request) {
 			tok, _ := deliveryToken(r)
 			mu.Lock()
-			started[tok] = time.Now()
+			started[delivered(tok)] = time.Now()
 			mu.Unlock()
-			if tok == "1:1" {
+			if delivered(tok) == "1:1" {
 				r.Abort()
 			}
 		})
@@ -340,13 +340,17 @@ func TestExtendScript(t *testing.T) {
 	for _, p := range []string{"/a", "/b", "/c", "/d"} {
 		require.NoError(t, s.AddRequest(marshal(t, "http://a.example"+p)))
 	}
+	toks := map[string]string{}
 	for range 4 {
-		_, err := s.GetRequest()
+		tok, _ := pop(t, s)
+		id, _, err := splitToken(tok)
 		require.NoError(t, err)
+		toks[id] = tok
 	}
-	require.NoError(t, s.settle("2:1", nil))                  // acknowledged
-	require.NoError(t, s.settle("3:1", errors.New("failed"))) // last delivery: dead
-	require.NoError(t, s.settle("4:1", nil))
+	require.NoError(t, s.settle(toks["2"], nil))                  // acknowledged
+	require.NoError(t, s.settle(toks["3"], errors.New("failed"))) // last delivery: dead
+	require.NoError(t, s.settle(toks["4"], nil))
+	of := func(id string) string { _, _, p, err := parseToken(toks[id]); require.NoError(t, err); return p }
 	score := func(id string) float64 {
 		v, err := rdb.ZScore(bg, s.q.inflight, id).Result()
 		require.NoError(t, err)
@@ -354,10 +358,11 @@ func TestExtendScript(t *testing.T) {
 	}
 	before := score("1")
 	time.Sleep(20 * time.Millisecond)
-	ds := []*delivery{{id: "1", number: 1}, {id: "1", number: 2}, {id: "2", number: 1}, {id: "3", number: 1}}
+	ds := []*delivery{{id: "1", number: 1, pop: of("1")}, {id: "1", number: 2, pop: of("1")}, {id: "2", number: 1, pop: of("2")},
+		{id: "3", number: 1, pop: of("3")}, {id: "1", number: 1, pop: "other"}, {id: "1", number: 1}}
 	codes, err := s.extend(bg, ds)
 	require.NoError(t, err)
-	require.Equal(t, []int64{extendExtended, extendGone, extendGone, extendDead}, codes)
+	require.Equal(t, []int64{extendExtended, extendGone, extendGone, extendDead, extendGone, extendGone}, codes)
 	require.Greater(t, score("1"), before)
 
 	far := score("1") + float64(time.Hour.Milliseconds())
@@ -428,7 +433,13 @@ func TestSplitTokenCanonical(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "5", id)
 	assert.Equal(t, 12, n)
-	for _, bad := range []string{"5:01", "5:+1", "5:0", ":1", "5", "5:x", "5: 1"} {
+	id, n, pop, err := parseToken("5:12:abc123")
+	require.NoError(t, err)
+	assert.Equal(t, "5", id)
+	assert.Equal(t, 12, n)
+	assert.Equal(t, "abc123", pop)
+	assert.Equal(t, "5:12:abc123", (&delivery{id: id, number: n, pop: pop}).token())
+	for _, bad := range []string{"5:01", "5:+1", "5:0", ":1", "5", "5:x", "5: 1", "5:1:", "5:1:AB", "5:1:a:b", "5:1:a-b", "5:1:12345678901234"} {
 		_, _, err := splitToken(bad)
 		assert.ErrorIs(t, err, ErrNotQueued, bad)
 	}

@@ -3,25 +3,65 @@ package storage
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
+	"net/http"
 	"net/url"
 	"strings"
 
 	whatwg "github.com/nlnwa/whatwg-url/url"
 )
 
-// wireRequest is the part of Colly's serialized request
-// (colly.Request.Marshal: URL, Method, Depth, Body, ID, Ctx, Headers, Host)
-// that this package reads. encoding/json matches the names
+// wireRequest is Colly's serialized request (colly.Request.Marshal: URL,
+// Method, Depth, Body, ID, Ctx, Headers, Host), with each member of the
+// type Colly's UnmarshalRequest decodes it into, so that a request that
+// decodes here decodes there too. This package reads URL, Method and Body;
+// Ctx and Headers are only checked (see wireCtx, wireHeaders), without
+// keeping their contents. encoding/json matches the names
 // case-insensitively, as Colly's UnmarshalRequest does.
 type wireRequest struct {
-	URL    string
-	Method string
-	Body   []byte
+	URL     string
+	Method  string
+	Body    []byte
+	Depth   int
+	ID      uint32
+	Host    string
+	Ctx     wireCtx
+	Headers wireHeaders
+}
+
+// wireCtx checks a serialized request's Ctx as Colly decodes it, into a
+// map[string]interface{}: null or an object, any values.
+type wireCtx struct{}
+
+func (wireCtx) UnmarshalJSON(b []byte) error {
+	if i := skipSpace(b, 0); i < len(b) && (b[i] == '{' || b[i] == 'n') {
+		return nil // valid JSON (the decoder checked): an object, or null
+	}
+	return errors.New("Ctx is not an object")
+}
+
+// wireHeaders checks a serialized request's Headers as Colly decodes them,
+// into an http.Header: null, or an object of arrays of strings.
+type wireHeaders struct{}
+
+func (wireHeaders) UnmarshalJSON(b []byte) error {
+	b = bytes.TrimSpace(b)
+	if string(b) == "null" || string(b) == "{}" {
+		return nil
+	}
+	var h http.Header
+	if err := json.Unmarshal(b, &h); err != nil {
+		return errors.New("Headers are not an object of arrays of strings")
+	}
+	return nil
 }
 
 // checkRequest validates a serialized request before it is stored or used:
-// at most max bytes, Colly's JSON, an absolute http or https URL with a
-// host, and a method made of letters (or none: GET).
+// at most max bytes, Colly's JSON that colly.Collector.UnmarshalRequest
+// decodes (each member of the type it has there: Depth an int, ID a
+// uint32, Ctx an object, Headers an object of arrays of strings, Body
+// base64), an absolute http or https URL with a host, and a method made of
+// letters (or none: GET).
 func checkRequest(b []byte, max int) (wireRequest, error) {
 	var w wireRequest
 	if len(b) == 0 {

@@ -44,11 +44,12 @@ type Storage struct {
 
 	// The queue's round trips that concurrent calls share (internal/group).
 	adds group.Group[[]byte, error]
-	pops group.Group[struct{}, popped]
+	pops group.Group[string, popped]
+	lost lostPops // pop IDs whose reply never came (queue.go)
 	acks group.Group[ackItem, struct{}]
 	// The visited check's (visited_group.go): reads and claims.
 	reads  group.Group[uint64, mark]
-	claims group.Group[uint64, mark]
+	claims group.Group[claimItem, mark]
 
 	attached         atomic.Bool // Attach was called (on some collector)
 	warnedUnattached atomic.Bool // QueueSize reported ErrNotAttached (logged once)

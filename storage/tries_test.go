@@ -40,7 +40,11 @@ func TestCorruptDeliveryCountAlone(t *testing.T) {
 
 	// One q_pop for twelve calls.
 	plant()
-	got, err := s.flushPops(make([]struct{}, 12))
+	pops := make([]string, 12)
+	for i := range pops {
+		pops[i] = newPopID()
+	}
+	got, err := s.flushPops(pops)
 	require.NoError(t, err)
 	var ids []string
 	for _, p := range got {

@@ -3,6 +3,7 @@ package storage
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"sync"
 	"time"
 )
@@ -25,11 +26,36 @@ import (
 // call mark its URL and silently drop it from the crawl.
 //
 // Requests delivered by the queue add one twist (see pending.go): a request
-// delivered again after its worker died must be fetched again although the
-// dead worker's claim is still there, and a first delivery that Colly
-// refuses as already visited must be acknowledged, since Colly fires no
-// callback for it, including when the claim that refuses it was a direct
-// Visit of its URL made in this process while it waited for a thread.
+// delivered again after its worker died (or failed, or was requeued) must
+// be fetched again although that earlier delivery's claim is still there,
+// and a delivery that Colly refuses as already visited must be
+// acknowledged, since Colly fires no callback for it, including when the
+// claim that refuses it was a direct Visit of its URL made in this process
+// while it waited for a thread. To tell the two apart, a claim made for a
+// queued delivery writes the queue request's ID into the mark
+// ("0|<request ID>", or "<expiry>|<request ID>" with a TTL), any other
+// claim an empty owner ("0|", "<expiry>|"): a delivery is let through a
+// mark only if that mark names its own request. A mark set by another
+// request of the same URL (a second queue entry of it, a direct Visit)
+// refuses it, whatever its delivery number: a URL queued twice whose first
+// entry's worker died before fetching is not fetched twice.
+//
+// A mark without "|" ("0", "<expiry>") was written by a version before
+// owners were recorded: it names no claimer, so the earlier rule applies to
+// it: a redelivery (delivery number > 1) is let through, a first delivery
+// refused. A request whose earlier delivery claimed the URL under that
+// version and then went back to the ready list (its worker died) is so
+// still fetched after an upgrade.
+
+// ownsMark reports whether a mark of owner owner (see isVisited) lets
+// delivery d through: the mark names d's own request, or it is an earlier
+// version's mark and d is a redelivery.
+func (d *delivery) ownsMark(owner string) bool {
+	if owner == legacyOwner {
+		return d.number > 1
+	}
+	return owner != "" && owner == d.id
+}
 
 // IsVisited implements Colly's storage.Storage. It reports whether the
 // request ID holds a live visited mark in the namespace, and writes nothing.
@@ -41,13 +67,15 @@ func (s *Storage) IsVisited(requestID uint64) (bool, error) {
 		defer unlock()
 	}
 	d := s.pending.unclaimed(requestID)
-	if d != nil && d.number > 1 {
-		// Redelivered: the mark is the failed delivery's own. Fetch again.
-		return false, nil
-	}
-	visited, err := s.isVisited(requestID)
+	visited, owner, err := s.isVisited(requestID)
 	if err != nil {
+		s.handBack(d, err)
 		return false, err
+	}
+	if visited && d != nil && d.ownsMark(owner) {
+		// The mark is an earlier delivery of this request's own (its worker
+		// died, or it failed, or it was requeued): fetch again.
+		return false, nil
 	}
 	if d == nil {
 		s.revisits.note(requestID, visited, time.Now())
@@ -65,16 +93,27 @@ func (s *Storage) IsVisited(requestID uint64) (bool, error) {
 // redis.Nil error, whose retry checks alone cost some 16 allocations); only
 // a mark with an expiry needs Redis's clock, and so the script. The HMGETs
 // of concurrent callers share one pipeline (s.reads, see flushReads).
-func (s *Storage) isVisited(id uint64) (bool, error) {
+// It also returns the mark's owner, the queue request ID of the delivery
+// that claimed it ("" for none, legacyOwner for an earlier version's mark).
+func (s *Storage) isVisited(id uint64) (bool, string, error) {
 	r, err := s.reads.Do(id)
 	if err != nil {
-		return false, err
+		return false, "", err
 	}
 	if !r.again {
-		return r.yes, r.err
+		return r.yes, r.owner, r.err
 	}
 	n, err := s.run(context.Background(), "is visited", isVisitedScript, s.visitedKey(id), visitedField(id))
-	return n == int64(1), err
+	if err != nil {
+		return false, "", err
+	}
+	if owner, ok := n.(string); ok && validOwner(owner) {
+		return true, owner, nil
+	}
+	if n == int64(2) {
+		return true, legacyOwner, nil
+	}
+	return n == int64(1), "", nil
 }
 
 // Visited implements Colly's storage.Storage. It claims the request ID for
@@ -89,11 +128,16 @@ func (s *Storage) Visited(requestID uint64) error {
 	if unlock := s.pending.lockVisited(requestID); unlock != nil {
 		defer unlock()
 	}
-	claimed, err := s.claim(requestID)
+	d := s.pending.unclaimed(requestID)
+	owner := ""
+	if d != nil {
+		owner = d.id
+	}
+	claimed, markOwner, err := s.claim(requestID, owner)
 	if err != nil {
+		s.handBack(d, err)
 		return err
 	}
-	d := s.pending.unclaimed(requestID)
 	if claimed {
 		if d != nil {
 			s.pending.credit(d)
@@ -102,7 +146,8 @@ func (s *Storage) Visited(requestID uint64) error {
 		}
 		return nil
 	}
-	if d != nil && d.number > 1 {
+	if d != nil && d.ownsMark(markOwner) {
+		// The mark is an earlier delivery of this request's own.
 		s.pending.claim(d)
 		return nil
 	}
@@ -114,6 +159,28 @@ func (s *Storage) Visited(requestID uint64) error {
 		return nil // Colly revisits on purpose: a Retry following a redirect
 	}
 	return ErrAlreadyVisited
+}
+
+// handBack is called when the visited check of a pending delivery d (nil:
+// none) failed with err. Colly drops the request on that error, firing no
+// callback, so the delivery would come back only after the visibility
+// timeout, counted: on a network slower than the Redis timeout, deliveries
+// the worker never could check would send a request to the dead-letter list
+// unfetched. For a Redis failure (not corrupt data, which would fail every
+// time) it is handed back at once instead (q_release: to the end of the
+// ready list, not counted), if it is still the request's latest delivery;
+// if that fails too, it comes back after the visibility timeout as before.
+// A claim that reached Redis though its reply was lost names the request,
+// so its next delivery is let through.
+func (s *Storage) handBack(d *delivery, err error) {
+	if d == nil || !errors.Is(err, ErrRedis) || errors.Is(err, ErrCorrupt) {
+		return
+	}
+	s.pending.forget(d.token())
+	if _, rerr := s.run(context.Background(), "release", qReleaseScript, s.qkeys, d.id, d.number, d.pop); rerr != nil {
+		s.cfg.logger.Warn("proxyswitch: handing back a queued request whose visited check failed",
+			"namespace", s.cfg.namespace, "delivery", d.token(), "err", rerr)
+	}
 }
 
 // Colly calls Visited for an ID that IsVisited just reported visited in one
@@ -213,16 +280,21 @@ func (v *revisits) visited(id uint64, claimed bool, now time.Time) bool {
 // only a present mark, which may have expired, needs the script. With a TTL
 // it is the script. The claims of concurrent callers share one pipeline
 // (s.claims, see flushClaims).
-func (s *Storage) claim(id uint64) (bool, error) {
-	r, err := s.claims.Do(id)
+//
+// owner is the queue request ID of the delivery the claim is made for (""
+// for none), written into the mark. If the mark was present, claim returns
+// its owner (legacyOwner for an earlier version's mark).
+func (s *Storage) claim(id uint64, owner string) (claimed bool, markOwner string, err error) {
+	r, err := s.claims.Do(claimItem{id, owner})
 	if err != nil {
-		return false, err
+		return false, "", err
 	}
 	if !r.again {
-		return r.yes, r.err
+		return r.yes, r.owner, r.err
 	}
-	n, err := s.run(context.Background(), "visited", visitScript, s.visitedKey(id), visitedField(id), s.cfg.visitedTTL.Milliseconds())
-	return n == int64(1), err
+	n, err := s.run(context.Background(), "visited", visitScript, s.visitedKey(id), visitedField(id), s.cfg.visitedTTL.Milliseconds(), owner)
+	r = claimReply(n, err)
+	return r.yes, r.owner, r.err
 }
 
 func (s *Storage) visitedKey(id uint64) []string {

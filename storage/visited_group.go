@@ -3,6 +3,7 @@ package storage
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -37,7 +38,30 @@ type mark struct {
 	// a mark present (which may have expired), or Redis had not loaded the
 	// visit script a pipelined claim called by its digest.
 	again bool
+	// owner: the mark is live and was claimed by a delivery of the queued
+	// request with this ID (see visited.go); legacyOwner for a mark an
+	// earlier version wrote, which names no claimer; "" for any other.
+	owner string
 	err   error // this caller's failure
+}
+
+// claimItem is one Visited call's claim: the ID, and the queue request ID
+// of the delivery it is made for ("" for none), written into the mark.
+type claimItem struct {
+	id    uint64
+	owner string
+}
+
+// legacyOwner is the owner reported for a mark an earlier version wrote
+// ("0" or "<expiry>" alone, naming no claimer; see visited.go). It is not
+// a request ID (validOwner).
+const legacyOwner = "legacy"
+
+// markValue is the value a claim without a TTL writes: "0|<queue request
+// ID>" for a claim made for a queued delivery, "0|" for any other. Either
+// way the "|" tells it from an earlier version's mark.
+func markValue(owner string) string {
+	return "0|" + owner
 }
 
 // initVisitedGroups sets up the grouped round trips of the visited check.
@@ -88,11 +112,16 @@ func readMark(key string, vals []any, err error) mark {
 	if len(vals) != 1 {
 		return mark{err: fmt.Errorf("%w: key %s: HMGET replied %d values for one field", ErrCorrupt, key, len(vals))}
 	}
-	switch vals[0] {
+	switch v := vals[0].(type) {
 	case nil:
 		return mark{}
-	case "0":
-		return mark{yes: true}
+	case string:
+		if v == "0" {
+			return mark{yes: true, owner: legacyOwner}
+		}
+		if owner, ok := strings.CutPrefix(v, "0|"); ok && (owner == "" || validOwner(owner)) {
+			return mark{yes: true, owner: owner}
+		}
 	}
 	return mark{again: true}
 }
@@ -100,29 +129,32 @@ func readMark(key string, vals []any, err error) mark {
 // flushClaims claims the IDs of a batch of Visited calls: without a TTL
 // one HSETNX each, with one the visit script; a lone caller sends its
 // command alone, a batch one pipeline of them.
-func (s *Storage) flushClaims(ids []uint64) ([]mark, error) {
-	ctx, out := context.Background(), make([]mark, len(ids))
+func (s *Storage) flushClaims(items []claimItem) ([]mark, error) {
+	ctx, out := context.Background(), make([]mark, len(items))
 	ttl := s.cfg.visitedTTL.Milliseconds()
-	if len(ids) == 1 {
-		key, field := s.bucketOf(ids[0]), visitedField(ids[0])
+	if len(items) == 1 {
+		key, field := s.bucketOf(items[0].id), visitedField(items[0].id)
 		if ttl == 0 {
 			set, err := call(ctx, s.cfg.redisTimeout, s.inline, "visited", func(ctx context.Context) (bool, error) {
-				return s.rdb.HSetNX(ctx, key, field, "0").Result()
+				return s.rdb.HSetNX(ctx, key, field, markValue(items[0].owner)).Result()
 			})
 			out[0] = setMark(key, set, err)
 		} else {
-			n, err := s.run(ctx, "visited", visitScript, []string{key}, field, ttl)
-			out[0] = mark{yes: err == nil && n == int64(1), err: err}
+			n, err := s.run(ctx, "visited", visitScript, []string{key}, field, ttl, items[0].owner)
+			out[0] = claimReply(n, err)
 		}
 		return out, nil
 	}
-	keys := s.bucketsOf(ids)
+	keys := make([]string, len(items))
+	for i, it := range items {
+		keys[i] = s.bucketOf(it.id)
+	}
 	cmds, err := call(ctx, s.cfg.redisTimeout, s.inline, "visited", func(ctx context.Context) ([]redis.Cmder, error) {
-		return s.pipelined(ctx, len(ids), func(p redis.Pipeliner, i int) redis.Cmder {
+		return s.pipelined(ctx, len(items), func(p redis.Pipeliner, i int) redis.Cmder {
 			if ttl == 0 {
-				return p.HSetNX(ctx, keys[i], visitedField(ids[i]), "0")
+				return p.HSetNX(ctx, keys[i], visitedField(items[i].id), markValue(items[i].owner))
 			}
-			return visitScript.EvalSha(ctx, p, keys[i:i+1], visitedField(ids[i]), ttl)
+			return visitScript.EvalSha(ctx, p, keys[i:i+1], visitedField(items[i].id), ttl, items[i].owner)
 		})
 	})
 	for i := range out {
@@ -142,13 +174,43 @@ func (s *Storage) flushClaims(ids []uint64) ([]mark, error) {
 			case cerr != nil:
 				out[i] = mark{err: cmdErr("visited", cerr)}
 			default:
-				out[i] = mark{yes: n == int64(1)}
+				out[i] = claimReply(n, nil)
 			}
 		default:
 			out[i] = mark{err: fmt.Errorf("%w: key %s: a claim replied with %T", ErrCorrupt, keys[i], cmds[i])}
 		}
 	}
 	return out, nil
+}
+
+// claimReply is what visit.lua's reply n tells a claim: 1 claimed, 0
+// visited, 2 visited by an earlier version's mark, a request ID visited by
+// that queued request.
+func claimReply(n any, err error) mark {
+	if err != nil {
+		return mark{err: err}
+	}
+	if owner, ok := n.(string); ok && validOwner(owner) {
+		return mark{owner: owner}
+	}
+	if n == int64(2) {
+		return mark{owner: legacyOwner}
+	}
+	return mark{yes: n == int64(1)}
+}
+
+// validOwner reports whether v is a queue request ID as q_add writes them
+// (decimal digits).
+func validOwner(v string) bool {
+	if v == "" || len(v) > 20 {
+		return false
+	}
+	for i := 0; i < len(v); i++ {
+		if v[i] < '0' || v[i] > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 // setMark is what an HSETNX of key tells a claim without a TTL.

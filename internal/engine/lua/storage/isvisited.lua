@@ -1,13 +1,24 @@
 -- isvisited.lua: report whether a request ID holds a live visited mark. Read-only.
 --
--- KEYS[1] visited bucket hash   field -> "0" (forever) or unix ms of expiry
+-- KEYS[1] visited bucket hash   field -> "<expiry>|<owner>" (expiry "0":
+--                               forever, else unix ms; owner: the ID of the
+--                               queued request whose delivery claimed the
+--                               mark, empty for any other claim), or
+--                               "<expiry>" alone, a mark an earlier version
+--                               wrote (no owner recorded)
 -- ARGV[1] field (8-byte request hash)
 --
--- Returns 1 visited, 0 not visited (absent or expired).
+-- Returns 0 not visited (absent or expired), 1 visited (empty owner),
+-- 2 visited by an earlier version's mark, or, for a live mark a queued
+-- request claimed, that request's ID (a string).
 local v = redis.call('HGET', KEYS[1], ARGV[1])
 if not v then return 0 end
-if v == '0' then return 1 end
-local expiry = tonumber(v)
+local e, owner = string.match(v, '^([0-9]+)|([0-9]*)$')
+local legacy = not e
+if legacy then e = v end
+local expiry = tonumber(e)
 if not expiry then corrupt(KEYS[1], 'visited mark is not a number', v) end
-if expiry > now_ms() then return 1 end
-return 0
+if expiry ~= 0 and expiry <= now_ms() then return 0 end
+if legacy then return 2 end
+if owner == '' then return 1 end
+return owner

@@ -1,13 +1,17 @@
 -- q_stats.lua: count the queue. Read-only.
 --
--- KEYS (every queue script takes the same seven, in this order):
+-- KEYS (every queue script takes the same eight, in this order):
 --   KEYS[1] ready list      request IDs ready for delivery
 --   KEYS[2] data hash       ID -> serialized request
---   KEYS[3] tries hash      ID -> deliveries so far
+--   KEYS[3] tries hash      ID -> "<deliveries so far>|<pop ID of the latest>"
 --   KEYS[4] inflight zset   ID -> unix ms at which it is delivered again
 --   KEYS[5] dead zset       ID -> unix ms it was dead-lettered
 --   KEYS[6] why hash        ID -> last failure
 --   KEYS[7] seq string      last ID handed out
+--   KEYS[8] pops hash       pop ID -> ID: the delivery each pop made, kept
+--                           while it is the request's latest and not dead (a
+--                           lost reply's pop, sent again, gets the same
+--                           delivery)
 --
 -- Returns {ready, in flight (running or waiting for a retry), dead}.
 -- Ready may count IDs acknowledged after a visibility timeout; q_pop drops them.
