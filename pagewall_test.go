@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -305,4 +306,70 @@ func TestLoginWallForEveryone(t *testing.T) {
 		assert.NotEqual(t, "/login", h.Path, "the login page was requested by %s", h.ClientIP)
 	}
 	assert.Zero(t, b.site.Recorder().DirectHits())
+}
+
+// stormAll answers 403 to every request once on is set: a storm of
+// refusals of every page, for every IP.
+type stormAll struct {
+	next http.Handler
+	on   atomic.Bool
+}
+
+func (h *stormAll) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if h.on.Load() {
+		w.Header().Set("Content-Type", "text/html")
+		w.WriteHeader(http.StatusForbidden)
+		_, _ = w.Write([]byte("<html><body>Forbidden</body></html>"))
+		return
+	}
+	h.next.ServeHTTP(w, r)
+}
+
+// TestForbiddenStormStillPausesTheSite: the page-or-IP judgment does not
+// hide a storm. A site serving 20 proxies (each healthy there) starts
+// answering 403 to every page for every IP; an Async collector
+// (parallelism 5) goes on crawling new pages. The first refused pages are
+// judged the pages' own answers, but once twice the breaker's Burst of
+// them came in a row with nothing served (stormSuspect), the requests end
+// unresolved and the site's circuit breaker pauses the site, lifting the
+// quarantines of the storm: most of the pool is free at the end.
+func TestForbiddenStormStillPausesTheSite(t *testing.T) {
+	const proxies = 20
+	h := &stormAll{next: testbed.DefaultHandler()}
+	site, _, s := handlerBed(t, "storm", h, false, proxies)
+	log := &testlog.Buffer{}
+	s.cfg.logger = log.Logger()
+	c := colly.NewCollector(colly.Async(true))
+	s.Attach(c)
+	require.NoError(t, c.Limit(&colly.LimitRule{DomainGlob: "*", Parallelism: 5}))
+	c.SetRequestTimeout(3 * time.Second)
+	o := record(c)
+	for i := 1; i <= 2*proxies; i++ {
+		require.NoError(t, c.Visit(fmt.Sprintf("%s/p/%d", site.URL(), i)))
+	}
+	c.Wait()
+	require.Len(t, o.failed, 0, "before the storm")
+	h.on.Store(true)
+	for i := 2*proxies + 1; i <= 2*proxies+80; i++ {
+		require.NoError(t, c.Visit(fmt.Sprintf("%s/p/%d", site.URL(), i)))
+	}
+	c.Wait()
+	paused := 0
+	for _, err := range o.failed {
+		if errors.Is(err, ErrSitePaused) {
+			paused++
+		}
+	}
+	states, err := s.ProxyStates(context.Background(), site.Host())
+	require.NoError(t, err)
+	out := 0
+	for _, st := range states {
+		if st.State == StateQuarantined || st.State == StateDead {
+			out++
+		}
+	}
+	t.Logf("storm: %d requests failed, %d of them on the paused site; proxies quarantined at the end %d of %d",
+		len(o.failed), paused, out, proxies)
+	assert.True(t, strings.Contains(log.String(), "site paused"), "the site's breaker opened")
+	assert.LessOrEqual(t, out, proxies/2, "proxies quarantined at the end")
 }
