@@ -59,7 +59,6 @@ type penalty struct {
 	first      bool       // a ban that got the first quarantine: a strike awaiting evidence (Bans.EvidenceFirst)
 	healthy    bool       // the proxy had a healthy answer on the scope, and no strike, before this ban
 	witness    bool       // healthy by an answer (no lift) since the site's last verdict on a proxy: healthy on its other pages
-	fresh      bool       // new to the site: no healthy answer, strike or lift there on record (penalize.lua)
 	lifted     time.Time  // healthy by a lift (a page's verdict) since that verdict: when (zero: not so; Redis clock)
 	at         time.Time  // when this ban was judged (Redis clock)
 	kept       bool       // a soft refusal a task's session survived: no quarantine, no retry (sessionscore.go)

@@ -264,14 +264,6 @@ func rateLimited(x *ban.Exchange, v ban.Verdict) bool {
 //     verdict on a proxy (penalize.lua); or a lift of its strike (another
 //     page's verdict) after that verdict and after the first refusal. This
 //     stops a request early on a warm site.
-//   - new proxies (any attempt): refused through PageProxies distinct
-//     proxies with the same reason, none by a challenge redirect, each new
-//     to the site (no healthy answer, strike or lift of it there on record:
-//     penalize.lua). On a cold site no proxy is a witness yet, and the
-//     first deleted pages of a crawl would otherwise hold every proxy the
-//     last try needs (a minute's strikes each). A lift leaves the proxy
-//     no longer new (lift.lua), so proxies burnt from the start, judged a
-//     page once, are judged by the other rules from then on.
 //   - every try (last): the request was refused through PageProxies+1
 //     distinct proxies or more with the same reason, each of them a first
 //     strike (no strike on the site since its last healthy answer, or ever:
@@ -285,7 +277,14 @@ func rateLimited(x *ban.Exchange, v ban.Verdict) bool {
 //     strikes. (Default Retries 2: three tries, PageProxies 2: three
 //     distinct proxies.) A proxy refused on several URLs is struck again
 //     on the second (no lift in between): a repeat, no first strike, so a
-//     banned IP is no evidence of the page.
+//     banned IP is no evidence of the page. The rule needs that many
+//     proxies at once per page: on a cold site with more refused pages in
+//     flight than a third of the pool, the first strikes of their first
+//     tries hold every proxy, a last try waits one of them out, meets a
+//     proxy struck on another page, a repeat, and the page ends as a ban
+//     (two proxies new to the site refused on one URL cannot be told from
+//     two IPs burnt from the start, which TestBurntProxiesCrawl promises
+//     to catch on their first refusal).
 //
 // A page verdict lifts the first strikes the page cost (the proxies are as
 // they were before), forgets them, and counts in the site's run of page
@@ -305,7 +304,6 @@ func (s *Switch) pageRefused(ctx context.Context, b *binding, url, site string, 
 	}
 	witness := map[string]bool{}
 	firsts := map[string]bool{}
-	fresh := map[string]bool{}
 	reason := rs[len(rs)-1].reason
 	for i, r := range rs {
 		if r.pen.first && r.reason == reason {
@@ -314,14 +312,11 @@ func (s *Switch) pageRefused(ctx context.Context, b *binding, url, site string, 
 		if r.challenge {
 			continue
 		}
-		if r.pen.first && r.pen.fresh && r.reason == reason {
-			fresh[r.proxy.id] = true
-		}
 		if r.pen.witness || (i == 0 && r.pen.strikes == 1) || r.pen.lifted.After(rs[0].pen.at) {
 			witness[r.proxy.id] = true
 		}
 	}
-	if len(witness) < need && len(fresh) < need && !(last && len(firsts) > need) {
+	if len(witness) < need && !(last && len(firsts) > need) {
 		return false
 	}
 	s.pageRuns.add(site)

@@ -401,7 +401,7 @@ func (p *redisPool) quarantine(ctx context.Context, site string, px *Proxy, l *L
 	}
 	pen := penalty{quarantine: time.Duration(res[0]) * time.Millisecond, until: time.UnixMilli(res[1]),
 		strikes: int(res[2]), dead: res[3] == 1, ended: member != "", first: res[5] == 1, healthy: res[6] == 1,
-		witness: res[7] == 1, fresh: res[7] == 2, paced: pace != "", hold: res[8] >= 1, tired: res[8] == 2, at: time.UnixMilli(res[10])}
+		witness: res[7] == 1, paced: pace != "", hold: res[8] >= 1, tired: res[8] == 2, at: time.UnixMilli(res[10])}
 	if res[9] > 0 {
 		pen.lifted = time.UnixMilli(res[9])
 	}

@@ -10,10 +10,7 @@
 --
 -- Only a first strike still on record (one ban in a row, the same end) is
 -- lifted: a strike since, or a healthy answer, wins. Its record goes back
--- to what it was: healthy, or not; not healthy as lifted ("0|<now>|2"): no
--- strike, no longer new to the scope (a proxy new to it is a witness of a
--- page on a cold site: penalize.lua, ban.go), so that proxies burnt from the
--- start, judged a page once, are not judged so again; healthy as lifted ("0|<now>|1"): no
+-- to what it was: healthy, or none; healthy as lifted ("0|<now>|1"): no
 -- strike, and a witness of a page refusing everyone only for refusals that
 -- come after the lift, until its next healthy answer (penalize.lua, ban.go),
 -- so that proxies burnt together, judged a page once, are not judged so
@@ -30,7 +27,7 @@ if not c or tonumber(c) ~= 1 or tonumber(till) ~= tonumber(ARGV[3]) then return 
 if ARGV[4] == '1' then
   redis.call('HSET', KEYS[2], ARGV[1], '0|' .. now .. '|1')
 else
-  redis.call('HSET', KEYS[2], ARGV[1], '0|' .. now .. '|2')
+  redis.call('HDEL', KEYS[2], ARGV[1])
 end
 local freed = 0
 for s = 0, tonumber(ARGV[2]) - 1 do

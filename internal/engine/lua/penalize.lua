@@ -85,14 +85,8 @@
 -- page or IP judgment counts it only when it comes after the refusals it
 -- weighs).
 --
--- A ban of a proxy with no record on the scope (never healthy there, never
--- struck or lifted there within twice the max quarantine) is reported new
--- (witness 2): two such proxies refused on one URL are the page's answer on
--- a cold site (ban.go). A lift of a proxy never healthy there leaves
--- "0|<ms>|2" (lift.lua): no longer new, not healthy.
---
 -- Returns {quarantine ms, until ms, offences in a row, dead 0/1, lease ended 0/1,
---          first quarantine 0/1, healthy before 0/1, witness 0/1 (2: new to the scope),
+--          first quarantine 0/1, healthy before 0/1, witness 0/1,
 --          hold 0/1 (2: a hold of a proxy rested past PACE_TIRED times the accepted rest),
 --          ms of the lift after the last verdict (0: none), now ms},
 --          or {"gateway", template} (ARGV[22]).
@@ -156,7 +150,6 @@ end
 local firstq, certain = tonumber(ARGV[17]) or 0, ARGV[18] == '1'
 local pfloor, pmax = string.match(ARGV[21] or '', '^(%d+)|(%d+)$')
 local n, dead, healthy, running, witness, hold, lifted, tired = 1, false, false, 0, false, false, 0, false
-local fresh = false -- a ban of a proxy new to the scope: no record (healthy, struck or lifted) in 2 * max
 if ARGV[1] == 'ban' or ARGV[1] == 'confirm' then
   local v = redis.call('HGET', KEYS[3], id)
   local c, last, till
@@ -169,17 +162,12 @@ if ARGV[1] == 'ban' or ARGV[1] == 'confirm' then
   elseif c and now - tonumber(last) <= 2 * maxq then
     n = tonumber(c) + 1
     healthy = n == 1
-    -- "0|<ms>|2": a strike lifted of a proxy never healthy here (lift.lua):
-    -- no strike, not healthy, and no longer new to the scope.
-    if healthy and tonumber(till) == 2 then healthy = false end
     if healthy and tonumber(last) > site_burnt(KEYS[9]) then
       if tonumber(till) == 0 then witness = true else lifted = tonumber(last) end
     end
     -- Still quarantined: another request through the same proxy (a slot
     -- of Rotation.Concurrency, a request under way) met the same ban.
     if now < tonumber(till) then n, running = tonumber(c), tonumber(till) end
-  elseif ARGV[1] == 'ban' then
-    fresh = true
   end
   if ARGV[1] == 'ban' and pfloor then
     -- (Rested or not, from the record as it is: a healthy answer is no
@@ -227,7 +215,7 @@ if hold then
   local q = math.max(minq, math.ceil(pace_refused(KEYS[9], KEYS[1], KEYS[2], tonumber(pfloor), tonumber(pmax), now, idle)))
   local mine, mineexp = end_lease()
   push(KEYS[1], KEYS[2], now + q, mine, mineexp)
-  return {q, now + q, 0, 0, mine and 1 or 0, 0, healthy and 1 or 0, witness and 1 or (fresh and 2 or 0), tired and 2 or 1, lifted, now}
+  return {q, now + q, 0, 0, mine and 1 or 0, 0, healthy and 1 or 0, witness and 1 or 0, tired and 2 or 1, lifted, now}
 end
 
 local e, short = n, false
@@ -286,5 +274,5 @@ local flaky = tonumber(ARGV[20] or '0') or 0
 if flaky > 0 and not short then
   health_hold(KEYS[1], KEYS[2], id, slots, health_note(KEYS[8], id, true, idle), flaky, now)
 end
-return {q, untl, n, dead and 1 or 0, mine and 1 or 0, short and 1 or 0, healthy and 1 or 0, witness and 1 or (fresh and 2 or 0), 0,
+return {q, untl, n, dead and 1 or 0, mine and 1 or 0, short and 1 or 0, healthy and 1 or 0, witness and 1 or 0, 0,
   lifted, now}
