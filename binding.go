@@ -78,16 +78,21 @@ func (b *binding) addFailure(f failure) {
 func (b *binding) takeFailures(url, site string) []failure {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	var out []failure
-	kept := b.failures[:0]
-	for _, f := range b.failures {
-		if f.url == url && f.site == site {
-			out = append(out, f)
+	return takeMatching(&b.failures, func(f failure) bool { return f.url == url && f.site == site })
+}
+
+// takeMatching removes the entries of *list that match and returns them,
+// in order.
+func takeMatching[T any](list *[]T, match func(T) bool) (out []T) {
+	kept := (*list)[:0]
+	for _, v := range *list {
+		if match(v) {
+			out = append(out, v)
 		} else {
-			kept = append(kept, f)
+			kept = append(kept, v)
 		}
 	}
-	b.failures = kept
+	*list = kept
 	return out
 }
 
@@ -129,17 +134,7 @@ func (b *binding) refusalsOf(url, site string) []refusal {
 func (b *binding) takeRefusals(url, site string) []refusal {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	var out []refusal
-	kept := b.refusals[:0]
-	for _, r := range b.refusals {
-		if r.url == url && r.site == site {
-			out = append(out, r)
-		} else {
-			kept = append(kept, r)
-		}
-	}
-	b.refusals = kept
-	return out
+	return takeMatching(&b.refusals, func(r refusal) bool { return r.url == url && r.site == site })
 }
 
 // noProxy is err, a failure to lease a proxy for the request's next
