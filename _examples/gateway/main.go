@@ -100,6 +100,10 @@ func main() {
 	before := ids(ctx, sw)
 
 	c := colly.NewCollector(colly.AllowURLRevisit(), colly.Async(true))
+	// The crawl and the shoppers leave from the gateway's German sessions:
+	// without labels a shopper's sticky session could take the one
+	// country=ru proxy, and hold it from the Russian pages for its TTL.
+	c.Context = proxyswitch.UseLabels(ctx, "country=de")
 	sw.Attach(c)
 	if err := c.Limit(&colly.LimitRule{DomainGlob: "*", Parallelism: 4}); err != nil {
 		log.Fatal(err)
