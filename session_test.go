@@ -1238,22 +1238,7 @@ func TestSessionRenewedWhileItsRequestRuns(t *testing.T) {
 	go func() { done <- attached(s).Request("GET", site.URL()+"/slow?d=3s", nil, NewTaskContext("long"), nil) }()
 	require.Eventually(t, func() bool { return site.Recorder().InFlight() == 1 }, 5*time.Second, 5*time.Millisecond)
 	c := attached(s)
-	tries := 0
-	var longErr error
-wait:
-	for {
-		select {
-		case longErr = <-done:
-			break wait
-		default:
-		}
-		err := c.Request("GET", site.URL()+"/echo", nil, NewTaskContext("other"), nil)
-		require.ErrorIs(t, err, ErrNoProxy, "another task, %v after the start", time.Since(start))
-		err = c.Visit(site.URL() + "/echo?no-task")
-		require.ErrorIs(t, err, ErrNoProxy, "a request of no task, %v after the start", time.Since(start))
-		tries++
-	}
-	require.NoError(t, longErr)
+	tries := othersRefusedWhile(t, c, site, done, start)
 	assert.Greater(t, time.Since(start), 2*ttl, "the request outlived the TTL")
 	assert.Positive(t, tries)
 	assert.Zero(t, site.Recorder().Collisions(), "two requests from the one IP at once")
@@ -1271,6 +1256,25 @@ wait:
 	assert.True(t, ended)
 	assert.Zero(t, site.Recorder().Collisions())
 	assertNoLeases(t, s, site)
+}
+
+// othersRefusedWhile asserts, round after round until the long request's
+// error arrives on done (and is nil), that a request of another task and
+// one of no task through c fail with ErrNoProxy; it returns the rounds.
+func othersRefusedWhile(t *testing.T, c *colly.Collector, site *testbed.Site, done <-chan error, start time.Time) int {
+	t.Helper()
+	for tries := 0; ; tries++ {
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+			return tries
+		default:
+		}
+		err := c.Request("GET", site.URL()+"/echo", nil, NewTaskContext("other"), nil)
+		require.ErrorIs(t, err, ErrNoProxy, "another task, %v after the start", time.Since(start))
+		err = c.Visit(site.URL() + "/echo?no-task")
+		require.ErrorIs(t, err, ErrNoProxy, "a request of no task, %v after the start", time.Since(start))
+	}
 }
 
 // A fallback's write-back over a session's slot: the Switch that leased from
@@ -1413,22 +1417,7 @@ func testRetiredWhileItsRequestRuns(t *testing.T, otherProcess bool) {
 	mu.Lock()
 	assert.Equal(t, []string{"max_requests"}, retired)
 	mu.Unlock()
-	tries := 0
-	var longErr error
-wait:
-	for {
-		select {
-		case longErr = <-done:
-			break wait
-		default:
-		}
-		err := c.Request("GET", site.URL()+"/echo", nil, NewTaskContext("other"), nil)
-		require.ErrorIs(t, err, ErrNoProxy, "another task, %v after the start", time.Since(start))
-		err = c.Visit(site.URL() + "/echo?no-task")
-		require.ErrorIs(t, err, ErrNoProxy, "a request of no task, %v after the start", time.Since(start))
-		tries++
-	}
-	require.NoError(t, longErr)
+	tries := othersRefusedWhile(t, c, site, done, start)
 	assert.Greater(t, time.Since(start), 4*leaseTTL, "the request outlived the hold of the retirement")
 	assert.Positive(t, tries)
 	assert.Zero(t, site.Recorder().Collisions(), "two requests from the one IP at once")
