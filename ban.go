@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/proxyswitch/proxyswitch/ban"
@@ -210,49 +209,30 @@ func (s *Switch) revive(ctx context.Context, reason string, ids []any) (int, err
 
 // Evidence before verdict (Bans.EvidenceFirst).
 //
-// penalize.lua keeps, per site, each proxy's strikes: a first refusal gets
-// the short first quarantine; the same proxy refused again, or its refusal
-// confirmed, gets the base one. The request's binding keeps the refusals it
-// met (refusal), from which the transport tells the page from the IP
-// (pageRefused): a URL refused, with the same answer, through enough
-// distinct proxies none of which was refused on another URL since its last
-// healthy answer is the page refusing everyone, and the strikes it cost are
-// lifted (lift.lua). When the URL is then served through another proxy, the
-// strikes it cost are confirmed: the refusals were the proxies'. A proxy
-// refused on another URL before (its strike there not lifted) is struck
-// again here: a repeat, a ban, and no evidence of the page.
-//
-// A hop redirected to a challenge (captcha, login) page is a strike too,
-// awaiting its evidence (challengeStrike): a challenge only some IPs get is
-// confirmed, a ban of the base quarantine, as soon as another proxy is
-// served the page, which is the ban at once the README promises in all but
-// the instant; a challenge every proxy gets for the URL (a login wall on
-// some pages, for everyone) is the page's answer like any other.
+// penalize.lua keeps, per site, each proxy's strikes: a first refusal that
+// is not unambiguous gets the short first quarantine; the same proxy
+// refused again, or its refusal confirmed, gets the base one. The request's
+// binding keeps the refusals it met (refusal), from which the transport
+// tells the page from the IP: when the same URL is refused through enough
+// proxies that were healthy on the site, the page refuses everyone, and
+// the strikes it cost are lifted (lift.lua). When the URL is then served
+// through another proxy, the strikes it cost are confirmed.
 
 // refusal is one ban a request met: what is needed to confirm or lift it.
 type refusal struct {
-	url       string     // the hop's URL
-	site      string     // the site the proxy was banned on
-	proxy     *Proxy     // the proxy refused
-	rp        *redisPool // where the strike lives
-	pen       penalty    // what penalize.lua made of it
-	status    int        // the site's answer (0: none, a transport error)
-	reason    string     // the verdict's reason
-	challenge bool       // a redirect to a challenge page (challengeStrike)
+	url    string     // the hop's URL
+	site   string     // the site the proxy was banned on
+	proxy  *Proxy     // the proxy refused
+	rp     *redisPool // where the strike lives
+	pen    penalty    // what penalize.lua made of it
+	status int        // the site's answer (0: none, a transport error)
 }
 
 // unambiguous reports whether a ban verdict is proof by itself: a redirect
-// to, or a chain landing on, a challenge page. The transport judges a
-// redirect to one as a strike awaiting evidence all the same
-// (challengeStrike); a chain landing on one stays a ban at once.
+// to, or a chain landing on, a challenge page.
 func unambiguous(v ban.Verdict) bool {
 	return v.Kind == ban.Ban && v.Reason == ban.ReasonChallenge
 }
-
-// challengeStrike reports whether the quarantine through l is that of a
-// hop redirected to a challenge page, which the transport weighs as a
-// first strike (Lease.challengeStrike) rather than a ban at once.
-func challengeStrike(l *Lease) bool { return l != nil && l.challengeStrike.Load() }
 
 // rateLimited reports whether a refusal is about the client's pace (a 429,
 // or any refusal with Retry-After): learned pacing and the site's circuit
@@ -264,130 +244,40 @@ func rateLimited(x *ban.Exchange, v ban.Verdict) bool {
 }
 
 // pageRefused reports whether the refusals b met on url (site) make it the
-// page's answer rather than the proxies'. last: the request has no retry
-// left. Two rules, either of which is enough:
-//
-//   - witnesses (any attempt): refused through Bans.PageProxies distinct
-//     proxies, none by a challenge redirect, each a witness. The first
-//     refusal's proxy is one when it had no strike on the site before; a
-//     later one only when it is healthy on the site's other pages: a
-//     healthy answer there, and no strike since, after the site's last
-//     verdict on a proxy (penalize.lua); or a lift of its strike (another
-//     page's verdict) after that verdict and after the first refusal. This
-//     stops a request early on a warm site.
-//   - every try (last): the request was refused through PageProxies+1
-//     distinct proxies or more with the same reason, each of them a first
-//     strike (no strike on the site since its last healthy answer, or ever:
-//     none of them refused on another URL without a lift), and no retry is
-//     left. This needs no healthy answer of anyone, so it holds on a cold
-//     site, and on a warm one whose witnesses other refused pages used up;
-//     the one more proxy than the witness rule asks for, and every try
-//     spent, keep proxies burnt together (a pool's IPs burnt at once) from
-//     passing for a page: a request that meets an IP the site serves
-//     before its retries run out is served, and confirms the others'
-//     strikes. (Default Retries 2: three tries, PageProxies 2: three
-//     distinct proxies.) A proxy refused on several URLs is struck again
-//     on the second (no lift in between): a repeat, no first strike, so a
-//     banned IP is no evidence of the page. The rule needs that many
-//     proxies at once per page: on a cold site with more refused pages in
-//     flight than a third of the pool, the first strikes of their first
-//     tries hold every proxy, a last try waits one of them out, meets a
-//     proxy struck on another page, a repeat, and the page ends as a ban
-//     (two proxies new to the site refused on one URL cannot be told from
-//     two IPs burnt from the start, which TestBurntProxiesCrawl promises
-//     to catch on their first refusal).
-//
-// A page verdict lifts the first strikes the page cost (the proxies are as
-// they were before), forgets them, and counts in the site's run of page
-// verdicts (pageRuns): once that run is long with no healthy answer in
-// between, the site refuses everything, a storm rather than pages, and the
-// judgment is suspended (stormSuspect) until the site serves a page again,
-// so that the requests end unresolved and the site's circuit breaker hears
-// of them.
-func (s *Switch) pageRefused(ctx context.Context, b *binding, url, site string, last bool) bool {
+// page's answer rather than the proxies': refused through at least
+// Bans.EvidenceFirst's pageProxies distinct proxies, none unambiguously, each
+// a witness. The first refusal's proxy is one when it had no strike on the
+// site before; a later one only when it is healthy on the site's other
+// pages: a healthy answer there, and no strike since, after the site's
+// last verdict on a proxy (penalize.lua); or a lift of its strike (another
+// page's verdict) after that verdict and after the first refusal.
+// Proxies burnt from the start never count twice (they never had a
+// healthy answer). Proxies burnt together while healthy look like such a
+// page to a request that meets two of them in a row, before any of them
+// is proven burnt: it fails with ErrPageRefused, and they are lifted as
+// unproven, no witnesses of refusals older than the lift (the next request
+// that meets them both started after it); once one of them is
+// refused on a request that another proxy then serves, its strike is
+// confirmed, a verdict, and none of the others is a witness until it is
+// healthy again. It then lifts the first strikes the page cost (the
+// proxies are as they were before) and forgets them.
+func (s *Switch) pageRefused(ctx context.Context, b *binding, url, site string) bool {
 	need := s.cfg.pageProxies
 	if need == 0 {
 		return false
 	}
 	rs := b.refusalsOf(url, site)
-	if len(rs) == 0 || s.stormSuspect(site) {
-		return false
-	}
 	witness := map[string]bool{}
-	firsts := map[string]bool{}
-	reason := rs[len(rs)-1].reason
 	for i, r := range rs {
-		if r.pen.first && r.reason == reason {
-			firsts[r.proxy.id] = true
-		}
-		if r.challenge {
-			continue
-		}
 		if r.pen.witness || (i == 0 && r.pen.strikes == 1) || r.pen.lifted.After(rs[0].pen.at) {
 			witness[r.proxy.id] = true
 		}
 	}
-	if len(witness) < need && !(last && len(firsts) > need) {
+	if len(witness) < need {
 		return false
 	}
-	s.pageRuns.add(site)
 	s.settleStrikes(ctx, b, url, site, (*redisPool).lift, "proxyswitch: lifting a strike the page cost failed; it ends by itself")
 	return true
-}
-
-// pageRuns counts, per site, the page verdicts (pageRefused) of this
-// Switch since the site last served a page through it: many in a row are
-// a storm's sign (stormSuspect).
-type pageRuns struct {
-	n  atomic.Int64 // sites with a run: the healthy path looks no further while none has
-	mu sync.Mutex
-	m  map[string]int
-}
-
-func (p *pageRuns) add(site string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.m == nil {
-		p.m = map[string]int{}
-	}
-	if p.m[site] == 0 {
-		p.n.Add(1)
-	}
-	p.m[site]++
-}
-
-// served resets site's run: a page served through a proxy.
-func (p *pageRuns) served(site string) {
-	if p.n.Load() == 0 {
-		return
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.m[site] != 0 {
-		delete(p.m, site)
-		p.n.Add(-1)
-	}
-}
-
-func (p *pageRuns) get(site string) int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.m[site]
-}
-
-// stormSuspect reports whether site has had so many page verdicts in a
-// row, with no page served through this Switch in between, that it may be
-// refusing every page (a storm of 403s, challenges, missing selectors for
-// everyone): twice the breaker's Burst (16 by default). Its refusals are
-// then left unresolved, evidence for its circuit breaker, until it serves
-// a page again. A crawl that meets more deleted pages than that in a row,
-// and nothing else, pauses the site as a storm would. Without the breaker
-// there is nothing to tell: never.
-func (s *Switch) stormSuspect(site string) bool {
-	if !s.brk.on() {
-		return false
-	}
-	return s.pageRuns.get(site) >= 2*s.cfg.breaker.Burst
 }
 
 // confirmRefusals confirms the first strikes b met on url: the URL was

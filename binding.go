@@ -195,13 +195,6 @@ func (b *binding) attempt() int {
 	return b.retries + 1
 }
 
-// retryLeft reports whether takeRetry(limit) would grant a retry now.
-func (b *binding) retryLeft(limit int) bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.retries < limit
-}
-
 // takeRetry takes one retry if fewer than limit were taken.
 func (b *binding) takeRetry(limit int) bool {
 	b.mu.Lock()

@@ -33,11 +33,6 @@ type Lease struct {
 	hold     atomic.Int64 // ns: keep the proxy out at least this long after release (an abandoned request)
 	unused   atomic.Bool  // no request went through it (Switch.Ban's probe): released with no cooldown
 	taken    atomic.Bool  // the renewer found it taken over, or Close released it under its request (renew.go)
-	// challengeStrike: the transport quarantines a hop redirected to a
-	// challenge page through it (set around that call only): a first strike
-	// awaiting its evidence like any refusal, not a ban at once (ban.go,
-	// challengeStrike).
-	challengeStrike atomic.Bool
 
 	renew   bool // the renewer extends it while it lives (renew.go); guarded by the renewer's mutex
 	endSeen bool // the renewer saw it ended at a tick; guarded by the renewer's mutex

@@ -333,7 +333,7 @@ func (p *redisPool) quarantine(ctx context.Context, site string, px *Proxy, l *L
 	c, k := p.cfg, p.keys
 	scope := p.sw.scopeOf(site)
 	kind, base, maxq, hard, first, certain := "ban", c.quarantine, c.maxQuarantine, "0", c.firstQuarantine, "0"
-	if (unambiguous(v) && !challengeStrike(l)) || siteOnly(v) {
+	if unambiguous(v) || siteOnly(v) {
 		certain = "1" // a site probe's failure is a verdict, no first strike
 	}
 	if v.Kind == ban.ProxyFailure {

@@ -339,7 +339,6 @@ func (t *transport) judge(req *http.Request, a *attempt, b *binding, l *Lease, r
 		}
 		if x.Final() {
 			l.healthy.Store(true)
-			s.pageRuns.served(x.Site)
 			if v.Kind == ban.OK {
 				s.cfg.detector.Learn(x)
 			}
@@ -394,21 +393,7 @@ func (t *transport) retry(req *http.Request, a *attempt, b *binding, l *Lease, x
 	}
 	b.dropLease(l)
 	ctx := context.WithoutCancel(req.Context())
-	// The URL Colly asked for (the chain's first hop), redirected to a
-	// challenge page, is a strike awaiting its evidence, as any refusal:
-	// confirmed when the page is served through another proxy, lifted when
-	// every proxy tried gets it (ban.go, challengeStrike). A later hop is
-	// one the site redirected this IP to, maybe for this IP alone (a
-	// session refresh that ends on its login page): other proxies asked
-	// for that hop say nothing of the page, so a challenge there stays a
-	// ban at once, and only the witnesses judge its other refusals.
-	first := chainLen(req) == 1
-	challenge := unambiguous(v) && !landed && first && s.cfg.pageProxies > 0
-	if challenge {
-		l.challengeStrike.Store(true)
-	}
 	pen, err := s.penalizeLease(ctx, b, site, l, v)
-	l.challengeStrike.Store(false)
 	if err != nil {
 		s.cfg.logger.Warn("proxyswitch: quarantine failed; the proxy's lease will expire by its TTL",
 			"proxy", l.proxy.String(), "site", site, "reason", v.Reason, "err", err)
@@ -424,8 +409,8 @@ func (t *transport) retry(req *http.Request, a *attempt, b *binding, l *Lease, x
 		// no quarantine, no retry, no evidence against the page.
 		return false, nil, blocked
 	}
-	r := refusal{url: x.URL.String(), site: site, status: x.StatusCode, reason: v.Reason, challenge: challenge}
-	if err == nil && v.Kind == ban.Ban && (!unambiguous(v) || challenge) && !rateLimited(x, v) {
+	r := refusal{url: x.URL.String(), site: site, status: x.StatusCode}
+	if err == nil && v.Kind == ban.Ban && !unambiguous(v) && !rateLimited(x, v) {
 		r.proxy, r.rp, r.pen = l.proxy, l.be.redis(), pen
 	}
 	b.addRefusal(r, blocked)
@@ -433,8 +418,7 @@ func (t *transport) retry(req *http.Request, a *attempt, b *binding, l *Lease, x
 		// Taken back if the page fails so through every proxy (storm.go).
 		b.addFailure(failure{url: r.url, site: site, proxy: l.proxy, rp: l.be.redis(), pen: pen})
 	}
-	last := first && (!resend || !rewindable(req) || !b.retryLeft(s.cfg.retries))
-	if r.proxy != nil && s.pageRefused(ctx, b, r.url, site, last) {
+	if r.proxy != nil && s.pageRefused(ctx, b, r.url, site) {
 		if s.storm(site) {
 			// The site's breaker holds it: a storm of the site, not the
 			// page's answer (storm.go).
