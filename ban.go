@@ -70,7 +70,7 @@ func (s *Switch) penalize(ctx context.Context, site string, p *Proxy, l *Lease, 
 	if l != nil {
 		be = l.be
 	}
-	if (v.Kind == ban.Ban && !siteOnly(v)) || siteFailure(v) {
+	if v.Kind == ban.Ban && !siteOnly(v) {
 		if pen, ok := s.brk.absorb(ctx, site, be, l); ok {
 			return pen, nil // the site's circuit breaker holds it: the storm is the site's (breaker.go)
 		}
@@ -95,17 +95,6 @@ func (s *Switch) penalize(ctx context.Context, site string, p *Proxy, l *Lease, 
 			s.brk.reportBan(ctx, site, be.redis(), p, 1)
 		} else {
 			s.brk.tally(be.redis(), site, 1)
-		}
-	} else if siteFailure(v) {
-		// A failure the site may have caused (its 502 through the proxy,
-		// its slowness): evidence for the site's circuit breaker at once,
-		// which opens when many distinct proxies fail on the site in a row
-		// and lifts their quarantines (storm.go). A proxy it made dead is
-		// an attempt only.
-		if pen.dead {
-			s.brk.tally(be.redis(), site, 1)
-		} else {
-			s.brk.reportBan(ctx, site, be.redis(), p, 1)
 		}
 	}
 	return pen, nil

@@ -36,14 +36,7 @@ import (
 // of a proxy that had rested (in a storm even rested proxies are refused;
 // penalty.evidence). A first strike still awaiting its evidence, a page's
 // refusals and the pace's refusals while learned pacing learns count as
-// attempts only. A proxy failure the site may have caused (siteFailure,
-// storm.go: a plain-HTTP proxy's 502, a refused CONNECT, a broken
-// connection, an attempt past Timeouts.Attempt; not a proxy that cannot be
-// reached or refuses its credentials) counts as a ban at once, with its
-// proxy: it still quarantines the proxy, but many distinct proxies failing
-// on the site in a row (Burst) or at the rate are the site's storm, not
-// the proxies', and the breaker opens and lifts their quarantines. One bad
-// proxy, quarantined at its first failure, opens nothing.
+// attempts only.
 //
 // Cost: nothing per page on the healthy path but a counter in memory. Each
 // Switch counts attempts and healthy answers per site and reports them in
@@ -53,12 +46,9 @@ import (
 // lease.lua refuses a paused site with one HGET of the pool's breaker hash,
 // so a pause taken on one server stops leases on every server at once.
 //
-// While a site's breaker is open or half-open, its bans (and its proxy
-// failures of the site's kind) are counted but quarantine no proxy, and
-// when the breaker opens the quarantines its storm gave within the window
-// are lifted (the proxies were not at fault). A request that ends refused
-// or failed while the breaker holds its site fails with ErrSiteStorm,
-// never ErrPageRefused (storm.go).
+// While a site's breaker is open or half-open, its bans are counted but
+// quarantine no proxy, and when the breaker opens the quarantines its
+// storm gave within the window are lifted (the proxies were not at fault).
 
 // ErrSitePaused means the site's circuit breaker (or an operator) paused its
 // requests. It comes with ErrNoProxy, in a *SitePausedError.
@@ -103,8 +93,7 @@ type Breaker struct {
 	// MinProxies is the fewest distinct proxies quarantined in the window
 	// the rate needs. Default 3.
 	MinProxies int
-	// Burst opens the breaker when this many distinct proxies are banned
-	// (or fail in a way the site may cause: a gateway error, a timeout) in
+	// Burst opens the breaker when this many distinct proxies are banned in
 	// a row on the site, whatever the rate. Default 8.
 	Burst int
 	// Pause is the first pause, doubled on each reopening up to MaxPause.
@@ -222,10 +211,9 @@ func (b *breaker) cfg() *Breaker { return &b.s.cfg.breaker }
 func (b *breaker) on() bool { return !b.s.cfg.breaker.Disabled }
 
 // attempt counts one classified attempt through l on site (transport.go).
-// Bans, and proxy failures the site may have caused (siteFailure), are
-// counted by their own report (absorb, reportBan), not here.
+// Bans are counted by the ban's own report (absorb, reportBan), not here.
 func (b *breaker) attempt(l *Lease, site string, v ban.Verdict) {
-	if !b.on() || l == nil || v.Kind == ban.Ban || v.Kind == ban.Pass || siteFailure(v) {
+	if !b.on() || l == nil || v.Kind == ban.Ban || v.Kind == ban.Pass {
 		return
 	}
 	rp := l.be.redis()

@@ -36,9 +36,8 @@ import (
 // rewound with GetBody) until a retry is left no more, when that is safe
 // (below). A hop redirected
 // (3xx) to a challenge page is such a ban of that hop, judged before
-// net/http follows the redirect: the hop goes again through another proxy
-// (or, when only temporary redirects led to it, the chain starts again
-// from its first URL: see retry), so the challenge page is never requested and Colly never sees its URL (its
+// net/http follows the redirect: the hop goes again through another proxy,
+// so the challenge page is never requested and Colly never sees its URL (its
 // revisit check would refuse the same captcha URL met through a second
 // proxy as "already visited", spending no retry). A chain that ended on a
 // challenge page reached otherwise starts again from its first URL instead:
@@ -347,9 +346,6 @@ func (t *transport) judge(req *http.Request, a *attempt, b *binding, l *Lease, r
 			if b.refused() {
 				s.confirmRefusals(context.WithoutCancel(req.Context()), b, x.URL.String(), x.Site)
 			}
-			if b.failed() {
-				b.takeFailures(x.URL.String(), x.Site) // ... and so were its failures: their quarantines stay (storm.go)
-			}
 		}
 		resp, err := a.hand(resp, nil)
 		return false, resp, err
@@ -363,21 +359,11 @@ func (t *transport) judge(req *http.Request, a *attempt, b *binding, l *Lease, r
 // a restart of the chain, or a *BlockedError.
 //
 // A challenge seen on a redirect (a 3xx to a challenge page: not final) is
-// the ban of the hop that redirected, on its own site. The retry through
-// another proxy starts where a fresh client would (restartPoint): from the
-// chain's first URL when every redirect that led to the hop was a
-// temporary one (302, 303, 307: the site may send only this IP through
-// them, as a login or session-refresh chain served to one IP does, and
-// sending the hop again through other proxies would take them down the
-// same chain and burn them); the transport answers with a 307 to that URL,
-// which net/http and Colly follow like any redirect back to the page asked
-// for. A hop reached through a permanent redirect (301, 308: the site's
-// own structure, which every client follows) is sent again itself, like
-// any banned hop: restarting the chain would pass that redirect's target
-// a second time, a URL Colly has already marked visited, which its revisit
-// check would refuse. A chain whose first request net/http would not
-// replay (a POST) is not restarted: the request fails, NotResent set.
-// A challenge page the chain landed on (final) restarts the chain too, and
+// the ban of the hop that redirected, on its own site, and that hop is sent
+// again like any banned hop (on a chain's first hop: from its first URL).
+// It does not restart the chain: the hops before it are URLs Colly has
+// already marked visited, which it would refuse to follow a second time.
+// Only a challenge page the chain landed on (final) restarts the chain, and
 // is blamed on the site of the hop that led to it.
 //
 // A hop that may not be sent again (resendable: a failure after a request
@@ -414,47 +400,32 @@ func (t *transport) retry(req *http.Request, a *attempt, b *binding, l *Lease, x
 		r.proxy, r.rp, r.pen = l.proxy, l.be.redis(), pen
 	}
 	b.addRefusal(r, blocked)
-	if err == nil && siteFailure(v) && pen.quarantine > 0 && !pen.dead && pen.local == nil && l.be.redis() != nil {
-		// Taken back if the page fails so through every proxy (storm.go).
-		b.addFailure(failure{url: r.url, site: site, proxy: l.proxy, rp: l.be.redis(), pen: pen})
-	}
 	if r.proxy != nil && s.pageRefused(ctx, b, r.url, site) {
-		if s.storm(site) {
-			// The site's breaker holds it: a storm of the site, not the
-			// page's answer (storm.go).
-			blocked.Storm = true
-			return false, nil, blocked
-		}
 		// The page refuses every proxy: its answer, not theirs.
 		blocked.Page = true
 		s.observeEvidence(l.be.pool(), site, l.proxy, "page_refused", v.Reason)
 		return false, nil, blocked
 	}
 	if callerDone(req) {
-		s.stormLabel(blocked, site)
 		return false, nil, blocked
 	}
-	if (landed && x.Redirected()) || (v.Reason == ban.ReasonChallenge && !landed && restartPoint(req) != req) {
+	if landed && x.Redirected() {
 		origin := chainOrigin(req)
 		if !replayable(origin) {
 			// The chain's first request reached the site (it answered with
 			// a redirect): asking it again could make the site act twice.
 			blocked.NotResent = true
 			s.unresolvedRefusals(ctx, b, r.url, site)
-			s.stormLabel(blocked, site)
 			return false, nil, blocked
 		}
 		if chainLen(req) >= maxChainHops || !b.takeRetry(s.cfg.retries) {
 			s.unresolvedRefusals(ctx, b, r.url, site)
-			s.stormLabel(blocked, site)
 			return false, nil, blocked
 		}
 		return false, restartResponse(req, origin.URL), nil
 	}
 	if !resend || !rewindable(req) || !b.takeRetry(s.cfg.retries) {
 		s.unresolvedRefusals(ctx, b, r.url, site) // no retry left: evidence for the site's circuit breaker
-		s.unresolvedFailures(ctx, b, r.url, site) // failed through every proxy: the page's or the site's (storm.go)
-		s.stormLabel(blocked, site)
 		return false, nil, blocked
 	}
 	return true, nil, nil
@@ -849,23 +820,6 @@ func chainOrigin(req *http.Request) *http.Request {
 		req = req.Response.Request
 	}
 	return req
-}
-
-// restartPoint is the hop a retry through another proxy starts from after
-// req (a hop of a redirect chain) was redirected to a challenge: the
-// chain's first request when every redirect that led to req was temporary
-// (302, 303, 307), req itself otherwise (a permanent redirect, 301 or 308,
-// on the way: the site's own structure, see retry).
-func restartPoint(req *http.Request) *http.Request {
-	r := req
-	for r.Response != nil && r.Response.Request != nil {
-		switch r.Response.StatusCode {
-		case http.StatusMovedPermanently, http.StatusPermanentRedirect:
-			return req
-		}
-		r = r.Response.Request
-	}
-	return r
 }
 
 // chainLen is the number of hops of req's redirect chain so far.
