@@ -57,8 +57,9 @@ type penalty struct {
 	dead       bool
 	ended      bool       // it ended the lease it was given
 	first      bool       // a ban that got the first quarantine: a strike awaiting evidence (Bans.EvidenceFirst)
-	healthy    bool       // the proxy had a healthy answer on the scope, and no strike, before this ban
+	healthy    bool       // the proxy had a healthy answer on the scope, and no strike, before this ban; for a failure: since its last failure there that stands (it worked: storm.go)
 	witness    bool       // healthy by an answer (no lift) since the site's last verdict on a proxy: healthy on its other pages
+	unproven   bool       // a first strike of a proxy lifted before without ever being healthy on the site (lift.lua): no fresh one
 	lifted     time.Time  // healthy by a lift (a page's verdict) since that verdict: when (zero: not so; Redis clock)
 	at         time.Time  // when this ban was judged (Redis clock)
 	kept       bool       // a soft refusal a task's session survived: no quarantine, no retry (sessionscore.go)

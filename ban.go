@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/proxyswitch/proxyswitch/ban"
@@ -70,7 +71,7 @@ func (s *Switch) penalize(ctx context.Context, site string, p *Proxy, l *Lease, 
 	if l != nil {
 		be = l.be
 	}
-	if v.Kind == ban.Ban && !siteOnly(v) {
+	if (v.Kind == ban.Ban && !siteOnly(v)) || s.workedBefore(ctx, site, be, p, v) {
 		if pen, ok := s.brk.absorb(ctx, site, be, l); ok {
 			return pen, nil // the site's circuit breaker holds it: the storm is the site's (breaker.go)
 		}
@@ -95,6 +96,20 @@ func (s *Switch) penalize(ctx context.Context, site string, p *Proxy, l *Lease, 
 			s.brk.reportBan(ctx, site, be.redis(), p, 1)
 		} else {
 			s.brk.tally(be.redis(), site, 1)
+		}
+	} else if siteFailure(v) {
+		// A failure the site may have caused (its 502 through the proxy,
+		// its slowness) of a proxy that worked on the site since its last
+		// failure there (pen.healthy): evidence for the site's circuit
+		// breaker at once, which opens when many distinct proxies fail on
+		// the site in a row and lifts their quarantines (storm.go). A
+		// proxy that never served the site, or failed there again since
+		// (one dead, or answering 502 for everything), or one it made
+		// dead, is an attempt only: its failure is its own.
+		if pen.dead || !pen.healthy {
+			s.brk.tally(be.redis(), site, 1)
+		} else {
+			s.brk.reportBan(ctx, site, be.redis(), p, 1)
 		}
 	}
 	return pen, nil
@@ -130,7 +145,13 @@ func (l *Lease) Report(ctx context.Context, v ban.Verdict) error {
 	case ban.OK, ban.Neutral:
 		l.healthy.Store(true)
 	}
-	l.sw.brk.attempt(l, l.site, v) // the site's circuit breaker counts it (breaker.go)
+	// The request went after the lease was granted; a lease held long
+	// (extended) says less: a second before the report at most.
+	sent := time.Now().Add(-time.Second)
+	if l.granted.After(sent) {
+		sent = l.granted
+	}
+	l.sw.brk.attempt(l, l.site, v, sent) // the site's circuit breaker counts it (breaker.go)
 	return l.Release(ctx)
 }
 
@@ -198,30 +219,49 @@ func (s *Switch) revive(ctx context.Context, reason string, ids []any) (int, err
 
 // Evidence before verdict (Bans.EvidenceFirst).
 //
-// penalize.lua keeps, per site, each proxy's strikes: a first refusal that
-// is not unambiguous gets the short first quarantine; the same proxy
-// refused again, or its refusal confirmed, gets the base one. The request's
-// binding keeps the refusals it met (refusal), from which the transport
-// tells the page from the IP: when the same URL is refused through enough
-// proxies that were healthy on the site, the page refuses everyone, and
-// the strikes it cost are lifted (lift.lua). When the URL is then served
-// through another proxy, the strikes it cost are confirmed.
+// penalize.lua keeps, per site, each proxy's strikes: a first refusal gets
+// the short first quarantine; the same proxy refused again, or its refusal
+// confirmed, gets the base one. The request's binding keeps the refusals it
+// met (refusal), from which the transport tells the page from the IP
+// (pageRefused): a URL refused, with the same answer, through enough
+// distinct proxies none of which was refused on another URL since its last
+// healthy answer is the page refusing everyone, and the strikes it cost are
+// lifted (lift.lua). When the URL is then served through another proxy, the
+// strikes it cost are confirmed: the refusals were the proxies'. A proxy
+// refused on another URL before (its strike there not lifted) is struck
+// again here: a repeat, a ban, and no evidence of the page.
+//
+// A hop redirected to a challenge (captcha, login) page is a strike too,
+// awaiting its evidence (challengeStrike): a challenge only some IPs get is
+// confirmed, a ban of the base quarantine, as soon as another proxy is
+// served the page, which is the ban at once the README promises in all but
+// the instant; a challenge every proxy gets for the URL (a login wall on
+// some pages, for everyone) is the page's answer like any other.
 
 // refusal is one ban a request met: what is needed to confirm or lift it.
 type refusal struct {
-	url    string     // the hop's URL
-	site   string     // the site the proxy was banned on
-	proxy  *Proxy     // the proxy refused
-	rp     *redisPool // where the strike lives
-	pen    penalty    // what penalize.lua made of it
-	status int        // the site's answer (0: none, a transport error)
+	url       string     // the hop's URL
+	site      string     // the site the proxy was banned on
+	proxy     *Proxy     // the proxy refused
+	rp        *redisPool // where the strike lives
+	pen       penalty    // what penalize.lua made of it
+	status    int        // the site's answer (0: none, a transport error)
+	reason    string     // the verdict's reason
+	challenge bool       // a redirect to a challenge page (challengeStrike)
 }
 
 // unambiguous reports whether a ban verdict is proof by itself: a redirect
-// to, or a chain landing on, a challenge page.
+// to, or a chain landing on, a challenge page. The transport judges a
+// redirect to one as a strike awaiting evidence all the same
+// (challengeStrike); a chain landing on one stays a ban at once.
 func unambiguous(v ban.Verdict) bool {
 	return v.Kind == ban.Ban && v.Reason == ban.ReasonChallenge
 }
+
+// challengeStrike reports whether the quarantine through l is that of a
+// hop redirected to a challenge page, which the transport weighs as a
+// first strike (Lease.challengeStrike) rather than a ban at once.
+func challengeStrike(l *Lease) bool { return l != nil && l.challengeStrike.Load() }
 
 // rateLimited reports whether a refusal is about the client's pace (a 429,
 // or any refusal with Retry-After): learned pacing and the site's circuit
@@ -233,40 +273,254 @@ func rateLimited(x *ban.Exchange, v ban.Verdict) bool {
 }
 
 // pageRefused reports whether the refusals b met on url (site) make it the
-// page's answer rather than the proxies': refused through at least
-// Bans.EvidenceFirst's pageProxies distinct proxies, none unambiguously, each
-// a witness. The first refusal's proxy is one when it had no strike on the
-// site before; a later one only when it is healthy on the site's other
-// pages: a healthy answer there, and no strike since, after the site's
-// last verdict on a proxy (penalize.lua); or a lift of its strike (another
-// page's verdict) after that verdict and after the first refusal.
-// Proxies burnt from the start never count twice (they never had a
-// healthy answer). Proxies burnt together while healthy look like such a
-// page to a request that meets two of them in a row, before any of them
-// is proven burnt: it fails with ErrPageRefused, and they are lifted as
-// unproven, no witnesses of refusals older than the lift (the next request
-// that meets them both started after it); once one of them is
-// refused on a request that another proxy then serves, its strike is
-// confirmed, a verdict, and none of the others is a witness until it is
-// healthy again. It then lifts the first strikes the page cost (the
-// proxies are as they were before) and forgets them.
-func (s *Switch) pageRefused(ctx context.Context, b *binding, url, site string) bool {
+// page's answer rather than the proxies'. last: the request has no retry
+// left. Two rules, either of which is enough:
+//
+//   - witnesses (any attempt): refused through Bans.PageProxies distinct
+//     proxies, none by a challenge redirect, each a witness. The first
+//     refusal's proxy is one when it had no strike on the site before; a
+//     later one only when it is healthy on the site's other pages: a
+//     healthy answer there, and no strike since, after the site's last
+//     verdict on a proxy (penalize.lua); or a lift of its strike (another
+//     page's verdict) after that verdict and after the first refusal. This
+//     stops a request early on a warm site.
+//   - every try (last): the request was refused through PageProxies+1
+//     distinct proxies or more with the same reason, each of them a first
+//     strike (no strike on the site since its last healthy answer, or ever:
+//     none of them refused on another URL without a lift), and no retry is
+//     left. PageProxies of them at least must be fresh; the others may be
+//     unproven: proxies whose strike a page verdict lifted while they had
+//     never been healthy on the site (lift.lua keeps them marked until a
+//     healthy answer there), which are never witnesses nor fresh first
+//     strikes; so an IP the site bans is a fresh first strike once, makes
+//     up the count of other pages at most, never enough alone, and when a
+//     page it refused is then served its strike is confirmed. This needs no healthy answer of anyone, so it holds on a cold
+//     site, and on a warm one whose witnesses other refused pages used up;
+//     the one more proxy than the witness rule asks for, and every try
+//     spent, keep proxies burnt together (a pool's IPs burnt at once) from
+//     passing for a page: a request that meets an IP the site serves
+//     before its retries run out is served, and confirms the others'
+//     strikes. (Default Retries 2: three tries, PageProxies 2: three
+//     distinct proxies.) A proxy refused on several URLs is struck again
+//     on the second (no lift in between): a repeat, no first strike, so a
+//     banned IP is no evidence of the page. The rule needs that many
+//     proxies at once per page: on a cold site with more refused pages in
+//     flight than a third of the pool, the first strikes of their first
+//     tries hold every proxy, a last try waits one of them out, meets a
+//     proxy struck on another page, a repeat, and the page ends as a ban
+//     (two proxies new to the site refused on one URL cannot be told from
+//     two IPs burnt from the start, which TestBurntProxiesCrawl promises
+//     to catch on their first refusal).
+//
+// A page verdict lifts the first strikes the page cost with the verdict's
+// reason (the proxies are as they were before; one never healthy on the
+// site stays marked, lift.lua), forgets them, and counts in the site's run
+// of page verdicts (pageRuns): once that run is long with no page served
+// through this Switch in between, the site may refuse everything, a storm
+// rather than pages, and this Switch alone pauses the site for itself
+// (stormSuspect): a guess of one process is no evidence for the fleet's
+// circuit breaker, which every server's own bans and attempts feed.
+func (s *Switch) pageRefused(ctx context.Context, b *binding, url, site string, last bool) bool {
 	need := s.cfg.pageProxies
 	if need == 0 {
 		return false
 	}
 	rs := b.refusalsOf(url, site)
+	if len(rs) == 0 {
+		return false
+	}
 	witness := map[string]bool{}
+	firsts := map[string]bool{}
+	unproven := map[string]bool{}
+	reason := rs[len(rs)-1].reason
 	for i, r := range rs {
+		if r.pen.first && r.reason == reason {
+			if r.pen.unproven {
+				unproven[r.proxy.id] = true
+			} else {
+				firsts[r.proxy.id] = true
+			}
+		}
+		if r.challenge || r.pen.unproven {
+			continue
+		}
 		if r.pen.witness || (i == 0 && r.pen.strikes == 1) || r.pen.lifted.After(rs[0].pen.at) {
 			witness[r.proxy.id] = true
 		}
 	}
-	if len(witness) < need {
+	if len(witness) < need && !(last && len(firsts) >= need && len(firsts)+len(unproven) > need) {
 		return false
 	}
-	s.settleStrikes(ctx, b, url, site, (*redisPool).lift, "proxyswitch: lifting a strike the page cost failed; it ends by itself")
+	// A run outlives the local pause it caused: the storm's pages asked
+	// for after it are judged with it.
+	if n := s.pageRuns.add(site, s.cfg.breaker.Window+s.cfg.breaker.Pause); s.stormSuspect(n) {
+		s.pageRuns.pause(site, s.cfg.breaker.Pause, func(until time.Time) {
+			s.cfg.logger.Warn("proxyswitch: site paused on this Switch alone: page refusals in a row, nothing served",
+				"site", site, "refused", n, "until", until)
+		})
+	}
+	// Only the strikes of the verdict's reason were the page's answer: a
+	// refusal of another kind met on the way (a challenge redirect among
+	// 403s) says nothing the page said to everyone, and stays a first
+	// strike, unresolved like those of a request refused through every
+	// proxy (unresolvedRefusals).
+	for _, r := range b.takeRefusals(url, site) {
+		switch {
+		case !r.pen.first:
+		case r.reason != reason:
+			s.brk.reportBan(ctx, r.site, r.rp, r.proxy, 0)
+		default:
+			if err := r.rp.lift(ctx, r.site, r.proxy, r.pen); err != nil {
+				s.cfg.logger.Warn("proxyswitch: lifting a strike the page cost failed; it ends by itself",
+					"proxy", r.proxy.String(), "site", r.site, "err", err)
+			}
+		}
+	}
 	return true
+}
+
+// pageRuns counts, per site, the page verdicts (pageRefused) of this
+// Switch since the site last served a page through it: many in a row are
+// a storm's sign (stormSuspect), on which this Switch pauses the site for
+// itself (pause, paused).
+type pageRuns struct {
+	n  atomic.Int64 // sites with a run or a pause: the healthy path looks no further while none has
+	mu sync.Mutex
+	m  map[string]*pageRun
+}
+
+type pageRun struct {
+	n     int           // page verdicts in a row
+	last  time.Time     // the last one's time
+	stale time.Duration // how long after last the run is forgotten
+	until time.Time     // the local pause's end (zero: none)
+	ended chan struct{} // closed when the run ends (served): its waiters go
+}
+
+// add counts a page verdict on site and returns the run's length. A run
+// whose last verdict is older than stale starts again: verdicts far apart
+// (a deleted page now and then on a site this Switch crawls no more) are
+// no storm.
+func (p *pageRuns) add(site string, stale time.Duration) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.m == nil {
+		p.m = map[string]*pageRun{}
+	}
+	r := p.m[site]
+	if r == nil {
+		r = &pageRun{ended: make(chan struct{})}
+		p.m[site] = r
+		p.n.Add(1)
+	}
+	now := time.Now()
+	if now.Sub(r.last) > stale {
+		r.n = 0
+	}
+	r.n++
+	r.last, r.stale = now, stale
+	return r.n
+}
+
+// pause pauses site on this Switch for d, unless a pause runs already:
+// then (a new pause) news is called with its end.
+func (p *pageRuns) pause(site string, d time.Duration, news func(until time.Time)) {
+	p.mu.Lock()
+	r := p.m[site]
+	if r == nil || time.Now().Before(r.until) {
+		p.mu.Unlock()
+		return
+	}
+	r.until = time.Now().Add(d)
+	until := r.until
+	p.mu.Unlock()
+	news(until)
+}
+
+// paused reports whether site is paused on this Switch, until when, and
+// the channel closed when its run ends first. A run gone stale, its pause
+// over, is forgotten here (the healthy path then looks no further).
+func (p *pageRuns) paused(site string) (time.Time, <-chan struct{}, bool) {
+	if p.n.Load() == 0 {
+		return time.Time{}, nil, false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r := p.m[site]
+	if r == nil {
+		return time.Time{}, nil, false
+	}
+	now := time.Now()
+	if !now.Before(r.until) {
+		if now.Sub(r.last) > r.stale {
+			p.end(site, r)
+		}
+		return time.Time{}, nil, false
+	}
+	return r.until, r.ended, true
+}
+
+// wait waits out site's local pause, if any, as a request waits out a
+// breaker's (acquireBy): it fails with a *SitePausedError (Local set) at
+// once when the pause outlasts maxWait, or when ctx ends first.
+func (p *pageRuns) wait(ctx context.Context, site string, maxWait time.Duration) error {
+	deadline := time.Now().Add(maxWait)
+	for {
+		until, ended, ok := p.paused(site)
+		if !ok {
+			return nil
+		}
+		if until.After(deadline) {
+			return &SitePausedError{Site: site, Until: until, Local: true}
+		}
+		t := time.NewTimer(time.Until(until))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return withCause(&SitePausedError{Site: site, Until: until, Local: true}, ctx.Err())
+		case <-ended:
+			t.Stop()
+		case <-t.C:
+		}
+	}
+}
+
+// served resets site's run, and ends its local pause: a page served
+// through a proxy, or an operator's ResumeSite.
+func (p *pageRuns) served(site string) {
+	if p.n.Load() == 0 {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if r := p.m[site]; r != nil {
+		p.end(site, r)
+	}
+}
+
+// end forgets site's run r and lets its waiters go (p.mu held).
+func (p *pageRuns) end(site string, r *pageRun) {
+	delete(p.m, site)
+	p.n.Add(-1)
+	close(r.ended)
+}
+
+// stormSuspect reports whether a run of n page verdicts in a row on a site,
+// with no page served through this Switch in between, is so long that the
+// site may be refusing every page (a storm of 403s, challenges, missing
+// selectors for everyone): twice the breaker's Burst (16 by default). This
+// Switch then pauses the site for itself for Breaker.Pause (its requests
+// for the site wait it out, up to Timeouts.MaxWait, else fail with a
+// *SitePausedError, Local set; a page served or ResumeSite ends the run,
+// and so do Breaker.Window and Pause with no page verdict), and nothing else:
+// the judgment goes on as before, no proxy is blamed, and the fleet's
+// circuit breaker hears nothing of the guess (other servers may be served
+// the site's pages meanwhile; a storm refuses them too, and their own bans
+// and attempts open it). A crawl that meets more deleted pages than that in
+// a row, and nothing else, pauses itself as a storm would. Without the
+// breaker there is nothing to tell: never.
+func (s *Switch) stormSuspect(n int) bool {
+	return s.brk.on() && n >= 2*s.cfg.breaker.Burst
 }
 
 // confirmRefusals confirms the first strikes b met on url: the URL was

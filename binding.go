@@ -52,7 +52,18 @@ type binding struct {
 	sessEnd  func()           // ends that renewal for this request; nil for none
 
 	refusals []refusal     // the bans met, for the page-or-IP judgment (ban.go)
+	failures []failure     // the proxy failures of the site's kind met (storm.go)
 	blocked  *BlockedError // the latest ban or failure retried: named by a later ErrNoProxy
+}
+
+// sentAfter is when the request's current hop went at the earliest: the
+// later of start (the attempt's start) and the last lease taken (after
+// the wait for a proxy).
+func (b *binding) sentAfter(start time.Time) time.Time {
+	if t := b.touched.Load(); t > start.UnixNano() {
+		return time.Unix(0, t)
+	}
+	return start
 }
 
 // addRefusal records a ban the request met, and the error it would have
@@ -64,6 +75,42 @@ func (b *binding) addRefusal(r refusal, blocked *BlockedError) {
 		b.refusals = append(b.refusals, r)
 	}
 	b.blocked = blocked
+}
+
+// addFailure records a proxy failure of the site's kind the request met.
+func (b *binding) addFailure(f failure) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.failures = append(b.failures, f)
+}
+
+// takeFailures returns the failures met on url of site and forgets them.
+func (b *binding) takeFailures(url, site string) []failure {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return takeMatching(&b.failures, func(f failure) bool { return f.url == url && f.site == site })
+}
+
+// takeMatching removes the entries of *list that match and returns them,
+// in order.
+func takeMatching[T any](list *[]T, match func(T) bool) (out []T) {
+	kept := (*list)[:0]
+	for _, v := range *list {
+		if match(v) {
+			out = append(out, v)
+		} else {
+			kept = append(kept, v)
+		}
+	}
+	*list = kept
+	return out
+}
+
+// failed reports whether the request met a failure it still remembers.
+func (b *binding) failed() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.failures) > 0
 }
 
 // setWaitBy sets when the hop's wait for a proxy ends (zero: MaxWait alone).
@@ -97,17 +144,7 @@ func (b *binding) refusalsOf(url, site string) []refusal {
 func (b *binding) takeRefusals(url, site string) []refusal {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	var out []refusal
-	kept := b.refusals[:0]
-	for _, r := range b.refusals {
-		if r.url == url && r.site == site {
-			out = append(out, r)
-		} else {
-			kept = append(kept, r)
-		}
-	}
-	b.refusals = kept
-	return out
+	return takeMatching(&b.refusals, func(r refusal) bool { return r.url == url && r.site == site })
 }
 
 // noProxy is err, a failure to lease a proxy for the request's next
@@ -166,6 +203,13 @@ func (b *binding) attempt() int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.retries + 1
+}
+
+// retryLeft reports whether takeRetry(limit) would grant a retry now.
+func (b *binding) retryLeft(limit int) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.retries < limit
 }
 
 // takeRetry takes one retry if fewer than limit were taken.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -36,7 +37,17 @@ import (
 // of a proxy that had rested (in a storm even rested proxies are refused;
 // penalty.evidence). A first strike still awaiting its evidence, a page's
 // refusals and the pace's refusals while learned pacing learns count as
-// attempts only.
+// attempts only. A proxy failure the site may have caused (siteFailure,
+// storm.go: a plain-HTTP proxy's 502, a refused CONNECT, a broken
+// connection, an attempt past Timeouts.Attempt; not a proxy that cannot be
+// reached or refuses its credentials) of a proxy that worked on the site
+// since its last failure there counts as a ban at once, with its proxy: it
+// still quarantines the proxy, but many distinct proxies failing on the
+// site in a row (Burst) or at the rate are the site's storm, not the
+// proxies', and the breaker opens and lifts their quarantines. One bad
+// proxy, quarantined at its first failure, opens nothing; a failure of a
+// proxy that had not worked there is an attempt only, and is quarantined
+// even while the breaker holds the site (it reopens nothing).
 //
 // Cost: nothing per page on the healthy path but a counter in memory. Each
 // Switch counts attempts and healthy answers per site and reports them in
@@ -46,9 +57,13 @@ import (
 // lease.lua refuses a paused site with one HGET of the pool's breaker hash,
 // so a pause taken on one server stops leases on every server at once.
 //
-// While a site's breaker is open or half-open, its bans are counted but
-// quarantine no proxy, and when the breaker opens the quarantines its
-// storm gave within the window are lifted (the proxies were not at fault).
+// While a site's breaker is open or half-open, its bans (and its proxy
+// failures of the site's kind, of proxies that had worked there: storm.go)
+// are counted but quarantine no proxy, and
+// when the breaker opens the quarantines its storm gave within the window
+// are lifted (the proxies were not at fault). A request that ends refused
+// or failed while the breaker holds its site fails with ErrSiteStorm,
+// never ErrPageRefused (storm.go).
 
 // ErrSitePaused means the site's circuit breaker (or an operator) paused its
 // requests. It comes with ErrNoProxy, in a *SitePausedError.
@@ -60,10 +75,17 @@ type SitePausedError struct {
 	Site     string
 	Until    time.Time // when the pause ends (Redis clock); zero while half-open
 	HalfOpen bool      // the pause ended and probe requests are out: their answers decide
+	// Local: paused by this Switch alone (this process's clock), on its
+	// storm guard's guess: many pages in a row refused everyone, and no
+	// page was served through it meanwhile (see the README's Bans).
+	// PausedSites does not list it; ResumeSite ends it.
+	Local bool
 }
 
 func (e *SitePausedError) Error() string {
 	switch {
+	case e.Local:
+		return fmt.Sprintf("proxyswitch: site %s paused on this Switch alone until %s: many pages in a row refused every proxy and none was served (a storm's sign)", e.Site, e.Until.UTC().Format(time.RFC3339Nano))
 	case e.HalfOpen:
 		return fmt.Sprintf("proxyswitch: site %s paused by its circuit breaker: half-open, waiting for its probe requests", e.Site)
 	case time.Until(e.Until) > indefinitely/2:
@@ -93,8 +115,17 @@ type Breaker struct {
 	// MinProxies is the fewest distinct proxies quarantined in the window
 	// the rate needs. Default 3.
 	MinProxies int
-	// Burst opens the breaker when this many distinct proxies are banned in
-	// a row on the site, whatever the rate. Default 8.
+	// Burst opens the breaker when this many distinct proxies are banned
+	// (or fail in a way the site may cause: a gateway error, a timeout) in
+	// a row on the site, whatever the rate. Default 8. When fewer than
+	// Burst proxies (and fewer than 32) answered the site healthily in the
+	// window (a small pool, a slow crawl), but more than one request tries
+	// (Bans.Retries + 2, 4 by default), the breaker also opens once every
+	// one of them was banned or failed there since its last healthy
+	// answer was asked for, two at least in such a row and the others no
+	// more than a second before it: a storm then pauses the site instead
+	// of quarantining the whole of a pool too small to make a burst. (With
+	// Retries + 2 >= Burst that rule never holds.)
 	Burst int
 	// Pause is the first pause, doubled on each reopening up to MaxPause.
 	// Defaults 10s and 5m.
@@ -197,7 +228,17 @@ type brKey struct {
 	site string
 }
 
-type brCount struct{ att, bans, ok int64 }
+type brCount struct {
+	att, bans, ok int64
+	okAt          time.Time   // when the last request answered healthily was sent
+	healthy       []string    // ids of proxies that answered healthily, at most brHealthyIDs
+	healthyAt     []time.Time // when the last request of each answered healthily was sent
+}
+
+// brHealthyIDs is how many distinct proxies with a healthy answer one
+// report names per site (the window keeps more, from report to report:
+// breaker.lua's few rule).
+const brHealthyIDs = 16
 
 type brState struct {
 	state int       // 0 closed, 1 open, 2 half-open
@@ -210,10 +251,15 @@ func (b *breaker) cfg() *Breaker { return &b.s.cfg.breaker }
 // on reports whether the breaker works for this Switch.
 func (b *breaker) on() bool { return !b.s.cfg.breaker.Disabled }
 
-// attempt counts one classified attempt through l on site (transport.go).
-// Bans are counted by the ban's own report (absorb, reportBan), not here.
-func (b *breaker) attempt(l *Lease, site string, v ban.Verdict) {
-	if !b.on() || l == nil || v.Kind == ban.Ban || v.Kind == ban.Pass {
+// attempt counts one classified attempt through l on site (transport.go),
+// sent at sent: a healthy answer ends the few rule's row of bans on the
+// site only for the bans reported before its request was sent
+// (breaker.lua), so that an answer the site gave before a storm, judged
+// after the storm's first failures, does not end the storm's row.
+// Bans, and proxy failures the site may have caused (siteFailure), are
+// counted by their own report (absorb, reportBan), not here.
+func (b *breaker) attempt(l *Lease, site string, v ban.Verdict, sent time.Time) {
+	if !b.on() || l == nil || v.Kind == ban.Ban || v.Kind == ban.Pass || siteFailure(v) {
 		return
 	}
 	rp := l.be.redis()
@@ -225,6 +271,17 @@ func (b *breaker) attempt(l *Lease, site string, v ban.Verdict) {
 	c.att++
 	if v.Kind == ban.OK || v.Kind == ban.Neutral {
 		c.ok++
+		if sent.After(c.okAt) {
+			c.okAt = sent
+		}
+		if i := slices.Index(c.healthy, l.proxy.id); i >= 0 {
+			if sent.After(c.healthyAt[i]) {
+				c.healthyAt[i] = sent
+			}
+		} else if len(c.healthy) < brHealthyIDs {
+			c.healthy = append(c.healthy, l.proxy.id)
+			c.healthyAt = append(c.healthyAt, sent)
+		}
 	}
 	b.mu.Unlock()
 	b.kick()
@@ -443,12 +500,25 @@ func (b *breaker) reportOnce(ctx context.Context, rp *redisPool, sites map[strin
 	bucket := max(c.Window/20, time.Millisecond)
 	keys := []string{rp.keys.breaker()}
 	argv := []any{c.Window.Milliseconds(), c.MinAttempts, int64(c.BanRate*1000 + 0.5), c.Burst,
-		c.Pause.Milliseconds(), c.MaxPause.Milliseconds(), c.Probes, rp.cfg.slots, bucket.Milliseconds(), c.MinProxies}
+		c.Pause.Milliseconds(), c.MaxPause.Milliseconds(), c.Probes, rp.cfg.slots, bucket.Milliseconds(), c.MinProxies,
+		b.s.cfg.retries + 2}
 	order := make([]string, 0, len(sites))
 	for site, n := range sites {
 		scope := b.s.scopeOf(site)
 		keys = append(keys, rp.keys.breakerWindow(site), rp.keys.free(scope), rp.keys.leases(scope), rp.keys.strikes(scope))
-		argv = append(argv, site, n.att, n.bans, n.ok, ids[site])
+		var okAge int64
+		if n.ok > 0 {
+			okAge = time.Since(n.okAt).Milliseconds()
+		}
+		healthy := make([]string, 0, 2*len(n.healthy))
+		for i, id := range n.healthy {
+			var age int64
+			if i < len(n.healthyAt) {
+				age = max(time.Since(n.healthyAt[i]).Milliseconds(), 0)
+			}
+			healthy = append(healthy, id, strconv.FormatInt(age, 10))
+		}
+		argv = append(argv, site, n.att, n.bans, n.ok, ids[site], strings.Join(healthy, " "), okAge)
 		order = append(order, site)
 	}
 	sent := time.Now()
@@ -615,6 +685,7 @@ func (s *Switch) ResumeSite(ctx context.Context, site string) error {
 	if err := checkSite(site); err != nil {
 		return err
 	}
+	s.pageRuns.served(site) // this Switch's own pause (its storm guard), whatever Redis says
 	if _, err := s.setBreaker(ctx, site, 0); err != nil {
 		return err
 	}

@@ -65,8 +65,9 @@ var (
 )
 
 // BlockedError is the error of a request given up after bans or proxy
-// failures. It wraps ErrPageRefused, ErrBanned or ErrProxyFailed and the
-// last attempt's transport error, if any. No field or message carries a
+// failures. It wraps ErrPageRefused, ErrBanned or ErrProxyFailed (with
+// ErrSiteStorm in a storm of the site) and the last attempt's transport
+// error, if any. No field or message carries a
 // password.
 type BlockedError struct {
 	Site     string      // the site, as the site function names it
@@ -75,6 +76,10 @@ type BlockedError struct {
 	Attempts int         // proxies tried for the request
 	Status   int         // the HTTP status of the site's last answer; 0 when there was none
 	Page     bool        // the site refused the page itself (ErrPageRefused), not the proxies
+	// Storm: the request met a storm of its site (ErrSiteStorm, storm.go):
+	// many pages refused or failed through every proxy at once, or the
+	// site's circuit breaker open. Never with Page.
+	Storm bool
 	// NotResent: the last attempt failed after its request may have
 	// reached the site, and the request is not one net/http would replay
 	// (a POST, say, without an Idempotency-Key header), so it was not sent
@@ -87,7 +92,7 @@ type BlockedError struct {
 func (e *BlockedError) Error() string {
 	what := "banned by"
 	switch {
-	case e.Page:
+	case e.Page && !e.Storm:
 		what = "page refused by"
 	case e.Verdict.Kind == ban.ProxyFailure:
 		what = "proxy failed on"
@@ -96,7 +101,7 @@ func (e *BlockedError) Error() string {
 	if e.Status != 0 {
 		answer = fmt.Sprintf("%d %s, %s", e.Status, http.StatusText(e.Status), e.Verdict.Reason)
 	}
-	msg := fmt.Sprintf("proxyswitch: %s %s (%s) via %q after %d attempt(s)", what, e.Site, answer, e.Proxy, e.Attempts)
+	msg := fmt.Sprintf("proxyswitch: %s %s (%s) via %q after %d attempt(s)%s", what, e.Site, answer, e.Proxy, e.Attempts, stormText(e))
 	if e.NotResent {
 		msg += ", not sent again: the request may have reached the site"
 	}
@@ -111,15 +116,19 @@ func (e *BlockedError) Error() string {
 func (e *BlockedError) Unwrap() []error {
 	sentinel := ErrBanned
 	switch {
-	case e.Page:
+	case e.Page && !e.Storm:
 		sentinel = ErrPageRefused
 	case e.Verdict.Kind == ban.ProxyFailure:
 		sentinel = ErrProxyFailed
 	}
-	if e.Err == nil {
-		return []error{sentinel}
+	out := []error{sentinel}
+	if e.Storm {
+		out = append(out, ErrSiteStorm)
 	}
-	return []error{sentinel, e.Err}
+	if e.Err != nil {
+		out = append(out, e.Err)
+	}
+	return out
 }
 
 // ProxyError describes a problem with one proxy. Proxy is the redacted form

@@ -334,7 +334,7 @@ func (fp *fbPool) tryLocal(ctx context.Context, site, prefer string, match func(
 	}
 	px := ll.Proxy()
 	l = &Lease{sw: fp.rp.sw, be: fp, scope: ll.Site(), site: site, proxy: px, member: px.id + ":" + strconv.Itoa(ll.Slot()),
-		token: ll.Token(), local: ll}
+		token: ll.Token(), local: ll, granted: time.Now()}
 	l.expiry.Store(ll.Expiry().UnixMilli())
 	fp.locals[l] = false
 	return l, 0, nil, true
@@ -462,7 +462,7 @@ func (fp *fbPool) penalizeLocal(site string, p *Proxy, l *Lease, v ban.Verdict) 
 	}
 	if v.Kind == ban.Ban {
 		// A strike, weighed by the evidence as penalize.lua weighs it.
-		lpen := localStrike(lp, holder, p.id, site, unambiguous(v) || siteOnly(v), min(v.RetryAfter, c.maxQuarantine))
+		lpen := localStrike(lp, holder, p.id, site, (unambiguous(v) && !challengeStrike(l)) || siteOnly(v), min(v.RetryAfter, c.maxQuarantine))
 		pen = penalty{quarantine: lpen.Quarantine, until: lpen.Until, strikes: lpen.InARow, first: lpen.First,
 			healthy: lpen.Healthy, local: lp,
 			// The local shard keeps no site verdicts (penalize.lua's "burnt"):

@@ -35,7 +35,9 @@ const globalSite = "*"
 //	{prefix:pool}:free:<site>    zset  "<id>:<slot>" -> time (ms) until which the slot is out on the site
 //	                                   (leased, cooling, quarantined, dead); no entry: free there; TTL: idle TTL
 //	{prefix:pool}:lease:<site>   hash  "<id>:<slot>" -> "<token>|<expiry ms>"; TTL: idle TTL
-//	{prefix:pool}:strikes:<site> hash  proxy ID -> "<bans in a row>|<ms of the last>|<its end>"; TTL: idle TTL
+//	{prefix:pool}:strikes:<site> hash  proxy ID -> "<bans in a row>|<ms of the last>|<its end>"; "f:<ID>" -> ms of the
+//	                                   proxy's last failure on the site that stands (worked_lib.lua); "served" -> ms of
+//	                                   the site's latest healthy answer (release.lua); TTL: idle TTL
 //	{prefix:pool}:siteprobe:<site> hash  proxy ID -> "<site>|<end ms>" of the quarantine a site probe (package probe) of
 //	                                   site put it under on the scope (every site's under ScopeGlobal), for a later
 //	                                   passing probe to lift (site_hold.lua); TTL: the longest entry's need

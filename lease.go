@@ -27,12 +27,18 @@ type Lease struct {
 	local *localLease // the local shard's lease, when it granted it (fallbacklease.go)
 
 	site     string       // the site it was leased for (differs from scope with ScopeGlobal)
+	granted  time.Time    // when this Switch got it (zero for a session's); Report's send time
 	expiry   atomic.Int64 // unix ms, Redis clock
 	released atomic.Bool
 	healthy  atomic.Bool  // the site answered normally through it: release resets the backoff
 	hold     atomic.Int64 // ns: keep the proxy out at least this long after release (an abandoned request)
 	unused   atomic.Bool  // no request went through it (Switch.Ban's probe): released with no cooldown
 	taken    atomic.Bool  // the renewer found it taken over, or Close released it under its request (renew.go)
+	// challengeStrike: the transport quarantines a hop redirected to a
+	// challenge page through it (set around that call only): a first strike
+	// awaiting its evidence like any refusal, not a ban at once (ban.go,
+	// challengeStrike).
+	challengeStrike atomic.Bool
 
 	renew   bool // the renewer extends it while it lives (renew.go); guarded by the renewer's mutex
 	endSeen bool // the renewer saw it ended at a tick; guarded by the renewer's mutex

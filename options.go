@@ -391,9 +391,10 @@ type Bans struct {
 	// EvidenceFirst is how long a first refusal (a strike) keeps the proxy
 	// off the site; a repeated or confirmed refusal is a ban. Off makes
 	// every refusal a ban. PageProxies: a URL refused through that many
-	// proxies healthy on the site is the page's answer (ErrPageRefused), and
-	// their strikes are taken back; Off never blames the page. The defaults
-	// are 1m and 2.
+	// proxies healthy on the site, or through one more on the
+	// request's last try (none refused on another URL since its last healthy
+	// answer), is the page's answer (ErrPageRefused), and their strikes are
+	// taken back; Off never blames the page. The defaults are 1m and 2.
 	EvidenceFirst time.Duration
 	PageProxies   int
 

@@ -46,6 +46,7 @@ type Switch struct {
 
 	reg          registry
 	bans         banCounters
+	pageRuns     pageRuns // page verdicts in a row per site, for the storm guard (ban.go)
 	parsed       sync.Map // proxy URL as stored -> *Proxy
 	tokenPrefix  string
 	tokenSeq     atomic.Uint64

@@ -151,7 +151,8 @@ func (p *redisPool) tryLeaseOnce(ctx context.Context, site, scope, prefer string
 			}
 			return nil, 0, false, fmt.Errorf("%w: %w", ErrNoProxy, err)
 		}
-		l := &Lease{sw: p.sw, be: p, scope: scope, site: site, member: member, memberArg: res[1], token: token, proxy: px}
+		l := &Lease{sw: p.sw, be: p, scope: scope, site: site, member: member, memberArg: res[1], token: token, proxy: px,
+			granted: time.Now()}
 		l.expiry.Store(expiry)
 		if v, ok := intAt(res, 4); ok {
 			p.noteVersion(v)
@@ -333,7 +334,7 @@ func (p *redisPool) quarantine(ctx context.Context, site string, px *Proxy, l *L
 	c, k := p.cfg, p.keys
 	scope := p.sw.scopeOf(site)
 	kind, base, maxq, hard, first, certain := "ban", c.quarantine, c.maxQuarantine, "0", c.firstQuarantine, "0"
-	if unambiguous(v) || siteOnly(v) {
+	if (unambiguous(v) && !challengeStrike(l)) || siteOnly(v) {
 		certain = "1" // a site probe's failure is a verdict, no first strike
 	}
 	if v.Kind == ban.ProxyFailure {
@@ -401,7 +402,7 @@ func (p *redisPool) quarantine(ctx context.Context, site string, px *Proxy, l *L
 	}
 	pen := penalty{quarantine: time.Duration(res[0]) * time.Millisecond, until: time.UnixMilli(res[1]),
 		strikes: int(res[2]), dead: res[3] == 1, ended: member != "", first: res[5] == 1, healthy: res[6] == 1,
-		witness: res[7] == 1, paced: pace != "", hold: res[8] >= 1, tired: res[8] == 2, at: time.UnixMilli(res[10])}
+		witness: res[7] == 1, unproven: res[7] == 2, paced: pace != "", hold: res[8] >= 1, tired: res[8] == 2, at: time.UnixMilli(res[10])}
 	if res[9] > 0 {
 		pen.lifted = time.UnixMilli(res[9])
 	}

@@ -314,6 +314,8 @@ func healthyReleasesReadSharedHashesOnce(t *testing.T, rdb redis.UniversalClient
 	assert.InDelta(t, 0.4, r, 1e-9, "its failure rate dropped by one healthy answer")
 	strikes, err := rdb.HGetAll(ctx, s.keys.strikes(site)).Result()
 	require.NoError(t, err)
+	assert.Regexp(t, `^\d+$`, strikes["served"], "the site's latest healthy answer")
+	delete(strikes, "served")
 	assert.Len(t, strikes, n, "every released proxy's healthy record")
 	for id, v := range strikes {
 		assert.Regexp(t, `^0\|\d+\|0$`, v, "proxy %s", id)
@@ -333,4 +335,8 @@ func healthyReleasesReadSharedHashesOnce(t *testing.T, rdb redis.UniversalClient
 	assert.EqualValues(t, 1, stats["hmget"].calls, "the pace hash, once")
 	assert.LessOrEqual(t, stats["pexpire"].calls, int64(1), "the pace hash's TTL, at most once")
 	assert.EqualValues(t, 2*n, stats["hget"].calls, "each release's lease record and healthy record")
+	// Each release's healthy record, the site's served time once, and
+	// at most one note of the pace hash's accepted rest.
+	assert.GreaterOrEqual(t, stats["hset"].calls, int64(n+1), "healthy records and the served time")
+	assert.LessOrEqual(t, stats["hset"].calls, int64(n+2), "the served time written once per call")
 }

@@ -18,7 +18,9 @@ var (
 	extendManyScript = engine.Root.Script("extend_many") // the renewer (renew.go)
 	reclaimScript    = engine.Root.Script("reclaim")     // the leases of lease calls of unknown outcome (reclaim.go)
 	penalizeScript   = engine.Root.Script("penalize")
-	liftScript       = engine.Root.Script("lift") // the page-or-IP rule (ban.go)
+	liftScript       = engine.Root.Script("lift")   // the page-or-IP rule (ban.go)
+	unfailScript     = engine.Root.Script("unfail") // a page failing for everyone (storm.go)
+	workedScript     = engine.Root.Script("worked") // a proxy failure in a storm (storm.go)
 	reviveScript     = engine.Root.Script("revive")
 
 	// The copy of a pool and its re-seed (snapshot.go).

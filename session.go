@@ -597,6 +597,7 @@ func (s *Switch) sessionAttempt(req *http.Request, a *attempt) (*sessionUse, err
 	b.mu.Lock()
 	prev := b.lease
 	b.lease, b.proxy = cur.lease, cur.lease.proxy
+	b.touched.Store(time.Now().UnixNano()) // the hop goes now, after the wait for its session
 	if !b.done && (b.sessEnd == nil || b.sessKey != k || b.sessSlot != slot || prev != cur.lease) {
 		// The session is renewed while the request runs (sessionrenew.go);
 		// a retry through a new session, or a hop to another site, moves

@@ -1433,8 +1433,15 @@ func testRetiredWhileItsRequestRuns(t *testing.T, otherProcess bool) {
 		defer s.sessHolds.mu.Unlock()
 		return len(s.sessHolds.m) == 0
 	}, time.Second, 10*time.Millisecond, "no session renewed once its requests are over")
-	for _, task := range []string{"long", "other"} {
-		_, err := s.EndSession(ctx, task)
+	endTasksClean(t, s, site, "long", "other")
+}
+
+// endTasksClean ends the sessions of tasks and asserts that the site saw no
+// collision and that no lease is left on it.
+func endTasksClean(t *testing.T, s *Switch, site *testbed.Site, tasks ...string) {
+	t.Helper()
+	for _, task := range tasks {
+		_, err := s.EndSession(context.Background(), task)
 		require.NoError(t, err)
 	}
 	assert.Zero(t, site.Recorder().Collisions())
@@ -1511,12 +1518,7 @@ func TestSessionEndedWhileItsRequestRuns(t *testing.T) {
 			require.True(t, ended)
 			assert.NoError(t, c.Request("GET", site.URL()+"/echo", nil, NewTaskContext("next"), nil), "the idle session's proxy, at once")
 			require.NoError(t, <-blocker)
-			for _, task := range []string{"blocker", "next"} {
-				_, err := s.EndSession(ctx, task)
-				require.NoError(t, err)
-			}
-			assert.Zero(t, site.Recorder().Collisions())
-			assertNoLeases(t, s, site)
+			endTasksClean(t, s, site, "blocker", "next")
 		})
 	}
 }

@@ -36,8 +36,9 @@ import (
 // rewound with GetBody) until a retry is left no more, when that is safe
 // (below). A hop redirected
 // (3xx) to a challenge page is such a ban of that hop, judged before
-// net/http follows the redirect: the hop goes again through another proxy,
-// so the challenge page is never requested and Colly never sees its URL (its
+// net/http follows the redirect: the hop goes again through another proxy
+// (or, when only temporary redirects led to it, the chain starts again
+// from its first URL: see retry), so the challenge page is never requested and Colly never sees its URL (its
 // revisit check would refuse the same captcha URL met through a second
 // proxy as "already visited", spending no retry). A chain that ended on a
 // challenge page reached otherwise starts again from its first URL instead:
@@ -200,6 +201,13 @@ func (t *transport) RoundTrip(req *http.Request) (resp *http.Response, err error
 	}
 	var su *sessionUse // the task's session the last attempt went through (session.go)
 	defer func() { resp, err = su.finish(resp, err) }()
+	if t.s.pageRuns.n.Load() != 0 {
+		// This Switch's guess of a storm (ban.go, stormSuspect): the site
+		// paused here alone; its requests wait it out as a breaker's pause.
+		if err := t.s.pageRuns.wait(req.Context(), t.s.cfg.siteFunc(req.URL), t.s.cfg.maxWait); err != nil {
+			return nil, t.s.reg.lookup(req.Header).noProxy(err)
+		}
+	}
 	for n := 1; ; n++ {
 		a, err := t.newAttempt(req, n)
 		if err != nil {
@@ -324,7 +332,7 @@ func (t *transport) judge(req *http.Request, a *attempt, b *binding, l *Lease, r
 	}
 	if cerr == nil {
 		s.observeAttempt(l.be.pool(), x.Site, l.proxy, v, time.Since(a.start))
-		s.brk.attempt(l, x.Site, v) // the site's circuit breaker counts it (breaker.go)
+		s.brk.attempt(l, x.Site, v, b.sentAfter(a.start)) // the site's circuit breaker counts it (breaker.go)
 	}
 	switch {
 	case cerr != nil:
@@ -338,13 +346,23 @@ func (t *transport) judge(req *http.Request, a *attempt, b *binding, l *Lease, r
 		}
 		if x.Final() {
 			l.healthy.Store(true)
+			s.pageRuns.served(x.Site)
 			if v.Kind == ban.OK {
 				s.cfg.detector.Learn(x)
 			}
 			// Served through this proxy: the refusals of the same URL
-			// through others were theirs (Bans.EvidenceFirst).
+			// through others were theirs (Bans.EvidenceFirst), and so
+			// were those of the hops that led here since the chain last
+			// (re)started (a challenge met on a URL that then redirected
+			// the next proxy, 301, to the page served).
 			if b.refused() {
-				s.confirmRefusals(context.WithoutCancel(req.Context()), b, x.URL.String(), x.Site)
+				ctx := context.WithoutCancel(req.Context())
+				for _, h := range servedHops(req) {
+					s.confirmRefusals(ctx, b, h.URL.String(), s.cfg.siteFunc(h.URL))
+				}
+			}
+			if b.failed() {
+				b.takeFailures(x.URL.String(), x.Site) // ... and so were its failures: their quarantines stay (storm.go)
 			}
 		}
 		resp, err := a.hand(resp, nil)
@@ -359,11 +377,21 @@ func (t *transport) judge(req *http.Request, a *attempt, b *binding, l *Lease, r
 // a restart of the chain, or a *BlockedError.
 //
 // A challenge seen on a redirect (a 3xx to a challenge page: not final) is
-// the ban of the hop that redirected, on its own site, and that hop is sent
-// again like any banned hop (on a chain's first hop: from its first URL).
-// It does not restart the chain: the hops before it are URLs Colly has
-// already marked visited, which it would refuse to follow a second time.
-// Only a challenge page the chain landed on (final) restarts the chain, and
+// the ban of the hop that redirected, on its own site. The retry through
+// another proxy starts where a fresh client would (restartPoint): from the
+// chain's first URL when every redirect that led to the hop was a
+// temporary one (302, 303, 307: the site may send only this IP through
+// them, as a login or session-refresh chain served to one IP does, and
+// sending the hop again through other proxies would take them down the
+// same chain and burn them); the transport answers with a 307 to that URL,
+// which net/http and Colly follow like any redirect back to the page asked
+// for. A hop reached through a permanent redirect (301, 308: the site's
+// own structure, which every client follows) is sent again itself, like
+// any banned hop: restarting the chain would pass that redirect's target
+// a second time, a URL Colly has already marked visited, which its revisit
+// check would refuse. A chain whose first request net/http would not
+// replay (a POST) is not restarted: the request fails, NotResent set.
+// A challenge page the chain landed on (final) restarts the chain too, and
 // is blamed on the site of the hop that led to it.
 //
 // A hop that may not be sent again (resendable: a failure after a request
@@ -379,7 +407,23 @@ func (t *transport) retry(req *http.Request, a *attempt, b *binding, l *Lease, x
 	}
 	b.dropLease(l)
 	ctx := context.WithoutCancel(req.Context())
+	// The URL Colly asked for (the chain's first hop, or one only
+	// permanent redirects or restarts led to: firstHop), redirected to a
+	// challenge page, is a strike awaiting its evidence, as any refusal:
+	// confirmed when the page is served through another proxy, lifted when
+	// every proxy tried gets it (ban.go, challengeStrike). A hop a
+	// temporary redirect led to is one the site redirected this IP to,
+	// maybe for this IP alone (a session refresh that ends on its login
+	// page): other proxies asked for that hop say nothing of the page, so
+	// a challenge there stays a ban at once, and only the witnesses judge
+	// its other refusals.
+	first := firstHop(req)
+	challenge := unambiguous(v) && !landed && first && s.cfg.pageProxies > 0
+	if challenge {
+		l.challengeStrike.Store(true)
+	}
 	pen, err := s.penalizeLease(ctx, b, site, l, v)
+	l.challengeStrike.Store(false)
 	if err != nil {
 		s.cfg.logger.Warn("proxyswitch: quarantine failed; the proxy's lease will expire by its TTL",
 			"proxy", l.proxy.String(), "site", site, "reason", v.Reason, "err", err)
@@ -395,37 +439,55 @@ func (t *transport) retry(req *http.Request, a *attempt, b *binding, l *Lease, x
 		// no quarantine, no retry, no evidence against the page.
 		return false, nil, blocked
 	}
-	r := refusal{url: x.URL.String(), site: site, status: x.StatusCode}
-	if err == nil && v.Kind == ban.Ban && !unambiguous(v) && !rateLimited(x, v) {
+	r := refusal{url: x.URL.String(), site: site, status: x.StatusCode, reason: v.Reason, challenge: challenge}
+	if err == nil && v.Kind == ban.Ban && (!unambiguous(v) || challenge) && !rateLimited(x, v) {
 		r.proxy, r.rp, r.pen = l.proxy, l.be.redis(), pen
 	}
 	b.addRefusal(r, blocked)
-	if r.proxy != nil && s.pageRefused(ctx, b, r.url, site) {
+	if err == nil && siteFailure(v) && pen.healthy && pen.quarantine > 0 && !pen.dead && pen.local == nil && l.be.redis() != nil {
+		// Taken back if the page fails so through every proxy (storm.go):
+		// only a failure of a proxy that worked on the site since its
+		// last failure there (pen.healthy) may be.
+		b.addFailure(failure{url: r.url, site: site, proxy: l.proxy, rp: l.be.redis(), pen: pen})
+	}
+	last := first && (!resend || !rewindable(req) || !b.retryLeft(s.cfg.retries))
+	if r.proxy != nil && s.pageRefused(ctx, b, r.url, site, last) {
+		if s.storm(site) {
+			// The site's breaker holds it: a storm of the site, not the
+			// page's answer (storm.go).
+			blocked.Storm = true
+			return false, nil, blocked
+		}
 		// The page refuses every proxy: its answer, not theirs.
 		blocked.Page = true
 		s.observeEvidence(l.be.pool(), site, l.proxy, "page_refused", v.Reason)
 		return false, nil, blocked
 	}
 	if callerDone(req) {
+		s.stormLabel(blocked, site)
 		return false, nil, blocked
 	}
-	if landed && x.Redirected() {
+	if (landed && x.Redirected()) || (v.Reason == ban.ReasonChallenge && !landed && restartPoint(req) != req) {
 		origin := chainOrigin(req)
 		if !replayable(origin) {
 			// The chain's first request reached the site (it answered with
 			// a redirect): asking it again could make the site act twice.
 			blocked.NotResent = true
 			s.unresolvedRefusals(ctx, b, r.url, site)
+			s.stormLabel(blocked, site)
 			return false, nil, blocked
 		}
 		if chainLen(req) >= maxChainHops || !b.takeRetry(s.cfg.retries) {
 			s.unresolvedRefusals(ctx, b, r.url, site)
+			s.stormLabel(blocked, site)
 			return false, nil, blocked
 		}
 		return false, restartResponse(req, origin.URL), nil
 	}
 	if !resend || !rewindable(req) || !b.takeRetry(s.cfg.retries) {
 		s.unresolvedRefusals(ctx, b, r.url, site) // no retry left: evidence for the site's circuit breaker
+		s.unresolvedFailures(ctx, b, r.url, site) // failed through every proxy: the page's or the site's (storm.go)
+		s.stormLabel(blocked, site)
 		return false, nil, blocked
 	}
 	return true, nil, nil
@@ -822,6 +884,54 @@ func chainOrigin(req *http.Request) *http.Request {
 	return req
 }
 
+// restartPoint is the hop a retry through another proxy starts from after
+// req (a hop of a redirect chain) was redirected to a challenge: the
+// chain's first request when every redirect that led to req was temporary
+// (302, 303, 307), req itself otherwise (a permanent redirect, 301 or 308,
+// on the way: the site's own structure, see retry).
+func restartPoint(req *http.Request) *http.Request {
+	r := req
+	for r.Response != nil && r.Response.Request != nil {
+		switch r.Response.StatusCode {
+		case http.StatusMovedPermanently, http.StatusPermanentRedirect:
+			return req
+		}
+		r = r.Response.Request
+	}
+	return r
+}
+
+// firstHop reports whether req is the first hop of its redirect chain as
+// the page-or-IP judgment counts them (ban.go): the URL Colly asked for, or
+// one only permanent redirects (301, 308: the site's own structure, which
+// every client follows) led to from it, or from the chain's last restart
+// (restartResponse: the page asked for again).
+func firstHop(req *http.Request) bool {
+	for r := req; r.Response != nil && r.Response.Request != nil; r = r.Response.Request {
+		if restarted(r.Response) {
+			return true
+		}
+		switch r.Response.StatusCode {
+		case http.StatusMovedPermanently, http.StatusPermanentRedirect:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// servedHops is req (a hop served) and the hops of its redirect chain
+// before it back to the chain's last restart or its first request: each
+// answered without a ban, with a redirect that led to req.
+func servedHops(req *http.Request) []*http.Request {
+	hops := []*http.Request{req}
+	for r := req; r.Response != nil && r.Response.Request != nil && !restarted(r.Response); {
+		r = r.Response.Request
+		hops = append(hops, r)
+	}
+	return hops
+}
+
 // chainLen is the number of hops of req's redirect chain so far.
 func chainLen(req *http.Request) int {
 	n := 1
@@ -856,12 +966,22 @@ func replayable(req *http.Request) bool {
 	return ok
 }
 
+// restartStatus is the Status of restartResponse's redirects (net/http
+// reads StatusCode alone), telling them from the site's (restarted).
+const restartStatus = "307 Temporary Redirect (proxyswitch restart)"
+
+// restarted reports whether resp is a restart of its chain by the
+// transport (restartResponse), not a redirect of the site.
+func restarted(resp *http.Response) bool {
+	return resp.StatusCode == http.StatusTemporaryRedirect && resp.Status == restartStatus
+}
+
 // restartResponse is a redirect back to the first URL of the chain: net/http
 // follows it (Colly lets a chain come back to the page it asked for) and the
 // ProxyFunc leases another proxy for it.
 func restartResponse(req *http.Request, to *url.URL) *http.Response {
 	return &http.Response{
-		Status:     "307 Temporary Redirect",
+		Status:     restartStatus,
 		StatusCode: http.StatusTemporaryRedirect,
 		Proto:      "HTTP/1.1",
 		ProtoMajor: 1,

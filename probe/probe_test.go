@@ -837,9 +837,17 @@ func TestCheckerAllProxiesRefuse(t *testing.T) {
 		p.SetMode(proxyswitchtest.ProxyDead)
 	}
 	ec := newEcho(t, 0)
-	c := &probe.Checker{Switch: sw, EchoURL: ec.site.URL(), Timeout: time.Second, Logger: (&testlog.Buffer{}).Logger()}
+	log := &testlog.Buffer{}
+	c := &probe.Checker{Switch: sw, EchoURL: ec.site.URL(), Timeout: time.Second, Logger: log.Logger()}
 	rep, err := c.Check(context.Background())
 	require.NoError(t, err)
 	require.False(t, rep.EchoDown)
+	if rep.Dead != 3 {
+		// Seen once in a CI run under load (2 of 3): say what became of each.
+		for _, r := range rep.Results {
+			t.Logf("%s: ok %v, action %q, err %v", r.Proxy, r.OK, r.Action, r.Err)
+		}
+		t.Logf("probed %d, skipped %d; log:\n%s", rep.Probed, rep.Skipped, log.String())
+	}
 	require.Equal(t, 3, rep.Dead)
 }

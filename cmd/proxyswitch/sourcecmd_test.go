@@ -244,7 +244,14 @@ func TestCLIProbeEchoDown(t *testing.T) {
 	assert.NotContains(t, r.stdout, " in -", "the round's duration")
 	r = cli(t, env, "", "list")
 	require.Equal(t, 0, r.code, r.all())
-	assert.NotContains(t, r.stdout, "dead")
+	// The STATE column (an ID is hex: "06dead0749e1151a" names a live proxy).
+	rows := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	require.Len(t, rows, 4, r.stdout)
+	for _, row := range rows[1:] {
+		f := strings.Fields(row)
+		require.GreaterOrEqual(t, len(f), 3, row)
+		assert.Equal(t, "ok", f[2], "no proxy marked dead: %s", row)
+	}
 
 	for _, bad := range []string{"http://127.0.0.1:/ip", "http://127.0.0.1:70000/ip"} {
 		r = cli(t, env, "", "probe", "-echo", bad)

@@ -132,9 +132,11 @@ func (p *Pool[P]) Confirm(id, site string, until time.Time) (Penalty, bool) {
 }
 
 // Lift takes back the first strike of the proxy with ID id on site that
-// ends at until (Penalty.Until): the page refused everyone. The proxy's
-// record is what it was before (healthy there, or none) and its slots the
-// strike pushed out are free again. It reports whether it lifted one.
+// ends at until (Penalty.Until): the page refused everyone. A proxy
+// healthy there before is healthy again; one never healthy there keeps the
+// strike on record, ended now (an unproven lift: its next refusal there is
+// a repeat). Its slots the strike pushed out are free again. It reports
+// whether it lifted one.
 func (p *Pool[P]) Lift(id, site string, until time.Time, healthy bool) bool {
 	k := banKey{p.scopeOf(site), id}
 	till := until.UnixMilli()
@@ -148,7 +150,10 @@ func (p *Pool[P]) Lift(id, site string, until time.Time, healthy bool) bool {
 	if healthy {
 		p.strikes[k] = strike{last: now}
 	} else {
-		delete(p.strikes, k)
+		// An unproven lift (lift.lua): the strike stays on record, ended
+		// now, so that the proxy's next refusal there is a repeat, not a
+		// fresh first strike, until a healthy answer there.
+		p.strikes[k] = strike{n: 1, last: s.last, till: now}
 	}
 	if p.bans[k] == till {
 		delete(p.bans, k)

@@ -13,9 +13,16 @@ import (
 // absolute, so that collectors in other processes meet the same storm. It
 // counts what it refused and what it let through, by phase. Safe for
 // concurrent use.
+//
+// Status, when set, is the storm's answer instead of 429 (a 502 of a site
+// that is down: through a plain-HTTP proxy, the proxy's 502). Delay, when
+// set, makes the storm a slowdown instead: every request waits Delay (or
+// until it is cancelled), then Next serves it.
 type Storm struct {
 	Next     http.Handler // must be set (NewStorm sets it)
 	From, To time.Time
+	Status   int           // the storm's answer; 0: 429
+	Delay    time.Duration // a slowdown instead of a refusal; 0: none
 
 	before, during, after atomic.Int64
 }
@@ -33,9 +40,22 @@ func (s *Storm) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.before.Add(1)
 	case now.Before(s.To):
 		s.during.Add(1)
+		if s.Delay > 0 {
+			select {
+			case <-time.After(s.Delay):
+			case <-r.Context().Done():
+				return
+			}
+			s.Next.ServeHTTP(w, r)
+			return
+		}
+		code := s.Status
+		if code == 0 {
+			code = http.StatusTooManyRequests
+		}
 		w.Header().Set("Content-Type", "text/html")
-		w.WriteHeader(http.StatusTooManyRequests)
-		_, _ = w.Write([]byte("<html><body>Too many requests</body></html>"))
+		w.WriteHeader(code)
+		_, _ = w.Write([]byte("<html><body>" + http.StatusText(code) + "</body></html>"))
 		return
 	default:
 		s.after.Add(1)

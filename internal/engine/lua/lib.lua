@@ -342,7 +342,7 @@ local function site_sweep(scope, free, leases, pool, dead, slots, now, idle)
         end
       end
       if kind == 'g' then
-        redis.call('HDEL', sk, id)
+        redis.call('HDEL', sk, id, 'f:' .. id)
         redis.call('HDEL', hk, id)
       end
     end

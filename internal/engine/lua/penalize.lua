@@ -3,10 +3,12 @@
 -- score of all K slots of the proxy in the free set(s): no lease anywhere in
 -- the cluster hands it out before the score passes, and nothing has to lift
 -- it afterwards.
+-- include: worked_lib.lua
 --
 -- KEYS[1] free zset       of the scope  "<id>:<slot>" -> unix ms at which it is next available
 -- KEYS[2] lease hash      of the scope  "<id>:<slot>" -> "<token>|<expiry ms>"
--- KEYS[3] strikes hash    of the scope  id -> "<bans in a row>|<ms of the last>|<its end, ms>"
+-- KEYS[3] strikes hash    of the scope  id -> "<bans in a row>|<ms of the last>|<its end, ms>";
+--                                       "f:<id>" -> ms of its last failure there that stands (fail)
 -- KEYS[4] fails hash      (pool)        id -> "<failures in a row>|<all hard 0/1>|<several sites 0/1>|<site of the first>"
 -- KEYS[5] dead hash       (pool)        id -> "<ms>|<reason>"
 -- KEYS[6] sites zset      (pool)        not read: a ban on every site and a death touch this scope only
@@ -85,8 +87,23 @@
 -- page or IP judgment counts it only when it comes after the refusals it
 -- weighs).
 --
+-- A failure ("fail") is reported healthy before when the proxy worked on
+-- the scope since its last failure there that stands: a healthy answer
+-- after it (or after none). A proxy that never served the site, or failed
+-- there again with no healthy answer since, is not: its failure is the
+-- proxy's, never taken back, no evidence of a storm (storm.go).
+--
+-- A record "1|<ms of a strike>|0" is an unproven lift (lift.lua: a first
+-- strike taken back, of a proxy never healthy on the scope): within twice
+-- the max quarantine of that strike, the proxy's next ban is a first
+-- strike again, reported unproven (witness 2): ban.go never counts it as a
+-- witness nor as a fresh first strike, once the scope served a page
+-- after that strike (the strikes hash's "served", release.lua; before,
+-- the record counts as none). Unresolved, it stays on record as any first
+-- strike: the ban after it is a repeat.
+--
 -- Returns {quarantine ms, until ms, offences in a row, dead 0/1, lease ended 0/1,
---          first quarantine 0/1, healthy before 0/1, witness 0/1,
+--          first quarantine 0/1, healthy before 0/1, witness 0/1 (2: a first strike, unproven),
 --          hold 0/1 (2: a hold of a proxy rested past PACE_TIRED times the accepted rest),
 --          ms of the lift after the last verdict (0: none), now ms},
 --          or {"gateway", template} (ARGV[22]).
@@ -150,6 +167,7 @@ end
 local firstq, certain = tonumber(ARGV[17]) or 0, ARGV[18] == '1'
 local pfloor, pmax = string.match(ARGV[21] or '', '^(%d+)|(%d+)$')
 local n, dead, healthy, running, witness, hold, lifted, tired = 1, false, false, 0, false, false, 0, false
+local unproven = false -- a strike of a proxy lifted unproven (lift.lua): a first strike, no fresh one
 if ARGV[1] == 'ban' or ARGV[1] == 'confirm' then
   local v = redis.call('HGET', KEYS[3], id)
   local c, last, till
@@ -159,6 +177,15 @@ if ARGV[1] == 'ban' or ARGV[1] == 'confirm' then
       return {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, now}
     end
     n, certain, healthy = tonumber(c), true, ARGV[18] == '1'
+  elseif c and tonumber(c) == 1 and tonumber(till) == 0 and now - tonumber(last) <= 2 * maxq then
+    -- An unproven lift (lift.lua): struck again, a first strike awaiting
+    -- its evidence (confirmed, lifted, or a repeat next time), but no
+    -- fresh one: no witness, and reported apart (ban.go's pageRefused);
+    -- once the scope served a page after that strike (release.lua's
+    -- "served"). Before, no proxy has been healthy there since: an IP the
+    -- site bans cannot be told from a page that refuses everyone (a cold
+    -- site meeting refused pages first), and the record counts as none.
+    if (tonumber(redis.call('HGET', KEYS[3], 'served')) or 0) > tonumber(last) then unproven = true end
   elseif c and now - tonumber(last) <= 2 * maxq then
     n = tonumber(c) + 1
     healthy = n == 1
@@ -205,6 +232,12 @@ else
   end
   redis.call('HSET', KEYS[4], id, n .. '|' .. hard .. '|' .. multi .. '|' .. first)
   redis.call('PEXPIRE', KEYS[4], idle)
+  -- Worked on the scope (reported as healthy before): a healthy answer
+  -- there since its last failure there that stands (worked_lib.lua).
+  -- Only such a failure is evidence of the site's trouble, and may be
+  -- taken back (storm.go); this one is the proxy's last failure there now.
+  healthy = worked(KEYS[3], id)
+  worked_fail(KEYS[3], id, idle)
   local after = tonumber(ARGV[13])
   dead = after > 0 and n >= after and (hard == '1' or multi == '1')
 end
@@ -274,5 +307,7 @@ local flaky = tonumber(ARGV[20] or '0') or 0
 if flaky > 0 and not short then
   health_hold(KEYS[1], KEYS[2], id, slots, health_note(KEYS[8], id, true, idle), flaky, now)
 end
-return {q, untl, n, dead and 1 or 0, mine and 1 or 0, short and 1 or 0, healthy and 1 or 0, witness and 1 or 0, 0,
+local wit = witness and 1 or 0
+if unproven and short then wit = 2 end
+return {q, untl, n, dead and 1 or 0, mine and 1 or 0, short and 1 or 0, healthy and 1 or 0, wit, 0,
   lifted, now}

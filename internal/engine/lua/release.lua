@@ -11,6 +11,7 @@
 --         on this scope and of failures end (the backoff starts over), its
 --         strikes record becomes "0|<now>|0": healthy on this scope, the
 --         evidence penalize.lua reports (the hash keeps the free set's TTL),
+--         and the hash's "served" field the time (once per call),
 --         its failure rate decays, and the learned cooldown shortens
 -- ARGV[5] flaky delay ms: the proxy waits its failure rate times this on top
 --         of the cooldown (0: off, or a lease handed back unused)
@@ -50,6 +51,7 @@ if ARGV[4] ~= '' then
   if redis.call('HSET', KEYS[3], ARGV[4], '0|' .. now_str() .. '|0') == 1 and redis.call('PTTL', KEYS[3]) < 0 then
     redis.call('PEXPIRE', KEYS[3], math.max(redis.call('PTTL', KEYS[1]), 60000))
   end
+  rel_note_served(KEYS[3])
   if not rel_hash_empty(KEYS[4]) then redis.call('HDEL', KEYS[4], ARGV[4]) end
 end
 local flaky = tonumber(ARGV[5])

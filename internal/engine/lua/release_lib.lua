@@ -12,7 +12,16 @@
 -- rel_pace: a scope's pace fields {learned cooldown, accepted rest}
 -- (lib.lua's pace_fields), read once and kept as the call writes them.
 -- rel_ttl: whether the pace hash's TTL was refreshed in this call.
-local rel_empty, rel_pace, rel_ttl = {}, {}, {}
+local rel_empty, rel_pace, rel_ttl, rel_served = {}, {}, {}, {}
+
+-- rel_note_served writes the strikes hash key's "served" field (the ms of
+-- the scope's latest healthy answer: penalize.lua reads it against an
+-- unproven lift) once per call.
+local function rel_note_served(key)
+  if rel_served[key] then return end
+  rel_served[key] = true
+  redis.call('HSET', key, 'served', now_str())
+end
 
 -- rel_hash_empty returns whether hash key is empty, read once per call.
 local function rel_hash_empty(key)

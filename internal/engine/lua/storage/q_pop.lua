@@ -59,6 +59,16 @@ local out = {0, 0}
 local k = 0
 local served = {}
 
+-- emit appends the delivery of request id (its nth, payload) to pop p to
+-- the reply.
+local function emit(p, id, n, payload)
+  k = k + 1
+  out[#out + 1] = p
+  out[#out + 1] = id
+  out[#out + 1] = n
+  out[#out + 1] = payload
+end
+
 -- Pops sent again: the same delivery, if it is still the request's latest
 -- (and not dead or acknowledged); a record that no longer is is deleted.
 for i = 1, want do
@@ -74,11 +84,7 @@ for i = 1, want do
       end
       redis.call('ZADD', KEYS[4], now + vis, id)
       served[i] = true
-      k = k + 1
-      out[#out + 1] = p
-      out[#out + 1] = id
-      out[#out + 1] = n
-      out[#out + 1] = payload
+      emit(p, id, n, payload)
     end
   end
   if id and not served[i] then redis.call('HDEL', KEYS[8], p) end
@@ -134,11 +140,7 @@ for _ = 1, 50 + want do
       redis.call('HSET', KEYS[3], id, tries_value(n, p))
       redis.call('HSET', KEYS[8], p, id)
       redis.call('ZADD', KEYS[4], now + vis, id)
-      k = k + 1
-      out[#out + 1] = p
-      out[#out + 1] = id
-      out[#out + 1] = n
-      out[#out + 1] = payload
+      emit(p, id, n, payload)
     end
   end
 end
