@@ -608,3 +608,163 @@ func TestBreakerCorruptCursors(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, open, "the storm opened the breaker")
 }
+
+// TestBreakerFewRule: breaker.lua's few rule, report by report. With
+// fewer than Burst proxies healthy on a site in the window, a row of bans
+// holding every one of them opens the breaker, when they are more than one
+// request tries (Bans.Retries + 2 = 4); proxies outside them do not count
+// towards that; and a healthy answer reported after a ban that came later
+// ends the row only up to its own time.
+func TestBreakerFewRule(t *testing.T) {
+	ctx := context.Background()
+	s, _, rdb := workSwitch(t)
+	n := 0
+	newSite := func() string { n++; return fmt.Sprintf("few-%d.example", n) }
+	report := func(site string, c brCount, banned string) {
+		t.Helper()
+		var ids map[string]string
+		if banned != "" {
+			ids = map[string]string{site: banned}
+		}
+		require.NoError(t, s.brk.report(ctx, s.own.redis(), map[string]*brCount{site: &c}, ids))
+	}
+	healthy := func(site string, ids ...string) {
+		t.Helper()
+		report(site, brCount{att: int64(len(ids)), ok: int64(len(ids)), okAt: time.Now(), healthy: ids}, "")
+	}
+	ban := func(site, id string) { t.Helper(); report(site, brCount{att: 1, bans: 1}, id) }
+	banAll := func(site string, ids ...string) {
+		t.Helper()
+		for _, id := range ids {
+			ban(site, id)
+		}
+	}
+	// named is n proxy ids: prefix0, prefix1...
+	named := func(prefix string, n int) []string {
+		ids := make([]string, n)
+		for i := range ids {
+			ids[i] = fmt.Sprintf("%s%d", prefix, i)
+		}
+		return ids
+	}
+	open := func(site string) bool {
+		t.Helper()
+		ok, err := rdb.HExists(ctx, s.keys.breaker(), site).Result()
+		require.NoError(t, err)
+		return ok
+	}
+	pool := []string{"p1", "p2", "p3", "p4", "p5"}
+
+	t.Run("every healthy proxy in the row", func(t *testing.T) {
+		site := newSite()
+		healthy(site, pool...)
+		for i, id := range pool {
+			assert.False(t, open(site), "open after %d of 5", i)
+			ban(site, id)
+		}
+		assert.True(t, open(site), "5 of 5 healthy proxies banned in a row")
+	})
+	t.Run("one healthy proxy left out", func(t *testing.T) {
+		site := newSite()
+		healthy(site, pool...)
+		banAll(site, pool[:4]...)
+		ban(site, "b1") // a proxy that never served the site
+		ban(site, "b2")
+		assert.False(t, open(site), "p5 is healthy and not in the row")
+	})
+	t.Run("a healthy answer ends the row", func(t *testing.T) {
+		site := newSite()
+		healthy(site, pool...)
+		banAll(site, pool[:3]...)
+		// Redis stamps in ms, and a ban and a healthy answer of one proxy
+		// in the same ms read as the ban coming after (p1 banned since
+		// it served): the answer comes a few ms later here, as a real
+		// one does.
+		time.Sleep(5 * time.Millisecond)
+		healthy(site, "p1")
+		banAll(site, pool[3:]...)
+		assert.False(t, open(site), "the row since the last healthy answer holds 2")
+	})
+	t.Run("an older healthy answer reported late", func(t *testing.T) {
+		site := newSite()
+		healthy(site, pool...)
+		banAll(site, pool[:4]...)
+		// A report taken before those bans reaches Redis after them.
+		sent := time.Now().Add(-time.Second)
+		report(site, brCount{att: 1, ok: 1, okAt: sent, healthy: []string{"p1"}, healthyAt: []time.Time{sent}}, "")
+		ban(site, "p5")
+		assert.True(t, open(site), "the late report's answer came before the row")
+	})
+	t.Run("a proxy of the storm the row lost", func(t *testing.T) {
+		site := newSite()
+		healthy(site, pool...)
+		ban(site, "p1")
+		healthy(site, "p2") // the row ends, p1 with it (p1 failed since it last served)
+		banAll(site, pool[1:]...)
+		assert.True(t, open(site), "4 in the row, the fifth banned since it last served")
+	})
+	t.Run("a proxy that served again since its ban", func(t *testing.T) {
+		site := newSite()
+		healthy(site, pool...)
+		ban(site, "p1")
+		time.Sleep(5 * time.Millisecond)
+		healthy(site, "p1")
+		banAll(site, pool[1:]...)
+		assert.False(t, open(site), "p1 serves")
+	})
+	t.Run("bans stamped ahead of Redis' clock", func(t *testing.T) {
+		site := newSite()
+		var run []string
+		for i := range 7 {
+			run = append(run, fmt.Sprintf("f%d %d", i, time.Now().Add(time.Minute).UnixMilli()))
+		}
+		require.NoError(t, rdb.HSet(ctx, s.keys.breakerWindow(site), "runt", strings.Join(run, " ")).Err())
+		healthy(site, "x")
+		ban(site, "f7")
+		assert.False(t, open(site), "a healthy answer ends a row stamped in the future")
+	})
+	t.Run("an IP banned among served pages, then one slow page", func(t *testing.T) {
+		site := newSite()
+		four := pool[:4]
+		healthy(site, four...)
+		ban(site, "p4") // the site bans p4's IP; it serves the others
+		time.Sleep(1100 * time.Millisecond)
+		healthy(site, "p1", "p2", "p3")
+		for _, id := range four[:3] { // a page slow for everyone, through its 3 tries
+			ban(site, id)
+		}
+		assert.False(t, open(site), "p4's ban is no part of the slow page's row")
+	})
+	t.Run("no more than one request tries", func(t *testing.T) {
+		for _, few := range [][]string{{"p1"}, {"p1", "p2", "p3"}} {
+			site := newSite()
+			healthy(site, few...)
+			banAll(site, append(few, "b1", "b2", "b3")...)
+			// And a report whose own healthy answer names the banned proxy.
+			report(site, brCount{att: 2, ok: 1, bans: 1, okAt: time.Now(), healthy: few[:1]}, few[0])
+			assert.False(t, open(site), "%d healthy proxies (a request tries 3), all banned", len(few))
+		}
+	})
+	t.Run("slow pages among steady bans of a large pool", func(t *testing.T) {
+		// Every healthy answer's request went 3 s before it: the few
+		// rule's row keeps the bans since, the burst's run does not.
+		site := newSite()
+		many := named("s", 20)
+		healthy(site, many...)
+		for i := range 8 {
+			ban(site, fmt.Sprintf("banned%d", i))
+			sent := time.Now().Add(-3 * time.Second)
+			report(site, brCount{att: 1, ok: 1, okAt: sent, healthy: many[i : i+1], healthyAt: []time.Time{sent}}, "")
+		}
+		assert.False(t, open(site), "8 bans, each followed by a healthy answer")
+	})
+	t.Run("a busy site", func(t *testing.T) {
+		site := newSite()
+		many := named("m", 10)
+		healthy(site, many...)
+		banAll(site, many[:7]...)
+		assert.False(t, open(site), "10 healthy proxies: the burst rule's (8)")
+		ban(site, many[7])
+		assert.True(t, open(site), "a burst of 8")
+	})
+}
