@@ -713,14 +713,21 @@ func TestBreakerFewRule(t *testing.T) {
 		assert.False(t, open(site), "p1 serves")
 	})
 	t.Run("bans stamped ahead of Redis' clock", func(t *testing.T) {
+		// Every healthy proxy in a row stamped a minute ahead (a
+		// failover to a Redis whose clock is behind): read as now, a
+		// healthy answer sent now ends it. (Its okAt is ahead too, so
+		// that its age reads 0 whatever the test's pace: the cut is
+		// Redis' now. Kept a minute ahead, the row would hold all 5 and,
+		// with one more ban, open the breaker.)
 		site := newSite()
+		healthy(site, pool...)
 		var run []string
-		for i := range 7 {
-			run = append(run, fmt.Sprintf("f%d %d", i, time.Now().Add(time.Minute).UnixMilli()))
+		for _, id := range pool {
+			run = append(run, fmt.Sprintf("%s %d", id, time.Now().Add(time.Minute).UnixMilli()))
 		}
 		require.NoError(t, rdb.HSet(ctx, s.keys.breakerWindow(site), "runt", strings.Join(run, " ")).Err())
-		healthy(site, "x")
-		ban(site, "f7")
+		report(site, brCount{att: 1, ok: 1, okAt: time.Now().Add(time.Minute), healthy: []string{"p1"}}, "")
+		ban(site, "b1")
 		assert.False(t, open(site), "a healthy answer ends a row stamped in the future")
 	})
 	t.Run("an IP banned among served pages, then one slow page", func(t *testing.T) {
