@@ -96,6 +96,20 @@ func record(c *colly.Collector) *outcome {
 	return o
 }
 
+// goodServed asserts that each of the good pages /p/1 to /p/<good> was
+// served once and did not fail, and returns how many were.
+func (o *outcome) goodServed(t *testing.T, good int) int {
+	t.Helper()
+	served := 0
+	for i := 1; i <= good; i++ {
+		path := fmt.Sprintf("/p/%d", i)
+		if assert.NoError(t, o.failed[path], path) && assert.Equal(t, 1, o.served[path], path) {
+			served++
+		}
+	}
+	return served
+}
+
 // checkRefused asserts that path failed as the page's answer, not a ban.
 func checkRefused(t *testing.T, err error, path, reason string) {
 	t.Helper()
@@ -180,13 +194,7 @@ func TestRefusedPagesOnAColdSite(t *testing.T) {
 				}
 				checkRefused(t, o.failed[path], path, reason)
 			}
-			servedGood := 0
-			for i := 1; i <= good; i++ {
-				path := fmt.Sprintf("/p/%d", i)
-				if assert.NoError(t, o.failed[path], path) && assert.Equal(t, 1, o.served[path], path) {
-					servedGood++
-				}
-			}
+			servedGood := o.goodServed(t, good)
 			free := leaseAll(t, b.s, b.site.Host())
 			t.Logf("good pages served %d of %d; proxies free at the end %d of %d; bans %v",
 				servedGood, good, len(free), tc.proxies, b.s.BanCounts())
@@ -310,13 +318,7 @@ func TestLoginWallForEveryone(t *testing.T) {
 		}
 		checkRefused(t, o.failed[path], path, ban.ReasonChallenge)
 	}
-	servedGood := 0
-	for i := 1; i <= good; i++ {
-		path := fmt.Sprintf("/p/%d", i)
-		if assert.NoError(t, o.failed[path], path) && assert.Equal(t, 1, o.served[path], path) {
-			servedGood++
-		}
-	}
+	servedGood := o.goodServed(t, good)
 	free := leaseAll(t, b.s, b.site.Host())
 	healthyFree, burntOut := 0, 0
 	for _, p := range b.proxies {

@@ -192,6 +192,17 @@ func good(w http.ResponseWriter, p string) {
 	b.WriteString("</div></body></html>")
 	io.WriteString(w, b.String())
 }
+
+// deletedPages is a site whose /deleted/ pages answer 403 to everyone and
+// whose other pages are served.
+func deletedPages(w http.ResponseWriter, r *http.Request, ip string, el time.Duration) {
+	if strings.HasPrefix(r.URL.Path, "/deleted/") {
+		status(w, 403)
+		return
+	}
+	good(w, r.URL.Path)
+}
+
 func status(w http.ResponseWriter, code int) {
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.WriteHeader(code)
@@ -581,13 +592,7 @@ func (e *env) firstOKAfter(t time.Duration) float64 {
 // ---------------------------------------------------------------- scenarios
 
 func sDeleted(r *Result, nProxies int, interleave bool) {
-	s := newSite(func(w http.ResponseWriter, r *http.Request, ip string, el time.Duration) {
-		if strings.HasPrefix(r.URL.Path, "/deleted/") {
-			status(w, 403)
-			return
-		}
-		good(w, r.URL.Path)
-	})
+	s := newSite(deletedPages)
 	defer s.Close()
 	f := startFarm(nProxies, 0)
 	par := 8
@@ -618,13 +623,7 @@ func sDeleted(r *Result, nProxies int, interleave bool) {
 }
 
 func s2(r *Result) {
-	s := newSite(func(w http.ResponseWriter, r *http.Request, ip string, el time.Duration) {
-		if strings.HasPrefix(r.URL.Path, "/deleted/") {
-			status(w, 403)
-			return
-		}
-		good(w, r.URL.Path)
-	})
+	s := newSite(deletedPages)
 	defer s.Close()
 	f := startFarm(12, 0)
 	e := setup(s, f, opts{})
@@ -865,13 +864,7 @@ func r4(r *Result) {
 }
 
 func a1(r *Result) {
-	s := newSite(func(w http.ResponseWriter, r *http.Request, ip string, el time.Duration) {
-		if strings.HasPrefix(r.URL.Path, "/deleted/") {
-			status(w, 403)
-			return
-		}
-		good(w, r.URL.Path)
-	})
+	s := newSite(deletedPages)
 	defer s.Close()
 	f := startFarm(20, 0)
 	e := setup(s, f, opts{parallel: 20})
