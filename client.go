@@ -20,7 +20,8 @@ import (
 //
 // Without WithClient, Attach's transport sends every hop through one
 // *http.Transport whose Proxy is the Switch's ProxyFunc, with keep-alives
-// off (transport.go). With it, the transport leases the hop's proxy first
+// off, but for the connections to http proxies that carry http:// pages
+// (transport.go: forwardable; Client.NoProxyReuse). With it, the transport leases the hop's proxy first
 // (the same ProxyFunc), then sends the hop through a RoundTripper of that
 // proxy's own: one per (proxy, site), and per session for a task's requests
 // (so two sessions that meet on one proxy never share a connection), built
@@ -40,6 +41,21 @@ type Client struct {
 	// requests holding that lease. It is off by default because an idle
 	// connection outlives its lease.
 	KeepAlive bool
+
+	// NoProxyReuse opens a new connection to the proxy for every request,
+	// as Colly's SetProxyFunc does. By default, without New and KeepAlive,
+	// a request for an http:// page that net/http would replay (a GET, say)
+	// through an http or https proxy reuses an idle connection to that
+	// proxy: such a connection goes to the proxy, carries requests for any
+	// site (net/http pools it per proxy, not per site) and holds no tunnel
+	// to the site, so it may outlive the lease it was opened under. All
+	// else opens a connection per request, closed after it: https:// pages
+	// (their CONNECT tunnel is a connection to the site), SOCKS proxies
+	// (likewise), a task's requests and requests net/http would not replay.
+	// Set it for a proxy that ties its own connection to the site to the
+	// client's: the site would see that one open, idle, while another
+	// worker uses the IP.
+	NoProxyReuse bool
 
 	// MaxPerProxy and MaxTotal bound the connection pools kept per proxy
 	// and in all (least recently used out). Defaults 8 and 512.

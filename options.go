@@ -221,8 +221,10 @@ const (
 )
 
 // WithBaseTransport sets the transport Attach clones (TLS, dialer,
-// timeouts); its Proxy is replaced and keep-alives turned off. The default
-// clones http.DefaultTransport.
+// timeouts); its Proxy is replaced and keep-alives turned off, but for
+// connections to http proxies that carry http:// pages (Client.NoProxyReuse;
+// their idle pool is bounded by the Client's MaxPerProxy, MaxTotal and
+// IdleTimeout). The default clones http.DefaultTransport.
 func WithBaseTransport(t *http.Transport) Option { return func(c *config) { c.baseTransport = t } }
 
 // WithBanStatus sets the status codes that are a ban on site ("" for every

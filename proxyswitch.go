@@ -52,14 +52,15 @@ type Switch struct {
 	tokenSeq     atomic.Uint64
 	warnUnhooked sync.Once
 	trOnce       sync.Once
-	tr           *transport                  // the transport Attach installs (transport.go)
-	warnedRoute  atomic.Bool                 // warnRouteIgnored said it
-	observer     atomic.Pointer[observerBox] // SetObserver; nil: none
-	renew        renewer                     // the live leases: renewed while their request runs, released by Close (renew.go)
-	brk          breaker                     // the site circuit breaker's counts and states (breaker.go)
-	clients      clientCache                 // the per-proxy clients of WithClient (client.go)
-	waiters      waiters                     // the leases waiting for a busy site, woken by this Switch's releases (waiters.go)
-	doubts       doubts                      // lease calls of unknown outcome, whose leases go back once Redis answers (reclaim.go)
+	tr           *transport                     // the transport Attach installs (transport.go)
+	forward      atomic.Pointer[http.Transport] // its forward transport, once built, for Close
+	warnedRoute  atomic.Bool                    // warnRouteIgnored said it
+	observer     atomic.Pointer[observerBox]    // SetObserver; nil: none
+	renew        renewer                        // the live leases: renewed while their request runs, released by Close (renew.go)
+	brk          breaker                        // the site circuit breaker's counts and states (breaker.go)
+	clients      clientCache                    // the per-proxy clients of WithClient (client.go)
+	waiters      waiters                        // the leases waiting for a busy site, woken by this Switch's releases (waiters.go)
+	doubts       doubts                         // lease calls of unknown outcome, whose leases go back once Redis answers (reclaim.go)
 }
 
 // NewSwitch returns a Switch for the pool opts name ("default" under the

@@ -302,6 +302,9 @@ func (s *Switch) Close(ctx context.Context) error {
 	// request.
 	s.reg.forget(func(b *binding) bool { return !b.hooked })
 	s.clients.close() // the idle connections of every proxy (client.go)
+	if fw := s.forward.Load(); fw != nil {
+		fw.CloseIdleConnections()
+	}
 	err := r.releaseAll(ctx)
 	err = errors.Join(err, s.doubts.close(ctx)) // the leases lease calls of unknown outcome may have made (reclaim.go)
 	err = errors.Join(err, s.Stop(ctx))

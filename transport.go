@@ -25,7 +25,9 @@ import (
 //
 // Each hop of a request goes through the inner *http.Transport, whose Proxy
 // is the Switch's ProxyFunc, so the hop leases (or keeps) its proxy exactly
-// as without the transport; with WithClient's per-proxy clients, the hop
+// as without the transport (or through the forward one, which keeps
+// connections to http proxies for http:// pages: forwardable); with
+// WithClient's per-proxy clients, the hop
 // calls the ProxyFunc itself and goes through the client of the proxy it
 // got (client.go: send, sendPerProxy). Then the response is read (at most the
 // collector's MaxBodySize, gunzipped once if Colly would gunzip it; the
@@ -101,16 +103,23 @@ const (
 type transport struct {
 	s     *Switch
 	inner *http.Transport // nil with per-proxy clients (WithClient, client.go)
+	// forward, beside inner, keeps idle connections to http and https
+	// proxies for http:// pages (Client.NoProxyReuse; forwardable); nil with
+	// per-proxy clients or NoProxyReuse.
+	forward *http.Transport
 }
 
 // transport returns the Switch's transport, the one Attach installs on
 // every collector (built on first use): without per-proxy clients
 // (WithClient), one inner *http.Transport whose Proxy is the ProxyFunc,
-// keep-alives off. What differs per collector (MaxBodySize) is read from
-// the request's binding, which knows its collector.
+// keep-alives off, and the forward one, keep-alives on, for the hops whose
+// connection to the proxy is not one to the site (forwardable). What
+// differs per collector (MaxBodySize) is read from the request's binding,
+// which knows its collector.
 func (s *Switch) transport() *transport {
 	s.trOnce.Do(func() {
-		if s.cfg.client.perProxy() {
+		cl := &s.cfg.client
+		if cl.perProxy() {
 			s.tr = &transport{s: s} // each hop through its proxy's client (client.go)
 			return
 		}
@@ -119,8 +128,54 @@ func (s *Switch) transport() *transport {
 		inner.DisableKeepAlives = true
 		tunnelFailures(inner)
 		s.tr = &transport{s: s, inner: inner}
+		if !cl.NoProxyReuse {
+			fw := s.baseTransport()
+			fw.Proxy = s.forwardProxy
+			fw.DisableKeepAlives = false
+			fw.MaxIdleConns = cl.MaxTotal
+			fw.MaxIdleConnsPerHost = cl.MaxPerProxy
+			fw.IdleConnTimeout = cl.IdleTimeout
+			tunnelFailures(fw)
+			s.tr.forward = fw
+			s.forward.Store(fw)
+		}
 	})
 	return s.tr
+}
+
+// forwardable reports whether a hop may go through the forward transport:
+// a request for an http:// page that net/http would replay, of a hooked
+// request without a task, whose lease (taken by leaseEarly) is of an http
+// or https proxy. Its connection to the proxy carries a request for the
+// page, not a tunnel to the site: net/http pools it per proxy (its
+// connectMethodKey drops the target for http through an http proxy), and
+// the next hop leased on that proxy, for any site, may take it up.
+func (t *transport) forwardable(req *http.Request) bool {
+	if t.forward == nil || req.URL.Scheme != "http" || !replayable(req) {
+		return false
+	}
+	b := t.s.reg.lookup(req.Header)
+	if b == nil || !b.hooked || b.taskState() != nil {
+		return false
+	}
+	l := b.currentLease()
+	return l != nil && forwardScheme(l.proxy.url.Scheme)
+}
+
+// forwardScheme reports whether a proxy of this scheme forwards http://
+// requests itself (no tunnel per site).
+func forwardScheme(scheme string) bool { return scheme == "http" || scheme == "https" }
+
+// forwardProxy is the forward transport's Proxy: the ProxyFunc, which
+// returns the lease leaseEarly took. Should that lease have changed since
+// to a SOCKS proxy, whose connection is a tunnel to the site, the hop
+// fails with ErrNoProxy before anything is sent rather than keep it.
+func (s *Switch) forwardProxy(req *http.Request) (*url.URL, error) {
+	u, err := s.ProxyFunc(req)
+	if err == nil && (u == nil || !forwardScheme(u.Scheme)) {
+		return nil, fmt.Errorf("%w: the hop's proxy changed to a %s proxy after it was leased", ErrNoProxy, u.Scheme)
+	}
+	return u, err
 }
 
 // Collectors sharing one client. Colly's Clone shares the original's HTTP
@@ -190,6 +245,9 @@ func (t *transport) send(a *attempt) (*http.Response, error) {
 		return t.sendPerProxy(a)
 	}
 	a.traced = true
+	if t.forwardable(a.req) {
+		return t.forward.RoundTrip(a.req)
+	}
 	return t.inner.RoundTrip(a.req)
 }
 
@@ -247,8 +305,10 @@ func (t *transport) RoundTrip(req *http.Request) (resp *http.Response, err error
 
 // leaseEarly leases the proxy of a hooked request's hop (without a task)
 // before net/http asks the ProxyFunc for it, when the request has a
-// deadline: the wait for a free proxy then ends a little before that
-// deadline (leaseMargin), so that its ErrNoProxy reaches Colly as it is.
+// deadline or may go through the forward transport (whose choice needs the
+// proxy: forwardable). With a deadline the wait for a free proxy then ends
+// a little before it (leaseMargin), so that its ErrNoProxy reaches Colly
+// as it is.
 // Waiting until the deadline itself, the error would race net/http's
 // Client.Timeout, which replaces the error of a request it timed out with
 // one keeping only its text (net/http's setRequestCancel and
@@ -261,7 +321,7 @@ func (t *transport) RoundTrip(req *http.Request) (resp *http.Response, err error
 // client work.
 func (t *transport) leaseEarly(req *http.Request) error {
 	dl, ok := req.Context().Deadline()
-	if !ok {
+	if !ok && (t.forward == nil || req.URL.Scheme != "http") {
 		return nil
 	}
 	b := t.s.reg.lookup(req.Header)
@@ -271,8 +331,10 @@ func (t *transport) leaseEarly(req *http.Request) error {
 	if b == nil || !b.hooked || b.taskState() != nil {
 		return nil
 	}
-	b.setWaitBy(dl.Add(-leaseMargin(time.Until(dl))))
-	defer b.setWaitBy(time.Time{})
+	if ok {
+		b.setWaitBy(dl.Add(-leaseMargin(time.Until(dl))))
+		defer b.setWaitBy(time.Time{})
+	}
 	_, err := t.s.ProxyFunc(req)
 	return err
 }
