@@ -44,7 +44,8 @@ type Client struct {
 
 	// NoProxyReuse opens a new connection to the proxy for every request,
 	// as Colly's SetProxyFunc does. By default, without New and KeepAlive,
-	// a request for an http:// page that net/http would replay (a GET, say)
+	// a request of Attach's hooks for an http:// page that net/http would
+	// replay (GET, HEAD, OPTIONS, TRACE, or one with an Idempotency-Key)
 	// through an http or https proxy reuses an idle connection to that
 	// proxy: such a connection goes to the proxy, carries requests for any
 	// site (net/http pools it per proxy, not per site) and holds no tunnel
@@ -53,12 +54,16 @@ type Client struct {
 	// (their CONNECT tunnel is a connection to the site), SOCKS proxies
 	// (likewise), a task's requests and requests net/http would not replay.
 	// Set it for a proxy that ties its own connection to the site to the
-	// client's: the site would see that one open, idle, while another
-	// worker uses the IP.
+	// client's (the site would see that one open, idle, while another
+	// worker uses the IP), or for a rotating gateway added as one plain
+	// entry, which would keep the exit IP of a reused connection (a
+	// {session:N} template has a sticky exit per entry anyway: gateway.go).
 	NoProxyReuse bool
 
 	// MaxPerProxy and MaxTotal bound the connection pools kept per proxy
-	// and in all (least recently used out). Defaults 8 and 512.
+	// and in all (least recently used out); without New and KeepAlive, the
+	// idle connections to http proxies kept per proxy and in all
+	// (NoProxyReuse). Defaults 8 and 512.
 	MaxPerProxy int
 	MaxTotal    int
 	// IdleTimeout closes a connection unused for this long. Default 30s.

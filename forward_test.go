@@ -30,21 +30,27 @@ func TestProxyReuse(t *testing.T) {
 	const n = 8
 	accepted := func(p *testbed.Proxy) int { a, _ := p.Conns(); return a }
 
-	t.Run("plain pages share one connection to their proxy", func(t *testing.T) {
-		bed, s := bedSwitch(t, 2, 1)
-		c := colly.NewCollector(colly.AllowURLRevisit())
-		s.Attach(c)
-		for i := range n {
-			require.NoError(t, c.Visit(fmt.Sprintf("%s/p/%d", bed.Sites[i%2].URL(), i+1)))
-		}
-		p := bed.Proxies[0]
-		assert.Equal(t, 1, accepted(p), "one connection for %d pages of two sites, each under its own lease", n)
-		assertNoLeases(t, s, bed.Sites...)
-		assertGroundTruth(t, bed)
-		require.NoError(t, s.Close(ctx))
-		require.Eventually(t, func() bool { _, open := p.Conns(); return open == 0 }, 5*time.Second, 10*time.Millisecond,
-			"Close closed the idle connection")
-	})
+	// With Colly's request timeout, and without one (no deadline: the hop
+	// is leased before the send all the same, to pick its transport).
+	for _, timeout := range []time.Duration{10 * time.Second, 0} {
+		t.Run(fmt.Sprintf("plain pages share one connection to their proxy, timeout %v", timeout), func(t *testing.T) {
+			bed, s := bedSwitch(t, 2, 1)
+			c := colly.NewCollector(colly.AllowURLRevisit())
+			s.Attach(c)
+			c.SetRequestTimeout(timeout)
+			for i := range n {
+				require.NoError(t, c.Visit(fmt.Sprintf("%s/p/%d", bed.Sites[i%2].URL(), i+1)))
+			}
+			p := bed.Proxies[0]
+			assert.Equal(t, 1, accepted(p), "one connection for %d pages of two sites, each under its own lease", n)
+			assert.Equal(t, n, bed.SiteHits())
+			assertNoLeases(t, s, bed.Sites...)
+			assertGroundTruth(t, bed)
+			require.NoError(t, s.Close(ctx))
+			require.Eventually(t, func() bool { _, open := p.Conns(); return open == 0 }, 5*time.Second, 10*time.Millisecond,
+				"Close closed the idle connection")
+		})
+	}
 
 	t.Run("a connection per request", func(t *testing.T) {
 		tlsSite := testbed.NewTLSSite(t, "tls", nil)

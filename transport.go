@@ -172,10 +172,15 @@ func forwardScheme(scheme string) bool { return scheme == "http" || scheme == "h
 // fails with ErrNoProxy before anything is sent rather than keep it.
 func (s *Switch) forwardProxy(req *http.Request) (*url.URL, error) {
 	u, err := s.ProxyFunc(req)
-	if err == nil && (u == nil || !forwardScheme(u.Scheme)) {
+	switch {
+	case err != nil:
+		return nil, err
+	case u == nil:
+		return nil, fmt.Errorf("%w: no proxy for the hop", ErrNoProxy)
+	case !forwardScheme(u.Scheme):
 		return nil, fmt.Errorf("%w: the hop's proxy changed to a %s proxy after it was leased", ErrNoProxy, u.Scheme)
 	}
-	return u, err
+	return u, nil
 }
 
 // Collectors sharing one client. Colly's Clone shares the original's HTTP
