@@ -23,10 +23,11 @@ import (
 // off, but for the connections to http proxies that carry http:// pages
 // (transport.go: forwardable; Client.NoProxyReuse). With it, the transport
 // leases the hop's proxy first (the same ProxyFunc), then sends the hop
-// through a RoundTripper of that proxy's own: one per (proxy, site), and per session for a task's requests
-// (so two sessions that meet on one proxy never share a connection), built
-// by Client.New or cloned from the base transport, kept in the Switch's
-// clientCache below and closed when the proxy leaves this Switch's hands.
+// through a RoundTripper of that proxy's own: one per (proxy, site), and
+// per session for a task's requests (so two sessions that meet on one
+// proxy never share a connection), built by Client.New or cloned from the
+// base transport, kept in the Switch's clientCache below and closed when
+// the proxy leaves this Switch's hands.
 
 // Client configures the client each request leaves through (WithClient).
 // A zero field takes its default.
